@@ -1,0 +1,37 @@
+# ConSPO Lab. Two commands: `make run` (the platform on its embedded default: SQLite + an embedded
+# worker, no services) and `make test` (the whole test suite).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed-stamp
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned: the CPU wheel on this machine, never a CUDA download.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/conspo-lab serve --embedded --demo --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench
+	$(VENV)/bin/ruff format --check conspo backend worker conspo_lab tests bench
+
+bench: install
+	$(PY) bench/throughput.py
+	$(PY) bench/metrics_store.py
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

@@ -1,0 +1,84 @@
+"""How the trainer reports: a ``Sink`` receives one ``StepRecord`` per finished step.
+
+The trainer calls ``sink.log_step(record)`` once per step (after the optimiser step, after any
+evaluation of that step) and ``sink.log_event(kind, data)`` for lifecycle events. After a resume
+from a checkpoint the trainer re-emits the steps after the checkpoint; sinks must treat a step
+they already have as an overwrite (idempotent upsert), never as a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass
+class RolloutRecord:
+    """One sampled rollout of a step, for the positive/negative score distributions."""
+
+    group: int  # index of the prompt group within the step
+    index: int  # index of the rollout within its group
+    reward: float
+    score: float  # length-normalised log-prob s_θ(o) under the policy that sampled it
+    length: int  # response tokens incl. EOS
+    truncated: bool  # hit max_new_tokens without EOS
+
+
+@dataclass
+class StepRecord:
+    step: int  # 1-based; the last step equals config.steps
+    total_steps: int
+    wall_time: float  # unix time the step finished
+    metrics: dict[str, float]  # slash-namespaced keys of conspo.metrics (sep/gap, ...)
+    rollouts: list[RolloutRecord] = field(default_factory=list)
+
+
+class Sink(Protocol):
+    def log_step(self, record: StepRecord) -> None: ...
+
+    def log_event(self, kind: str, data: dict[str, Any]) -> None: ...
+
+
+class NullSink:
+    def log_step(self, record: StepRecord) -> None:
+        pass
+
+    def log_event(self, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+
+class MemorySink:
+    """Keeps every record by step (a re-emitted step replaces the old one). Used by tests."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, StepRecord] = {}
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def log_step(self, record: StepRecord) -> None:
+        self.steps[record.step] = record
+
+    def log_event(self, kind: str, data: dict[str, Any]) -> None:
+        self.events.append((kind, data))
+
+
+class JsonlSink:
+    """Appends one JSON line per step to ``metrics.jsonl`` (the CLI's output)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log_step(self, record: StepRecord) -> None:
+        row = {"step": record.step, "wall_time": record.wall_time, **record.metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def log_event(self, kind: str, data: dict[str, Any]) -> None:
+        with self.path.with_name("events.jsonl").open("a") as f:
+            f.write(json.dumps({"event": kind, **data}) + "\n")
+
+
+def record_to_dict(record: StepRecord) -> dict[str, Any]:
+    return asdict(record)

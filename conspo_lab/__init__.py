@@ -1,0 +1,1 @@
+"""ConSPO Lab: the platform around the ``conspo`` training library (CLI, client, TRL bridge)."""

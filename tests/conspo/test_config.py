@@ -1,0 +1,77 @@
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from conspo.config import RunConfig
+from conspo.registry import get_objective, objective_names
+
+
+def error_locs(data: dict) -> list[tuple]:
+    with pytest.raises(ValidationError) as info:
+        RunConfig.model_validate(data)
+    return [tuple(e["loc"]) for e in info.value.errors()]
+
+
+def test_defaults_resolve_the_algorithm_params():
+    cfg = RunConfig()
+    assert cfg.algorithm == "conspo"
+    assert cfg.params["tau"] == 10.0 and cfg.params["margin_max"] == 0.01
+    assert cfg.params["margin_warmup"] == 0.3
+
+
+def test_presets_carry_their_own_defaults():
+    dapo = RunConfig(algorithm="dapo")
+    assert dapo.params["clip_high"] == 0.28 and dapo.params["loss_agg"] == "token-mean"
+    assert dapo.params["refill_groups"] is True
+    dr = RunConfig(algorithm="dr_grpo")
+    assert dr.params["scale_rewards"] == "none"
+    assert dr.params["loss_agg"] == "seq-mean-token-sum-norm"
+    # user values override preset defaults
+    assert RunConfig(algorithm="dapo", params={"clip_high": 0.3}).params["clip_high"] == 0.3
+
+
+@pytest.mark.parametrize(
+    "data, loc",
+    [
+        ({"algorithm": "ppo"}, ("algorithm",)),
+        ({"params": {"tau": 0}}, ("params", "tau")),
+        ({"params": {"taux": 1}}, ("params", "taux")),
+        ({"algorithm": "grpo", "params": {"loss_agg": "sum"}}, ("params", "loss_agg")),
+        ({"sampling": {"group_size": 1}}, ("sampling", "group_size")),
+        ({"task": {"name": "jsonl"}}, ("task", "path")),
+        ({"task": {"operators": "+/"}}, ("task", "operators")),
+        ({"steps": 0}, ("steps",)),
+        ({"unknown_section": {}}, ("unknown_section",)),
+    ],
+)
+def test_invalid_values_name_their_field(data, loc):
+    assert loc in error_locs(data)
+
+
+def test_unknown_algorithm_lists_valid_ones():
+    with pytest.raises(ValidationError) as info:
+        RunConfig(algorithm="ppo")
+    message = str(info.value)
+    for name in objective_names():
+        assert name in message
+
+
+def test_yaml_and_json_load(tmp_path):
+    (tmp_path / "a.yaml").write_text("algorithm: grpo\nsteps: 7\nparams:\n  clip_high: 0.25\n")
+    (tmp_path / "a.json").write_text(json.dumps({"algorithm": "grpo", "steps": 7}))
+    y = RunConfig.from_file(tmp_path / "a.yaml")
+    j = RunConfig.from_file(tmp_path / "a.json")
+    assert y.steps == j.steps == 7
+    assert y.params["clip_high"] == 0.25 and j.params["clip_high"] == 0.2
+
+
+def test_registry_refuses_a_second_function_under_one_name():
+    from conspo.registry import register_objective
+
+    registered = get_objective("grpo")
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register_objective("grpo", params=registered.params, description="x")
+        def other(batch, params):  # pragma: no cover - never called
+            return None
