@@ -1,21 +1,25 @@
 """RLVR objectives (GRPO, ConSPO, DAPO, Dr. GRPO): the math of ../shared/docs/objectives.md.
 
 Every objective takes the same ``PolicyBatch`` and its own parameter model, and returns an
-``ObjectiveOutput`` (a scalar loss to *minimise* plus detached statistics). The trainer never
-branches on the algorithm.
+``ObjectiveOutput`` (a scalar loss to *minimise* plus detached 0-d statistics). The trainer never
+branches on the algorithm. Objectives never call ``.item()``: the trainer syncs once per step.
 
-SKELETON: parameter models, PolicyBatch and the registrations are fixed (the config model, the
-API and the form read them); the function bodies are filled in by the objectives work.
+Shapes: B rollouts, T response positions (right-padded), mask 1.0 on response tokens incl. EOS.
+Group ids are arbitrary integers (not necessarily contiguous or sorted). A rollout is *positive*
+when its reward exceeds ``POSITIVE_THRESHOLD`` (0.5): binary rewards are {0, 1}; with overlong
+shaping a correct answer pushed to <= 0.5 counts as negative for the contrastive objectives.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from conspo import metrics
 from conspo.registry import register_objective
 
 # --------------------------------------------------------------------------------------------
@@ -67,12 +71,8 @@ class GRPOParams(ObjectiveParams):
         description="Divide advantages by the group's population std, the batch std, or not at"
         " all (none = Dr. GRPO).",
     )
-    clip_low: float = Field(
-        0.2, gt=0, lt=1, description="ε_low: ratio clipped below at 1-ε_low."
-    )
-    clip_high: float = Field(
-        0.2, gt=0, description="ε_high: ratio clipped above at 1+ε_high."
-    )
+    clip_low: float = Field(0.2, gt=0, lt=1, description="ε_low: ratio clipped below at 1-ε_low.")
+    clip_high: float = Field(0.2, gt=0, description="ε_high: ratio clipped above at 1+ε_high.")
     loss_agg: LossAgg = Field(
         "seq-mean-token-mean",
         description="How token losses are averaged: per-sequence then over sequences (GRPO),"
@@ -82,9 +82,7 @@ class GRPOParams(ObjectiveParams):
 
 class DAPOParams(GRPOParams):
     clip_high: float = Field(0.28, gt=0, description="ε_high: DAPO's clip-higher.")
-    loss_agg: LossAgg = Field(
-        "token-mean", description="DAPO averages over all tokens."
-    )
+    loss_agg: LossAgg = Field("token-mean", description="DAPO averages over all tokens.")
     refill_groups: bool = Field(
         True,
         description="Dynamic sampling: drop zero-variance groups and refill the batch.",
@@ -107,17 +105,14 @@ class DrGRPOParams(GRPOParams):
 
 
 class ConSPOParams(ObjectiveParams):
-    tau: float = Field(
-        10.0, gt=0, description="InfoNCE temperature τ (paper default 10)."
-    )
-    margin_max: float = Field(
-        0.01, ge=0, description="Final margin M (paper default 0.01)."
-    )
+    tau: float = Field(10.0, gt=0, description="InfoNCE temperature τ (paper default 10).")
+    margin_max: float = Field(0.01, ge=0, description="Final margin M (paper default 0.01).")
     margin_warmup: float = Field(
         0.3,
         gt=0,
         le=1,
-        description="α: fraction of training over which the margin rises from 0 to M (half-cosine).",
+        description="α: fraction of training over which the margin rises from 0 to M"
+        " (half-cosine).",
     )
     contrast: Literal["infonce", "linear"] = Field(
         "infonce",
@@ -179,7 +174,279 @@ class ObjectiveOutput:
 
 
 # --------------------------------------------------------------------------------------------
-# Registered objectives (bodies: see the objectives work item)
+# Building blocks (pure tensor functions; the objectives below are compositions of these)
+# --------------------------------------------------------------------------------------------
+
+# A rollout with reward above this is a positive (r = 1); binary rewards never sit near it.
+POSITIVE_THRESHOLD = 0.5
+# A reward std at or below this counts as zero: the group (or batch) has no variance and its
+# advantages are 0. Without the guard, float noise in a constant group (e.g. shaped rewards of
+# 0.7) would be divided by a std of ~1e-8. Above it we divide by the exact std, so binary
+# groups get the exact advantages of Proposition 1.
+STD_EPS = 1e-6
+
+
+def positive_mask(rewards: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: which rollouts are positives (reward > POSITIVE_THRESHOLD)."""
+    return rewards > POSITIVE_THRESHOLD
+
+
+def dense_group_index(group_ids: torch.Tensor) -> torch.Tensor:
+    """Map arbitrary integer group ids (B,) to dense indices (B,) in [0, B).
+
+    Equal ids get equal indices, different ids different ones. Built from a sort instead of
+    ``torch.unique`` so the objectives never sync with the host; per-group buffers are sized B
+    and slots past the number of groups stay empty (count 0, never valid).
+    """
+    sorted_ids, order = torch.sort(group_ids)
+    starts = torch.zeros_like(sorted_ids, dtype=torch.long)
+    starts[1:] = (sorted_ids[1:] != sorted_ids[:-1]).long()
+    dense = torch.empty_like(starts)
+    dense[order] = starts.cumsum(0)
+    return dense
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """(size,) sums of ``values`` (B,) per slot ``index`` (B,); differentiable in ``values``."""
+    return values.new_zeros(size).index_add(0, index, values)
+
+
+def _upcast(values: torch.Tensor) -> torch.Tensor:
+    """At least float32: sums over tokens in bf16 lose the differences the objectives need."""
+    return values.to(torch.promote_types(values.dtype, torch.float32))
+
+
+def _masked_seq_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) → (B,) mean over the unmasked positions of each row.
+
+    ``torch.where`` instead of ``values * mask`` so that inf/NaN at padded positions can
+    neither leak into the value nor (as 0·inf) into the gradient.
+    """
+    values = _upcast(values)
+    masked = torch.where(mask > 0, values, torch.zeros_like(values))
+    return masked.sum(-1) / mask.sum(-1).clamp_min(1).to(values.dtype)
+
+
+def token_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, mask: torch.Tensor
+) -> torch.Tensor:
+    """(B, T) ρ_t = π_θ/π_old = exp(logprobs − old_logprobs); 1 at padded positions.
+
+    ``old_logprobs=None`` means one optimiser pass per rollout batch: π_old = π_θ.detach(), so
+    ρ = 1 in value while its gradient is still ∂ρ/∂logprob = 1 (§1; no second forward pass).
+    """
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    log_ratio = torch.where(mask > 0, logprobs - old, torch.zeros_like(logprobs))
+    return log_ratio.exp()
+
+
+def sequence_scores(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) ConSPO's rollout score s_θ(o) = (1/|o|) Σ_t log π_θ(o_t|q, o_<t) (§2).
+
+    logprobs, mask: (B, T); |o| = mask.sum(-1) counts response tokens incl. EOS.
+    """
+    return _masked_seq_mean(logprobs, mask)
+
+
+def clipped_ratio_scores(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    rewards: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """(B,) GRPO's clipped-ratio scores of Proposition 1 (arXiv:2605.12969, §1 of the spec).
+
+    Positives: s⁺(o) = mean_t min(ρ_t, 1+ε); negatives: s⁻(o) = mean_t max(ρ_t, 1−ε).
+    logprobs, old_logprobs, mask: (B, T); rewards: (B,). ``old_logprobs=None`` ⇒ ρ = 1 in value.
+    """
+    ratio = token_ratio(logprobs, old_logprobs, mask)
+    pos = positive_mask(rewards)[:, None]
+    clipped = torch.where(pos, ratio.clamp(max=1 + eps), ratio.clamp(min=1 - eps))
+    return _masked_seq_mean(clipped, mask)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    scale: Literal["group", "batch", "none"],
+    *,
+    batch_std: float | None = None,
+) -> torch.Tensor:
+    """(B,) GRPO advantages Â_i = (r_i − mean_group(r)) / std (§1).
+
+    scale="group": the group's population std (divide by G); "batch": the population std of
+    ``batch_std`` if given (the whole rollout batch), else of ``rewards``; "none": no division
+    (Dr. GRPO). A std <= STD_EPS gives advantage 0 (zero-variance group: no signal).
+    """
+    r = rewards if rewards.is_floating_point() else rewards.float()
+    n = r.shape[0]
+    idx = dense_group_index(group_ids)
+    count = segment_sum(torch.ones_like(r), idx, n).clamp_min(1)
+    centered = r - (segment_sum(r, idx, n) / count)[idx]
+    if scale == "none":
+        return centered
+    if scale == "group":
+        std = (segment_sum(centered**2, idx, n) / count).sqrt()[idx]
+    elif scale == "batch":
+        std = r.std(correction=0) if batch_std is None else torch.tensor(batch_std, dtype=r.dtype)
+        std = std.to(r.device).expand_as(r)
+    else:
+        raise ValueError(f"unknown scale_rewards {scale!r}; valid: group, batch, none")
+    return torch.where(std > STD_EPS, centered / std.clamp_min(STD_EPS), torch.zeros_like(r))
+
+
+def aggregate_tokens(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: LossAgg, max_len: int
+) -> torch.Tensor:
+    """0-d aggregate of per-token losses ``loss_mat`` (B, T) under ``mask`` (B, T) (§1).
+
+    seq-mean-token-mean (GRPO): mean over each rollout's tokens, then mean over rollouts.
+    token-mean (DAPO): sum over all response tokens of the batch / their number.
+    seq-mean-token-sum-norm (Dr. GRPO): each rollout's token sum / ``max_len`` (a constant,
+    max_new_tokens), then mean over rollouts.
+    """
+    loss_mat = _upcast(loss_mat)
+    masked = torch.where(mask > 0, loss_mat, torch.zeros_like(loss_mat))
+    if mode == "seq-mean-token-mean":
+        return _masked_seq_mean(loss_mat, mask).mean()
+    if mode == "token-mean":
+        return masked.sum() / mask.sum().clamp_min(1).to(loss_mat.dtype)
+    if mode == "seq-mean-token-sum-norm":
+        return (masked.sum(-1) / max_len).mean()
+    raise ValueError(
+        f"unknown loss_agg {mode!r}; valid: seq-mean-token-mean, token-mean,"
+        " seq-mean-token-sum-norm"
+    )
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) per-token k3 estimate of KL(π_θ‖π_ref): exp(x) − x − 1, x = log π_ref − log π_θ.
+
+    Non-negative, unbiased, 0 at padded positions.
+    """
+    x = torch.where(mask > 0, ref_logprobs - logprobs, torch.zeros_like(logprobs))
+    return x.exp() - x - 1
+
+
+def margin_at(progress: float, *, margin_max: float, warmup: float) -> float:
+    """ConSPO's half-cosine margin curriculum m_t = (M/2)(1 − cos(π·min(λ_t/α, 1))) (§2).
+
+    progress λ_t = step / total_steps; warmup α in (0, 1]. Rises from 0 to M over the first α of
+    training, then stays at M. Negative progress is treated as 0.
+    """
+    rho = min(max(progress, 0.0) / warmup, 1.0)
+    return 0.5 * margin_max * (1.0 - math.cos(math.pi * rho))
+
+
+def effective_margin(params: ConSPOParams, progress: float) -> float:
+    """m_t under the ``margin`` ablation switch: cosine curriculum, fixed M, or none (0)."""
+    if params.margin == "cosine":
+        return margin_at(progress, margin_max=params.margin_max, warmup=params.margin_warmup)
+    if params.margin == "fixed":
+        return params.margin_max
+    return 0.0
+
+
+@dataclass(frozen=True)
+class _GroupCounts:
+    idx: torch.Tensor  # (B,) dense group index of each rollout
+    pos: torch.Tensor  # (B,) bool, positive rollouts
+    n_pos: torch.Tensor  # (B,) N⁺ per group slot
+    n_neg: torch.Tensor  # (B,) N⁻ per group slot
+    valid: torch.Tensor  # (B,) bool per group slot: 0 < N⁺ < G
+    n_valid: torch.Tensor  # 0-d, number of valid groups, at least 1 (a divisor)
+
+
+def _group_counts(
+    rewards: torch.Tensor, group_ids: torch.Tensor, dtype: torch.dtype
+) -> _GroupCounts:
+    n = rewards.shape[0]
+    idx = dense_group_index(group_ids)
+    pos = positive_mask(rewards)
+    n_pos = segment_sum(pos.to(dtype), idx, n)
+    n_neg = segment_sum((~pos).to(dtype), idx, n)
+    valid = (n_pos > 0) & (n_neg > 0)
+    return _GroupCounts(idx, pos, n_pos, n_neg, valid, valid.sum().clamp_min(1).to(dtype))
+
+
+def conspo_score_loss(
+    scores: torch.Tensor,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    tau: float,
+    margin: float,
+) -> torch.Tensor:
+    """0-d ConSPO loss −J, J of Eq. 13 of arXiv:2605.12969, averaged over valid groups (§2).
+
+    Per group with N⁺ > 0 and N⁻ > 0 and ŝ_i = s_i⁺ − m:
+
+        −J(q) = (τ/N⁺) Σ_i [ logsumexp({ŝ_i/τ} ∪ {s_j⁻/τ}_j) − ŝ_i/τ ]
+
+    Each positive competes only with the group's negatives. scores, rewards, group_ids: (B,);
+    group ids are arbitrary integers. All-positive / all-negative groups contribute 0; with no
+    valid group the result is a 0 that still depends on ``scores`` (backward works).
+    """
+    c = _group_counts(rewards, group_ids, scores.dtype)
+    n = scores.shape[0]
+    logits = scores / tau
+    # log Σ_j e^{s_j⁻/τ} per group, shifted by the group's (detached) max negative logit.
+    # Positives enter as −inf *before* exp so no overflow can turn into 0·inf = NaN in backward.
+    neg_logits = torch.where(c.pos, torch.full_like(logits, -math.inf), logits)
+    shift = torch.full((n,), -math.inf, dtype=logits.dtype, device=logits.device)
+    shift = shift.scatter_reduce(0, c.idx, neg_logits.detach(), "amax", include_self=True)
+    shift = torch.where(c.n_neg > 0, shift, torch.zeros_like(shift))
+    sum_exp = segment_sum((neg_logits - shift[c.idx]).exp(), c.idx, n)
+    # Groups without negatives get log(1): finite and unused (weight 0), never log(0).
+    sum_exp = torch.where(c.n_neg > 0, sum_exp, torch.ones_like(sum_exp))
+    lse_neg = sum_exp.log() + shift  # (B,) per group slot
+    pos_logits = (scores - margin) / tau
+    per_rollout = tau * (torch.logaddexp(pos_logits, lse_neg[c.idx]) - pos_logits)  # −τ log P⁺
+    use = c.pos & c.valid[c.idx]
+    weight = torch.where(use, 1.0 / (c.n_pos[c.idx].clamp_min(1) * c.n_valid), 0.0)
+    return (weight * per_rollout).sum()
+
+
+def linear_contrast_loss(
+    scores: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor
+) -> torch.Tensor:
+    """0-d loss −mean_groups(mean s⁺ − mean s⁻) over valid groups (the `contrast: linear` ablation).
+
+    scores, rewards, group_ids: (B,). All-positive / all-negative groups contribute 0.
+    """
+    c = _group_counts(rewards, group_ids, scores.dtype)
+    n_own = torch.where(c.pos, c.n_pos[c.idx], c.n_neg[c.idx]).clamp_min(1)
+    sign = torch.where(c.pos, 1.0, -1.0).to(scores.dtype)
+    weight = torch.where(c.valid[c.idx], sign / (n_own * c.n_valid), 0.0)
+    return -(weight * scores).sum()
+
+
+def _with_kl(
+    loss: torch.Tensor,
+    stats: dict[str, torch.Tensor],
+    batch: PolicyBatch,
+    beta: float,
+    loss_agg: LossAgg,
+) -> torch.Tensor:
+    """Add β·KL_k3 (aggregated like the policy loss) when β > 0 and a reference is given.
+
+    The KL statistic is logged whenever reference log-probs are present, even at β = 0.
+    """
+    if batch.ref_logprobs is None:
+        return loss
+    kl = aggregate_tokens(
+        k3_kl(batch.logprobs, batch.ref_logprobs, batch.mask),
+        batch.mask,
+        loss_agg,
+        batch.max_response_len,
+    )
+    stats[metrics.KL] = kl.detach()
+    return loss + beta * kl if beta > 0 else loss
+
+
+# --------------------------------------------------------------------------------------------
+# Registered objectives
 # --------------------------------------------------------------------------------------------
 
 
@@ -189,7 +456,26 @@ class ObjectiveOutput:
     description="GRPO: group-normalised advantages, clipped ratio.",
 )
 def grpo_objective(batch: PolicyBatch, params: GRPOParams) -> ObjectiveOutput:
-    raise NotImplementedError
+    """GRPO / DAPO / Dr. GRPO: −agg_t min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â) + β·KL (§1, §3).
+
+    Stats: loss, clip_frac (fraction of response tokens where the clipped term is the active
+    one), kl (when reference log-probs are given).
+    """
+    mask = batch.mask
+    ratio = token_ratio(batch.logprobs, batch.old_logprobs, mask)  # (B, T)
+    adv = group_advantages(
+        batch.rewards, batch.group_ids, params.scale_rewards, batch_std=batch.batch_reward_std
+    ).to(ratio.dtype)[:, None]  # (B, 1)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - params.clip_low, 1 + params.clip_high) * adv
+    loss = aggregate_tokens(
+        -torch.minimum(unclipped, clipped), mask, params.loss_agg, batch.max_response_len
+    )
+    was_clipped = (clipped < unclipped).to(ratio.dtype)
+    stats = {metrics.CLIP_FRAC: aggregate_tokens(was_clipped, mask, "token-mean", 1).detach()}
+    loss = _with_kl(loss, stats, batch, params.beta, params.loss_agg)
+    stats[metrics.LOSS] = loss.detach()
+    return ObjectiveOutput(loss, stats)
 
 
 @register_objective(
@@ -213,7 +499,30 @@ def dr_grpo_objective(batch: PolicyBatch, params: DrGRPOParams) -> ObjectiveOutp
 @register_objective(
     "conspo",
     params=ConSPOParams,
-    description="ConSPO: group-wise InfoNCE on length-normalised log-prob scores with a margin curriculum.",
+    description="ConSPO: group-wise InfoNCE on length-normalised log-prob scores with a margin"
+    " curriculum.",
 )
 def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutput:
-    raise NotImplementedError
+    """ConSPO (Eq. 13 of arXiv:2605.12969) with the paper's ablation switches (§2).
+
+    score: logprob s_θ(o) or GRPO's clipped-ratio scores; contrast: InfoNCE with margin m_t or
+    the linear mean s⁺ − mean s⁻; margin: cosine curriculum at ``batch.progress``, fixed M, or 0.
+    Batch loss = mean over valid groups; optional β·KL (token-mean k3). Stats: loss, kl.
+    """
+    if params.score == "logprob":
+        scores = sequence_scores(batch.logprobs, batch.mask)
+    else:
+        scores = clipped_ratio_scores(
+            batch.logprobs, batch.old_logprobs, batch.mask, batch.rewards, params.clip
+        )
+    if params.contrast == "infonce":
+        margin = effective_margin(params, batch.progress)
+        loss = conspo_score_loss(
+            scores, batch.rewards, batch.group_ids, tau=params.tau, margin=margin
+        )
+    else:
+        loss = linear_contrast_loss(scores, batch.rewards, batch.group_ids)
+    stats: dict[str, torch.Tensor] = {}
+    loss = _with_kl(loss, stats, batch, params.beta, "token-mean")
+    stats[metrics.LOSS] = loss.detach()
+    return ObjectiveOutput(loss, stats)
