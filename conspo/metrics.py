@@ -13,7 +13,7 @@ ENTROPY = "entropy"
 GRAD_NORM = "grad_norm"
 KL = "kl"
 LR = "lr"
-CLIP_FRAC = "clip_frac"
+CLIP_FRAC = "grpo/clip_frac"
 
 # --- separation of positive and negative scores (valid groups only) --------------------------
 SEP_POS_SCORE = "sep/pos_score"

@@ -458,7 +458,7 @@ def _with_kl(
 def grpo_objective(batch: PolicyBatch, params: GRPOParams) -> ObjectiveOutput:
     """GRPO / DAPO / Dr. GRPO: −agg_t min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â) + β·KL (§1, §3).
 
-    Stats: loss, clip_frac (fraction of response tokens where the clipped term is the active
+    Stats: loss, grpo/clip_frac (fraction of response tokens where the clipped term is the active
     one), kl (when reference log-probs are given).
     """
     mask = batch.mask
