@@ -31,7 +31,7 @@ _OBJECTIVES: dict[str, RegisteredObjective] = {}
 def register_objective(
     name: str, *, params: type[BaseModel], description: str
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` under ``name``. Registering one name twice with different code is an error."""
+    """Register ``fn`` under ``name``; one name registered twice with different code is an error."""
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         existing = _OBJECTIVES.get(name)

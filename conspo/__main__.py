@@ -1,0 +1,5 @@
+import sys
+
+from conspo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""Checkpoints: model (Hugging Face format), optimiser, RNG states and counters at a step.
+
+Layout: ``workdir/checkpoints/step_000010/`` with ``config.json`` + ``model.safetensors`` +
+tokenizer files (the directory loads with ``from_pretrained``), ``optimizer.pt`` and
+``trainer_state.pt``. A checkpoint is written into a temp dir and renamed into place, so a crash
+never leaves a half-written ``step_*`` directory; only the newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(workdir: str | Path) -> Path:
+    return Path(workdir) / "checkpoints"
+
+
+def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    root = checkpoint_dir(workdir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and (path / "trainer_state.pt").exists():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(workdir: str | Path) -> tuple[int, Path] | None:
+    found = list_checkpoints(workdir)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    workdir: str | Path,
+    step: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    optimizer: torch.optim.Optimizer,
+    counters: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write the checkpoint of ``step`` atomically and prune to the newest ``keep``."""
+    root = checkpoint_dir(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}-", dir=root))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        # Last: its presence marks the checkpoint complete.
+        torch.save(
+            {"step": step, "counters": counters, "rng": rng_state()}, tmp / "trainer_state.pt"
+        )
+        if final.exists():  # a re-run of the same step (e.g. cancelled right after a save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for _, old in list_checkpoints(workdir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(
+    path: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """Load weights and optimiser state in place; returns {"step", "counters", "rng"}."""
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        state.update(load_file(shard, device=str(next(model.parameters()).device)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {k for k in missing if model.config.tie_word_embeddings and k.startswith("lm_head.")}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(
+            f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)},"
+            f" unexpected {sorted(unexpected)}"
+        )
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    trainer_state = torch.load(path / "trainer_state.pt", weights_only=False)
+    set_rng_state(trainer_state["rng"])
+    return trainer_state

@@ -1,0 +1,159 @@
+"""Command line: ``python -m conspo train run.yaml --out DIR`` and ``python -m conspo sft``.
+
+train writes DIR/config.json (the resolved config), DIR/metrics.jsonl (one JSON line per step),
+DIR/events.jsonl and DIR/checkpoints/; run it again with the same DIR to resume. A bad config
+prints the offending field and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from conspo.checkpoint import latest_checkpoint
+from conspo.config import RunConfig, TaskConfig
+from conspo.sink import JsonlSink, StepRecord
+
+PROGRESS_KEYS = {"sep/gap": "gap", "batch/pass_rate": "pass", "eval/accuracy": "acc"}
+
+
+class ProgressSink(JsonlSink):
+    """JsonlSink plus a tqdm bar showing the separation gap, pass rate and held-out accuracy."""
+
+    def __init__(self, path: Path, total: int, initial: int) -> None:
+        from tqdm import tqdm
+
+        super().__init__(path)
+        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+        self.shown: dict[str, str] = {}
+
+    def log_step(self, record: StepRecord) -> None:
+        super().log_step(record)
+        for key, label in PROGRESS_KEYS.items():
+            if key in record.metrics:
+                self.shown[label] = f"{record.metrics[key]:.3f}"
+        self.bar.set_postfix(self.shown, refresh=False)
+        self.bar.update(record.step - self.bar.n)
+
+
+def config_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(config)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str, overrides: dict[str, Any]) -> RunConfig:
+    cfg = RunConfig.from_file(path)
+    if overrides:
+        cfg = RunConfig.model_validate({**cfg.model_dump(), **overrides})
+    return cfg
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop metric lines past the checkpoint we resume from: they will be logged again."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from conspo.models import ModelStore
+    from conspo.trainer import train
+
+    overrides = {"steps": args.steps} if args.steps else {}
+    try:
+        cfg = load_config(args.config, overrides)
+    except ValidationError as exc:
+        print(config_errors(exc), file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:  # unreadable file, YAML/JSON syntax
+        print(f"cannot read config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = json.dumps(cfg.model_dump(mode="json"), indent=2)
+    found = latest_checkpoint(out)
+    if found and (out / "config.json").exists() and (out / "config.json").read_text() != resolved:
+        print(f"{out} holds a run with a different config; use another --out", file=sys.stderr)
+        return 2
+    (out / "config.json").write_text(resolved)
+    start = found[0] if found else 0
+    truncate_metrics(out / "metrics.jsonl", start)
+    sink = ProgressSink(out / "metrics.jsonl", cfg.steps, start)
+    try:
+        result = train(cfg, sink, workdir=out, model_store=ModelStore(args.model_store))
+    except FileNotFoundError as exc:
+        sink.bar.close()
+        print(f"model.name: {exc}", file=sys.stderr)
+        return 2
+    sink.bar.close()
+    print(f"{result.status} at step {result.last_step}; metrics in {out / 'metrics.jsonl'}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from conspo.models import ModelStore
+    from conspo.sft import sft
+
+    try:
+        task = TaskConfig(
+            name=args.task,
+            digits=args.digits,
+            num_operands=args.num_operands,
+            operators=args.operators,
+        )
+    except ValidationError as exc:
+        print(config_errors(exc), file=sys.stderr)
+        return 2
+    base = ModelStore(args.model_store).resolve(args.base)
+    out = sft(base, [task], args.out, steps=args.steps)
+    print(f"saved {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conspo")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: tiny models run fastest single-threaded;"
+        " 0 keeps torch's default)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train from a YAML/JSON RunConfig (resumes in --out)")
+    t.add_argument("config")
+    t.add_argument("--out", required=True, help="run directory (metrics, checkpoints)")
+    t.add_argument("--steps", type=int, default=None, help="override config.steps")
+    t.add_argument("--model-store", default=None, help="default: $CONSPO_MODEL_STORE")
+    t.set_defaults(fn=cmd_train)
+    s = sub.add_parser("sft", help="SFT warm start of a tiny model on a task")
+    s.add_argument("--task", choices=["arith", "countdown"], default="arith")
+    s.add_argument("--out", required=True)
+    s.add_argument("--steps", type=int, default=400)
+    s.add_argument("--digits", type=int, default=1)
+    s.add_argument("--num-operands", type=int, default=2)
+    s.add_argument("--operators", default="+-")
+    s.add_argument("--base", default="tiny", help="model-store name or directory")
+    s.add_argument("--model-store", default=None)
+    s.set_defaults(fn=cmd_sft)
+    args = parser.parse_args(argv)
+    _quiet_and_fast(args.threads)
+    return args.fn(args)
+
+
+def _quiet_and_fast(threads: int) -> None:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # checkpoint saves would interleave with our bar
+    if threads > 0:
+        torch.set_num_threads(threads)

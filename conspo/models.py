@@ -1,0 +1,237 @@
+"""Policies and where they come from: the built-in `tiny` family and a local model store.
+
+`tiny` is a small Qwen-architecture model (Qwen3 classes: Qwen2's decoder plus q/k norms) with a
+character-level tokenizer, both in the standard Hugging Face format (``save_pretrained`` /
+``from_pretrained``), so TRL and anything else that reads HF checkpoints can use them.
+`tiny-arith` / `tiny-countdown` are `tiny` after a short SFT warm start on that task
+(conspo/sft.py), so RL starts from a policy that is right part of the time.
+
+    store = ModelStore()                      # $CONSPO_MODEL_STORE or ~/.cache/conspo/models
+    path = store.resolve("tiny-arith")        # built once, then reused by every run
+    model, tokenizer, device, dtype = load_policy(cfg.model, store)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import string
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from conspo.config import ModelConfig, TaskConfig
+
+PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
+# Every character a tiny-model prompt or answer can contain. Order fixes the token ids.
+CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+TINY_CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=32,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    rope_theta=10_000.0,
+)
+
+# What the store builds for each built-in name: (SFT task mix, SFT steps). The arith base is
+# near-perfect on 1-digit a±b, right on roughly a third of 1-digit a±b±c and rarely right on
+# 2-digit sums: RL has room on the harder settings (see examples/run.yaml).
+WARM_STARTS: dict[str, tuple[list[TaskConfig], int]] = {
+    "tiny-arith": (
+        [
+            TaskConfig(name="arith", digits=1, num_operands=2),
+            TaskConfig(name="arith", digits=1, num_operands=3),
+            TaskConfig(name="arith", digits=2, num_operands=2),
+        ],
+        400,
+    ),
+    "tiny-countdown": ([TaskConfig(name="countdown", digits=1, num_operands=3)], 400),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The tiny family
+# --------------------------------------------------------------------------------------------
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character tokenizer: one token per character, special tokens <pad> <eos> <bos> <unk>.
+
+    No BOS/EOS is added on encode (prompts are plain text such as "12+7="); the trainer appends
+    EOS to SFT targets and stops sampling at EOS. Padding is on the left for generation.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(CHARSET))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # Split every character (including spaces and newlines) into its own token.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()  # join characters back without separators
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=TINY_CONFIG["max_position_embeddings"],
+    )
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3ForCausalLM:
+    """A randomly initialised Qwen3-class decoder (~0.6M parameters) sized for CPU experiments.
+
+    Qwen3, not Qwen2: transformers 5 forces its byte-level Qwen2Tokenizer onto any `qwen2`
+    checkpoint (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), which would drop the character
+    tokenizer's pre-tokenizer on reload; `qwen3` checkpoints keep the tokenizer they ship.
+    """
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        **TINY_CONFIG,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_tiny(out: Path, seed: int = 0) -> None:
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, seed).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+# --------------------------------------------------------------------------------------------
+# The model store
+# --------------------------------------------------------------------------------------------
+
+
+class ModelStore:
+    """A directory of built models, one sub-directory per name, each built at most once.
+
+    Builds run under an exclusive file lock and land in a temp dir that is renamed into place,
+    so two worker processes resolving the same name never build it twice or see half a model.
+    """
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        root = root or os.environ.get("CONSPO_MODEL_STORE") or "~/.cache/conspo/models"
+        self.root = Path(root).expanduser()
+
+    def builtin_names(self) -> list[str]:
+        return ["tiny", *WARM_STARTS]
+
+    def resolve(self, name: str) -> Path | str:
+        """Local path of a built-in or local model; a hub id is returned as is (cached or not)."""
+        if name == "tiny":
+            return self._build_once(name, lambda out: save_tiny(out))
+        if name in WARM_STARTS:
+            tasks, steps = WARM_STARTS[name]
+            base = self.resolve("tiny")
+            return self._build_once(name, lambda out: _warm_start(base, tasks, steps, out))
+        if Path(name).expanduser().is_dir():
+            return Path(name).expanduser()
+        if name.startswith((".", "/", "~")) or name.count("/") > 1:
+            raise FileNotFoundError(f"model directory {name!r} does not exist")
+        return name  # a hub id: from_pretrained decides whether it is cached
+
+    def _build_once(self, name: str, build: Callable[[Path], None]) -> Path:
+        final = self.root / name
+        if (final / "config.json").exists():
+            return final
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.root / f".{name}.lock"):
+            if (final / "config.json").exists():  # another process built it while we waited
+                return final
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
+            try:
+                build(tmp)
+                (tmp / "BUILT_BY_CONSPO").write_text(name + "\n")
+                os.replace(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _warm_start(base: Path, tasks: list[TaskConfig], steps: int, out: Path) -> None:
+    from conspo.sft import sft
+
+    sft(base, tasks, out, steps=steps, lr=5e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading a policy for training
+# --------------------------------------------------------------------------------------------
+
+
+def pick_device(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
+    """auto: CUDA in bfloat16 when present, else CPU in float32."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device is 'cuda' but no CUDA device is available")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    if cfg.dtype == "auto":
+        dtype = torch.bfloat16 if use_cuda else torch.float32
+    else:
+        dtype = getattr(torch, cfg.dtype)
+    return device, dtype
+
+
+def load_pretrained(
+    path: Path | str, device: torch.device, dtype: torch.dtype
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    local_only = isinstance(path, Path) or os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"could not load model {str(path)!r}: not a model-store name "
+            f"(tiny, tiny-arith, tiny-countdown), not a local directory, and not a hub id "
+            f"available here (offline machines need it in the Hugging Face cache). ({exc})"
+        ) from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # many causal LMs ship without one
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer
+
+
+def load_policy(
+    cfg: ModelConfig, store: ModelStore | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, torch.device, torch.dtype]:
+    """Resolve ``cfg.name`` through the store and load it on the auto-selected device."""
+    store = store or ModelStore()
+    device, dtype = pick_device(cfg)
+    model, tokenizer = load_pretrained(store.resolve(cfg.name), device, dtype)
+    return model, tokenizer, device, dtype

@@ -1,0 +1,211 @@
+"""Rollouts: batched sampling with a KV cache, greedy evaluation and pass@k.
+
+The sampling loop is written out (prefill, then one token per forward with ``past_key_values``)
+instead of calling ``model.generate``: for small models the per-token overhead of ``generate``'s
+logits processors, stopping criteria and cache bookkeeping dominates the forward itself.
+bench/throughput.py measures the difference.
+
+Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens response positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
+from conspo.tasks import Example, Task
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: torch.Tensor  # (N, P) left-padded with pad_id
+    prompt_mask: torch.Tensor  # (N, P) long, 1 on prompt tokens
+    response_ids: torch.Tensor  # (N, T') right-padded with pad_id, T' <= T
+    response_mask: torch.Tensor  # (N, T') float, 1 on response tokens incl. EOS, 0 on padding
+    lengths: torch.Tensor  # (N,) long, response tokens incl. EOS
+    truncated: torch.Tensor  # (N,) bool, hit max_new_tokens without EOS
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (N, P) each. No special tokens are added."""
+    enc = tokenizer(
+        prompts,
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
+        return_tensors="pt",
+    )
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def _next_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """(N, V) logits → (N,) token ids. temperature 0 means greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p.
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> RolloutBatch:
+    """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens."""
+    n, p = prompt_ids.shape
+    device = prompt_ids.device
+    # The full attention mask, sliced as the sequence grows; response positions are all real
+    # (finished rows keep decoding pad tokens that are masked out of the result below).
+    attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
+    attn[:, :p] = prompt_mask
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (N, P) left padding shifts positions
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=attn[:, :p],
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    next_pos = positions[:, -1:] + 1  # (N, 1)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens = []
+    for t in range(max_new_tokens):
+        tok = _next_token(out.logits[:, -1], temperature, top_p, generator)
+        tok = torch.where(done, pad_id, tok)
+        tokens.append(tok)
+        done = done | (tok == eos_id)
+        if t == max_new_tokens - 1 or bool(done.all()):  # one host sync per token
+            break
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=attn[:, : p + t + 1],
+            position_ids=next_pos + t,
+            cache=cache,
+            use_cache=True,
+        )
+    response = torch.stack(tokens, dim=1)  # (N, T')
+    return _finish(prompt_ids, prompt_mask, response, eos_id, pad_id)
+
+
+def _finish(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response: torch.Tensor,
+    eos_id: int,
+    pad_id: int,
+) -> RolloutBatch:
+    """Mask everything after the first EOS; rows without EOS are truncated."""
+    is_eos = response == eos_id  # (N, T')
+    # A position is kept when no EOS came strictly before it.
+    eos_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    mask = (~eos_before).float()
+    lengths = mask.sum(-1).long()
+    truncated = ~is_eos.any(-1)
+    response = response.masked_fill(eos_before, pad_id)
+    return RolloutBatch(prompt_ids, prompt_mask, response, mask, lengths, truncated)
+
+
+def decode_responses(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
+    """Response text without EOS or padding."""
+    return tokenizer.batch_decode(batch.response_ids.cpu().tolist(), skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation on the held-out split
+# --------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021): 1 - C(n-c,k)/C(n,k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def generate_and_verify(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """Sample one response per example; returns the rollouts and their (N,) rewards on CPU."""
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
+    batch = sample(
+        model,
+        ids,
+        mask,
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+    )
+    texts = decode_responses(tokenizer, batch)
+    rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
+    return batch, rewards
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    pass_k: int,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature``)."""
+    if not examples:
+        return {EVAL_ACCURACY: float("nan"), EVAL_PASS_AT_K: float("nan")}
+    _, greedy = generate_and_verify(
+        model, tokenizer, task, examples, max_new_tokens=max_new_tokens, temperature=0.0
+    )
+    repeated = [ex for ex in examples for _ in range(pass_k)]
+    _, sampled = generate_and_verify(
+        model,
+        tokenizer,
+        task,
+        repeated,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        generator=generator,
+    )
+    correct = sampled.view(len(examples), pass_k).sum(-1).long().tolist()
+    pass_k_values = [pass_at_k(pass_k, c, pass_k) for c in correct]
+    return {
+        EVAL_ACCURACY: greedy.mean().item(),
+        EVAL_PASS_AT_K: sum(pass_k_values) / len(pass_k_values),
+    }

@@ -1,0 +1,96 @@
+"""What every task provides, plus the pieces tasks share (held-out hashing, safe arithmetic)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import operator
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Held-out membership is a hash of the problem text under a fixed salt: the same problems are
+# held out for every seed, so no run (and no SFT warm start) ever trains on an evaluation problem
+# and runs with different seeds are scored on one axis.
+HELD_OUT_SALT = "conspo-held-out-v1"
+HELD_OUT_FRACTION = 0.1
+EVAL_SAMPLING_SEED = 20_260_512
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str  # text the policy continues, e.g. "12+7="
+    answer: str  # a reference answer (SFT target), e.g. "19"
+    data: dict[str, Any] = field(default_factory=dict, compare=False)  # what verify needs
+
+
+class Task(Protocol):
+    name: str
+
+    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
+        """n training problems (repeats allowed), never from the held-out split."""
+        ...
+
+    def eval_examples(self, n: int) -> list[Example]:
+        """Up to n distinct held-out problems; the same list on every call."""
+        ...
+
+    def verify(self, completion: str, example: Example) -> float:
+        """1.0 when the completion (decoded text after the prompt, EOS removed) is correct."""
+        ...
+
+
+def is_held_out(key: str, fraction: float = HELD_OUT_FRACTION) -> bool:
+    digest = hashlib.sha1(f"{HELD_OUT_SALT}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def sample_split(
+    sample: Callable[[random.Random], Example], rng: random.Random, n: int, held_out: bool
+) -> list[Example]:
+    """Rejection-sample n problems from one side of the split (train: repeats allowed)."""
+    out: list[Example] = []
+    seen: set[str] = set()
+    tries = 0
+    while len(out) < n and tries < 2000 * n:
+        tries += 1
+        ex = sample(rng)
+        if is_held_out(ex.prompt) != held_out or (held_out and ex.prompt in seen):
+            continue
+        seen.add(ex.prompt)
+        out.append(ex)
+    if not held_out and len(out) < n:
+        raise ValueError("the training split of this task is empty; widen the task settings")
+    return out
+
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+}
+
+
+def safe_eval(expr: str) -> int | None:
+    """Evaluate an integer expression of + - * and parentheses; None if it is anything else."""
+    if len(expr) > 64:
+        return None
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        raise ValueError("unsupported expression")
+
+    try:
+        return walk(tree.body)
+    except (ValueError, RecursionError):
+        return None

@@ -1,0 +1,55 @@
+"""Countdown: reach a target from given numbers. "3,5,7:22=" → "3*5+7".
+
+Every number must be used exactly once, with + - * and parentheses. The target is the value of a
+random expression over the numbers, so each problem has a known short solution (the SFT target).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+
+from conspo.config import TaskConfig
+from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, safe_eval, sample_split
+
+_ALLOWED = re.compile(r"^[0-9+\-*() ]{1,64}$")
+
+
+class CountdownTask:
+    name = "countdown"
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        self.digits = cfg.digits
+        self.num_operands = cfg.num_operands
+        self.operators = "+-*"
+
+    def sample(self, rng: random.Random) -> Example:
+        """Numbers in [1, 10^digits); a random expression over them gives a target ≥ 0."""
+        while True:
+            numbers = [rng.randrange(1, 10**self.digits) for _ in range(self.num_operands)]
+            order = rng.sample(numbers, len(numbers))
+            expr = str(order[0])
+            for x in order[1:]:
+                expr += rng.choice(self.operators) + str(x)
+            target = safe_eval(expr)
+            if target is not None and target >= 0:
+                break
+        prompt = ",".join(map(str, numbers)) + f":{target}="
+        return Example(prompt, expr, data={"numbers": numbers, "target": target})
+
+    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
+        return sample_split(self.sample, rng, n, held_out=False)
+
+    def eval_examples(self, n: int) -> list[Example]:
+        return sample_split(self.sample, random.Random(EVAL_SAMPLING_SEED), n, held_out=True)
+
+    def verify(self, completion: str, example: Example) -> float:
+        """1.0 iff the expression uses exactly the given numbers and evaluates to the target."""
+        text = completion.strip()
+        if not _ALLOWED.match(text):
+            return 0.0
+        used = [int(tok) for tok in re.findall(r"\d+", text)]
+        if Counter(used) != Counter(example.data["numbers"]):
+            return 0.0
+        return float(safe_eval(text) == example.data["target"])

@@ -1,0 +1,542 @@
+"""The RLVR training loop: prompts → rollouts → rewards → log-probs → objective → update → log.
+
+    result = train(RunConfig.from_file("run.yaml"), JsonlSink("out/metrics.jsonl"),
+                   workdir="out", model_store=ModelStore())
+
+One step samples ``prompts_per_step`` groups of ``group_size`` rollouts, verifies them, scores
+them under the current policy, and takes ``optim.mini_batches`` optimiser steps on the registered
+objective (``conspo.registry``; the loop never branches on the algorithm). All randomness of a
+step (prompts, sampling, evaluation) is a function of (seed, step), so a run resumed from a
+checkpoint reproduces the uninterrupted run exactly on CPU.
+
+Shapes: N = groups × G rollouts, P prompt positions, T response positions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from conspo import metrics as M
+from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from conspo.config import RunConfig
+from conspo.models import ModelStore, load_policy, load_pretrained
+from conspo.objectives import (
+    ConSPOParams,
+    ObjectiveParams,
+    PolicyBatch,
+    clipped_ratio_scores,
+    effective_margin,
+    k3_kl,
+    margin_at,
+    sequence_scores,
+)
+from conspo.registry import get_objective
+from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate, sample
+from conspo.sink import RolloutRecord, Sink, StepRecord
+from conspo.stats import separation_stats
+from conspo.tasks import Example, Task, make_task
+
+# Separation statistics of non-ConSPO runs use ConSPO's defaults so every run shares one axis.
+DEFAULT_CONSPO = ConSPOParams.model_validate({})
+
+
+@dataclass
+class TrainResult:
+    status: Literal["succeeded", "cancelled"]
+    last_step: int
+
+
+@dataclass
+class Run:
+    """Everything a step needs, built once per train() call."""
+
+    cfg: RunConfig
+    params: ObjectiveParams
+    objective: Callable[..., Any]
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    ref_model: PreTrainedModel | None
+    optimizer: torch.optim.Optimizer
+    task: Task
+    eval_examples: list[Example]
+    device: torch.device
+    rollouts_seen: int = 0
+
+    @property
+    def clip_eps(self) -> float:
+        """ε of the §1 clipped-ratio scores: the GRPO family's clip_high, ConSPO's clip."""
+        return float(getattr(self.params, "clip_high", getattr(self.params, "clip", 0.2)))
+
+
+@dataclass
+class Rollouts:
+    """The step's training batch: whole groups, rollouts of a group contiguous."""
+
+    batch: RolloutBatch
+    rewards: torch.Tensor  # (N,) shaped rewards the objective sees
+    correct: torch.Tensor  # (N,) verified rewards in {0,1}
+    group_ids: torch.Tensor  # (N,) 0..groups-1
+    generated: int  # rollouts sampled this step, refill rounds included
+
+
+def step_seed(seed: int, step: int, purpose: str) -> int:
+    """A 63-bit seed that depends only on (seed, step, purpose): the key to exact resume."""
+    digest = hashlib.sha256(f"{seed}:{step}:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------
+
+
+def train(
+    config: RunConfig,
+    sink: Sink,
+    should_stop: Callable[[], bool] = lambda: False,
+    *,
+    workdir: str | Path,
+    model_store: ModelStore | None = None,
+) -> TrainResult:
+    """Train ``config`` to ``config.steps``, resuming from ``workdir``'s latest checkpoint."""
+    workdir = Path(workdir)
+    run = setup(config, model_store or ModelStore())
+    last_step = resume(run, workdir, sink)
+    last_saved = last_step
+    while last_step < config.steps:
+        if should_stop():
+            break
+        record = train_step(run, last_step + 1, should_stop)
+        if record is None:  # stopped between rollout rounds: the step did not happen
+            break
+        last_step = record.step
+        sink.log_step(record)
+        every = config.checkpoint.every
+        if (every and last_step % every == 0) or last_step == config.steps:
+            checkpoint(run, workdir, last_step, sink)
+            last_saved = last_step
+    if last_step < config.steps:
+        if last_saved != last_step:
+            checkpoint(run, workdir, last_step, sink)
+        sink.log_event("finished", {"status": "cancelled", "step": last_step})
+        return TrainResult("cancelled", last_step)
+    sink.log_event("finished", {"status": "succeeded", "step": last_step})
+    return TrainResult("succeeded", last_step)
+
+
+def setup(cfg: RunConfig, store: ModelStore) -> Run:
+    model, tokenizer, device, dtype = load_policy(cfg.model, store)
+    params = cfg.objective_params()
+    assert isinstance(params, ObjectiveParams)  # every registered params model extends it
+    ref_model = None
+    if params.beta > 0:  # a frozen copy of the starting policy (the checkpoint never replaces it)
+        ref_model, _ = load_pretrained(store.resolve(cfg.model.name), device, dtype)
+        ref_model.eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    )
+    task = make_task(cfg.task)
+    return Run(
+        cfg=cfg,
+        params=params,
+        objective=get_objective(cfg.algorithm).fn,
+        model=model,
+        tokenizer=tokenizer,
+        ref_model=ref_model,
+        optimizer=optimizer,
+        task=task,
+        eval_examples=task.eval_examples(cfg.task.eval_size),
+        device=device,
+    )
+
+
+def resume(run: Run, workdir: Path, sink: Sink) -> int:
+    """Load the latest checkpoint if there is one; returns the last finished step (0 if none)."""
+    found = latest_checkpoint(workdir)
+    info = {"total_steps": run.cfg.steps, "device": str(run.device), "model": run.cfg.model.name}
+    if found is None:
+        sink.log_event("started", info)
+        return 0
+    step, path = found
+    state = load_checkpoint(path, run.model, run.optimizer)
+    run.rollouts_seen = state["counters"]["rollouts_seen"]
+    sink.log_event("resumed", {**info, "step": step, "path": str(path)})
+    return step
+
+
+def checkpoint(run: Run, workdir: Path, step: int, sink: Sink) -> None:
+    counters = {"rollouts_seen": run.rollouts_seen}
+    path = save_checkpoint(
+        workdir, step, run.model, run.tokenizer, run.optimizer, counters, run.cfg.checkpoint.keep
+    )
+    sink.log_event("checkpoint", {"step": step, "path": str(path)})
+
+
+def train_step(run: Run, step: int, should_stop: Callable[[], bool]) -> StepRecord | None:
+    """One step; None when should_stop() fired between rollout rounds (nothing was updated)."""
+    cfg = run.cfg
+    t0 = time.perf_counter()
+    rollouts = collect_rollouts(run, step, should_stop)
+    if rollouts is None:
+        return None
+    t_rollout = time.perf_counter() - t0
+    stats, scores = update(run, rollouts, step)
+    t_step = time.perf_counter() - t0
+    run.rollouts_seen += rollouts.generated
+    floats = {
+        M.TIME_STEP_S: t_step,
+        M.TIME_ROLLOUT_S: t_rollout,
+        M.THROUGHPUT_ROLLOUTS_PER_S: rollouts.generated / t_step,
+        M.ROLLOUTS_SEEN: float(run.rollouts_seen),
+        M.LR: lr_at(cfg, step),
+    }
+    if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps:
+        floats.update(run_eval(run, step))
+    return make_record(run, step, stats, floats, rollouts, scores)
+
+
+# --------------------------------------------------------------------------------------------
+# Rollouts and rewards
+# --------------------------------------------------------------------------------------------
+
+
+def collect_rollouts(run: Run, step: int, should_stop: Callable[[], bool]) -> Rollouts | None:
+    """Sample groups; with refill_groups keep only groups with both outcomes and top up.
+
+    Round r of step s draws its prompts and sampling noise from (seed, s, r) alone.
+    """
+    cfg, params = run.cfg, run.params
+    want, g = cfg.sampling.prompts_per_step, cfg.sampling.group_size
+    rounds = 1 + (params.max_refill_rounds if params.refill_groups else 0)
+    kept: list[Rollouts] = []
+    n_kept, generated = 0, 0
+    for r in range(rounds):
+        if r > 0 and should_stop():
+            return None
+        prompts = run.task.train_prompts(random.Random(step_seed(cfg.seed, step, f"p{r}")), want)
+        last = sample_groups(run, prompts, step_seed(cfg.seed, step, f"s{r}"))
+        generated += last.generated
+        if not params.refill_groups:
+            kept = [last]
+            break
+        valid = mixed_groups(last.correct, g)
+        if valid.any():
+            kept.append(keep_groups(last, valid, g))
+            n_kept += int(valid.sum())
+        if n_kept >= want:
+            break
+    if not kept:  # refill found no group with both outcomes: train on the last round (no signal)
+        kept = [last]
+    merged = concat_rollouts(kept, g, run.tokenizer.pad_token_id)
+    if len(merged.group_ids) > want * g:
+        merged = keep_groups(merged, torch.arange(len(merged.group_ids) // g) < want, g)
+    merged.generated = generated
+    return merged
+
+
+def sample_groups(run: Run, prompts: list[Example], seed: int) -> Rollouts:
+    """G rollouts per prompt, verified; rows [i*G, (i+1)*G) belong to prompts[i]."""
+    cfg = run.cfg
+    g = cfg.sampling.group_size
+    expanded = [ex for ex in prompts for _ in range(g)]
+    ids, mask = encode_prompts(run.tokenizer, [ex.prompt for ex in expanded], run.device)
+    generator = torch.Generator(device=run.device).manual_seed(seed)
+    run.model.eval()
+    batch = sample(
+        run.model,
+        ids,
+        mask,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        eos_id=run.tokenizer.eos_token_id,
+        pad_id=run.tokenizer.pad_token_id,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        generator=generator,
+    )
+    texts = decode_responses(run.tokenizer, batch)
+    correct = torch.tensor([run.task.verify(t, ex) for t, ex in zip(texts, expanded, strict=True)])
+    rewards = correct + overlong_penalty(batch.lengths.cpu(), cfg, run.params)
+    group_ids = torch.arange(len(prompts)).repeat_interleave(g)
+    return Rollouts(batch, rewards, correct, group_ids, generated=len(expanded))
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, cfg: RunConfig, params: ObjectiveParams
+) -> torch.Tensor:
+    """DAPO's soft overlong shaping: 0 up to L_max − L_cache, then linear down to −penalty.
+
+    lengths: (N,) response tokens; L_max = max_new_tokens, L_cache = params.overlong_buffer.
+    """
+    if params.overlong_buffer <= 0:
+        return torch.zeros(lengths.shape)
+    start = cfg.sampling.max_new_tokens - params.overlong_buffer
+    over = (lengths.float() - start).clamp(min=0) / params.overlong_buffer
+    return -params.overlong_penalty * over.clamp(max=1.0)
+
+
+def mixed_groups(correct: torch.Tensor, g: int) -> torch.Tensor:
+    """(groups,) bool: groups with both correct and wrong rollouts."""
+    n_pos = correct.view(-1, g).gt(0.5).sum(-1)
+    return (n_pos > 0) & (n_pos < g)
+
+
+def keep_groups(r: Rollouts, keep: torch.Tensor, g: int) -> Rollouts:
+    """The groups where ``keep`` (groups,) is True, renumbered 0..k-1."""
+    rows = keep.repeat_interleave(g)
+    dev_rows = rows.to(r.batch.response_ids.device)
+    b = r.batch
+    batch = RolloutBatch(
+        *(t[dev_rows] for t in (b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)),
+        b.lengths[dev_rows],
+        b.truncated[dev_rows],
+    )
+    group_ids = torch.arange(int(keep.sum())).repeat_interleave(g)
+    return Rollouts(batch, r.rewards[rows], r.correct[rows], group_ids, r.generated)
+
+
+def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
+    """Stack rounds: prompts re-padded on the left, responses on the right."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(x.batch.prompt_ids.shape[1] for x in parts)
+    t = max(x.batch.response_ids.shape[1] for x in parts)
+
+    def pad(x: torch.Tensor, width: int, left: bool, value: float) -> torch.Tensor:
+        extra = width - x.shape[1]
+        return F.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    batch = RolloutBatch(
+        torch.cat([pad(x.batch.prompt_ids, p, True, pad_id) for x in parts]),
+        torch.cat([pad(x.batch.prompt_mask, p, True, 0) for x in parts]),
+        torch.cat([pad(x.batch.response_ids, t, False, pad_id) for x in parts]),
+        torch.cat([pad(x.batch.response_mask, t, False, 0.0) for x in parts]),
+        torch.cat([x.batch.lengths for x in parts]),
+        torch.cat([x.batch.truncated for x in parts]),
+    )
+    rewards = torch.cat([x.rewards for x in parts])
+    correct = torch.cat([x.correct for x in parts])
+    group_ids = torch.arange(len(rewards) // g).repeat_interleave(g)
+    return Rollouts(batch, rewards, correct, group_ids, sum(x.generated for x in parts))
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring and the update
+# --------------------------------------------------------------------------------------------
+
+
+def token_logprobs(
+    model: PreTrainedModel, batch: RolloutBatch, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, T) log π(o_t | q, o_<t) of the sampled tokens at the sampling temperature.
+
+    With ``with_entropy``, also the (N, T) entropy of that distribution (no grad). Only the
+    last T+1 positions go through the LM head: the prompt's own logits are never needed.
+    """
+    t = batch.response_ids.shape[1]
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P+T)
+    attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids, attention_mask=attn, position_ids=positions, logits_to_keep=t + 1
+    ).logits[:, :-1]  # (N, T, V): position P-1+t predicts response token t
+    logits = logits.float() / temperature
+    logz = logits.logsumexp(-1)  # (N, T)
+    logprobs = logits.gather(-1, batch.response_ids[..., None]).squeeze(-1) - logz
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = logz - (logits.softmax(-1) * logits).sum(-1)
+    return logprobs, entropy
+
+
+def update(run: Run, r: Rollouts, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Optimiser steps on mini-batches of whole groups; returns (stats, (N,) scores s_θ).
+
+    Loss-side stats (loss, grad_norm, ...) are averaged over mini-batches; the §4 separation
+    statistics are computed once on the whole rollout batch, so group counts add up and one
+    mini-batch without a valid group cannot turn the step's curves into NaN.
+    """
+    cfg, model, device = run.cfg, run.model, run.device
+    model.train()
+    temp = cfg.sampling.temperature
+    n_groups = len(r.group_ids) // cfg.sampling.group_size
+    chunks = [c for c in torch.arange(n_groups).tensor_split(cfg.optim.mini_batches) if len(c)]
+    old_logprobs = None
+    if len(chunks) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
+        with torch.no_grad():
+            old_logprobs, _ = token_logprobs(model, r.batch, temp)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(cfg, step)
+    per_chunk: list[dict[str, torch.Tensor]] = []
+    scores = torch.empty(len(r.group_ids), device=device)
+    clipped = torch.empty(len(r.group_ids), device=device)
+    for chunk in chunks:
+        rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
+        stats, scores[rows], clipped[rows] = optimise_chunk(run, r, rows, old_logprobs, step)
+        per_chunk.append(stats)
+    stats = {k: torch.stack([s[k] for s in per_chunk]).mean() for k in per_chunk[0]}
+    correct = r.correct.to(device)
+    group_ids = r.group_ids.to(device)
+    lengths = r.batch.lengths.to(device)
+    stats.update(separation(run, scores, correct, group_ids, lengths, step, clipped))
+    return stats, scores
+
+
+def optimise_chunk(
+    run: Run, r: Rollouts, rows: torch.Tensor, old_logprobs: torch.Tensor | None, step: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Forward with grad, objective, backward, clip, step on the rollouts in ``rows`` (N,).
+
+    Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1).
+    """
+    cfg, device = run.cfg, run.device
+    b = r.batch
+    sub = RolloutBatch(
+        b.prompt_ids[rows], b.prompt_mask[rows], b.response_ids[rows], b.response_mask[rows],
+        b.lengths[rows], b.truncated[rows],
+    )  # fmt: skip
+    logprobs, entropy = token_logprobs(run.model, sub, cfg.sampling.temperature, True)
+    assert entropy is not None
+    ref = None
+    if run.ref_model is not None:
+        with torch.no_grad():
+            ref, _ = token_logprobs(run.ref_model, sub, cfg.sampling.temperature)
+    rows_cpu = rows.cpu()
+    batch = PolicyBatch(
+        logprobs=logprobs,
+        mask=sub.response_mask,
+        rewards=r.rewards[rows_cpu].to(device),
+        group_ids=r.group_ids[rows_cpu].to(device),
+        progress=step / cfg.steps,
+        max_response_len=cfg.sampling.max_new_tokens,
+        old_logprobs=None if old_logprobs is None else old_logprobs[rows],
+        ref_logprobs=ref,
+    )
+    out = run.objective(batch, run.params)
+    run.optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.max_grad_norm)
+    run.optimizer.step()
+    # Scores of the policy that sampled (π_old): before this chunk's update.
+    behaviour = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+    scores = sequence_scores(behaviour, sub.response_mask)
+    # π_θ here may already have moved (earlier mini-batches), which is what grpo/clip_gap shows.
+    clipped = clipped_ratio_scores(
+        logprobs.detach(), batch.old_logprobs, sub.response_mask, batch.rewards, run.clip_eps
+    )
+    mask = sub.response_mask
+    stats = {
+        **out.stats,
+        M.LOSS: out.loss.detach(),
+        M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
+        M.GRAD_NORM: grad_norm.detach(),
+    }
+    if ref is not None and M.KL not in stats:
+        stats[M.KL] = (k3_kl(logprobs.detach(), ref, mask) * mask).sum() / mask.sum().clamp(min=1)
+    return {k: v.float() for k, v in stats.items()}, scores, clipped
+
+
+def separation(
+    run: Run,
+    scores: torch.Tensor,
+    correct: torch.Tensor,
+    group_ids: torch.Tensor,
+    lengths: torch.Tensor,
+    step: int,
+    clipped: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """§4 statistics on log-prob scores; non-ConSPO runs use ConSPO's default τ and margin."""
+    progress = step / run.cfg.steps
+    if isinstance(run.params, ConSPOParams):
+        margin, tau = effective_margin(run.params, progress), run.params.tau
+    else:
+        d = DEFAULT_CONSPO
+        margin = margin_at(progress, margin_max=d.margin_max, warmup=d.margin_warmup)
+        tau = d.tau
+    return separation_stats(
+        scores, correct, group_ids, lengths, margin=margin, tau=tau, clipped_scores=clipped
+    )
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """Linear warmup over optim.warmup_steps, then constant."""
+    warm = cfg.optim.warmup_steps
+    return cfg.optim.lr * (min(1.0, step / warm) if warm else 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation and logging
+# --------------------------------------------------------------------------------------------
+
+
+def run_eval(run: Run, step: int) -> dict[str, float]:
+    """Greedy accuracy and pass@k on the held-out split (keys of conspo.metrics)."""
+    cfg = run.cfg
+    run.model.eval()
+    generator = torch.Generator(device=run.device).manual_seed(step_seed(cfg.seed, step, "eval"))
+    return evaluate(
+        run.model,
+        run.tokenizer,
+        run.task,
+        run.eval_examples,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        pass_k=cfg.eval.pass_k,
+        temperature=cfg.eval.temperature,
+        generator=generator,
+    )
+
+
+def make_record(
+    run: Run,
+    step: int,
+    stats: dict[str, torch.Tensor],
+    floats: dict[str, float],
+    r: Rollouts,
+    scores: torch.Tensor,
+) -> StepRecord:
+    """Build the StepRecord with a single device→host copy of every tensor statistic."""
+    n = len(r.group_ids)
+    keep = min(run.cfg.logging.rollout_sample, n)
+    idx = (
+        torch.linspace(0, n - 1, keep).round().long() if keep else torch.empty(0, dtype=torch.long)
+    )
+    keys = list(stats)
+    b = r.batch
+    packed = torch.cat(
+        [
+            torch.stack([stats[k] for k in keys]),
+            scores.float()[idx.to(scores.device)],
+            b.lengths[idx.to(b.lengths.device)].float().to(scores.device),
+            b.truncated[idx.to(b.lengths.device)].float().to(scores.device),
+        ]
+    )
+    values = packed.cpu().tolist()  # the step's one device→host sync
+    metrics = {**dict(zip(keys, values[: len(keys)], strict=True)), **floats}
+    g = run.cfg.sampling.group_size
+    sample_scores, lengths, truncated = (
+        values[len(keys) + j * keep : len(keys) + (j + 1) * keep] for j in range(3)
+    )
+    records = [
+        RolloutRecord(
+            group=i // g,
+            index=i % g,
+            reward=float(r.correct[i]),
+            score=s,
+            length=int(n_tok),
+            truncated=bool(tr),
+        )
+        for i, s, n_tok, tr in zip(idx.tolist(), sample_scores, lengths, truncated, strict=True)
+    ]
+    metrics = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
+    return StepRecord(step, run.cfg.steps, time.time(), metrics, records)

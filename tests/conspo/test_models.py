@@ -1,0 +1,86 @@
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conspo.config import ModelConfig
+from conspo.models import (
+    ModelStore,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_policy,
+    save_tiny,
+)
+
+
+def test_char_tokenizer_round_trips_through_save_pretrained(tmp_path):
+    build_char_tokenizer().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    text = "12+7=19 x*(3-y)\n?"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)  # one token per character, spaces and newlines included
+    assert tok.decode(ids) == text
+    assert tok.padding_side == "left"
+    assert (tok.pad_token, tok.eos_token, tok.bos_token) == ("<pad>", "<eos>", "<bos>")
+    batch = tok(["1+1=", "12+7="], padding=True)
+    assert batch["input_ids"][0][0] == tok.pad_token_id and batch["attention_mask"][0][0] == 0
+    assert tok.decode(ids + [tok.eos_token_id, tok.pad_token_id], skip_special_tokens=True) == text
+
+
+def test_tiny_model_and_tokenizer_load_back_as_one_checkpoint(tmp_path):
+    save_tiny(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    again = build_tiny_model(build_char_tokenizer(), seed=0)
+    ids = tok(["12+7="], return_tensors="pt")["input_ids"]
+    assert len(tok("a b")["input_ids"]) == 3  # the model dir does not swap the tokenizer class
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, again(ids).logits)
+
+
+def test_store_builds_once_and_reuses(model_store, arith_base):
+    marker = arith_base / "BUILT_BY_CONSPO"
+    before = marker.stat().st_mtime_ns
+    assert model_store.resolve("tiny-arith") == arith_base
+    assert ModelStore(model_store.root).resolve("tiny-arith") == arith_base
+    assert marker.stat().st_mtime_ns == before
+    assert (model_store.root / "tiny" / "config.json").exists()  # the base it was built from
+
+
+def test_concurrent_builds_build_once(tmp_path):
+    store = ModelStore(tmp_path)
+    builds = []
+
+    def build(out):
+        builds.append(out)
+        save_tiny(out)
+
+    threads = [threading.Thread(target=store._build_once, args=("x", build)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["x"]
+
+
+def test_store_root_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CONSPO_MODEL_STORE", str(tmp_path))
+    assert ModelStore().root == tmp_path
+
+
+def test_unknown_model_gives_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    store = ModelStore(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a model-store name"):
+        load_policy(ModelConfig(name="nobody/no-such-model-xyz"), store)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        store.resolve("./no/such/dir")
+
+
+def test_load_policy_from_a_local_directory_on_cpu(tmp_path):
+    save_tiny(tmp_path / "m")
+    model, tok, device, dtype = load_policy(ModelConfig(name=str(tmp_path / "m"), device="cpu"))
+    assert device.type == "cpu" and dtype == torch.float32
+    assert next(model.parameters()).dtype == torch.float32 and tok.padding_side == "left"

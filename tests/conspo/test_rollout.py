@@ -1,0 +1,115 @@
+import math
+from itertools import combinations
+
+import pytest
+import torch
+
+from conspo.config import TaskConfig
+from conspo.models import load_pretrained
+from conspo.rollout import _finish, encode_prompts, evaluate, pass_at_k, sample
+from conspo.tasks import make_task
+from conspo.trainer import token_logprobs
+
+EOS, PAD = 1, 0
+
+
+@pytest.fixture(scope="module")
+def policy(arith_base):
+    model, tok = load_pretrained(arith_base, torch.device("cpu"), torch.float32)
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def prompts(policy):
+    _, tok = policy
+    # Different prompt lengths, so left padding matters.
+    texts = ["1+2=", "7-3+5=", "12+34=", "9=", "3-8-1="]
+    return encode_prompts(tok, texts, torch.device("cpu"))
+
+
+def test_finish_masks_include_eos_and_zero_the_padding():
+    response = torch.tensor([[5, 6, EOS, 7, 8], [5, EOS, EOS, 9, 9], [5, 6, 7, 8, 9]])
+    out = _finish(torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2), response, EOS, PAD)
+    assert out.response_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert out.lengths.tolist() == [3, 2, 5]
+    assert out.truncated.tolist() == [False, False, True]
+    assert out.response_ids.tolist() == [[5, 6, EOS, PAD, PAD], [5, EOS, PAD, PAD, PAD],
+                                         [5, 6, 7, 8, 9]]  # fmt: skip
+
+
+def test_sampled_rollouts_end_at_eos_or_are_truncated(policy, prompts):
+    model, tok = policy
+    ids, mask = prompts
+    gen = torch.Generator().manual_seed(0)
+    out = sample(model, ids, mask, max_new_tokens=8, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=gen)  # fmt: skip
+    for row, n, cut, m in zip(out.response_ids, out.lengths, out.truncated, out.response_mask,
+                              strict=True):  # fmt: skip
+        assert m[:n].eq(1).all() and m[n:].eq(0).all()
+        assert row[n:].eq(tok.pad_token_id).all()
+        assert bool(cut) == (row[n - 1] != tok.eos_token_id)
+    short = sample(model, ids, mask, max_new_tokens=1, eos_id=tok.eos_token_id,
+                   pad_id=tok.pad_token_id, temperature=0)  # fmt: skip
+    # Every answer needs a digit before EOS: one token is always truncated.
+    assert short.truncated.all() and short.lengths.eq(1).all()
+
+
+def test_greedy_sampling_matches_generate(policy, prompts):
+    model, tok = policy
+    ids, mask = prompts
+    ours = sample(model, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                  pad_id=tok.pad_token_id, temperature=0)  # fmt: skip
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    ref = ref[:, ids.shape[1] :]
+    width = ours.response_ids.shape[1]
+    assert torch.equal(ours.response_ids, ref[:, :width].masked_fill(ours.response_mask == 0, PAD))
+
+
+def test_sampling_is_reproducible_and_tiny_top_p_is_greedy(policy, prompts):
+    model, tok = policy
+    ids, mask = prompts
+    kw = dict(max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    a = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), **kw)
+    b = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), **kw)
+    assert torch.equal(a.response_ids, b.response_ids)
+    nucleus = sample(model, ids, mask, top_p=1e-6, generator=torch.Generator().manual_seed(1), **kw)
+    greedy = sample(model, ids, mask, temperature=0, **kw)
+    assert torch.equal(nucleus.response_ids, greedy.response_ids)
+
+
+def test_token_logprobs_match_unpadded_forward(policy, prompts):
+    model, tok = policy
+    ids, mask = prompts
+    out = sample(model, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs(model, out, temperature=1.0, with_entropy=True)
+        for i in range(len(ids)):
+            prompt = ids[i][mask[i].bool()].tolist()
+            resp = out.response_ids[i, : out.lengths[i]].tolist()
+            full = model(torch.tensor([prompt + resp])).logits[0].log_softmax(-1)
+            ref = full[len(prompt) - 1 : -1].gather(-1, torch.tensor(resp)[:, None]).squeeze(-1)
+            torch.testing.assert_close(logprobs[i, : len(resp)], ref, atol=1e-4, rtol=1e-4)
+    assert (entropy >= 0).all()
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    def brute(n, c, k):
+        outcomes = [1] * c + [0] * (n - c)
+        subsets = list(combinations(outcomes, k))
+        return sum(any(s) for s in subsets) / len(subsets)
+
+    for n, c, k in [(4, 0, 2), (4, 1, 2), (8, 3, 4), (5, 5, 3), (6, 2, 1)]:
+        assert math.isclose(pass_at_k(n, c, k), brute(n, c, k))
+
+
+def test_evaluate_reports_accuracy_and_pass_at_k(policy):
+    model, tok = policy
+    task = make_task(TaskConfig(name="arith", digits=1, num_operands=2))
+    examples = task.eval_examples(16)
+    out = evaluate(model, tok, task, examples, max_new_tokens=4, pass_k=2, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert set(out) == {"eval/accuracy", "eval/pass@k"}
+    assert 0 < out["eval/accuracy"] <= 1  # the SFT base gets some right
+    assert 0 <= out["eval/pass@k"] <= 1

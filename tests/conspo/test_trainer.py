@@ -1,0 +1,116 @@
+import math
+
+import pytest
+import torch
+
+from conspo import metrics as M
+from conspo.config import RunConfig, TaskConfig
+from conspo.models import load_pretrained
+from conspo.rollout import evaluate
+from conspo.sink import MemorySink
+from conspo.tasks import make_task
+from conspo.trainer import train
+
+# 1-digit a±b±c: the SFT base is right on about half of the held-out problems.
+TASK = {"name": "arith", "digits": 1, "num_operands": 3, "eval_size": 256}
+
+
+def small_config(**overrides) -> RunConfig:
+    data = {
+        "steps": 3,
+        "task": TASK,
+        "model": {"name": "tiny-arith"},
+        "sampling": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 6},
+        "eval": {"every": 2, "pass_k": 2},
+        "task_eval": None,
+    }
+    data.pop("task_eval")
+    data.update(overrides)
+    return RunConfig.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def base_accuracy(arith_base):
+    model, tok = load_pretrained(arith_base, torch.device("cpu"), torch.float32)
+    task = make_task(TaskConfig(**TASK))
+    out = evaluate(model, tok, task, task.eval_examples(256), max_new_tokens=6, pass_k=1,
+                   temperature=1.0, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    return out[M.EVAL_ACCURACY]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["conspo", "grpo"])
+def test_rl_raises_held_out_accuracy(algorithm, model_store, arith_base, base_accuracy, tmp_path):
+    cfg = RunConfig.model_validate({
+        "algorithm": algorithm,
+        "steps": 80,
+        "seed": 0,
+        "task": TASK,
+        "model": {"name": "tiny-arith"},
+        "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
+        "optim": {"lr": 1e-4},
+        "eval": {"every": 0},
+        "checkpoint": {"every": 0},
+    })  # fmt: skip
+    sink = MemorySink()
+    result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    assert result.status == "succeeded" and result.last_step == 80
+    final = sink.steps[80].metrics[M.EVAL_ACCURACY]
+    # 256 held-out problems: a 4-point gain is well above the greedy-eval noise of one problem.
+    assert final >= base_accuracy + 0.04, (base_accuracy, final)
+
+
+def test_a_step_logs_every_metric_once(model_store, arith_base, tmp_path):
+    cfg = small_config(logging={"rollout_sample": 5})
+    sink = MemorySink()
+    result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    assert result.status == "succeeded" and sorted(sink.steps) == [1, 2, 3]
+    m = sink.steps[1].metrics
+    for key in (*M.SEPARATION_KEYS, M.LOSS, M.ENTROPY, M.GRAD_NORM, M.LR, M.TIME_STEP_S,
+                M.TIME_ROLLOUT_S, M.THROUGHPUT_ROLLOUTS_PER_S, M.ROLLOUTS_SEEN):  # fmt: skip
+        assert key in m, key
+    assert M.EVAL_ACCURACY not in m and M.EVAL_ACCURACY in sink.steps[2].metrics
+    assert M.EVAL_PASS_AT_K in sink.steps[3].metrics  # always at the final step
+    assert m[M.ROLLOUTS_SEEN] == 32 and sink.steps[3].metrics[M.ROLLOUTS_SEEN] == 96
+    assert len(sink.steps[1].rollouts) == 5
+    for r in sink.steps[1].rollouts:
+        assert r.reward in (0.0, 1.0) and r.length >= 1 and r.score <= 0 and 0 <= r.index < 4
+    kinds = [kind for kind, _ in sink.events]
+    assert kinds[0] == "started" and kinds[-1] == "finished" and "checkpoint" in kinds
+    assert (tmp_path / "checkpoints" / "step_000003" / "config.json").exists()
+
+
+def test_mini_batches_refill_and_overlong_shaping(model_store, arith_base, tmp_path):
+    cfg = small_config(
+        algorithm="dapo",
+        steps=2,
+        params={"max_refill_rounds": 2, "overlong_buffer": 2},
+        optim={"mini_batches": 2, "warmup_steps": 2},
+    )
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    m = sink.steps[2].metrics
+    assert m[M.LR] == pytest.approx(cfg.optim.lr)
+    assert sink.steps[1].metrics[M.LR] == pytest.approx(cfg.optim.lr / 2)
+    # Refill keeps only groups with both outcomes; extra rounds show up in rollouts/seen.
+    assert m[M.BATCH_ALL_POS_GROUPS] == 0 and m[M.BATCH_ALL_NEG_GROUPS] == 0
+    assert m[M.ROLLOUTS_SEEN] >= 64
+    assert all(math.isfinite(v) for k, v in m.items() if not k.startswith(("sep/", "conspo/")))
+
+
+def test_kl_to_a_reference_model(model_store, arith_base, tmp_path):
+    cfg = small_config(algorithm="grpo", steps=2, params={"beta": 0.1}, optim={"lr": 1e-3})
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    assert sink.steps[1].metrics[M.KL] == pytest.approx(0.0, abs=1e-6)  # π_θ = π_ref at step 1
+    assert sink.steps[2].metrics[M.KL] > 0
+
+
+def test_should_stop_cancels_with_a_checkpoint(model_store, arith_base, tmp_path):
+    sink = MemorySink()
+    result = train(small_config(steps=5), sink, lambda: len(sink.steps) >= 2,
+                   workdir=tmp_path, model_store=model_store)  # fmt: skip
+    assert (result.status, result.last_step) == ("cancelled", 2)
+    assert sorted(sink.steps) == [1, 2]
+    assert (tmp_path / "checkpoints" / "step_000002").is_dir()
+    assert sink.events[-1] == ("finished", {"status": "cancelled", "step": 2})
