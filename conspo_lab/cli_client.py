@@ -1,9 +1,466 @@
-"""Client-side commands: submit, runs, watch, compare, export (owned by the shipping work)."""
+"""Client-side commands: submit, runs, watch, compare, export.
+
+Every command talks to a server through ``conspo_lab.client.Client``: ``--url`` / ``CONSPO_URL``
+(default http://127.0.0.1:8000) and ``--token`` / ``CONSPO_TOKEN`` (default: the embedded server's
+``data/token`` file when present). Exit codes: 0 ok, 1 server or run failure, 2 bad input.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from pydantic import ValidationError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from conspo_lab.client import ApiError, Client, Run, Series, ServerUnavailable
+
+console = Console()
+err_console = Console(stderr=True)
+
+# The metrics `watch` and `compare` show by default (keys of conspo.metrics).
+KEY_METRICS = ("sep/gap", "sep/order_acc", "batch/pass_rate", "eval/accuracy", "loss")
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="CONSPO_URL", help="Server URL (default: http://127.0.0.1:8000)."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token", envvar="CONSPO_TOKEN", help="API token (default: data/token if present)."
+    ),
+]
+
+
+class ExportFormat(StrEnum):
+    csv = "csv"
+    jsonl = "jsonl"
+    parquet = "parquet"
+
+
+class Layout(StrEnum):
+    wide = "wide"
+    long = "long"
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(submit)
+    app.command()(runs)
+    app.command()(watch)
+    app.command()(compare)
+    app.command()(export)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def submit(
+    config: Annotated[Path, typer.Argument(help="Run config, YAML or JSON (see docs/config.md).")],
+    seeds: Annotated[
+        str | None, typer.Option(help="Comma list of seeds: one run per seed, e.g. 0,1,2.")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Tag the runs (repeatable).")] = None,
+    name: Annotated[str | None, typer.Option(help="Run name (default: config's name).")] = None,
+    watch_run: Annotated[
+        bool, typer.Option("--watch", help="Follow the first run until it ends.")
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Validate a config file locally, then queue it (one run per seed)."""
+    from conspo.config import RunConfig
+
+    try:
+        cfg = RunConfig.from_file(config)
+    except FileNotFoundError:
+        _fail(f"{config}: no such file", code=2)
+    except ValidationError as exc:
+        _fail(f"{config} is not a valid run config:\n{_format_validation(exc)}", code=2)
+    except (ValueError, OSError) as exc:  # YAML/JSON syntax errors
+        _fail(f"{config}: cannot read it: {exc}", code=2)
+    seed_list = _parse_ints(seeds, "--seeds") if seeds else None
+    with _client(url, token) as lab:
+        sub = lab.create_runs(cfg, seeds=seed_list, tags=tag or [], name=name)
+        ids = ", ".join(str(r.id) for r in sub.runs)
+        group = f" (group {sub.group_id})" if sub.group_id else ""
+        console.print(f"queued run{'s' if len(sub.runs) > 1 else ''} {ids}{group}")
+        if watch_run and sub.runs:
+            _follow(lab, sub.runs[0].id)
+
+
+def runs(
+    status: Annotated[
+        str | None, typer.Option(help="queued, running, succeeded, failed or cancelled.")
+    ] = None,
+    algorithm: Annotated[str | None, typer.Option(help="Only this algorithm.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
+    group: Annotated[str | None, typer.Option(help="Only this submission group id.")] = None,
+    q: Annotated[str | None, typer.Option(help="Name substring.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 50,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """List runs as a table."""
+    with _client(url, token) as lab:
+        page = lab.list_runs(
+            status=status,
+            algorithm=algorithm,
+            tag=tag,
+            group_id=group,
+            q=q,
+            sort="-created_at",
+            limit=limit,
+        )
+    table = Table(title=f"runs ({len(page.items)} of {page.total})")
+    for col in ("id", "name", "status", "algorithm", "task", "model", "seed", "step", "tags"):
+        table.add_column(col, justify="right" if col in {"id", "seed", "step"} else "left")
+    for key in ("sep/gap", "batch/pass_rate"):
+        table.add_column(key, justify="right")
+    for run in page.items:
+        table.add_row(
+            str(run.id),
+            run.name or "",
+            _status_text(run),
+            run.algorithm or "",
+            run.task or "",
+            run.model or "",
+            "" if run.seed is None else str(run.seed),
+            f"{run.step}/{run.total_steps or '?'}",
+            ",".join(run.tags),
+            _fmt(run.summary.get("sep/gap")),
+            _fmt(run.summary.get("batch/pass_rate")),
+        )
+    console.print(table)
+
+
+def watch(
+    run: Annotated[int, typer.Argument(help="Run id.")],
+    since_step: Annotated[
+        int | None, typer.Option(help="Start after this step (default: from the beginning).")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Follow a run live: progress bar and key metrics until it ends (exit 1 unless succeeded)."""
+    with _client(url, token) as lab:
+        final = _follow(lab, run, since_step)
+    if final.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def compare(
+    run_ids: Annotated[list[int], typer.Argument(metavar="RUN...", help="Run ids (up to 50).")],
+    keys: Annotated[
+        str | None, typer.Option(help=f"Comma list of keys (default: {','.join(KEY_METRICS)}).")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Table of each key's last and best value per run (best: max, or min for loss-like keys)."""
+    key_list = _split(keys) if keys else list(KEY_METRICS)
+    with _client(url, token) as lab:
+        info = {rid: lab.get_run(rid) for rid in run_ids}
+        series = lab.compare(run_ids, key_list, max_points=10_000)
+    table = Table(title="compare (best = max; min for loss, kl, grad_norm, len/*, time/*)")
+    for col in ("key", "run", "status", "last", "best", "best at step", "points"):
+        table.add_column(col, justify="left" if col in {"key", "run", "status"} else "right")
+    for key in key_list:
+        for i, rid in enumerate(run_ids):
+            run = info[rid]
+            s = series.get(rid, {}).get(key)
+            last, best, best_step, points = _last_best(run, key, s)
+            table.add_row(
+                key if i == 0 else "",
+                f"{rid} {run.name or ''}".strip(),
+                _status_text(run),
+                _fmt(last),
+                _fmt(best),
+                "" if best_step is None else str(best_step),
+                str(points),
+                end_section=i == len(run_ids) - 1,
+            )
+    console.print(table)
+
+
+def export(
+    run: Annotated[int, typer.Argument(help="Run id.")],
+    fmt: Annotated[ExportFormat, typer.Option("--format", help="File format.")] = (
+        ExportFormat.csv
+    ),
+    out: Annotated[
+        Path | None, typer.Option(help="Output file (default run-<id>.<format>; '-': stdout).")
+    ] = None,
+    layout: Annotated[
+        Layout,
+        typer.Option(
+            help="wide: one row per step, one column per key; long: one row per (key, step)."
+        ),
+    ] = Layout.wide,
+    keys: Annotated[str | None, typer.Option(help="Comma list of keys (default: all).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Write a run's metrics to CSV, JSON lines or Parquet."""
+    with _client(url, token) as lab:
+        key_list = _split(keys) if keys else lab.metric_keys(run)
+        series = lab.metrics(run, key_list, max_points=10_000) if key_list else {}
+    sampled = [k for k, s in series.items() if s.sampled]
+    if sampled:
+        err_console.print(
+            f"[yellow]warning: {len(sampled)} series have more than 10,000 points and were "
+            f"bucketed by the server (mean per bucket): {', '.join(sampled[:5])}[/]"
+        )
+    rows, columns = (
+        _wide_rows(series, key_list) if layout is Layout.wide else _long_rows(run, series)
+    )
+    target = out or Path(f"run-{run}.{fmt.value}")
+    if str(target) == "-" and fmt is ExportFormat.parquet:
+        _fail("parquet cannot go to stdout; give --out FILE", code=2)
+    _write_rows(rows, columns, fmt, target)
+    where = "stdout" if str(target) == "-" else str(target)
+    err_console.print(
+        f"wrote {len(rows)} rows to {where} ({layout.value} layout: "
+        + (
+            "one row per step, one column per key)"
+            if layout is Layout.wide
+            else "one row per run, key, step)"
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# watch
+# --------------------------------------------------------------------------------------------
+
+
+def _follow(lab: Client, run_id: int, since_step: int | None = None) -> Run:
+    """Render a run's stream until its ``end`` event; returns the final Run."""
+    run = lab.get_run(run_id)
+    latest: dict[str, float | None] = {k: run.summary.get(k) for k in KEY_METRICS}
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task(_describe(run), total=run.total_steps or None, completed=run.step)
+
+    def render() -> Group:
+        table = Table(show_header=True, box=None, pad_edge=False)
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key in KEY_METRICS:
+            table.add_row(key, _fmt(latest.get(key)))
+        return Group(progress, table)
+
+    with Live(render(), console=console, refresh_per_second=4) as live:
+        for event in lab.watch(run_id, since_step=since_step):
+            if event.event == "metrics" and isinstance(event.data, dict):
+                for key, s in (event.data.get("series") or {}).items():
+                    values = [v for v in s.get("values", []) if v is not None]
+                    if key in latest and values:
+                        latest[key] = values[-1]
+                step_max = event.data.get("step_max")
+                if isinstance(step_max, int):
+                    progress.update(task, completed=max(step_max, run.step))
+            elif event.event == "status" and event.run is not None:
+                run = event.run
+                progress.update(
+                    task,
+                    description=_describe(run),
+                    total=run.total_steps or None,
+                    completed=run.step,
+                )
+            live.update(render())
+    if not console.is_terminal:
+        console.line()  # a non-terminal Live leaves its last frame without a newline
+    run = lab.get_run(run_id)
+    console.print(f"run {run.id}: {_status_text(run)}" + (f" ({run.error})" if run.error else ""))
+    return run
+
+
+def _describe(run: Run) -> str:
+    return " ".join(p for p in (f"run {run.id}", run.name, "·", run.status) if p)
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+# --------------------------------------------------------------------------------------------
+
+_LOWER_IS_BETTER_PREFIXES = ("len/", "time/")
+_LOWER_IS_BETTER = {"loss", "kl", "grad_norm"}
+
+
+def lower_is_better(key: str) -> bool:
+    base = key.rsplit("/", 1)[-1]
+    return (
+        key in _LOWER_IS_BETTER
+        or base in _LOWER_IS_BETTER
+        or base.endswith("_loss")
+        or key.startswith(_LOWER_IS_BETTER_PREFIXES)
+    )
+
+
+def _last_best(
+    run: Run, key: str, s: Series | None
+) -> tuple[float | None, float | None, int | None, int]:
+    """Last value (the run summary's, exact even for a bucketed series) and the best bucket
+    extreme (min/max arrays keep spikes through server-side sampling)."""
+    last = run.summary.get(key)
+    if s is None or not s.steps:
+        return last, None, None, 0
+    if last is None:
+        last = next((v for v in reversed(s.values) if v is not None), None)
+    extremes = s.min if lower_is_better(key) else s.max
+    if len(extremes) != len(s.steps):
+        extremes = s.values
+    candidates = [(v, step) for v, step in zip(extremes, s.steps, strict=False) if v is not None]
+    if not candidates:
+        return last, None, None, s.total_points
+    pick = min if lower_is_better(key) else max
+    best, best_step = pick(candidates, key=lambda c: c[0])
+    return last, best, best_step, s.total_points or len(s.steps)
+
+
+# --------------------------------------------------------------------------------------------
+# export
+# --------------------------------------------------------------------------------------------
+
+
+def _wide_rows(
+    series: dict[str, Series], keys: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    by_step: dict[int, dict[str, Any]] = {}
+    for key in keys:
+        s = series.get(key)
+        if s is None:
+            continue
+        walls = s.wall_time if len(s.wall_time) == len(s.steps) else [None] * len(s.steps)
+        for step, value, wall in zip(s.steps, s.values, walls, strict=False):
+            row = by_step.setdefault(step, {"step": step, "wall_time": None})
+            row[key] = value
+            if wall is not None and (row["wall_time"] is None or wall > row["wall_time"]):
+                row["wall_time"] = wall
+    columns = ["step", "wall_time", *[k for k in keys if k in series]]
+    rows = [{c: by_step[step].get(c) for c in columns} for step in sorted(by_step)]
+    return rows, columns
+
+
+def _long_rows(run_id: int, series: dict[str, Series]) -> tuple[list[dict[str, Any]], list[str]]:
+    rows = []
+    for key, s in series.items():
+        walls = s.wall_time if len(s.wall_time) == len(s.steps) else [None] * len(s.steps)
+        for step, value, wall in zip(s.steps, s.values, walls, strict=False):
+            rows.append(
+                {"run_id": run_id, "key": key, "step": step, "value": value, "wall_time": wall}
+            )
+    rows.sort(key=lambda r: (r["key"], r["step"]))
+    return rows, ["run_id", "key", "step", "value", "wall_time"]
+
+
+def _write_rows(
+    rows: list[dict[str, Any]], columns: list[str], fmt: ExportFormat, target: Path
+) -> None:
+    if fmt is ExportFormat.parquet:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        types = {"run_id": pa.int64(), "step": pa.int64(), "key": pa.string()}
+        schema = pa.schema([(c, types.get(c, pa.float64())) for c in columns])
+        table = pa.Table.from_pylist(rows, schema=schema)
+        pq.write_table(table, target)
+        return
+    buf = io.StringIO()
+    if fmt is ExportFormat.csv:
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:  # missing and null values are empty cells
+            writer.writerow({c: "" if row.get(c) is None else row[c] for c in columns})
+    else:
+        for row in rows:
+            buf.write(json.dumps(row) + "\n")
+    if str(target) == "-":
+        sys.stdout.write(buf.getvalue())
+    else:
+        target.write_text(buf.getvalue())
+
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _client(url: str | None, token: str | None) -> Iterator[Client]:
+    """A client whose API errors become a message and an exit code (2 for a 4xx, else 1)."""
+    lab = Client(url, token)
+    try:
+        yield lab
+    except ServerUnavailable as exc:
+        _fail(f"{exc.detail} (set --url or CONSPO_URL)", code=1)
+    except ApiError as exc:
+        _fail(str(exc), code=2 if 400 <= exc.status < 500 else 1)
+    finally:
+        lab.close()
+
+
+def _fail(message: str, code: int) -> Any:
+    err_console.print(f"[red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _format_validation(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parse_ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(part) for part in _split(text)]
+    except ValueError:
+        return _fail(f"{option} takes a comma list of integers, got {text!r}", code=2)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e6:
+        return f"{value:g}"
+    return f"{value:.4g}"
+
+
+_STATUS_STYLE = {
+    "queued": "cyan",
+    "running": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+
+
+def _status_text(run: Run) -> str:
+    text = run.status + (" (cancel requested)" if run.cancel_requested else "")
+    return f"[{_STATUS_STYLE.get(run.status, 'white')}]{text}[/]"

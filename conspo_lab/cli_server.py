@@ -2,8 +2,191 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from typing import Annotated
+
 import typer
+
+DEMO_SEEDS = [0, 1]
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(serve)
+    app.command()(worker)
+    app.command()(migrate)
+    token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+    token_app.command("create")(token_create)
+    app.add_typer(token_app, name="token")
+
+
+def serve(
+    embedded: Annotated[
+        bool, typer.Option(help="Also run one worker beside the API (SQLite, no services).")
+    ] = False,
+    demo: Annotated[
+        bool, typer.Option(help="Queue a small GRPO vs ConSPO comparison when there are no runs.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+) -> None:
+    """Migrate the database and serve the API and web UI (with --embedded, a worker too)."""
+    import uvicorn
+
+    if embedded:
+        os.environ.setdefault("CONSPO_UI_TOKEN_INJECT", "true")
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from backend.migrate import migrate as run_migrations
+
+    run_migrations(settings.database_url)
+    if embedded:
+        _ensure_local_token(settings)
+    worker_proc = None
+    if embedded:
+        worker_proc = subprocess.Popen(
+            [sys.executable, "-m", "conspo_lab.cli", "worker"], env=os.environ.copy()
+        )
+    try:
+        if demo:
+            _queue_demo(settings)
+        typer.echo(f"ConSPO Lab ({settings.mode} mode) on http://{host}:{port}/  API docs: /docs")
+        uvicorn.run("backend.main:app", host=host, port=port, log_level="info")
+    finally:
+        if worker_proc is not None and worker_proc.poll() is None:
+            worker_proc.send_signal(signal.SIGTERM)
+            try:
+                worker_proc.wait(timeout=10)  # a warm shutdown waits for the step
+            except subprocess.TimeoutExpired:
+                worker_proc.kill()
+
+
+def worker(
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
+) -> None:
+    """Run one Celery worker: queue gpu, concurrency 1, prefetch 1 (recovers stale runs too)."""
+    settings = _settings()
+    from worker.celery_app import celery_app
+
+    celery_app.worker_main(
+        [
+            "worker",
+            "--queues",
+            settings.queue,
+            "--concurrency",
+            "1",
+            "--prefetch-multiplier",
+            "1",
+            "--pool",
+            settings.worker_pool,
+            "--loglevel",
+            loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+
+
+def migrate(
+    revision: Annotated[
+        str, typer.Option(help="head, base (drop everything) or a revision id.")
+    ] = "head",
+) -> None:
+    """Apply (or with --revision base, revert) the Alembic migrations."""
+    from backend.migrate import migrate as run_migrations
+
+    settings = _settings()
+    run_migrations(settings.database_url, revision)
+    typer.echo(f"database at revision {revision}")
+
+
+def token_create(
+    user: Annotated[str, typer.Option(help="User name (created if new).")],
+    admin: Annotated[bool, typer.Option(help="Make the user an admin.")] = False,
+) -> None:
+    """Create an API token and print it once (only its hash is stored)."""
+    from backend.db import Database
+    from backend.security import create_token
+
+    db = Database(_settings())
+    with db.session() as session:
+        token = create_token(session, user, admin=admin, label="cli")
+    db.dispose()
+    typer.echo(token)
+
+
+def _settings():  # type: ignore[no-untyped-def]
+    from backend.config import get_settings
+
+    get_settings.cache_clear()
+    return get_settings()
+
+
+def _ensure_local_token(settings) -> str:  # type: ignore[no-untyped-def]
+    """Embedded mode: a local admin whose token lives in data/token (reused while valid)."""
+    from backend.db import Database
+    from backend.security import create_token, user_for_token
+
+    db = Database(settings)
+    try:
+        with db.session() as session:
+            path = settings.token_file
+            if path.is_file():
+                existing = path.read_text().strip()
+                if existing and user_for_token(session, existing) is not None:
+                    return existing
+            token = create_token(session, "admin", admin=True, label="embedded")
+        path.write_text(token + "\n")
+        path.chmod(0o600)
+        return token
+    finally:
+        db.dispose()
+
+
+def _queue_demo(settings) -> None:  # type: ignore[no-untyped-def]
+    """GRPO vs ConSPO, two seeds each, tiny arith from the tiny-arith model, short runs."""
+    from sqlalchemy import func, select
+
+    from backend.crud import create_runs
+    from backend.db import Database
+    from backend.models import Run
+    from backend.queue import make_celery
+    from backend.security import get_or_create_user
+    from conspo.config import RunConfig
+
+    db = Database(settings)
+    try:
+        with db.session() as session:
+            if session.scalar(select(func.count()).select_from(Run)):
+                return
+            owner = get_or_create_user(session, "admin", admin=True)
+            session.commit()
+            celery = make_celery(settings)
+            for algorithm in ("grpo", "conspo"):
+                config = RunConfig.model_validate(
+                    {
+                        "name": f"demo-{algorithm}",
+                        "algorithm": algorithm,
+                        "steps": 40,
+                        "task": {"name": "arith", "digits": 1},
+                        "model": {"name": "tiny-arith"},
+                        "sampling": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 8},
+                        "eval": {"every": 10, "pass_k": 4},
+                        "checkpoint": {"every": 10},
+                    }
+                )
+                create_runs(
+                    session,
+                    celery,
+                    settings,
+                    owner,
+                    config,
+                    seeds=DEMO_SEEDS,
+                    tags=["demo"],
+                    name=f"demo-{algorithm}",
+                )
+            typer.echo("queued the demo: GRPO vs ConSPO, 2 seeds each (tag: demo)")
+    finally:
+        db.dispose()

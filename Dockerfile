@@ -1,0 +1,43 @@
+# ConSPO Lab image: the API, the Celery worker and the CLI (docker-compose.yml runs all three).
+#
+# GPU note: PyPI's Linux x86_64 torch wheels are CUDA builds that bundle the CUDA runtime (the
+# nvidia-* wheels), so this slim image trains on GPUs as is: the host needs only the NVIDIA
+# driver and the NVIDIA Container Toolkit (compose's `deploy.resources.reservations.devices`).
+# Match the wheel to an older driver with --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
+# (for example); build a small CPU-only image with .../whl/cpu.
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=""
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    HF_HOME=/hf-cache \
+    CONSPO_DATA_DIR=/data
+
+WORKDIR /app
+
+# 1. torch first and pinned (pyproject pins the same version), in its own cached layer.
+RUN if [ -n "$TORCH_INDEX_URL" ]; then \
+        pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"; \
+    else \
+        pip install "torch==${TORCH_VERSION}"; \
+    fi
+
+# 2. The pinned dependencies (from pyproject.toml only, so code edits do not reinstall them).
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+
+# 3. The project. Installed editable from /app, so migrations/ and frontend/ resolve beside it.
+COPY . .
+RUN pip install --no-deps -e . \
+    && mkdir -p /data /hf-cache /models
+
+EXPOSE 8000
+CMD ["conspo-lab", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,101 @@
+"""FastAPI dependencies in one place: database session, settings, the caller, the run in the path.
+
+``RunDep`` resolves ``{run_id}`` or answers 404 once, so handlers never repeat the lookup;
+``OwnedRunDep`` adds the ownership rule (the run's owner or an admin, else 403).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from backend.config import Settings
+from backend.db import Database
+from backend.models import Run, User
+from backend.schemas import INT32_MAX
+from backend.security import user_for_token
+
+bearer = HTTPBearer(auto_error=False, description="An API token from `conspo-lab token create`.")
+
+
+def get_database(request: Request) -> Database:
+    return request.app.state.db
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_celery(request: Request) -> Celery:
+    return request.app.state.celery
+
+
+def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
+    with db.session() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+CeleryDep = Annotated[Celery, Depends(get_celery)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def get_current_user(session: SessionDep, credentials: Credentials) -> User:
+    if credentials is None or not credentials.credentials:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail="missing bearer token (Authorization: Bearer <token>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    user = user_for_token(session, credentials.credentials)
+    if user is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail="invalid or revoked token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return user
+
+
+CurrentUser = Annotated[User, Depends(get_current_user)]
+
+
+def require_reader(
+    request: Request, settings: SettingsDep, session: SessionDep, credentials: Credentials
+) -> None:
+    """Reads are open unless CONSPO_READS_REQUIRE_TOKEN=true."""
+    if settings.reads_require_token and request.method in {"GET", "HEAD"}:
+        get_current_user(session, credentials)
+
+
+RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="Run id.")]
+
+
+def get_run(run_id: RunId, session: SessionDep) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id} not found")
+    return run
+
+
+RunDep = Annotated[Run, Depends(get_run)]
+
+
+def get_owned_run(run: RunDep, user: CurrentUser) -> Run:
+    if not (user.is_admin or run.owner_id == user.id):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"run {run.id} belongs to {run.owner.name if run.owner else 'nobody'};"
+            " only its owner or an admin may change it",
+        )
+    return run
+
+
+OwnedRunDep = Annotated[Run, Depends(get_owned_run)]

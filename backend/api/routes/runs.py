@@ -1,0 +1,124 @@
+"""Runs: create (one per seed), list, read, cancel, delete, clone."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response, status
+from sqlalchemy import String, cast, func, select
+
+from backend.api.deps import CeleryDep, CurrentUser, OwnedRunDep, RunDep, SessionDep, SettingsDep
+from backend.crud import cancel_run, cloned_config, create_runs, delete_run, run_out
+from backend.models import Run
+from backend.schemas import (
+    RunClone,
+    RunCreate,
+    RunList,
+    RunOut,
+    RunsCreated,
+    RunStatusName,
+    Text,
+)
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+SORTS: dict[str, Any] = {
+    "created_at": Run.created_at.asc(),
+    "-created_at": Run.created_at.desc(),
+    "name": Run.name.asc(),
+    "status": Run.status.asc(),
+    "id": Run.id.asc(),
+}
+ShortText = Annotated[Text, Query(min_length=1, max_length=200)]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
+def create(
+    body: RunCreate,
+    user: CurrentUser,
+    session: SessionDep,
+    celery: CeleryDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
+    group_id, runs = create_runs(
+        session,
+        celery,
+        settings,
+        user,
+        body.config,
+        seeds=body.seeds,
+        tags=body.tags,
+        name=body.name,
+    )
+    return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+
+
+@router.get("", response_model=RunList)
+def list_runs(
+    session: SessionDep,
+    status_: Annotated[RunStatusName | None, Query(alias="status")] = None,
+    algorithm: ShortText | None = None,
+    task: ShortText | None = None,
+    tag: ShortText | None = None,
+    group_id: ShortText | None = None,
+    q: ShortText | None = None,
+    sort: Literal["created_at", "-created_at", "name", "status", "id"] = "-created_at",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> dict[str, Any]:
+    stmt = select(Run)
+    if status_:
+        stmt = stmt.where(Run.status == status_)
+    if algorithm:
+        stmt = stmt.where(Run.algorithm == algorithm)
+    if task:
+        stmt = stmt.where(Run.task == task)
+    if group_id:
+        stmt = stmt.where(Run.group_id == group_id)
+    if q:
+        stmt = stmt.where(func.lower(Run.name).contains(q.lower(), autoescape=True))
+    if tag:
+        # tags is a JSON list; match the quoted element in its text (portable across dialects).
+        stmt = stmt.where(cast(Run.tags, String).contains(json.dumps(tag), autoescape=True))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
+    rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
+    return {"items": [run_out(r) for r in rows], "total": total}
+
+
+@router.get("/{run_id}", response_model=RunOut)
+def read(run: RunDep) -> dict[str, Any]:
+    return run_out(run)
+
+
+@router.post("/{run_id}/cancel", response_model=RunOut)
+def cancel(run: OwnedRunDep, session: SessionDep) -> dict[str, Any]:
+    """Queued: cancelled at once. Running: cancel requested; the worker stops within seconds."""
+    return run_out(cancel_run(session, run))
+
+
+@router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT)
+def remove(run: OwnedRunDep, session: SessionDep) -> Response:
+    """Delete the run and all its metrics and rollouts (a running run is cancelled first)."""
+    delete_run(session, run)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{run_id}/clone", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
+def clone(
+    run: RunDep,
+    body: RunClone,
+    user: CurrentUser,
+    session: SessionDep,
+    celery: CeleryDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
+    config = cloned_config(run, body.overrides)
+    tags = body.tags if body.tags is not None else list(run.tags or [])
+    group_id, runs = create_runs(
+        session, celery, settings, user, config, seeds=body.seeds, tags=tags, name=body.name
+    )
+    return {"group_id": group_id, "runs": [run_out(r) for r in runs]}

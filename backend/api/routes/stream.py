@@ -1,0 +1,144 @@
+"""Live updates over Server-Sent Events, fed by polling the database (works in both modes).
+
+* ``/runs/{id}/stream``: ``metrics`` events with the points after the cursor, ``status`` events
+  when the run's state changes, ``end`` once it is finished and every point was sent. Each event
+  carries ``id: <max step sent>``; a reconnect with ``Last-Event-ID`` or ``since_step`` resumes.
+* ``/stream/runs``: a ``run`` event whenever any run's status or step changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Query, Request
+from pydantic_core import to_json
+from sqlalchemy import select
+from sse_starlette import EventSourceResponse
+
+from backend.api.deps import DatabaseDep, RunDep, SettingsDep
+from backend.config import Settings
+from backend.crud import run_out
+from backend.db import Database
+from backend.models import FINISHED, Run, utcnow
+from backend.schemas import INT32_MAX
+from backend.storage import query_new_points
+
+router = APIRouter(tags=["live"])
+
+STATUS_FIELDS = ("status", "cancel_requested", "error", "finished_at", "worker_host", "attempt")
+
+
+def _event(event: str, data: Any, cursor: int) -> dict[str, Any]:
+    return {"event": event, "id": str(cursor), "data": to_json(data).decode()}
+
+
+def _last_event_id(request: Request) -> int | None:
+    raw = request.headers.get("last-event-id", "").strip()
+    if raw.lstrip("-").isdigit() and -1 <= int(raw) <= INT32_MAX:
+        return int(raw)
+    return None
+
+
+@router.get("/runs/{run_id}/stream")
+async def run_stream(
+    request: Request,
+    run: RunDep,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    since_step: Annotated[int | None, Query(ge=-1, le=INT32_MAX)] = None,
+) -> EventSourceResponse:
+    """Events ``metrics``, ``status`` and ``end`` for one run (see the module docstring)."""
+    resume = _last_event_id(request)
+    cursor = max(c for c in (since_step, resume, -1) if c is not None)
+    return EventSourceResponse(
+        _run_events(request, db, settings, run.id, cursor),
+        ping=int(settings.stream_keepalive_s),
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _run_events(
+    request: Request, db: Database, settings: Settings, run_id: int, cursor: int
+) -> AsyncIterator[dict[str, Any]]:
+    last_status: tuple[Any, ...] | None = None
+    while True:
+        snapshot = await anyio.to_thread.run_sync(_run_snapshot, db, run_id, cursor)
+        if snapshot is None:  # deleted
+            yield _event("end", {"reason": "deleted"}, cursor)
+            return
+        run, step_max, series = snapshot
+        if series:
+            cursor = step_max
+            yield _event("metrics", {"step_max": step_max, "series": series}, cursor)
+        status_key = tuple(run[f] for f in STATUS_FIELDS)
+        if status_key != last_status:
+            last_status = status_key
+            yield _event("status", run, cursor)
+        if run["status"] in FINISHED and not series:
+            yield _event("end", {"status": run["status"], "step_max": cursor}, cursor)
+            return
+        if series:
+            continue  # more may be waiting (whole steps are sent in chunks)
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(settings.stream_poll_s)
+
+
+def _run_snapshot(
+    db: Database, run_id: int, cursor: int
+) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
+    with db.session() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            return None
+        out = run_out(run)
+        # Points after the run row was read, so a finished status never outruns its points.
+        step_max, series = query_new_points(session, run_id, cursor)
+        return out, step_max, series
+
+
+@router.get("/stream/runs")
+async def runs_stream(
+    request: Request, db: DatabaseDep, settings: SettingsDep
+) -> EventSourceResponse:
+    """A ``run`` event (data: Run) whenever a run's status or step changes."""
+    return EventSourceResponse(
+        _runs_events(request, db, settings),
+        ping=int(settings.stream_keepalive_s),
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _runs_events(
+    request: Request, db: Database, settings: Settings
+) -> AsyncIterator[dict[str, Any]]:
+    # Rows updated in an overlapping window are compared with what was last seen, so writers
+    # whose clocks or commits lag by a few seconds are still caught, and nothing repeats.
+    overlap = timedelta(seconds=max(10.0, 5 * settings.stream_poll_s))
+    seen: dict[int, tuple[Any, ...]] = {}
+    since = utcnow() - overlap
+    first = True
+    while True:
+        now = utcnow()
+        runs = await anyio.to_thread.run_sync(_changed_runs, db, since)
+        since = now - overlap
+        for run in runs:
+            sig = (run["status"], run["step"], run["cancel_requested"], run["error"])
+            if seen.get(run["id"]) != sig:
+                seen[run["id"]] = sig
+                if not first:
+                    yield {"event": "run", "id": str(run["id"]), "data": to_json(run).decode()}
+        first = False
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(settings.stream_poll_s)
+
+
+def _changed_runs(db: Database, since: Any) -> list[dict[str, Any]]:
+    with db.session() as session:
+        rows = session.scalars(select(Run).where(Run.updated_at >= since).order_by(Run.updated_at))
+        return [run_out(r) for r in rows.unique()]

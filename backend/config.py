@@ -1,0 +1,91 @@
+"""Settings of the platform, read from ``CONSPO_*`` environment variables (pydantic-settings).
+
+One code path, two deployments, chosen only by URLs:
+
+* embedded (the default): SQLite under ``data_dir`` and Celery over kombu's SQLAlchemy transport
+  on another SQLite file, so nothing but this process and one worker process is needed;
+* cluster: ``CONSPO_DATABASE_URL=postgresql+psycopg://…`` and ``CONSPO_BROKER_URL=redis://…``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+try:
+    VERSION = version("conspo-lab")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    VERSION = "0.0.0+source"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONSPO_", extra="ignore")
+
+    data_dir: Path = Field(Path("data"), description="Where SQLite files, run workdirs live.")
+    database_url: str = Field(
+        "", description="SQLAlchemy URL; default sqlite:///<data_dir>/conspo.db."
+    )
+    broker_url: str = Field(
+        "", description="Celery broker URL; default sqla+sqlite:///<data_dir>/broker.db."
+    )
+    model_store: Path | None = Field(
+        None, description="conspo model store root; default <data_dir>/models."
+    )
+    queue: str = Field("gpu", description="Celery queue training jobs go to.")
+    reads_require_token: bool = Field(False, description="Require a Bearer token on GETs too.")
+    ui_token_inject: bool = Field(
+        False, description="Inject the local admin token into HTML pages (embedded default)."
+    )
+    heartbeat_interval_s: float = Field(
+        2.0, gt=0, description="Worker heartbeat / cancel-check period."
+    )
+    heartbeat_timeout_s: float = Field(
+        60.0, gt=0, description="A running run whose heartbeat is older is re-queued."
+    )
+    reaper_interval_s: float = Field(
+        0.0, ge=0, description="Period of each worker's reaper thread (0: heartbeat_timeout/2)."
+    )
+    unsent_grace_s: float = Field(
+        30.0, gt=0, description="A queued run never handed to the broker is re-sent after this."
+    )
+    max_request_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
+    stream_poll_s: float = Field(1.0, gt=0, description="SSE database polling period.")
+    stream_keepalive_s: float = Field(15.0, gt=0, description="SSE heartbeat comment period.")
+    worker_pool: Literal["solo", "prefork", "threads"] = Field(
+        "solo", description="Celery pool of `conspo-lab worker` (concurrency is always 1)."
+    )
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.data_dir / 'conspo.db'}"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+        if self.model_store is None:
+            self.model_store = self.data_dir / "models"
+        return self
+
+    @property
+    def mode(self) -> Literal["embedded", "cluster"]:
+        return "embedded" if self.database_url.startswith("sqlite") else "cluster"
+
+    @property
+    def token_file(self) -> Path:
+        return self.data_dir / "token"
+
+    @property
+    def reaper_period_s(self) -> float:
+        return self.reaper_interval_s or self.heartbeat_timeout_s / 2
+
+    def run_dir(self, run_id: int) -> Path:
+        return self.data_dir / "runs" / str(run_id)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()  # type: ignore[call-arg]  # fields come from the environment

@@ -1,0 +1,153 @@
+"""The FastAPI application: ``create_app(settings)`` and a module-level ``app`` for uvicorn."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from backend.api.deps import require_reader
+from backend.api.routes import external, health, metrics, presets, rollouts, runs, stream
+from backend.config import VERSION, Settings, get_settings
+from backend.db import Database
+from backend.queue import make_celery
+
+log = logging.getLogger(__name__)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodySizeLimit:
+    """Refuse request bodies over ``max_bytes`` with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _plain(send, 400, "invalid Content-Length header")
+                return
+            if int(declared) > self.max_bytes:
+                await _plain(send, 413, f"request body over {self.max_bytes} bytes")
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await _plain(send, 413, f"request body over {self.max_bytes} bytes")
+
+
+async def _plain(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        app.state.db.dispose()
+
+    app = FastAPI(
+        title="ConSPO Lab",
+        version=VERSION,
+        description="Self-hosted RLVR experiment platform (docs/api.md is the contract).",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = Database(settings)
+    app.state.celery = make_celery(settings)
+    if settings.ui_token_inject and settings.token_file.is_file():
+        app.state.ui_token = settings.token_file.read_text().strip() or None
+
+    api = APIRouter(prefix="/api", dependencies=[Depends(require_reader)])
+    for module in (runs, external, metrics, rollouts, presets, stream):
+        api.include_router(module.router)
+    app.include_router(api)
+    app.include_router(health.router, prefix="/api")  # health stays open
+    _install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    try:
+        from backend import pages
+    except ImportError:  # the HTML pages are optional for the API
+        pages = None  # type: ignore[assignment]
+    if pages is not None:
+        app.include_router(pages.router)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Database refusals that slip past validation become 4xx/503, never a 500."""
+
+    async def data_error(_: Request, exc: Exception) -> JSONResponse:
+        log.info("refused by the database: %s", type(exc).__name__)
+        return JSONResponse({"detail": f"invalid value: {_orig(exc)}"}, status_code=422)
+
+    async def integrity_error(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": f"conflict: {_orig(exc)}"}, status_code=409)
+
+    async def operational_error(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", type(exc).__name__)
+        return JSONResponse({"detail": "database unavailable, retry later"}, status_code=503)
+
+    app.add_exception_handler(DataError, data_error)
+    app.add_exception_handler(IntegrityError, integrity_error)
+    app.add_exception_handler(OperationalError, operational_error)
+
+
+def _orig(exc: Any) -> str:
+    return str(getattr(exc, "orig", exc)).splitlines()[0][:200]
+
+
+def __getattr__(name: str) -> Any:
+    # `uvicorn backend.main:app`: built on first access, so importing this module has no effects.
+    if name == "app":
+        globals()["app"] = create_app()
+        return globals()["app"]
+    raise AttributeError(name)

@@ -1,0 +1,200 @@
+"""The schema (SQLAlchemy 2 typed ORM). Alembic (migrations/) is the only way it changes.
+
+* ``runs``: one row per training job, status machine queued → running → succeeded|failed|cancelled.
+* ``metrics``: long format, primary key (run_id, key, step) → value (NULL for NaN/Inf): the key
+  serves both the idempotent upsert and the (run, key, step-range) reads.
+* ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
+* ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both dialects (SQLite stores naive UTC text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+MAX_ABS_VALUE = 1e290  # larger magnitudes could overflow a bucket's sum; stored as NULL too
+
+
+def finite(value: float | None) -> float | None:
+    """NaN/Inf are stored as NULL (JSON has no spelling for them), as are |x| > 1e290."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and abs(value) <= MAX_ABS_VALUE else None
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class RunStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+FINISHED = (RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex
+    label: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_status_heartbeat", "status", "heartbeat_at"),
+        Index("ix_runs_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), index=True
+    )
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.queued)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    algorithm: Mapped[str] = mapped_column(String(100))
+    task: Mapped[str] = mapped_column(String(100))
+    model: Mapped[str] = mapped_column(String(300))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(BigInteger, default=0)
+    group_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    worker_host: Mapped[str | None] = mapped_column(String(200))
+    device: Mapped[str | None] = mapped_column(String(100))
+    error: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    external: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+
+    owner: Mapped[User | None] = relationship(lazy="joined")
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[float | None] = mapped_column(Float)
+    wall_time: Mapped[float] = mapped_column(Float)
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group: Mapped[int] = mapped_column(Integer, primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reward: Mapped[float | None] = mapped_column(Float)
+    score: Mapped[float | None] = mapped_column(Float)
+    length: Mapped[int] = mapped_column(Integer)
+    truncated: Mapped[bool] = mapped_column(Boolean)
+
+
+class MetricRollup(Base):
+    """A cache of bucket aggregates for downsampled reads, filled lazily by readers.
+
+    Bucket ``bucket`` of width ``width`` (a power of two) covers steps
+    ``[bucket*width, (bucket+1)*width - 1]`` (``hi_step`` is the last). Only buckets that lie
+    wholly before a series' last step are cached; every metric write deletes the rows whose
+    ``hi_step`` reaches its first step, so a rewritten step never serves a stale aggregate.
+    """
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = (Index("ix_metric_rollups_run_hi", "run_id", "hi_step"),)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    width: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    hi_step: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)  # points in the bucket
+    n_valid: Mapped[int] = mapped_column(Integer)  # non-NULL values
+    v_sum: Mapped[float | None] = mapped_column(Float)
+    v_min: Mapped[float | None] = mapped_column(Float)
+    v_max: Mapped[float | None] = mapped_column(Float)
+    last_step: Mapped[int] = mapped_column(Integer)
+    last_wall: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,191 @@
+"""Request and response models of the REST API (docs/api.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from conspo.config import RunConfig
+
+INT32_MAX = 2**31 - 1
+MAX_LOG_POINTS = 10_000
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; refuse it as bad input rather than fail in the database.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+Tag = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
+MetricKey = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+Seed = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Step = Annotated[int, Field(ge=0, le=INT32_MAX)]
+RunStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunCreate(_Body):
+    config: RunConfig
+    seeds: list[Seed] | None = Field(
+        None, max_length=64, description="One run per seed (config.seed replaced)."
+    )
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
+    name: Name | None = None
+
+
+class RunClone(_Body):
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Partial RunConfig, deep-merged into the source's."
+    )
+    seeds: list[Seed] | None = Field(None, max_length=64)
+    tags: list[Tag] | None = Field(None, max_length=50)
+    name: Name | None = None
+
+
+class ExternalRunCreate(_Body):
+    name: Name
+    config: dict[str, Any] = Field(default_factory=dict)
+    algorithm: Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
+    task: Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
+    model: Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_no_nul)]
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
+    total_steps: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+
+
+class RunOut(BaseModel):
+    id: int
+    name: str
+    owner: str | None
+    status: RunStatusName
+    cancel_requested: bool
+    algorithm: str
+    task: str
+    model: str
+    config: dict[str, Any]
+    seed: int
+    group_id: str | None
+    tags: list[str]
+    step: int
+    total_steps: int
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+    worker_host: str | None
+    device: str | None
+    error: str | None
+    summary: dict[str, float | None]
+    external: bool
+    attempt: int
+
+
+class RunsCreated(BaseModel):
+    group_id: str | None
+    runs: list[RunOut]
+
+
+class RunList(BaseModel):
+    items: list[RunOut]
+    total: int
+
+
+class LogStep(_Body):
+    step: Step
+    metrics: dict[MetricKey, float | None] = Field(default_factory=dict)
+    wall_time: float | None = None
+
+
+class RolloutRow(_Body):
+    step: Step
+    group: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    index: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    reward: float | None = None
+    score: float | None = None
+    length: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
+    truncated: bool = False
+
+
+class LogBatch(_Body):
+    steps: list[LogStep] = Field(default_factory=list)
+    rollouts: list[RolloutRow] = Field(default_factory=list, max_length=MAX_LOG_POINTS)
+    status: Literal["running", "succeeded", "failed"] | None = None
+    error: Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)] | None = None
+
+
+class LogResult(BaseModel):
+    written: int
+
+
+class Series(BaseModel):
+    steps: list[int]
+    values: list[float | None]
+    min: list[float | None]
+    max: list[float | None]
+    wall_time: list[float]
+    sampled: bool
+    total_points: int
+
+
+class MetricKeys(BaseModel):
+    keys: list[str]
+
+
+class RunSeries(BaseModel):
+    run_id: int
+    series: dict[str, Series]
+
+
+class CompareSeries(BaseModel):
+    series: dict[str, Series]
+
+
+class Compare(BaseModel):
+    runs: dict[str, CompareSeries]
+
+
+class RolloutOut(BaseModel):
+    step: int
+    group: int
+    index: int
+    reward: float | None
+    score: float | None
+    length: int
+    truncated: bool
+
+
+class RolloutList(BaseModel):
+    items: list[RolloutOut]
+
+
+class NamedPreset(BaseModel):
+    name: str
+    description: str
+
+
+class AlgorithmPreset(NamedPreset):
+    params_schema: dict[str, Any]
+    defaults: dict[str, Any]
+
+
+class Presets(BaseModel):
+    algorithms: list[AlgorithmPreset]
+    tasks: list[NamedPreset]
+    models: list[NamedPreset]
+    config_schema: dict[str, Any]
+    defaults: dict[str, Any]
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    broker: str
+    mode: Literal["embedded", "cluster"]
+    version: str

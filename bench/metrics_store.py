@@ -1,0 +1,194 @@
+"""Metric store benchmark on PostgreSQL: ingest through the worker's DB sink, compare latency.
+
+    CONSPO_BENCH_PG=postgresql+psycopg://postgres@127.0.0.1:5432 python bench/metrics_store.py
+
+1. Ingest: ``worker.db_sink.DbSink.log_step`` exactly as a worker calls it (one transaction per
+   step: ownership check, metric upsert, rollout upsert, step/summary/heartbeat), with the
+   trainer's 28 metric keys and 64 sampled rollouts per step; then the bulk path of the external
+   logging endpoint (10,000 points per call).
+2. Compare: ``GET /api/compare`` for 10 runs x 6 keys x 20,000 steps at max_points=1000, through
+   the whole FastAPI app (query, bucketing, JSON), p50/p95 over repeated calls, plus the first
+   (cold, rollup cache empty) call.
+
+Creates a throwaway database (conspo_bench_<random>) and drops it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.config import Settings  # noqa: E402
+from backend.db import Database  # noqa: E402
+from backend.migrate import migrate  # noqa: E402
+from backend.models import Run, RunStatus, User, utcnow  # noqa: E402
+from backend.storage import StepPoints, write_points  # noqa: E402
+from conspo.sink import RolloutRecord, StepRecord  # noqa: E402
+from worker.db_sink import DbSink  # noqa: E402
+
+SERVER = os.environ.get("CONSPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+TRAINER_KEYS = 28  # what conspo.trainer logs per step
+COMPARE_KEYS = ["sep/gap", "sep/pos_score", "sep/neg_score", "loss", "entropy", "eval/accuracy"]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def make_runs(db: Database, n: int, status: str) -> list[int]:
+    with db.session() as s:
+        user = User(name=f"bench-{uuid.uuid4().hex[:6]}", is_admin=True)
+        s.add(user)
+        s.flush()
+        runs = [
+            Run(
+                name=f"bench-{i}",
+                owner_id=user.id,
+                status=status,
+                algorithm="grpo",
+                task="arith",
+                model="tiny",
+                config={},
+                tags=[],
+                summary={},
+                attempt=1,
+                heartbeat_at=utcnow(),
+            )
+            for i in range(n)
+        ]
+        s.add_all(runs)
+        s.commit()
+        return [r.id for r in runs]
+
+
+def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS) -> None:
+    (run_id,) = make_runs(db, 1, RunStatus.running)
+    sink = DbSink(db, run_id, attempt=1)
+    keys = [f"bench/key_{i:03d}" for i in range(n_keys)]
+    records = [
+        StepRecord(
+            step=s,
+            total_steps=steps,
+            wall_time=time.time(),
+            metrics={k: random.random() for k in keys},
+            rollouts=[
+                RolloutRecord(g, i, float(i % 2), -random.random(), 12, False)
+                for g in range(8)
+                for i in range(8)
+            ],
+        )
+        for s in range(1, steps + 1)
+    ]
+    t0 = time.perf_counter()
+    for record in records:
+        sink.log_step(record)
+    dt = time.perf_counter() - t0
+    points = steps * n_keys
+    rows = points + steps * 64
+    print(
+        f"DB sink, one transaction per step ({n_keys} metrics + 64 rollouts):"
+        f" {steps / dt:,.0f} steps/s, {points / dt:,.0f} metric points/s,"
+        f" {rows / dt:,.0f} rows/s (metrics + rollouts), {dt / steps * 1000:.2f} ms/step"
+    )
+
+
+def bench_bulk_and_fill(db: Database, runs: int, steps: int) -> list[int]:
+    """Fill the compare dataset through write_points (the /log endpoint's path)."""
+    ids = make_runs(db, runs, RunStatus.succeeded)
+    per_call = 10_000 // len(COMPARE_KEYS)
+    t0, points = time.perf_counter(), 0
+    for run_id in ids:
+        walk = 0.0
+        for start in range(1, steps + 1, per_call):
+            batch = []
+            for step in range(start, min(start + per_call, steps + 1)):
+                walk += random.gauss(0, 0.01)
+                batch.append(
+                    StepPoints(
+                        step,
+                        {k: walk + i + random.gauss(0, 0.1) for i, k in enumerate(COMPARE_KEYS)},
+                        1.7e9 + step,
+                    )
+                )
+            with db.session() as s:
+                points += write_points(s, run_id, batch).points
+                s.commit()
+    dt = time.perf_counter() - t0
+    print(
+        f"bulk write_points ({per_call * len(COMPARE_KEYS)} points per call, the /log path):"
+        f" {points / dt:,.0f} points/s ({points:,} points in {dt:.1f} s)"
+    )
+    return ids
+
+
+def bench_compare(settings: Settings, ids: list[int], repeats: int) -> None:
+    from fastapi.testclient import TestClient
+
+    from backend.main import create_app
+
+    params = {"runs": ",".join(map(str, ids)), "keys": ",".join(COMPARE_KEYS), "max_points": 1000}
+    with TestClient(create_app(settings)) as client:
+        t0 = time.perf_counter()
+        r = client.get("/api/compare", params=params)
+        cold = (time.perf_counter() - t0) * 1000
+        assert r.status_code == 200, r.text
+        body = r.json()
+        series = body["runs"][str(ids[0])]["series"][COMPARE_KEYS[0]]
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            r = client.get("/api/compare", params=params)
+            times.append((time.perf_counter() - t0) * 1000)
+            assert r.status_code == 200
+    print(
+        f"GET /api/compare {len(ids)} runs x {len(COMPARE_KEYS)} keys x"
+        f" {series['total_points']:,} steps, max_points=1000 ->"
+        f" {len(series['steps'])} points/series, {len(r.content) / 1e6:.1f} MB:"
+        f" cold {cold:.0f} ms; warm p50 {statistics.median(times):.0f} ms,"
+        f" p95 {pct(times, 0.95):.0f} ms, max {max(times):.0f} ms over {repeats} calls"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sink-steps", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--keep", action="store_true", help="Keep the database.")
+    args = parser.parse_args()
+
+    import psycopg
+
+    admin_url = SERVER.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    name = f"conspo_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"{SERVER}/{name}"
+    try:
+        migrate(url)
+        settings = Settings(database_url=url, broker_url="memory://", data_dir=Path("/tmp"))
+        db = Database(settings)
+        print(f"PostgreSQL {url.rsplit('@', 1)[-1]}")
+        bench_sink(db, args.sink_steps)
+        bench_sink(db, max(args.sink_steps // 10, 10), n_keys=1000)  # a wide step
+        ids = bench_bulk_and_fill(db, args.runs, args.steps)
+        bench_compare(settings, ids, args.repeats)
+        db.dispose()
+    finally:
+        if not args.keep:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,564 @@
+"""Python client for the ConSPO Lab REST API (docs/api.md), one typed method per endpoint.
+
+    from conspo_lab.client import Client
+    lab = Client("http://127.0.0.1:8000", token="...")   # or Client() to read CONSPO_URL/TOKEN
+    sub = lab.create_runs({"algorithm": "grpo", "steps": 100}, seeds=[0, 1, 2], tags=["ablation"])
+    for event in lab.watch(sub.runs[0].id):          # live SSE events until the run finishes
+        print(event.event, event.data)
+
+Errors come back as ``ApiError`` (status code plus the server's ``detail``); a 422 names the field
+(``config.sampling.group_size: Input should be greater than or equal to 2``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+MAX_POINTS_PER_LOG = 10_000  # the server's limit per POST /api/runs/{id}/log
+
+
+def resolve_server(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
+    """Server URL and token from the arguments, else CONSPO_URL / CONSPO_TOKEN, else defaults.
+
+    The default token is the embedded server's token file, ``$CONSPO_DATA_DIR/token`` (default
+    ``data/token`` under the working directory), when it exists, so a local
+    ``conspo-lab serve --embedded`` needs no login step.
+    """
+    url = url or os.environ.get("CONSPO_URL") or DEFAULT_URL
+    token = token or os.environ.get("CONSPO_TOKEN") or None
+    token_file = Path(os.environ.get("CONSPO_DATA_DIR") or "data") / "token"
+    if token is None and token_file.is_file():
+        token = token_file.read_text().strip() or None
+    return url.rstrip("/"), token
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A 4xx/5xx answer. ``detail`` is the server's ``detail`` (a string, or FastAPI's list of
+    ``{"loc", "msg"}`` for a 422); ``field_errors`` flattens the latter to (field, message)."""
+
+    def __init__(self, status: int, detail: Any, method: str = "", path: str = "") -> None:
+        self.status = status
+        self.detail = detail
+        self.method = method
+        self.path = path
+        super().__init__(self._message())
+
+    @property
+    def field_errors(self) -> list[tuple[str, str]]:
+        if not isinstance(self.detail, list):
+            return []
+        out = []
+        for item in self.detail:
+            if isinstance(item, Mapping):
+                out.append((_field_name(item.get("loc", ())), str(item.get("msg", ""))))
+            else:
+                out.append(("", str(item)))
+        return out
+
+    def _message(self) -> str:
+        where = f"{self.method} {self.path}: " if self.method else ""
+        if self.field_errors:
+            text = "; ".join(f"{f}: {m}" if f else m for f, m in self.field_errors)
+        else:
+            text = str(self.detail)
+        return f"{where}HTTP {self.status}: {text}"
+
+
+class ServerUnavailable(ApiError):
+    """The server could not be reached (connection refused, timeout); ``status`` is 0."""
+
+
+def _field_name(loc: Sequence[Any]) -> str:
+    # FastAPI prefixes request-body errors with "body"; the field path is what a user edits.
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in {"body", "query", "path"}:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Response models (extra fields allowed, so a newer server does not break an older client)
+# --------------------------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Run(_Model):
+    id: int
+    name: str | None = None
+    owner: str | None = None
+    status: str
+    cancel_requested: bool = False
+    algorithm: str | None = None
+    task: str | None = None
+    model: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    seed: int | None = None
+    group_id: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    step: int = 0
+    total_steps: int | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    heartbeat_at: float | None = None
+    worker_host: str | None = None
+    device: str | None = None
+    error: str | None = None
+    summary: dict[str, float | None] = Field(default_factory=dict)
+    external: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+FINISHED_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class Submission(_Model):
+    group_id: str | None = None
+    runs: list[Run]
+
+
+class RunPage(_Model):
+    items: list[Run]
+    total: int
+
+
+class Series(_Model):
+    steps: list[int] = Field(default_factory=list)
+    values: list[float | None] = Field(default_factory=list)
+    min: list[float | None] = Field(default_factory=list)
+    max: list[float | None] = Field(default_factory=list)
+    wall_time: list[float | None] = Field(default_factory=list)
+    sampled: bool = False
+    total_points: int = 0
+
+
+class RolloutRow(_Model):
+    step: int
+    group: int
+    index: int
+    reward: float | None = None
+    score: float | None = None
+    length: int | None = None
+    truncated: bool | None = None
+
+
+class AlgorithmPreset(_Model):
+    name: str
+    description: str = ""
+    params_schema: dict[str, Any] = Field(default_factory=dict)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+
+
+class NamedPreset(_Model):
+    name: str
+    description: str = ""
+
+
+class Presets(_Model):
+    algorithms: list[AlgorithmPreset] = Field(default_factory=list)
+    tasks: list[NamedPreset] = Field(default_factory=list)
+    models: list[NamedPreset] = Field(default_factory=list)
+    config_schema: dict[str, Any] = Field(default_factory=dict)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+
+
+class Health(_Model):
+    status: str
+    database: str | None = None
+    broker: str | None = None
+    mode: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One Server-Sent Event: ``event`` is metrics, status or end; ``data`` is the parsed JSON
+    (``status`` events' data is also available as ``run``)."""
+
+    event: str
+    data: Any
+    id: str | None = None
+
+    @property
+    def run(self) -> Run | None:
+        if self.event == "status" and isinstance(self.data, Mapping):
+            return Run.model_validate(self.data)
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------
+
+
+class Client:
+    """Typed access to every endpoint of docs/api.md. Usable as a context manager."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url, self.token = resolve_server(base_url, token)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if "json" in kwargs:
+            # Standard JSON has no NaN/Infinity: send them as null (the server stores null).
+            kwargs["content"] = json.dumps(_finite(kwargs.pop("json")), allow_nan=False)
+            kwargs.setdefault("headers", {})["Content-Type"] = "application/json"
+        if "params" in kwargs:
+            kwargs["params"] = {k: v for k, v in kwargs["params"].items() if v is not None}
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(
+                0, f"cannot reach {self.base_url}: {exc}", method, path
+            ) from exc
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _detail(response), method, path)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    # --- runs -------------------------------------------------------------------------------
+
+    def create_runs(
+        self,
+        config: BaseModel | Mapping[str, Any],
+        seeds: Sequence[int] | None = None,
+        tags: Sequence[str] = (),
+        name: str | None = None,
+    ) -> Submission:
+        """Queue one run per seed (the server replaces config.seed); ``group_id`` joins them."""
+        body = {
+            "config": _as_dict(config),
+            "seeds": list(seeds) if seeds is not None else None,
+            "tags": list(tags),
+            "name": name,
+        }
+        return Submission.model_validate(self._request("POST", "/api/runs", json=body))
+
+    def list_runs(
+        self,
+        status: str | None = None,
+        algorithm: str | None = None,
+        task: str | None = None,
+        tag: str | None = None,
+        group_id: str | None = None,
+        q: str | None = None,
+        sort: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> RunPage:
+        params = dict(
+            status=status,
+            algorithm=algorithm,
+            task=task,
+            tag=tag,
+            group_id=group_id,
+            q=q,
+            sort=sort,
+            limit=limit,
+            offset=offset,
+        )
+        return RunPage.model_validate(self._request("GET", "/api/runs", params=params))
+
+    def get_run(self, run_id: int) -> Run:
+        return Run.model_validate(self._request("GET", f"/api/runs/{run_id}"))
+
+    def cancel(self, run_id: int) -> Run:
+        return Run.model_validate(self._request("POST", f"/api/runs/{run_id}/cancel"))
+
+    def delete(self, run_id: int) -> None:
+        self._request("DELETE", f"/api/runs/{run_id}")
+
+    def clone(
+        self,
+        run_id: int,
+        overrides: Mapping[str, Any] | None = None,
+        seeds: Sequence[int] | None = None,
+        tags: Sequence[str] | None = None,
+        name: str | None = None,
+    ) -> Submission:
+        """Queue copies of a run with ``overrides`` deep-merged into its config."""
+        body = {
+            "overrides": dict(overrides or {}),
+            "seeds": list(seeds) if seeds is not None else None,
+            "tags": list(tags) if tags is not None else None,
+            "name": name,
+        }
+        data = self._request("POST", f"/api/runs/{run_id}/clone", json=body)
+        return Submission.model_validate(data)
+
+    # --- external runs (a trainer elsewhere logs into the lab) --------------------------------
+
+    def create_external_run(
+        self,
+        name: str,
+        config: Mapping[str, Any] | None = None,
+        algorithm: str = "external",
+        task: str = "external",
+        model: str = "external",
+        tags: Sequence[str] = (),
+        total_steps: int | None = None,
+    ) -> Run:
+        body = {
+            "name": name,
+            "config": _as_dict(config or {}),
+            "algorithm": algorithm,
+            "task": task,
+            "model": model,
+            "tags": list(tags),
+            "total_steps": total_steps,
+        }
+        return Run.model_validate(self._request("POST", "/api/runs/external", json=body))
+
+    def log_steps(
+        self,
+        run_id: int,
+        steps: Iterable[Mapping[str, Any]] = (),
+        rollouts: Sequence[Mapping[str, Any]] = (),
+        status: str | None = None,
+        error: str | None = None,
+    ) -> int:
+        """Write ``[{"step", "metrics": {key: float}, "wall_time"}]`` (idempotent per step/key).
+
+        Splits into calls of at most 10,000 points; ``status``/``error`` go with the last call,
+        so a final ``status="succeeded"`` lands after every point. Returns the points written.
+        """
+        chunks = _chunk_steps([dict(s) for s in steps], MAX_POINTS_PER_LOG) or [[]]
+        written = 0
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            body: dict[str, Any] = {"steps": chunk, "rollouts": list(rollouts) if last else []}
+            if last:
+                body.update(status=status, error=error)
+            data = self._request("POST", f"/api/runs/{run_id}/log", json=body)
+            written += int((data or {}).get("written", 0))
+        return written
+
+    # --- metrics ----------------------------------------------------------------------------
+
+    def metric_keys(self, run_id: int) -> list[str]:
+        return list(self._request("GET", f"/api/runs/{run_id}/metrics/keys")["keys"])
+
+    def metrics(
+        self,
+        run_id: int,
+        keys: Sequence[str],
+        max_points: int = 1000,
+        since_step: int | None = None,
+        x: str | None = None,
+    ) -> dict[str, Series]:
+        """Series per key; when a series has more than ``max_points`` points it is bucketed
+        (each bucket: last step, mean, min, max) and ``Series.sampled`` is true."""
+        params = dict(keys=",".join(keys), max_points=max_points, since_step=since_step, x=x)
+        data = self._request("GET", f"/api/runs/{run_id}/metrics", params=params)
+        return {k: Series.model_validate(v) for k, v in data["series"].items()}
+
+    def compare(
+        self, runs: Sequence[int], keys: Sequence[str], max_points: int = 1000
+    ) -> dict[int, dict[str, Series]]:
+        params = dict(
+            runs=",".join(str(r) for r in runs), keys=",".join(keys), max_points=max_points
+        )
+        data = self._request("GET", "/api/compare", params=params)
+        return {
+            int(run_id): {k: Series.model_validate(v) for k, v in entry["series"].items()}
+            for run_id, entry in data["runs"].items()
+        }
+
+    def rollouts(
+        self,
+        run_id: int,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        limit: int | None = None,
+    ) -> list[RolloutRow]:
+        params = dict(step_min=step_min, step_max=step_max, limit=limit)
+        data = self._request("GET", f"/api/runs/{run_id}/rollouts", params=params)
+        return [RolloutRow.model_validate(r) for r in data["items"]]
+
+    # --- presets and health -----------------------------------------------------------------
+
+    def presets(self) -> Presets:
+        return Presets.model_validate(self._request("GET", "/api/presets"))
+
+    def health(self) -> Health:
+        return Health.model_validate(self._request("GET", "/api/health"))
+
+    # --- live stream ------------------------------------------------------------------------
+
+    def watch(
+        self,
+        run_id: int,
+        since_step: int | None = None,
+        max_retries: int = 5,
+        retry_wait: float = 1.0,
+    ) -> Iterator[StreamEvent]:
+        """Yield the run's live events (``metrics``, ``status``) and finally ``end``.
+
+        A dropped connection reconnects with ``Last-Event-ID`` (the last cursor seen), so no
+        point is lost or repeated; after ``max_retries`` failed reconnects in a row the last
+        error is raised as ``ServerUnavailable``. A 4xx (unknown run) raises ``ApiError``.
+        """
+        cursor: str | None = None if since_step is None else str(since_step)
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            params: dict[str, Any] = {}
+            if cursor is not None:
+                headers["Last-Event-ID"] = cursor
+                params["since_step"] = cursor
+            try:
+                with self._http.stream(
+                    "GET",
+                    f"/api/runs/{run_id}/stream",
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(self._http.timeout.connect, read=60.0),
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        path = f"/api/runs/{run_id}/stream"
+                        raise ApiError(response.status_code, _detail(response), "GET", path)
+                    for event in _parse_sse(response.iter_lines()):
+                        failures = 0
+                        if event.id is not None:
+                            cursor = event.id
+                        yield event
+                        if event.event == "end":
+                            return
+                # The server closed the stream without an `end` event: reconnect.
+                failures += 1
+            except httpx.TransportError as exc:
+                failures += 1
+                if failures > max_retries:
+                    raise ServerUnavailable(
+                        0, f"stream of run {run_id} lost: {exc}", "GET", "stream"
+                    ) from exc
+            if failures > max_retries:
+                raise ServerUnavailable(
+                    0, f"stream of run {run_id} kept closing without an end event"
+                )
+            time.sleep(retry_wait * min(failures, 5))
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text or response.reason_phrase
+    return body.get("detail", body) if isinstance(body, dict) else body
+
+
+def _as_dict(config: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(config, BaseModel):
+        return config.model_dump(mode="json")
+    return dict(config)
+
+
+def _finite(value: Any) -> Any:
+    """Replace NaN/Inf floats with None, recursively (JSON cannot carry them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _chunk_steps(steps: list[dict[str, Any]], limit: int) -> list[list[dict[str, Any]]]:
+    """Group step rows into chunks of at most ``limit`` metric points (a step is never split
+    unless it alone exceeds the limit)."""
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    points = 0
+    for row in steps:
+        metrics = dict(row.get("metrics") or {})
+        items = list(metrics.items()) or [("", None)]
+        for start in range(0, len(items), limit):
+            part = dict(items[start : start + limit]) if metrics else {}
+            size = max(len(part), 1)
+            if current and points + size > limit:
+                chunks.append(current)
+                current, points = [], 0
+            current.append({**row, "metrics": part})
+            points += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _parse_sse(lines: Iterable[str]) -> Iterator[StreamEvent]:
+    """Parse the text/event-stream format (comments and unknown fields ignored)."""
+    event, event_id = "message", None
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                raw = "\n".join(data)
+                try:
+                    parsed: Any = json.loads(raw)
+                except ValueError:
+                    parsed = raw
+                yield StreamEvent(event=event, data=parsed, id=event_id)
+            elif event == "end":
+                yield StreamEvent(event=event, data=None, id=event_id)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue  # comment (heartbeat)
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id":
+            event_id = value or None

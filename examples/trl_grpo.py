@@ -1,0 +1,121 @@
+"""Train TRL's GRPOTrainer on the arith task and watch it in ConSPO Lab.
+
+    conspo-lab serve --embedded &                 # or any ConSPO Lab server
+    python examples/trl_grpo.py --steps 20        # then open http://127.0.0.1:8000
+
+Fully offline: the model comes from the conspo model store (``tiny-arith``: the tiny Qwen2 with a
+character tokenizer, SFT-warm-started on arithmetic, built once on first use; ``tiny`` is the
+untrained one), the data is built in memory, and TRL reports to nobody but the lab
+(``report_to="none"`` plus ``ConSPOLabCallback``). ``logging_steps=1`` gives per-step curves.
+The server URL and token come from --url/--token or CONSPO_URL/CONSPO_TOKEN (default
+http://127.0.0.1:8000 and data/token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from conspo.config import TaskConfig
+from conspo.models import ModelStore
+from conspo.tasks import Example, make_task
+from conspo_lab.trl_bridge import ConSPOLabCallback
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--url", default=None, help="ConSPO Lab server (default: CONSPO_URL).")
+    p.add_argument("--token", default=None, help="API token (default: CONSPO_TOKEN, data/token).")
+    p.add_argument("--model", default="tiny-arith", help="Model-store name, local dir or hub id.")
+    p.add_argument("--model-store", default=None, help="Model store root (CONSPO_MODEL_STORE).")
+    p.add_argument("--steps", type=int, default=20, help="Optimiser steps.")
+    p.add_argument("--prompts-per-step", type=int, default=4, help="Prompts (groups) per step.")
+    p.add_argument("--num-generations", type=int, default=4, help="G: completions per prompt.")
+    p.add_argument("--max-new-tokens", type=int, default=6, help="Completion length cap.")
+    p.add_argument("--lr", type=float, default=1e-4, help="Learning rate.")
+    p.add_argument("--digits", type=int, default=1, help="Digits per operand.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default="trl-grpo-arith", help="Run name in the lab.")
+    p.add_argument("--output-dir", default=None, help="Trainer output dir (default: a temp dir).")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    task_cfg = TaskConfig(name="arith", digits=args.digits)
+    task = make_task(task_cfg)
+    examples = task.train_prompts(random.Random(args.seed), args.steps * args.prompts_per_step)
+    dataset = Dataset.from_list(
+        [{"prompt": ex.prompt, "answer": ex.answer, "value": ex.data["value"]} for ex in examples]
+    )
+
+    def arith_reward(prompts: list[str], completions: list[str], **columns) -> list[float]:
+        """1.0 for the exact integer answer (the task's own verifier), else 0.0."""
+        return [
+            task.verify(completion, Example(prompt, str(value), {"value": value}))
+            for prompt, completion, value in zip(
+                prompts, completions, columns["value"], strict=True
+            )
+        ]
+
+    path = ModelStore(args.model_store).resolve(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path)
+
+    output_dir = args.output_dir or tempfile.mkdtemp(prefix="trl-grpo-")
+    config = GRPOConfig(
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.prompts_per_step * args.num_generations,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_new_tokens,
+        learning_rate=args.lr,
+        logging_steps=1,  # TRL's default (10) would average every 10 steps into one point
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,  # tiny model: nothing to save
+        save_strategy="no",
+        seed=args.seed,
+    )
+    lab = ConSPOLabCallback(
+        args.url,
+        args.token,
+        run_name=args.name,
+        config={**config.to_dict(), "task": task_cfg.model_dump(), "model": args.model},
+        tags=["trl", "example"],
+        algorithm="trl-grpo",
+        task="arith",
+        model=args.model,
+        binary_reward=True,  # arith rewards are 0/1, so the mean reward is the pass rate
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=arith_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[lab],
+    )
+    try:
+        trainer.train()
+    except BaseException as exc:
+        lab.fail(exc)
+        raise
+    if lab.run_id is None:
+        print(f"trained, but {lab.client.base_url} never answered: nothing was logged")
+    else:
+        print(f"logged to run {lab.run_id} at {lab.client.base_url}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""External logging, metric series (downsampling keeps min/max), compare, rollouts, live SSE."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tests.api.conftest import Api
+
+
+def log(api: Api, run_id: int, steps: list[dict], **extra) -> dict:  # type: ignore[no-untyped-def]
+    r = api.post(f"/api/runs/{run_id}/log", json={"steps": steps, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wave(n: int, spike_at: int) -> list[dict]:
+    return [
+        {
+            "step": i,
+            "metrics": {"a": math.sin(i / 50) + (10.0 if i == spike_at else 0.0), "b": float(i)},
+            "wall_time": 1_700_000_000.0 + i,
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+def test_downsampling_keeps_min_max_and_says_so(api: Api) -> None:
+    run = api.external(total_steps=3000)
+    assert log(api, run["id"], wave(3000, spike_at=1234))["written"] == 6000
+    url = f"/api/runs/{run['id']}/metrics"
+    for _ in range(2):  # cold, then from the rollup cache
+        series = api.get(url, params={"keys": "a,b,missing", "max_points": 100}).json()["series"]
+        a = series["a"]
+        assert a["sampled"] is True and a["total_points"] == 3000
+        assert 50 <= len(a["steps"]) <= 100
+        assert max(a["max"]) == max(s["metrics"]["a"] for s in wave(3000, 1234))  # spike kept
+        assert min(a["min"]) <= -0.99
+        assert a["steps"] == sorted(a["steps"]) and a["steps"][-1] == 3000
+        assert all(lo <= v <= hi for lo, v, hi in zip(a["min"], a["values"], a["max"], strict=True))
+        assert series["b"]["max"][-1] == 3000.0
+        assert series["missing"] == {
+            "steps": [], "values": [], "min": [], "max": [], "wall_time": [],
+            "sampled": False, "total_points": 0,
+        }  # fmt: skip
+    full = api.get(url, params={"keys": "a", "max_points": 10000}).json()["series"]["a"]
+    assert full["sampled"] is False and full["steps"] == list(range(1, 3001))
+    assert full["wall_time"][0] == 1_700_000_001.0
+    tail = api.get(url, params={"keys": "a", "since_step": 2990}).json()["series"]["a"]
+    assert tail["steps"] == list(range(2991, 3001)) and tail["total_points"] == 10
+    # Overwrites are idempotent and invalidate cached buckets.
+    log(api, run["id"], [{"step": 10, "metrics": {"a": -50.0}}])
+    again = api.get(url, params={"keys": "a", "max_points": 100}).json()["series"]["a"]
+    assert again["total_points"] == 3000 and min(again["min"]) == -50.0
+    keys = api.get(f"/api/runs/{run['id']}/metrics/keys").json()
+    assert keys == {"keys": ["a", "b"]}
+
+
+def test_nan_inf_stored_as_null_and_summary(api: Api) -> None:
+    run = api.external()
+    body = '{"steps": [{"step": 1, "metrics": {"x": NaN, "y": Infinity, "z": 2.5}}]}'
+    r = api.post(
+        f"/api/runs/{run['id']}/log", content=body, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 200, r.text
+    s = api.get(f"/api/runs/{run['id']}/metrics", params={"keys": "x,y,z"}).json()["series"]
+    assert s["x"]["values"] == [None] and s["y"]["values"] == [None] and s["z"]["values"] == [2.5]
+    got = api.get(f"/api/runs/{run['id']}").json()
+    assert got["summary"] == {"x": None, "y": None, "z": 2.5} and got["step"] == 1
+
+
+def test_compare_and_rollouts(api: Api) -> None:
+    one, two = api.external(), api.external()
+    log(api, one["id"], wave(50, 7))
+    log(api, two["id"], wave(20, 3))
+    rollouts = [
+        {"step": s, "group": g, "index": i, "reward": float(i % 2), "score": -0.1 * i, "length": 5}
+        for s in (1, 2)
+        for g in range(2)
+        for i in range(4)
+    ]
+    log(api, one["id"], [], rollouts=rollouts)
+    log(api, one["id"], [], rollouts=rollouts)  # idempotent
+    r = api.get("/api/compare", params={"runs": f"{one['id']},{two['id']}", "keys": "a,b"})
+    assert r.status_code == 200
+    runs = r.json()["runs"]
+    assert set(runs) == {str(one["id"]), str(two["id"])}
+    assert runs[str(two["id"])]["series"]["b"]["steps"] == list(range(1, 21))
+    items = api.get(f"/api/runs/{one['id']}/rollouts", params={"step_min": 2}).json()["items"]
+    assert len(items) == 8 and {x["step"] for x in items} == {2}
+    assert items[1] == {
+        "step": 2, "group": 0, "index": 1, "reward": 1.0, "score": -0.1, "length": 5,
+        "truncated": False,
+    }  # fmt: skip
+    assert api.get("/api/compare", params={"runs": "999999", "keys": "a"}).status_code == 404
+
+
+def test_bad_metric_queries_name_the_field(api: Api) -> None:
+    run = api.external()
+    url = f"/api/runs/{run['id']}/metrics"
+    for params, loc in [
+        ({}, ["query", "keys"]),
+        ({"keys": ","}, ["query", "keys"]),
+        ({"keys": "a", "max_points": 1}, ["query", "max_points"]),
+        ({"keys": "a", "max_points": 10001}, ["query", "max_points"]),
+        ({"keys": "a", "since_step": "x"}, ["query", "since_step"]),
+        ({"keys": "a", "x": "time"}, ["query", "x"]),
+    ]:
+        r = api.get(url, params=params)
+        assert r.status_code == 422 and loc in [d["loc"] for d in r.json()["detail"]], params
+    for params, loc in [
+        ({"runs": "1,x", "keys": "a"}, ["query", "runs"]),
+        ({"runs": ",".join(map(str, range(1, 52))), "keys": "a"}, ["query", "runs"]),
+        ({"runs": "1", "keys": ",".join(f"k{i}" for i in range(51))}, ["query", "keys"]),
+    ]:
+        r = api.get("/api/compare", params=params)
+        assert r.status_code == 422 and loc in [d["loc"] for d in r.json()["detail"]], params
+    too_many = [{"step": i, "metrics": {"a": 1.0, "b": 2.0}} for i in range(5001)]
+    r = api.post(f"/api/runs/{run['id']}/log", json={"steps": too_many})
+    assert r.status_code == 422 and ["body", "steps"] in [d["loc"] for d in r.json()["detail"]]
+    r = api.post(f"/api/runs/{run['id']}/log", json={"steps": [{"step": -1, "metrics": {}}]})
+    assert r.status_code == 422
+    queued = api.post("/api/runs", json={"config": {"steps": 2}}).json()["runs"][0]
+    assert api.post(f"/api/runs/{queued['id']}/log", json={"steps": []}).status_code == 409
+
+
+def read_sse(api: Api, url: str, **kw) -> list[tuple[str, str, dict]]:  # type: ignore[no-untyped-def]
+    events, event, eid, data = [], None, None, None
+    with api.client.stream("GET", url, **kw) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("id:"):
+                eid = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line.split(":", 1)[1])
+            elif line == "" and event:
+                events.append((event, eid, data))
+                if event == "end":
+                    break
+                event = None
+    return events
+
+
+def test_run_stream_sends_points_status_and_end_and_resumes(api: Api) -> None:
+    run = api.external()
+    log(api, run["id"], wave(30, 5), status="succeeded")
+    events = read_sse(api, f"/api/runs/{run['id']}/stream")
+    kinds = [e[0] for e in events]
+    assert kinds[0] == "metrics" and "status" in kinds and kinds[-1] == "end"
+    steps = [s for e in events if e[0] == "metrics" for s in e[2]["series"]["a"]["steps"]]
+    assert steps == list(range(1, 31)) and events[-1][1] == "30"
+    status = next(e for e in events if e[0] == "status")[2]
+    assert status["status"] == "succeeded"
+    resumed = read_sse(api, f"/api/runs/{run['id']}/stream", headers={"Last-Event-ID": "25"})
+    steps = [s for e in resumed if e[0] == "metrics" for s in e[2]["series"]["b"]["steps"]]
+    assert steps == [26, 27, 28, 29, 30]
+    by_cursor = read_sse(api, f"/api/runs/{run['id']}/stream", params={"since_step": 30})
+    assert [e[0] for e in by_cursor] == ["status", "end"]

@@ -1,0 +1,144 @@
+"""The client-side ``conspo-lab`` commands (submit, runs, watch, compare, export)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from conspo_lab import cli_client
+from conspo_lab.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_consoles(monkeypatch):
+    # Tables wide enough that no value is cut; Console(file=None) writes to the runner's stdout.
+    monkeypatch.setattr(cli_client, "console", Console(width=250))
+    monkeypatch.setattr(cli_client, "err_console", Console(width=250, stderr=True))
+
+
+def invoke(server, *args: str):
+    return runner.invoke(app, [*args, "--url", server.url, "--token", server.token])
+
+
+@pytest.fixture
+def logged_run(lab):
+    """An external run with 4 steps of 3 keys (one null), finished."""
+    run = lab.create_external_run("cli-ext", {}, "trl-grpo", "arith", "tiny", ["cli"], 4)
+    rows = [
+        {"step": s, "metrics": {"sep/gap": 0.1 * s, "loss": 2.0 - 0.25 * s}, "wall_time": 1e9 + s}
+        for s in range(1, 5)
+    ]
+    rows[1]["metrics"]["batch/pass_rate"] = 0.5
+    lab.log_steps(run.id, rows, status="succeeded")
+    return run
+
+
+def test_submit_bad_config_exits_2_naming_the_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: grpo\nsampling:\n  group_size: 1\n")
+    result = runner.invoke(app, ["submit", str(bad), "--url", "http://127.0.0.1:18399"])
+    assert result.exit_code == 2
+    assert "sampling.group_size" in result.output
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("algorithm: conspo\nparams:\n  taux: 3\n")
+    result = runner.invoke(app, ["submit", str(unknown)])
+    assert result.exit_code == 2 and "params.taux" in result.output
+    result = runner.invoke(app, ["submit", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_submit_queues_one_run_per_seed_and_runs_lists_them(lab_server, lab, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("algorithm: dapo\nsteps: 3\nsampling:\n  group_size: 4\n")
+    result = invoke(lab_server, "submit", str(good), "--seeds", "0,1,2", "--tag", "cli-submit")
+    assert result.exit_code == 0, result.output
+    assert "queued runs" in result.output
+    page = lab.list_runs(tag="cli-submit")
+    assert page.total == 3 and sorted(r.seed for r in page.items) == [0, 1, 2]
+    assert all(r.config["sampling"]["group_size"] == 4 for r in page.items)
+
+    listed = invoke(lab_server, "runs", "--tag", "cli-submit", "--status", "queued")
+    assert listed.exit_code == 0, listed.output
+    for run in page.items:
+        assert str(run.id) in listed.output
+    assert "dapo" in listed.output and "3 of 3" in listed.output
+
+
+def test_export_csv_jsonl_parquet(lab_server, logged_run, tmp_path):
+    out = tmp_path / "wide.csv"
+    result = invoke(lab_server, "export", str(logged_run.id), "--format", "csv", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "wide layout" in result.output
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert float(rows[2]["sep/gap"]) == pytest.approx(0.3)
+    assert rows[1]["batch/pass_rate"] == "0.5" and rows[0]["batch/pass_rate"] == ""
+    assert float(rows[3]["wall_time"]) == pytest.approx(1e9 + 4)
+
+    out = tmp_path / "long.jsonl"
+    result = invoke(
+        lab_server,
+        "export",
+        str(logged_run.id),
+        "--format",
+        "jsonl",
+        "--layout",
+        "long",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert "long layout" in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 9  # 4 + 4 + 1 points
+    assert {"run_id", "key", "step", "value", "wall_time"} == set(lines[0])
+    gap = {r["step"]: r["value"] for r in lines if r["key"] == "sep/gap"}
+    assert gap[4] == pytest.approx(0.4)
+
+    out = tmp_path / "wide.parquet"
+    result = invoke(
+        lab_server, "export", str(logged_run.id), "--format", "parquet", "--out", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out).to_pydict()
+    assert table["step"] == [1, 2, 3, 4]
+    assert table["loss"] == pytest.approx([1.75, 1.5, 1.25, 1.0])
+    assert table["batch/pass_rate"] == [None, 0.5, None, None]
+
+
+def test_compare_shows_last_and_best(lab_server, lab, logged_run):
+    other = lab.create_external_run("cli-ext-2", {}, "trl-grpo", "arith", "tiny", [], 2)
+    lab.log_steps(
+        other.id,
+        [{"step": s, "metrics": {"sep/gap": 0.9 - 0.1 * s, "loss": 3.0}} for s in (1, 2)],
+        status="succeeded",
+    )
+    result = invoke(
+        lab_server, "compare", str(logged_run.id), str(other.id), "--keys", "sep/gap,loss"
+    )
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "sep/gap" in text and "cli-ext-2" in text
+    # logged_run: last gap 0.4 (best, max), best loss 1 (min); other: last gap 0.7, best 0.8.
+    assert "0.4" in text and "0.8" in text and "0.7" in text
+
+
+def test_watch_follows_a_run_to_its_end(lab_server, logged_run):
+    result = invoke(lab_server, "watch", str(logged_run.id))
+    assert result.exit_code == 0, result.output
+    assert "succeeded" in result.output and "sep/gap" in result.output
+
+
+def test_api_errors_become_messages_and_exit_codes(lab_server):
+    result = invoke(lab_server, "watch", "999999")
+    assert result.exit_code == 2 and "404" in result.output
+    result = runner.invoke(app, ["runs", "--url", "http://127.0.0.1:18399"])
+    assert result.exit_code == 1 and "cannot reach" in result.output

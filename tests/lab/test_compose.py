@@ -1,0 +1,152 @@
+"""docker-compose.yml, .env.example and the Dockerfile, checked as files.
+
+No Docker engine runs here (nor in CI): these tests parse the compose file with PyYAML and check
+its structure, and that every CONSPO_* variable it or .env.example sets is a field of
+``backend.config.Settings``, so a renamed setting cannot silently leave the cluster on defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def settings_env_names() -> set[str]:
+    from backend.config import Settings
+
+    prefix = Settings.model_config.get("env_prefix", "")
+    assert prefix == "CONSPO_"
+    return {(prefix + name).upper() for name in Settings.model_fields}
+
+
+def env_example() -> dict[str, str]:
+    """Assignments of .env.example, including commented-out ``# NAME=value`` examples."""
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        m = re.match(r"^\s*#?\s*([A-Z][A-Z0-9_]*)=(.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?msg}, $$ (nested defaults ok)."""
+    out, i = [], 0
+    while i < len(value):
+        if value.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif value.startswith("${", i):
+            depth, j = 1, i + 2
+            while depth:
+                if value.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                depth -= value[j] == "}"
+                j += 1
+            body = value[i + 2 : j - 1]
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])(.*))?$", body, re.S)
+            assert m, f"cannot parse ${{{body}}}"
+            name, op, rest = m.groups()
+            current = env.get(name)
+            if op in (":-", "-") and (current is None or (op == ":-" and current == "")):
+                current = interpolate(rest, env)
+            if op in (":?", "?") and not current:
+                raise AssertionError(f"{name} is required: {rest}")
+            out.append(current or "")
+            i = j
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+def service_env(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def test_interpolate_handles_nested_defaults():
+    env = {"A": "x"}
+    assert interpolate("${A:-no}/${B:-${A}-y}/$${C}", env) == "x/x-y/${C}"
+
+
+def test_services_exist_with_healthchecks(compose):
+    services = compose["services"]
+    assert {"postgres", "redis", "api", "worker", "flower"} <= set(services)
+    for name in ("postgres", "redis", "api"):
+        assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
+
+
+def test_api_migrates_then_serves_after_healthy_services(compose):
+    api = compose["services"]["api"]
+    command = " ".join(api["command"]) if isinstance(api["command"], list) else api["command"]
+    assert command.index("conspo-lab migrate") < command.index("conspo-lab serve")
+    for dep in ("postgres", "redis"):
+        assert api["depends_on"][dep]["condition"] == "service_healthy"
+
+
+def test_worker_reserves_nvidia_gpus_and_can_scale(compose):
+    worker = compose["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    # --scale worker=N needs no fixed name and no fixed host port.
+    assert "container_name" not in worker and "ports" not in worker
+    script = worker["command"] if isinstance(worker["command"], str) else worker["command"][-1]
+    assert "conspo-lab worker" in script and "CUDA_VISIBLE_DEVICES" in script
+    assert interpolate(service_env(worker)["CONSPO_QUEUE"], env_example()) == "gpu"
+
+
+def test_every_conspo_variable_is_a_settings_field(compose, settings_env_names):
+    text = COMPOSE.read_text()
+    used = set(re.findall(r"\b(CONSPO_[A-Z0-9_]+)", text))
+    used |= {name for name in env_example() if name.startswith("CONSPO_")}
+    for service in compose["services"].values():
+        used |= {k for k in service_env(service) if k.startswith("CONSPO_")}
+    unknown = sorted(used - settings_env_names)
+    assert not unknown, f"not fields of backend.config.Settings: {unknown}"
+    assert {"CONSPO_DATABASE_URL", "CONSPO_BROKER_URL"} <= used
+
+
+def test_cluster_settings_resolve_to_postgres_and_redis(compose):
+    from backend.config import Settings
+
+    env_file = {k: v for k, v in env_example().items() if not k.startswith("CONSPO_")}
+    for name in ("api", "worker"):
+        env = {
+            k: interpolate(v, env_file) for k, v in service_env(compose["services"][name]).items()
+        }
+        assert env["CONSPO_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert "@postgres:5432/" in env["CONSPO_DATABASE_URL"]
+        assert env["CONSPO_BROKER_URL"] == "redis://redis:6379/0"
+        fields = {k.removeprefix("CONSPO_").lower(): v for k, v in env.items() if v}
+        settings = Settings(**{k: v for k, v in fields.items() if k in Settings.model_fields})
+        assert settings.mode == "cluster"
+    flower = compose["services"]["flower"]
+    assert interpolate(service_env(flower)["CELERY_BROKER_URL"], env_file) == "redis://redis:6379/0"
+
+
+def test_dockerfile_pins_torch_before_the_project():
+    text = DOCKERFILE.read_text()
+    assert [ln for ln in text.splitlines() if ln.startswith("FROM")] == ["FROM python:3.11-slim"]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pinned = re.search(r'"torch==([^"]+)"', pyproject).group(1)
+    assert f"ARG TORCH_VERSION={pinned}" in text
+    assert text.index("torch==${TORCH_VERSION}") < text.index("pip install --no-deps -e .")

@@ -1,0 +1,46 @@
+"""The worker's Celery app (settings from CONSPO_* env vars) and its reaper thread.
+
+Start it with ``conspo-lab worker`` (queue ``gpu``, concurrency 1, prefetch 1) or
+``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
+
+Stale runs are recovered by a thread in every worker instead of celery beat: there is no extra
+process to deploy (embedded mode has exactly one worker), a restarted worker recovers the runs
+of the worker it replaces as soon as their heartbeats are stale, and the conditional updates in
+``worker.reaper`` make several workers reaping at once harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+
+from backend.config import get_settings
+from backend.queue import make_celery
+
+log = logging.getLogger(__name__)
+
+settings = get_settings()
+celery_app = make_celery(settings)
+celery_app.conf.include = ["worker.tasks"]
+app = celery_app  # `celery -A worker.celery_app` looks for `app` or `celery`
+
+_reaper: Any = None
+
+
+@worker_ready.connect
+def _start_reaper(**_: Any) -> None:
+    global _reaper
+    from worker.reaper import ReaperThread
+    from worker.tasks import database
+
+    _reaper = ReaperThread(database(), celery_app, settings)
+    _reaper.reap_once()  # recover what a dead predecessor left behind, before taking work
+    _reaper.start()
+
+
+@worker_shutdown.connect
+def _stop_reaper(**_: Any) -> None:
+    if _reaper is not None:
+        _reaper.stop()
