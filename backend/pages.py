@@ -1,0 +1,151 @@
+"""HTML pages of the web UI and their static files.
+
+The pages are thin Jinja2 shells; everything they show comes from the REST API (docs/api.md)
+through the plain JS modules in ``frontend/static``. Plotly.js is served from the installed
+``plotly`` package (its ``package_data/plotly.min.js``), never from a CDN, so the UI works offline.
+
+The API token reaches the page (``window.CONSPO_TOKEN``) only when the server runs with
+``CONSPO_UI_TOKEN_INJECT=true`` (the embedded default); see :func:`_ui_token`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from conspo.metrics import METRIC_HELP
+
+FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
+TEMPLATES_DIR = FRONTEND_DIR / "templates"
+STATIC_DIR = FRONTEND_DIR / "static"
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+
+_TRUE = {"1", "true", "yes", "on"}
+_STATIC_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
+
+
+@lru_cache(maxsize=1)
+def plotly_js_path() -> Path:
+    """The plotly.min.js bundled with the installed ``plotly`` Python package."""
+    import plotly
+
+    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    if not path.is_file():  # pragma: no cover - a broken plotly install
+        raise RuntimeError(f"plotly.min.js not found at {path}; reinstall the plotly package")
+    return path
+
+
+def _settings_attr(request: Request, name: str) -> Any:
+    """A field of the app's Settings (``app.state.settings``, else the process-wide settings)."""
+    settings = getattr(request.app.state, "settings", None)
+    if settings is None:
+        try:
+            from backend.config import get_settings
+
+            settings = get_settings()
+        except Exception:  # noqa: BLE001 - the pages work without backend settings
+            return None
+    return getattr(settings, name, None)
+
+
+def _ui_token(request: Request) -> str | None:
+    """The token to inject into pages, or None.
+
+    Nothing is injected unless ``CONSPO_UI_TOKEN_INJECT`` is true (the embedded default). Then the
+    token is ``app.state.ui_token`` when the app factory set one, else ``CONSPO_UI_TOKEN``, else
+    the token file embedded mode writes (``<data dir>/token``).
+    """
+    inject = _settings_attr(request, "ui_token_inject")
+    if inject is None:
+        inject = os.environ.get("CONSPO_UI_TOKEN_INJECT", "").strip().lower() in _TRUE
+    if not inject:
+        return None
+    token = getattr(request.app.state, "ui_token", None) or os.environ.get("CONSPO_UI_TOKEN")
+    if token:
+        return str(token).strip()
+    candidates = [Path(v) for v in (_settings_attr(request, "token_file"),) if v]
+    data_dir = _settings_attr(request, "data_dir") or os.environ.get("CONSPO_DATA_DIR", "data")
+    candidates.append(Path(data_dir) / "token")
+    for path in candidates:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
+
+
+def _script_json(value: Any) -> str:
+    """JSON that is safe inside an inline <script> element."""
+    return json.dumps(value).replace("</", "<\\/")
+
+
+def _render(request: Request, template: str, page: str, **extra: Any) -> HTMLResponse:
+    context = {
+        "page": page,
+        "token_json": _script_json(_ui_token(request)),
+        "metric_help_json": _script_json(METRIC_HELP),
+        **extra,
+    }
+    response = templates.TemplateResponse(request, template, context)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(request: Request) -> HTMLResponse:
+    return _render(request, "runs.html", "runs", title="Runs")
+
+
+@router.get("/runs/new", response_class=HTMLResponse)
+def new_run_page(request: Request) -> HTMLResponse:
+    return _render(request, "new_run.html", "new", title="New run")
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: int) -> HTMLResponse:
+    return _render(request, "run.html", "run", title=f"Run {run_id}", run_id=run_id)
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request) -> HTMLResponse:
+    return _render(request, "compare.html", "compare", title="Compare runs")
+
+
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
+
+@router.api_route("/static/plotly.min.js", methods=["GET", "HEAD"])
+def plotly_js() -> FileResponse:
+    return FileResponse(
+        plotly_js_path(),
+        media_type=_STATIC_TYPES[".js"],
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
+
+
+@router.api_route("/static/{name:path}", methods=["GET", "HEAD"])
+def static_file(name: str) -> FileResponse:
+    path = (STATIC_DIR / name).resolve()
+    if STATIC_DIR.resolve() not in path.parents or not path.is_file():
+        raise HTTPException(status_code=404, detail=f"no static file {name!r}")
+    media_type = _STATIC_TYPES.get(path.suffix, "application/octet-stream")
+    return FileResponse(path, media_type=media_type, headers={"Cache-Control": "no-cache"})

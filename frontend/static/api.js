@@ -1,0 +1,80 @@
+// Thin client of the REST API (docs/api.md). Every mutating call carries the bearer token
+// when the page was given one (window.CONSPO_TOKEN).
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(typeof detail === "string" ? detail : `HTTP ${status}`);
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+function headers(json) {
+  const h = {};
+  if (json) h["Content-Type"] = "application/json";
+  if (window.CONSPO_TOKEN) h["Authorization"] = `Bearer ${window.CONSPO_TOKEN}`;
+  return h;
+}
+
+export async function request(method, path, body) {
+  const init = { method, headers: headers(body !== undefined) };
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const resp = await fetch(path, init);
+  if (resp.status === 204) return null;
+  let data = null;
+  const text = await resp.text();
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = text;
+    }
+  }
+  if (!resp.ok) throw new ApiError(resp.status, data && data.detail !== undefined ? data.detail : data);
+  return data;
+}
+
+export const get = (path) => request("GET", path);
+export const post = (path, body = {}) => request("POST", path, body);
+export const del = (path) => request("DELETE", path);
+
+export function qs(params) {
+  const u = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v === undefined || v === null || v === "") continue;
+    u.set(k, Array.isArray(v) ? v.join(",") : String(v));
+  }
+  const s = u.toString();
+  return s ? `?${s}` : "";
+}
+
+/** Human message of an ApiError (a validation list is joined). */
+export function errorText(err) {
+  if (!(err instanceof ApiError)) return String(err && err.message ? err.message : err);
+  const d = err.detail;
+  if (Array.isArray(d)) return d.map((e) => `${(e.loc || []).join(".")}: ${e.msg}`).join("; ");
+  if (typeof d === "string") return d;
+  return `HTTP ${err.status}`;
+}
+
+/**
+ * Server-Sent Events with named handlers. EventSource reconnects by itself and sends
+ * Last-Event-ID, so the server resumes from the cursor. `onState(open)` reports the link.
+ */
+export function stream(path, handlers, onState) {
+  const es = new EventSource(path);
+  for (const [name, fn] of Object.entries(handlers)) {
+    es.addEventListener(name, (ev) => {
+      let data = ev.data;
+      try {
+        data = data ? JSON.parse(data) : null;
+      } catch {
+        /* keep the raw text */
+      }
+      fn(data, ev);
+    });
+  }
+  es.onopen = () => onState && onState(true);
+  es.onerror = () => onState && onState(es.readyState === EventSource.OPEN);
+  return es;
+}

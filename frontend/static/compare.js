@@ -1,0 +1,472 @@
+// Compare page: overlay runs per metric, group by any config path with mean ± std across seeds,
+// EMA smoothing, x-axis by step / wall time / rollouts seen, an A − B difference curve and a
+// config table of what differs. The whole view lives in the query string, so a link shares it.
+import { get, qs, errorText } from "/static/api.js";
+import { $, h, fmtNum, flatten, fmtValue, getPath, statusBadge, color, ema, toast, debounce, FINISHED } from "/static/util.js";
+import { baseLayout, lineTraces, sampledAnnotation, withNotes, noteAnnotation, chartCard, react, alpha, X_TITLES } from "/static/charts.js";
+
+const HELP = window.CONSPO_METRIC_HELP || {};
+const DEFAULT_KEYS = ["sep/gap", "sep/order_acc", "sep/pos_score", "sep/neg_score", "batch/pass_rate", "eval/accuracy"];
+const ROLLOUTS_KEY = "rollouts/seen";
+const TOP_LEVEL = ["algorithm", "task", "model", "status", "seed", "group_id", "owner"];
+
+const url = new URLSearchParams(location.search);
+const list = (v) => (v ? v.split(",").map((s) => s.trim()).filter(Boolean) : []);
+const S = {
+  runIds: list(url.get("runs")).map(Number).filter(Number.isFinite),
+  keys: list(url.get("keys")),
+  group: url.get("group") || "",
+  x: url.get("x") || "step",
+  smooth: Number(url.get("smooth") || 0),
+  diff: list(url.get("diff")).map(Number),
+  diffKey: url.get("dkey") || "",
+  showAll: url.get("all") === "1",
+  runs: new Map(), // id → Run
+  allRuns: [], // picker list
+  keysAvailable: [],
+  data: {}, // id → {key: Series}
+  cards: new Map(),
+  rev: 0,
+};
+
+function syncUrl() {
+  const q = qs({
+    runs: S.runIds, keys: S.keys, group: S.group, x: S.x === "step" ? "" : S.x,
+    smooth: S.smooth ? S.smooth.toFixed(2) : "", diff: S.diff.length === 2 ? S.diff : "", dkey: S.diff.length === 2 ? diffKey() : "", all: S.showAll ? "1" : "",
+  });
+  history.replaceState(null, "", `/compare${q}`);
+}
+
+const runColor = (id) => color(S.runIds.indexOf(id));
+const runName = (run) => `${run.name || `run ${run.id}`} #${run.id}`;
+
+// ---- loading ------------------------------------------------------------------------------------
+async function loadPicker() {
+  try {
+    const data = await get(`/api/runs${qs({ limit: 200, sort: "-created_at" })}`);
+    S.allRuns = data.items;
+    for (const r of data.items) if (S.runIds.includes(r.id)) S.runs.set(r.id, r);
+  } catch (err) {
+    toast(`Could not list runs: ${errorText(err)}`, "error");
+  }
+  const missing = S.runIds.filter((id) => !S.runs.has(id));
+  await Promise.all(missing.map(async (id) => {
+    try {
+      const r = await get(`/api/runs/${id}`);
+      S.runs.set(id, r);
+      S.allRuns.push(r);
+    } catch {
+      S.runIds = S.runIds.filter((x) => x !== id);
+      toast(`Run ${id} not found; removed from the view`, "error");
+    }
+  }));
+}
+
+async function loadKeys() {
+  const sets = await Promise.all(S.runIds.map((id) => get(`/api/runs/${id}/metrics/keys`).then((d) => d.keys).catch(() => [])));
+  const all = new Set();
+  for (const ks of sets) for (const k of ks) all.add(k);
+  S.keysAvailable = [...all].sort();
+  if (!S.keys.length) S.keys = DEFAULT_KEYS.filter((k) => all.has(k));
+  if (!S.keys.length) S.keys = S.keysAvailable.slice(0, 4);
+}
+
+async function loadData() {
+  S.data = {};
+  if (!S.runIds.length || !S.keys.length) return;
+  const keys = [...new Set([...S.keys, ...(S.x === "rollouts" ? [ROLLOUTS_KEY] : [])])].slice(0, 50);
+  const ids = S.runIds.slice(0, 50);
+  const data = await get(`/api/compare${qs({ runs: ids, keys, max_points: 1000 })}`);
+  for (const [rid, entry] of Object.entries(data.runs || {})) S.data[Number(rid)] = entry.series || {};
+  S.rev += 1;
+}
+
+async function refreshRuns() {
+  await Promise.all(S.runIds.map(async (id) => {
+    try {
+      S.runs.set(id, await get(`/api/runs/${id}`));
+    } catch {
+      /* deleted meanwhile: keep the last copy */
+    }
+  }));
+}
+
+// ---- x axis and alignment -----------------------------------------------------------------------
+function interp(xs, ys, x) {
+  if (!xs.length || x < xs[0] || x > xs[xs.length - 1]) return null;
+  let lo = 0, hi = xs.length - 1;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (xs[mid] <= x) lo = mid;
+    else hi = mid;
+  }
+  if (xs[hi] === x) return ys[hi];
+  const t = (x - xs[lo]) / (xs[hi] - xs[lo] || 1);
+  if (ys[lo] === null || ys[hi] === null) return null;
+  return ys[lo] + t * (ys[hi] - ys[lo]);
+}
+
+/** x values for a run's steps under the current x mode (wall time in minutes since the run started). */
+function xFor(runId, steps, wall) {
+  if (S.x === "wall_time") {
+    const run = S.runs.get(runId);
+    const w = wall && wall.length === steps.length ? wall : null;
+    const start = (run && run.started_at) || (w && w[0]) || 0;
+    if (w) return w.map((t) => (t - start) / 60);
+    return steps;
+  }
+  if (S.x === "rollouts") {
+    const r = S.data[runId] && S.data[runId][ROLLOUTS_KEY];
+    if (!r || !r.steps.length) return steps;
+    return steps.map((st) => interp(r.steps, r.values, st));
+  }
+  return steps;
+}
+
+function groupValue(run, path) {
+  if (TOP_LEVEL.includes(path)) return run[path];
+  if (path === "tags") return (run.tags || []).join(",");
+  const v = getPath(run.config || {}, path);
+  return v === undefined ? getPath(run, path) : v;
+}
+
+function groups() {
+  if (!S.group) return null;
+  const by = new Map();
+  for (const id of S.runIds) {
+    const run = S.runs.get(id);
+    if (!run) continue;
+    const label = `${S.group}=${fmtValue(groupValue(run, S.group))}`;
+    if (!by.has(label)) by.set(label, []);
+    by.get(label).push(id);
+  }
+  return by;
+}
+
+/** Mean and std across runs on the union of their steps (each run interpolated inside its range). */
+function aggregate(ids, key) {
+  const series = ids.map((id) => [id, S.data[id] && S.data[id][key]]).filter(([, s]) => s && s.steps.length);
+  if (!series.length) return null;
+  const stepSet = new Set();
+  for (const [, s] of series) for (const st of s.steps) stepSet.add(st);
+  const steps = [...stepSet].sort((a, b) => a - b);
+  const mean = [], lo = [], hi = [], xs = [], counts = [];
+  for (const st of steps) {
+    const vals = [], xv = [];
+    for (const [id, s] of series) {
+      const v = interp(s.steps, s.values, st);
+      if (v === null || !Number.isFinite(v)) continue;
+      vals.push(v);
+      const x = xFor(id, [st], s.wall_time && s.wall_time.length ? [interp(s.steps, s.wall_time, st)] : null)[0];
+      if (x !== null) xv.push(x);
+    }
+    if (!vals.length) continue;
+    const m = vals.reduce((a, b) => a + b, 0) / vals.length;
+    const sd = Math.sqrt(vals.reduce((a, b) => a + (b - m) ** 2, 0) / vals.length);
+    mean.push(m); lo.push(m - sd); hi.push(m + sd); counts.push(vals.length);
+    xs.push(xv.length ? xv.reduce((a, b) => a + b, 0) / xv.length : st);
+  }
+  return { xs, mean, lo, hi, counts, n: series.length, sampled: series.some(([, s]) => s.sampled), series: series.map(([, s]) => s) };
+}
+
+const diffKey = () => (S.keys.includes(S.diffKey) ? S.diffKey : S.keys[0] || "");
+
+// ---- charts -------------------------------------------------------------------------------------
+function metricFigure(key) {
+  const traces = [];
+  const used = [];
+  const grouped = groups();
+  if (grouped) {
+    let gi = 0;
+    for (const [label, ids] of grouped) {
+      const agg = aggregate(ids, key);
+      const c = color(gi++);
+      if (!agg) continue;
+      used.push(...agg.series);
+      const m = ema(agg.mean, S.smooth);
+      const lo = ema(agg.lo, S.smooth), hi = ema(agg.hi, S.smooth);
+      if (agg.n > 1) {
+        traces.push(
+          { x: agg.xs, y: hi, type: "scatter", mode: "lines", line: { width: 0, color: c }, hoverinfo: "skip", showlegend: false, legendgroup: label, name: `${label} +std` },
+          { x: agg.xs, y: lo, type: "scatter", mode: "lines", line: { width: 0, color: c }, fill: "tonexty", fillcolor: alpha(c, 0.16), hoverinfo: "skip", showlegend: false, legendgroup: label, name: `${label} −std` },
+        );
+      }
+      traces.push({ x: agg.xs, y: m, type: "scatter", mode: "lines", line: { width: 2, color: c }, name: `${label} (n=${agg.n})`, legendgroup: label });
+    }
+  } else {
+    for (const id of S.runIds) {
+      const s = S.data[id] && S.data[id][key];
+      const run = S.runs.get(id);
+      if (!s || !s.steps.length || !run) continue;
+      used.push(s);
+      traces.push(...lineTraces(xFor(id, s.steps, s.wall_time), s, { name: runName(run), color: runColor(id), smooth: S.smooth, group: `run${id}` }));
+    }
+  }
+  if (!traces.length) return null;
+  const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x] });
+  const notes = sampledAnnotation(used);
+  if (grouped && [...grouped.values()].some((ids) => ids.length > 1)) notes.push(noteAnnotation("line = mean across runs · band = ±1 std"));
+  if (notes.length > 1) {
+    notes[0].text = `${notes[0].text} · ${notes[1].text}`;
+    notes.length = 1;
+  }
+  withNotes(layout, notes);
+  return { traces, layout };
+}
+
+function diffFigure(key) {
+  const [a, b] = S.diff;
+  const sa = S.data[a] && S.data[a][key];
+  const sb = S.data[b] && S.data[b][key];
+  if (!sa || !sb || !sa.steps.length || !sb.steps.length) return null;
+  const steps = [], vals = [], wall = [];
+  sa.steps.forEach((st, i) => {
+    const vb = interp(sb.steps, sb.values, st);
+    if (vb === null || sa.values[i] === null) return;
+    steps.push(st);
+    vals.push(sa.values[i] - vb);
+    wall.push(sa.wall_time ? sa.wall_time[i] : null);
+  });
+  if (!steps.length) return null;
+  const s = { steps, values: vals, sampled: false };
+  const traces = lineTraces(xFor(a, steps, wall), s, { name: `#${a} − #${b}`, color: "#7c3aed", smooth: S.smooth });
+  const layout = baseLayout({ uirevision: `${S.x}|diff`, xTitle: X_TITLES[S.x] });
+  layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } }];
+  return { traces, layout };
+}
+
+function draw() {
+  const container = $("#compare-charts");
+  const wanted = S.runIds.length ? S.keys.map((k) => ({ id: `m-${k}`, key: k, title: k, help: HELP[k] || "" })) : [];
+  if (S.diff.length === 2 && S.runIds.length && diffKey()) {
+    const k = diffKey();
+    wanted.unshift({ id: `d-${k}`, key: k, diff: true, title: `Difference #${S.diff[0]} − #${S.diff[1]}: ${k}`, help: "Run A minus run B at A's steps (B interpolated inside its range)." });
+  }
+  const wantedIds = new Set(wanted.map((w) => w.id));
+  for (const [id, entry] of S.cards) {
+    if (!wantedIds.has(id)) {
+      if (entry.plot.dataset.state === "plotted") window.Plotly.purge(entry.plot);
+      entry.card.remove();
+      S.cards.delete(id);
+    }
+  }
+  for (const w of wanted) {
+    let entry = S.cards.get(w.id);
+    if (!entry) {
+      const { card, plot } = chartCard(w.id.replace(/[^\w-]/g, "_"), w.title, w.help);
+      card.dataset.key = w.key;
+      if (w.diff) card.dataset.diff = "1";
+      entry = { card, plot };
+      S.cards.set(w.id, entry);
+    }
+    container.append(entry.card); // keeps order
+    const fig = w.diff ? diffFigure(w.key) : metricFigure(w.key);
+    if (!fig) {
+      if (entry.plot.dataset.state === "plotted") window.Plotly.purge(entry.plot);
+      entry.plot.dataset.state = "empty";
+      entry.card.classList.add("empty-chart");
+      entry.plot.replaceChildren(h("span", {}, "no data for the selected runs"));
+      continue;
+    }
+    if (entry.plot.dataset.state !== "plotted") {
+      entry.plot.replaceChildren();
+      entry.card.classList.remove("empty-chart");
+      entry.plot.dataset.state = "plotted";
+    }
+    fig.layout.datarevision = `${S.rev}|${S.smooth}|${S.group}|${S.x}`;
+    react(entry.plot, fig.traces, fig.layout);
+  }
+  $("#compare-empty").hidden = S.runIds.length > 0;
+  const n = S.runIds.length;
+  $("#compare-sub").textContent = n ? `${n} run${n === 1 ? "" : "s"} · ${S.keys.length} metric${S.keys.length === 1 ? "" : "s"}` : "";
+}
+
+// ---- config diff ---------------------------------------------------------------------------------
+function renderConfigDiff() {
+  const table = $("#config-diff");
+  const runs = S.runIds.map((id) => S.runs.get(id)).filter(Boolean);
+  if (!runs.length) {
+    table.replaceChildren();
+    return;
+  }
+  const rows = new Map();
+  const add = (key, getter) => rows.set(key, runs.map(getter));
+  for (const k of ["algorithm", "task", "model", "seed", "status"]) add(k, (r) => (k === "status" ? r.status : r[k]));
+  add("tags", (r) => r.tags || []);
+  const flats = runs.map((r) => flatten(r.config || {}));
+  const allKeys = new Set();
+  for (const f of flats) for (const k of Object.keys(f)) allKeys.add(k);
+  for (const k of [...allKeys].sort()) if (!["algorithm", "seed", "task.name", "model.name"].includes(k)) rows.set(k, flats.map((f) => f[k]));
+  const differs = (vals) => new Set(vals.map((v) => JSON.stringify(v ?? null))).size > 1;
+  const shown = [...rows].filter(([, vals]) => S.showAll || differs(vals));
+  const head = h("tr", {}, h("th", {}, "key"), runs.map((r) =>
+    h("th", {}, h("span.swatch", { style: `background:${runColor(r.id)}` }), " ", h("a", { href: `/runs/${r.id}` }, runName(r)))));
+  const body = shown.length
+    ? shown.map(([k, vals]) => {
+      const d = differs(vals);
+      return h("tr", { "data-key": k }, h("td", {}, k), vals.map((v) => h(`td${d ? ".differs" : ""}`, {}, k === "status" ? statusBadge(runs[vals.indexOf(v)] || runs[0]) : fmtValue(v))));
+    })
+    : [h("tr", {}, h("td.muted", { colspan: runs.length + 1 }, "All configs are identical (tick “show all keys” to list them)."))];
+  // Last values of the charted metrics, for a quick numeric comparison.
+  const lastRows = S.keys.map((k) => h("tr.summary-row", {}, h("td", {}, `last ${k}`), runs.map((r) => {
+    const s = S.data[r.id] && S.data[r.id][k];
+    const v = s && s.values.length ? s.values[s.values.length - 1] : r.summary ? r.summary[k] : undefined;
+    return h("td", {}, fmtNum(v));
+  })));
+  const sep = h("tr.sep", {}, h("td", { colspan: runs.length + 1 }, "last logged values"));
+  table.replaceChildren(h("thead", {}, head), h("tbody", {}, body, lastRows.length ? sep : null, lastRows));
+}
+
+// ---- sidebar -------------------------------------------------------------------------------------
+function renderRunList() {
+  const filter = $("#run-filter").value.trim().toLowerCase();
+  const sorted = [...S.allRuns].sort((a, b) => (S.runIds.includes(b.id) - S.runIds.includes(a.id)) || b.id - a.id);
+  const seen = new Set();
+  const items = [];
+  for (const r of sorted) {
+    if (seen.has(r.id)) continue;
+    seen.add(r.id);
+    const label = `${runName(r)} ${r.algorithm || ""} ${(r.tags || []).join(" ")}`.toLowerCase();
+    if (filter && !label.includes(filter) && !S.runIds.includes(r.id)) continue;
+    const checked = S.runIds.includes(r.id);
+    items.push(h("label", { title: `${runName(r)} · ${r.algorithm} · ${r.status}` },
+      h("input", { type: "checkbox", value: r.id, checked, "aria-label": `compare run ${r.id}` }),
+      h("span.swatch", { style: `background:${checked ? runColor(r.id) : "#e5e7eb"}` }),
+      h("span", {}, runName(r)), h("span.muted.small", {}, ` ${r.algorithm || ""}`)));
+  }
+  $("#run-list").replaceChildren(...(items.length ? items : [h("span.muted", {}, "no runs")]));
+  // A/B pickers
+  for (const [sel, idx] of [["#diff-a", 0], ["#diff-b", 1]]) {
+    const el = $(sel);
+    el.replaceChildren(h("option", { value: "" }, idx ? "B: –" : "A: –"), ...S.runIds.map((id) => h("option", { value: id }, `${idx ? "B" : "A"}: #${id}`)));
+    el.value = S.diff.length === 2 ? String(S.diff[idx]) : "";
+  }
+  $("#diff-key").replaceChildren(...S.keys.map((k) => h("option", { value: k }, k)));
+  $("#diff-key").value = diffKey();
+  // group-by suggestions: top-level fields and config paths that differ between the chosen runs
+  const runs = S.runIds.map((id) => S.runs.get(id)).filter(Boolean);
+  const flats = runs.map((r) => flatten(r.config || {}));
+  const keys = new Set();
+  for (const f of flats) for (const k of Object.keys(f)) keys.add(k);
+  const differing = [...keys].filter((k) => new Set(flats.map((f) => JSON.stringify(f[k] ?? null))).size > 1);
+  $("#group-options").replaceChildren(...["algorithm", "task", "model", ...differing.filter((k) => k !== "algorithm")].map((k) => h("option", { value: k })));
+}
+
+function renderKeyList() {
+  const filter = $("#key-filter").value.trim().toLowerCase();
+  const keys = [...new Set([...S.keysAvailable, ...S.keys])].sort();
+  $("#key-list").replaceChildren(...keys.filter((k) => !filter || k.includes(filter) || S.keys.includes(k)).map((k) =>
+    h("label", { title: HELP[k] || k }, h("input", { type: "checkbox", value: k, checked: S.keys.includes(k), "aria-label": `metric ${k}` }), k)));
+  $("#key-count").textContent = `${S.keys.length}/${keys.length}`;
+}
+
+async function reload({ keys = false } = {}) {
+  syncUrl();
+  if (keys) await loadKeys();
+  renderRunList();
+  renderKeyList();
+  try {
+    await loadData();
+  } catch (err) {
+    toast(`Could not load metrics: ${errorText(err)}`, "error");
+  }
+  draw();
+  renderConfigDiff();
+}
+
+$("#run-list").addEventListener("change", async (ev) => {
+  const id = Number(ev.target.value);
+  if (ev.target.checked) {
+    if (!S.runIds.includes(id)) S.runIds.push(id);
+    const r = S.allRuns.find((x) => x.id === id);
+    if (r) S.runs.set(id, r);
+  } else {
+    S.runIds = S.runIds.filter((x) => x !== id);
+  }
+  if (S.diff.length === 2 && !S.diff.every((d) => S.runIds.includes(d))) S.diff = [];
+  await reload({ keys: true });
+});
+$("#key-list").addEventListener("change", (ev) => {
+  const k = ev.target.value;
+  S.keys = ev.target.checked ? [...S.keys, k] : S.keys.filter((x) => x !== k);
+  reload();
+});
+$("#run-filter").addEventListener("input", debounce(renderRunList, 150));
+$("#key-filter").addEventListener("input", debounce(renderKeyList, 150));
+$("#group-by").addEventListener("change", (ev) => {
+  S.group = ev.target.value.trim() === "none" ? "" : ev.target.value.trim();
+  syncUrl();
+  draw();
+});
+$("#x-axis").addEventListener("change", (ev) => {
+  S.x = ev.target.value;
+  reload();
+});
+$("#smooth").addEventListener("input", debounce((ev) => {
+  S.smooth = Number(ev.target.value);
+  $("#smooth-val").textContent = S.smooth.toFixed(2);
+  syncUrl();
+  draw();
+}, 40));
+for (const sel of ["#diff-a", "#diff-b", "#diff-key"]) {
+  $(sel).addEventListener("change", () => {
+    const a = Number($("#diff-a").value), b = Number($("#diff-b").value);
+    S.diff = a && b && a !== b ? [a, b] : [];
+    S.diffKey = $("#diff-key").value;
+    syncUrl();
+    draw();
+  });
+}
+$("#show-all-config").addEventListener("change", (ev) => {
+  S.showAll = ev.target.checked;
+  syncUrl();
+  renderConfigDiff();
+});
+$("#copy-link").addEventListener("click", async () => {
+  try {
+    await navigator.clipboard.writeText(location.href);
+    toast("Link copied", "ok");
+  } catch {
+    toast(location.href);
+  }
+});
+
+// Live: while any chosen run is unfinished, refresh every 5 s (zoom is kept by uirevision).
+setInterval(async () => {
+  const live = S.runIds.some((id) => {
+    const r = S.runs.get(id);
+    return r && !FINISHED.has(r.status);
+  });
+  if (!live || document.hidden) return;
+  await refreshRuns();
+  try {
+    await loadData();
+  } catch {
+    return;
+  }
+  draw();
+  renderConfigDiff();
+}, 5000);
+
+async function init() {
+  const groupId = url.get("group_id");
+  if (groupId && !S.runIds.length) {
+    try {
+      const data = await get(`/api/runs${qs({ group_id: groupId, limit: 50 })}`);
+      S.runIds = data.items.map((r) => r.id).sort((a, b) => a - b);
+      for (const r of data.items) S.runs.set(r.id, r);
+      if (!S.group) S.group = "algorithm";
+    } catch (err) {
+      toast(`Could not load group ${groupId}: ${errorText(err)}`, "error");
+    }
+  }
+  if (S.diff.length !== 2 && S.runIds.length === 2) S.diff = [S.runIds[0], S.runIds[1]];
+  $("#group-by").value = S.group;
+  $("#x-axis").value = S.x;
+  $("#smooth").value = String(S.smooth);
+  $("#smooth-val").textContent = S.smooth.toFixed(2);
+  $("#show-all-config").checked = S.showAll;
+  await loadPicker();
+  await reload({ keys: true });
+}
+init();

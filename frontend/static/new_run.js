@@ -1,0 +1,381 @@
+// New-run form, rendered from GET /api/presets (RunConfig's JSON schema and each algorithm's
+// params_schema), submitted with fetch to POST /api/runs. A 422 puts each message next to the
+// field its `loc` names; the form is never reloaded, so what the user typed stays.
+import { get, post, ApiError, errorText } from "/static/api.js";
+import { $, $$, h, debounce } from "/static/util.js";
+
+let presets = null;
+let schema = null; // RunConfig JSON schema
+let currentAlgo = null;
+const paramValues = {}; // algorithm → {param: typed text}, so switching back keeps edits
+
+// Which RunConfig sections are shown openly, and which go under "Advanced".
+const SECTIONS = [
+  { key: "task", title: "Task" },
+  { key: "model", title: "Model" },
+  { key: "sampling", title: "Sampling" },
+  { key: "optim", title: "Optimiser" },
+];
+const ADVANCED = [
+  { key: "eval", title: "Evaluation" },
+  { key: "checkpoint", title: "Checkpoints" },
+  { key: "logging", title: "Logging" },
+];
+
+// Friendlier labels than pydantic's auto titles, where those read badly.
+const LABELS = {
+  lr: "Learning rate", top_p: "Top-p", tau: "τ (temperature)", max_new_tokens: "Max new tokens",
+  prompts_per_step: "Prompts per step", group_size: "Group size (G)", margin_max: "Margin M",
+  margin_warmup: "Margin warmup α", pass_k: "k of pass@k", beta: "KL β", clip_low: "Clip ε low",
+  clip_high: "Clip ε high", loss_agg: "Loss aggregation", num_operands: "Operands",
+};
+
+function resolve(prop) {
+  if (!prop) return {};
+  if (prop.$ref) return resolve(schema.$defs[prop.$ref.split("/").pop()]);
+  if (prop.anyOf) {
+    const nonNull = prop.anyOf.filter((p) => p.type !== "null");
+    const merged = { ...resolve(nonNull[0] || {}), ...prop, nullable: nonNull.length < prop.anyOf.length };
+    delete merged.anyOf;
+    return merged;
+  }
+  if (prop.allOf && prop.allOf.length === 1) return { ...resolve(prop.allOf[0]), ...prop, allOf: undefined };
+  return prop;
+}
+
+function boundsText(p) {
+  const parts = [];
+  if (p.minimum !== undefined) parts.push(`≥ ${p.minimum}`);
+  if (p.exclusiveMinimum !== undefined) parts.push(`> ${p.exclusiveMinimum}`);
+  if (p.maximum !== undefined) parts.push(`≤ ${p.maximum}`);
+  if (p.exclusiveMaximum !== undefined) parts.push(`< ${p.exclusiveMaximum}`);
+  return parts.join(", ");
+}
+
+/** One input for a schema property. `path` is its dot path in the request (config.* / params.*). */
+function field(path, rawProp, value, opts = {}) {
+  const p = resolve(rawProp);
+  const id = `f-${path.replace(/[^\w]/g, "_")}`;
+  const last = path.split(".").pop();
+  const label = opts.label || LABELS[last] || p.title || last;
+  const help = [opts.help || p.description, boundsText(p)].filter(Boolean).join(" ");
+  const common = { id, name: path, "data-type": p.type || "string", "data-nullable": p.nullable ? "1" : null };
+  let input;
+  if (p.type === "boolean") {
+    input = h("input", { ...common, type: "checkbox", checked: Boolean(value) });
+    return h("div.field.check", { "data-field": path },
+      input,
+      h("div", {}, h("label", { for: id, title: path }, label), h("span.help", {}, help), h("span.err", { hidden: true })),
+    );
+  }
+  if (p.enum || opts.options) {
+    const options = opts.options || p.enum.map((v) => ({ value: v, label: v }));
+    input = h("select", common, options.map((o) => h("option", { value: o.value, title: o.title || null }, o.label)));
+    input.value = value ?? "";
+  } else {
+    const numeric = p.type === "integer" || p.type === "number";
+    input = h("input", {
+      ...common,
+      type: "text",
+      inputmode: numeric ? (p.type === "integer" ? "numeric" : "decimal") : null,
+      list: opts.list || null,
+      placeholder: opts.placeholder || (p.nullable ? "(none)" : null),
+      spellcheck: "false",
+    });
+    input.value = value === null || value === undefined ? "" : String(value);
+  }
+  return h(`div.field${opts.wide ? ".wide" : ""}`, { "data-field": path },
+    h("label", { for: id, title: path }, label),
+    input,
+    h("span.help", {}, help),
+    h("span.err", { hidden: true }),
+  );
+}
+
+function sectionFields(sectionKey, values) {
+  const def = resolve(schema.properties[sectionKey]);
+  return Object.entries(def.properties || {}).map(([name, prop]) => {
+    const path = `config.${sectionKey}.${name}`;
+    const v = values ? values[name] : undefined;
+    if (sectionKey === "task" && name === "name") {
+      return field(path, prop, v, {
+        label: "Task",
+        options: presets.tasks.map((t) => ({ value: t.name, label: t.name, title: t.description })),
+      });
+    }
+    if (sectionKey === "model" && name === "name") {
+      return field(path, prop, v, { label: "Model", list: "model-list", wide: false });
+    }
+    return field(path, prop, v);
+  });
+}
+
+function algoParamsSection(algoName, values) {
+  const algo = presets.algorithms.find((a) => a.name === algoName);
+  const box = h("div#params-fields");
+  if (!algo) return box;
+  const ps = algo.params_schema;
+  const saved = paramValues[algoName] || {};
+  // Knobs every algorithm shares go after the algorithm's own.
+  const shared = new Set(
+    Object.keys(ps.properties || {}).filter((k) =>
+      presets.algorithms.every((a) => a.params_schema.properties && k in a.params_schema.properties)),
+  );
+  const own = [], common = [];
+  for (const [name, prop] of Object.entries(ps.properties || {})) {
+    const resolvedProp = prop.$ref || prop.anyOf ? resolveIn(ps, prop) : prop;
+    let v = name in saved ? saved[name] : values && name in values ? values[name] : algo.defaults[name];
+    const f = field(`config.params.${name}`, resolvedProp, v);
+    (shared.has(name) ? common : own).push(f);
+  }
+  box.append(
+    h("p.algo-desc", {}, algo.description || ""),
+    h("div.fields", {}, own.length ? own : h("span.muted", {}, "No algorithm-specific parameters.")),
+  );
+  if (common.length) {
+    box.append(h("h3", { style: "margin:14px 0 8px" }, "Shared knobs"), h("div.fields", {}, common));
+  }
+  return box;
+}
+
+function resolveIn(rootSchema, prop) {
+  const saved = schema;
+  schema = { ...rootSchema, $defs: { ...(saved.$defs || {}), ...(rootSchema.$defs || {}) } };
+  try {
+    return resolve(prop);
+  } finally {
+    schema = saved;
+  }
+}
+
+function render(config, extra = {}) {
+  const algoOptions = presets.algorithms.map((a) => ({ value: a.name, label: a.name, title: a.description }));
+  currentAlgo = config.algorithm;
+  const top = h("div.form-section", {},
+    h("h3", {}, "Run"),
+    h("div.fields", {},
+      field("config.name", schema.properties.name, extra.name ?? config.name, { label: "Name", placeholder: "(automatic)" }),
+      field("config.algorithm", schema.properties.algorithm, config.algorithm, { label: "Algorithm", options: algoOptions }),
+      field("config.steps", schema.properties.steps, config.steps),
+      field("seeds", { type: "string" }, extra.seeds ?? String(config.seed ?? 0), {
+        label: "Seeds",
+        help: "Comma-separated; two or more start a group of runs (one per seed) to compare with a mean ± band.",
+        placeholder: "0, 1, 2",
+      }),
+      field("tags", { type: "string" }, extra.tags ?? "", { label: "Tags", help: "Comma-separated labels for filtering.", placeholder: "baseline, sweep-1" }),
+    ),
+  );
+  const params = h("div.form-section#params-section", {},
+    h("h3#params-title", {}, `${config.algorithm} hyperparameters`),
+    algoParamsSection(config.algorithm, config.params),
+  );
+  const sections = SECTIONS.map((s) =>
+    h("div.form-section", { "data-section": s.key }, h("h3", {}, s.title), h("div.fields", {}, sectionFields(s.key, config[s.key]))));
+  const adv = h("details.adv", { open: extra.openAdvanced || null },
+    h("summary", {}, "Advanced: evaluation, checkpoints, logging"),
+    ADVANCED.map((s) =>
+      h("div.form-section", { "data-section": s.key }, h("h3", {}, s.title), h("div.fields", {}, sectionFields(s.key, config[s.key])))),
+  );
+  const models = h("datalist#model-list", {}, presets.models.map((m) => h("option", { value: m.name }, m.description)));
+  $("#form-body").replaceChildren(top, params, ...sections, adv, models);
+  updateTaskFields();
+  updatePreview();
+}
+
+function updateTaskFields() {
+  const task = $("[name='config.task.name']");
+  if (!task) return;
+  const jsonl = task.value === "jsonl";
+  for (const name of ["path", "eval_path"]) {
+    const f = $(`[data-field='config.task.${name}']`);
+    if (f) f.hidden = !jsonl;
+  }
+  for (const name of ["digits", "operators", "num_operands"]) {
+    const f = $(`[data-field='config.task.${name}']`);
+    if (f) f.hidden = jsonl;
+  }
+}
+
+function rememberParams() {
+  if (!currentAlgo) return;
+  const saved = (paramValues[currentAlgo] = {});
+  for (const el of $$("[name^='config.params.']")) {
+    saved[el.name.slice("config.params.".length)] = el.type === "checkbox" ? el.checked : el.value;
+  }
+}
+
+function switchAlgorithm(name) {
+  rememberParams();
+  currentAlgo = name;
+  $("#params-title").textContent = `${name} hyperparameters`;
+  $("#params-fields").replaceWith(algoParamsSection(name, null));
+}
+
+/** The typed value of an input: numbers when they parse, the raw text otherwise (the server says why). */
+function readValue(el) {
+  if (el.type === "checkbox") return el.checked;
+  const text = el.value.trim();
+  const type = el.dataset.type;
+  if (text === "") return el.dataset.nullable ? null : undefined;
+  if (type === "integer" && /^[+-]?\d+$/.test(text)) return Number(text);
+  if (type === "number" && text !== "" && Number.isFinite(Number(text))) return Number(text);
+  return text;
+}
+
+function setPath(obj, parts, value) {
+  let cur = obj;
+  for (const p of parts.slice(0, -1)) cur = cur[p] ??= {};
+  cur[parts[parts.length - 1]] = value;
+}
+
+function buildRequest() {
+  const config = {};
+  for (const el of $$("#form-body [name^='config.']")) {
+    if (el.closest("[hidden]")) continue;
+    const v = readValue(el);
+    if (v === undefined) continue;
+    setPath(config, el.name.split(".").slice(1), v);
+  }
+  config.params ??= {};
+  const seedsText = $("[name='seeds']").value.trim();
+  let seeds = null;
+  if (seedsText) {
+    seeds = seedsText.split(/[\s,]+/).filter(Boolean).map((s) => (/^\d+$/.test(s) ? Number(s) : s));
+    if (typeof seeds[0] === "number") config.seed = seeds[0];
+  }
+  const tags = $("[name='tags']").value.split(",").map((t) => t.trim()).filter(Boolean);
+  const name = config.name ?? null;
+  return { config, seeds, tags, name };
+}
+
+function updatePreview() {
+  const req = buildRequest();
+  $("#preview").textContent = `POST /api/runs\n${JSON.stringify(req, null, 2)}`;
+  const n = req.seeds ? req.seeds.length : 1;
+  $("#submit-btn").textContent = n > 1 ? `Start ${n} runs` : "Start run";
+}
+
+function clearErrors() {
+  $("#form-error").hidden = true;
+  for (const f of $$(".field.has-error")) {
+    f.classList.remove("has-error");
+    const e = f.querySelector(".err");
+    e.hidden = true;
+    e.textContent = "";
+  }
+}
+
+/** Map a FastAPI error `loc` to the field that shows it; null when no field matches. */
+function fieldForLoc(loc) {
+  let parts = [...loc];
+  if (parts[0] === "body") parts = parts.slice(1);
+  if (parts[0] !== "config" && parts[0] !== "seeds" && parts[0] !== "tags" && parts[0] !== "name") parts = ["config", ...parts];
+  if (parts[0] === "name") parts = ["config", "name"];
+  for (let n = parts.length; n > 0; n--) {
+    const path = parts.slice(0, n).join(".");
+    const el = document.querySelector(`[data-field="${CSS.escape(path)}"]`);
+    if (el) return el;
+  }
+  return null;
+}
+
+function showErrors(detail) {
+  const general = [];
+  if (!Array.isArray(detail)) {
+    general.push(typeof detail === "string" ? detail : JSON.stringify(detail));
+  } else {
+    for (const e of detail) {
+      const f = fieldForLoc(e.loc || []);
+      if (f && !f.closest("[hidden]")) {
+        f.classList.add("has-error");
+        const err = f.querySelector(".err");
+        err.hidden = false;
+        err.textContent = err.textContent ? `${err.textContent}; ${e.msg}` : e.msg;
+        const det = f.closest("details");
+        if (det) det.open = true;
+      } else {
+        general.push(`${(e.loc || []).filter((x) => x !== "body").join(".") || "request"}: ${e.msg}`);
+      }
+    }
+  }
+  const marked = $$(".field.has-error");
+  if (marked.length) {
+    const names = marked.map((f) => f.querySelector("label").textContent.trim());
+    general.unshift(`The server refused ${marked.length} field${marked.length === 1 ? "" : "s"}: ${names.join(", ")} (see the messages below each).`);
+  }
+  if (general.length) {
+    const box = $("#form-error");
+    box.textContent = general.join("\n");
+    box.hidden = false;
+  }
+  const first = $(".field.has-error input, .field.has-error select") || $("#form-error:not([hidden])");
+  if (first) first.scrollIntoView({ block: "center" });
+  if (first && first.focus) first.focus({ preventScroll: true });
+}
+
+async function submit(ev) {
+  ev.preventDefault();
+  clearErrors();
+  const req = buildRequest();
+  const btn = $("#submit-btn");
+  btn.disabled = true;
+  $("#submit-note").textContent = "Submitting…";
+  try {
+    const res = await post("/api/runs", req);
+    const ids = res.runs.map((r) => r.id);
+    $("#submit-note").textContent = `Created ${ids.map((i) => `#${i}`).join(", ")}`;
+    location.href = ids.length === 1 ? `/runs/${ids[0]}` : `/compare?runs=${ids.join(",")}&group=algorithm`;
+  } catch (err) {
+    $("#submit-note").textContent = "";
+    if (err instanceof ApiError && err.status === 422) showErrors(err.detail);
+    else if (err instanceof ApiError && err.status === 401) showErrors(`Not authorised (${errorText(err)}). Start the server with CONSPO_UI_TOKEN_INJECT=true or log in with a token.`);
+    else showErrors(errorText(err));
+  } finally {
+    btn.disabled = false;
+  }
+}
+
+async function init() {
+  try {
+    presets = await get("/api/presets");
+  } catch (err) {
+    $("#form-body").replaceChildren(h("div.form-error", {}, `Could not load /api/presets: ${errorText(err)}`));
+    return;
+  }
+  schema = presets.config_schema;
+  const from = new URLSearchParams(location.search).get("from");
+  if (from) {
+    try {
+      const run = await get(`/api/runs/${encodeURIComponent(from)}`);
+      $("#form-title").textContent = `New run from #${run.id}`;
+      $("#form-sub").textContent = `Prefilled with the config of ${run.name || `run ${run.id}`}; change anything and start.`;
+      render(structuredClone({ ...presets.defaults, ...run.config }), {
+        name: run.name ? `${run.name}-copy` : null,
+        seeds: String(run.seed ?? run.config.seed ?? 0),
+        tags: (run.tags || []).join(", "),
+      });
+      return;
+    } catch (err) {
+      $("#form-error").textContent = `Could not load run ${from}: ${errorText(err)}`;
+      $("#form-error").hidden = false;
+    }
+  }
+  render(structuredClone(presets.defaults));
+}
+
+const form = $("#run-form");
+form.addEventListener("submit", submit);
+form.addEventListener("input", debounce(updatePreview, 150));
+form.addEventListener("change", (ev) => {
+  if (ev.target.name === "config.algorithm") switchAlgorithm(ev.target.value);
+  if (ev.target.name === "config.task.name") updateTaskFields();
+  const f = ev.target.closest(".field.has-error");
+  if (f) f.classList.remove("has-error");
+  updatePreview();
+});
+$("#reset-btn").addEventListener("click", () => {
+  for (const k of Object.keys(paramValues)) delete paramValues[k];
+  clearErrors();
+  render(structuredClone(presets.defaults));
+});
+init();

@@ -1,0 +1,223 @@
+// Small helpers shared by the pages: DOM, formatting, smoothing, sparklines, config flattening.
+
+export const $ = (sel, root = document) => root.querySelector(sel);
+export const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+
+/** h("div.cls#id", {attr: v, onclick: fn}, ...children) */
+export function h(tag, attrs = {}, ...children) {
+  const m = tag.match(/^([a-z0-9]+)((?:[.#][\w-]+)*)$/i);
+  const el = document.createElement(m ? m[1] : tag);
+  if (m && m[2]) {
+    for (const part of m[2].match(/[.#][\w-]+/g)) {
+      if (part[0] === ".") el.classList.add(part.slice(1));
+      else el.id = part.slice(1);
+    }
+  }
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k === "html") el.innerHTML = v;
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+export function fmtNum(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  if (typeof v !== "number") return String(v);
+  if (Number.isInteger(v)) return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
+  return String(Number(v.toPrecision(digits)));
+}
+
+export function fmtDuration(sec) {
+  if (sec === null || sec === undefined || !Number.isFinite(sec) || sec < 0) return "–";
+  sec = Math.round(sec);
+  if (sec < 60) return `${sec}s`;
+  const m = Math.floor(sec / 60);
+  if (m < 60) return `${m}m ${String(sec % 60).padStart(2, "0")}s`;
+  const hh = Math.floor(m / 60);
+  return `${hh}h ${String(m % 60).padStart(2, "0")}m`;
+}
+
+export function fmtAgo(t) {
+  if (!t) return "–";
+  const d = Date.now() / 1000 - t;
+  if (d < 5) return "just now";
+  return `${fmtDuration(d)} ago`;
+}
+
+export function fmtTime(t) {
+  if (!t) return "–";
+  const d = new Date(t * 1000);
+  return d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+export function statusBadge(run) {
+  let status = run.status;
+  if (run.cancel_requested && (status === "running" || status === "queued")) status = "cancelling";
+  return h(`span.badge.st-${status}`, { title: run.error || status }, status);
+}
+
+export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+
+/** Progress fraction and ETA (seconds) of a run, from its step counters and timestamps. */
+export function progress(run) {
+  const total = run.total_steps || (run.config && run.config.steps) || 0;
+  const step = run.step || 0;
+  const frac = total > 0 ? Math.min(1, step / total) : 0;
+  let eta = null;
+  if (run.status === "running" && run.started_at && step > 0 && total > step) {
+    const now = Math.max(run.heartbeat_at || 0, Date.now() / 1000);
+    const perStep = (now - run.started_at) / step;
+    eta = perStep * (total - step);
+  }
+  return { step, total, frac, eta };
+}
+
+export function progressBar(run) {
+  const p = progress(run);
+  const label = `${p.step}/${p.total || "?"}`;
+  const etaText = p.eta !== null ? ` · ETA ${fmtDuration(p.eta)}` : "";
+  const finished = FINISHED.has(run.status);
+  return h(
+    "div.progress",
+    { title: `${Math.round(p.frac * 100)}%${etaText}` },
+    h("div.bar", {}, h(`div.fill.st-${run.status}`, { style: `width:${(p.frac * 100).toFixed(1)}%` })),
+    h("span.plabel", {}, label, finished ? "" : etaText),
+  );
+}
+
+/** Exponential moving average with TensorBoard-style debiasing; weight in [0, 1). */
+export function ema(values, weight) {
+  if (!weight || weight <= 0) return values.slice();
+  const out = new Array(values.length);
+  let last = 0;
+  let n = 0;
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (v === null || v === undefined || !Number.isFinite(v)) {
+      out[i] = null;
+      continue;
+    }
+    last = last * weight + (1 - weight) * v;
+    n++;
+    out[i] = last / (1 - Math.pow(weight, n));
+  }
+  return out;
+}
+
+/** An inline SVG sparkline of `values` (nulls skipped). */
+export function sparkline(values, { width = 110, height = 24, color = "#4f46e5" } = {}) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  svg.setAttribute("class", "spark");
+  const pts = values.map((v, i) => [i, v]).filter(([, v]) => v !== null && Number.isFinite(v));
+  if (pts.length < 2) {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", 2);
+    t.setAttribute("y", height / 2 + 4);
+    t.setAttribute("class", "spark-empty");
+    t.textContent = pts.length ? fmtNum(pts[0][1], 3) : "no data";
+    svg.append(t);
+    return svg;
+  }
+  const xs = pts.map((p) => p[0]);
+  const ys = pts.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs);
+  const y0 = Math.min(...ys), y1 = Math.max(...ys);
+  const sx = (x) => 1 + ((x - x0) / (x1 - x0 || 1)) * (width - 2);
+  const sy = (y) => height - 2 - ((y - y0) / (y1 - y0 || 1)) * (height - 4);
+  const d = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join("");
+  const path = document.createElementNS(ns, "path");
+  path.setAttribute("d", d);
+  path.setAttribute("fill", "none");
+  path.setAttribute("stroke", color);
+  path.setAttribute("stroke-width", "1.3");
+  svg.append(path);
+  const last = pts[pts.length - 1];
+  const dot = document.createElementNS(ns, "circle");
+  dot.setAttribute("cx", sx(last[0]).toFixed(1));
+  dot.setAttribute("cy", sy(last[1]).toFixed(1));
+  dot.setAttribute("r", "1.8");
+  dot.setAttribute("fill", color);
+  svg.append(dot);
+  const title = document.createElementNS(ns, "title");
+  title.textContent = `last ${fmtNum(last[1])} · min ${fmtNum(y0)} · max ${fmtNum(y1)}`;
+  svg.append(title);
+  return svg;
+}
+
+/** {a: {b: 1}} → {"a.b": 1}; arrays are kept as values. */
+export function flatten(obj, prefix = "", out = {}) {
+  for (const [k, v] of Object.entries(obj || {})) {
+    const key = prefix ? `${prefix}.${k}` : k;
+    if (v && typeof v === "object" && !Array.isArray(v)) flatten(v, key, out);
+    else out[key] = v;
+  }
+  return out;
+}
+
+export function getPath(obj, path) {
+  let cur = obj;
+  for (const part of path.split(".")) {
+    if (cur === null || cur === undefined) return undefined;
+    cur = cur[part];
+  }
+  return cur;
+}
+
+export function fmtValue(v) {
+  if (v === undefined) return "–";
+  if (v === null) return "null";
+  if (Array.isArray(v)) return v.join(", ");
+  if (typeof v === "number") return fmtNum(v, 6);
+  return String(v);
+}
+
+let toastTimer = null;
+export function toast(msg, kind = "info") {
+  const el = document.getElementById("toast");
+  if (!el) return;
+  el.textContent = msg;
+  el.className = `toast toast-${kind}`;
+  el.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => (el.hidden = true), kind === "error" ? 7000 : 3500);
+}
+
+export function setConn(state) {
+  const el = document.getElementById("conn");
+  if (!el) return;
+  el.className = `conn conn-${state}`;
+  el.title = { live: "live: streaming updates", off: "not connected (retrying)", done: "run finished" }[state] || state;
+  el.textContent = { live: "● live", off: "○ offline", done: "" }[state] || "";
+}
+
+export function runLabel(run) {
+  return run.name ? `${run.name}` : `run ${run.id}`;
+}
+
+/** A stable, distinct colour per index. */
+export const PALETTE = [
+  "#4f46e5", "#e11d48", "#059669", "#d97706", "#0891b2", "#7c3aed", "#db2777",
+  "#65a30d", "#2563eb", "#ea580c", "#0d9488", "#9333ea", "#475569", "#ca8a04",
+];
+export const color = (i) => PALETTE[((i % PALETTE.length) + PALETTE.length) % PALETTE.length];
+
+export function debounce(fn, ms) {
+  let t = null;
+  return (...args) => {
+    clearTimeout(t);
+    t = setTimeout(() => fn(...args), ms);
+  };
+}

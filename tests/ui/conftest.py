@@ -1,0 +1,397 @@
+"""A real ConSPO Lab server, a real worker and a real Chromium for the web UI tests.
+
+One session: a fresh SQLite database in a tmp dir (migrated with ``conspo-lab migrate``), an admin
+token (``conspo-lab token create``) written where embedded mode keeps it so the pages get it
+injected (``CONSPO_UI_TOKEN_INJECT=true``), uvicorn serving ``backend.main:create_app`` on a port
+in 18200-18299, and ``conspo-lab worker`` (the Celery worker) when that command exists. Chromium
+is Debian's ``/usr/bin/chromium`` driven by Playwright's sync API.
+
+Without a backend or a browser the tests skip, unless CONSPO_REQUIRE_SERVICES=1 (CI), where they
+fail. ``CONSPO_UI_TEST_URL`` (with ``CONSPO_UI_TEST_TOKEN``, ``CONSPO_UI_TEST_WORKER=1``) points
+the tests at a server that is already running instead. Every page collects console errors and
+uncaught exceptions; a test fails on any of them, and on any request that leaves the server (the
+UI must work offline).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTS = range(18200, 18300)
+REQUIRE = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
+CHROMIUM = os.environ.get("CONSPO_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRE:
+        pytest.fail(f"CONSPO_REQUIRE_SERVICES=1 but the UI test stack is unavailable: {reason}")
+    pytest.skip(f"UI test stack unavailable: {reason}")
+
+
+# ------------------------------------------------------------------------------------------------
+# server + worker
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class UIServer:
+    url: str
+    token: str
+    data_dir: Path
+    has_worker: bool
+    http: httpx.Client = field(repr=False)
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self.http.request(method, path, **kwargs)
+        assert resp.status_code < 400, f"{method} {path} → {resp.status_code}: {resp.text[:500]}"
+        return resp.json() if resp.content else None
+
+    def external_run(
+        self,
+        name: str,
+        config: dict[str, Any],
+        *,
+        tags: list[str] | None = None,
+        total_steps: int = 100,
+        algorithm: str = "conspo",
+    ) -> dict[str, Any]:
+        body = {
+            "name": name,
+            "config": config,
+            "algorithm": algorithm,
+            "task": "arith",
+            "model": "tiny",
+            "tags": tags or [],
+            "total_steps": total_steps,
+        }
+        return self.api("POST", "/api/runs/external", json=body)
+
+    def log(
+        self,
+        run_id: int,
+        steps: range | list[int],
+        *,
+        offset: float = 0.0,
+        status: str | None = None,
+        rollouts: bool = True,
+    ) -> None:
+        """Log synthetic steps over HTTP, the way an external trainer would."""
+        body: dict[str, Any] = {
+            "steps": [{"step": s, "metrics": fake_metrics(s, offset)} for s in steps],
+            "rollouts": [r for s in steps for r in fake_rollouts(s)] if rollouts else [],
+        }
+        if status:
+            body["status"] = status
+        self.api("POST", f"/api/runs/{run_id}/log", json=body)
+
+
+def fake_metrics(step: int, offset: float = 0.0) -> dict[str, float]:
+    rng = random.Random(step * 7919 + int(offset * 1000))
+    x = step / 50
+    gap = 0.4 * (1 - 2.718 ** (-3 * x)) + offset + rng.gauss(0, 0.02)
+    pos = -1.0 + gap / 2
+    return {
+        "sep/pos_score": pos,
+        "sep/neg_score": pos - gap,
+        "sep/gap": gap,
+        "sep/gap_min": gap - 0.5,
+        "sep/order_acc": min(1.0, 0.5 + 0.4 * x),
+        "sep/margin_acc": min(1.0, 0.45 + 0.4 * x),
+        "conspo/margin": 0.01 * min(1.0, x / 0.3),
+        "batch/pass_rate": min(1.0, 0.3 + 0.5 * x),
+        "batch/valid_groups": 10 - 4 * x,
+        "batch/all_pos_groups": 1 + 5 * x,
+        "batch/all_neg_groups": 5 - x,
+        "len/pos": 5 + rng.random(),
+        "len/neg": 7 + rng.random(),
+        "loss": 1 / (1 + step) + 0.05 * rng.random(),
+        "grad_norm": 0.5 + rng.random(),
+        "entropy": 2 - x,
+        "rollouts/seen": step * 64.0,
+        **({"eval/accuracy": 0.2 + 0.5 * x, "eval/pass@k": 0.4 + 0.4 * x} if step % 5 == 0 else {}),
+    }
+
+
+def fake_rollouts(step: int) -> list[dict[str, Any]]:
+    rng = random.Random(step)
+    rows = []
+    for g in range(4):
+        for i in range(4):
+            reward = 1.0 if rng.random() < 0.5 else 0.0
+            score = (-0.9 if reward else -1.2) + rng.gauss(0, 0.1)
+            rows.append(
+                {
+                    "step": step,
+                    "group": g,
+                    "index": i,
+                    "reward": reward,
+                    "score": score,
+                    "length": 6,
+                    "truncated": False,
+                }
+            )
+    return rows
+
+
+def _free_port() -> int:
+    ports = list(PORTS)
+    random.shuffle(ports)
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 18200-18299")
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conspo_lab.cli", *args],
+        cwd=env["CONSPO_DATA_DIR"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _token_from(output: str) -> str | None:
+    words = re.findall(r"[A-Za-z0-9_\-\.]{20,}", output)
+    return max(words, key=len) if words else None
+
+
+def _start_api(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    last_error = ""
+    for _attempt in range(3):
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "backend.main:create_app",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        last_error = log.read_text()[-2000:]
+        proc.kill()
+        proc.wait()
+    _unavailable(f"uvicorn did not answer /api/health:\n{last_error}")
+    raise AssertionError("unreachable")
+
+
+def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | None:
+    probe = _cli(env, "worker", "--help", timeout=60)
+    if probe.returncode != 0:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-m", "conspo_lab.cli", "worker"],
+        cwd=env["CONSPO_DATA_DIR"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
+    existing = os.environ.get("CONSPO_UI_TEST_URL")  # point the tests at a running server
+    if existing:
+        token = os.environ.get("CONSPO_UI_TEST_TOKEN", "")
+        http = httpx.Client(
+            base_url=existing,
+            timeout=30,
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+        )
+        with http:
+            yield UIServer(
+                url=existing,
+                token=token,
+                data_dir=Path("."),
+                http=http,
+                has_worker=os.environ.get("CONSPO_UI_TEST_WORKER") == "1",
+            )
+        return
+    try:
+        from backend.main import create_app  # noqa: F401
+    except Exception as exc:  # not written yet, or broken
+        _unavailable(f"cannot import backend.main.create_app: {exc!r}")
+    data = tmp_path_factory.mktemp("ui-server")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "CONSPO_DATA_DIR": str(data),
+        "CONSPO_DATABASE_URL": f"sqlite:///{data / 'conspo.db'}",
+        "CONSPO_BROKER_URL": f"sqla+sqlite:///{data / 'broker.db'}",
+        "CONSPO_MODEL_STORE": str(data / "models"),
+        "CONSPO_UI_TOKEN_INJECT": "true",
+        "CONSPO_STREAM_POLL_S": "0.2",
+        "CONSPO_STREAM_KEEPALIVE_S": "2",
+        "CONSPO_HEARTBEAT_INTERVAL_S": "0.5",
+    }
+    for key in ("CONSPO_URL", "CONSPO_TOKEN", "CONSPO_UI_TOKEN"):
+        env.pop(key, None)
+    migrated = _cli(env, "migrate")
+    if migrated.returncode != 0:
+        _unavailable(f"conspo-lab migrate failed:\n{migrated.stdout}{migrated.stderr}")
+    created = _cli(env, "token", "create", "--user", "ui-tester", "--admin")
+    token = _token_from(created.stdout) if created.returncode == 0 else None
+    if token is None:
+        _unavailable(f"conspo-lab token create failed:\n{created.stdout}{created.stderr}")
+    (data / "token").write_text(token + "\n")  # where embedded mode keeps the UI's token
+    api, url = _start_api(env, data / "server.log")
+    worker = _start_worker(env, data / "worker.log")
+    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    try:
+        yield UIServer(
+            url=url, token=token, data_dir=data, has_worker=worker is not None, http=http
+        )
+    finally:
+        http.close()
+        _stop(worker)
+        _stop(api)
+
+
+# ------------------------------------------------------------------------------------------------
+# browser
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        _unavailable(f"playwright is not installed: {exc}")
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        _unavailable(f"Chromium not found at {CHROMIUM}")
+    with sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except Exception as exc:  # noqa: BLE001 - any launch failure means no browser
+            _unavailable(f"Chromium did not start: {exc}")
+        yield browser
+        browser.close()
+
+
+class PageProblems:
+    """Console errors, uncaught exceptions and off-host requests seen by one page."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.errors: list[str] = []
+        self.external: list[str] = []
+        self.allowed: list[tuple[str, str]] = []
+
+    def allow_http_error(self, status: int, path: str) -> None:
+        """Tolerate Chromium's network log line for one expected error response (e.g. a 422)."""
+        self.allowed.append((f"status of {status}", f"{self.host}{path}"))
+
+    def attach(self, page: Any) -> None:
+        page.on("console", self._console)
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.route("**/*", self._route)
+
+    def _console(self, msg: Any) -> None:
+        if msg.type != "error":
+            return
+        url = (msg.location or {}).get("url", "")
+        if any(text in msg.text and url == where for text, where in self.allowed):
+            return
+        self.errors.append(f"console.error: {msg.text} @ {msg.location}")
+
+    def _route(self, route: Any) -> None:
+        url = route.request.url
+        if url.startswith(self.host) or url.startswith("data:") or url.startswith("blob:"):
+            route.continue_()
+        else:
+            self.external.append(url)
+            route.abort()
+
+    def check(self) -> None:
+        assert not self.errors, "browser console errors:\n" + "\n".join(self.errors)
+        assert not self.external, "requests left the server (UI must work offline):\n" + "\n".join(
+            self.external
+        )
+
+
+@pytest.fixture
+def page(browser: Any, ui_server: UIServer) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(15_000)
+    problems = PageProblems(ui_server.url)
+    problems.attach(pg)
+    pg.problems = problems
+    try:
+        yield pg
+        problems.check()
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def shot() -> Callable[[Any, str], Path]:
+    """shot(page, name): a full-page screenshot to artifacts/screenshots/<name>.png."""
+
+    def take(page: Any, name: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        page.evaluate("window.scrollTo(0, 0)")  # sticky headers draw at the scroll position
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take

@@ -1,0 +1,502 @@
+"""The web UI in a real Chromium against a real server (see conftest.py).
+
+Each test ends by asserting its page logged no console error, raised no uncaught exception and
+made no request off the server (the ``page`` fixture). Screenshots of every page land in
+artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.browser
+SEED_TAG = f"ui-seed-{uuid.uuid4().hex[:6]}"  # unique, so a reused server holds no look-alikes
+
+
+def wait_until(page: Any, check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        page.wait_for_timeout(200)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check} (last: {last!r})")
+
+
+def trace_points(page: Any, plot_id: str, name_re: str = ".") -> int:
+    """Points in the first visible trace of a Plotly div whose name matches name_re."""
+    return page.evaluate(
+        """([id, re]) => {
+            const el = document.getElementById(id);
+            if (!el || !el.data) return 0;
+            const t = el.data.find(
+                t => t.showlegend !== false && new RegExp(re).test(t.name || ''));
+            return t && t.x ? t.x.filter(v => v !== null && v !== undefined).length : 0;
+        }""",
+        [plot_id, name_re],
+    )
+
+
+@pytest.fixture(scope="module")
+def two_runs(ui_server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two external runs that differ in params.tau, 30 steps each, logged over HTTP."""
+    base = {"algorithm": "conspo", "steps": 40, "task": {"name": "arith"}}
+    a = ui_server.external_run(
+        "ui-tau10",
+        {
+            **base,
+            "params": {"tau": 10.0, "margin_max": 0.01, "margin_warmup": 0.3, "margin": "cosine"},
+        },
+        tags=[SEED_TAG],
+        total_steps=40,
+    )
+    b = ui_server.external_run(
+        "ui-tau5",
+        {
+            **base,
+            "params": {"tau": 5.0, "margin_max": 0.01, "margin_warmup": 0.3, "margin": "cosine"},
+        },
+        tags=[SEED_TAG],
+        total_steps=40,
+    )
+    ui_server.log(a["id"], range(1, 31))
+    ui_server.log(b["id"], range(1, 31), offset=0.05)
+    return a, b
+
+
+# ------------------------------------------------------------------------------------------------
+# every page loads cleanly (console errors are checked by the page fixture)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_runs_page_loads(page: Any, shot: Any, ui_server: Any, two_runs: Any) -> None:
+    page.goto(f"{ui_server.url}/")
+    a, b = two_runs
+    page.wait_for_selector(f'tr[data-id="{a["id"]}"] svg.spark path')
+    row = page.locator(f'tr[data-id="{a["id"]}"]')
+    assert "ui-tau10" in row.inner_text()
+    assert "30/40" in row.locator(".progress").inner_text()
+    shot(page, "runs")
+
+
+def test_new_run_page_renders_algorithm_params(page: Any, shot: Any, ui_server: Any) -> None:
+    presets = ui_server.api("GET", "/api/presets")
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    conspo = next(a for a in presets["algorithms"] if a["name"] == "conspo")
+    tau = page.input_value('[name="config.params.tau"]')
+    assert float(tau) == float(conspo["defaults"]["tau"])
+    tau_help = page.locator('[data-field="config.params.tau"] .help').inner_text()
+    assert conspo["params_schema"]["properties"]["tau"]["description"][:20] in tau_help
+    # switching the algorithm shows that algorithm's own knobs and drops the others
+    page.select_option('[name="config.algorithm"]', "grpo")
+    page.wait_for_selector('[name="config.params.clip_low"]')
+    assert page.locator('[name="config.params.tau"]').count() == 0
+    page.select_option('[name="config.algorithm"]', "conspo")
+    page.wait_for_selector('[name="config.params.tau"]')
+    shot(page, "new_run")
+
+
+def test_run_page_shows_separation_dashboards(
+    page: Any, shot: Any, ui_server: Any, two_runs: Any
+) -> None:
+    a, _ = two_runs
+    page.goto(f"{ui_server.url}/runs/{a['id']}")
+    wait_until(page, lambda: trace_points(page, "plot-gap", "^gap$") == 30, what="30 gap points")
+    for plot in (
+        "plot-scores",
+        "plot-acc",
+        "plot-margin",
+        "plot-boxes",
+        "plot-hist",
+        "plot-reward",
+        "plot-groups",
+        "plot-evalc",
+        "plot-len",
+        "plot-loss",
+    ):
+        assert page.evaluate(f"!!document.getElementById('{plot}').data"), f"{plot} not drawn"
+    # the margin chart carries the schedule implied by the config
+    names = page.evaluate("document.getElementById('plot-margin').data.map(t => t.name)")
+    assert any(n.startswith("schedule (cosine") for n in names), names
+    # positive and negative rollout scores are split in the distribution chart
+    box_names = page.evaluate("document.getElementById('plot-boxes').data.map(t => t.name)")
+    assert any("correct" in n for n in box_names) and any("wrong" in n for n in box_names)
+    page.click('.tabs button[data-tab="config"]')
+    assert "params.tau" in page.locator("#config-table").inner_text()
+    page.click('.tabs button[data-tab="charts"]')
+    shot(page, "run")
+
+
+def test_compare_page_loads(page: Any, shot: Any, ui_server: Any, two_runs: Any) -> None:
+    a, b = two_runs
+    page.goto(f"{ui_server.url}/compare?runs={a['id']},{b['id']}")
+    page.wait_for_selector('#config-diff tr[data-key="params.tau"]')
+    wait_until(
+        page,
+        lambda: trace_points(page, "plot-m-sep_gap", "ui-tau10") == 30,
+        what="run A on the sep/gap chart",
+    )
+    shot(page, "compare")
+
+
+# ------------------------------------------------------------------------------------------------
+# form: submit → run page; bad values → inline errors, typed values kept
+# ------------------------------------------------------------------------------------------------
+
+
+def fill_small_run(page: Any, name: str) -> None:
+    page.fill('[name="config.name"]', name)
+    page.fill('[name="config.steps"]', "3")
+    page.fill('[name="config.sampling.prompts_per_step"]', "2")
+    page.fill('[name="config.sampling.group_size"]', "2")
+    page.fill('[name="config.sampling.max_new_tokens"]', "4")
+    page.fill('[name="config.model.name"]', "tiny")
+    page.fill('[name="config.optim.lr"]', "0.001")
+    page.click("details.adv > summary")
+    page.fill('[name="config.eval.every"]', "0")
+    page.fill('[name="config.task.eval_size"]', "4")
+    page.fill('[name="config.checkpoint.every"]', "0")
+    page.fill('[name="tags"]', "ui-form")
+
+
+def test_bad_values_show_inline_errors_and_keep_input(page: Any, shot: Any, ui_server: Any) -> None:
+    # The server's 422 answers are expected here; Chromium logs each one as a network error.
+    page.problems.allow_http_error(422, "/api/runs")
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    page.fill('[name="config.name"]', "keep-what-i-typed")
+    page.fill('[name="config.sampling.group_size"]', "1")
+    page.fill('[name="config.optim.lr"]', "fast")
+    page.fill('[name="config.params.tau"]', "-3")
+    page.fill('[name="seeds"]', "1, 2")
+    page.click("#submit-btn")
+    page.wait_for_selector(".field.has-error")
+
+    def error(field: str) -> str:
+        return page.locator(f'[data-field="{field}"] .err').inner_text()
+
+    assert re.search(r"greater than or equal to 2", error("config.sampling.group_size"))
+    assert re.search(r"valid number", error("config.optim.lr"))
+    # nothing was lost and nothing navigated
+    assert page.url.endswith("/runs/new")
+    assert page.input_value('[name="config.name"]') == "keep-what-i-typed"
+    assert page.input_value('[name="config.sampling.group_size"]') == "1"
+    assert page.input_value('[name="config.optim.lr"]') == "fast"
+    assert page.input_value('[name="config.params.tau"]') == "-3"
+    assert page.input_value('[name="seeds"]') == "1, 2"
+    assert page.locator('[data-field="config.steps"].has-error').count() == 0
+    shot(page, "new_run_errors")
+    # Fix those two: the algorithm's own parameters are checked next, and the error lands on
+    # the params field (loc body.config.params.tau); the fixed fields lose their errors.
+    page.fill('[name="config.sampling.group_size"]', "4")
+    page.fill('[name="config.optim.lr"]', "0.001")
+    page.click("#submit-btn")
+    page.wait_for_selector('[data-field="config.params.tau"].has-error')
+    assert re.search(r"greater than 0", error("config.params.tau"))
+    assert page.locator(".field.has-error").count() == 1
+    assert page.input_value('[name="config.params.tau"]') == "-3"
+    assert page.url.endswith("/runs/new")
+
+
+def test_submit_form_lands_on_run_page_and_charts_fill_live(
+    page: Any, shot: Any, ui_server: Any
+) -> None:
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    fill_small_run(page, "ui-form-run")
+    page.click("#submit-btn")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    run_id = int(page.url.rsplit("/", 1)[1])
+    run = ui_server.api("GET", f"/api/runs/{run_id}")
+    assert run["name"] == "ui-form-run" and run["config"]["sampling"]["group_size"] == 2
+    assert run["tags"] == ["ui-form"]
+    page.wait_for_selector("#run-meta .v")
+    assert f"#{run_id}" in page.locator("#run-title").inner_text()
+    if not ui_server.has_worker:
+        # No worker: log as the run's trainer would, so the live path is still exercised.
+        page.wait_for_timeout(500)
+        return
+    page.evaluate("window.__same_document = true")
+    # The worker trains it; the open page fills its charts from the SSE stream, no reload.
+    wait_until(
+        page,
+        lambda: trace_points(page, "plot-loss") >= 3,
+        timeout=150,
+        what="3 loss points from the worker",
+    )
+    wait_until(
+        page,
+        lambda: "succeeded" in page.locator("#run-status").inner_text(),
+        timeout=60,
+        what="status succeeded",
+    )
+    wait_until(
+        page,
+        lambda: "last step 3" in page.locator("#points-note").inner_text(),
+        what="every step drawn",
+    )
+    assert page.evaluate("window.__same_document === true")
+    assert page.locator("#run-meta").inner_text().count("–") < 16  # worker host etc. filled
+    shot(page, "run_from_form")
+    # "Edit & rerun" opens the form prefilled with this run's config
+    page.click("#edit-btn")
+    page.wait_for_url(re.compile(rf"/runs/new\?from={run_id}$"))
+    page.wait_for_selector('[name="config.params.tau"]')
+    assert page.input_value('[name="config.name"]') == "ui-form-run-copy"
+    assert page.input_value('[name="config.steps"]') == "3"
+    assert page.input_value('[name="config.model.name"]') == "tiny"
+    assert page.input_value('[name="tags"]') == "ui-form"
+
+
+def test_several_seeds_submit_a_group_and_open_compare(page: Any, ui_server: Any) -> None:
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    fill_small_run(page, "ui-seed-group")
+    page.fill('[name="config.steps"]', "1")
+    page.fill('[name="seeds"]', "7, 8")
+    wait_until(page, lambda: page.inner_text("#submit-btn") == "Start 2 runs", what="button")
+    page.click("#submit-btn")
+    page.wait_for_url(re.compile(r"/compare\?runs=\d+,\d+"))
+    ids = [int(x) for x in re.search(r"runs=(\d+),(\d+)", page.url).groups()]
+    try:
+        runs = [ui_server.api("GET", f"/api/runs/{i}") for i in ids]
+        assert sorted(r["seed"] for r in runs) == [7, 8]
+        assert runs[0]["group_id"] and runs[0]["group_id"] == runs[1]["group_id"]
+        row = page.wait_for_selector('#config-diff tr[data-key="seed"]')
+        assert [c.inner_text() for c in row.query_selector_all("td")][1:] == ["7", "8"]
+        assert page.input_value("#group-by") == "algorithm"
+    finally:
+        for i in ids:  # keep the shared CPUs for the other tests
+            ui_server.http.post(f"/api/runs/{i}/cancel")
+
+
+def test_clone_and_cancel_from_run_page(page: Any, ui_server: Any) -> None:
+    """Clone a long run from its page, cancel the (queued) clone, then the running original."""
+    config = {
+        "name": "ui-long",
+        "algorithm": "conspo",
+        "steps": 400,
+        "model": {"name": "tiny"},
+        "task": {"eval_size": 4},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "eval": {"every": 0},
+        "checkpoint": {"every": 0},
+    }
+    created = ui_server.api("POST", "/api/runs", json={"config": config, "tags": ["ui-long"]})
+    long_id = created["runs"][0]["id"]
+
+    def status(run_id: int) -> str:
+        return ui_server.api("GET", f"/api/runs/{run_id}")["status"]
+
+    if ui_server.has_worker:
+        wait_until(page, lambda: status(long_id) == "running", timeout=90, what="long run starts")
+    page.goto(f"{ui_server.url}/runs/{long_id}")
+    page.wait_for_selector("#run-meta .v")
+    page.click("#clone-btn")
+    page.wait_for_url(
+        lambda url: re.search(r"/runs/\d+$", url) and not url.endswith(f"/runs/{long_id}")
+    )
+    clone_id = int(page.url.rsplit("/", 1)[1])
+    clone = ui_server.api("GET", f"/api/runs/{clone_id}")
+    assert clone["config"]["steps"] == 400 and clone["status"] == "queued"  # worker is busy
+    page.wait_for_selector("#cancel-btn:not([hidden])")
+    page.click("#cancel-btn")  # queued → cancelled at once
+    wait_until(
+        page,
+        lambda: page.locator("#run-status").inner_text().strip() == "cancelled",
+        what="clone cancelled",
+    )
+    assert status(clone_id) == "cancelled"
+    # the running original: cancel requested, the worker stops it within seconds
+    page.goto(f"{ui_server.url}/runs/{long_id}")
+    page.wait_for_selector("#cancel-btn:not([hidden])")
+    page.click("#cancel-btn")
+    wait_until(
+        page,
+        lambda: page.locator("#run-status").inner_text().strip() == "cancelled",
+        timeout=60,
+        what="running run cancelled (status pushed over SSE)",
+    )
+    assert status(long_id) == "cancelled"
+
+
+# ------------------------------------------------------------------------------------------------
+# live: an HTTP producer logs; the chart gains points and keeps the user's zoom
+# ------------------------------------------------------------------------------------------------
+
+
+def test_live_chart_gains_points_without_resetting_zoom(page: Any, ui_server: Any) -> None:
+    run = ui_server.external_run(
+        "ui-live", {"algorithm": "conspo", "params": {"tau": 10.0}}, total_steps=50
+    )
+    ui_server.log(run["id"], range(1, 6))
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    wait_until(page, lambda: trace_points(page, "plot-gap", "^gap$") == 5, what="5 points")
+    page.evaluate("window.__same_document = true")
+    page.evaluate("Plotly.relayout('plot-gap', {'xaxis.range': [1, 3]})")
+    for start in (6, 11):  # two separate producer calls, as a trainer logging as it goes
+        ui_server.log(run["id"], range(start, start + 5))
+        wait_until(
+            page,
+            lambda s=start: trace_points(page, "plot-gap", "^gap$") == s + 4,
+            what=f"{start + 4} points",
+        )
+    rng = page.evaluate("document.getElementById('plot-gap').layout.xaxis.range")
+    assert [round(v, 6) for v in rng] == [1, 3], f"zoom was reset: {rng}"
+    assert page.evaluate("window.__same_document === true")
+    # the progress in the header follows too
+    wait_until(
+        page,
+        lambda: "15/50" in page.locator("#run-progress").inner_text(),
+        what="header progress 15/50",
+    )
+    ui_server.log(run["id"], [16], status="succeeded")
+    wait_until(
+        page, lambda: "succeeded" in page.locator("#run-status").inner_text(), what="status event"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# runs page: filters, live row updates, select → compare; compare: diff + URL state
+# ------------------------------------------------------------------------------------------------
+
+
+def test_runs_page_filters_updates_live_and_selects_for_compare(
+    page: Any, shot: Any, ui_server: Any, two_runs: Any
+) -> None:
+    a, b = two_runs
+    page.goto(f"{ui_server.url}/?tag={SEED_TAG}")
+    page.wait_for_selector(f'tr[data-id="{a["id"]}"]')
+    ids = page.eval_on_selector_all("#runs-body tr", "rows => rows.map(r => +r.dataset.id)")
+    assert sorted(ids) == sorted([a["id"], b["id"]])
+    # an HTTP producer logs two more steps: the row's progress moves without a reload
+    ui_server.log(a["id"], [31, 32])
+    wait_until(
+        page,
+        lambda: "32/40" in page.locator(f'tr[data-id="{a["id"]}"] .progress').inner_text(),
+        what="live progress 32/40",
+    )
+    page.select_option("#f-metric", "sep/order_acc")
+    wait_until(page, lambda: page.locator("#spark-head").text_content() == "sep/order_acc")
+    for rid in (a["id"], b["id"]):
+        page.check(f'tr[data-id="{rid}"] input.sel')
+    page.click("#compare-btn")
+    page.wait_for_url(re.compile(r"/compare\?runs="))
+    assert f"runs={min(a['id'], b['id'])}%2C{max(a['id'], b['id'])}" in page.url or (
+        f"runs={min(a['id'], b['id'])},{max(a['id'], b['id'])}" in page.url
+    )
+    page.wait_for_selector('#config-diff tr[data-key="params.tau"]')
+    page.goto(f"{ui_server.url}/")
+    page.wait_for_selector(f'tr[data-id="{a["id"]}"] svg.spark path')
+    shot(page, "runs_all")
+
+
+def test_compare_shows_config_diff_difference_and_shareable_state(
+    page: Any, shot: Any, ui_server: Any, two_runs: Any
+) -> None:
+    a, b = two_runs
+    page.goto(f"{ui_server.url}/compare?runs={a['id']},{b['id']}")
+    row = page.wait_for_selector('#config-diff tr[data-key="params.tau"]')
+    cells = [c.inner_text() for c in row.query_selector_all("td")]
+    assert cells == ["params.tau", "10", "5"], cells
+    # only differing keys are listed (both runs share steps and the margin schedule)
+    assert page.locator('#config-diff tr[data-key="steps"]').count() == 0
+    assert page.locator('#config-diff tr[data-key="params.margin_max"]').count() == 0
+    # overlays both runs and draws the A − B difference
+    wait_until(page, lambda: trace_points(page, "plot-m-sep_gap", "ui-tau5") == 30, what="run B")
+    wait_until(page, lambda: trace_points(page, "plot-d-sep_gap") == 30, what="difference curve")
+    diff = page.evaluate(
+        "document.getElementById('plot-d-sep_gap').data.find(t => t.showlegend !== false).y"
+    )
+    assert all(abs(v + 0.05) < 0.2 for v in diff), diff[:5]  # run B was logged 0.05 higher
+    # view state goes to the URL: group by a config path, smoothing, x-axis
+    page.fill("#group-by", "params.tau")
+    page.press("#group-by", "Enter")
+    page.locator("#group-by").blur()
+    page.evaluate("""() => { const s = document.getElementById('smooth'); s.value = '0.6';
+                     s.dispatchEvent(new Event('input', {bubbles: true})); }""")
+    page.select_option("#x-axis", "rollouts")
+    wait_until(
+        page,
+        lambda: (
+            "smooth=0.60" in page.url
+            and "x=rollouts" in page.url
+            and "group=params.tau" in page.url
+        ),
+        what=f"state in URL ({page.url})",
+    )
+    wait_until(
+        page,
+        lambda: page.evaluate(
+            "(document.getElementById('plot-m-sep_gap').data || [])"
+            ".some(t => /params.tau=5/.test(t.name))"
+        ),
+        what="grouped traces",
+    )
+    shared = page.url
+    page.goto(shared)
+    page.wait_for_selector('#config-diff tr[data-key="params.tau"]')
+    assert page.input_value("#group-by") == "params.tau"
+    assert page.input_value("#x-axis") == "rollouts"
+    assert float(page.input_value("#smooth")) == pytest.approx(0.6)
+    xmax = wait_until(
+        page,
+        lambda: page.evaluate(
+            "Math.max(...((document.getElementById('plot-m-sep_gap').data || [])"
+            ".flatMap(t => t.x || [])))"
+        ),
+        what="x values",
+    )
+    assert xmax >= 30 * 64 - 1  # rollouts/seen, not steps
+    shot(page, "compare_grouped")
+
+
+def test_delete_and_cancel_from_runs_page(page: Any, ui_server: Any) -> None:
+    doomed = ui_server.external_run(
+        "ui-doomed", {"algorithm": "conspo"}, tags=[f"{SEED_TAG}-doomed"]
+    )
+    stopped = ui_server.external_run(
+        "ui-stop", {"algorithm": "conspo"}, tags=[f"{SEED_TAG}-doomed"]
+    )
+    page.goto(f"{ui_server.url}/?tag={SEED_TAG}-doomed")
+    page.wait_for_selector(f'tr[data-id="{doomed["id"]}"]')
+    page.on("dialog", lambda d: d.accept())
+    page.click(f'tr[data-id="{stopped["id"]}"] button[data-act="cancel"]')
+    wait_until(
+        page,
+        lambda: re.search(
+            r"cancel", page.locator(f'tr[data-id="{stopped["id"]}"] .badge').inner_text()
+        ),
+        what="cancelled badge",
+    )
+    page.click(f'tr[data-id="{doomed["id"]}"] button[data-act="delete"]')
+    page.wait_for_selector(f'tr[data-id="{doomed["id"]}"]', state="detached")
+    resp = ui_server.http.get(f"/api/runs/{doomed['id']}")
+    assert resp.status_code == 404
+
+
+# ------------------------------------------------------------------------------------------------
+# offline: Plotly.js comes from the installed package
+# ------------------------------------------------------------------------------------------------
+
+
+def test_plotly_is_served_from_the_installed_package(ui_server: Any) -> None:
+    import plotly
+
+    bundled = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    resp = httpx.get(f"{ui_server.url}/static/plotly.min.js", timeout=30)
+    assert resp.status_code == 200
+    assert resp.content == bundled.read_bytes()
+    for path in ("/", "/runs/new", "/compare"):
+        html = httpx.get(f"{ui_server.url}{path}", timeout=30).text
+        assert not re.search(r"""(src|href)=["']https?://""", html), path
