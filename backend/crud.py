@@ -203,7 +203,10 @@ def delete_run(session: Session, run: Run) -> None:
     """Cancel if active, then remove the run and everything logged for it."""
     if run.status not in FINISHED:
         cancel_run(session, run)
+    # The run row first: it waits for a writer holding the row's lock to commit, and a writer
+    # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
+    # key to cascade), so the deletes below catch every point.
+    session.execute(delete(Run).where(Run.id == run.id))
     for model in (Metric, MetricRollup, Rollout):
         session.execute(delete(model).where(model.run_id == run.id))
-    session.execute(delete(Run).where(Run.id == run.id))
     session.commit()

@@ -2,7 +2,12 @@
 
 * ``runs``: one row per training job, status machine queued → running → succeeded|failed|cancelled.
 * ``metrics``: long format, primary key (run_id, key, step) → value (NULL for NaN/Inf): the key
-  serves both the idempotent upsert and the (run, key, step-range) reads.
+  serves both the idempotent upsert and the (run, key, step-range) reads. ``seq`` is the run's
+  ``write_seq`` of the write that last touched the point (the live stream's cursor).
+* ``metrics``, ``rollouts`` and ``metric_rollups`` have no foreign key to ``runs``: PostgreSQL
+  checks one with a query per inserted row (half the cost of a bulk write). Writers lock the
+  run row first (``storage.write_points``, ``storage._cache_rollups``) and ``crud.delete_run``
+  deletes the run row before its points.
 * ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
 """
@@ -147,24 +152,29 @@ class Run(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     external: Mapped[bool] = mapped_column(Boolean, default=False)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Bumped by every metric write, under this row's lock: per run, it orders writes as they
+    # committed, so the live stream can use it as a cursor.
+    write_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     owner: Mapped[User | None] = relationship(lazy="joined")
 
 
 class Metric(Base):
     __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_run_seq", "run_id", "seq"),)
 
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     value: Mapped[float | None] = mapped_column(Float)
     wall_time: Mapped[float] = mapped_column(Float)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Rollout(Base):
     __tablename__ = "rollouts"
 
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     group: Mapped[int] = mapped_column(Integer, primary_key=True)
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -186,7 +196,7 @@ class MetricRollup(Base):
     __tablename__ = "metric_rollups"
     __table_args__ = (Index("ix_metric_rollups_run_hi", "run_id", "hi_step"),)
 
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
     width: Mapped[int] = mapped_column(Integer, primary_key=True)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)

@@ -9,11 +9,15 @@ equal step ranges, each reporting its last step, mean, min and max (spikes survi
 from __future__ import annotations
 
 import json
+import operator
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import psycopg
 from sqlalchemy import (
     JSON,
     Table,
@@ -32,8 +36,18 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from backend.db import insert_ignore, upsert
-from backend.models import Metric, MetricRollup, Rollout, Run, RunStatus, finite, utcnow
+from backend.db import BoolArray, Float8Array, Int4Array, PgArray, insert_ignore, upsert
+from backend.models import (
+    MAX_ABS_VALUE,
+    Metric,
+    MetricRollup,
+    Rollout,
+    Run,
+    RunStatus,
+    finite,
+    utcnow,
+)
+from backend.schemas import INT32_MAX
 
 METRICS: Table = Metric.__table__  # type: ignore[assignment]
 ROLLOUTS: Table = Rollout.__table__  # type: ignore[assignment]
@@ -45,11 +59,16 @@ ROLLUP_KEY = ("run_id", "key", "width", "bucket")
 
 @dataclass
 class StepPoints:
-    """One step's metrics as written by the DB sink or the external logging endpoint."""
+    """One step's metrics as written by the DB sink or the external logging endpoint.
+
+    ``rollouts``: that step's sampled rollouts, any objects with ``group``, ``index``,
+    ``reward``, ``score``, ``length`` and ``truncated`` (``conspo.sink.RolloutRecord`` is one).
+    """
 
     step: int
     metrics: Mapping[str, float | None]
     wall_time: float | None = None
+    rollouts: Sequence[Any] = ()
 
 
 @dataclass
@@ -70,6 +89,7 @@ class Written:
     last_step: int | None = None
     last_values: dict[str, float | None] = field(default_factory=dict)
     owned: bool = True
+    seq: int | None = None  # the run's write_seq given to these points
 
 
 def write_points(
@@ -83,51 +103,298 @@ def write_points(
 ) -> Written:
     """Upsert metrics and rollouts; move the run's step, summary and ``run_values`` along.
 
-    Four statements whatever the batch size: one UPDATE of the run (step only moves forward; the
-    summary keeps each key's value at the highest step; with ``owner_attempt`` only while that
-    attempt still owns the running run, else nothing is written and ``owned`` is False), one
-    DELETE of the rollup-cache rows the new points fall into, two bulk upserts. The caller
-    commits.
+    A handful of statements whatever the batch size (the caller commits):
+
+    1. one UPDATE of the run: step only moves forward, the summary keeps each key's value at
+       the highest step, ``write_seq`` goes up by one and every point written gets it as its
+       ``seq``. It locks the run row, so writes of one run are serialised (and ``seq`` follows
+       commit order). With ``owner_attempt`` only while that attempt still owns the running
+       run; else nothing is written and ``owned`` is False.
+    2. one DELETE of the rollup-cache rows the new points fall into;
+    3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
+       for their key (every row, in a run that only moves forward) go in with a plain INSERT,
+       the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays.
+
+    A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
+    with numpy: the per-point Python work is a list extend.
     """
-    now = time.time()
-    rows: list[dict[str, Any]] = []
     out = Written()
-    for s in sorted(steps, key=lambda s: s.step):
-        wall = s.wall_time if s.wall_time is not None and finite(s.wall_time) is not None else now
-        for key, value in s.metrics.items():
-            v = finite(value)
-            rows.append(
-                {"run_id": run_id, "key": key, "step": s.step, "value": v, "wall_time": wall}
+    m = _metric_columns(steps)
+    r = _rollout_columns(steps, rollouts)
+    if steps:
+        out.last_step = max(s.step for s in steps)
+    if len(m.step):
+        ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
+        out.last_values = {
+            m.keys[k]: _none_if_nan(v)
+            for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
+        }
+    seq = _update_run(session, run_id, out, owner_attempt, run_values or {})
+    if seq is None:
+        out.owned = False
+        return out
+    out.seq = seq
+    if len(m.step):
+        session.execute(
+            delete(MetricRollup).where(
+                MetricRollup.run_id == run_id, MetricRollup.hi_step >= int(m.step.min())
             )
-            out.last_values[key] = v
-        out.last_step = s.step
+        )
+    if session.get_bind().dialect.name == "postgresql":
+        out.points = _pg_write_metrics(session, run_id, seq, m)
+        out.rollouts = _pg_write_rollouts(session, run_id, r)
+        return out
+    keys = m.keys
+    metric_rows = [
+        {"run_id": run_id, "key": keys[k], "step": st, "value": _none_if_nan(v), "wall_time": w}
+        | {"seq": seq}
+        for k, st, v, w in zip(
+            m.k.tolist(), m.step.tolist(), m.value.tolist(), m.wall.tolist(), strict=True
+        )
+    ]
+    out.points = upsert(session, METRICS, metric_rows, METRIC_KEY)
     rollout_rows = [
         {
             "run_id": run_id,
-            "step": r.step,
-            "group": r.group,
-            "index": r.index,
-            "reward": finite(r.reward),
-            "score": finite(r.score),
-            "length": int(r.length),
-            "truncated": bool(r.truncated),
+            "step": st,
+            "group": g,
+            "index": i,
+            "reward": _none_if_nan(rw),
+            "score": _none_if_nan(sc),
+            "length": ln,
+            "truncated": bool(tr),
         }
-        for r in rollouts
+        for st, g, i, rw, sc, ln, tr in zip(*(c.tolist() for c in r.columns()), strict=True)
     ]
-    if not _update_run(session, run_id, out, owner_attempt, run_values or {}):
-        out.owned = False
-        return out
-    if rows:
-        session.execute(
-            delete(MetricRollup).where(
-                MetricRollup.run_id == run_id,
-                MetricRollup.hi_step >= min(r["step"] for r in rows),
-            )
-        )
-    rows = sorted(_dedupe(rows, METRIC_KEY), key=lambda r: (r["key"], r["step"]))
-    out.points = upsert(session, METRICS, rows, METRIC_KEY)
-    out.rollouts = upsert(session, ROLLOUTS, _dedupe(rollout_rows, ROLLOUT_KEY), ROLLOUT_KEY)
+    out.rollouts = upsert(session, ROLLOUTS, rollout_rows, ROLLOUT_KEY)
     return out
+
+
+@dataclass
+class _MetricColumns:
+    """Points sorted by (key, step), one per (key, step); NULL values as NaN."""
+
+    keys: list[str]  # sorted; ``k`` indexes it
+    k: Any  # (n,) int32
+    step: Any  # (n,) int64
+    value: Any  # (n,) float64
+    wall: Any  # (n,) float64
+
+
+@dataclass
+class _RolloutColumns:
+    """Rows sorted by (step, group, index), one per key; NULL reward/score as NaN."""
+
+    step: Any
+    group: Any
+    index: Any
+    reward: Any
+    score: Any
+    length: Any
+    truncated: Any
+
+    def columns(self) -> tuple[Any, ...]:
+        return (
+            self.step, self.group, self.index, self.reward, self.score, self.length,
+            self.truncated,
+        )  # fmt: skip
+
+
+def _none_if_nan(v: float) -> float | None:
+    return None if v != v else v
+
+
+def _finite_array(values: list[Any]) -> Any:
+    """float64 array with None, NaN, ±Inf and |x| > MAX_ABS_VALUE as NaN (stored as NULL)."""
+    arr = np.array(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        arr[~(np.abs(arr) <= MAX_ABS_VALUE)] = np.nan
+    return arr
+
+
+def _last_unique(*sort_keys: Any) -> Any:
+    """Indices that sort by ``sort_keys`` (most significant first), keeping the last of equals."""
+    n = len(sort_keys[0])
+    order = np.lexsort((np.arange(n), *reversed(sort_keys)))
+    if n <= 1:
+        return order
+    keep = np.ones(n, dtype=bool)
+    same = np.ones(n - 1, dtype=bool)
+    for key in sort_keys:
+        sk = key[order]
+        same &= sk[1:] == sk[:-1]
+    keep[:-1] = ~same  # a row followed by an equal one is superseded by it
+    return order[keep]
+
+
+def _metric_columns(steps: Sequence[StepPoints]) -> _MetricColumns:
+    now = time.time()
+    key_col: list[str] = []
+    value_col: list[Any] = []
+    step_col: list[int] = []
+    wall_col: list[float] = []
+    for s in steps:
+        n = len(s.metrics)
+        if not n:
+            continue
+        wall = s.wall_time if s.wall_time is not None and finite(s.wall_time) is not None else now
+        key_col.extend(s.metrics.keys())
+        value_col.extend(s.metrics.values())
+        step_col.extend([s.step] * n)
+        wall_col.extend([wall] * n)
+    slot: dict[str, int] = {}
+    codes = np.fromiter(
+        (slot.setdefault(k, len(slot)) for k in key_col), dtype=np.int32, count=len(key_col)
+    )
+    keys = sorted(slot)
+    rank = np.empty(len(slot), dtype=np.int32)
+    rank[[slot[k] for k in keys]] = np.arange(len(keys), dtype=np.int32)
+    k = rank[codes]
+    step = np.asarray(step_col, dtype=np.int64)
+    pick = _last_unique(k, step)
+    return _MetricColumns(
+        keys,
+        k[pick],
+        step[pick],
+        _finite_array(value_col)[pick],
+        np.asarray(wall_col, dtype=np.float64)[pick],
+    )
+
+
+_ROLLOUT_FIELDS = operator.attrgetter("group", "index", "reward", "score", "length", "truncated")
+
+
+def _rollout_columns(steps: Sequence[StepPoints], extra: Iterable[RolloutPoint]) -> _RolloutColumns:
+    rows: list[tuple[Any, ...]] = []
+    step_col: list[int] = []
+    for s in steps:
+        if s.rollouts:
+            rows.extend(map(_ROLLOUT_FIELDS, s.rollouts))
+            step_col.extend([s.step] * len(s.rollouts))
+    for r in extra:
+        rows.append(_ROLLOUT_FIELDS(r))
+        step_col.append(r.step)
+    table = np.array(rows, dtype=np.float64).reshape(-1, 6)  # None -> NaN
+    step = np.asarray(step_col, dtype=np.int64)
+    group, index = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    pick = _last_unique(step, group, index)
+    with np.errstate(invalid="ignore"):
+        for col in (2, 3):  # reward, score: as metric values
+            table[~(np.abs(table[:, col]) <= MAX_ABS_VALUE), col] = np.nan
+    return _RolloutColumns(
+        step[pick],
+        group[pick],
+        index[pick],
+        table[pick, 2],
+        table[pick, 3],
+        table[pick, 4].astype(np.int64),
+        table[pick, 5] != 0,
+    )
+
+
+_PG_METRIC_INSERT = (
+    "INSERT INTO metrics (run_id, key, step, value, wall_time, seq)"
+    " SELECT %(run)s, (%(keys)s::varchar[])[u.k], u.s, NULLIF(u.v, 'NaN'), u.w, %(seq)s"
+    " FROM unnest(%(k)b, %(s)b, %(v)b, %(w)b) AS u(k, s, v, w)"
+)
+_PG_METRIC_UPSERT = (
+    _PG_METRIC_INSERT + " ON CONFLICT (run_id, key, step) DO UPDATE SET value = EXCLUDED.value,"
+    " wall_time = EXCLUDED.wall_time, seq = EXCLUDED.seq"
+)
+# Per key, the highest step stored: one index probe each.
+_PG_METRIC_TOP = (
+    "SELECT (SELECT max(step) FROM metrics m WHERE m.run_id = %(run)s AND m.key = u.k)"
+    " FROM unnest(%(keys)s::varchar[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+)
+_PG_ROLLOUT_INSERT = (
+    'INSERT INTO rollouts (run_id, step, "group", "index", reward, score, length, truncated)'
+    " SELECT %(run)s, u.s, u.g, u.i, NULLIF(u.rw, 'NaN'), NULLIF(u.sc, 'NaN'), u.l, u.t"
+    " FROM unnest(%(s)b, %(g)b, %(i)b, %(rw)b, %(sc)b, %(l)b, %(t)b) AS u(s, g, i, rw, sc, l, t)"
+)
+_PG_ROLLOUT_UPSERT = (
+    _PG_ROLLOUT_INSERT + ' ON CONFLICT (run_id, step, "group", "index") DO UPDATE SET'
+    " reward = EXCLUDED.reward, score = EXCLUDED.score, length = EXCLUDED.length,"
+    " truncated = EXCLUDED.truncated"
+)
+_NO_STEP = -(2**62)
+
+
+def _pg_write_metrics(session: Session, run_id: int, seq: int, m: _MetricColumns) -> int:
+    if not len(m.step):
+        return 0
+    # PostgreSQL arrays are 1-based: k + 1 indexes the keys array.
+    cols = {"k": m.k + 1, "s": m.step, "v": m.value, "w": m.wall}
+    kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
+    with _raw_cursor(session) as cur:
+        # Planned each time (prepare=False): a generic plan made while the table was small can
+        # stick to a sequential scan as the table grows.
+        cur.execute(_PG_METRIC_TOP, {"run": run_id, "keys": m.keys}, prepare=False)
+        top = np.array([_NO_STEP if row[0] is None else row[0] for row in cur], dtype=np.int64)
+        fresh = m.step > top[m.k]  # no stored row can collide with these
+        _pg_insert_parts(
+            cur, _PG_METRIC_INSERT, _PG_METRIC_UPSERT, cols, kinds, fresh,
+            {"run": run_id, "keys": m.keys, "seq": seq},
+        )  # fmt: skip
+    return len(m.step)
+
+
+def _pg_write_rollouts(session: Session, run_id: int, r: _RolloutColumns) -> int:
+    if not len(r.step):
+        return 0
+    cols = dict(zip(("s", "g", "i", "rw", "sc", "l", "t"), r.columns(), strict=True))
+    kinds = {
+        "s": Int4Array, "g": Int4Array, "i": Int4Array, "rw": Float8Array, "sc": Float8Array,
+        "l": Int4Array, "t": BoolArray,
+    }  # fmt: skip
+    with _raw_cursor(session) as cur:
+        cur.execute(
+            "SELECT max(step) FROM rollouts WHERE run_id = %(run)s", {"run": run_id}, prepare=False
+        )
+        top = cur.fetchone()[0]  # type: ignore[index]
+        fresh = r.step > (_NO_STEP if top is None else top)
+        _pg_insert_parts(
+            cur, _PG_ROLLOUT_INSERT, _PG_ROLLOUT_UPSERT, cols, kinds, fresh, {"run": run_id}
+        )
+    return len(r.step)
+
+
+def _pg_insert_parts(
+    cur: Any,
+    insert_sql: str,
+    upsert_sql: str,
+    cols: dict[str, Any],
+    kinds: dict[str, type[PgArray]],
+    fresh: Any,
+    params: dict[str, Any],
+) -> None:
+    """Plain INSERT of the ``fresh`` rows, INSERT … ON CONFLICT of the rest.
+
+    A plain INSERT skips the speculative insertion of ON CONFLICT (about half the cost). It is
+    safe because the caller holds the run row's lock (every writer takes it first), so no other
+    transaction can add a row above the probed top step meanwhile; should a row collide anyway,
+    the savepoint rolls the INSERT back and the rows are upserted instead.
+    """
+
+    def part(mask: Any) -> dict[str, Any]:
+        return {**params, **{name: kinds[name](col[mask]) for name, col in cols.items()}}
+
+    old = ~fresh
+    if old.any():
+        cur.execute(upsert_sql, part(old))
+    if fresh.any():
+        try:
+            with cur.connection.transaction():  # a savepoint inside the session's transaction
+                cur.execute(insert_sql, part(fresh))
+        except psycopg.errors.UniqueViolation:
+            cur.execute(upsert_sql, part(fresh))
+
+
+@contextmanager
+def _raw_cursor(session: Session) -> Iterator[Any]:
+    """A psycopg cursor on the session's connection and transaction."""
+    dbapi = session.connection().connection.dbapi_connection
+    with dbapi.cursor() as cur:  # type: ignore[union-attr]
+        yield cur
 
 
 def _update_run(
@@ -136,11 +403,12 @@ def _update_run(
     out: Written,
     owner_attempt: int | None,
     values: dict[str, Any],
-) -> bool:
+) -> int | None:
+    """The run's new ``write_seq``, or None when the run is gone (or not owned)."""
     stmt = update(Run).where(Run.id == run_id)
     if owner_attempt is not None:
         stmt = stmt.where(Run.attempt == owner_attempt, Run.status == RunStatus.running)
-    values = {"updated_at": utcnow(), **values}
+    values = {"updated_at": utcnow(), "write_seq": Run.write_seq + 1, **values}
     last = out.last_step
     if last is not None and session.get_bind().dialect.name == "postgresql":
         merged = cast(
@@ -156,16 +424,7 @@ def _update_run(
         if current is not None and last >= current.step:
             values["step"] = last
             values["summary"] = {**(current.summary or {}), **out.last_values}
-    result = session.execute(stmt.values(**values).returning(Run.id))
-    return result.first() is not None
-
-
-def _dedupe(rows: list[dict[str, Any]], key: Sequence[str]) -> list[dict[str, Any]]:
-    # ON CONFLICT cannot touch one row twice in a statement; the last write of a key wins.
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in rows:
-        seen[tuple(row[k] for k in key)] = row
-    return list(seen.values())
+    return session.execute(stmt.values(**values).returning(Run.write_seq)).scalar()
 
 
 def touch_run(session: Session, run_id: int, **values: Any) -> int:
@@ -203,8 +462,11 @@ def query_series(
     keys: Sequence[str],
     max_points: int,
     since_step: int | None = None,
+    step_max: int | None = None,
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """``{run_id: {key: Series}}`` for every requested pair (empty series where none exist).
+
+    Only steps in (``since_step``, ``step_max``] count; the two page through raw points.
 
     1. Extents: first and last step of each series (index probes on PostgreSQL).
     2. A series whose step span fits in ``max_points`` is read raw.
@@ -219,7 +481,11 @@ def query_series(
         r: {k: empty_series() for k in keys} for r in run_ids
     }
     first = -1 if since_step is None else since_step
-    extents = _extents(session, run_ids, keys, first)
+    last = INT32_MAX if step_max is None else step_max
+    # Each run's write_seq before any point is read: buckets are cached only for runs that no
+    # write has touched since (see _cache_rollups).
+    seen = dict(session.execute(select(Run.id, Run.write_seq).where(Run.id.in_(run_ids))).all())
+    extents = _extents(session, run_ids, keys, first, last)
     raw: list[tuple[int, str]] = []
     plans: list[_Plan] = []
     for (run_id, key), (lo, hi) in extents.items():
@@ -227,21 +493,21 @@ def query_series(
             raw.append((run_id, key))
         else:
             plans.append(_Plan.make(run_id, key, lo, hi, first, max_points))
-    for plan in _bucketize(session, plans):
+    for plan in _bucketize(session, plans, seen):
         total = sum(plan.cols["n"])
         if total <= max_points:
             raw.append((plan.run_id, plan.key))
             continue
         out[plan.run_id][plan.key] = {
             "steps": plan.cols["last_step"],
-            "values": [finite(v) for v in plan.cols["mean"]],
+            "values": plan.cols["mean"],  # means of stored (finite, |x| <= 1e290) values
             "min": plan.cols["v_min"],
             "max": plan.cols["v_max"],
             "wall_time": plan.cols["last_wall"],
             "sampled": True,
             "total_points": total,
         }
-    for run_id, key, step, value, wall in _raw_points(session, raw, first):
+    for run_id, key, step, value, wall in _raw_points(session, raw, first, last):
         s = out[run_id][key]
         s["steps"].append(step)
         s["values"].append(value)
@@ -253,9 +519,9 @@ def query_series(
 
 
 def _extents(
-    session: Session, run_ids: Sequence[int], keys: Sequence[str], first: int
+    session: Session, run_ids: Sequence[int], keys: Sequence[str], first: int, last: int
 ) -> dict[tuple[int, str], tuple[int, int]]:
-    """(run_id, key) -> (first, last step > ``first``) for the series that have points."""
+    """(run_id, key) -> (first, last step in (``first``, ``last``]) for the series with points."""
     if not run_ids or not keys:
         return {}
     if session.get_bind().dialect.name == "postgresql":
@@ -264,13 +530,19 @@ def _extents(
         stmt = text(
             "SELECT p.r, p.k,"
             " (SELECT min(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
-            "  AND m.step > :first),"
+            "  AND m.step > :first AND m.step <= :last),"
             " (SELECT max(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
-            "  AND m.step > :first)"
+            "  AND m.step > :first AND m.step <= :last)"
             " FROM unnest(CAST(:rs AS integer[]), CAST(:ks AS text[])) AS p(r, k)"
         )
         rows = session.execute(
-            stmt, {"rs": [p[0] for p in pairs], "ks": [p[1] for p in pairs], "first": first}
+            stmt,
+            {
+                "rs": [p[0] for p in pairs],
+                "ks": [p[1] for p in pairs],
+                "first": first,
+                "last": last,
+            },
         )
     else:
         rows = session.execute(
@@ -279,6 +551,7 @@ def _extents(
                 Metric.run_id.in_(list(run_ids)),
                 Metric.key.in_(list(keys)),
                 Metric.step > first,
+                Metric.step <= last,
             )
             .group_by(Metric.run_id, Metric.key)
         )
@@ -318,27 +591,49 @@ class _Plan:
         return self.cache_lo <= bucket < self.b_hi
 
 
-def _bucketize(session: Session, plans: list[_Plan]) -> list[_Plan]:
+_PG_AGG_SQL = (
+    "SELECT p.r, p.k, a.* FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(los)s::integer[],"
+    "  %(his)s::integer[]) WITH ORDINALITY AS p(r, k, lo, hi, i)"
+    " CROSS JOIN LATERAL (SELECT m.step / %(w)s AS b, count(*), avg(m.value), min(m.value),"
+    "  max(m.value), max(m.step), max(m.wall_time), count(m.value) FROM metrics m"
+    "  WHERE m.run_id = p.r AND m.key = p.k AND m.step BETWEEN p.lo AND p.hi"
+    "  GROUP BY 1 ORDER BY 1) a"
+    " ORDER BY p.i, a.b"
+)
+
+
+def _bucketize(session: Session, plans: list[_Plan], seen: dict[int, int]) -> list[_Plan]:
     """Fill each plan's buckets from the rollup cache plus SQL aggregates of what is missing."""
     if not plans:
         return plans
     cached = _cached_buckets(session, plans)
-    missing: dict[int, list[Any]] = {}  # width -> step-range conditions
+    missing: dict[int, list[tuple[int, str, int, int]]] = {}  # width -> (run, key, lo, hi)
     for p in plans:
         have = cached.get((p.run_id, p.key))
         have_set = set(have["bucket"]) if have else set()
         for start, end in _missing_ranges(p, have_set):
             missing.setdefault(p.width, []).append(
-                and_(
-                    Metric.run_id == p.run_id,
-                    Metric.key == p.key,
-                    Metric.step.between(
-                        max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi)
-                    ),
-                )
+                (p.run_id, p.key, max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi))
             )
     fresh: dict[tuple[int, str], dict[str, list[Any]]] = {}
-    for width, conds in missing.items():
+    if session.get_bind().dialect.name == "postgresql":
+        # One index range scan per (series, range), in step order: no bitmap heap recheck of
+        # an OR of every range.
+        with _raw_cursor(session) as cur:
+            for width, ranges in missing.items():
+                rs, ks, los, his = (list(c) for c in zip(*ranges, strict=True))
+                params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
+                cur.execute(_PG_AGG_SQL, params, binary=True)
+                for run_id, key, *agg in cur.fetchall():
+                    cols = fresh.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
+                    for name, value in zip(BUCKET_FIELDS, agg, strict=True):
+                        cols[name].append(value)
+        missing = {}
+    for width, ranges in missing.items():
+        conds = [
+            and_(Metric.run_id == r, Metric.key == k, Metric.step.between(lo, hi))
+            for r, k, lo, hi in ranges
+        ]
         bucket = (Metric.step // width).label("b")
         n_valid = func.count(Metric.value)
         for chunk in _chunks(conds, 200):
@@ -388,7 +683,7 @@ def _bucketize(session: Session, plans: list[_Plan]) -> list[_Plan]:
                     }
                 )
     if to_cache:
-        _cache_rollups(session, to_cache)
+        _cache_rollups(session, to_cache, seen)
     return plans
 
 
@@ -483,10 +778,23 @@ def _cached_buckets(
     return out
 
 
-def _cache_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Insert computed buckets (a lost race with a writer only costs a recomputation)."""
+def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int, int]) -> None:
+    """Insert computed buckets, only for runs that no write has touched since they were read.
+
+    ``seen``: each run's write_seq read before the points. The run rows are locked FOR SHARE,
+    which waits for a writer in flight (it holds the row from its first statement) and keeps
+    the next one out until this commits: a bucket computed from points a write has since
+    replaced (and whose cache rows that write deleted) is never cached, nor one of a deleted
+    run. A lost race only costs a recomputation.
+    """
+    runs = sorted({r["run_id"] for r in rows})
     try:
         with session.begin_nested():
+            current = session.execute(
+                select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
+            ).all()
+            unchanged = {r for r, seq in current if seen.get(r) == seq}
+            rows = [r for r in rows if r["run_id"] in unchanged]
             insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
         session.commit()
     except DBAPIError:
@@ -494,13 +802,13 @@ def _cache_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
 
 
 def _raw_points(
-    session: Session, pairs: list[tuple[int, str]], first: int
+    session: Session, pairs: list[tuple[int, str]], first: int, last: int
 ) -> Iterable[tuple[int, str, int, float | None, float]]:
     conds = [and_(Metric.run_id == r, Metric.key == k) for r, k in pairs]
     for chunk in _chunks(conds, 200):
         stmt = (
             select(Metric.run_id, Metric.key, Metric.step, Metric.value, Metric.wall_time)
-            .where(or_(*chunk), Metric.step > first)
+            .where(or_(*chunk), Metric.step > first, Metric.step <= last)
             .order_by(Metric.run_id, Metric.key, Metric.step)
         )
         yield from session.execute(stmt)
@@ -511,30 +819,82 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
         yield items[i : i + size]
 
 
+@dataclass(frozen=True)
+class StreamCursor:
+    """Where a live stream stands, as its event id says.
+
+    Every metric write gives its points the run's next ``write_seq`` (under the run row's lock,
+    so per run it follows commit order); a stream has sent every point with ``seq <= seq``.
+    A stream opened with ``since_step=N`` starts with a backlog: points written up to
+    ``backlog_until`` (the run's write_seq when it opened) are sent only if their step is
+    above N (the caller already has the rest); anything written later is sent whatever its
+    step. The event id is ``"<seq>"``, or ``"<seq>:<backlog_until>"`` during the backlog.
+    """
+
+    seq: int = -1
+    since_step: int = -1
+    backlog_until: int | None = None
+
+    @property
+    def event_id(self) -> str:
+        return str(self.seq) if self.backlog_until is None else f"{self.seq}:{self.backlog_until}"
+
+    @classmethod
+    def parse(cls, raw: str, since_step: int | None) -> StreamCursor | None:
+        """A Last-Event-ID back into a cursor (None when it is not one of ours)."""
+        parts = raw.strip().split(":")
+        if len(parts) > 2 or not all(p.lstrip("-").isdigit() for p in parts):
+            return None
+        nums = [int(p) for p in parts]
+        if not all(-1 <= n < 2**63 for n in nums):
+            return None
+        backlog = nums[1] if len(nums) == 2 and nums[1] > nums[0] else None
+        return cls(nums[0], -1 if since_step is None else since_step, backlog)
+
+
+def run_write_seq(session: Session, run_id: int) -> int | None:
+    return session.scalar(select(Run.write_seq).where(Run.id == run_id))
+
+
 def query_new_points(
-    session: Session, run_id: int, since_step: int, limit_rows: int = 20_000
-) -> tuple[int, dict[str, dict[str, list[Any]]]]:
-    """Raw points with step > since_step, whole steps only, up to about ``limit_rows`` rows."""
-    stmt = (
-        select(Metric.key, Metric.step, Metric.value, Metric.wall_time)
-        .where(Metric.run_id == run_id, Metric.step > since_step)
-        .order_by(Metric.step, Metric.key)
-        .limit(limit_rows + 1)
-    )
-    rows = session.execute(stmt).all()
-    if len(rows) > limit_rows:
-        last = rows[-1].step
-        trimmed = [r for r in rows if r.step != last]
-        rows = trimmed or [r for r in rows if r.step == last]
+    session: Session, run_id: int, cursor: StreamCursor, limit_rows: int = 20_000
+) -> tuple[StreamCursor, int | None, dict[str, dict[str, list[Any]]]]:
+    """Points written after ``cursor``, whole writes only, about ``limit_rows`` at most.
+
+    Returns the new cursor, the highest step among the points (None when there are none) and
+    ``{key: {"steps", "values", "wall_time"}}`` with each key's points in step order. A point
+    rewritten after it was sent (an overwrite, e.g. a resumed run re-emitting a step) is sent
+    again with its new value.
+    """
+    m = Metric
+
+    def select_points(*conds: Any, limit: int | None) -> list[Any]:
+        stmt = select(m.key, m.step, m.value, m.wall_time, m.seq).where(m.run_id == run_id, *conds)
+        if cursor.backlog_until is not None:
+            stmt = stmt.where(or_(m.seq > cursor.backlog_until, m.step > cursor.since_step))
+        return list(session.execute(stmt.order_by(m.seq).limit(limit)).all())
+
+    rows = select_points(m.seq > cursor.seq, limit=limit_rows + 1)
+    complete = len(rows) <= limit_rows
+    if not complete:  # keep whole writes: drop the last seq, or read a huge first write whole
+        last = rows[-1].seq
+        rows = [r for r in rows if r.seq != last]
+        if not rows:
+            rows = select_points(m.seq == last, limit=None)
+    new_seq = max([cursor.seq, *(r.seq for r in rows[-1:])])
+    backlog = cursor.backlog_until
+    if backlog is not None and (complete or new_seq >= backlog):
+        # Everything up to now matched or was skipped; the backlog is over.
+        new_seq, backlog = max(new_seq, backlog), None
     series: dict[str, dict[str, list[Any]]] = {}
-    step_max = since_step
-    for key, step, value, wall in rows:
+    step_max = None
+    for key, step, value, wall, _ in sorted(rows, key=lambda r: (r.key, r.step)):
         s = series.setdefault(key, {"steps": [], "values": [], "wall_time": []})
         s["steps"].append(step)
         s["values"].append(value)
         s["wall_time"].append(wall)
-        step_max = max(step_max, step)
-    return step_max, series
+        step_max = step if step_max is None else max(step_max, step)
+    return StreamCursor(new_seq, cursor.since_step, backlog), step_max, series
 
 
 def query_rollouts(

@@ -2,10 +2,11 @@
 
     CONSPO_BENCH_PG=postgresql+psycopg://postgres@127.0.0.1:5432 python bench/metrics_store.py
 
-1. Ingest: ``worker.db_sink.DbSink.log_step`` exactly as a worker calls it (one transaction per
-   step: ownership check, metric upsert, rollout upsert, step/summary/heartbeat), with the
-   trainer's 28 metric keys and 64 sampled rollouts per step; then the bulk path of the external
-   logging endpoint (10,000 points per call).
+1. Ingest: ``worker.db_sink.DbSink`` exactly as a worker drives it, with the trainer's 28 metric
+   keys and 64 sampled rollouts per step: once writing every step (max_points=1, the old
+   behaviour), then batched (the default: one transaction per 20,000 rows or per second:
+   ownership check, metric and rollout bulk insert, step/summary/heartbeat); then the bulk path
+   of the external logging endpoint (10,000 points per call).
 2. Compare: ``GET /api/compare`` for 10 runs x 6 keys x 20,000 steps at max_points=1000, through
    the whole FastAPI app (query, bucketing, JSON), p50/p95 over repeated calls, plus the first
    (cold, rollup cache empty) call.
@@ -24,12 +25,14 @@ import time
 import uuid
 from pathlib import Path
 
+from sqlalchemy import func, select
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.config import Settings  # noqa: E402
 from backend.db import Database  # noqa: E402
 from backend.migrate import migrate  # noqa: E402
-from backend.models import Run, RunStatus, User, utcnow  # noqa: E402
+from backend.models import Metric, Run, RunStatus, User, utcnow  # noqa: E402
 from backend.storage import StepPoints, write_points  # noqa: E402
 from conspo.sink import RolloutRecord, StepRecord  # noqa: E402
 from worker.db_sink import DbSink  # noqa: E402
@@ -70,9 +73,11 @@ def make_runs(db: Database, n: int, status: str) -> list[int]:
         return [r.id for r in runs]
 
 
-def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS) -> None:
+def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bool = True) -> None:
+    """``DbSink`` as a worker drives it: log_step per step, flush at the end (as the trainer
+    does before its final checkpoint). ``batched=False``: a write per step (max_points=1)."""
     (run_id,) = make_runs(db, 1, RunStatus.running)
-    sink = DbSink(db, run_id, attempt=1)
+    sink = DbSink(db, run_id, attempt=1, max_points=20_000 if batched else 1)
     keys = [f"bench/key_{i:03d}" for i in range(n_keys)]
     records = [
         StepRecord(
@@ -91,11 +96,18 @@ def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS) -> None:
     t0 = time.perf_counter()
     for record in records:
         sink.log_step(record)
+    sink.flush()
     dt = time.perf_counter() - t0
+    with db.session() as s:
+        stored = s.scalar(select(func.count()).select_from(Metric).where(Metric.run_id == run_id))
+    assert stored == steps * n_keys, (stored, steps * n_keys)
     points = steps * n_keys
     rows = points + steps * 64
+    how = (
+        f"batched (<= {sink.max_points:,} rows or 1 s per write)" if batched else "a write per step"
+    )
     print(
-        f"DB sink, one transaction per step ({n_keys} metrics + 64 rollouts):"
+        f"DB sink, {how} ({n_keys} metrics + 64 rollouts per step):"
         f" {steps / dt:,.0f} steps/s, {points / dt:,.0f} metric points/s,"
         f" {rows / dt:,.0f} rows/s (metrics + rollouts), {dt / steps * 1000:.2f} ms/step"
     )
@@ -160,7 +172,8 @@ def bench_compare(settings: Settings, ids: list[int], repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sink-steps", type=int, default=2000)
+    parser.add_argument("--sink-steps", type=int, default=5000)
+    parser.add_argument("--skip-compare", action="store_true", help="Only the ingest figures.")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=40)
@@ -179,10 +192,12 @@ def main() -> None:
         settings = Settings(database_url=url, broker_url="memory://", data_dir=Path("/tmp"))
         db = Database(settings)
         print(f"PostgreSQL {url.rsplit('@', 1)[-1]}")
+        bench_sink(db, max(args.sink_steps // 10, 10), batched=False)
         bench_sink(db, args.sink_steps)
         bench_sink(db, max(args.sink_steps // 10, 10), n_keys=1000)  # a wide step
-        ids = bench_bulk_and_fill(db, args.runs, args.steps)
-        bench_compare(settings, ids, args.repeats)
+        if not args.skip_compare:
+            ids = bench_bulk_and_fill(db, args.runs, args.steps)
+            bench_compare(settings, ids, args.repeats)
         db.dispose()
     finally:
         if not args.keep:

@@ -4,12 +4,14 @@ A pure library (no web framework, no database): a ``RunConfig`` goes in, one ``S
 step comes out through a ``Sink``. ``python -m conspo train run.yaml --out DIR`` runs it alone.
 """
 
+from typing import Any
+
 from conspo.config import RunConfig
 
 __all__ = ["ModelStore", "RunConfig", "TrainResult", "train"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Lazy: `import conspo` (e.g. for RunConfig in the API) must not import torch/transformers.
     if name in ("train", "TrainResult"):
         from conspo import trainer

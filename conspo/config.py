@@ -40,23 +40,15 @@ class TaskConfig(_Section):
         description="arith: procedural arithmetic; countdown: reach a target from given numbers;"
         " jsonl: your own file of {prompt, answer} lines verified as math answers.",
     )
-    digits: int = Field(
-        1, ge=1, le=6, description="arith/countdown: digits per operand."
-    )
-    operators: str = Field(
-        "+-", min_length=1, description="arith: operators to draw from (+-*)."
-    )
-    num_operands: int = Field(
-        2, ge=2, le=5, description="arith/countdown: operands per problem."
-    )
+    digits: int = Field(1, ge=1, le=6, description="arith/countdown: digits per operand.")
+    operators: str = Field("+-", min_length=1, description="arith: operators to draw from (+-*).")
+    num_operands: int = Field(2, ge=2, le=5, description="arith/countdown: operands per problem.")
     path: str | None = Field(None, description="jsonl: path of the training file.")
     eval_path: str | None = Field(
         None,
         description="jsonl: path of the held-out file (default: a split of `path`).",
     )
-    eval_size: int = Field(
-        64, ge=1, le=10_000, description="Held-out prompts per evaluation."
-    )
+    eval_size: int = Field(64, ge=1, le=10_000, description="Held-out prompts per evaluation.")
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -88,29 +80,19 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU."
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: CUDA when present."
-    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when present.")
 
 
 class SamplingConfig(_Section):
-    prompts_per_step: int = Field(
-        16, ge=1, le=4096, description="Prompts (groups) per step."
-    )
-    group_size: int = Field(
-        8, ge=2, le=256, description="G: rollouts sampled per prompt."
-    )
+    prompts_per_step: int = Field(16, ge=1, le=4096, description="Prompts (groups) per step.")
+    group_size: int = Field(8, ge=2, le=256, description="G: rollouts sampled per prompt.")
     max_new_tokens: int = Field(16, ge=1, le=32_768, description="Response length cap.")
-    temperature: float = Field(
-        1.0, gt=0, le=5, description="Rollout sampling temperature."
-    )
+    temperature: float = Field(1.0, gt=0, le=5, description="Rollout sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
 
 
 class OptimConfig(_Section):
-    lr: float = Field(
-        1e-4, gt=0, le=1, description="AdamW learning rate (paper: 2e-6 at 1.5B+)."
-    )
+    lr: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate (paper: 2e-6 at 1.5B+).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     mini_batches: int = Field(
@@ -127,18 +109,12 @@ class EvalConfig(_Section):
     every: int = Field(
         10, ge=0, description="Evaluate every N steps (0: never; always at the end)."
     )
-    pass_k: int = Field(
-        4, ge=1, le=64, description="k of pass@k on the held-out split."
-    )
-    temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature for pass@k."
-    )
+    pass_k: int = Field(4, ge=1, le=64, description="k of pass@k on the held-out split.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for pass@k.")
 
 
 class CheckpointConfig(_Section):
-    every: int = Field(
-        10, ge=0, description="Checkpoint every N steps (0: only at the end)."
-    )
+    every: int = Field(10, ge=0, description="Checkpoint every N steps (0: only at the end).")
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
 
 
@@ -152,9 +128,7 @@ class LoggingConfig(_Section):
 
 
 class RunConfig(_Section):
-    name: str | None = Field(
-        None, max_length=200, description="Display name of the run."
-    )
+    name: str | None = Field(None, max_length=200, description="Display name of the run.")
     algorithm: str = Field(
         "conspo",
         description="Objective: conspo, grpo, dapo or dr_grpo (see /api/presets).",
@@ -163,12 +137,8 @@ class RunConfig(_Section):
         default_factory=dict,
         description="The algorithm's hyperparameters; unspecified ones take its defaults.",
     )
-    steps: int = Field(
-        50, ge=1, le=1_000_000, description="Training steps (rollout batches)."
-    )
-    seed: int = Field(
-        0, ge=0, le=2**31 - 1, description="Seed for data, sampling and init."
-    )
+    steps: int = Field(50, ge=1, le=1_000_000, description="Training steps (rollout batches).")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for data, sampling and init.")
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -1,8 +1,8 @@
 """Policies and where they come from: the built-in `tiny` family and a local model store.
 
-`tiny` is a small Qwen-architecture model (Qwen3 classes: Qwen2's decoder plus q/k norms) with a
-character-level tokenizer, both in the standard Hugging Face format (``save_pretrained`` /
-``from_pretrained``), so TRL and anything else that reads HF checkpoints can use them.
+`tiny` is a small Qwen2-architecture model (``Qwen2ForCausalLM``) with a character-level
+tokenizer, both in the standard Hugging Face format (``save_pretrained`` / ``from_pretrained``),
+so TRL and anything else that reads HF checkpoints can use them.
 `tiny-arith` / `tiny-countdown` are `tiny` after a short SFT warm start on that task
 (conspo/sft.py), so RL starts from a policy that is right part of the time.
 
@@ -21,16 +21,19 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
-    PreTrainedTokenizerFast,
-    Qwen3Config,
-    Qwen3ForCausalLM,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Tokenizer,
 )
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from conspo.config import ModelConfig, TaskConfig
 
@@ -38,22 +41,27 @@ PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
 # Every character a tiny-model prompt or answer can contain. Order fixes the token ids.
 CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
+# Bumped whenever what the store builds changes (architecture, tokenizer, SFT recipe): a store
+# directory built under another version is rebuilt on its next resolve(). 2: Qwen2, byte-level
+# character tokenizer, SFT lr 1e-3 (1: Qwen3, WordLevel tokenizer, SFT lr 5e-3).
+STORE_VERSION = 2
+MARKER = "BUILT_BY_CONSPO"
 
-TINY_CONFIG = dict(
+MAX_POSITIONS = 256
+TINY_CONFIG: dict[str, Any] = dict(
     hidden_size=128,
     intermediate_size=384,
     num_hidden_layers=3,
-    num_attention_heads=4,
+    num_attention_heads=4,  # head_dim 32
     num_key_value_heads=4,
-    head_dim=32,
-    max_position_embeddings=256,
+    max_position_embeddings=MAX_POSITIONS,
     tie_word_embeddings=True,
-    rope_theta=10_000.0,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
 )
 
 # What the store builds for each built-in name: (SFT task mix, SFT steps). The arith base is
-# near-perfect on 1-digit a±b, right on roughly a third of 1-digit a±b±c and rarely right on
-# 2-digit sums: RL has room on the harder settings (see examples/run.yaml).
+# right (greedy, 256 held-out problems) on about 70% of 1-digit a±b, 55% of 1-digit a±b±c and
+# 6% of 2-digit sums: RL has room on every setting (see examples/run.yaml).
 WARM_STARTS: dict[str, tuple[list[TaskConfig], int]] = {
     "tiny-arith": (
         [
@@ -72,38 +80,40 @@ WARM_STARTS: dict[str, tuple[list[TaskConfig], int]] = {
 # --------------------------------------------------------------------------------------------
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """A character tokenizer: one token per character, special tokens <pad> <eos> <bos> <unk>.
+def build_char_tokenizer() -> Qwen2Tokenizer:
+    """A character tokenizer: one token per character of CHARSET, plus <pad> <eos> <bos> <unk>.
+
+    It is a Qwen2Tokenizer (byte-level BPE) whose vocabulary is the byte-level image of CHARSET
+    and which has no merges, so every character, spaces and newlines included, is its own token.
+    Why this form: for a ``model_type: qwen2`` checkpoint, transformers 5 ``AutoTokenizer``
+    always instantiates ``Qwen2Tokenizer`` (``qwen2`` is in
+    ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``, transformers/models/auto/tokenization_auto.py,
+    which overrides any ``tokenizer_class`` in tokenizer_config.json), and ``Qwen2Tokenizer``
+    rebuilds its pipeline (NFC, Qwen2 split regex, ByteLevel, BPE without unk) from the vocab and
+    merges of tokenizer.json alone. A WordLevel tokenizer with a plain " " / "\\n" vocab loses
+    those characters on reload; a vocab written in byte-level form survives it exactly.
 
     No BOS/EOS is added on encode (prompts are plain text such as "12+7="); the trainer appends
     EOS to SFT targets and stops sampling at EOS. Padding is on the left for generation.
+    Characters outside CHARSET have no token and are dropped (no task produces them).
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(CHARSET))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    # Split every character (including spaces and newlines) into its own token.
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()  # join characters back without separators
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    byte_char = bytes_to_unicode()
+    tokens = SPECIAL_TOKENS + [byte_char[ord(c)] for c in CHARSET]
+    return Qwen2Tokenizer(
+        vocab={tok: i for i, tok in enumerate(tokens)},
+        merges=[],
         pad_token=PAD,
         eos_token=EOS,
         bos_token=BOS,
         unk_token=UNK,
         padding_side="left",
-        model_max_length=TINY_CONFIG["max_position_embeddings"],
+        model_max_length=MAX_POSITIONS,
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3ForCausalLM:
-    """A randomly initialised Qwen3-class decoder (~0.6M parameters) sized for CPU experiments.
-
-    Qwen3, not Qwen2: transformers 5 forces its byte-level Qwen2Tokenizer onto any `qwen2`
-    checkpoint (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), which would drop the character
-    tokenizer's pre-tokenizer on reload; `qwen3` checkpoints keep the tokenizer they ship.
-    """
-    config = Qwen3Config(
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 decoder (~0.6M parameters) sized for CPU experiments."""
+    config = Qwen2Config(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -111,7 +121,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3
         **TINY_CONFIG,
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
@@ -144,34 +154,51 @@ class ModelStore:
 
     def resolve(self, name: str) -> Path | str:
         """Local path of a built-in or local model; a hub id is returned as is (cached or not)."""
-        if name == "tiny":
-            return self._build_once(name, lambda out: save_tiny(out))
-        if name in WARM_STARTS:
-            tasks, steps = WARM_STARTS[name]
-            base = self.resolve("tiny")
-            return self._build_once(name, lambda out: _warm_start(base, tasks, steps, out))
+        if name in self.builtin_names():
+            return self._builtin(name)
         if Path(name).expanduser().is_dir():
             return Path(name).expanduser()
         if name.startswith((".", "/", "~")) or name.count("/") > 1:
             raise FileNotFoundError(f"model directory {name!r} does not exist")
         return name  # a hub id: from_pretrained decides whether it is cached
 
+    def _builtin(self, name: str) -> Path:
+        if name == "tiny":
+            return self._build_once(name, lambda out: save_tiny(out))
+        tasks, steps = WARM_STARTS[name]
+        base = self._builtin("tiny")
+        return self._build_once(name, lambda out: _warm_start(base, tasks, steps, out))
+
     def _build_once(self, name: str, build: Callable[[Path], None]) -> Path:
         final = self.root / name
-        if (final / "config.json").exists():
+        if _is_current(final):
             return final
         self.root.mkdir(parents=True, exist_ok=True)
         with _file_lock(self.root / f".{name}.lock"):
-            if (final / "config.json").exists():  # another process built it while we waited
+            if _is_current(final):  # another process built it while we waited
                 return final
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
+            stale = None
             try:
                 build(tmp)
-                (tmp / "BUILT_BY_CONSPO").write_text(name + "\n")
+                (tmp / MARKER).write_text(f"{name}\nversion {STORE_VERSION}\n")
+                if final.exists():  # built by another STORE_VERSION: move it aside, then swap
+                    stale = Path(tempfile.mkdtemp(prefix=f".{name}-stale-", dir=self.root))
+                    os.replace(final, stale / name)
                 os.replace(tmp, final)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if stale is not None:
+                    shutil.rmtree(stale, ignore_errors=True)
         return final
+
+
+def _is_current(path: Path) -> bool:
+    """A complete build of this STORE_VERSION (older builds lack the version line)."""
+    marker = path / MARKER
+    if not (path / "config.json").exists() or not marker.exists():
+        return False
+    return f"version {STORE_VERSION}" in marker.read_text().splitlines()
 
 
 @contextmanager
@@ -187,7 +214,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 def _warm_start(base: Path, tasks: list[TaskConfig], steps: int, out: Path) -> None:
     from conspo.sft import sft
 
-    sft(base, tasks, out, steps=steps, lr=5e-3)
+    sft(base, tasks, out, steps=steps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +237,7 @@ def pick_device(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
 
 def load_pretrained(
     path: Path | str, device: torch.device, dtype: torch.dtype
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     local_only = isinstance(path, Path) or os.environ.get("HF_HUB_OFFLINE") == "1"
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -224,12 +251,15 @@ def load_pretrained(
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:  # many causal LMs ship without one
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
+    # PreTrainedModel.to is declared with @functools.wraps(nn.Module.to), whose typeshed type
+    # takes the unbound signature (self first), so mypy rejects a device as the first argument.
+    model = model.to(device)  # type: ignore[arg-type]
+    return model, tokenizer
 
 
 def load_policy(
     cfg: ModelConfig, store: ModelStore | None = None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, torch.device, torch.dtype]:
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.device, torch.dtype]:
     """Resolve ``cfg.name`` through the store and load it on the auto-selected device."""
     store = store or ModelStore()
     device, dtype = pick_device(cfg)

@@ -53,9 +53,7 @@ def get_objective(name: str) -> RegisteredObjective:
         return _OBJECTIVES[name]
     except KeyError:
         valid = ", ".join(sorted(_OBJECTIVES))
-        raise KeyError(
-            f"unknown algorithm {name!r}; valid algorithms: {valid}"
-        ) from None
+        raise KeyError(f"unknown algorithm {name!r}; valid algorithms: {valid}") from None
 
 
 def objective_names() -> list[str]:

@@ -29,6 +29,17 @@ class RolloutBatch:
     lengths: torch.Tensor  # (N,) long, response tokens incl. EOS
     truncated: torch.Tensor  # (N,) bool, hit max_new_tokens without EOS
 
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The rollouts at ``rows`` ((N,) bool mask or index tensor on the batch's device)."""
+        return RolloutBatch(
+            self.prompt_ids[rows],
+            self.prompt_mask[rows],
+            self.response_ids[rows],
+            self.response_mask[rows],
+            self.lengths[rows],
+            self.truncated[rows],
+        )
+
 
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from conspo.config import TaskConfig
 from conspo.models import load_pretrained
@@ -22,7 +23,7 @@ from conspo.tasks import Example, make_task
 
 
 def sft_batch(
-    tokenizer, examples: list[Example]
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (B, L) input ids, attention mask and labels (-100 on prompt and padding)."""
     seqs, labels = [], []
@@ -52,10 +53,14 @@ def sft(
     *,
     steps: int = 600,
     batch_size: int = 64,
-    lr: float = 5e-3,
+    lr: float = 1e-3,
     seed: int = 0,
 ) -> Path:
-    """Fine-tune ``base`` on an equal mix of ``tasks`` and save it (HF format) to ``out``."""
+    """Fine-tune ``base`` on an equal mix of ``tasks`` and save it (HF format) to ``out``.
+
+    lr 1e-3: the tiny Qwen2 (no q/k norms) collapses at 5e-3 (0% greedy accuracy on 1-digit
+    a±b after 400 steps) and learns steadily at 1e-3.
+    """
     torch.manual_seed(seed)
     model, tokenizer = load_pretrained(Path(base), torch.device("cpu"), torch.float32)
     made = [make_task(cfg) for cfg in tasks]

@@ -4,6 +4,12 @@ The trainer calls ``sink.log_step(record)`` once per step (after the optimiser s
 evaluation of that step) and ``sink.log_event(kind, data)`` for lifecycle events. After a resume
 from a checkpoint the trainer re-emits the steps after the checkpoint; sinks must treat a step
 they already have as an overwrite (idempotent upsert), never as a duplicate.
+
+A sink may buffer steps and write them in batches. It then offers ``flush()``, which the trainer
+calls before it saves each checkpoint and before its ``finished`` event: every step a
+checkpoint covers is stored by then, and a crash can only lose buffered steps after the last
+checkpoint, which the resumed run re-emits. ``flush`` is optional (``flush_sink`` skips a sink
+without one); a sink that writes each step at once needs none.
 """
 
 from __future__ import annotations
@@ -40,12 +46,24 @@ class Sink(Protocol):
 
     def log_event(self, kind: str, data: dict[str, Any]) -> None: ...
 
+    # Optional: def flush(self) -> None, store every step logged so far (see the docstring).
+
+
+def flush_sink(sink: Sink) -> None:
+    """``sink.flush()`` when the sink has one (buffering sinks); nothing otherwise."""
+    flush = getattr(sink, "flush", None)
+    if flush is not None:
+        flush()
+
 
 class NullSink:
     def log_step(self, record: StepRecord) -> None:
         pass
 
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
 
@@ -61,6 +79,9 @@ class MemorySink:
 
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
         self.events.append((kind, data))
+
+    def flush(self) -> None:
+        pass  # every step is kept at once
 
 
 class JsonlSink:
@@ -78,6 +99,9 @@ class JsonlSink:
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
         with self.path.with_name("events.jsonl").open("a") as f:
             f.write(json.dumps({"event": kind, **data}) + "\n")
+
+    def flush(self) -> None:
+        pass  # each line is written (and the file closed) as it comes
 
 
 def record_to_dict(record: StepRecord) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from conspo.objectives import (
 )
 from conspo.registry import get_objective
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate, sample
-from conspo.sink import RolloutRecord, Sink, StepRecord
+from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import separation_stats
 from conspo.tasks import Example, Task, make_task
 
@@ -129,8 +129,10 @@ def train(
     if last_step < config.steps:
         if last_saved != last_step:
             checkpoint(run, workdir, last_step, sink)
+        flush_sink(sink)  # a buffering sink stores every step before the run ends
         sink.log_event("finished", {"status": "cancelled", "step": last_step})
         return TrainResult("cancelled", last_step)
+    flush_sink(sink)
     sink.log_event("finished", {"status": "succeeded", "step": last_step})
     return TrainResult("succeeded", last_step)
 
@@ -176,6 +178,9 @@ def resume(run: Run, workdir: Path, sink: Sink) -> int:
 
 
 def checkpoint(run: Run, workdir: Path, step: int, sink: Sink) -> None:
+    # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
+    # it must be stored before the checkpoint exists (a buffering sink may hold some back).
+    flush_sink(sink)
     counters = {"rollouts_seen": run.rollouts_seen}
     path = save_checkpoint(
         workdir, step, run.model, run.tokenizer, run.optimizer, counters, run.cfg.checkpoint.keep
@@ -294,13 +299,7 @@ def mixed_groups(correct: torch.Tensor, g: int) -> torch.Tensor:
 def keep_groups(r: Rollouts, keep: torch.Tensor, g: int) -> Rollouts:
     """The groups where ``keep`` (groups,) is True, renumbered 0..k-1."""
     rows = keep.repeat_interleave(g)
-    dev_rows = rows.to(r.batch.response_ids.device)
-    b = r.batch
-    batch = RolloutBatch(
-        *(t[dev_rows] for t in (b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)),
-        b.lengths[dev_rows],
-        b.truncated[dev_rows],
-    )
+    batch = r.batch.select(rows.to(r.batch.response_ids.device))
     group_ids = torch.arange(int(keep.sum())).repeat_interleave(g)
     return Rollouts(batch, r.rewards[rows], r.correct[rows], group_ids, r.generated)
 
@@ -401,11 +400,7 @@ def optimise_chunk(
     Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1).
     """
     cfg, device = run.cfg, run.device
-    b = r.batch
-    sub = RolloutBatch(
-        b.prompt_ids[rows], b.prompt_mask[rows], b.response_ids[rows], b.response_mask[rows],
-        b.lengths[rows], b.truncated[rows],
-    )  # fmt: skip
+    sub = r.batch.select(rows)
     logprobs, entropy = token_logprobs(run.model, sub, cfg.sampling.temperature, True)
     assert entropy is not None
     ref = None

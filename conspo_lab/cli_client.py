@@ -218,13 +218,7 @@ def export(
     """Write a run's metrics to CSV, JSON lines or Parquet."""
     with _client(url, token) as lab:
         key_list = _split(keys) if keys else lab.metric_keys(run)
-        series = lab.metrics(run, key_list, max_points=10_000) if key_list else {}
-    sampled = [k for k, s in series.items() if s.sampled]
-    if sampled:
-        err_console.print(
-            f"[yellow]warning: {len(sampled)} series have more than 10,000 points and were "
-            f"bucketed by the server (mean per bucket): {', '.join(sampled[:5])}[/]"
-        )
+        series = _all_points(lab, run, key_list)
     rows, columns = (
         _wide_rows(series, key_list) if layout is Layout.wide else _long_rows(run, series)
     )
@@ -341,6 +335,20 @@ def _last_best(
 # --------------------------------------------------------------------------------------------
 # export
 # --------------------------------------------------------------------------------------------
+
+
+def _all_points(lab: Client, run_id: int, keys: Sequence[str]) -> dict[str, Series]:
+    """Every raw point of ``keys`` (paged by step range, so nothing is bucketed)."""
+    merged = {k: Series() for k in keys}
+    for page in lab.iter_points(run_id, keys):
+        for key, s in page.items():
+            m = merged.setdefault(key, Series())
+            m.steps += s.steps
+            m.values += s.values
+            same = len(s.wall_time) == len(s.steps)
+            m.wall_time += s.wall_time if same else [None] * len(s.steps)
+            m.total_points += len(s.steps)
+    return merged
 
 
 def _wide_rows(

@@ -388,12 +388,46 @@ class Client:
         max_points: int = 1000,
         since_step: int | None = None,
         x: str | None = None,
+        step_max: int | None = None,
     ) -> dict[str, Series]:
-        """Series per key; when a series has more than ``max_points`` points it is bucketed
-        (each bucket: last step, mean, min, max) and ``Series.sampled`` is true."""
-        params = dict(keys=",".join(keys), max_points=max_points, since_step=since_step, x=x)
+        """Series per key with steps in (``since_step``, ``step_max``]; when a series has more
+        than ``max_points`` points there it is bucketed (each bucket: last step, mean, min,
+        max) and ``Series.sampled`` is true. ``iter_points`` pages through raw points."""
+        params = dict(
+            keys=",".join(keys), max_points=max_points, since_step=since_step, x=x,
+            step_max=step_max,
+        )  # fmt: skip
         data = self._request("GET", f"/api/runs/{run_id}/metrics", params=params)
         return {k: Series.model_validate(v) for k, v in data["series"].items()}
+
+    def iter_points(
+        self, run_id: int, keys: Sequence[str], page_points: int = 10_000
+    ) -> Iterator[dict[str, Series]]:
+        """Every raw point of ``keys`` up to the run's last step, in pages, never bucketed.
+
+        Pages are step ranges (``since_step`` exclusive, ``step_max`` inclusive) read with
+        ``max_points=page_points``. A range of ``page_points`` steps cannot hold more points
+        per key, so it is never bucketed; sparse series (eval every 100 steps) get wider
+        ranges, and a range that comes back bucketed is read again at half the width.
+        """
+        if not keys:
+            return
+        last = self.get_run(run_id).step
+        cursor, width = -1, page_points
+        while cursor < last:
+            page = self.metrics(
+                run_id, keys, max_points=page_points, since_step=cursor,
+                step_max=min(cursor + width, last),
+            )  # fmt: skip
+            if any(s.sampled for s in page.values()):
+                width = max(page_points, width // 2)
+                continue
+            yield page
+            cursor = min(cursor + width, last)
+            if max((len(s.steps) for s in page.values()), default=0) < page_points // 4:
+                width *= 2
+            if cursor >= last:  # the run may have moved on meanwhile (its step only grows)
+                last = self.get_run(run_id).step
 
     def compare(
         self, runs: Sequence[int], keys: Sequence[str], max_points: int = 1000
@@ -437,18 +471,21 @@ class Client:
     ) -> Iterator[StreamEvent]:
         """Yield the run's live events (``metrics``, ``status``) and finally ``end``.
 
-        A dropped connection reconnects with ``Last-Event-ID`` (the last cursor seen), so no
-        point is lost or repeated; after ``max_retries`` failed reconnects in a row the last
-        error is raised as ``ServerUnavailable``. A 4xx (unknown run) raises ``ApiError``.
+        ``since_step``: the caller already has the points up to that step (those written
+        later are still sent). A dropped connection reconnects with ``Last-Event-ID`` (the
+        last event id seen, the server's write cursor), so no point is lost or repeated;
+        after ``max_retries`` failed reconnects in a row the last error is raised as
+        ``ServerUnavailable``. A 4xx (unknown run) raises ``ApiError``.
         """
-        cursor: str | None = None if since_step is None else str(since_step)
+        cursor: str | None = None
         failures = 0
         while True:
             headers = {"Accept": "text/event-stream"}
             params: dict[str, Any] = {}
+            if since_step is not None:  # kept on reconnects, as a browser's EventSource does
+                params["since_step"] = since_step
             if cursor is not None:
                 headers["Last-Event-ID"] = cursor
-                params["since_step"] = cursor
             try:
                 with self._http.stream(
                     "GET",

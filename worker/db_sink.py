@@ -1,18 +1,28 @@
-"""A ``conspo.sink.Sink`` that writes each step to the database in one transaction.
+"""A ``conspo.sink.Sink`` that buffers steps and writes them to the database in batches.
 
-``log_step`` runs before the trainer checkpoints that step, so a checkpoint never covers a step
-the database lacks; after a resume the trainer re-emits the steps after its checkpoint, and the
-upserts on (run_id, key, step) overwrite them instead of duplicating.
+One transaction per batch (``backend.storage.write_points``): every buffered metric and rollout
+in bulk, plus one update of the run row (step, summary, heartbeat; only while this attempt
+still owns the run). A batch is written when ``flush()`` is called, when the buffer holds
+``max_points`` metric points and rollout rows, or when a step arrives ``max_delay_s`` after the
+last write (so dashboards stay live whatever the step rate).
+
+Crash safety: the trainer calls ``flush()`` before it saves each checkpoint and before it ends,
+so a checkpoint never covers a step the database lacks. A crash loses at most the buffered
+steps after the last checkpoint, which the resumed attempt re-emits; the upserts on
+(run_id, key, step) make a re-emitted step that was already stored an overwrite, not a
+duplicate.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from backend.db import Database
 from backend.models import utcnow
-from backend.storage import RolloutPoint, StepPoints, write_points
+from backend.storage import StepPoints, write_points
 from conspo.sink import StepRecord
 
 log = logging.getLogger(__name__)
@@ -23,32 +33,65 @@ class RunGone(Exception):
 
 
 class DbSink:
-    def __init__(self, db: Database, run_id: int, attempt: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        run_id: int,
+        attempt: int,
+        *,
+        max_points: int = 20_000,
+        max_delay_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.db = db
         self.run_id = run_id
         self.attempt = attempt
+        self.max_points = max_points
+        self.max_delay_s = max_delay_s
+        self.clock = clock
         self.events: list[tuple[str, dict[str, Any]]] = []
+        self._buffer: dict[int, StepRecord] = {}  # by step: a re-emitted step replaces its twin
+        self._buffered = 0  # metric points + rollout rows in the buffer
+        self._last_write = clock()
 
     def log_step(self, record: StepRecord) -> None:
-        """One transaction: metrics + rollouts upserted, step/summary/heartbeat of the run."""
-        step = StepPoints(record.step, record.metrics, record.wall_time)
-        rollouts = [
-            RolloutPoint(record.step, r.group, r.index, r.reward, r.score, r.length, r.truncated)
-            for r in record.rollouts
-        ]
+        """Buffer the step; write the buffer when it is full or the last write is old."""
+        old = self._buffer.pop(record.step, None)
+        if old is not None:
+            self._buffered -= len(old.metrics) + len(old.rollouts)
+        self._buffer[record.step] = record
+        self._buffered += len(record.metrics) + len(record.rollouts)
+        if self._buffered >= self.max_points or self.clock() - self._last_write >= self.max_delay_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered step in one transaction (nothing to do when empty)."""
+        self._last_write = self.clock()
+        if not self._buffer:
+            return
+        records = list(self._buffer.values())
+        steps = [StepPoints(r.step, r.metrics, r.wall_time, r.rollouts) for r in records]
+        latest = max(records, key=lambda r: r.step)
         with self.db.session() as session:
             written = write_points(
                 session,
                 self.run_id,
-                [step],
-                rollouts,
+                steps,
                 owner_attempt=self.attempt,
-                run_values={"heartbeat_at": utcnow(), "total_steps": record.total_steps},
+                run_values={"heartbeat_at": utcnow(), "total_steps": latest.total_steps},
             )
             if not written.owned:
                 session.rollback()
+                self._buffer.clear()
+                self._buffered = 0
                 raise RunGone(f"run {self.run_id} was deleted or taken over")
             session.commit()
+        self._buffer.clear()
+        self._buffered = 0
+
+    @property
+    def buffered_steps(self) -> list[int]:
+        return sorted(self._buffer)
 
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
         self.events.append((kind, data))

@@ -129,6 +129,7 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
     heartbeat = Heartbeat(db, run_id, attempt, settings.heartbeat_interval_s)
     heartbeat.start()
     status, error = RunStatus.failed, None
+    sink = DbSink(db, run_id, attempt)
     try:
         from conspo.config import RunConfig
         from conspo.models import ModelStore
@@ -140,7 +141,7 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
         workdir.mkdir(parents=True, exist_ok=True)
         result = train(
             config,
-            DbSink(db, run_id, attempt),
+            sink,
             heartbeat.stop_requested.is_set,
             workdir=workdir,
             model_store=ModelStore(settings.model_store),
@@ -152,6 +153,7 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
     except Exception:
         error = traceback.format_exc()[-20_000:]
         log.error("run %s failed:\n%s", run_id, error)
+        _flush_quietly(sink)
     finally:
         heartbeat.finish()
     if heartbeat.lost:
@@ -159,6 +161,14 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
     now = utcnow()
     _set(db, run_id, attempt, status=status, error=error, finished_at=now, heartbeat_at=now)
     return str(status)
+
+
+def _flush_quietly(sink: DbSink) -> None:
+    """Keep the steps a failed run logged before it failed (they are real; best effort)."""
+    try:
+        sink.flush()
+    except Exception:  # the run is gone or the database is down: the error says enough
+        log.warning("run %s: could not store the last buffered steps", sink.run_id)
 
 
 def _set(db: Database, run_id: int, attempt: int, **values: Any) -> None:

@@ -166,10 +166,20 @@ function mergePoints(key, pts) {
     if (st > last) {
       s.steps.push(st); s.values.push(v); s.min.push(v); s.max.push(v); s.wall_time.push(w);
       s.total_points += 1;
-    } else {
-      // A re-emitted step (resume after a checkpoint) overwrites, never duplicates.
+    } else if (!s.sampled) {
+      // A re-emitted step (resume after a checkpoint) overwrites, never duplicates; a key
+      // written late to an older step (the stream's cursor is a write sequence) is inserted
+      // in step order.
       const idx = s.steps.indexOf(st);
-      if (idx >= 0 && !s.sampled) { s.values[idx] = v; s.min[idx] = v; s.max[idx] = v; s.wall_time[idx] = w; }
+      if (idx >= 0) {
+        s.values[idx] = v; s.min[idx] = v; s.max[idx] = v; s.wall_time[idx] = w;
+      } else {
+        let at = s.steps.findIndex((x) => x > st);
+        if (at < 0) at = s.steps.length;
+        s.steps.splice(at, 0, st); s.values.splice(at, 0, v); s.min.splice(at, 0, v);
+        s.max.splice(at, 0, v); s.wall_time.splice(at, 0, w);
+        s.total_points += 1;
+      }
     }
     if (st > S.maxStep) S.maxStep = st;
   }

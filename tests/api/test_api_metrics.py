@@ -124,7 +124,8 @@ def test_bad_metric_queries_name_the_field(api: Api) -> None:
     assert api.post(f"/api/runs/{queued['id']}/log", json={"steps": []}).status_code == 409
 
 
-def read_sse(api: Api, url: str, **kw) -> list[tuple[str, str, dict]]:  # type: ignore[no-untyped-def]
+def read_sse(api: Api, url: str, stop: str = "end", **kw) -> list[tuple[str, str, dict]]:  # type: ignore[no-untyped-def]
+    """Events up to the first ``stop`` event (``end`` by default)."""
     events, event, eid, data = [], None, None, None
     with api.client.stream("GET", url, **kw) as resp:
         assert resp.status_code == 200
@@ -137,10 +138,16 @@ def read_sse(api: Api, url: str, **kw) -> list[tuple[str, str, dict]]:  # type: 
                 data = json.loads(line.split(":", 1)[1])
             elif line == "" and event:
                 events.append((event, eid, data))
-                if event == "end":
+                if event in (stop, "end"):
                     break
                 event = None
     return events
+
+
+def streamed(events: list, key: str) -> list[int]:  # type: ignore[type-arg]
+    return [
+        s for e in events if e[0] == "metrics" for s in e[2]["series"].get(key, {}).get("steps", [])
+    ]
 
 
 def test_run_stream_sends_points_status_and_end_and_resumes(api: Api) -> None:
@@ -150,11 +157,128 @@ def test_run_stream_sends_points_status_and_end_and_resumes(api: Api) -> None:
     kinds = [e[0] for e in events]
     assert kinds[0] == "metrics" and "status" in kinds and kinds[-1] == "end"
     steps = [s for e in events if e[0] == "metrics" for s in e[2]["series"]["a"]["steps"]]
-    assert steps == list(range(1, 31)) and events[-1][1] == "30"
+    assert steps == list(range(1, 31)) and events[-1][2]["step_max"] == 30
     status = next(e for e in events if e[0] == "status")[2]
     assert status["status"] == "succeeded"
-    resumed = read_sse(api, f"/api/runs/{run['id']}/stream", headers={"Last-Event-ID": "25"})
-    steps = [s for e in resumed if e[0] == "metrics" for s in e[2]["series"]["b"]["steps"]]
-    assert steps == [26, 27, 28, 29, 30]
+    resumed = read_sse(
+        api, f"/api/runs/{run['id']}/stream", headers={"Last-Event-ID": events[-1][1]}
+    )
+    assert [e[0] for e in resumed] == ["status", "end"]  # the cursor had seen every write
+    by_step = read_sse(api, f"/api/runs/{run['id']}/stream", params={"since_step": 25})
+    assert streamed(by_step, "b") == [26, 27, 28, 29, 30]
     by_cursor = read_sse(api, f"/api/runs/{run['id']}/stream", params={"since_step": 30})
     assert [e[0] for e in by_cursor] == ["status", "end"]
+
+
+def test_stream_sends_keys_written_later_to_a_step_already_sent(api: Api) -> None:
+    """The cursor is the write sequence: an eval metric (or a TRL summary) logged after a step's
+    training metrics is streamed, on the open connection and after a reconnect, exactly once."""
+    run = api.external()
+    url = f"/api/runs/{run['id']}/stream"
+    log(api, run["id"], [{"step": s, "metrics": {"loss": float(s)}} for s in (1, 2, 3)])
+    first = read_sse(api, url, stop="metrics")
+    assert streamed(first, "loss") == [1, 2, 3]
+    cursor = first[-1][1]
+    log(api, run["id"], [{"step": 3, "metrics": {"eval/accuracy": 0.5}}])  # late, at a sent step
+    log(api, run["id"], [{"step": 2, "metrics": {"eval/accuracy": 0.25}}])  # later, further back
+    log(api, run["id"], [{"step": 4, "metrics": {"loss": 4.0}}], status="succeeded")
+    resumed = read_sse(api, url, headers={"Last-Event-ID": cursor})
+    assert sorted(streamed(resumed, "eval/accuracy")) == [2, 3]
+    assert streamed(resumed, "loss") == [4]  # nothing already sent comes again
+    assert resumed[-1][0] == "end" and resumed[-1][2]["step_max"] == 4
+    # Without a cursor every point comes once, each key in step order.
+    whole = read_sse(api, url)
+    assert streamed(whole, "loss") == [1, 2, 3, 4]
+    assert sorted(streamed(whole, "eval/accuracy")) == [2, 3]
+
+
+def test_stream_since_step_still_sends_later_writes_below_it(api: Api) -> None:
+    """``since_step=N`` skips the points at steps <= N that exist when the stream opens (the
+    caller loaded them); a point written afterwards at a step <= N is still sent."""
+    run = api.external()
+    url = f"/api/runs/{run['id']}/stream"
+    log(api, run["id"], [{"step": s, "metrics": {"loss": float(s)}} for s in range(1, 6)])
+    opened = read_sse(api, url, stop="status", params={"since_step": 4})
+    assert streamed(opened, "loss") == [5]
+    log(api, run["id"], [{"step": 3, "metrics": {"eval/accuracy": 0.75}}])
+    log(api, run["id"], [{"step": 6, "metrics": {"loss": 6.0}}], status="succeeded")
+    # A reconnect keeps its URL (since_step) and sends the last id, as EventSource does.
+    resumed = read_sse(api, url, params={"since_step": 4}, headers={"Last-Event-ID": opened[-1][1]})
+    assert streamed(resumed, "eval/accuracy") == [3] and streamed(resumed, "loss") == [6]
+
+
+def test_stream_chunks_keep_whole_writes_and_resume_from_any_event(api: Api) -> None:
+    from backend.db import Database
+    from backend.storage import StreamCursor, query_new_points
+
+    run = api.external()
+    for start in range(1, 40, 4):  # ten writes of 4 steps x 2 keys
+        log(
+            api,
+            run["id"],
+            [{"step": s, "metrics": {"a": 1.0, "b": 2.0}} for s in range(start, start + 4)],
+        )
+    log(api, run["id"], [{"step": 2, "metrics": {"c": 3.0}}])
+    db = Database(api.settings)
+    try:
+        with db.session() as session:
+            seen: list[tuple[str, int]] = []
+            cursor, events = StreamCursor(), 0
+            while True:
+                cursor, _, series = query_new_points(session, run["id"], cursor, limit_rows=10)
+                if not series:
+                    break
+                events += 1
+                chunk = [(k, st) for k, s in series.items() for st in s["steps"]]
+                assert len(chunk) <= 10 and len(chunk) % 8 in (0, 1)  # whole writes only
+                seen += chunk
+                assert StreamCursor.parse(cursor.event_id, None) == cursor
+            assert sorted(seen) == sorted({(k, st) for k, st in seen}) and len(seen) == 81
+            assert events == 10  # the last write (1 point) fits beside the tenth (8)
+            # A single write larger than the limit comes whole.
+            _, _, series = query_new_points(session, run["id"], StreamCursor(), limit_rows=3)
+            assert sum(len(s["steps"]) for s in series.values()) == 8
+            # A backlog cursor: steps <= 36 written before it opened are skipped.
+            seq = session.scalar(text_seq(run["id"]))
+            backlog = StreamCursor(since_step=36, backlog_until=seq)
+            after, _, series = query_new_points(session, run["id"], backlog, limit_rows=100)
+            assert {k: s["steps"] for k, s in series.items()} == {
+                "a": [37, 38, 39, 40],
+                "b": [37, 38, 39, 40],
+            }
+            assert after == StreamCursor(seq, 36, None) and after.event_id == str(seq)
+    finally:
+        db.dispose()
+
+
+def text_seq(run_id: int):  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from backend.models import Run
+
+    return select(Run.write_seq).where(Run.id == run_id)
+
+
+def test_step_max_pages_raw_points(api: Api) -> None:
+    run = api.external(total_steps=3000)
+    log(api, run["id"], wave(3000, spike_at=1234))
+    url = f"/api/runs/{run['id']}/metrics"
+    pages: list[int] = []
+    cursor = 0
+    while cursor < 3000:  # pages of 700 steps with max_points=700: never bucketed
+        page = api.get(
+            url,
+            params={"keys": "a", "max_points": 700, "since_step": cursor, "step_max": cursor + 700},
+        ).json()["series"]["a"]
+        assert page["sampled"] is False and len(page["steps"]) <= 700
+        pages += page["steps"]
+        cursor += 700
+    assert pages == list(range(1, 3001))
+    # step_max alone bounds a bucketed series too, and the rollup cache still answers right.
+    for _ in range(2):
+        head = api.get(url, params={"keys": "a,b", "max_points": 100, "step_max": 2000}).json()
+        b = head["series"]["b"]
+        assert b["sampled"] is True and b["total_points"] == 2000 and b["steps"][-1] == 2000
+        assert max(b["max"]) == 2000.0 and max(head["series"]["a"]["max"]) > 9  # spike kept
+    r = api.get(url, params={"keys": "a", "step_max": "x"})
+    assert r.status_code == 422 and ["query", "step_max"] in [d["loc"] for d in r.json()["detail"]]

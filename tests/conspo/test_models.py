@@ -1,11 +1,19 @@
+import json
 import threading
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoProcessor,
+    AutoTokenizer,
+    Qwen2ForCausalLM,
+    Qwen2Tokenizer,
+)
 
 from conspo.config import ModelConfig
 from conspo.models import (
+    STORE_VERSION,
     ModelStore,
     build_char_tokenizer,
     build_tiny_model,
@@ -30,13 +38,42 @@ def test_char_tokenizer_round_trips_through_save_pretrained(tmp_path):
 
 def test_tiny_model_and_tokenizer_load_back_as_one_checkpoint(tmp_path):
     save_tiny(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen2"
     tok = AutoTokenizer.from_pretrained(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(model, Qwen2ForCausalLM)
+    # AutoTokenizer rebuilds a qwen2 checkpoint's tokenizer as Qwen2Tokenizer from the vocab
+    # alone: the character tokenizer must come back exactly, whitespace included.
+    assert isinstance(tok, Qwen2Tokenizer)
+    text = " 12+7=19\n\n  x*(3-y) ~\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids == build_char_tokenizer()(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert (tok.pad_token, tok.eos_token, tok.padding_side) == ("<pad>", "<eos>", "left")
     again = build_tiny_model(build_char_tokenizer(), seed=0)
-    ids = tok(["12+7="], return_tensors="pt")["input_ids"]
-    assert len(tok("a b")["input_ids"]) == 3  # the model dir does not swap the tokenizer class
+    batch = tok(["12+7=", "1 - 2\n="], padding=True, return_tensors="pt")
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, again(ids).logits)
+        torch.testing.assert_close(model(**batch).logits, again(**batch).logits)
+
+
+def test_trl_processing_class_loads_the_same_tokenizer(tmp_path):
+    """TRL's GRPOTrainer loads a missing processing_class with AutoProcessor.from_pretrained."""
+    save_tiny(tmp_path)
+    proc = AutoProcessor.from_pretrained(tmp_path)
+    text = "3 + 4\n= 7"
+    assert proc.decode(proc(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_store_rebuilds_a_model_built_by_another_version(tmp_path):
+    store = ModelStore(tmp_path)
+    path = store.resolve("tiny")
+    marker = path / "BUILT_BY_CONSPO"
+    assert marker.read_text() == f"tiny\nversion {STORE_VERSION}\n"
+    marker.write_text("tiny\n")  # what version 1 wrote
+    (path / "stale").write_text("")
+    assert store.resolve("tiny") == path
+    assert f"version {STORE_VERSION}" in marker.read_text() and not (path / "stale").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["tiny"]
 
 
 def test_store_builds_once_and_reuses(model_store, arith_base):

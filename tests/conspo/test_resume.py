@@ -102,3 +102,54 @@ def test_cli_unknown_model_exits_2(name, tmp_path, capsys):
     cfg.write_text(f"model:\n  name: {name}\nsteps: 1\n")
     assert main(["train", str(cfg), "--out", str(tmp_path / "o")]) == 2
     assert "model.name" in capsys.readouterr().err
+
+
+class Crash(Exception):
+    pass
+
+
+class BufferingSink(MemorySink):
+    """Persists steps only on flush(), like the worker's DB sink; ``stored`` is the database.
+
+    ``writes`` lists every step each flush persisted, so a step stored twice would show.
+    """
+
+    def __init__(self, stored: dict, writes: list) -> None:  # type: ignore[type-arg]
+        super().__init__()
+        self.stored, self.writes = stored, writes
+        self.buffer: dict = {}  # type: ignore[type-arg]
+
+    def log_step(self, record) -> None:  # type: ignore[no-untyped-def]
+        self.buffer[record.step] = record
+
+    def flush(self) -> None:
+        self.writes += sorted(self.buffer)
+        self.stored.update(self.buffer)
+        self.buffer.clear()
+
+
+def test_a_buffering_sink_that_crashes_after_a_checkpoint_loses_no_step(
+    model_store, arith_base, tmp_path
+):  # type: ignore[no-untyped-def]
+    """Steps buffered after the last checkpoint die with the process; the resume re-emits them."""
+    cfg = config(steps=7).model_copy(
+        update={"checkpoint": config().checkpoint.model_copy(update={"every": 2})}
+    )
+    stored: dict = {}  # type: ignore[type-arg]
+    writes: list = []  # type: ignore[type-arg]
+    first = BufferingSink(stored, writes)
+
+    def crash_after_step_5() -> bool:
+        if 5 in first.buffer:  # step 5 logged, not flushed: the process dies here
+            raise Crash
+        return False
+
+    with pytest.raises(Crash):
+        train(cfg, first, crash_after_step_5, workdir=tmp_path, model_store=model_store)
+    assert sorted(stored) == [1, 2, 3, 4]  # flushed before the checkpoints at 2 and 4
+    second = BufferingSink(stored, writes)
+    done = train(cfg, second, workdir=tmp_path, model_store=model_store)
+    assert (done.status, done.last_step) == ("succeeded", 7)
+    assert second.events[0][0] == "resumed" and second.events[0][1]["step"] == 4
+    assert second.buffer == {}  # the run's end flushed the tail
+    assert writes == [1, 2, 3, 4, 5, 6, 7]  # every step stored exactly once

@@ -48,7 +48,10 @@ def test_rl_raises_held_out_accuracy(algorithm, model_store, arith_base, base_ac
         "task": TASK,
         "model": {"name": "tiny-arith"},
         "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
-        "optim": {"lr": 1e-4},
+        # 3e-5: the tiny Qwen2 (no q/k norms) loses accuracy under RL at 1e-4 and collapses at
+        # 3e-4. Measured on 2 CPU cores (final - base, seeds 0/1/2, base 0.555, ~20 s a run):
+        # grpo +8.6/+5.8/+8.2, conspo +8.6/+6.6/+8.2 points.
+        "optim": {"lr": 3e-5},
         "eval": {"every": 0},
         "checkpoint": {"every": 0},
     })  # fmt: skip

@@ -142,3 +142,37 @@ def test_api_errors_become_messages_and_exit_codes(lab_server):
     assert result.exit_code == 2 and "404" in result.output
     result = runner.invoke(app, ["runs", "--url", "http://127.0.0.1:18399"])
     assert result.exit_code == 1 and "cannot reach" in result.output
+
+
+def test_export_pages_through_raw_points_beyond_10000(lab_server, lab, tmp_path):
+    run = lab.create_external_run("cli-long", {}, "trl-grpo", "arith", "tiny", [], 12_500)
+    rows = [{"step": s, "metrics": {"loss": s / 1000}} for s in range(1, 12_501)]
+    for row in rows[99::100]:
+        row["metrics"]["eval/accuracy"] = row["step"] / 1e5  # sparse: every 100 steps
+    lab.log_steps(run.id, rows, status="succeeded")
+    out = tmp_path / "long.jsonl"
+    result = invoke(
+        lab_server,
+        "export",
+        str(run.id),
+        "--format",
+        "jsonl",
+        "--layout",
+        "long",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert "bucketed" not in result.output and "warning" not in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    loss = [r["step"] for r in lines if r["key"] == "loss"]
+    assert loss == list(range(1, 12_501))  # every raw point once, none a bucket mean
+    value = {r["step"]: r["value"] for r in lines if r["key"] == "loss"}
+    assert value[7777] == pytest.approx(7.777)
+    evals = [r["step"] for r in lines if r["key"] == "eval/accuracy"]
+    assert evals == list(range(100, 12_501, 100))
+    # Small pages: sparse keys widen the step range, dense ones are never bucketed.
+    pages = list(lab.iter_points(run.id, ["eval/accuracy"], page_points=10))
+    steps = [s for p in pages for s in p["eval/accuracy"].steps]
+    assert steps == evals and not any(p["eval/accuracy"].sampled for p in pages)
+    assert len(pages) < 125 // 2

@@ -78,15 +78,27 @@ def series(
     session: SessionDep,
     keys: CommaList,
     max_points: MaxPoints = 1000,
-    since_step: Annotated[int | None, Query(ge=-1, le=INT32_MAX)] = None,
+    since_step: Annotated[
+        int | None, Query(ge=-1, le=INT32_MAX, description="Only steps above this one.")
+    ] = None,
     x: Literal["step", "wall_time"] = "step",
+    step_max: Annotated[
+        int | None,
+        Query(
+            ge=-1,
+            le=INT32_MAX,
+            description="Only steps up to this one (inclusive). With since_step it pages raw "
+            "points: a range of at most max_points steps is never bucketed.",
+        ),
+    ] = None,
 ) -> Response:
     """Series bucketed by step above ``max_points`` (each bucket: last step, mean, min, max).
 
     ``x`` names the axis the caller plots; every series carries both steps and wall times.
+    Steps in (``since_step``, ``step_max``] only.
     """
     wanted = parse_keys(keys, "keys", 200)
-    data = query_series(session, [run.id], wanted, max_points, since_step)
+    data = query_series(session, [run.id], wanted, max_points, since_step, step_max)
     return JSONBytes(to_json({"run_id": run.id, "series": data[run.id]}))
 
 

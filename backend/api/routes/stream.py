@@ -1,8 +1,11 @@
 """Live updates over Server-Sent Events, fed by polling the database (works in both modes).
 
-* ``/runs/{id}/stream``: ``metrics`` events with the points after the cursor, ``status`` events
-  when the run's state changes, ``end`` once it is finished and every point was sent. Each event
-  carries ``id: <max step sent>``; a reconnect with ``Last-Event-ID`` or ``since_step`` resumes.
+* ``/runs/{id}/stream``: ``metrics`` events with the points written after the cursor, ``status``
+  events when the run's state changes, ``end`` once it is finished and every point was sent.
+  The cursor is the run's write sequence (``backend.storage.StreamCursor``), not a step, so a
+  key written later to a step already sent (an eval metric, a TRL summary) is still streamed.
+  Each event carries it as ``id``; a reconnect with ``Last-Event-ID`` resumes without loss or
+  repeats.
 * ``/stream/runs``: a ``run`` event whenever any run's status or step changes.
 """
 
@@ -25,22 +28,20 @@ from backend.crud import run_out
 from backend.db import Database
 from backend.models import FINISHED, Run, utcnow
 from backend.schemas import INT32_MAX
-from backend.storage import query_new_points
+from backend.storage import StreamCursor, query_new_points
 
 router = APIRouter(tags=["live"])
 
 STATUS_FIELDS = ("status", "cancel_requested", "error", "finished_at", "worker_host", "attempt")
 
 
-def _event(event: str, data: Any, cursor: int) -> dict[str, Any]:
-    return {"event": event, "id": str(cursor), "data": to_json(data).decode()}
+def _event(event: str, data: Any, cursor: StreamCursor) -> dict[str, Any]:
+    return {"event": event, "id": cursor.event_id, "data": to_json(data).decode()}
 
 
-def _last_event_id(request: Request) -> int | None:
-    raw = request.headers.get("last-event-id", "").strip()
-    if raw.lstrip("-").isdigit() and -1 <= int(raw) <= INT32_MAX:
-        return int(raw)
-    return None
+def _last_event_id(request: Request, since_step: int | None) -> StreamCursor | None:
+    raw = request.headers.get("last-event-id", "")
+    return StreamCursor.parse(raw, since_step) if raw.strip() else None
 
 
 @router.get("/runs/{run_id}/stream")
@@ -49,11 +50,23 @@ async def run_stream(
     run: RunDep,
     db: DatabaseDep,
     settings: SettingsDep,
-    since_step: Annotated[int | None, Query(ge=-1, le=INT32_MAX)] = None,
+    since_step: Annotated[
+        int | None,
+        Query(
+            ge=-1,
+            le=INT32_MAX,
+            description="Points at steps up to this one that exist now are not sent (the caller "
+            "has them); anything written from now on is, whatever its step.",
+        ),
+    ] = None,
 ) -> EventSourceResponse:
     """Events ``metrics``, ``status`` and ``end`` for one run (see the module docstring)."""
-    resume = _last_event_id(request)
-    cursor = max(c for c in (since_step, resume, -1) if c is not None)
+    cursor = _last_event_id(request, since_step)
+    if cursor is None:
+        if since_step is None or since_step < 0:
+            cursor = StreamCursor()
+        else:
+            cursor = StreamCursor(since_step=since_step, backlog_until=run.write_seq)
     return EventSourceResponse(
         _run_events(request, db, settings, run.id, cursor),
         ping=int(settings.stream_keepalive_s),
@@ -62,7 +75,7 @@ async def run_stream(
 
 
 async def _run_events(
-    request: Request, db: Database, settings: Settings, run_id: int, cursor: int
+    request: Request, db: Database, settings: Settings, run_id: int, cursor: StreamCursor
 ) -> AsyncIterator[dict[str, Any]]:
     last_status: tuple[Any, ...] | None = None
     while True:
@@ -70,35 +83,34 @@ async def _run_events(
         if snapshot is None:  # deleted
             yield _event("end", {"reason": "deleted"}, cursor)
             return
-        run, step_max, series = snapshot
+        run, cursor, step_max, series = snapshot
         if series:
-            cursor = step_max
             yield _event("metrics", {"step_max": step_max, "series": series}, cursor)
         status_key = tuple(run[f] for f in STATUS_FIELDS)
         if status_key != last_status:
             last_status = status_key
             yield _event("status", run, cursor)
         if run["status"] in FINISHED and not series:
-            yield _event("end", {"status": run["status"], "step_max": cursor}, cursor)
+            yield _event("end", {"status": run["status"], "step_max": run["step"]}, cursor)
             return
         if series:
-            continue  # more may be waiting (whole steps are sent in chunks)
+            continue  # more may be waiting (writes are sent in chunks)
         if await request.is_disconnected():
             return
         await asyncio.sleep(settings.stream_poll_s)
 
 
 def _run_snapshot(
-    db: Database, run_id: int, cursor: int
-) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
+    db: Database, run_id: int, cursor: StreamCursor
+) -> tuple[dict[str, Any], StreamCursor, int | None, dict[str, Any]] | None:
     with db.session() as session:
         run = session.get(Run, run_id)
         if run is None:
             return None
         out = run_out(run)
         # Points after the run row was read, so a finished status never outruns its points.
-        step_max, series = query_new_points(session, run_id, cursor)
-        return out, step_max, series
+        cursor, step_max, series = query_new_points(session, run_id, cursor)
+        return out, cursor, step_max, series
 
 
 @router.get("/stream/runs")

@@ -1,0 +1,243 @@
+"""The worker's DB sink and the bulk write path, on SQLite and PostgreSQL.
+
+The sink buffers steps and writes them in one transaction per batch (on flush(), when the buffer
+is full, or a second after the last write); the trainer flushes before each checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import func, select
+
+from backend.config import Settings
+from backend.db import Database
+from backend.models import Metric, Rollout, Run, RunStatus, User, utcnow
+from backend.storage import RolloutPoint, StepPoints, write_points
+from conspo.sink import RolloutRecord, StepRecord
+from worker.db_sink import DbSink, RunGone
+
+KEYS = ("loss", "sep/gap", "eval/accuracy")
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(settings)
+    yield database
+    database.dispose()
+
+
+def new_run(db: Database, attempt: int = 1) -> int:
+    with db.session() as s:
+        user = s.scalar(select(User).limit(1))
+        run = Run(
+            name="sink", owner_id=user.id if user else None, status=RunStatus.running,
+            algorithm="grpo", task="arith", model="tiny", config={}, tags=[], summary={},
+            attempt=attempt, heartbeat_at=utcnow(),
+        )  # fmt: skip
+        s.add(run)
+        s.commit()
+        return run.id
+
+
+def record(step: int, scale: float = 1.0) -> StepRecord:
+    return StepRecord(
+        step=step,
+        total_steps=100,
+        wall_time=1.7e9 + step,
+        metrics={k: scale * (step + i / 10) for i, k in enumerate(KEYS)},
+        rollouts=[
+            RolloutRecord(g, i, float(i % 2), -0.1 * i, 5 + i, i == 3)
+            for g in range(2)
+            for i in range(4)
+        ],
+    )
+
+
+def stored(db: Database, run_id: int) -> tuple[dict[tuple[str, int], float | None], list[int]]:
+    with db.session() as s:
+        points = {
+            (k, st): v
+            for k, st, v in s.execute(
+                select(Metric.key, Metric.step, Metric.value).where(Metric.run_id == run_id)
+            )
+        }
+        rollout_steps = list(s.scalars(select(Rollout.step).where(Rollout.run_id == run_id)))
+    return points, rollout_steps
+
+
+def run_row(db: Database, run_id: int) -> Run:
+    with db.session() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        return run
+
+
+def test_sink_buffers_until_flush_then_writes_one_batch(db: Database) -> None:
+    run_id = new_run(db)
+    sink = DbSink(db, run_id, attempt=1, max_points=10**6, max_delay_s=1e9)
+    for step in range(1, 6):
+        sink.log_step(record(step))
+    assert stored(db, run_id) == ({}, []) and sink.buffered_steps == [1, 2, 3, 4, 5]
+    sink.flush()
+    points, rollouts = stored(db, run_id)
+    assert sorted({st for _, st in points}) == [1, 2, 3, 4, 5] and len(points) == 15
+    assert sorted(rollouts) == sorted(s for s in range(1, 6) for _ in range(8))
+    run = run_row(db, run_id)
+    assert run.step == 5 and run.total_steps == 100 and run.write_seq == 1  # one transaction
+    assert run.summary == {k: pytest.approx(5 + i / 10) for i, k in enumerate(KEYS)}
+    sink.flush()  # nothing buffered: no write
+    assert run_row(db, run_id).write_seq == 1
+
+
+def test_sink_writes_when_full_or_after_its_delay(db: Database) -> None:
+    run_id = new_run(db)
+    per_step = len(KEYS) + 8
+    full = DbSink(db, run_id, attempt=1, max_points=3 * per_step, max_delay_s=1e9)
+    for step in range(1, 4):
+        full.log_step(record(step))
+    assert full.buffered_steps == [] and run_row(db, run_id).step == 3
+
+    now = [0.0]
+    timed = DbSink(db, run_id, attempt=1, max_points=10**6, max_delay_s=1.0, clock=lambda: now[0])
+    timed.log_step(record(4))
+    now[0] = 0.5
+    timed.log_step(record(5))
+    assert timed.buffered_steps == [4, 5]
+    now[0] = 1.2
+    timed.log_step(record(6))  # a second since the last write: the dashboards get it
+    assert timed.buffered_steps == [] and run_row(db, run_id).step == 6
+
+
+def test_reemitted_steps_overwrite_and_lost_ownership_stops(db: Database) -> None:
+    run_id = new_run(db)
+    first = DbSink(db, run_id, attempt=1)
+    for step in range(1, 5):
+        first.log_step(record(step))
+    first.flush()
+    # A resumed attempt re-emits steps 3..4 (values differ, as on a GPU) and goes on to 6,
+    # in one batch mixing rewrites and new steps.
+    with db.session() as s:
+        s.execute(Run.__table__.update().where(Run.id == run_id).values(attempt=2))
+        s.commit()
+    with pytest.raises(RunGone):
+        first.log_step(record(5))
+        first.flush()
+    second = DbSink(db, run_id, attempt=2)
+    for step in range(3, 7):
+        second.log_step(record(step, scale=2.0))
+    second.flush()
+    points, rollouts = stored(db, run_id)
+    assert sorted({st for _, st in points}) == list(range(1, 7)) and len(points) == 18
+    assert points[("loss", 2)] == 2.0 and points[("loss", 3)] == 6.0  # rewritten, not doubled
+    assert sorted(rollouts) == sorted(s for s in range(1, 7) for _ in range(8))
+
+
+def test_write_points_dedupes_nulls_and_sorts(db: Database) -> None:
+    run_id = new_run(db)
+    steps = [
+        StepPoints(2, {"b": 1.0, "a": math.nan}, None),
+        StepPoints(1, {"a": math.inf, "b": 2e300}),
+        StepPoints(2, {"a": 5.0}, 1.7e9),  # the same (key, step) again: the last one wins
+    ]
+    rollouts = [
+        RolloutPoint(1, 0, 0, None, math.nan, 3, False),
+        RolloutPoint(1, 0, 0, 1.0, -0.5, 4, True),  # the same row again: the last one wins
+    ]
+    with db.session() as s:
+        written = write_points(s, run_id, steps, rollouts)
+        s.commit()
+    assert written.points == 4 and written.rollouts == 1 and written.last_step == 2
+    assert written.last_values == {"a": 5.0, "b": 1.0}
+    points, _ = stored(db, run_id)
+    assert points == {("a", 1): None, ("b", 1): None, ("a", 2): 5.0, ("b", 2): 1.0}
+    with db.session() as s:
+        row = s.scalar(select(Rollout).where(Rollout.run_id == run_id))
+        assert (row.reward, row.score, row.length, row.truncated) == (1.0, -0.5, 4, True)
+        assert (
+            s.scalar(select(func.count()).select_from(Rollout).where(Rollout.run_id == run_id)) == 1
+        )
+
+
+@pytest.fixture
+def pg_db(pg_url: str, tmp_path) -> Iterator[Database]:  # type: ignore[no-untyped-def]
+    database = Database(Settings(database_url=pg_url, broker_url="memory://", data_dir=tmp_path))
+    yield database
+    database.dispose()
+
+
+def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Database) -> None:
+    """The plain-INSERT fast path only takes rows above the stored top step; should one collide
+    anyway, the savepoint rolls it back and the rows are upserted."""
+    import numpy as np
+
+    from backend.db import Float8Array, Int4Array
+    from backend.storage import _PG_METRIC_INSERT, _PG_METRIC_UPSERT, _pg_insert_parts, _raw_cursor
+
+    run_id = new_run(pg_db)
+    with pg_db.session() as s:
+        write_points(s, run_id, [StepPoints(1, {"a": 1.0}), StepPoints(2, {"a": 2.0})])
+        s.commit()
+    cols = {
+        "k": np.array([1, 1]),
+        "s": np.array([2, 3]),
+        "v": np.array([20.0, 30.0]),
+        "w": np.array([1.0, 1.0]),
+    }
+    kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
+    with pg_db.session() as s:
+        with _raw_cursor(s) as cur:
+            _pg_insert_parts(
+                cur, _PG_METRIC_INSERT, _PG_METRIC_UPSERT, cols, kinds, np.array([True, True]),
+                {"run": run_id, "keys": ["a"], "seq": 7},
+            )  # fmt: skip
+        s.commit()
+    points, _ = stored(pg_db, run_id)
+    assert points == {("a", 1): 1.0, ("a", 2): 20.0, ("a", 3): 30.0}
+
+
+def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
+    """A reader caches buckets only for runs whose write_seq is what it was before it read the
+    points, so buckets computed before a rewrite are never cached after it."""
+    from backend.models import MetricRollup
+    from backend.storage import query_series
+
+    run_id = new_run(db)
+    with db.session() as s:
+        write_points(s, run_id, [StepPoints(i, {"a": float(i)}) for i in range(1, 401)])
+        s.commit()
+
+    def cached() -> int:
+        with db.session() as s:
+            q = select(func.count()).select_from(MetricRollup)
+            return s.scalar(q.where(MetricRollup.run_id == run_id)) or 0
+
+    with db.session() as reader:
+        seen_before = run_row(db, run_id).write_seq
+        query_series(reader, [run_id], ["a"], 20)  # reads and caches in one go: consistent
+    assert cached() > 0
+    with db.session() as s:  # a rewrite drops the cache from step 10 on
+        write_points(s, run_id, [StepPoints(10, {"a": -1.0})])
+        s.commit()
+    assert cached() == 0  # bucket 0 (steps 0..31) starts before step 10 and ends after it
+    from backend.storage import _cache_rollups
+
+    stale = [
+        {"run_id": run_id, "key": "a", "width": 32, "bucket": 1, "hi_step": 63, "n": 32,
+         "n_valid": 32, "v_sum": 0.0, "v_min": 0.0, "v_max": 0.0, "last_step": 63,
+         "last_wall": 0.0}
+    ]  # fmt: skip
+    with db.session() as s:
+        _cache_rollups(s, stale, {run_id: seen_before})  # computed before the rewrite
+    assert cached() == 0
+    series = query_series_once(db, run_id)
+    assert min(series["min"]) == -1.0 and cached() > 0
+
+
+def query_series_once(db: Database, run_id: int) -> dict:  # type: ignore[type-arg]
+    from backend.storage import query_series
+
+    with db.session() as s:
+        return query_series(s, [run_id], ["a"], 20)[run_id]["a"]
