@@ -12,7 +12,14 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from conspo.registry import get_objective, objective_names
@@ -28,6 +35,36 @@ def field_error(
         "input": value,
     }
     return ValidationError.from_exception_data(title, [detail])
+
+
+def _relocated(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[InitErrorDetails]:
+    """``exc``'s errors as init details with ``prefix`` prepended to each location."""
+    return [
+        {
+            "type": PydanticCustomError(err["type"], err["msg"]),
+            "loc": (*prefix, *err["loc"]),
+            "input": err.get("input"),
+        }
+        for err in exc.errors()
+    ]
+
+
+def _resolve_params(
+    algorithm: Any, params: Any
+) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+    """(resolved params, errors located under ``algorithm`` / ``params.<field>``)."""
+    if not isinstance(algorithm, str) or not (params is None or isinstance(params, dict)):
+        return None, []  # the field validation of RunConfig already reports the wrong type
+    try:
+        registered = get_objective(algorithm)
+    except KeyError:
+        valid = ", ".join(objective_names())
+        msg = f"unknown algorithm {algorithm!r}; valid algorithms: {valid}"
+        return None, _relocated(field_error(("algorithm",), msg, algorithm), ())
+    try:
+        return registered.params.model_validate(params or {}).model_dump(), []
+    except ValidationError as exc:
+        return None, _relocated(exc, ("params",))
 
 
 class _Section(BaseModel):
@@ -147,30 +184,37 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
-    @model_validator(mode="after")
-    def _resolve_params(self) -> RunConfig:
-        """Validate ``params`` against the algorithm's model and store the full, resolved set."""
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate_with_params(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]
+    ) -> RunConfig:
+        """Validate the sections and the algorithm's ``params`` in one pass.
+
+        ``params`` is checked against the parameter model the algorithm registered and replaced
+        by the full, resolved set. Both are validated even when the other fails, so one error
+        response lists every bad field (a form shows them all at once, not in two rounds).
+        """
+        details: list[InitErrorDetails] = []
+        config: RunConfig | None = None
         try:
-            registered = get_objective(self.algorithm)
-        except KeyError:
-            valid = ", ".join(objective_names())
-            msg = f"unknown algorithm {self.algorithm!r}; valid algorithms: {valid}"
-            raise field_error(("algorithm",), msg, self.algorithm) from None
-        try:
-            resolved = registered.params.model_validate(self.params)
+            config = handler(data)
         except ValidationError as exc:
-            # Re-raise with locations under `params` so messages name e.g. params.tau.
-            details: list[InitErrorDetails] = [
-                {
-                    "type": PydanticCustomError(err["type"], err["msg"]),
-                    "loc": ("params", *err["loc"]),
-                    "input": err.get("input"),
-                }
-                for err in exc.errors()
-            ]
-            raise ValidationError.from_exception_data("RunConfig", details) from None
-        self.params = resolved.model_dump()
-        return self
+            details.extend(_relocated(exc, ()))
+        if not isinstance(data, dict):  # an instance (already resolved) or a bad type
+            if details:
+                raise ValidationError.from_exception_data(cls.__name__, details)
+            assert config is not None
+            return config
+        resolved, param_details = _resolve_params(
+            data.get("algorithm", "conspo"), data.get("params")
+        )
+        details.extend(param_details)
+        if details:
+            raise ValidationError.from_exception_data(cls.__name__, details)
+        assert config is not None and resolved is not None
+        config.params = resolved
+        return config
 
     def objective_params(self) -> BaseModel:
         return get_objective(self.algorithm).params.model_validate(self.params)

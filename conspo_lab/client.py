@@ -288,6 +288,7 @@ class Client:
         sort: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        ids: list[int] | None = None,
     ) -> RunPage:
         params = dict(
             status=status,
@@ -295,6 +296,7 @@ class Client:
             task=task,
             tag=tag,
             group_id=group_id,
+            ids=None if ids is None else ",".join(str(i) for i in ids),
             q=q,
             sort=sort,
             limit=limit,

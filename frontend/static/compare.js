@@ -50,16 +50,18 @@ async function loadPicker() {
     toast(`Could not list runs: ${errorText(err)}`, "error");
   }
   const missing = S.runIds.filter((id) => !S.runs.has(id));
-  await Promise.all(missing.map(async (id) => {
+  if (missing.length) {
     try {
-      const r = await get(`/api/runs/${id}`);
-      S.runs.set(id, r);
-      S.allRuns.push(r);
-    } catch {
+      const found = await get(`/api/runs${qs({ ids: missing, limit: 500 })}`);
+      for (const r of found.items) { S.runs.set(r.id, r); S.allRuns.push(r); }
+    } catch (err) {
+      toast(`Could not load runs: ${errorText(err)}`, "error");
+    }
+    for (const id of missing.filter((x) => !S.runs.has(x))) {
       S.runIds = S.runIds.filter((x) => x !== id);
       toast(`Run ${id} not found; removed from the view`, "error");
     }
-  }));
+  }
 }
 
 async function loadKeys() {
@@ -82,13 +84,14 @@ async function loadData() {
 }
 
 async function refreshRuns() {
-  await Promise.all(S.runIds.map(async (id) => {
-    try {
-      S.runs.set(id, await get(`/api/runs/${id}`));
-    } catch {
-      /* deleted meanwhile: keep the last copy */
-    }
-  }));
+  if (!S.runIds.length) return;
+  try {
+    // One request for all runs; a run deleted meanwhile keeps its last copy.
+    const found = await get(`/api/runs${qs({ ids: S.runIds, limit: 500 })}`);
+    for (const r of found.items) S.runs.set(r.id, r);
+  } catch {
+    /* transient: keep the last copies */
+  }
 }
 
 // ---- x axis and alignment -----------------------------------------------------------------------

@@ -36,6 +36,9 @@ def test_create_one_run_per_seed_and_read_back(api: Api) -> None:
     single = api.post("/api/runs", json={"config": tiny_config(2), "name": f"solo-{tag}"}).json()
     assert single["group_id"] is None and single["runs"][0]["name"] == f"solo-{tag}"
     assert api.get("/api/runs", params={"q": f"SOLO-{tag}"}).json()["total"] == 1
+    picked = [body["runs"][2]["id"], single["runs"][0]["id"]]
+    by_ids = api.get("/api/runs", params={"ids": f"{picked[0]}, {picked[1]}", "sort": "id"})
+    assert [x["id"] for x in by_ids.json()["items"]] == sorted(picked)
 
 
 def test_clone_deep_merges_overrides(api: Api) -> None:
@@ -91,6 +94,9 @@ def test_invalid_input_names_the_field(api: Api) -> None:
         ({"config": {"algorithm": "ppo"}}, ["body", "config", "algorithm"]),
         ({"config": {"sampling": {"group_size": 1}}}, ["body", "config", "sampling", "group_size"]),
         ({"config": {"nope": 1}}, ["body", "config", "nope"]),
+        # params errors arrive together with the other sections' errors
+        ({"config": {"steps": 0, "params": {"tau": 0}}}, ["body", "config", "params", "tau"]),
+        ({"config": {"steps": 0, "params": {"tau": 0}}}, ["body", "config", "steps"]),
         ({"config": {}, "seeds": [-1]}, ["body", "seeds", 0]),
         ({"config": {}, "seeds": [2**40]}, ["body", "seeds", 0]),
         ({"config": {}, "tags": ["a\x00b"]}, ["body", "tags", 0]),
@@ -113,6 +119,8 @@ def test_invalid_input_names_the_field(api: Api) -> None:
         ({"status": "done"}, ["query", "status"]),
         ({"q": "x\x00"}, ["query", "q"]),
         ({"offset": -1}, ["query", "offset"]),
+        ({"ids": "1,x"}, ["query", "ids"]),
+        ({"ids": ","}, ["query", "ids"]),
     ]:
         r = api.get("/api/runs", params=params)
         assert r.status_code == 422 and loc in locs(r), (params, r.text)

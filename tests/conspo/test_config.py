@@ -75,3 +75,21 @@ def test_registry_refuses_a_second_function_under_one_name():
         @register_objective("grpo", params=registered.params, description="x")
         def other(batch, params):  # pragma: no cover - never called
             return None
+
+
+def test_params_errors_come_with_section_errors_in_one_response():
+    locs = error_locs({"sampling": {"group_size": 1}, "params": {"tau": -1, "margin": "up"}})
+    assert ("sampling", "group_size") in locs
+    assert ("params", "tau") in locs and ("params", "margin") in locs
+
+
+def test_unknown_algorithm_is_reported_beside_other_errors():
+    locs = error_locs({"algorithm": "ppo", "steps": 0})
+    assert ("algorithm",) in locs and ("steps",) in locs
+
+
+def test_a_resolved_config_round_trips_unchanged():
+    cfg = RunConfig(algorithm="dapo", params={"clip_low": 0.1}, steps=3)
+    again = RunConfig.model_validate(cfg.model_dump())
+    assert again == cfg
+    assert RunConfig.model_validate(cfg) is cfg

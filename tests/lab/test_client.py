@@ -86,6 +86,7 @@ def test_create_list_get_clone_cancel_delete_round_trip(lab):
     page = lab.list_runs(group_id=sub.group_id)
     assert page.total == 2 and {r.id for r in page.items} == {r.id for r in sub.runs}
     assert lab.list_runs(tag="roundtrip", status="queued").total >= 2
+    assert [r.id for r in lab.list_runs(ids=[sub.runs[1].id]).items] == [sub.runs[1].id]
 
     first = lab.get_run(sub.runs[0].id)
     assert first.config["algorithm"] == "grpo" and first.config["steps"] == 5

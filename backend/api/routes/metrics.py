@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
-from fastapi.exceptions import RequestValidationError
 from pydantic_core import to_json
 from sqlalchemy import select
 
 from backend.api.deps import RunDep, SessionDep
+from backend.api.query import CommaList, parse_ids, parse_keys
 from backend.models import Run
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
 from backend.storage import metric_keys, query_series
@@ -17,54 +17,10 @@ from backend.storage import metric_keys, query_series
 router = APIRouter(tags=["metrics"])
 
 MaxPoints = Annotated[int, Query(ge=2, le=10_000, description="Most points per series.")]
-CommaList = Annotated[str, Query(min_length=1, max_length=20_000, description="Comma-separated.")]
 
 
 class JSONBytes(Response):
     media_type = "application/json"
-
-
-def parse_keys(raw: str, field: str, limit: int) -> list[str]:
-    keys = list(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
-    problem = None
-    if not keys:
-        problem = "give at least one key"
-    elif len(keys) > limit:
-        problem = f"{len(keys)} keys; the limit is {limit}"
-    elif any(len(k) > 200 or "\x00" in k for k in keys):
-        problem = "keys are at most 200 characters, without NUL"
-    if problem:
-        raise RequestValidationError(
-            [{"type": "value_error", "loc": ("query", field), "msg": problem, "input": raw}]
-        )
-    return keys
-
-
-def parse_ids(raw: str, field: str, limit: int) -> list[int]:
-    ids: list[int] = []
-    for part in raw.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit() or not 1 <= int(part) <= INT32_MAX:
-            raise RequestValidationError(
-                [
-                    {
-                        "type": "int_parsing",
-                        "loc": ("query", field),
-                        "msg": f"{part!r} is not a run id",
-                        "input": raw,
-                    }
-                ]
-            )
-        ids.append(int(part))
-    ids = list(dict.fromkeys(ids))
-    if not ids or len(ids) > limit:
-        msg = "give at least one run id" if not ids else f"{len(ids)} runs; the limit is {limit}"
-        raise RequestValidationError(
-            [{"type": "value_error", "loc": ("query", field), "msg": msg, "input": raw}]
-        )
-    return ids
 
 
 @router.get("/runs/{run_id}/metrics/keys", response_model=MetricKeys)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response, status
 from sqlalchemy import String, cast, func, select
 
 from backend.api.deps import CeleryDep, CurrentUser, OwnedRunDep, RunDep, SessionDep, SettingsDep
+from backend.api.query import parse_ids
 from backend.crud import cancel_run, cloned_config, create_runs, delete_run, run_out
 from backend.models import Run
 from backend.schemas import (
@@ -64,6 +65,9 @@ def list_runs(
     tag: ShortText | None = None,
     group_id: ShortText | None = None,
     q: ShortText | None = None,
+    ids: Annotated[
+        str | None, Query(max_length=20_000, description="Comma-separated run ids (≤ 500).")
+    ] = None,
     sort: Literal["created_at", "-created_at", "name", "status", "id"] = "-created_at",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
@@ -77,6 +81,8 @@ def list_runs(
         stmt = stmt.where(Run.task == task)
     if group_id:
         stmt = stmt.where(Run.group_id == group_id)
+    if ids is not None:
+        stmt = stmt.where(Run.id.in_(parse_ids(ids, "ids", 500)))
     if q:
         stmt = stmt.where(func.lower(Run.name).contains(q.lower(), autoescape=True))
     if tag:
