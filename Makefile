@@ -26,8 +26,9 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench
-	$(VENV)/bin/ruff format --check conspo backend worker conspo_lab tests bench
+	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench examples
+	$(VENV)/bin/ruff format --check conspo backend worker conspo_lab tests bench examples
+	$(VENV)/bin/mypy conspo backend worker conspo_lab
 
 bench: install
 	$(PY) bench/throughput.py

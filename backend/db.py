@@ -214,7 +214,7 @@ def _array_dumper(array_oid: int) -> type[Dumper]:
         oid = array_oid
 
         def dump(self, obj: Any) -> bytes:
-            return obj.data  # type: ignore[no-any-return]
+            return obj.data
 
     return _Dumper
 

@@ -350,7 +350,7 @@ def _pg_write_rollouts(session: Session, run_id: int, r: _RolloutColumns) -> int
         cur.execute(
             "SELECT max(step) FROM rollouts WHERE run_id = %(run)s", {"run": run_id}, prepare=False
         )
-        top = cur.fetchone()[0]  # type: ignore[index]
+        top = cur.fetchone()[0]
         fresh = r.step > (_NO_STEP if top is None else top)
         _pg_insert_parts(
             cur, _PG_ROLLOUT_INSERT, _PG_ROLLOUT_UPSERT, cols, kinds, fresh, {"run": run_id}

@@ -6,9 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from backend.config import Settings
 
 DEMO_SEEDS = [0, 1]
 
@@ -117,7 +120,7 @@ def token_create(
     typer.echo(token)
 
 
-def _settings():  # type: ignore[no-untyped-def]
+def _settings() -> Settings:
     from backend.config import get_settings
 
     get_settings.cache_clear()
