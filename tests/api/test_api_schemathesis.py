@@ -7,7 +7,6 @@ so the mutating endpoints get past 401 and into validation.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,20 +19,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from backend.main import create_app
 from backend.migrate import migrate
 from tests.api.conftest import make_settings, make_tokens
+from tests.support import free_port
 
 PORTS = range(18150, 18200)
 EXAMPLES = int(os.environ.get("CONSPO_FUZZ_EXAMPLES", "6"))  # per operation
-
-
-def _free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18150-18199")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -48,7 +37,7 @@ def live(
         db, broker = request.getfixturevalue("pg_url"), request.getfixturevalue("redis_url")
     s = make_settings(tmp, db, broker, stream_poll_s=0.2)
     token = make_tokens(s)["root"]
-    port = _free_port()
+    port = free_port(PORTS)
     server = uvicorn.Server(
         uvicorn.Config(create_app(s), host="127.0.0.1", port=port, log_level="warning")
     )

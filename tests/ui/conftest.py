@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +28,19 @@ from typing import Any
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import (
+    REQUIRE_SERVICES as REQUIRE,
+)
+from tests.support import (
+    ROOT,
+    StackUnavailable,
+    embedded_env,
+    migrate_and_create_token,
+    start_api,
+    stop,
+)
+
 PORTS = range(18200, 18300)
-REQUIRE = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
 CHROMIUM = os.environ.get("CONSPO_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -157,75 +164,7 @@ def fake_rollouts(step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _free_port() -> int:
-    ports = list(PORTS)
-    random.shuffle(ports)
-    for port in ports:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18200-18299")
-
-
-def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "conspo_lab.cli", *args],
-        cwd=env["CONSPO_DATA_DIR"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _token_from(output: str) -> str | None:
-    words = re.findall(r"[A-Za-z0-9_\-\.]{20,}", output)
-    return max(words, key=len) if words else None
-
-
-def _start_api(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    last_error = ""
-    for _attempt in range(3):
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "backend.main:create_app",
-            "--factory",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        last_error = log.read_text()[-2000:]
-        proc.kill()
-        proc.wait()
-    _unavailable(f"uvicorn did not answer /api/health:\n{last_error}")
-    raise AssertionError("unreachable")
-
-
-def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | None:
-    probe = _cli(env, "worker", "--help", timeout=60)
-    if probe.returncode != 0:
-        return None
+def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "conspo_lab.cli", "worker"],
         cwd=env["CONSPO_DATA_DIR"],
@@ -233,17 +172,6 @@ def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | N
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
     )
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -270,39 +198,22 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
     except Exception as exc:  # not written yet, or broken
         _unavailable(f"cannot import backend.main.create_app: {exc!r}")
     data = tmp_path_factory.mktemp("ui-server")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "CONSPO_DATA_DIR": str(data),
-        "CONSPO_DATABASE_URL": f"sqlite:///{data / 'conspo.db'}",
-        "CONSPO_BROKER_URL": f"sqla+sqlite:///{data / 'broker.db'}",
-        "CONSPO_MODEL_STORE": str(data / "models"),
-        "CONSPO_UI_TOKEN_INJECT": "true",
-        "CONSPO_STREAM_POLL_S": "0.2",
-        "CONSPO_STREAM_KEEPALIVE_S": "2",
-        "CONSPO_HEARTBEAT_INTERVAL_S": "0.5",
-    }
-    for key in ("CONSPO_URL", "CONSPO_TOKEN", "CONSPO_UI_TOKEN"):
-        env.pop(key, None)
-    migrated = _cli(env, "migrate")
-    if migrated.returncode != 0:
-        _unavailable(f"conspo-lab migrate failed:\n{migrated.stdout}{migrated.stderr}")
-    created = _cli(env, "token", "create", "--user", "ui-tester", "--admin")
-    token = _token_from(created.stdout) if created.returncode == 0 else None
-    if token is None:
-        _unavailable(f"conspo-lab token create failed:\n{created.stdout}{created.stderr}")
-    (data / "token").write_text(token + "\n")  # where embedded mode keeps the UI's token
-    api, url = _start_api(env, data / "server.log")
+    env = embedded_env(data, CONSPO_UI_TOKEN_INJECT="true", CONSPO_HEARTBEAT_INTERVAL_S="0.5")
+    env.pop("CONSPO_UI_TOKEN", None)
+    try:
+        token = migrate_and_create_token(env, "ui-tester")
+        (data / "token").write_text(token + "\n")  # where embedded mode keeps the UI's token
+        api, url = start_api(env, data / "server.log", PORTS)
+    except StackUnavailable as exc:
+        _unavailable(str(exc))
     worker = _start_worker(env, data / "worker.log")
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     try:
-        yield UIServer(
-            url=url, token=token, data_dir=data, has_worker=worker is not None, http=http
-        )
+        yield UIServer(url=url, token=token, data_dir=data, has_worker=True, http=http)
     finally:
         http.close()
-        _stop(worker)
-        _stop(api)
+        stop(worker, timeout=15)
+        stop(api, timeout=15)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,126 @@
+"""Helpers shared by the test suites that start a real ConSPO Lab server in a subprocess.
+
+Each suite keeps its own port range (so suites started side by side never collide) and decides
+itself whether an unavailable stack skips or fails (``CONSPO_REQUIRE_SERVICES=1`` fails).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRE_SERVICES = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
+
+
+class StackUnavailable(RuntimeError):
+    """The server (or a step to provision it) did not come up; the message says why."""
+
+
+def free_port(ports: range) -> int:
+    """A port of ``ports`` nothing listens on, tried in random order."""
+    candidates = list(ports)
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
+
+
+def embedded_env(data: Path, **extra: str) -> dict[str, str]:
+    """Environment of an embedded-mode server (SQLite + SQLAlchemy broker) under ``data``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "CONSPO_DATA_DIR": str(data),
+        "CONSPO_DATABASE_URL": f"sqlite:///{data / 'conspo.db'}",
+        "CONSPO_BROKER_URL": f"sqla+sqlite:///{data / 'broker.db'}",
+        "CONSPO_MODEL_STORE": str(data / "models"),
+        "CONSPO_STREAM_POLL_S": "0.2",
+        "CONSPO_STREAM_KEEPALIVE_S": "2",
+        **extra,
+    }
+    for key in ("CONSPO_URL", "CONSPO_TOKEN"):  # ambient credentials would leak into tests
+        env.pop(key, None)
+    return env
+
+
+def lab_cli(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``conspo-lab ARGS`` the way a user would, in the data directory."""
+    return subprocess.run(
+        [sys.executable, "-m", "conspo_lab.cli", *args],
+        cwd=env["CONSPO_DATA_DIR"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def token_from(output: str) -> str | None:
+    """The token printed by ``token create`` (the longest URL-safe word on its own)."""
+    words = re.findall(r"[A-Za-z0-9_\-\.]{20,}", output)
+    return max(words, key=len) if words else None
+
+
+def migrate_and_create_token(env: dict[str, str], user: str) -> str:
+    """``conspo-lab migrate`` then ``conspo-lab token create --user USER --admin``."""
+    migrated = lab_cli(env, "migrate")
+    if migrated.returncode != 0:
+        raise StackUnavailable(f"conspo-lab migrate failed:\n{migrated.stdout}{migrated.stderr}")
+    created = lab_cli(env, "token", "create", "--user", user, "--admin")
+    token = token_from(created.stdout) if created.returncode == 0 else None
+    if token is None:
+        raise StackUnavailable(f"conspo-lab token create failed:\n{created.stdout}{created.stderr}")
+    return token
+
+
+def start_api(env: dict[str, str], log: Path, ports: range) -> tuple[subprocess.Popen[bytes], str]:
+    """uvicorn serving ``backend.main:create_app`` on a free port; returns (process, base URL)."""
+    last_error = ""
+    for _attempt in range(3):  # a port taken between the probe and the bind: try another
+        port = free_port(ports)
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory"]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        last_error = log.read_text()[-2000:]
+        proc.kill()
+        proc.wait()
+    raise StackUnavailable(f"uvicorn did not answer /api/health:\n{last_error}")
+
+
+def stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
