@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 from conspo.config import TaskConfig
-from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, safe_eval, sample_split
+from conspo.tasks.base import Example, ProceduralTask, safe_eval
 
 
-class ArithTask:
+class ArithTask(ProceduralTask):
     name = "arith"
 
     def __init__(self, cfg: TaskConfig) -> None:
@@ -24,12 +24,6 @@ class ArithTask:
         value = safe_eval(expr)
         assert value is not None
         return Example(prompt=expr + "=", answer=str(value), data={"value": value})
-
-    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
-        return sample_split(self.sample, rng, n, held_out=False)
-
-    def eval_examples(self, n: int) -> list[Example]:
-        return sample_split(self.sample, random.Random(EVAL_SAMPLING_SEED), n, held_out=True)
 
     def verify(self, completion: str, example: Example) -> float:
         """Exact integer match; anything but an optional sign and digits scores 0."""

@@ -94,3 +94,19 @@ def safe_eval(expr: str) -> int | None:
         return walk(tree.body)
     except (ValueError, RecursionError):
         return None
+
+
+class ProceduralTask:
+    """A task whose problems are drawn by ``sample(rng)``; the held-out split is a fixed hashed
+    subset of the problem space (``is_held_out``), so train and eval never share a problem."""
+
+    name: str
+
+    def sample(self, rng: random.Random) -> Example:
+        raise NotImplementedError
+
+    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
+        return sample_split(self.sample, rng, n, held_out=False)
+
+    def eval_examples(self, n: int) -> list[Example]:
+        return sample_split(self.sample, random.Random(EVAL_SAMPLING_SEED), n, held_out=True)

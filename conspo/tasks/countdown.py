@@ -11,12 +11,12 @@ import re
 from collections import Counter
 
 from conspo.config import TaskConfig
-from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, safe_eval, sample_split
+from conspo.tasks.base import Example, ProceduralTask, safe_eval
 
 _ALLOWED = re.compile(r"^[0-9+\-*() ]{1,64}$")
 
 
-class CountdownTask:
+class CountdownTask(ProceduralTask):
     name = "countdown"
 
     def __init__(self, cfg: TaskConfig) -> None:
@@ -37,12 +37,6 @@ class CountdownTask:
                 break
         prompt = ",".join(map(str, numbers)) + f":{target}="
         return Example(prompt, expr, data={"numbers": numbers, "target": target})
-
-    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
-        return sample_split(self.sample, rng, n, held_out=False)
-
-    def eval_examples(self, n: int) -> list[Example]:
-        return sample_split(self.sample, random.Random(EVAL_SAMPLING_SEED), n, held_out=True)
 
     def verify(self, completion: str, example: Example) -> float:
         """1.0 iff the expression uses exactly the given numbers and evaluates to the target."""
