@@ -129,7 +129,12 @@ class SamplingConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate (paper: 2e-6 at 1.5B+).")
+    lr: float = Field(
+        3e-5,
+        gt=0,
+        le=1,
+        description="AdamW learning rate (tiny models: 3e-5; the paper: 2e-6 at 1.5B+).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     mini_batches: int = Field(

@@ -149,7 +149,13 @@ def _ensure_local_token(settings) -> str:  # type: ignore[no-untyped-def]
 
 
 def _queue_demo(settings) -> None:  # type: ignore[no-untyped-def]
-    """GRPO vs ConSPO, two seeds each, tiny arith from the tiny-arith model, short runs."""
+    """GRPO vs ConSPO, two seeds each, on 1-digit a±b±c from the tiny-arith model.
+
+    300 steps at the default lr (3e-5) take about 50 s a run on 2 CPU cores
+    (``python -m conspo train``): held-out greedy accuracy climbs from 0.55 to about 0.71 and
+    the separation curves move, so a newcomer sees curves grow. Shorter or easier runs finish
+    before anything visibly changes.
+    """
     from sqlalchemy import func, select
 
     from backend.crud import create_runs
@@ -172,12 +178,17 @@ def _queue_demo(settings) -> None:  # type: ignore[no-untyped-def]
                     {
                         "name": f"demo-{algorithm}",
                         "algorithm": algorithm,
-                        "steps": 40,
-                        "task": {"name": "arith", "digits": 1},
+                        "steps": 300,
+                        "task": {
+                            "name": "arith",
+                            "digits": 1,
+                            "num_operands": 3,
+                            "eval_size": 256,
+                        },
                         "model": {"name": "tiny-arith"},
-                        "sampling": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 8},
-                        "eval": {"every": 10, "pass_k": 4},
-                        "checkpoint": {"every": 10},
+                        "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
+                        "eval": {"every": 20, "pass_k": 4},
+                        "checkpoint": {"every": 50},
                     }
                 )
                 create_runs(

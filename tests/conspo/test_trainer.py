@@ -43,24 +43,26 @@ def base_accuracy(arith_base):
 def test_rl_raises_held_out_accuracy(algorithm, model_store, arith_base, base_accuracy, tmp_path):
     cfg = RunConfig.model_validate({
         "algorithm": algorithm,
-        "steps": 80,
+        "steps": 120,
         "seed": 0,
         "task": TASK,
         "model": {"name": "tiny-arith"},
         "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
-        # 3e-5: the tiny Qwen2 (no q/k norms) loses accuracy under RL at 1e-4 and collapses at
-        # 3e-4. Measured on 2 CPU cores (final - base, seeds 0/1/2, base 0.555, ~20 s a run):
-        # grpo +8.6/+5.8/+8.2, conspo +8.6/+6.6/+8.2 points.
-        "optim": {"lr": 3e-5},
+        # optim.lr: the RunConfig default (3e-5); the tiny Qwen2 loses accuracy at 1e-4.
         "eval": {"every": 0},
         "checkpoint": {"every": 0},
     })  # fmt: skip
     sink = MemorySink()
     result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
-    assert result.status == "succeeded" and result.last_step == 80
-    final = sink.steps[80].metrics[M.EVAL_ACCURACY]
-    # 256 held-out problems: a 4-point gain is well above the greedy-eval noise of one problem.
-    assert final >= base_accuracy + 0.04, (base_accuracy, final)
+    assert result.status == "succeeded" and result.last_step == 120
+    final = sink.steps[120].metrics[M.EVAL_ACCURACY]
+    # Measured on 2 CPU cores (final - base in points on these 256 problems, base 0.555,
+    # 120 steps, ~17 s a run alone): grpo +10.9/+9.8/+5.5, conspo +10.5/+10.9/+7.0 for seeds
+    # 0/1/2 (seed-to-seed sd ~2.3). Eval noise: greedy answers churn under RL (about 45 of the
+    # 256 flip to right and 20 to wrong), so the paired standard error of a gain is
+    # sqrt(65)/256 ~ 3 points; a run that learned nothing passes +3 with ~16% chance. Seed 0
+    # clears the +3 threshold by ~7.5 points: 2.5x that eval noise, 3x the seed-to-seed sd.
+    assert final >= base_accuracy + 0.03, (base_accuracy, final)
 
 
 def test_a_step_logs_every_metric_once(model_store, arith_base, tmp_path):
