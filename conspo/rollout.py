@@ -83,8 +83,13 @@ def sample(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    group_size: int = 1,
 ) -> RolloutBatch:
-    """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens."""
+    """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens.
+
+    With ``group_size`` G > 1, rows come in runs of G copies of one prompt: the prompt is
+    prefilled once and its KV cache repeated G times (the decode steps are per row anyway).
+    """
     n, p = prompt_ids.shape
     device = prompt_ids.device
     # The full attention mask, sliced as the sequence grows; response positions are all real
@@ -93,14 +98,18 @@ def sample(
     attn[:, :p] = prompt_mask
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (N, P) left padding shifts positions
     cache = DynamicCache(config=model.config)
+    g = group_size if group_size > 1 and n % group_size == 0 else 1
     out = model(
-        input_ids=prompt_ids,
-        attention_mask=attn[:, :p],
-        position_ids=positions,
+        input_ids=prompt_ids[::g],
+        attention_mask=attn[::g, :p],
+        position_ids=positions[::g],
         cache=cache,
         use_cache=True,
         logits_to_keep=1,
     )
+    if g > 1:
+        cache.batch_repeat_interleave(g)
+        out.logits = out.logits.repeat_interleave(g, dim=0)
     next_pos = positions[:, -1:] + 1  # (N, 1)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens = []

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -268,6 +268,7 @@ def sample_groups(run: Run, prompts: list[Example], seed: int) -> Rollouts:
         temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p,
         generator=generator,
+        group_size=g,
     )
     texts = decode_responses(run.tokenizer, batch)
     correct = torch.tensor([run.task.verify(t, ex) for t, ex in zip(texts, expanded, strict=True)])
@@ -335,20 +336,30 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
 
 
 def token_logprobs(
-    model: PreTrainedModel, batch: RolloutBatch, temperature: float, with_entropy: bool = False
+    model: PreTrainedModel,
+    batch: RolloutBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    group_size: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(o_t | q, o_<t) of the sampled tokens at the sampling temperature.
 
     With ``with_entropy``, also the (N, T) entropy of that distribution (no grad). Only the
     last T+1 positions go through the LM head: the prompt's own logits are never needed.
+    With ``group_size`` G > 1 and rows grouped by prompt (G contiguous rows share one prompt),
+    each prompt is run once and its KV cache shared by the G responses: the same values and
+    gradients for about 1/G of the prompt compute.
     """
-    t = batch.response_ids.shape[1]
-    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P+T)
-    attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=positions, logits_to_keep=t + 1
-    ).logits[:, :-1]  # (N, T, V): position P-1+t predicts response token t
+    if group_size > 1 and shares_prompts(batch, group_size):
+        logits = shared_prompt_logits(model, batch, group_size)
+    else:
+        t = batch.response_ids.shape[1]
+        input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P+T)
+        attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(
+            input_ids=input_ids, attention_mask=attn, position_ids=positions, logits_to_keep=t + 1
+        ).logits[:, :-1]  # (N, T, V): position P-1+t predicts response token t
     logits = logits.float() / temperature
     logz = logits.logsumexp(-1)  # (N, T)
     logprobs = logits.gather(-1, batch.response_ids[..., None]).squeeze(-1) - logz
@@ -357,6 +368,47 @@ def token_logprobs(
         with torch.no_grad():
             entropy = logz - (logits.softmax(-1) * logits).sum(-1)
     return logprobs, entropy
+
+
+def shares_prompts(batch: RolloutBatch, g: int) -> bool:
+    """True when every run of ``g`` contiguous rows has one prompt (ids and padding)."""
+    n, p = batch.prompt_ids.shape
+    if n % g:
+        return False
+    ids, mask = batch.prompt_ids.view(n // g, g, p), batch.prompt_mask.view(n // g, g, p)
+    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+
+
+def shared_prompt_logits(model: PreTrainedModel, batch: RolloutBatch, g: int) -> torch.Tensor:
+    """(N, T, V) logits predicting each response token, the prompt run once per group.
+
+    Positions match the unshared forward: response token t sits at (real prompt tokens) + t.
+    """
+    prompt_ids, prompt_mask = batch.prompt_ids[::g], batch.prompt_mask[::g]  # (N/g, P)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    first = out.logits[:, -1:].repeat_interleave(g, dim=0)  # (N, 1, V) predicts token 1
+    t = batch.response_ids.shape[1]
+    if t == 1:
+        return first
+    cache.batch_repeat_interleave(g)  # (N/g, ...) → (N, ...); keeps the graph to the prompt
+    start = prompt_mask.sum(-1).repeat_interleave(g)[:, None]  # (N, 1) position of token 1
+    steps = torch.arange(t - 1, device=start.device)[None]
+    rest = model(
+        input_ids=batch.response_ids[:, :-1],
+        attention_mask=torch.cat([batch.prompt_mask, batch.response_mask[:, :-1].long()], 1),
+        position_ids=start + steps,
+        cache=cache,
+        use_cache=True,
+    ).logits  # (N, T-1, V): token t (t ≥ 2) from the forward at token t-1
+    return torch.cat([first, rest], dim=1)
 
 
 def update(run: Run, r: Rollouts, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -368,13 +420,13 @@ def update(run: Run, r: Rollouts, step: int) -> tuple[dict[str, torch.Tensor], t
     """
     cfg, model, device = run.cfg, run.model, run.device
     model.train()
-    temp = cfg.sampling.temperature
-    n_groups = len(r.group_ids) // cfg.sampling.group_size
+    temp, g = cfg.sampling.temperature, cfg.sampling.group_size
+    n_groups = len(r.group_ids) // g
     chunks = [c for c in torch.arange(n_groups).tensor_split(cfg.optim.mini_batches) if len(c)]
     old_logprobs = None
     if len(chunks) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
         with torch.no_grad():
-            old_logprobs, _ = token_logprobs(model, r.batch, temp)
+            old_logprobs, _ = token_logprobs(model, r.batch, temp, group_size=g)
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
     per_chunk: list[dict[str, torch.Tensor]] = []
@@ -401,12 +453,13 @@ def optimise_chunk(
     """
     cfg, device = run.cfg, run.device
     sub = r.batch.select(rows)
-    logprobs, entropy = token_logprobs(run.model, sub, cfg.sampling.temperature, True)
+    g = cfg.sampling.group_size
+    logprobs, entropy = token_logprobs(run.model, sub, cfg.sampling.temperature, True, g)
     assert entropy is not None
     ref = None
     if run.ref_model is not None:
         with torch.no_grad():
-            ref, _ = token_logprobs(run.ref_model, sub, cfg.sampling.temperature)
+            ref, _ = token_logprobs(run.ref_model, sub, cfg.sampling.temperature, group_size=g)
     rows_cpu = rows.cpu()
     batch = PolicyBatch(
         logprobs=logprobs,

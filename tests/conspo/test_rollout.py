@@ -113,3 +113,43 @@ def test_evaluate_reports_accuracy_and_pass_at_k(policy):
     assert set(out) == {"eval/accuracy", "eval/pass@k"}
     assert 0 < out["eval/accuracy"] <= 1  # the SFT base gets some right
     assert 0 <= out["eval/pass@k"] <= 1
+
+
+def test_shared_prompt_forward_matches_the_full_forward_in_values_and_gradients(policy, prompts):
+    """Groups run their prompt once (KV cache shared by G responses): nothing may change."""
+    model, tok = policy
+    g = 3
+    ids, mask = (x.repeat_interleave(g, dim=0) for x in prompts)
+    out = sample(model, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(5))  # fmt: skip
+    assert out.response_ids.shape[1] > 1  # the cached path is exercised past the first token
+
+    def value_and_grads(group_size: int):
+        model.zero_grad(set_to_none=True)
+        logprobs, _ = token_logprobs(model, out, temperature=0.7, group_size=group_size)
+        (logprobs * out.response_mask).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return logprobs.detach(), grads
+
+    full, full_grads = value_and_grads(1)
+    shared, shared_grads = value_and_grads(g)
+    model.zero_grad(set_to_none=True)
+    m = out.response_mask.bool()
+    torch.testing.assert_close(shared[m], full[m], atol=1e-5, rtol=1e-5)
+    assert len(full_grads) == len(shared_grads)
+    for a, b in zip(full_grads, shared_grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefill_samples_what_per_row_prefill_samples(policy, prompts):
+    model, tok = policy
+    g = 4
+    ids, mask = (x.repeat_interleave(g, dim=0) for x in prompts)
+    kw = dict(max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    for temperature in (0, 1.0):
+        per_row = sample(model, ids, mask, temperature=temperature,
+                         generator=torch.Generator().manual_seed(11), **kw)  # fmt: skip
+        shared = sample(model, ids, mask, temperature=temperature, group_size=g,
+                        generator=torch.Generator().manual_seed(11), **kw)  # fmt: skip
+        assert torch.equal(shared.response_ids, per_row.response_ids)
+        assert torch.equal(shared.response_mask, per_row.response_mask)
