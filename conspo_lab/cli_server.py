@@ -56,6 +56,9 @@ def serve(
         if demo:
             _queue_demo(settings)
         typer.echo(f"ConSPO Lab ({settings.mode} mode) on http://{host}:{port}/  API docs: /docs")
+        # uvicorn re-raises SIGTERM after its graceful shutdown; with the default handler that
+        # would end this process before `finally` stops the embedded worker.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         uvicorn.run("backend.main:app", host=host, port=port, log_level="info")
     finally:
         if worker_proc is not None and worker_proc.poll() is None:
@@ -64,6 +67,10 @@ def serve(
                 worker_proc.wait(timeout=10)  # a warm shutdown waits for the step
             except subprocess.TimeoutExpired:
                 worker_proc.kill()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def worker(

@@ -1,0 +1,90 @@
+"""`conspo-lab serve --embedded --demo`, the command behind `make run`, end to end.
+
+A real server process with its embedded Celery worker on SQLite (no services): it migrates, writes
+the local token, queues the GRPO-vs-ConSPO demo on an empty database and starts training it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.support import embedded_env, free_port, stop
+
+PORTS = range(18300, 18400)
+
+
+def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def workers_in(folder: Path) -> list[int]:
+    """Pids of `conspo-lab worker` processes started in ``folder``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"worker" in cmdline and os.readlink(entry / "cwd") == str(folder):
+                pids.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def test_embedded_serve_queues_the_demo_and_trains_it(tmp_path):  # type: ignore[no-untyped-def]
+    env = embedded_env(tmp_path)
+    port = free_port(PORTS)
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "serve.log").open("ab")
+    cmd = [sys.executable, "-m", "conspo_lab.cli", "serve", "--embedded", "--demo"]
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+
+        def runs() -> list[dict] | None:
+            try:
+                return httpx.get(f"{url}/api/runs", params={"sort": "id"}, timeout=5).json()[
+                    "items"
+                ]
+            except httpx.HTTPError:
+                return None
+
+        demo = wait_for(lambda: (r := runs()) and len(r) == 4 and r, 120, "the demo runs")
+        assert sorted(r["algorithm"] for r in demo) == ["conspo", "conspo", "grpo", "grpo"]
+        assert all("demo" in r["tags"] and r["total_steps"] == 300 for r in demo)
+        assert len({r["group_id"] for r in demo}) == 2  # one seed group per algorithm
+        token = (tmp_path / "token").read_text().strip()
+        assert token and token in httpx.get(f"{url}/", timeout=5).text  # injected for the UI
+        assert httpx.get(f"{url}/api/health", timeout=5).json()["mode"] == "embedded"
+
+        # The embedded worker picks the first run up and its curves start growing.
+        first = demo[0]["id"]
+        wait_for(
+            lambda: httpx.get(f"{url}/api/runs/{first}", timeout=5).json()["step"] >= 2,
+            240,
+            "the first demo run to log steps",
+        )
+        keys = httpx.get(f"{url}/api/runs/{first}/metrics/keys", timeout=5).json()["keys"]
+        assert "sep/gap" in keys and "batch/pass_rate" in keys
+        assert workers_in(tmp_path)  # the embedded worker runs beside the API
+    finally:
+        stop(proc, timeout=30)
+        log.close()
+    assert "ConSPO Lab (embedded mode) on http://" in (tmp_path / "serve.log").read_text()
+    # Stopping the server stops its worker too (a warm shutdown, then a kill after 10 s).
+    leftovers = workers_in(tmp_path)
+    for pid in leftovers:
+        os.kill(pid, 9)
+    assert not leftovers
