@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from conspo.metrics import METRIC_HELP
+from conspo.metrics import catalogue
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
 TEMPLATES_DIR = FRONTEND_DIR / "templates"
@@ -96,11 +97,16 @@ def _script_json(value: Any) -> str:
     return json.dumps(value).replace("</", "<\\/")
 
 
+@lru_cache(maxsize=1)
+def _catalogue_json() -> str:
+    return _script_json(asdict(catalogue()))
+
+
 def _render(request: Request, template: str, page: str, **extra: Any) -> HTMLResponse:
     context = {
         "page": page,
         "token_json": _script_json(_ui_token(request)),
-        "metric_help_json": _script_json(METRIC_HELP),
+        "catalogue_json": _catalogue_json(),
         **extra,
     }
     response = templates.TemplateResponse(request, template, context)

@@ -1,18 +1,31 @@
-"""Every metric key ConSPO Lab logs, named once (../shared/docs/objectives.md §4).
+"""The metric catalogue: every key ConSPO Lab logs, described once (docs/objectives.md §4).
 
-Keys are slash-namespaced snake_case (``sep/gap``, ``conspo/margin``), logged against an integer
-step. The objectives, ``conspo.stats``, the trainer and the dashboard import these constants
-instead of spelling the strings, and the dashboard shows ``METRIC_HELP`` next to each chart.
+Keys are slash-namespaced snake_case (``sep/gap``, ``optim/lr``) logged against an integer step.
+Each key is described here once: a legend label, a help line, its unit, the chart that draws it,
+which runs log it (every run, or only objectives that declare it), and whether it is
+deterministic (a schedule, the learning rate, a counter: never smoothed, never treated as noise).
+The charts and their sections are described here too.
+
+Who reads it: the objectives, ``conspo.stats`` and the trainer import the key constants below
+instead of spelling strings; the backend serves ``catalogue()`` (``GET /api/metrics/catalogue``,
+also injected into every page) and the run, runs and compare pages render their charts from it;
+the CLI takes its key metrics and each metric's better direction from it; the TRL bridge maps
+TRL's keys onto these constants. No metric key is typed anywhere else (tests/conspo/
+test_metrics.py and tests/lab/test_catalogue.py hold every producer and page to it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Literal
+
 # --- objective / optimiser ------------------------------------------------------------------
-LOSS = "loss"
-ENTROPY = "entropy"
-GRAD_NORM = "grad_norm"
-KL = "kl"
-LR = "lr"
+LOSS = "optim/loss"
+GRAD_NORM = "optim/grad_norm"
+LR = "optim/lr"
+ENTROPY = "policy/entropy"
+KL = "policy/kl"
 CLIP_FRAC = "grpo/clip_frac"
 
 # --- separation of positive and negative scores (valid groups only) --------------------------
@@ -73,37 +86,254 @@ SEPARATION_KEYS: tuple[str, ...] = (
     LEN_NEG,
 )
 
-METRIC_HELP: dict[str, str] = {
-    LOSS: "Objective value being minimised (its meaning depends on the algorithm).",
-    ENTROPY: "Mean per-token entropy of the policy on the sampled responses.",
-    GRAD_NORM: "Gradient norm before clipping.",
-    KL: "k3 estimate of KL(π_θ ‖ π_ref) per token, when a reference model is loaded.",
-    LR: "Learning rate used for this step.",
-    CLIP_FRAC: "GRPO-family: fraction of response tokens whose ratio was clipped.",
-    SEP_POS_SCORE: "Mean length-normalised log-prob of correct rollouts (valid groups).",
-    SEP_NEG_SCORE: "Mean length-normalised log-prob of wrong rollouts (valid groups).",
-    SEP_GAP: "sep/pos_score − sep/neg_score: how far correct rollouts score above wrong ones.",
-    SEP_GAP_MIN: "Worst case per group, min s⁺ − max s⁻; > 0 means every pair is ordered.",
-    SEP_ORDER_ACC: "Fraction of (correct, wrong) pairs in a group with s⁺ > s⁻.",
-    SEP_MARGIN_ACC: "Fraction of (correct, wrong) pairs with s⁺ − m_t > s⁻.",
-    CONSPO_MARGIN: "Current margin m_t of the ConSPO curriculum.",
-    CONSPO_P_POS: "Mean softmax probability P⁺ of each correct rollout against the group's"
-    " wrong ones.",
-    CONSPO_P_POS_UNIFORM: "Reference for conspo/p_pos when scores carry no signal: 1/(1+N⁻).",
-    CONSPO_HARD_NEG_SHARE: "Share of the push-down that goes to the highest-scoring wrong"
-    " rollout (1/N⁻ = spread evenly, 1 = all on one).",
-    GRPO_WEIGHT: "Mean sqrt(p̂(1−p̂)): GRPO's per-group weight on the score gap.",
-    GRPO_CLIP_GAP: "Gap of GRPO's clipped-ratio scores, mean s⁺_clip − mean s⁻_clip.",
-    BATCH_PASS_RATE: "Fraction of all rollouts of the step that were verified correct.",
-    BATCH_VALID_GROUPS: "Groups with both correct and wrong rollouts (the ones that train).",
-    BATCH_ALL_POS_GROUPS: "Groups whose rollouts were all correct (no contrast).",
-    BATCH_ALL_NEG_GROUPS: "Groups whose rollouts were all wrong (no contrast).",
-    LEN_POS: "Mean response length (tokens incl. EOS) of correct rollouts.",
-    LEN_NEG: "Mean response length (tokens incl. EOS) of wrong rollouts.",
-    EVAL_ACCURACY: "Greedy accuracy on the held-out split.",
-    EVAL_PASS_AT_K: "pass@k on the held-out split (sampled).",
-    TIME_STEP_S: "Wall-clock seconds of the whole step.",
-    TIME_ROLLOUT_S: "Wall-clock seconds spent generating rollouts.",
-    THROUGHPUT_ROLLOUTS_PER_S: "Rollouts generated per second of step time.",
-    ROLLOUTS_SEEN: "Rollouts generated since the start of the run.",
+# What `conspo-lab watch` / `compare` print and the compare page opens with, in this order.
+KEY_METRICS: tuple[str, ...] = (
+    SEP_GAP,
+    SEP_ORDER_ACC,
+    SEP_POS_SCORE,
+    SEP_NEG_SCORE,
+    BATCH_PASS_RATE,
+    EVAL_ACCURACY,
+)
+
+# Keys written before the top-level ones were namespaced (migration 0003 renamed them in stored
+# worker runs); readers of older exports can map them with this.
+LEGACY_KEYS: dict[str, str] = {
+    "loss": LOSS,
+    "grad_norm": GRAD_NORM,
+    "lr": LR,
+    "entropy": ENTROPY,
+    "kl": KL,
 }
+
+
+# --------------------------------------------------------------------------------------------
+# The catalogue
+# --------------------------------------------------------------------------------------------
+
+# Palette roles, not colours: the pages map them (pos = correct rollouts, neg = wrong ones).
+ColorRole = Literal["pos", "neg", "accent", "accent2", "accent3", "reference"]
+
+
+@dataclass(frozen=True)
+class Section:
+    id: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One panel. Its lines are the metrics whose ``chart`` is this id, in catalogue order.
+
+    kind: line (one line per metric), stack (stacked areas of counts), or a view of the sampled
+    rollouts rather than of metrics (rollout_box: score distribution per step, split by reward;
+    rollout_hist: the latest step's scores). y_range: auto, unit ([0, 1] for fractions) or zero
+    (auto, but always including 0). always: drawn (with a placeholder) before any data arrives.
+    """
+
+    id: str
+    title: str
+    section: str
+    y_title: str
+    kind: Literal["line", "stack", "rollout_box", "rollout_hist"] = "line"
+    y_range: Literal["auto", "unit", "zero"] = "auto"
+    zero_line: bool = False
+    always: bool = False
+    markers: bool = False  # eval points are sparse: show them
+    rollout_iqr: bool = False  # draw the sampled rollouts' score IQR behind the lines
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One key. ``logged_by``: "every run" (the trainer or the separation statistics log it
+    whatever the objective) or "objective" (only objectives that return it, e.g. GRPO's clip
+    fraction). ``when``: a further condition, said in words. ``better``: which direction is an
+    improvement, when there is one ("" for descriptive keys such as the score means)."""
+
+    key: str
+    label: str
+    help: str
+    unit: str
+    chart: str | None  # None: not drawn on its own (an x axis)
+    logged_by: Literal["every run", "objective"] = "every run"
+    when: str = ""
+    deterministic: bool = False
+    better: Literal["higher", "lower", ""] = ""
+    color: ColorRole = "accent"
+    dash: bool = False
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    sections: list[Section]
+    charts: list[Chart]
+    metrics: list[Metric]
+    key_metrics: list[str]  # watch / compare defaults
+    rollouts_axis: str  # the key giving rollouts seen, for the "rollouts seen" x axis
+    legacy_keys: dict[str, str] = field(default_factory=dict)
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("sep", "Separation of positive and negative scores"),
+    Section("dist", "Score distributions (sampled rollouts)"),
+    Section("batch", "Rewards and batch composition"),
+    Section("eval", "Evaluation and lengths"),
+    Section("opt", "Optimisation"),
+    Section("speed", "Speed"),
+)
+
+SCORE = "log-prob / token"
+
+CHARTS: tuple[Chart, ...] = (
+    Chart("scores", "Mean score: positive vs negative", "sep", f"score s_θ ({SCORE})",
+          always=True, rollout_iqr=True,
+          help="Mean length-normalised log-prob of correct (s⁺) and wrong (s⁻) rollouts in"
+          " valid groups; band = IQR of the sampled rollouts."),
+    Chart("gap", "Score gap", "sep", f"s⁺ − s⁻ ({SCORE})", always=True, zero_line=True,
+          help="sep/gap = mean s⁺ − mean s⁻; sep/gap_min = min s⁺ − max s⁻ (> 0: every pair"
+          " ordered)."),
+    Chart("acc", "Ordering accuracy", "sep", "fraction of pairs", always=True, y_range="unit",
+          help="Fraction of (positive, negative) pairs with s⁺ > s⁻, and with s⁺ − m_t > s⁻."),
+    Chart("margin", "Margin m_t", "sep", f"m_t ({SCORE})", y_range="zero"),
+    Chart("ppos", "Softmax P⁺ vs uniform reference", "sep", "probability", y_range="unit"),
+    Chart("hardneg", "Hard-negative share", "sep", "share of push-down", y_range="unit"),
+    Chart("grpo", "GRPO's discriminative view", "sep", "weight / score gap"),
+    Chart("boxes", "Score distribution per step, split by reward", "dist", f"score s_θ ({SCORE})",
+          kind="rollout_box", always=True,
+          help="Box per step (binned when there are many steps) of the sampled rollouts'"
+          " scores: correct vs wrong."),
+    Chart("hist", "Score histogram at the latest step", "dist", "rollouts",
+          kind="rollout_hist", always=True,
+          help="Histograms of the latest step's sampled rollout scores, on shared bins."),
+    Chart("reward", "Pass rate", "batch", "fraction of rollouts", always=True, y_range="unit"),
+    Chart("groups", "Group mix: all-correct / mixed / all-wrong", "batch", "groups",
+          kind="stack", always=True,
+          help="Per step: groups with all rollouts correct, mixed (the ones that train), all"
+          " wrong."),
+    Chart("evalc", "Held-out accuracy", "eval", "accuracy", y_range="unit", markers=True),
+    Chart("len", "Response length: positive vs negative", "eval", "tokens (incl. EOS)"),
+    Chart("loss", "Loss", "opt", "loss", zero_line=True),
+    Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero"),
+    Chart("entropy", "Entropy", "opt", "nats / token", y_range="zero"),
+    Chart("kl", "KL to reference", "opt", "nats / token", y_range="zero"),
+    Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero"),
+    Chart("clipfrac", "Clip fraction", "opt", "fraction of tokens", y_range="unit"),
+    Chart("time", "Step time", "speed", "seconds", y_range="zero",
+          help="Wall-clock seconds per step, and the part spent generating rollouts."),
+    Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
+)  # fmt: skip
+
+METRICS: tuple[Metric, ...] = (
+    # separation
+    Metric(SEP_POS_SCORE, "s⁺ positive",
+           "Mean length-normalised log-prob of correct rollouts (valid groups).",
+           SCORE, "scores", color="pos"),
+    Metric(SEP_NEG_SCORE, "s⁻ negative",
+           "Mean length-normalised log-prob of wrong rollouts (valid groups).",
+           SCORE, "scores", color="neg"),
+    Metric(SEP_GAP, "gap",
+           "sep/pos_score − sep/neg_score: how far correct rollouts score above wrong ones.",
+           SCORE, "gap", better="higher"),
+    Metric(SEP_GAP_MIN, "gap_min (worst case)",
+           "Worst case per group, min s⁺ − max s⁻; > 0 means every pair is ordered.",
+           SCORE, "gap", better="higher", color="accent2"),
+    Metric(SEP_ORDER_ACC, "order_acc",
+           "Fraction of (correct, wrong) pairs in a group with s⁺ > s⁻.",
+           "fraction", "acc", better="higher"),
+    Metric(SEP_MARGIN_ACC, "margin_acc",
+           "Fraction of (correct, wrong) pairs with s⁺ − m_t > s⁻.",
+           "fraction", "acc", better="higher", color="accent2", dash=True),
+    Metric(CONSPO_MARGIN, "m_t",
+           "Margin m_t of the curriculum that sep/margin_acc and the softmax view use: a ConSPO"
+           " run's own schedule; other runs use ConSPO's default schedule as a common reference.",
+           SCORE, "margin", deterministic=True),
+    Metric(CONSPO_P_POS, "p_pos",
+           "Mean softmax probability P⁺ of each correct rollout against the group's wrong ones"
+           " (at the run's τ; ConSPO's default τ for other objectives).",
+           "probability", "ppos", better="higher"),
+    Metric(CONSPO_P_POS_UNIFORM, "uniform 1/(1+N⁻)",
+           "Reference for conspo/p_pos when scores carry no signal: 1/(1+N⁻).",
+           "probability", "ppos", color="reference", dash=True),
+    Metric(CONSPO_HARD_NEG_SHARE, "hard_neg_share",
+           "Share of the push-down that goes to the highest-scoring wrong rollout (1/N⁻ = spread"
+           " evenly, 1 = all on one).",
+           "share", "hardneg", color="accent3"),
+    Metric(GRPO_WEIGHT, "grpo/weight",
+           "Mean sqrt(p̂(1−p̂)): GRPO's per-group weight on the score gap.",
+           "weight", "grpo"),
+    Metric(GRPO_CLIP_GAP, "grpo/clip_gap",
+           "Gap of GRPO's clipped-ratio scores, mean s⁺_clip − mean s⁻_clip (0 while π_θ = π_old,"
+           " i.e. with one optimiser pass per rollout batch).",
+           "ratio", "grpo", color="accent2"),
+    # batch
+    Metric(BATCH_PASS_RATE, "pass rate",
+           "Fraction of all rollouts of the step that were verified correct.",
+           "fraction", "reward", better="higher", color="pos"),
+    Metric(BATCH_ALL_POS_GROUPS, "all correct",
+           "Groups whose rollouts were all correct (no contrast).", "groups", "groups",
+           color="pos"),
+    Metric(BATCH_VALID_GROUPS, "mixed (valid)",
+           "Groups with both correct and wrong rollouts (the ones that train).", "groups",
+           "groups"),
+    Metric(BATCH_ALL_NEG_GROUPS, "all wrong",
+           "Groups whose rollouts were all wrong (no contrast).", "groups", "groups",
+           color="neg"),
+    # evaluation and lengths
+    Metric(EVAL_ACCURACY, "accuracy (greedy)", "Greedy accuracy on the held-out split.",
+           "fraction", "evalc", when="every eval.every steps and at the end", better="higher"),
+    Metric(EVAL_PASS_AT_K, "pass@k", "pass@k on the held-out split (k = eval.pass_k, sampled).",
+           "fraction", "evalc", when="every eval.every steps and at the end", better="higher",
+           color="pos"),
+    Metric(LEN_POS, "len pos", "Mean response length (tokens incl. EOS) of correct rollouts.",
+           "tokens", "len", color="pos"),
+    Metric(LEN_NEG, "len neg", "Mean response length (tokens incl. EOS) of wrong rollouts.",
+           "tokens", "len", color="neg"),
+    # optimisation
+    Metric(LOSS, "loss",
+           "Objective value being minimised (its meaning depends on the algorithm; mean over"
+           " the step's mini-batches).",
+           "loss", "loss", better="lower"),
+    Metric(GRAD_NORM, "grad_norm", "Gradient norm before clipping (mean over mini-batches).",
+           "norm", "gradnorm", color="accent2"),
+    Metric(ENTROPY, "entropy", "Mean per-token entropy of the policy on the sampled responses.",
+           "nats / token", "entropy", color="accent3"),
+    Metric(KL, "kl", "k3 estimate of KL(π_θ ‖ π_ref) per token.", "nats / token", "kl",
+           when="a reference model is loaded (params.beta > 0)", better="lower", color="neg"),
+    Metric(LR, "lr", "Learning rate used for this step (warmup, then constant).",
+           "learning rate", "lr", deterministic=True, color="reference"),
+    Metric(CLIP_FRAC, "clip_frac",
+           "GRPO family: fraction of response tokens whose ratio was clipped (0 while π_θ ="
+           " π_old, i.e. with optim.mini_batches = 1).",
+           "fraction", "clipfrac", logged_by="objective", color="accent2"),
+    # speed
+    Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
+           better="lower"),
+    Metric(TIME_ROLLOUT_S, "rollout", "Wall-clock seconds spent generating rollouts.", "s",
+           "time", better="lower", color="accent3"),
+    Metric(THROUGHPUT_ROLLOUTS_PER_S, "rollouts/s", "Rollouts generated per second of step time.",
+           "rollouts / s", "throughput", better="higher"),
+    Metric(ROLLOUTS_SEEN, "rollouts seen", "Rollouts generated since the start of the run.",
+           "rollouts", None, deterministic=True),
+)  # fmt: skip
+
+
+@cache
+def catalogue() -> Catalogue:
+    """The whole catalogue as one value (what the API serves and the pages render)."""
+    return Catalogue(
+        sections=list(SECTIONS),
+        charts=list(CHARTS),
+        metrics=list(METRICS),
+        key_metrics=list(KEY_METRICS),
+        rollouts_axis=ROLLOUTS_SEEN,
+        legacy_keys=dict(LEGACY_KEYS),
+    )
+
+
+def metric(key: str) -> Metric | None:
+    """The catalogue entry of ``key``, or None for a key logged from elsewhere."""
+    return _BY_KEY.get(key)
+
+
+_BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}

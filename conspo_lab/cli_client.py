@@ -25,13 +25,15 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conspo import metrics as M
 from conspo_lab.client import ApiError, Client, Run, Series, ServerUnavailable
 
 console = Console()
 err_console = Console(stderr=True)
 
-# The metrics `watch` and `compare` show by default (keys of conspo.metrics).
-KEY_METRICS = ("sep/gap", "sep/order_acc", "batch/pass_rate", "eval/accuracy", "loss")
+# The metrics `watch` and `compare` show by default, and the two the run list shows.
+KEY_METRICS = M.KEY_METRICS
+LIST_METRICS = (M.SEP_GAP, M.BATCH_PASS_RATE)
 
 UrlOpt = Annotated[
     str | None,
@@ -129,7 +131,7 @@ def runs(
     table = Table(title=f"runs ({len(page.items)} of {page.total})")
     for col in ("id", "name", "status", "algorithm", "task", "model", "seed", "step", "tags"):
         table.add_column(col, justify="right" if col in {"id", "seed", "step"} else "left")
-    for key in ("sep/gap", "batch/pass_rate"):
+    for key in LIST_METRICS:
         table.add_column(key, justify="right")
     for run in page.items:
         table.add_row(
@@ -142,8 +144,7 @@ def runs(
             "" if run.seed is None else str(run.seed),
             f"{run.step}/{run.total_steps or '?'}",
             ",".join(run.tags),
-            _fmt(run.summary.get("sep/gap")),
-            _fmt(run.summary.get("batch/pass_rate")),
+            *(_fmt(run.summary.get(key)) for key in LIST_METRICS),
         )
     console.print(table)
 
@@ -171,12 +172,15 @@ def compare(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Table of each key's last and best value per run (best: max, or min for loss-like keys)."""
+    """Table of each key's last and best value per run (best: in the key's better direction)."""
     key_list = _split(keys) if keys else list(KEY_METRICS)
     with _client(url, token) as lab:
         info = {rid: lab.get_run(rid) for rid in run_ids}
         series = lab.compare(run_ids, key_list, max_points=10_000)
-    table = Table(title="compare (best = max; min for loss, kl, grad_norm, len/*, time/*)")
+    table = Table(
+        title="compare (best: in each metric's better direction, none for descriptive keys;"
+        " keys the catalogue lacks: min for loss-like names, else max)"
+    )
     for col in ("key", "run", "status", "last", "best", "best at step", "points"):
         table.add_column(col, justify="left" if col in {"key", "run", "status"} else "right")
     for key in key_list:
@@ -297,18 +301,16 @@ def _describe(run: Run) -> str:
 # compare
 # --------------------------------------------------------------------------------------------
 
-_LOWER_IS_BETTER_PREFIXES = ("len/", "time/")
-_LOWER_IS_BETTER = {"loss", "kl", "grad_norm"}
 
-
-def lower_is_better(key: str) -> bool:
+def better_direction(key: str) -> str:
+    """The better direction of ``key``: "higher", "lower" or "" (no best: a descriptive key such
+    as a score mean), from the catalogue; for keys logged from elsewhere (TRL's ``loss``,
+    ``kl``), a guess from the name."""
+    known = M.metric(key)
+    if known is not None:
+        return known.better
     base = key.rsplit("/", 1)[-1]
-    return (
-        key in _LOWER_IS_BETTER
-        or base in _LOWER_IS_BETTER
-        or base.endswith("_loss")
-        or key.startswith(_LOWER_IS_BETTER_PREFIXES)
-    )
+    return "lower" if base in {"loss", "kl", "grad_norm"} or base.endswith("_loss") else "higher"
 
 
 def _last_best(
@@ -321,13 +323,16 @@ def _last_best(
         return last, None, None, 0
     if last is None:
         last = next((v for v in reversed(s.values) if v is not None), None)
-    extremes = s.min if lower_is_better(key) else s.max
+    direction = better_direction(key)
+    if not direction:
+        return last, None, None, s.total_points or len(s.steps)
+    extremes = s.min if direction == "lower" else s.max
     if len(extremes) != len(s.steps):
         extremes = s.values
     candidates = [(v, step) for v, step in zip(extremes, s.steps, strict=False) if v is not None]
     if not candidates:
         return last, None, None, s.total_points
-    pick = min if lower_is_better(key) else max
+    pick = min if direction == "lower" else max
     best, best_step = pick(candidates, key=lambda c: c[0])
     return last, best, best_step, s.total_points or len(s.steps)
 

@@ -28,22 +28,25 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from conspo import metrics as M
 from conspo_lab.client import ApiError, Client
 
 log = logging.getLogger(__name__)
 
-# TRL / HF Trainer key -> ConSPO Lab key (conspo.metrics names). Originals are also kept under
-# "trl/<key>". `reward` becomes batch/pass_rate only for binary (0/1) rewards, see below.
+# TRL / HF Trainer key -> the catalogue key (conspo.metrics) with the same meaning, so a TRL
+# run's page draws them in the same charts as a native run. Every original is also kept under
+# "trl/<key>" (TRL's completion lengths, for instance, are not split by correctness as len/pos
+# and len/neg are, so they stay there). `reward` becomes the pass rate only for binary (0/1)
+# rewards, see below.
 KEY_MAP: dict[str, str] = {
-    "loss": "loss",
-    "grad_norm": "grad_norm",
-    "entropy": "entropy",
-    "kl": "kl",
-    "learning_rate": "lr",
-    "completions/mean_length": "len/mean",
+    "loss": M.LOSS,
+    "grad_norm": M.GRAD_NORM,
+    "entropy": M.ENTROPY,
+    "kl": M.KL,
+    "learning_rate": M.LR,
 }
 REWARD_KEY = "reward"
-PASS_RATE_KEY = "batch/pass_rate"
+PASS_RATE_KEY = M.BATCH_PASS_RATE
 TRL_PREFIX = "trl/"
 
 

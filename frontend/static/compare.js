@@ -4,10 +4,10 @@
 import { get, qs, errorText } from "/static/api.js";
 import { $, h, fmtNum, flatten, fmtValue, getPath, statusBadge, color, ema, toast, debounce, FINISHED } from "/static/util.js";
 import { baseLayout, lineTraces, sampledAnnotation, withNotes, noteAnnotation, chartCard, react, alpha, X_TITLES } from "/static/charts.js";
+import { KEY_METRICS, ROLLOUTS_AXIS, helpOf, unitOf, isDeterministic } from "/static/catalogue.js";
 
-const HELP = window.CONSPO_METRIC_HELP || {};
-const DEFAULT_KEYS = ["sep/gap", "sep/order_acc", "sep/pos_score", "sep/neg_score", "batch/pass_rate", "eval/accuracy"];
-const ROLLOUTS_KEY = "rollouts/seen";
+const DEFAULT_KEYS = KEY_METRICS;
+const ROLLOUTS_KEY = ROLLOUTS_AXIS;
 const TOP_LEVEL = ["algorithm", "task", "model", "status", "seed", "group_id", "owner"];
 
 const url = new URLSearchParams(location.search);
@@ -176,6 +176,7 @@ const diffKey = () => (S.keys.includes(S.diffKey) ? S.diffKey : S.keys[0] || "")
 
 // ---- charts -------------------------------------------------------------------------------------
 function metricFigure(key) {
+  const smooth = isDeterministic(key) ? 0 : S.smooth; // schedules are exact: never smoothed
   const traces = [];
   const used = [];
   const grouped = groups();
@@ -186,8 +187,8 @@ function metricFigure(key) {
       const c = color(gi++);
       if (!agg) continue;
       used.push(...agg.series);
-      const m = ema(agg.mean, S.smooth);
-      const lo = ema(agg.lo, S.smooth), hi = ema(agg.hi, S.smooth);
+      const m = ema(agg.mean, smooth);
+      const lo = ema(agg.lo, smooth), hi = ema(agg.hi, smooth);
       if (agg.n > 1) {
         traces.push(
           { x: agg.xs, y: hi, type: "scatter", mode: "lines", line: { width: 0, color: c }, hoverinfo: "skip", showlegend: false, legendgroup: label, name: `${label} +std` },
@@ -202,11 +203,11 @@ function metricFigure(key) {
       const run = S.runs.get(id);
       if (!s || !s.steps.length || !run) continue;
       used.push(s);
-      traces.push(...lineTraces(xFor(id, s.steps, s.wall_time), s, { name: runName(run), color: runColor(id), smooth: S.smooth, group: `run${id}` }));
+      traces.push(...lineTraces(xFor(id, s.steps, s.wall_time), s, { name: runName(run), color: runColor(id), smooth, group: `run${id}` }));
     }
   }
   if (!traces.length) return null;
-  const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x] });
+  const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
   const notes = sampledAnnotation(used);
   if (grouped && [...grouped.values()].some((ids) => ids.length > 1)) notes.push(noteAnnotation("line = mean across runs · band = ±1 std"));
   if (notes.length > 1) {
@@ -232,15 +233,16 @@ function diffFigure(key) {
   });
   if (!steps.length) return null;
   const s = { steps, values: vals, sampled: false };
-  const traces = lineTraces(xFor(a, steps, wall), s, { name: `#${a} − #${b}`, color: "#7c3aed", smooth: S.smooth });
-  const layout = baseLayout({ uirevision: `${S.x}|diff`, xTitle: X_TITLES[S.x] });
+  const smooth = isDeterministic(key) ? 0 : S.smooth;
+  const traces = lineTraces(xFor(a, steps, wall), s, { name: `#${a} − #${b}`, color: "#7c3aed", smooth });
+  const layout = baseLayout({ uirevision: `${S.x}|diff`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
   layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } }];
   return { traces, layout };
 }
 
 function draw() {
   const container = $("#compare-charts");
-  const wanted = S.runIds.length ? S.keys.map((k) => ({ id: `m-${k}`, key: k, title: k, help: HELP[k] || "" })) : [];
+  const wanted = S.runIds.length ? S.keys.map((k) => ({ id: `m-${k}`, key: k, title: k, help: helpOf(k) })) : [];
   if (S.diff.length === 2 && S.runIds.length && diffKey()) {
     const k = diffKey();
     wanted.unshift({ id: `d-${k}`, key: k, diff: true, title: `Difference #${S.diff[0]} − #${S.diff[1]}: ${k}`, help: "Run A minus run B at A's steps (B interpolated inside its range)." });
@@ -359,7 +361,7 @@ function renderKeyList() {
   const filter = $("#key-filter").value.trim().toLowerCase();
   const keys = [...new Set([...S.keysAvailable, ...S.keys])].sort();
   $("#key-list").replaceChildren(...keys.filter((k) => !filter || k.includes(filter) || S.keys.includes(k)).map((k) =>
-    h("label", { title: HELP[k] || k }, h("input", { type: "checkbox", value: k, checked: S.keys.includes(k), "aria-label": `metric ${k}` }), k)));
+    h("label", { title: helpOf(k) || k }, h("input", { type: "checkbox", value: k, checked: S.keys.includes(k), "aria-label": `metric ${k}` }), k)));
   $("#key-count").textContent = `${S.keys.length}/${keys.length}`;
 }
 

@@ -10,15 +10,12 @@ import {
 import {
   baseLayout, lineTraces, hasFinite, sampledAnnotation, noteAnnotation, withNotes, chartCard, react, alpha, quantile, X_TITLES,
 } from "/static/charts.js";
+import { CHARTS, SECTIONS, ROLE_COLORS, ROLLOUTS_AXIS, helpOf, unitOf, isDeterministic } from "/static/catalogue.js";
 
-const HELP = window.CONSPO_METRIC_HELP || {};
+const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
 const runId = Number($("#run-root").dataset.runId);
-const POS = "#059669";
-const NEG = "#dc2626";
-const C1 = "#4f46e5";
-const C2 = "#d97706";
-const C3 = "#0891b2";
-const GREY = "#94a3b8";
+const POS = ROLE_COLORS.pos;
+const NEG = ROLE_COLORS.neg;
 
 const S = {
   run: null,
@@ -36,71 +33,18 @@ const S = {
   rev: 0, // bumped on every data change: layout.datarevision makes Plotly.react recompute
 };
 
-// ---- chart definitions (display order; each key is claimed by its first chart) ----------------
-const SECTIONS = [
-  { id: "sep", title: "Separation of positive and negative scores" },
-  { id: "dist", title: "Score distributions (sampled rollouts)" },
-  { id: "batch", title: "Rewards and batch composition" },
-  { id: "eval", title: "Evaluation and lengths" },
-  { id: "opt", title: "Optimisation" },
-  { id: "other", title: "Other metrics" },
-];
-const CHARTS = [
-  { id: "scores", section: "sep", title: "Mean score: positive vs negative", always: true, band: true,
-    help: "Mean length-normalised log-prob of correct (s⁺) and wrong (s⁻) rollouts in valid groups; band = IQR of the sampled rollouts.",
-    keys: [{ key: "sep/pos_score", name: "s⁺ positive", color: POS }, { key: "sep/neg_score", name: "s⁻ negative", color: NEG }] },
-  { id: "gap", section: "sep", title: "Score gap", always: true, zero: true,
-    help: "sep/gap = mean s⁺ − mean s⁻; sep/gap_min = min s⁺ − max s⁻ (> 0: every pair ordered).",
-    keys: [{ key: "sep/gap", name: "gap", color: C1 }, { key: "sep/gap_min", name: "gap_min (worst case)", color: C2 }] },
-  { id: "acc", section: "sep", title: "Ordering accuracy", always: true, unit: true,
-    help: "Fraction of (positive, negative) pairs with s⁺ > s⁻, and with s⁺ − m_t > s⁻.",
-    keys: [{ key: "sep/order_acc", name: "order_acc", color: C1 }, { key: "sep/margin_acc", name: "margin_acc", color: C2 }] },
-  { id: "margin", section: "sep", title: "ConSPO margin m_t vs schedule", schedule: true,
-    help: HELP["conspo/margin"], keys: [{ key: "conspo/margin", name: "m_t logged", color: C1 }] },
-  { id: "ppos", section: "sep", title: "Softmax P⁺ vs uniform reference",
-    help: HELP["conspo/p_pos"], keys: [{ key: "conspo/p_pos", name: "p_pos", color: C1 }, { key: "conspo/p_pos_uniform", name: "uniform 1/(1+N⁻)", color: GREY, dash: "dash" }] },
-  { id: "hardneg", section: "sep", title: "Hard-negative share", help: HELP["conspo/hard_neg_share"],
-    keys: [{ key: "conspo/hard_neg_share", name: "hard_neg_share", color: C3 }] },
-  { id: "grpo", section: "sep", title: "GRPO's discriminative view", help: `${HELP["grpo/weight"] || ""} ${HELP["grpo/clip_gap"] || ""}`,
-    keys: [{ key: "grpo/weight", name: "grpo/weight", color: C1 }, { key: "grpo/clip_gap", name: "grpo/clip_gap", color: C2 }] },
-  { id: "boxes", section: "dist", title: "Score distribution per step, split by reward", kind: "box", always: true, wide: true,
-    help: "Box per step (binned when there are many steps) of the sampled rollouts' scores: correct vs wrong." },
-  { id: "hist", section: "dist", title: "Score histogram at the latest step", kind: "hist", always: true,
-    help: "Overlaid histograms of the latest step's sampled rollout scores." },
-  { id: "reward", section: "batch", title: "Reward and pass rate", always: true, unit: true,
-    help: HELP["batch/pass_rate"],
-    keys: [{ key: "batch/pass_rate", name: "pass rate", color: POS }, { key: "reward", name: "reward", color: C1 }, { key: "reward/mean", name: "reward mean", color: C1 }] },
-  { id: "groups", section: "batch", title: "Group mix: all-correct / mixed / all-wrong", kind: "stack", always: true,
-    help: "Per step: groups with all rollouts correct, mixed (the ones that train), all wrong.",
-    keys: [{ key: "batch/all_pos_groups", name: "all correct", color: "#34d399" }, { key: "batch/valid_groups", name: "mixed (valid)", color: "#818cf8" }, { key: "batch/all_neg_groups", name: "all wrong", color: "#f87171" }] },
-  { id: "evalc", section: "eval", title: "Held-out accuracy", markers: true, unit: true,
-    help: `${HELP["eval/accuracy"] || ""} ${HELP["eval/pass@k"] || ""}`,
-    keys: [{ key: "eval/accuracy", name: "accuracy (greedy)", color: C1 }, { key: "eval/pass@k", name: "pass@k", color: POS, prefix: "eval/pass@" }] },
-  { id: "len", section: "eval", title: "Response length: positive vs negative", help: "Mean tokens (incl. EOS) of correct and wrong rollouts.",
-    keys: [{ key: "len/pos", name: "len pos", color: POS }, { key: "len/neg", name: "len neg", color: NEG }] },
-  { id: "loss", section: "opt", title: "Loss", help: HELP.loss, keys: [{ key: "loss", name: "loss", color: C1 }] },
-  { id: "gradnorm", section: "opt", title: "Gradient norm", help: HELP.grad_norm, keys: [{ key: "grad_norm", name: "grad_norm", color: C2 }] },
-  { id: "entropy", section: "opt", title: "Entropy", help: HELP.entropy, keys: [{ key: "entropy", name: "entropy", color: C3 }] },
-  { id: "kl", section: "opt", title: "KL to reference", help: HELP.kl, keys: [{ key: "kl", name: "kl", color: NEG }] },
-  { id: "lr", section: "opt", title: "Learning rate", help: HELP.lr, keys: [{ key: "lr", name: "lr", color: GREY }] },
-  { id: "clipfrac", section: "opt", title: "Clip fraction", help: HELP.clip_frac, keys: [{ key: "clip_frac", name: "clip_frac", color: C2 }] },
-  { id: "time", section: "opt", title: "Step time", help: "Wall-clock seconds per step and spent generating rollouts.",
-    keys: [{ key: "time/step_s", name: "step", color: C1 }, { key: "time/rollout_s", name: "rollout", color: C3 }] },
-];
+// ---- chart definitions: the catalogue's sections and charts, plus one chart per key it lacks ----
+const SECTIONS_SHOWN = [...SECTIONS, { id: "other", title: "Other metrics" }];
 
-/** The series keys a chart definition covers among the keys present. */
+/** The series lines a chart covers among the keys present. */
 function chartKeys(def) {
-  const out = [];
-  for (const k of def.keys || []) {
-    if (k.prefix) {
-      for (const key of Object.keys(S.series).sort()) if (key.startsWith(k.prefix)) out.push({ ...k, key, name: key.replace("eval/", "") });
-    } else if (S.series[k.key]) out.push(k);
-  }
-  return out;
+  return (def.metrics || []).filter((m) => S.series[m.key]).map((m) => ({
+    key: m.key, name: m.label, color: m.colorValue, dash: m.dash ? "dash" : undefined, deterministic: m.deterministic,
+  }));
 }
 
 function claimedKeys() {
-  const claimed = new Set(["rollouts/seen"]);
+  const claimed = new Set([ROLLOUTS_AXIS]);
   for (const def of CHARTS) for (const k of chartKeys(def)) claimed.add(k.key);
   return claimed;
 }
@@ -141,7 +85,7 @@ function xOfSteps(steps, wall) {
     return steps.map((st) => (interp(r.steps, r.wall_time, st) - t0()) / 60);
   }
   if (S.xmode === "rollouts") {
-    const r = S.series["rollouts/seen"];
+    const r = S.series[ROLLOUTS_AXIS];
     if (!r) return steps;
     const pts = r.steps.map((st, i) => [st, r.values[i]]).filter((p) => p[1] !== null);
     const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
@@ -286,7 +230,7 @@ function renderRun() {
     h("tr", {}, h("td", {}, k), h("td", {}, fmtValue(v)))));
   const summary = Object.entries(run.summary || {}).sort(([a], [b]) => a.localeCompare(b));
   $("#summary-table").replaceChildren(...(summary.length
-    ? summary.map(([k, v]) => h("tr", {}, h("td", { title: HELP[k] || "" }, k), h("td", {}, fmtNum(v, 6))))
+    ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
     : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]));
 }
 
@@ -297,22 +241,26 @@ function ensureCards() {
   const otherKeys = Object.keys(S.series).filter((k) => !claimed.has(k)).sort();
   const defs = [
     ...CHARTS,
-    ...otherKeys.map((key) => ({ id: `other-${key}`, section: "other", title: key, help: HELP[key] || "", keys: [{ key, name: key, color: C1 }] })),
+    ...otherKeys.map((key) => ({
+      id: `other-${key}`, section: "other", title: key, help: helpOf(key), y_title: unitOf(key), y_range: "auto",
+      metrics: [{ key, label: key, colorValue: ROLE_COLORS.accent, deterministic: isDeterministic(key) }],
+    })),
   ];
-  for (const sec of SECTIONS) {
+  for (const sec of SECTIONS_SHOWN) {
     const wanted = defs.filter((d) => d.section === sec.id && (d.always || hasData(d)));
     if (!wanted.length) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);
     if (!secEl) {
       secEl = h("div", { "data-section": sec.id }, h("h3.section-title", {}, sec.title), h("div.charts"));
       // keep section order
-      const after = SECTIONS.slice(SECTIONS.indexOf(sec) + 1).map((s) => container.querySelector(`[data-section="${s.id}"]`)).find(Boolean);
+      const after = SECTIONS_SHOWN.slice(SECTIONS_SHOWN.indexOf(sec) + 1).map((s) => container.querySelector(`[data-section="${s.id}"]`)).find(Boolean);
       container.insertBefore(secEl, after || null);
     }
     const grid = secEl.querySelector(".charts");
     for (const def of wanted) {
       if (S.cards.has(def.id)) continue;
-      const { card, plot } = chartCard(def.id, def.title, def.help, { wide: def.wide });
+      const help = def.help || (def.metrics || []).map((m) => `${m.label}: ${m.help}`).join(" ");
+      const { card, plot } = chartCard(def.id, def.title, help, { wide: def.kind === "rollout_box" });
       grid.append(card);
       S.cards.set(def.id, { def, card, plot });
     }
@@ -320,7 +268,7 @@ function ensureCards() {
 }
 
 function hasData(def) {
-  if (def.kind === "box" || def.kind === "hist") return S.rollouts.length > 0;
+  if (def.kind === "rollout_box" || def.kind === "rollout_hist") return S.rollouts.length > 0;
   return chartKeys(def).some((k) => hasFinite(S.series[k.key]));
 }
 
@@ -335,11 +283,11 @@ function placeholder(entry, text) {
 
 function drawChart(entry) {
   const { def } = entry;
-  const built = def.kind === "box" ? boxFigure() : def.kind === "hist" ? histFigure() : lineFigure(def);
+  const built = def.kind === "rollout_box" ? boxFigure() : def.kind === "rollout_hist" ? histFigure() : lineFigure(def);
   if (!built) {
     let text = "no data yet";
     if (S.run && S.run.status === "queued") text = "waiting for the run to start…";
-    else if (def.keys && chartKeys(def).length) {
+    else if (chartKeys(def).length) {
       text = def.section === "sep"
         ? "no finite values yet: separation statistics need groups with both correct and wrong rollouts"
         : "only empty (NaN) values logged so far";
@@ -352,7 +300,7 @@ function drawChart(entry) {
     entry.card.classList.remove("empty-chart");
     entry.plot.dataset.state = "plotted";
   }
-  built.layout.datarevision = `${S.rev}:${S.smooth}`;
+  built.layout.datarevision = `${S.rev}:${S.smooth}:${S.xmode}`;
   react(entry.plot, built.traces, built.layout);
 }
 
@@ -370,23 +318,20 @@ function lineFigure(def) {
       traces.push({ x: xs.slice(), y: s.values.slice(), type: "scatter", mode: "lines", stackgroup: "g", name: k.name, line: { width: 0.5, color: k.color }, fillcolor: alpha(k.color, 0.75) });
     } else {
       const markers = def.markers && s.steps.length <= 80;
-      traces.push(...lineTraces(xs, s, { name: k.name, color: k.color, dash: k.dash, smooth: S.smooth, mode: markers ? "lines+markers" : "lines" }));
+      const smooth = k.deterministic ? 0 : S.smooth; // a schedule is exact: smoothing would make it lag
+      traces.push(...lineTraces(xs, s, { name: k.name, color: k.color, dash: k.dash, smooth, mode: markers ? "lines+markers" : "lines" }));
     }
   }
   const shapes = [];
-  if (def.band) traces.unshift(...iqrBands());
-  if (def.schedule) {
-    const sched = marginSchedule();
-    if (sched) traces.push({ x: xOfSteps(sched.steps).slice(), y: sched.values, type: "scatter", mode: "lines", name: `schedule (${sched.label})`, line: { color: GREY, dash: "dash", width: 1.5 } });
-  }
-  if (def.zero) shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } });
-  const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode] });
+  if (def.rollout_iqr) traces.unshift(...iqrBands());
+  if (def.zero_line) shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } });
+  const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: def.y_title || "" });
   withNotes(layout, sampledAnnotation(used));
   layout.shapes = shapes;
-  if (def.unit || def.schedule) layout.yaxis.rangemode = "tozero";
+  if (def.y_range === "unit" || def.y_range === "zero") layout.yaxis.rangemode = "tozero";
   const flat = constantValue(traces);
-  if (flat !== null && !def.unit && !def.schedule && !stack) {
-    // Plotly pads a flat line by ±1, which makes e.g. lr = 1e-3 read as 0.
+  if (flat !== null && def.y_range === "auto" && !stack) {
+    // Plotly pads a flat line by ±1, which makes e.g. a constant 1e-3 read as 0.
     const pad = Math.abs(flat) * 0.5 || 1;
     layout.yaxis.range = [flat - pad, flat + pad];
   }
@@ -406,25 +351,6 @@ function constantValue(traces) {
     }
   }
   return v;
-}
-
-/** Half-cosine margin curriculum of objectives.md: m_t = (M/2)(1 − cos(π·min(λ_t/α, 1))). */
-function marginSchedule() {
-  const cfg = S.run && S.run.config;
-  const p = cfg && cfg.params;
-  if (!p || p.margin_max === undefined) return null;
-  const T = S.run.total_steps || cfg.steps;
-  const M = Number(p.margin_max), a = Number(p.margin_warmup || 1);
-  const mode = p.margin || "cosine";
-  const n = Math.min(T, 400);
-  const steps = Array.from({ length: n + 1 }, (_, i) => Math.round((i * T) / n)).filter((v, i, arr) => v >= 1 || i === arr.length - 1);
-  const values = steps.map((t) => {
-    if (mode === "none") return 0;
-    if (mode === "fixed") return M;
-    const rho = Math.min(t / T / a, 1);
-    return (M / 2) * (1 - Math.cos(Math.PI * rho));
-  });
-  return { steps, values, label: `${mode}, M=${fmtNum(M)}, α=${fmtNum(a)}` };
 }
 
 function rolloutsByStep() {
@@ -479,7 +405,7 @@ function boxFigure() {
     }
     traces.push({ type: "box", x: xOfSteps(x), y, name, marker: { color, size: 2 }, line: { width: 1, color }, fillcolor: alpha(color, 0.2), boxpoints: false, hoverinfo: "y+name", offsetgroup: side });
   }
-  const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: "score s_θ" });
+  const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: CHART_BY_ID.boxes.y_title });
   layout.boxmode = "group";
   layout.hovermode = "closest";
   const notes = [];
@@ -503,7 +429,7 @@ function histFigure() {
     { type: "histogram", x: e.pos, name: `correct (${e.pos.length})`, marker: { color: alpha(POS, 0.6) }, xbins, autobinx: false },
     { type: "histogram", x: e.neg, name: `wrong (${e.neg.length})`, marker: { color: alpha(NEG, 0.6) }, xbins, autobinx: false },
   ];
-  const layout = baseLayout({ uirevision: "hist", xTitle: `score s_θ at step ${last}`, yTitle: "rollouts" });
+  const layout = baseLayout({ uirevision: "hist", xTitle: `score s_θ at step ${last}`, yTitle: CHART_BY_ID.hist.y_title });
   layout.barmode = "overlay";
   layout.hovermode = "closest";
   return { traces, layout };

@@ -3,11 +3,11 @@ import { get, post, del, qs, stream, errorText } from "/static/api.js";
 import {
   $, h, fmtNum, fmtAgo, fmtTime, statusBadge, progressBar, sparkline, toast, setConn, FINISHED, debounce,
 } from "/static/util.js";
+import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
 
-const SPARK_METRICS = [
-  "sep/gap", "sep/gap_min", "sep/order_acc", "sep/margin_acc", "batch/pass_rate", "eval/accuracy",
-  "eval/pass@k", "conspo/margin", "loss", "entropy", "grad_norm", "kl", "len/pos", "len/neg",
-];
+// Any charted catalogue metric can fill the sparkline column; the first key metric by default.
+const SPARK_METRICS = CHARTED_KEYS;
+const DEFAULT_SPARK = KEY_METRICS[0];
 
 const params = new URLSearchParams(location.search);
 const state = {
@@ -16,7 +16,7 @@ const state = {
   algorithm: params.get("algorithm") || "",
   task: params.get("task") || "",
   tag: params.get("tag") || "",
-  metric: params.get("metric") || "sep/gap",
+  metric: params.get("metric") || DEFAULT_SPARK,
   runs: new Map(), // id → Run, in table order
   order: [],
   selected: new Set(),
@@ -28,7 +28,7 @@ const body = $("#runs-body");
 
 function syncUrl() {
   const q = qs({ q: state.q, status: state.status, algorithm: state.algorithm, task: state.task, tag: state.tag,
-    metric: state.metric === "sep/gap" ? "" : state.metric });
+    metric: state.metric === DEFAULT_SPARK ? "" : state.metric });
   history.replaceState(null, "", `/${q}`);
 }
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
+from conspo.metrics import catalogue
 from tests.api.conftest import Api
 
 
@@ -282,3 +284,11 @@ def test_step_max_pages_raw_points(api: Api) -> None:
         assert max(b["max"]) == 2000.0 and max(head["series"]["a"]["max"]) > 9  # spike kept
     r = api.get(url, params={"keys": "a", "step_max": "x"})
     assert r.status_code == 422 and ["query", "step_max"] in [d["loc"] for d in r.json()["detail"]]
+
+
+def test_catalogue_is_served_and_injected_into_pages(api: Api) -> None:
+    served = api.get("/api/metrics/catalogue").json()
+    assert served == json.loads(json.dumps(asdict(catalogue())))
+    assert {"sep/gap", "optim/loss", "grpo/clip_frac"} <= {m["key"] for m in served["metrics"]}
+    page = api.get("/").text
+    assert "window.CONSPO_CATALOGUE = {" in page and '"key": "sep/gap"' in page

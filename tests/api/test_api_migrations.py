@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from alembic import command
+from sqlalchemy import inspect, text
 
 from backend.db import make_engine
-from backend.migrate import migrate
+from backend.migrate import alembic_config, migrate
 from backend.models import Base
+from conspo import metrics as M
 from tests.api.conftest import create_pg_database, drop_pg_database
 
 TABLES = {"users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts"}
@@ -38,5 +42,67 @@ def test_upgrade_downgrade_roundtrip(dialect: str, tmp_path: Path) -> None:
         migrate(url, "head")  # and up again
         assert tables(url) == TABLES
     finally:
+        if dialect == "postgresql":
+            drop_pg_database(url)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0003_namespaces_legacy_keys_of_worker_runs_only(dialect: str, tmp_path: Path) -> None:
+    """Worker runs' loss/grad_norm/lr/entropy/kl move to optim/* and policy/*; external runs
+    keep what their clients logged; downgrading restores the old names."""
+    url = f"sqlite:///{tmp_path / 'm.db'}" if dialect == "sqlite" else create_pg_database()
+    engine = make_engine(url)
+    try:
+        migrate(url, "0002")
+        with engine.begin() as conn:
+            for run_id, external in ((1, False), (2, True)):
+                conn.execute(
+                    text(
+                        "INSERT INTO runs (id, name, status, cancel_requested, algorithm, task,"
+                        " model, config, seed, tags, step, total_steps, created_at, updated_at,"
+                        " summary, external, attempt, write_seq) VALUES (:id, 'r', 'succeeded',"
+                        " :f, 'grpo', 'arith', 'tiny', '{}', 0, '[]', 2, 2, :now, :now,"
+                        " :summary, :external, 1, 1)"
+                    ),
+                    {
+                        "id": run_id,
+                        "f": False,
+                        "now": datetime.now(UTC),
+                        "summary": json.dumps({"loss": 0.5, "sep/gap": 0.1, "lr": 1e-5}),
+                        "external": external,
+                    },
+                )
+                for key in ("loss", "lr", "entropy", "sep/gap"):
+                    conn.execute(
+                        text(
+                            "INSERT INTO metrics (run_id, key, step, value, wall_time, seq)"
+                            " VALUES (:r, :k, 1, 1.0, 0.0, 1)"
+                        ),
+                        {"r": run_id, "k": key},
+                    )
+        migrate(url, "head")
+
+        def keys(run_id: int) -> set[str]:
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    text("SELECT key FROM metrics WHERE run_id = :r"), {"r": run_id}
+                )
+                return {r[0] for r in rows}
+
+        def summary(run_id: int) -> dict[str, float]:
+            with engine.connect() as conn:
+                raw = conn.execute(text("SELECT summary FROM runs WHERE id = :r"), {"r": run_id})
+                value = raw.scalar_one()
+            return json.loads(value) if isinstance(value, str) else value
+
+        assert keys(1) == {M.LOSS, M.LR, M.ENTROPY, M.SEP_GAP}
+        assert summary(1) == {M.LOSS: 0.5, M.SEP_GAP: 0.1, M.LR: 1e-5}
+        assert keys(2) == {"loss", "lr", "entropy", "sep/gap"}  # external: untouched
+        assert summary(2) == {"loss": 0.5, "sep/gap": 0.1, "lr": 1e-5}
+        command.downgrade(alembic_config(url), "0002")
+        assert keys(1) == {"loss", "lr", "entropy", "sep/gap"}
+        assert summary(1) == {"loss": 0.5, "sep/gap": 0.1, "lr": 1e-5}
+    finally:
+        engine.dispose()
         if dialect == "postgresql":
             drop_pg_database(url)

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from backend.db import Database
 from backend.main import create_app
 from backend.models import Metric, Rollout
+from conspo import metrics as M
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -59,7 +60,7 @@ def assert_steps_once(api: Api, run_id: int, n: int) -> None:
     db = Database(api.settings)
     with db.session() as s:
         steps = s.scalars(
-            select(Metric.step).where(Metric.run_id == run_id, Metric.key == "loss")
+            select(Metric.step).where(Metric.run_id == run_id, Metric.key == M.LOSS)
         ).all()
         assert sorted(steps) == list(range(1, n + 1))
         per_step = s.execute(
@@ -84,7 +85,7 @@ def test_worker_runs_a_job_end_to_end_and_cancels(
     assert run["status"] == "succeeded", run["error"]
     assert run["step"] == 4 and run["attempt"] == 1 and run["device"] == "cpu"
     assert run["worker_host"] and run["started_at"] <= run["finished_at"]
-    assert "loss" in run["summary"] and "sep/gap" in run["summary"]
+    assert M.LOSS in run["summary"] and "sep/gap" in run["summary"]
     assert_steps_once(api, run_id, 4)
     assert (api.settings.run_dir(run_id) / "checkpoints").is_dir()
 

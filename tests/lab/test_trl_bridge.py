@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from conspo import metrics as M
 from conspo_lab.client import Client
-from conspo_lab.trl_bridge import ConSPOLabCallback, map_logs
+from conspo_lab.trl_bridge import KEY_MAP, ConSPOLabCallback, map_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,14 +33,15 @@ def test_map_logs_keeps_originals_and_maps_known_keys():
         "note": "text",
     }
     out = map_logs(logs)
-    assert out["loss"] == 0.5 and out["grad_norm"] == 1.5 and out["lr"] == 1e-5
-    assert out["batch/pass_rate"] == 0.25 and out["len/mean"] == 7.0
-    assert out["entropy"] == 2.0 and out["kl"] == 0.01
+    assert out[M.LOSS] == 0.5 and out[M.GRAD_NORM] == 1.5 and out[M.LR] == 1e-5
+    assert out[M.BATCH_PASS_RATE] == 0.25 and out["trl/completions/mean_length"] == 7.0
+    assert out[M.ENTROPY] == 2.0 and out[M.KL] == 0.01
+    assert set(KEY_MAP.values()) <= {m.key for m in M.METRICS}  # targets are catalogue keys
     assert out["trl/reward"] == 0.25 and out["trl/epoch"] == 0.5
     assert "trl/rewards/f/mean" not in out and "trl/note" not in out
     assert "batch/pass_rate" not in map_logs({"reward": 0.25}, binary_reward=False)
     assert "batch/pass_rate" not in map_logs({"reward": 3.0})  # not a 0/1 mean
-    assert math.isnan(map_logs({"loss": math.nan})["loss"])
+    assert math.isnan(map_logs({"loss": math.nan})[M.LOSS])
 
 
 def fake_state(step: int, max_steps: int = 3):
@@ -91,7 +93,7 @@ def test_trl_grpo_example_logs_every_step_into_the_lab(lab_server, lab, tmp_path
     run = lab.list_runs(q="trl-test").items[0]
     assert run.status == "succeeded" and run.external and run.total_steps == steps
     keys = set(lab.metric_keys(run.id))
-    mapped = ["loss", "grad_norm", "entropy", "lr", "len/mean", "batch/pass_rate"]
+    mapped = [M.LOSS, M.GRAD_NORM, M.ENTROPY, M.LR, M.BATCH_PASS_RATE]
     assert set(mapped) <= keys and {"trl/reward", "trl/completions/mean_length"} <= keys
     series = lab.metrics(run.id, mapped)
     for key in mapped:
@@ -119,4 +121,4 @@ def test_a_crashed_training_marks_the_run_failed(lab_server, lab):
     assert proc.returncode == 1 and "CUDA out of memory" in proc.stderr
     run = lab.list_runs(q="crashing").items[0]
     assert run.status == "failed" and "CUDA out of memory" in (run.error or "")
-    assert lab.metrics(run.id, ["loss"])["loss"].steps == [1]  # buffered points still sent
+    assert lab.metrics(run.id, [M.LOSS])[M.LOSS].steps == [1]  # buffered points still sent

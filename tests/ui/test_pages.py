@@ -123,11 +123,26 @@ def test_run_page_shows_separation_dashboards(
         "plot-evalc",
         "plot-len",
         "plot-loss",
+        "plot-lr",
+        "plot-clipfrac",  # the trainer's grpo/clip_frac: charts come from the catalogue
     ):
         assert page.evaluate(f"!!document.getElementById('{plot}').data"), f"{plot} not drawn"
-    # the margin chart carries the schedule implied by the config
+        y_title = page.evaluate(f"document.getElementById('{plot}').layout.yaxis.title.text")
+        assert y_title, f"{plot} has no y-axis title"
+    # the margin chart draws the logged m_t, a deterministic series that is never smoothed
+    page.evaluate(
+        "() => { const el = document.getElementById('smooth'); el.value = '0.9';"
+        " el.dispatchEvent(new Event('input')); }"
+    )
+    wait_until(
+        page,
+        lambda: page.evaluate(
+            "document.getElementById('plot-gap').data.some(t => (t.name || '').endsWith('raw'))"
+        ),
+        what="the gap chart smoothed",
+    )
     names = page.evaluate("document.getElementById('plot-margin').data.map(t => t.name)")
-    assert any(n.startswith("schedule (cosine") for n in names), names
+    assert names == ["m_t"], names
     # positive and negative rollout scores are split in the distribution chart
     box_names = page.evaluate("document.getElementById('plot-boxes').data.map(t => t.name)")
     assert any("correct" in n for n in box_names) and any("wrong" in n for n in box_names)

@@ -13,6 +13,7 @@ from backend.api.query import CommaList, parse_ids, parse_keys
 from backend.models import Run
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
 from backend.storage import metric_keys, query_series
+from conspo.metrics import Catalogue, catalogue
 
 router = APIRouter(tags=["metrics"])
 
@@ -21,6 +22,16 @@ MaxPoints = Annotated[int, Query(ge=2, le=10_000, description="Most points per s
 
 class JSONBytes(Response):
     media_type = "application/json"
+
+
+@router.get("/metrics/catalogue", response_model=Catalogue)
+def metric_catalogue() -> Catalogue:
+    """Every metric key the trainer logs: label, help, unit, chart, who logs it, direction.
+
+    The pages draw their charts from this; keys not in it (logged by external runs) are charted
+    on their own under "Other metrics".
+    """
+    return catalogue()
 
 
 @router.get("/runs/{run_id}/metrics/keys", response_model=MetricKeys)

@@ -1,0 +1,77 @@
+"""The metric catalogue is complete and truthful: every key a run logs is described in it, every
+key it describes is logged by some run, and its charts, sections and flags hold together."""
+
+from __future__ import annotations
+
+import pytest
+
+from conspo import metrics as M
+from conspo.config import RunConfig
+from conspo.registry import objective_names
+from conspo.sink import MemorySink
+from conspo.trainer import train
+
+CATALOGUE = M.catalogue()
+KEYS = {m.key for m in CATALOGUE.metrics}
+
+
+def test_keys_charts_and_sections_hold_together() -> None:
+    assert len(KEYS) == len(CATALOGUE.metrics), "a key is described twice"
+    charts = {c.id: c for c in CATALOGUE.charts}
+    sections = {s.id for s in CATALOGUE.sections}
+    assert len(charts) == len(CATALOGUE.charts) and len(sections) == len(CATALOGUE.sections)
+    for m in CATALOGUE.metrics:
+        assert m.key.count("/") >= 1 and m.key == m.key.lower(), f"{m.key}: namespace/name"
+        assert m.help and m.label and m.unit, m.key
+        assert m.chart is None or m.chart in charts, f"{m.key}: unknown chart {m.chart}"
+    for chart in CATALOGUE.charts:
+        assert chart.section in sections, chart.id
+        drawn = [m for m in CATALOGUE.metrics if m.chart == chart.id]
+        # A metric chart draws catalogue metrics; a rollout view draws none.
+        assert bool(drawn) == (chart.kind in ("line", "stack")), chart.id
+    assert set(CATALOGUE.key_metrics) <= KEYS and CATALOGUE.rollouts_axis in KEYS
+    assert set(M.SEPARATION_KEYS) <= KEYS
+    assert not set(CATALOGUE.legacy_keys) & KEYS and set(CATALOGUE.legacy_keys.values()) <= KEYS
+
+
+def _logged_keys(algorithm: str, params: dict, model_store, tmp_path) -> set[str]:
+    cfg = RunConfig.model_validate({
+        "algorithm": algorithm,
+        "params": params,
+        "steps": 2,
+        "model": {"name": "tiny"},
+        "task": {"name": "arith", "eval_size": 4},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
+        "optim": {"mini_batches": 2},
+        "eval": {"every": 0, "pass_k": 2},
+        "checkpoint": {"every": 0},
+    })  # fmt: skip
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path / algorithm, model_store=model_store)
+    return set().union(*(record.metrics for record in sink.steps.values()))
+
+
+@pytest.fixture(scope="module")
+def logged(model_store, tmp_path_factory) -> dict[str, set[str]]:
+    """Keys logged by two steps (with a final evaluation) of every registered objective."""
+    tmp = tmp_path_factory.mktemp("catalogue-runs")
+    return {name: _logged_keys(name, {}, model_store, tmp) for name in objective_names()}
+
+
+def test_every_logged_key_is_in_the_catalogue(logged) -> None:
+    for algorithm, keys in logged.items():
+        assert keys <= KEYS, f"{algorithm} logs keys the catalogue lacks: {keys - KEYS}"
+
+
+def test_keys_every_run_logs_are_logged_by_every_objective(logged) -> None:
+    always = {m.key for m in CATALOGUE.metrics if m.logged_by == "every run" and not m.when}
+    for algorithm, keys in logged.items():
+        assert always <= keys, f"{algorithm} does not log {always - keys}"
+
+
+def test_every_catalogue_key_is_logged_by_some_run(logged, model_store, tmp_path) -> None:
+    # The KL to a reference model is logged only when one is loaded (beta > 0).
+    with_reference = _logged_keys("grpo", {"beta": 0.1}, model_store, tmp_path)
+    never = KEYS - with_reference - set().union(*logged.values())
+    assert not never, f"catalogue keys no run logs: {never}"
+    assert M.KL in with_reference and not any(M.KL in keys for keys in logged.values())
