@@ -17,7 +17,8 @@ from backend.api.deps import require_reader
 from backend.api.routes import external, health, metrics, presets, rollouts, runs, stream
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
-from backend.queue import make_celery
+from backend.lifecycle import Conflict, LifecycleError, QueueUnavailable
+from backend.queue import JobQueue, make_celery
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings)
     app.state.celery = make_celery(settings)
+    app.state.jobs = JobQueue(app.state.celery, settings.queue)
     if settings.ui_token_inject and settings.token_file.is_file():
         app.state.ui_token = settings.token_file.read_text().strip() or None
 
@@ -122,8 +124,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+# Refused lifecycle transitions (backend.lifecycle) as HTTP statuses: the one place they map.
+LIFECYCLE_STATUS: dict[type[LifecycleError], int] = {Conflict: 409, QueueUnavailable: 503}
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    """Database refusals that slip past validation become 4xx/503, never a 500."""
+    """Refused transitions and database refusals that slip past validation become 4xx/503,
+    never a 500."""
+
+    async def lifecycle_error(_: Request, exc: Exception) -> JSONResponse:
+        code = next((c for t, c in LIFECYCLE_STATUS.items() if isinstance(exc, t)), 409)
+        return JSONResponse({"detail": str(exc)}, status_code=code)
 
     async def data_error(_: Request, exc: Exception) -> JSONResponse:
         log.info("refused by the database: %s", type(exc).__name__)
@@ -136,6 +147,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.warning("database unavailable: %s", type(exc).__name__)
         return JSONResponse({"detail": "database unavailable, retry later"}, status_code=503)
 
+    app.add_exception_handler(LifecycleError, lifecycle_error)
     app.add_exception_handler(DataError, data_error)
     app.add_exception_handler(IntegrityError, integrity_error)
     app.add_exception_handler(OperationalError, operational_error)

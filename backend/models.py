@@ -6,7 +6,7 @@
   ``write_seq`` of the write that last touched the point (the live stream's cursor).
 * ``metrics``, ``rollouts`` and ``metric_rollups`` have no foreign key to ``runs``: PostgreSQL
   checks one with a query per inserted row (half the cost of a bulk write). Writers lock the
-  run row first (``storage.write_points``, ``storage._cache_rollups``) and ``crud.delete_run``
+  run row first (``storage.write_points``, ``storage._cache_rollups``) and ``lifecycle.delete_run``
   deletes the run row before its points.
 * ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.

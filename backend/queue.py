@@ -1,13 +1,16 @@
-"""Handing runs to the Celery queue (the backend only sends; worker/ consumes)."""
+"""Handing runs to the Celery queue (the backend only sends; worker/ consumes).
+
+``JobQueue.publish`` is the only place a training job is sent; ``backend.lifecycle.send`` calls
+it as part of the queued run's hand-over.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from celery import Celery
-from sqlalchemy import update
-from sqlalchemy.orm import Session
 
 from backend.config import Settings
-from backend.models import Run, RunStatus, utcnow
 
 TASK_NAME = "worker.tasks.run_training"
 
@@ -47,12 +50,17 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def send_run(celery: Celery, settings: Settings, session: Session, run_id: int) -> None:
-    """Publish the job and record that it was handed over (raises if the broker is down)."""
-    celery.send_task(TASK_NAME, args=[run_id], queue=settings.queue)
-    session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status == RunStatus.queued)
-        .values(enqueued_at=utcnow())
-    )
-    session.commit()
+@dataclass(frozen=True)
+class JobQueue:
+    """Where training jobs go: a Celery app and the queue its GPU workers consume."""
+
+    celery: Celery
+    queue: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings, celery: Celery | None = None) -> JobQueue:
+        return cls(celery or make_celery(settings), settings.queue)
+
+    def publish(self, run_id: int) -> None:
+        """Send the job for ``run_id`` (raises when the broker is down)."""
+        self.celery.send_task(TASK_NAME, args=[run_id], queue=self.queue)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from conspo.config import RunConfig
+
+if TYPE_CHECKING:
+    from backend.models import Run
 
 INT32_MAX = 2**31 - 1
 MAX_LOG_POINTS = 10_000
@@ -85,6 +89,40 @@ class RunOut(BaseModel):
     summary: dict[str, float | None]
     external: bool
     attempt: int
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def run_out(run: Run) -> dict[str, Any]:
+    """A ``runs`` row as the API's ``RunOut`` (times as unix seconds, the owner by name)."""
+    return {
+        "id": run.id,
+        "name": run.name,
+        "owner": run.owner.name if run.owner is not None else None,
+        "status": run.status,
+        "cancel_requested": run.cancel_requested,
+        "algorithm": run.algorithm,
+        "task": run.task,
+        "model": run.model,
+        "config": run.config,
+        "seed": run.seed,
+        "group_id": run.group_id,
+        "tags": list(run.tags or []),
+        "step": run.step,
+        "total_steps": run.total_steps,
+        "created_at": _ts(run.created_at),
+        "started_at": _ts(run.started_at),
+        "finished_at": _ts(run.finished_at),
+        "heartbeat_at": _ts(run.heartbeat_at),
+        "worker_host": run.worker_host,
+        "device": run.device,
+        "error": run.error,
+        "summary": run.summary or {},
+        "external": run.external,
+        "attempt": run.attempt,
+    }
 
 
 class RunsCreated(BaseModel):

@@ -164,10 +164,10 @@ def _queue_demo(settings: Settings) -> None:
     """
     from sqlalchemy import func, select
 
-    from backend.crud import create_runs
     from backend.db import Database
+    from backend.lifecycle import queue_runs
     from backend.models import Run
-    from backend.queue import make_celery
+    from backend.queue import JobQueue
     from backend.security import get_or_create_user
     from conspo.config import RunConfig
 
@@ -178,7 +178,7 @@ def _queue_demo(settings: Settings) -> None:
                 return
             owner = get_or_create_user(session, "admin", admin=True)
             session.commit()
-            celery = make_celery(settings)
+            jobs = JobQueue.from_settings(settings)
             for algorithm in ("grpo", "conspo"):
                 config = RunConfig.model_validate(
                     {
@@ -200,10 +200,9 @@ def _queue_demo(settings: Settings) -> None:
                         "checkpoint": {"every": 50},
                     }
                 )
-                create_runs(
+                queue_runs(
                     session,
-                    celery,
-                    settings,
+                    jobs,
                     owner,
                     config,
                     seeds=DEMO_SEEDS,

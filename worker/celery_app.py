@@ -17,7 +17,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 
 from backend.config import get_settings
-from backend.queue import make_celery
+from backend.queue import JobQueue, make_celery
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def _start_reaper(**_: Any) -> None:
     from worker.reaper import ReaperThread
     from worker.tasks import database
 
-    _reaper = ReaperThread(database(), celery_app, settings)
+    _reaper = ReaperThread(database(), JobQueue(celery_app, settings.queue), settings)
     _reaper.reap_once()  # recover what a dead predecessor left behind, before taking work
     _reaper.start()
 

@@ -15,8 +15,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import or_, select, update
-
+from backend import lifecycle
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
@@ -38,37 +37,12 @@ def run_training(run_id: int) -> str:
 
 
 def claim(db: Database, settings: Settings, run_id: int) -> Run | None:
-    """queued → running only if still queued, or running with a stale heartbeat (worker died)."""
-    now = utcnow()
-    stale_before = now - timedelta(seconds=settings.heartbeat_timeout_s)
+    """The run for a new attempt, or None when it is not claimable (``lifecycle.claim``)."""
+    stale_before = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
     with db.session() as session:
-        claimed = session.execute(
-            update(Run)
-            .where(
-                Run.id == run_id,
-                Run.external.is_(False),
-                or_(
-                    (Run.status == RunStatus.queued) & Run.cancel_requested.is_(False),
-                    (Run.status == RunStatus.running) & (Run.heartbeat_at < stale_before),
-                ),
-            )
-            .values(
-                status=RunStatus.running,
-                attempt=Run.attempt + 1,
-                worker_host=socket.gethostname(),
-                heartbeat_at=now,
-                updated_at=now,
-                error=None,
-            )
-        ).rowcount  # type: ignore[attr-defined]
-        session.commit()
-        if not claimed:
-            return None
-        run = session.scalar(select(Run).where(Run.id == run_id))
-        if run is not None and run.started_at is None:
-            run.started_at = now
-            session.commit()
-        return run
+        return lifecycle.claim(
+            session, run_id, host=socket.gethostname(), stale_before=stale_before
+        )
 
 
 class Heartbeat(threading.Thread):
@@ -83,21 +57,10 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         with self.db.session() as session:
-            row = session.execute(
-                update(Run)
-                .where(
-                    Run.id == self.run_id,
-                    Run.attempt == self.attempt,
-                    Run.status == RunStatus.running,
-                )
-                .values(heartbeat_at=utcnow())
-                .returning(Run.cancel_requested)
-            ).first()
-            session.commit()
-        if row is None:
+            beat = lifecycle.heartbeat(session, self.run_id, self.attempt)
+        if beat is lifecycle.Beat.LOST:
             self.lost = True
-            self.stop_requested.set()
-        elif row[0]:
+        if beat is not lifecycle.Beat.OWNED:
             self.stop_requested.set()
 
     def run(self) -> None:
@@ -136,7 +99,10 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
         from conspo.trainer import train
 
         config = RunConfig.model_validate(run.config)
-        _set(db, run_id, attempt, device=device_name(config), total_steps=config.steps)
+        with db.session() as session:
+            lifecycle.describe_attempt(
+                session, run_id, attempt, device=device_name(config), total_steps=config.steps
+            )
         workdir = settings.run_dir(run_id)
         workdir.mkdir(parents=True, exist_ok=True)
         result = train(
@@ -158,8 +124,8 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
         heartbeat.finish()
     if heartbeat.lost:
         return "gone"
-    now = utcnow()
-    _set(db, run_id, attempt, status=status, error=error, finished_at=now, heartbeat_at=now)
+    with db.session() as session:
+        lifecycle.finish(session, run_id, attempt, status, error=error)
     return str(status)
 
 
@@ -169,13 +135,3 @@ def _flush_quietly(sink: DbSink) -> None:
         sink.flush()
     except Exception:  # the run is gone or the database is down: the error says enough
         log.warning("run %s: could not store the last buffered steps", sink.run_id)
-
-
-def _set(db: Database, run_id: int, attempt: int, **values: Any) -> None:
-    with db.session() as session:
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.attempt == attempt, Run.status == RunStatus.running)
-            .values(updated_at=utcnow(), **values)
-        )
-        session.commit()

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, User
+from backend.queue import JobQueue
 from backend.schemas import INT32_MAX
 from backend.security import user_for_token
 
@@ -35,6 +36,10 @@ def get_celery(request: Request) -> Celery:
     return request.app.state.celery
 
 
+def get_jobs(request: Request) -> JobQueue:
+    return request.app.state.jobs
+
+
 def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
     with db.session() as session:
         yield session
@@ -43,6 +48,7 @@ def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Sess
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
+JobsDep = Annotated[JobQueue, Depends(get_jobs)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 

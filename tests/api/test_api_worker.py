@@ -93,7 +93,7 @@ def test_worker_runs_a_job_end_to_end_and_cancels(
     wait_for(lambda: run_state(api, long_id)["step"] >= 2, 60, "two steps")
     cancelled = api.post(f"/api/runs/{long_id}/cancel").json()
     assert cancelled["cancel_requested"] is True
-    run = finished(api, long_id, 15, wp)
+    run = finished(api, long_id, 60, wp)
     assert run["status"] == "cancelled" and run["step"] < 400
     api.client.close()
 

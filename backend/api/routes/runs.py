@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy import String, cast, func, select
 
-from backend.api.deps import CeleryDep, CurrentUser, OwnedRunDep, RunDep, SessionDep, SettingsDep
+from backend import lifecycle
+from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionDep
 from backend.api.query import parse_ids
-from backend.crud import cancel_run, cloned_config, create_runs, delete_run, run_out
 from backend.models import Run
 from backend.schemas import (
     RunClone,
@@ -20,7 +23,9 @@ from backend.schemas import (
     RunsCreated,
     RunStatusName,
     Text,
+    run_out,
 )
+from conspo.config import RunConfig
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -36,22 +41,11 @@ ShortText = Annotated[Text, Query(min_length=1, max_length=200)]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
 def create(
-    body: RunCreate,
-    user: CurrentUser,
-    session: SessionDep,
-    celery: CeleryDep,
-    settings: SettingsDep,
+    body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
-    group_id, runs = create_runs(
-        session,
-        celery,
-        settings,
-        user,
-        body.config,
-        seeds=body.seeds,
-        tags=body.tags,
-        name=body.name,
+    group_id, runs = lifecycle.queue_runs(
+        session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
     return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
 
@@ -102,29 +96,56 @@ def read(run: RunDep) -> dict[str, Any]:
 @router.post("/{run_id}/cancel", response_model=RunOut)
 def cancel(run: OwnedRunDep, session: SessionDep) -> dict[str, Any]:
     """Queued: cancelled at once. Running: cancel requested; the worker stops within seconds."""
-    return run_out(cancel_run(session, run))
+    return run_out(lifecycle.request_cancel(session, run))
 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT)
 def remove(run: OwnedRunDep, session: SessionDep) -> Response:
     """Delete the run and all its metrics and rollouts (a running run is cancelled first)."""
-    delete_run(session, run)
+    lifecycle.delete_run(session, run)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{run_id}/clone", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
 def clone(
-    run: RunDep,
-    body: RunClone,
-    user: CurrentUser,
-    session: SessionDep,
-    celery: CeleryDep,
-    settings: SettingsDep,
+    run: RunDep, body: RunClone, user: CurrentUser, session: SessionDep, jobs: JobsDep
 ) -> dict[str, Any]:
     """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
     config = cloned_config(run, body.overrides)
     tags = body.tags if body.tags is not None else list(run.tags or [])
-    group_id, runs = create_runs(
-        session, celery, settings, user, config, seeds=body.seeds, tags=tags, name=body.name
+    group_id, runs = lifecycle.queue_runs(
+        session, jobs, user, config, seeds=body.seeds, tags=tags, name=body.name
     )
     return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+
+
+def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
+    """The source's config with ``overrides`` deep-merged; 422s locate errors under overrides."""
+    if source.external:
+        raise lifecycle.Conflict(
+            f"run {source.id} is external (logged from elsewhere) and cannot be cloned"
+        )
+    base = dict(source.config)
+    new_algorithm = overrides.get("algorithm")
+    if new_algorithm and new_algorithm != base.get("algorithm") and "params" not in overrides:
+        base.pop("params", None)  # the old algorithm's params would not validate
+    base.pop("name", None)
+    try:
+        return RunConfig.model_validate(deep_merge(base, overrides))
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [
+                {**e, "loc": ("body", "overrides", *e["loc"])}
+                for e in exc.errors(include_url=False, include_context=False)
+            ]
+        ) from None
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

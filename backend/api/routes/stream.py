@@ -24,10 +24,9 @@ from sse_starlette import EventSourceResponse
 
 from backend.api.deps import DatabaseDep, RunDep, SettingsDep
 from backend.config import Settings
-from backend.crud import run_out
 from backend.db import Database
 from backend.models import FINISHED, Run, utcnow
-from backend.schemas import INT32_MAX
+from backend.schemas import INT32_MAX, run_out
 from backend.storage import StreamCursor, query_new_points
 
 router = APIRouter(tags=["live"])

@@ -1,0 +1,455 @@
+"""The run lifecycle: every change of a run's status is one of the named transitions below.
+
+The routes, the worker, its reaper and the CLI call these functions and nothing else writes
+``runs.status``. Each transition is a conditional UPDATE (it applies only from the states drawn
+here, so two workers, two reapers or a worker racing a user's cancel can never both win) and
+reports a refusal as a ``LifecycleError``; mapping those to HTTP statuses is the API's business
+(``backend.main``), so the CLI can call the same functions.
+
+Worker runs::
+
+                 queue_runs            claim                 finish
+      (none) ─────────────► queued ─────────────► running ───────────────► succeeded
+                             │  ▲ send              │  │ heartbeat (renews it; reports a cancel
+                             │  │ (publish, stamp   │  │   request or a lost claim)
+                             │  │  enqueued_at)     │  ├── fail ─────────► failed
+                             │  │                   │  ├── finish ───────► cancelled (the worker
+                             │  └── requeue_stale ──┘  │                    honoured a cancel)
+                             │      (heartbeat stale)  └── requeue_stale ► cancelled (stale, and
+                             │                                              a cancel was asked)
+                             └── request_cancel ─────────────────────────► cancelled
+      running ── request_cancel ──► running with cancel_requested (the worker stops, then finish)
+
+External runs (a trainer elsewhere logs over HTTP)::
+
+      (none) ── open_external ──► running ── close_external ──► succeeded | failed
+                                          ── request_cancel ──► cancelled
+
+``claim`` also takes a ``running`` run whose heartbeat is stale (its worker died and the message
+came back): that starts a new attempt, and every write of the old one (heartbeat, points,
+finish) is refused from then on, because each is conditional on (status running, attempt).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from backend.models import FINISHED, Metric, MetricRollup, Rollout, Run, RunStatus, User, utcnow
+from backend.queue import JobQueue
+from conspo.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleError(Exception):
+    """A transition that cannot happen; the message says why in the user's terms."""
+
+
+class QueueUnavailable(LifecycleError):
+    """The broker refused the job; nothing was queued."""
+
+
+class Conflict(LifecycleError):
+    """The run is not in a state that allows this (e.g. logging into a finished run)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Ownership: what every write of a worker's attempt is conditional on
+# --------------------------------------------------------------------------------------------
+
+
+def owned_by(run_id: int, attempt: int) -> tuple[ColumnElement[bool], ...]:
+    """WHERE clauses true while ``attempt`` still owns the running run ``run_id``."""
+    return (Run.id == run_id, Run.attempt == attempt, Run.status == RunStatus.running)
+
+
+def _rows(result: Any) -> int:
+    return int(result.rowcount)
+
+
+# --------------------------------------------------------------------------------------------
+# Creating and sending
+# --------------------------------------------------------------------------------------------
+
+
+def default_name(config: RunConfig) -> str:
+    return config.name or f"{config.algorithm}-{config.task.name}-s{config.seed}"
+
+
+def queue_runs(
+    session: Session,
+    jobs: JobQueue,
+    owner: User,
+    config: RunConfig,
+    *,
+    seeds: Sequence[int] | None = None,
+    tags: Sequence[str] | None = None,
+    name: str | None = None,
+) -> tuple[str | None, list[Run]]:
+    """(none) → queued, one run per seed; returns (group id of 2+ seeds, the runs).
+
+    The rows are committed before they are sent, so a worker never receives an id it cannot
+    see. If the broker refuses, the runs not yet sent are deleted and ``QueueUnavailable`` is
+    raised; a process dying between commit and send leaves runs with ``enqueued_at`` NULL,
+    which the reaper sends after ``unsent_grace_s`` (``unsent``).
+    """
+    seed_list = list(dict.fromkeys(seeds)) if seeds else [config.seed]
+    group_id = uuid.uuid4().hex if len(seed_list) >= 2 else None
+    runs = [
+        _new_run(owner, config, seed, group_id, tags, name, len(seed_list)) for seed in seed_list
+    ]
+    session.add_all(runs)
+    session.commit()
+    pending = list(runs)
+    try:
+        while pending:
+            send(session, jobs, pending[0].id)
+            pending.pop(0)
+    except QueueUnavailable:
+        session.execute(delete(Run).where(Run.id.in_([r.id for r in pending])))
+        session.commit()
+        raise
+    for run in runs:
+        session.refresh(run)
+    return group_id, runs
+
+
+def _new_run(
+    owner: User,
+    config: RunConfig,
+    seed: int,
+    group_id: str | None,
+    tags: Sequence[str] | None,
+    name: str | None,
+    n_seeds: int,
+) -> Run:
+    cfg = config.model_copy(update={"seed": seed})
+    if name:
+        cfg = cfg.model_copy(update={"name": name if n_seeds == 1 else f"{name}-s{seed}"})
+    return Run(
+        name=default_name(cfg),
+        owner_id=owner.id,
+        status=RunStatus.queued,
+        algorithm=cfg.algorithm,
+        task=cfg.task.name,
+        model=cfg.model.name,
+        config=cfg.model_dump(mode="json"),
+        seed=seed,
+        group_id=group_id,
+        tags=list(dict.fromkeys(tags or [])),
+        total_steps=cfg.steps,
+        summary={},
+    )
+
+
+def send(session: Session, jobs: JobQueue, run_id: int) -> bool:
+    """Hand a queued run to the broker and stamp ``enqueued_at``; False if it is not queued.
+
+    The stamp is written first, inside a transaction that stays open while the job is
+    published: the UPDATE holds the run row, so a second sender (another worker's reaper)
+    waits and then finds the run stamped, and a failed publish rolls the stamp back. A crash
+    after publishing but before the commit leaves the run unstamped and it is sent again later:
+    a duplicate message is harmless (``claim`` takes a run once).
+    """
+    stamped = _rows(
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status == RunStatus.queued)
+            .values(enqueued_at=utcnow())
+        )
+    )
+    if not stamped:
+        session.rollback()
+        return False
+    try:
+        jobs.publish(run_id)
+    except Exception as exc:
+        session.rollback()
+        log.warning("run %s: the broker refused the job (%s)", run_id, type(exc).__name__)
+        raise QueueUnavailable(
+            f"the job queue is unavailable ({type(exc).__name__}); nothing was queued"
+        ) from exc
+    session.commit()
+    return True
+
+
+def unsent(session: Session, created_before: datetime) -> list[int]:
+    """Queued runs never handed to the broker, created before ``created_before``."""
+    return list(
+        session.scalars(
+            select(Run.id).where(
+                Run.status == RunStatus.queued,
+                Run.enqueued_at.is_(None),
+                Run.created_at < created_before,
+            )
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# A worker's attempt
+# --------------------------------------------------------------------------------------------
+
+
+def claim(session: Session, run_id: int, *, host: str, stale_before: datetime) -> Run | None:
+    """queued → running (a new attempt), or running with a heartbeat older than
+    ``stale_before`` (its worker died) → running (the next attempt). None: not claimable
+    (taken, finished, cancelled, external, or deleted)."""
+    now = utcnow()
+    claimed = _rows(
+        session.execute(
+            update(Run)
+            .where(
+                Run.id == run_id,
+                Run.external.is_(False),
+                or_(
+                    (Run.status == RunStatus.queued) & Run.cancel_requested.is_(False),
+                    (Run.status == RunStatus.running) & (Run.heartbeat_at < stale_before),
+                ),
+            )
+            .values(
+                status=RunStatus.running,
+                attempt=Run.attempt + 1,
+                worker_host=host,
+                heartbeat_at=now,
+                updated_at=now,
+                error=None,
+            )
+        )
+    )
+    if not claimed:
+        session.commit()
+        return None
+    session.execute(
+        update(Run).where(Run.id == run_id, Run.started_at.is_(None)).values(started_at=now)
+    )
+    session.commit()
+    return session.get(Run, run_id, populate_existing=True)
+
+
+class Beat(Enum):
+    OWNED = "owned"  # still ours: keep going
+    CANCEL_REQUESTED = "cancel requested"  # stop, then finish(cancelled)
+    LOST = "lost"  # deleted, or another attempt took over: stop, write nothing more
+
+
+def heartbeat(session: Session, run_id: int, attempt: int) -> Beat:
+    """Renew the attempt's heartbeat (running stays running) and read ``cancel_requested``."""
+    row = session.execute(
+        update(Run)
+        .where(*owned_by(run_id, attempt))
+        .values(heartbeat_at=utcnow())
+        .returning(Run.cancel_requested)
+    ).first()
+    session.commit()
+    if row is None:
+        return Beat.LOST
+    return Beat.CANCEL_REQUESTED if row[0] else Beat.OWNED
+
+
+def describe_attempt(
+    session: Session, run_id: int, attempt: int, *, device: str, total_steps: int
+) -> bool:
+    """Record where the attempt runs (no status change); False when it no longer owns the run."""
+    done = session.execute(
+        update(Run)
+        .where(*owned_by(run_id, attempt))
+        .values(device=device, total_steps=total_steps, updated_at=utcnow())
+    )
+    session.commit()
+    return _rows(done) > 0
+
+
+def finish(
+    session: Session,
+    run_id: int,
+    attempt: int,
+    status: RunStatus,
+    *,
+    error: str | None = None,
+) -> bool:
+    """running → succeeded | cancelled | failed, while ``attempt`` owns the run.
+
+    False when it does not (deleted, or re-queued and taken by a newer attempt): the newer
+    attempt's outcome is the one that counts.
+    """
+    if status not in FINISHED:
+        raise ValueError(f"finish needs a final status, not {status!r}")
+    now = utcnow()
+    done = session.execute(
+        update(Run)
+        .where(*owned_by(run_id, attempt))
+        .values(status=status, error=error, finished_at=now, heartbeat_at=now, updated_at=now)
+    )
+    session.commit()
+    return _rows(done) > 0
+
+
+def fail(session: Session, run_id: int, attempt: int, error: str) -> bool:
+    """running → failed with ``error`` (a traceback), while ``attempt`` owns the run."""
+    return finish(session, run_id, attempt, RunStatus.failed, error=error)
+
+
+# --------------------------------------------------------------------------------------------
+# Recovery (the reaper)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Requeued:
+    queued: list[int]  # back to queued, to be sent again
+    cancelled: list[int]  # a cancel had been asked: their worker will not finish them
+
+
+def requeue_stale(session: Session, stale_before: datetime) -> Requeued:
+    """running with a heartbeat older than ``stale_before`` (worker runs only) → queued with
+    ``enqueued_at`` NULL, or → cancelled when a cancel was requested."""
+    stale = session.scalars(
+        select(Run.id).where(
+            Run.status == RunStatus.running,
+            Run.external.is_(False),
+            Run.heartbeat_at < stale_before,
+        )
+    ).all()
+    out = Requeued([], [])
+    for run_id in stale:
+        now = utcnow()
+        still_stale = update(Run).where(
+            Run.id == run_id, Run.status == RunStatus.running, Run.heartbeat_at < stale_before
+        )
+        if _rows(
+            session.execute(
+                still_stale.where(Run.cancel_requested.is_(True)).values(
+                    status=RunStatus.cancelled, finished_at=now, updated_at=now
+                )
+            )
+        ):
+            out.cancelled.append(run_id)
+        elif _rows(
+            session.execute(
+                still_stale.values(status=RunStatus.queued, enqueued_at=None, updated_at=now)
+            )
+        ):
+            out.queued.append(run_id)
+        session.commit()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The user's actions
+# --------------------------------------------------------------------------------------------
+
+
+def request_cancel(session: Session, run: Run) -> Run:
+    """queued → cancelled at once; running → cancel requested (the worker stops within
+    seconds and finishes it as cancelled); a running external run → cancelled (nobody else
+    would close it). Finished runs stay as they are."""
+    now = utcnow()
+    at_once = {"status": RunStatus.cancelled, "finished_at": now}
+    asked = {"cancel_requested": True, "updated_at": now}
+    if run.status == RunStatus.queued:
+        done = session.execute(
+            update(Run)
+            .where(Run.id == run.id, Run.status == RunStatus.queued)
+            .values(**asked, **at_once)
+        )
+        if not _rows(done):  # a worker claimed it meanwhile: ask it to stop
+            session.execute(update(Run).where(Run.id == run.id).values(**asked))
+    elif run.status == RunStatus.running:
+        values = {**asked, **at_once} if run.external else asked
+        session.execute(
+            update(Run).where(Run.id == run.id, Run.status == RunStatus.running).values(**values)
+        )
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def delete_run(session: Session, run: Run) -> None:
+    """Cancel if active, then remove the run and everything logged for it."""
+    if run.status not in FINISHED:
+        request_cancel(session, run)
+    # The run row first: it waits for a writer holding the row's lock to commit, and a writer
+    # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
+    # key to cascade), so the deletes below catch every point.
+    session.execute(delete(Run).where(Run.id == run.id))
+    for model in (Metric, MetricRollup, Rollout):
+        session.execute(delete(model).where(model.run_id == run.id))
+    session.commit()
+
+
+# --------------------------------------------------------------------------------------------
+# External runs
+# --------------------------------------------------------------------------------------------
+
+
+def open_external(
+    session: Session,
+    owner: User,
+    *,
+    name: str,
+    config: dict[str, Any],
+    algorithm: str,
+    task: str,
+    model: str,
+    tags: Sequence[str],
+    total_steps: int | None,
+) -> Run:
+    """(none) → running: a run that nothing queues; a trainer elsewhere logs into it."""
+    seed = config.get("seed")
+    now = utcnow()
+    run = Run(
+        name=name,
+        owner_id=owner.id,
+        status=RunStatus.running,
+        algorithm=algorithm,
+        task=task,
+        model=model,
+        config=config,
+        seed=seed if type(seed) is int and 0 <= seed < 2**63 else 0,
+        tags=list(dict.fromkeys(tags)),
+        total_steps=total_steps or 0,
+        started_at=now,
+        heartbeat_at=now,
+        external=True,
+        summary={},
+    )
+    session.add(run)
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def check_accepts_points(run: Run) -> None:
+    """Raise ``Conflict`` unless ``run`` is an external run still running."""
+    if not run.external:
+        raise Conflict(f"run {run.id} is run by a worker; only external runs accept logged points")
+    if run.status in FINISHED:
+        raise Conflict(f"run {run.id} is {run.status}; it accepts no more points")
+
+
+def close_external(
+    session: Session, run_id: int, status: RunStatus, error: str | None = None
+) -> bool:
+    """running → succeeded | failed for an external run (its client says how it ended)."""
+    if status not in (RunStatus.succeeded, RunStatus.failed):
+        raise ValueError(f"an external run closes as succeeded or failed, not {status!r}")
+    now = utcnow()
+    values: dict[str, Any] = {"status": status, "finished_at": now, "updated_at": now}
+    if error is not None:
+        values["error"] = error
+    done = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.external.is_(True), Run.status == RunStatus.running)
+        .values(**values)
+    )
+    return _rows(done) > 0

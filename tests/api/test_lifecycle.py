@@ -1,0 +1,286 @@
+"""Every transition of backend.lifecycle, on SQLite and PostgreSQL, with the real brokers.
+
+Each test drives one transition from every state it may start in and checks what it refuses;
+messages are read back from the broker the workers consume (Redis, or kombu's SQLAlchemy
+transport) rather than from a stand-in.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend import lifecycle
+from backend.config import Settings
+from backend.db import Database
+from backend.lifecycle import Beat
+from backend.models import Metric, Run, RunStatus, User, utcnow
+from backend.queue import TASK_NAME, JobQueue, make_celery
+from backend.security import get_or_create_user
+from backend.storage import StepPoints, write_points
+from conspo.config import RunConfig
+
+CONFIG = RunConfig.model_validate({"algorithm": "grpo", "steps": 3})
+LONG_AGO = timedelta(hours=1)
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(settings)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def jobs(settings: Settings) -> JobQueue:
+    # A queue of this test's own, so the messages read back are this test's.
+    return JobQueue(make_celery(settings), f"{settings.queue}-{uuid.uuid4().hex[:6]}")
+
+
+@pytest.fixture
+def session(db: Database) -> Iterator[Session]:
+    with db.session() as s:
+        yield s
+
+
+@pytest.fixture
+def owner(session: Session) -> User:
+    user = get_or_create_user(session, f"lc-{uuid.uuid4().hex[:8]}")
+    session.commit()
+    return user
+
+
+def published(jobs: JobQueue, timeout: float = 5.0) -> list[int]:
+    """Run ids of the training jobs waiting in ``jobs``' queue (consumed)."""
+    ids: list[int] = []
+    with jobs.celery.connection_for_read() as conn:
+        queue = conn.SimpleQueue(jobs.queue)
+        try:
+            while True:
+                message = queue.get(timeout=timeout if not ids else 0.5)
+                assert message.headers["task"] == TASK_NAME
+                ids.extend(message.payload[0])
+                message.ack()
+        except queue.Empty:
+            pass
+        finally:
+            queue.close()
+    return ids
+
+
+def state(session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id, populate_existing=True)
+    assert run is not None
+    return run
+
+
+def queued(session: Session, jobs: JobQueue, owner: User, **kw: Any) -> Run:
+    _, runs = lifecycle.queue_runs(session, jobs, owner, CONFIG, **kw)
+    return runs[0]
+
+
+def running(session: Session, jobs: JobQueue, owner: User) -> Run:
+    run = queued(session, jobs, owner)
+    claimed = lifecycle.claim(session, run.id, host="h", stale_before=utcnow() - LONG_AGO)
+    assert claimed is not None
+    return claimed
+
+
+def make_stale(session: Session, run_id: int) -> None:
+    session.get(Run, run_id).heartbeat_at = utcnow() - 2 * LONG_AGO  # type: ignore[union-attr]
+    session.commit()
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_queue_runs_commits_one_queued_run_per_seed_and_sends_each(session, jobs, owner) -> None:
+    group_id, runs = lifecycle.queue_runs(
+        session, jobs, owner, CONFIG, seeds=[3, 4, 3], tags=["t", "t"], name="lc"
+    )
+    assert group_id is not None and [r.seed for r in runs] == [3, 4]  # seeds deduplicated
+    assert [r.name for r in runs] == ["lc-s3", "lc-s4"] and runs[0].tags == ["t"]
+    for run in runs:
+        assert run.status == RunStatus.queued and run.enqueued_at is not None
+        assert run.config["seed"] == run.seed and run.group_id == group_id
+    assert sorted(published(jobs)) == sorted(r.id for r in runs)
+    one = queued(session, jobs, owner)
+    assert one.group_id is None and one.name == "grpo-arith-s0"
+
+
+def test_queue_runs_leaves_nothing_when_the_broker_refuses(settings, session, owner) -> None:
+    down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    before = session.scalar(select(func.count()).select_from(Run))
+    with pytest.raises(lifecycle.QueueUnavailable, match="nothing was queued"):
+        lifecycle.queue_runs(session, JobQueue.from_settings(down), owner, CONFIG, seeds=[0, 1])
+    assert session.scalar(select(func.count()).select_from(Run)) == before
+
+
+def test_send_hands_over_only_queued_runs_and_unsent_finds_the_rest(session, jobs, owner) -> None:
+    run = queued(session, jobs, owner)
+    published(jobs)
+    # A process that died between commit and send leaves enqueued_at NULL.
+    state(session, run.id).enqueued_at = None
+    session.commit()
+    assert run.id not in lifecycle.unsent(session, utcnow() - LONG_AGO)  # still in its grace
+    assert run.id in lifecycle.unsent(session, utcnow() + timedelta(seconds=1))
+    assert lifecycle.send(session, jobs, run.id) is True
+    assert published(jobs) == [run.id] and state(session, run.id).enqueued_at is not None
+    assert run.id not in lifecycle.unsent(session, utcnow() + timedelta(seconds=1))
+    lifecycle.request_cancel(session, run)
+    assert lifecycle.send(session, jobs, run.id) is False  # cancelled: nothing is sent
+    assert published(jobs, timeout=1) == []
+
+
+def test_claim_takes_a_queued_run_once_and_a_stale_one_again(session, jobs, owner) -> None:
+    run = queued(session, jobs, owner)
+    fresh = utcnow() - LONG_AGO
+    first = lifecycle.claim(session, run.id, host="a", stale_before=fresh)
+    assert first is not None and first.status == RunStatus.running and first.attempt == 1
+    assert first.worker_host == "a" and first.started_at is not None
+    assert lifecycle.claim(session, run.id, host="b", stale_before=fresh) is None  # taken
+    started = first.started_at
+    make_stale(session, run.id)
+    second = lifecycle.claim(session, run.id, host="b", stale_before=fresh)
+    assert second is not None and second.attempt == 2 and second.worker_host == "b"
+    assert second.started_at == started  # the run started once
+    assert lifecycle.claim(session, 2**31 - 1, host="b", stale_before=fresh) is None  # no run
+
+
+def test_claim_refuses_cancelled_finished_and_external_runs(session, jobs, owner) -> None:
+    fresh = utcnow() - LONG_AGO
+    cancelled = queued(session, jobs, owner)
+    lifecycle.request_cancel(session, cancelled)
+    done = running(session, jobs, owner)
+    lifecycle.finish(session, done.id, done.attempt, RunStatus.succeeded)
+    external = lifecycle.open_external(
+        session, owner, name="e", config={}, algorithm="x", task="y", model="z", tags=[],
+        total_steps=None,
+    )  # fmt: skip
+    make_stale(session, external.id)
+    for run in (cancelled, done, external):
+        assert lifecycle.claim(session, run.id, host="h", stale_before=fresh) is None
+
+
+def test_heartbeat_reports_owned_cancel_requested_and_lost(session, jobs, owner) -> None:
+    run = running(session, jobs, owner)
+    before = state(session, run.id).heartbeat_at
+    assert lifecycle.heartbeat(session, run.id, 1) is Beat.OWNED
+    assert state(session, run.id).heartbeat_at >= before
+    lifecycle.request_cancel(session, run)
+    assert lifecycle.heartbeat(session, run.id, 1) is Beat.CANCEL_REQUESTED
+    assert state(session, run.id).status == RunStatus.running  # the worker decides when to stop
+    make_stale(session, run.id)
+    lifecycle.requeue_stale(session, utcnow() - LONG_AGO)  # cancelled: its worker was gone
+    assert lifecycle.heartbeat(session, run.id, 1) is Beat.LOST
+
+
+def test_a_newer_attempt_locks_the_old_one_out(session, jobs, owner) -> None:
+    run = running(session, jobs, owner)
+    make_stale(session, run.id)
+    assert lifecycle.claim(session, run.id, host="b", stale_before=utcnow() - LONG_AGO)
+    assert lifecycle.heartbeat(session, run.id, 1) is Beat.LOST
+    assert not lifecycle.describe_attempt(session, run.id, 1, device="cpu", total_steps=9)
+    assert not lifecycle.finish(session, run.id, 1, RunStatus.succeeded)
+    assert not lifecycle.fail(session, run.id, 1, "old attempt")
+    assert state(session, run.id).status == RunStatus.running
+    assert lifecycle.describe_attempt(session, run.id, 2, device="cpu", total_steps=9)
+    assert (state(session, run.id).device, state(session, run.id).total_steps) == ("cpu", 9)
+
+
+def test_finish_and_fail_end_an_owned_run(session, jobs, owner) -> None:
+    for status in (RunStatus.succeeded, RunStatus.cancelled):
+        run = running(session, jobs, owner)
+        assert lifecycle.finish(session, run.id, 1, status)
+        ended = state(session, run.id)
+        assert ended.status == status and ended.finished_at is not None and ended.error is None
+        assert not lifecycle.finish(session, run.id, 1, RunStatus.failed)  # final is final
+    run = running(session, jobs, owner)
+    assert lifecycle.fail(session, run.id, 1, "Traceback: boom")
+    assert (state(session, run.id).status, state(session, run.id).error) == (
+        RunStatus.failed,
+        "Traceback: boom",
+    )
+    with pytest.raises(ValueError, match="final status"):
+        lifecycle.finish(session, run.id, 1, RunStatus.running)
+
+
+def test_requeue_stale_requeues_or_cancels_only_stale_worker_runs(session, jobs, owner) -> None:
+    stale = running(session, jobs, owner)
+    stale_cancel = running(session, jobs, owner)
+    lifecycle.request_cancel(session, stale_cancel)
+    alive = running(session, jobs, owner)
+    external = lifecycle.open_external(
+        session, owner, name="e", config={}, algorithm="x", task="y", model="z", tags=[],
+        total_steps=None,
+    )  # fmt: skip
+    for run in (stale, stale_cancel, external):
+        make_stale(session, run.id)
+    out = lifecycle.requeue_stale(session, utcnow() - LONG_AGO)
+    assert stale.id in out.queued and stale_cancel.id in out.cancelled
+    assert alive.id not in out.queued + out.cancelled
+    assert external.id not in out.queued + out.cancelled
+    assert state(session, stale.id).status == RunStatus.queued
+    assert state(session, stale.id).enqueued_at is None  # to be sent again
+    assert state(session, stale_cancel.id).status == RunStatus.cancelled
+    assert state(session, alive.id).status == RunStatus.running
+    assert state(session, external.id).status == RunStatus.running
+    again = lifecycle.requeue_stale(session, utcnow() - LONG_AGO)
+    assert stale.id not in again.queued  # a transition applies once
+
+
+def test_request_cancel_from_every_state(session, jobs, owner) -> None:
+    q = lifecycle.request_cancel(session, queued(session, jobs, owner))
+    assert q.status == RunStatus.cancelled and q.cancel_requested and q.finished_at is not None
+    r = lifecycle.request_cancel(session, running(session, jobs, owner))
+    assert r.status == RunStatus.running and r.cancel_requested  # the worker stops it
+    e = lifecycle.open_external(
+        session, owner, name="e", config={}, algorithm="x", task="y", model="z", tags=[],
+        total_steps=None,
+    )  # fmt: skip
+    e = lifecycle.request_cancel(session, e)
+    assert e.status == RunStatus.cancelled  # nobody else would close it
+    done = running(session, jobs, owner)
+    lifecycle.finish(session, done.id, 1, RunStatus.succeeded)
+    done = lifecycle.request_cancel(session, state(session, done.id))
+    assert done.status == RunStatus.succeeded and not done.cancel_requested
+
+
+def test_delete_run_removes_the_run_and_its_points(session, jobs, owner) -> None:
+    run = running(session, jobs, owner)
+    write_points(session, run.id, [StepPoints(1, {"sep/gap": 0.1})], owner_attempt=1)
+    session.commit()
+    lifecycle.delete_run(session, state(session, run.id))
+    assert session.get(Run, run.id) is None
+    assert not session.scalar(select(func.count()).where(Metric.run_id == run.id))
+    assert lifecycle.heartbeat(session, run.id, 1) is Beat.LOST
+
+
+def test_external_runs_open_accept_points_and_close(session, owner) -> None:
+    run = lifecycle.open_external(
+        session, owner, name="ext", config={"seed": 7}, algorithm="trl-grpo", task="t",
+        model="m", tags=["a", "a"], total_steps=5,
+    )  # fmt: skip
+    assert run.status == RunStatus.running and run.external and run.seed == 7
+    assert run.tags == ["a"] and run.total_steps == 5
+    lifecycle.check_accepts_points(run)
+    assert lifecycle.close_external(session, run.id, RunStatus.failed, "crashed")
+    session.commit()
+    run = state(session, run.id)
+    assert (run.status, run.error) == (RunStatus.failed, "crashed")
+    with pytest.raises(lifecycle.Conflict, match="accepts no more points"):
+        lifecycle.check_accepts_points(run)
+    assert not lifecycle.close_external(session, run.id, RunStatus.succeeded)  # final is final
+    with pytest.raises(ValueError):
+        lifecycle.close_external(session, run.id, RunStatus.cancelled)
+
+
+def test_worker_runs_accept_no_logged_points(session, jobs, owner) -> None:
+    with pytest.raises(lifecycle.Conflict, match="run by a worker"):
+        lifecycle.check_accepts_points(running(session, jobs, owner))
