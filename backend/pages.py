@@ -11,7 +11,6 @@ The API token reaches the page (``window.CONSPO_TOKEN``) only when the server ru
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +20,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from backend.config import Settings
 from conspo.metrics import catalogue
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
@@ -30,7 +30,6 @@ STATIC_DIR = FRONTEND_DIR / "static"
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
-_TRUE = {"1", "true", "yes", "on"}
 _STATIC_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -51,45 +50,23 @@ def plotly_js_path() -> Path:
     return path
 
 
-def _settings_attr(request: Request, name: str) -> Any:
-    """A field of the app's Settings (``app.state.settings``, else the process-wide settings)."""
-    settings = getattr(request.app.state, "settings", None)
-    if settings is None:
-        try:
-            from backend.config import get_settings
-
-            settings = get_settings()
-        except Exception:  # noqa: BLE001 - the pages work without backend settings
-            return None
-    return getattr(settings, name, None)
-
-
 def _ui_token(request: Request) -> str | None:
     """The token to inject into pages, or None.
 
-    Nothing is injected unless ``CONSPO_UI_TOKEN_INJECT`` is true (the embedded default). Then the
-    token is ``app.state.ui_token`` when the app factory set one, else ``CONSPO_UI_TOKEN``, else
-    the token file embedded mode writes (``<data dir>/token``).
+    Nothing is injected unless the app's settings say ``ui_token_inject`` (the embedded
+    default). Then it is the token the app factory read at start, else the token file embedded
+    mode writes (``<data dir>/token``), read now: it may have been written after the start.
     """
-    inject = _settings_attr(request, "ui_token_inject")
-    if inject is None:
-        inject = os.environ.get("CONSPO_UI_TOKEN_INJECT", "").strip().lower() in _TRUE
-    if not inject:
+    settings: Settings = request.app.state.settings
+    if not settings.ui_token_inject:
         return None
-    token = getattr(request.app.state, "ui_token", None) or os.environ.get("CONSPO_UI_TOKEN")
+    token = getattr(request.app.state, "ui_token", None)
     if token:
         return str(token).strip()
-    candidates = [Path(v) for v in (_settings_attr(request, "token_file"),) if v]
-    data_dir = _settings_attr(request, "data_dir") or os.environ.get("CONSPO_DATA_DIR", "data")
-    candidates.append(Path(data_dir) / "token")
-    for path in candidates:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text:
-            return text
-    return None
+    try:
+        return settings.token_file.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _script_json(value: Any) -> str:

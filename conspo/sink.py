@@ -15,7 +15,7 @@ without one); a sink that writes each step at once needs none.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,17 +56,6 @@ def flush_sink(sink: Sink) -> None:
         flush()
 
 
-class NullSink:
-    def log_step(self, record: StepRecord) -> None:
-        pass
-
-    def log_event(self, kind: str, data: dict[str, Any]) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
 class MemorySink:
     """Keeps every record by step (a re-emitted step replaces the old one). Used by tests."""
 
@@ -102,7 +91,3 @@ class JsonlSink:
 
     def flush(self) -> None:
         pass  # each line is written (and the file closed) as it comes
-
-
-def record_to_dict(record: StepRecord) -> dict[str, Any]:
-    return asdict(record)

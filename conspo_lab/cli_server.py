@@ -165,7 +165,7 @@ def _queue_demo(settings: Settings) -> None:
     from sqlalchemy import func, select
 
     from backend.db import Database
-    from backend.lifecycle import queue_runs
+    from backend.lifecycle import LifecycleError, queue_runs
     from backend.models import Run
     from backend.queue import JobQueue
     from backend.security import get_or_create_user
@@ -200,15 +200,19 @@ def _queue_demo(settings: Settings) -> None:
                         "checkpoint": {"every": 50},
                     }
                 )
-                queue_runs(
-                    session,
-                    jobs,
-                    owner,
-                    config,
-                    seeds=DEMO_SEEDS,
-                    tags=["demo"],
-                    name=f"demo-{algorithm}",
-                )
+                try:
+                    queue_runs(
+                        session,
+                        jobs,
+                        owner,
+                        config,
+                        seeds=DEMO_SEEDS,
+                        tags=["demo"],
+                        name=f"demo-{algorithm}",
+                    )
+                except LifecycleError as exc:
+                    typer.echo(f"could not queue the demo: {exc}", err=True)
+                    return
             typer.echo("queued the demo: GRPO vs ConSPO, 2 seeds each (tag: demo)")
     finally:
         db.dispose()

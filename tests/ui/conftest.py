@@ -201,7 +201,6 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
         _unavailable(f"cannot import backend.main.create_app: {exc!r}")
     data = tmp_path_factory.mktemp("ui-server")
     env = embedded_env(data, CONSPO_UI_TOKEN_INJECT="true", CONSPO_HEARTBEAT_INTERVAL_S="0.5")
-    env.pop("CONSPO_UI_TOKEN", None)
     try:
         token = migrate_and_create_token(env, "ui-tester")
         (data / "token").write_text(token + "\n")  # where embedded mode keeps the UI's token
