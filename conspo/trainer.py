@@ -32,13 +32,10 @@ from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoin
 from conspo.config import RunConfig
 from conspo.models import ModelStore, load_policy, load_pretrained
 from conspo.objectives import (
-    ConSPOParams,
     ObjectiveParams,
     PolicyBatch,
     clipped_ratio_scores,
-    effective_margin,
     k3_kl,
-    margin_at,
     sequence_scores,
 )
 from conspo.registry import get_objective
@@ -46,9 +43,6 @@ from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evalu
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import separation_stats
 from conspo.tasks import Example, Task, make_task
-
-# Separation statistics of non-ConSPO runs use ConSPO's defaults so every run shares one axis.
-DEFAULT_CONSPO = ConSPOParams.model_validate({})
 
 
 @dataclass
@@ -72,11 +66,6 @@ class Run:
     eval_examples: list[Example]
     device: torch.device
     rollouts_seen: int = 0
-
-    @property
-    def clip_eps(self) -> float:
-        """ε of the §1 clipped-ratio scores: the GRPO family's clip_high, ConSPO's clip."""
-        return float(getattr(self.params, "clip_high", getattr(self.params, "clip", 0.2)))
 
 
 @dataclass
@@ -429,27 +418,42 @@ def update(run: Run, r: Rollouts, step: int) -> tuple[dict[str, torch.Tensor], t
             old_logprobs, _ = token_logprobs(model, r.batch, temp, group_size=g)
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
+    view = run.params.separation_view(step / cfg.steps)
     per_chunk: list[dict[str, torch.Tensor]] = []
     scores = torch.empty(len(r.group_ids), device=device)
     clipped = torch.empty(len(r.group_ids), device=device)
     for chunk in chunks:
         rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
-        stats, scores[rows], clipped[rows] = optimise_chunk(run, r, rows, old_logprobs, step)
+        stats, scores[rows], clipped[rows] = optimise_chunk(
+            run, r, rows, old_logprobs, step, view.clip_eps
+        )
         per_chunk.append(stats)
     stats = {k: torch.stack([s[k] for s in per_chunk]).mean() for k in per_chunk[0]}
-    correct = r.correct.to(device)
-    group_ids = r.group_ids.to(device)
-    lengths = r.batch.lengths.to(device)
-    stats.update(separation(run, scores, correct, group_ids, lengths, step, clipped))
-    return stats, scores
+    # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
+    sep = separation_stats(
+        scores,
+        r.correct.to(device),
+        r.group_ids.to(device),
+        r.batch.lengths.to(device),
+        margin=view.margin,
+        tau=view.tau,
+        clipped_scores=clipped,
+    )
+    return {**stats, **sep}, scores
 
 
 def optimise_chunk(
-    run: Run, r: Rollouts, rows: torch.Tensor, old_logprobs: torch.Tensor | None, step: int
+    run: Run,
+    r: Rollouts,
+    rows: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    step: int,
+    clip_eps: float,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """Forward with grad, objective, backward, clip, step on the rollouts in ``rows`` (N,).
 
-    Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1).
+    Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1 at
+    ``clip_eps``).
     """
     cfg, device = run.cfg, run.device
     sub = r.batch.select(rows)
@@ -481,7 +485,7 @@ def optimise_chunk(
     scores = sequence_scores(behaviour, sub.response_mask)
     # π_θ here may already have moved (earlier mini-batches), which is what grpo/clip_gap shows.
     clipped = clipped_ratio_scores(
-        logprobs.detach(), batch.old_logprobs, sub.response_mask, batch.rewards, run.clip_eps
+        logprobs.detach(), batch.old_logprobs, sub.response_mask, batch.rewards, clip_eps
     )
     mask = sub.response_mask
     stats = {
@@ -493,28 +497,6 @@ def optimise_chunk(
     if ref is not None and M.KL not in stats:
         stats[M.KL] = (k3_kl(logprobs.detach(), ref, mask) * mask).sum() / mask.sum().clamp(min=1)
     return {k: v.float() for k, v in stats.items()}, scores, clipped
-
-
-def separation(
-    run: Run,
-    scores: torch.Tensor,
-    correct: torch.Tensor,
-    group_ids: torch.Tensor,
-    lengths: torch.Tensor,
-    step: int,
-    clipped: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """§4 statistics on log-prob scores; non-ConSPO runs use ConSPO's default τ and margin."""
-    progress = step / run.cfg.steps
-    if isinstance(run.params, ConSPOParams):
-        margin, tau = effective_margin(run.params, progress), run.params.tau
-    else:
-        d = DEFAULT_CONSPO
-        margin = margin_at(progress, margin_max=d.margin_max, warmup=d.margin_warmup)
-        tau = d.tau
-    return separation_stats(
-        scores, correct, group_ids, lengths, margin=margin, tau=tau, clipped_scores=clipped
-    )
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
