@@ -25,11 +25,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from conspo.config import RunConfig
+from conspo.forward import token_logprobs
 from conspo.models import ModelStore, load_policy, load_pretrained
 from conspo.objectives import (
     ObjectiveParams,
@@ -322,82 +323,6 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
 # --------------------------------------------------------------------------------------------
 # Scoring and the update
 # --------------------------------------------------------------------------------------------
-
-
-def token_logprobs(
-    model: PreTrainedModel,
-    batch: RolloutBatch,
-    temperature: float,
-    with_entropy: bool = False,
-    group_size: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(N, T) log π(o_t | q, o_<t) of the sampled tokens at the sampling temperature.
-
-    With ``with_entropy``, also the (N, T) entropy of that distribution (no grad). Only the
-    last T+1 positions go through the LM head: the prompt's own logits are never needed.
-    With ``group_size`` G > 1 and rows grouped by prompt (G contiguous rows share one prompt),
-    each prompt is run once and its KV cache shared by the G responses: the same values and
-    gradients for about 1/G of the prompt compute.
-    """
-    if group_size > 1 and shares_prompts(batch, group_size):
-        logits = shared_prompt_logits(model, batch, group_size)
-    else:
-        t = batch.response_ids.shape[1]
-        input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P+T)
-        attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = model(
-            input_ids=input_ids, attention_mask=attn, position_ids=positions, logits_to_keep=t + 1
-        ).logits[:, :-1]  # (N, T, V): position P-1+t predicts response token t
-    logits = logits.float() / temperature
-    logz = logits.logsumexp(-1)  # (N, T)
-    logprobs = logits.gather(-1, batch.response_ids[..., None]).squeeze(-1) - logz
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = logz - (logits.softmax(-1) * logits).sum(-1)
-    return logprobs, entropy
-
-
-def shares_prompts(batch: RolloutBatch, g: int) -> bool:
-    """True when every run of ``g`` contiguous rows has one prompt (ids and padding)."""
-    n, p = batch.prompt_ids.shape
-    if n % g:
-        return False
-    ids, mask = batch.prompt_ids.view(n // g, g, p), batch.prompt_mask.view(n // g, g, p)
-    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
-
-
-def shared_prompt_logits(model: PreTrainedModel, batch: RolloutBatch, g: int) -> torch.Tensor:
-    """(N, T, V) logits predicting each response token, the prompt run once per group.
-
-    Positions match the unshared forward: response token t sits at (real prompt tokens) + t.
-    """
-    prompt_ids, prompt_mask = batch.prompt_ids[::g], batch.prompt_mask[::g]  # (N/g, P)
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    first = out.logits[:, -1:].repeat_interleave(g, dim=0)  # (N, 1, V) predicts token 1
-    t = batch.response_ids.shape[1]
-    if t == 1:
-        return first
-    cache.batch_repeat_interleave(g)  # (N/g, ...) → (N, ...); keeps the graph to the prompt
-    start = prompt_mask.sum(-1).repeat_interleave(g)[:, None]  # (N, 1) position of token 1
-    steps = torch.arange(t - 1, device=start.device)[None]
-    rest = model(
-        input_ids=batch.response_ids[:, :-1],
-        attention_mask=torch.cat([batch.prompt_mask, batch.response_mask[:, :-1].long()], 1),
-        position_ids=start + steps,
-        cache=cache,
-        use_cache=True,
-    ).logits  # (N, T-1, V): token t (t ≥ 2) from the forward at token t-1
-    return torch.cat([first, rest], dim=1)
 
 
 def update(run: Run, r: Rollouts, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
