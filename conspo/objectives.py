@@ -13,7 +13,7 @@ shaping a correct answer pushed to <= 0.5 counts as negative for the contrastive
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -25,6 +25,26 @@ from conspo.registry import register_objective
 # --------------------------------------------------------------------------------------------
 # Parameter models (one per registered objective). Field descriptions feed the form and the docs.
 # --------------------------------------------------------------------------------------------
+
+# ConSPO's paper defaults (arXiv:2605.12969): ConSPOParams' defaults, and the separation view of
+# every objective that has no τ or margin of its own.
+PAPER_TAU = 10.0
+PAPER_MARGIN_MAX = 0.01
+PAPER_MARGIN_WARMUP = 0.3
+PAPER_CLIP = 0.2
+
+
+@dataclass(frozen=True)
+class SeparationView:
+    """How the §4 separation statistics read a run at one point of training.
+
+    tau: τ of conspo/p_pos and conspo/hard_neg_share; margin: m_t of conspo/margin and
+    sep/margin_acc; clip_eps: ε of the §1 clipped-ratio scores behind grpo/clip_gap.
+    """
+
+    tau: float
+    margin: float
+    clip_eps: float
 
 
 class ObjectiveParams(BaseModel):
@@ -61,6 +81,16 @@ class ObjectiveParams(BaseModel):
         " reference model.",
     )
 
+    def separation_view(self, progress: float) -> SeparationView:
+        """τ, m_t and ε of the §4 statistics at ``progress`` = step / total_steps.
+
+        The default is ConSPO's paper defaults (τ = 10, half-cosine margin to M = 0.01 over
+        α = 0.3, ε = 0.2), so runs of objectives without a τ or margin of their own share one
+        axis with ConSPO runs. Subclasses override what they have their own value for.
+        """
+        margin = margin_at(progress, margin_max=PAPER_MARGIN_MAX, warmup=PAPER_MARGIN_WARMUP)
+        return SeparationView(tau=PAPER_TAU, margin=margin, clip_eps=PAPER_CLIP)
+
 
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 
@@ -78,6 +108,10 @@ class GRPOParams(ObjectiveParams):
         description="How token losses are averaged: per-sequence then over sequences (GRPO),"
         " over all tokens (DAPO), or token sums over a constant (Dr. GRPO).",
     )
+
+    def separation_view(self, progress: float) -> SeparationView:
+        """The default view with ε = clip_high, the upper clip of the GRPO family's own ratio."""
+        return replace(super().separation_view(progress), clip_eps=self.clip_high)
 
 
 class DAPOParams(GRPOParams):
@@ -105,10 +139,12 @@ class DrGRPOParams(GRPOParams):
 
 
 class ConSPOParams(ObjectiveParams):
-    tau: float = Field(10.0, gt=0, description="InfoNCE temperature τ (paper default 10).")
-    margin_max: float = Field(0.01, ge=0, description="Final margin M (paper default 0.01).")
+    tau: float = Field(PAPER_TAU, gt=0, description="InfoNCE temperature τ (paper default 10).")
+    margin_max: float = Field(
+        PAPER_MARGIN_MAX, ge=0, description="Final margin M (paper default 0.01)."
+    )
     margin_warmup: float = Field(
-        0.3,
+        PAPER_MARGIN_WARMUP,
         gt=0,
         le=1,
         description="α: fraction of training over which the margin rises from 0 to M"
@@ -127,11 +163,17 @@ class ConSPOParams(ObjectiveParams):
         description="Ablation: half-cosine curriculum, fixed m=M, or no margin.",
     )
     clip: float = Field(
-        0.2,
+        PAPER_CLIP,
         gt=0,
         lt=1,
         description="ε used by score=clipped_ratio (ignored for logprob scores).",
     )
+
+    def separation_view(self, progress: float) -> SeparationView:
+        """ConSPO's own τ, its effective m_t (``margin`` ablation switch) and its ε."""
+        return SeparationView(
+            tau=self.tau, margin=effective_margin(self, progress), clip_eps=self.clip
+        )
 
 
 # --------------------------------------------------------------------------------------------

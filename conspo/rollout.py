@@ -1,6 +1,7 @@
 """Rollouts: batched sampling with a KV cache, greedy evaluation and pass@k.
 
-The sampling loop is written out (prefill, then one token per forward with ``past_key_values``)
+The sampling loop is written out (``conspo.forward.prefill``, then one token per forward that
+extends the KV cache)
 instead of calling ``model.generate``: for small models the per-token overhead of ``generate``'s
 logits processors, stopping criteria and cache bookkeeping dominates the forward itself.
 bench/throughput.py measures the difference.
@@ -14,8 +15,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo.forward import extend, prefill
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
 from conspo.tasks import Example, Task
 
@@ -96,37 +98,19 @@ def sample(
     # (finished rows keep decoding pad tokens that are masked out of the result below).
     attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
     attn[:, :p] = prompt_mask
-    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (N, P) left padding shifts positions
-    cache = DynamicCache(config=model.config)
     g = group_size if group_size > 1 and n % group_size == 0 else 1
-    out = model(
-        input_ids=prompt_ids[::g],
-        attention_mask=attn[::g, :p],
-        position_ids=positions[::g],
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    if g > 1:
-        cache.batch_repeat_interleave(g)
-        out.logits = out.logits.repeat_interleave(g, dim=0)
-    next_pos = positions[:, -1:] + 1  # (N, 1)
+    state = prefill(model, prompt_ids, prompt_mask, g)
+    logits = state.logits  # (N, V)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens = []
     for t in range(max_new_tokens):
-        tok = _next_token(out.logits[:, -1], temperature, top_p, generator)
+        tok = _next_token(logits, temperature, top_p, generator)
         tok = torch.where(done, pad_id, tok)
         tokens.append(tok)
         done = done | (tok == eos_id)
         if t == max_new_tokens - 1 or bool(done.all()):  # one host sync per token
             break
-        out = model(
-            input_ids=tok[:, None],
-            attention_mask=attn[:, : p + t + 1],
-            position_ids=next_pos + t,
-            cache=cache,
-            use_cache=True,
-        )
+        logits = extend(model, state, tok[:, None], attn[:, : p + t + 1], offset=t)[:, -1]
     response = torch.stack(tokens, dim=1)  # (N, T')
     return _finish(prompt_ids, prompt_mask, response, eos_id, pad_id)
 

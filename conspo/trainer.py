@@ -5,9 +5,12 @@
 
 One step samples ``prompts_per_step`` groups of ``group_size`` rollouts, verifies them, scores
 them under the current policy, and takes ``optim.mini_batches`` optimiser steps on the registered
-objective (``conspo.registry``; the loop never branches on the algorithm). All randomness of a
-step (prompts, sampling, evaluation) is a function of (seed, step), so a run resumed from a
-checkpoint reproduces the uninterrupted run exactly on CPU.
+objective (``conspo.registry``). The loop never branches on the algorithm: the objective is a
+function of a ``PolicyBatch`` and its params, and what the §4 separation statistics need of the
+algorithm (τ, m_t, ε) comes from ``params.separation_view``. The forward passes (shared-prompt
+prefill, token log-probs) live in ``conspo.forward``. All randomness of a step (prompts,
+sampling, evaluation) is a function of (seed, step), so a run resumed from a checkpoint
+reproduces the uninterrupted run exactly on CPU.
 
 Shapes: N = groups × G rollouts, P prompt positions, T response positions.
 """
@@ -25,20 +28,18 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from conspo.config import RunConfig
+from conspo.forward import token_logprobs
 from conspo.models import ModelStore, load_policy, load_pretrained
 from conspo.objectives import (
-    ConSPOParams,
     ObjectiveParams,
     PolicyBatch,
     clipped_ratio_scores,
-    effective_margin,
     k3_kl,
-    margin_at,
     sequence_scores,
 )
 from conspo.registry import get_objective
@@ -46,9 +47,6 @@ from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evalu
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import separation_stats
 from conspo.tasks import Example, Task, make_task
-
-# Separation statistics of non-ConSPO runs use ConSPO's defaults so every run shares one axis.
-DEFAULT_CONSPO = ConSPOParams.model_validate({})
 
 
 @dataclass
@@ -58,8 +56,8 @@ class TrainResult:
 
 
 @dataclass
-class Run:
-    """Everything a step needs, built once per train() call."""
+class TrainState:
+    """Everything a step needs, built once per train() call; rollouts_seen grows each step."""
 
     cfg: RunConfig
     params: ObjectiveParams
@@ -72,11 +70,6 @@ class Run:
     eval_examples: list[Example]
     device: torch.device
     rollouts_seen: int = 0
-
-    @property
-    def clip_eps(self) -> float:
-        """ε of the §1 clipped-ratio scores: the GRPO family's clip_high, ConSPO's clip."""
-        return float(getattr(self.params, "clip_high", getattr(self.params, "clip", 0.2)))
 
 
 @dataclass
@@ -111,24 +104,24 @@ def train(
 ) -> TrainResult:
     """Train ``config`` to ``config.steps``, resuming from ``workdir``'s latest checkpoint."""
     workdir = Path(workdir)
-    run = setup(config, model_store or ModelStore())
-    last_step = resume(run, workdir, sink)
+    state = setup(config, model_store or ModelStore())
+    last_step = resume(state, workdir, sink)
     last_saved = last_step
     while last_step < config.steps:
         if should_stop():
             break
-        record = train_step(run, last_step + 1, should_stop)
+        record = train_step(state, last_step + 1, should_stop)
         if record is None:  # stopped between rollout rounds: the step did not happen
             break
         last_step = record.step
         sink.log_step(record)
         every = config.checkpoint.every
         if (every and last_step % every == 0) or last_step == config.steps:
-            checkpoint(run, workdir, last_step, sink)
+            checkpoint(state, workdir, last_step, sink)
             last_saved = last_step
     if last_step < config.steps:
         if last_saved != last_step:
-            checkpoint(run, workdir, last_step, sink)
+            checkpoint(state, workdir, last_step, sink)
         flush_sink(sink)  # a buffering sink stores every step before the run ends
         sink.log_event("finished", {"status": "cancelled", "step": last_step})
         return TrainResult("cancelled", last_step)
@@ -137,7 +130,7 @@ def train(
     return TrainResult("succeeded", last_step)
 
 
-def setup(cfg: RunConfig, store: ModelStore) -> Run:
+def setup(cfg: RunConfig, store: ModelStore) -> TrainState:
     model, tokenizer, device, dtype = load_policy(cfg.model, store)
     params = cfg.objective_params()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
@@ -149,7 +142,7 @@ def setup(cfg: RunConfig, store: ModelStore) -> Run:
         model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
     )
     task = make_task(cfg.task)
-    return Run(
+    return TrainState(
         cfg=cfg,
         params=params,
         objective=get_objective(cfg.algorithm).fn,
@@ -163,52 +156,62 @@ def setup(cfg: RunConfig, store: ModelStore) -> Run:
     )
 
 
-def resume(run: Run, workdir: Path, sink: Sink) -> int:
+def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
     """Load the latest checkpoint if there is one; returns the last finished step (0 if none)."""
     found = latest_checkpoint(workdir)
-    info = {"total_steps": run.cfg.steps, "device": str(run.device), "model": run.cfg.model.name}
+    info = {
+        "total_steps": state.cfg.steps,
+        "device": str(state.device),
+        "model": state.cfg.model.name,
+    }
     if found is None:
         sink.log_event("started", info)
         return 0
     step, path = found
-    state = load_checkpoint(path, run.model, run.optimizer)
-    run.rollouts_seen = state["counters"]["rollouts_seen"]
+    saved = load_checkpoint(path, state.model, state.optimizer)
+    state.rollouts_seen = saved["counters"]["rollouts_seen"]
     sink.log_event("resumed", {**info, "step": step, "path": str(path)})
     return step
 
 
-def checkpoint(run: Run, workdir: Path, step: int, sink: Sink) -> None:
+def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
     # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
     # it must be stored before the checkpoint exists (a buffering sink may hold some back).
     flush_sink(sink)
-    counters = {"rollouts_seen": run.rollouts_seen}
+    counters = {"rollouts_seen": state.rollouts_seen}
     path = save_checkpoint(
-        workdir, step, run.model, run.tokenizer, run.optimizer, counters, run.cfg.checkpoint.keep
+        workdir,
+        step,
+        state.model,
+        state.tokenizer,
+        state.optimizer,
+        counters,
+        state.cfg.checkpoint.keep,
     )
     sink.log_event("checkpoint", {"step": step, "path": str(path)})
 
 
-def train_step(run: Run, step: int, should_stop: Callable[[], bool]) -> StepRecord | None:
+def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) -> StepRecord | None:
     """One step; None when should_stop() fired between rollout rounds (nothing was updated)."""
-    cfg = run.cfg
+    cfg = state.cfg
     t0 = time.perf_counter()
-    rollouts = collect_rollouts(run, step, should_stop)
+    rollouts = collect_rollouts(state, step, should_stop)
     if rollouts is None:
         return None
     t_rollout = time.perf_counter() - t0
-    stats, scores = update(run, rollouts, step)
+    stats, scores = update(state, rollouts, step)
     t_step = time.perf_counter() - t0
-    run.rollouts_seen += rollouts.generated
+    state.rollouts_seen += rollouts.generated
     floats = {
         M.TIME_STEP_S: t_step,
         M.TIME_ROLLOUT_S: t_rollout,
         M.THROUGHPUT_ROLLOUTS_PER_S: rollouts.generated / t_step,
-        M.ROLLOUTS_SEEN: float(run.rollouts_seen),
+        M.ROLLOUTS_SEEN: float(state.rollouts_seen),
         M.LR: lr_at(cfg, step),
     }
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps:
-        floats.update(run_eval(run, step))
-    return make_record(run, step, stats, floats, rollouts, scores)
+        floats.update(run_eval(state, step))
+    return make_record(state, step, stats, floats, rollouts, scores)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,12 +219,14 @@ def train_step(run: Run, step: int, should_stop: Callable[[], bool]) -> StepReco
 # --------------------------------------------------------------------------------------------
 
 
-def collect_rollouts(run: Run, step: int, should_stop: Callable[[], bool]) -> Rollouts | None:
+def collect_rollouts(
+    state: TrainState, step: int, should_stop: Callable[[], bool]
+) -> Rollouts | None:
     """Sample groups; with refill_groups keep only groups with both outcomes and top up.
 
     Round r of step s draws its prompts and sampling noise from (seed, s, r) alone.
     """
-    cfg, params = run.cfg, run.params
+    cfg, params = state.cfg, state.params
     want, g = cfg.sampling.prompts_per_step, cfg.sampling.group_size
     rounds = 1 + (params.max_refill_rounds if params.refill_groups else 0)
     kept: list[Rollouts] = []
@@ -229,8 +234,8 @@ def collect_rollouts(run: Run, step: int, should_stop: Callable[[], bool]) -> Ro
     for r in range(rounds):
         if r > 0 and should_stop():
             return None
-        prompts = run.task.train_prompts(random.Random(step_seed(cfg.seed, step, f"p{r}")), want)
-        last = sample_groups(run, prompts, step_seed(cfg.seed, step, f"s{r}"))
+        prompts = state.task.train_prompts(random.Random(step_seed(cfg.seed, step, f"p{r}")), want)
+        last = sample_groups(state, prompts, step_seed(cfg.seed, step, f"s{r}"))
         generated += last.generated
         if not params.refill_groups:
             kept = [last]
@@ -243,36 +248,38 @@ def collect_rollouts(run: Run, step: int, should_stop: Callable[[], bool]) -> Ro
             break
     if not kept:  # refill found no group with both outcomes: train on the last round (no signal)
         kept = [last]
-    merged = concat_rollouts(kept, g, run.tokenizer.pad_token_id)
+    merged = concat_rollouts(kept, g, state.tokenizer.pad_token_id)
     if len(merged.group_ids) > want * g:
         merged = keep_groups(merged, torch.arange(len(merged.group_ids) // g) < want, g)
     merged.generated = generated
     return merged
 
 
-def sample_groups(run: Run, prompts: list[Example], seed: int) -> Rollouts:
+def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollouts:
     """G rollouts per prompt, verified; rows [i*G, (i+1)*G) belong to prompts[i]."""
-    cfg = run.cfg
+    cfg = state.cfg
     g = cfg.sampling.group_size
     expanded = [ex for ex in prompts for _ in range(g)]
-    ids, mask = encode_prompts(run.tokenizer, [ex.prompt for ex in expanded], run.device)
-    generator = torch.Generator(device=run.device).manual_seed(seed)
-    run.model.eval()
+    ids, mask = encode_prompts(state.tokenizer, [ex.prompt for ex in expanded], state.device)
+    generator = torch.Generator(device=state.device).manual_seed(seed)
+    state.model.eval()
     batch = sample(
-        run.model,
+        state.model,
         ids,
         mask,
         max_new_tokens=cfg.sampling.max_new_tokens,
-        eos_id=run.tokenizer.eos_token_id,
-        pad_id=run.tokenizer.pad_token_id,
+        eos_id=state.tokenizer.eos_token_id,
+        pad_id=state.tokenizer.pad_token_id,
         temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p,
         generator=generator,
         group_size=g,
     )
-    texts = decode_responses(run.tokenizer, batch)
-    correct = torch.tensor([run.task.verify(t, ex) for t, ex in zip(texts, expanded, strict=True)])
-    rewards = correct + overlong_penalty(batch.lengths.cpu(), cfg, run.params)
+    texts = decode_responses(state.tokenizer, batch)
+    correct = torch.tensor(
+        [state.task.verify(t, ex) for t, ex in zip(texts, expanded, strict=True)]
+    )
+    rewards = correct + overlong_penalty(batch.lengths.cpu(), cfg, state.params)
     group_ids = torch.arange(len(prompts)).repeat_interleave(g)
     return Rollouts(batch, rewards, correct, group_ids, generated=len(expanded))
 
@@ -331,135 +338,115 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
 
 
 # --------------------------------------------------------------------------------------------
-# Scoring and the update
+# Score → objective → update
 # --------------------------------------------------------------------------------------------
 
 
-def token_logprobs(
-    model: PreTrainedModel,
-    batch: RolloutBatch,
-    temperature: float,
-    with_entropy: bool = False,
-    group_size: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(N, T) log π(o_t | q, o_<t) of the sampled tokens at the sampling temperature.
-
-    With ``with_entropy``, also the (N, T) entropy of that distribution (no grad). Only the
-    last T+1 positions go through the LM head: the prompt's own logits are never needed.
-    With ``group_size`` G > 1 and rows grouped by prompt (G contiguous rows share one prompt),
-    each prompt is run once and its KV cache shared by the G responses: the same values and
-    gradients for about 1/G of the prompt compute.
-    """
-    if group_size > 1 and shares_prompts(batch, group_size):
-        logits = shared_prompt_logits(model, batch, group_size)
-    else:
-        t = batch.response_ids.shape[1]
-        input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P+T)
-        attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = model(
-            input_ids=input_ids, attention_mask=attn, position_ids=positions, logits_to_keep=t + 1
-        ).logits[:, :-1]  # (N, T, V): position P-1+t predicts response token t
-    logits = logits.float() / temperature
-    logz = logits.logsumexp(-1)  # (N, T)
-    logprobs = logits.gather(-1, batch.response_ids[..., None]).squeeze(-1) - logz
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = logz - (logits.softmax(-1) * logits).sum(-1)
-    return logprobs, entropy
-
-
-def shares_prompts(batch: RolloutBatch, g: int) -> bool:
-    """True when every run of ``g`` contiguous rows has one prompt (ids and padding)."""
-    n, p = batch.prompt_ids.shape
-    if n % g:
-        return False
-    ids, mask = batch.prompt_ids.view(n // g, g, p), batch.prompt_mask.view(n // g, g, p)
-    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
-
-
-def shared_prompt_logits(model: PreTrainedModel, batch: RolloutBatch, g: int) -> torch.Tensor:
-    """(N, T, V) logits predicting each response token, the prompt run once per group.
-
-    Positions match the unshared forward: response token t sits at (real prompt tokens) + t.
-    """
-    prompt_ids, prompt_mask = batch.prompt_ids[::g], batch.prompt_mask[::g]  # (N/g, P)
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    first = out.logits[:, -1:].repeat_interleave(g, dim=0)  # (N, 1, V) predicts token 1
-    t = batch.response_ids.shape[1]
-    if t == 1:
-        return first
-    cache.batch_repeat_interleave(g)  # (N/g, ...) → (N, ...); keeps the graph to the prompt
-    start = prompt_mask.sum(-1).repeat_interleave(g)[:, None]  # (N, 1) position of token 1
-    steps = torch.arange(t - 1, device=start.device)[None]
-    rest = model(
-        input_ids=batch.response_ids[:, :-1],
-        attention_mask=torch.cat([batch.prompt_mask, batch.response_mask[:, :-1].long()], 1),
-        position_ids=start + steps,
-        cache=cache,
-        use_cache=True,
-    ).logits  # (N, T-1, V): token t (t ≥ 2) from the forward at token t-1
-    return torch.cat([first, rest], dim=1)
-
-
-def update(run: Run, r: Rollouts, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def update(
+    state: TrainState, r: Rollouts, step: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Optimiser steps on mini-batches of whole groups; returns (stats, (N,) scores s_θ).
 
     Loss-side stats (loss, grad_norm, ...) are averaged over mini-batches; the §4 separation
     statistics are computed once on the whole rollout batch, so group counts add up and one
     mini-batch without a valid group cannot turn the step's curves into NaN.
     """
-    cfg, model, device = run.cfg, run.model, run.device
-    model.train()
-    temp, g = cfg.sampling.temperature, cfg.sampling.group_size
+    cfg, device = state.cfg, state.device
+    state.model.train()
+    g = cfg.sampling.group_size
     n_groups = len(r.group_ids) // g
     chunks = [c for c in torch.arange(n_groups).tensor_split(cfg.optim.mini_batches) if len(c)]
     old_logprobs = None
     if len(chunks) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
         with torch.no_grad():
-            old_logprobs, _ = token_logprobs(model, r.batch, temp, group_size=g)
-    for group in run.optimizer.param_groups:
+            old_logprobs, _ = token_logprobs(
+                state.model, r.batch, cfg.sampling.temperature, group_size=g
+            )
+    for group in state.optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
+    view = state.params.separation_view(step / cfg.steps)
     per_chunk: list[dict[str, torch.Tensor]] = []
     scores = torch.empty(len(r.group_ids), device=device)
     clipped = torch.empty(len(r.group_ids), device=device)
     for chunk in chunks:
         rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
-        stats, scores[rows], clipped[rows] = optimise_chunk(run, r, rows, old_logprobs, step)
+        stats, scores[rows], clipped[rows] = optimise_chunk(
+            state, r, rows, old_logprobs, step, view.clip_eps
+        )
         per_chunk.append(stats)
     stats = {k: torch.stack([s[k] for s in per_chunk]).mean() for k in per_chunk[0]}
-    correct = r.correct.to(device)
-    group_ids = r.group_ids.to(device)
-    lengths = r.batch.lengths.to(device)
-    stats.update(separation(run, scores, correct, group_ids, lengths, step, clipped))
-    return stats, scores
+    # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
+    sep = separation_stats(
+        scores,
+        r.correct.to(device),
+        r.group_ids.to(device),
+        r.batch.lengths.to(device),
+        margin=view.margin,
+        tau=view.tau,
+        clipped_scores=clipped,
+    )
+    return {**stats, **sep}, scores
 
 
 def optimise_chunk(
-    run: Run, r: Rollouts, rows: torch.Tensor, old_logprobs: torch.Tensor | None, step: int
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    step: int,
+    clip_eps: float,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Forward with grad, objective, backward, clip, step on the rollouts in ``rows`` (N,).
+    """Score, objective, backward, clip, step on the rollouts in ``rows`` (N,) bool.
 
-    Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1).
+    Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1 at
+    ``clip_eps``), the scores (B,) for the B rollouts of ``rows``.
     """
-    cfg, device = run.cfg, run.device
+    batch, entropy = policy_batch(state, r, rows, old_logprobs, step)
+    out = state.objective(batch, state.params)
+    state.optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    max_norm = state.cfg.optim.max_grad_norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm)
+    state.optimizer.step()
+    logprobs, mask = batch.logprobs.detach(), batch.mask
+    # Scores of the policy that sampled (π_old): before this chunk's update.
+    behaviour = logprobs if batch.old_logprobs is None else batch.old_logprobs
+    scores = sequence_scores(behaviour, mask)
+    # π_θ here may already have moved (earlier mini-batches), which is what grpo/clip_gap shows.
+    clipped = clipped_ratio_scores(logprobs, batch.old_logprobs, mask, batch.rewards, clip_eps)
+    stats = {
+        **out.stats,
+        M.LOSS: out.loss.detach(),
+        M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
+        M.GRAD_NORM: grad_norm.detach(),
+    }
+    ref = batch.ref_logprobs
+    if ref is not None and M.KL not in stats:
+        stats[M.KL] = (k3_kl(logprobs, ref, mask) * mask).sum() / mask.sum().clamp(min=1)
+    return {k: v.float() for k, v in stats.items()}, scores, clipped
+
+
+def policy_batch(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    step: int,
+) -> tuple[PolicyBatch, torch.Tensor]:
+    """The objective's input for the rollouts in ``rows`` (N,) bool, and their (B, T) entropy.
+
+    The forward under π_θ keeps its graph (the objective differentiates it); the reference
+    forward, when there is a reference, does not.
+    """
+    cfg, device = state.cfg, state.device
     sub = r.batch.select(rows)
-    g = cfg.sampling.group_size
-    logprobs, entropy = token_logprobs(run.model, sub, cfg.sampling.temperature, True, g)
+    temp, g = cfg.sampling.temperature, cfg.sampling.group_size
+    logprobs, entropy = token_logprobs(state.model, sub, temp, with_entropy=True, group_size=g)
     assert entropy is not None
     ref = None
-    if run.ref_model is not None:
+    if state.ref_model is not None:
         with torch.no_grad():
-            ref, _ = token_logprobs(run.ref_model, sub, cfg.sampling.temperature, group_size=g)
+            ref, _ = token_logprobs(state.ref_model, sub, temp, group_size=g)
     rows_cpu = rows.cpu()
     batch = PolicyBatch(
         logprobs=logprobs,
@@ -471,50 +458,7 @@ def optimise_chunk(
         old_logprobs=None if old_logprobs is None else old_logprobs[rows],
         ref_logprobs=ref,
     )
-    out = run.objective(batch, run.params)
-    run.optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.max_grad_norm)
-    run.optimizer.step()
-    # Scores of the policy that sampled (π_old): before this chunk's update.
-    behaviour = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-    scores = sequence_scores(behaviour, sub.response_mask)
-    # π_θ here may already have moved (earlier mini-batches), which is what grpo/clip_gap shows.
-    clipped = clipped_ratio_scores(
-        logprobs.detach(), batch.old_logprobs, sub.response_mask, batch.rewards, run.clip_eps
-    )
-    mask = sub.response_mask
-    stats = {
-        **out.stats,
-        M.LOSS: out.loss.detach(),
-        M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
-        M.GRAD_NORM: grad_norm.detach(),
-    }
-    if ref is not None and M.KL not in stats:
-        stats[M.KL] = (k3_kl(logprobs.detach(), ref, mask) * mask).sum() / mask.sum().clamp(min=1)
-    return {k: v.float() for k, v in stats.items()}, scores, clipped
-
-
-def separation(
-    run: Run,
-    scores: torch.Tensor,
-    correct: torch.Tensor,
-    group_ids: torch.Tensor,
-    lengths: torch.Tensor,
-    step: int,
-    clipped: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """§4 statistics on log-prob scores; non-ConSPO runs use ConSPO's default τ and margin."""
-    progress = step / run.cfg.steps
-    if isinstance(run.params, ConSPOParams):
-        margin, tau = effective_margin(run.params, progress), run.params.tau
-    else:
-        d = DEFAULT_CONSPO
-        margin = margin_at(progress, margin_max=d.margin_max, warmup=d.margin_warmup)
-        tau = d.tau
-    return separation_stats(
-        scores, correct, group_ids, lengths, margin=margin, tau=tau, clipped_scores=clipped
-    )
+    return batch, entropy
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
@@ -528,16 +472,16 @@ def lr_at(cfg: RunConfig, step: int) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def run_eval(run: Run, step: int) -> dict[str, float]:
+def run_eval(state: TrainState, step: int) -> dict[str, float]:
     """Greedy accuracy and pass@k on the held-out split (keys of conspo.metrics)."""
-    cfg = run.cfg
-    run.model.eval()
-    generator = torch.Generator(device=run.device).manual_seed(step_seed(cfg.seed, step, "eval"))
+    cfg = state.cfg
+    state.model.eval()
+    generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, step, "eval"))
     return evaluate(
-        run.model,
-        run.tokenizer,
-        run.task,
-        run.eval_examples,
+        state.model,
+        state.tokenizer,
+        state.task,
+        state.eval_examples,
         max_new_tokens=cfg.sampling.max_new_tokens,
         pass_k=cfg.eval.pass_k,
         temperature=cfg.eval.temperature,
@@ -546,7 +490,7 @@ def run_eval(run: Run, step: int) -> dict[str, float]:
 
 
 def make_record(
-    run: Run,
+    state: TrainState,
     step: int,
     stats: dict[str, torch.Tensor],
     floats: dict[str, float],
@@ -555,7 +499,7 @@ def make_record(
 ) -> StepRecord:
     """Build the StepRecord with a single device→host copy of every tensor statistic."""
     n = len(r.group_ids)
-    keep = min(run.cfg.logging.rollout_sample, n)
+    keep = min(state.cfg.logging.rollout_sample, n)
     idx = (
         torch.linspace(0, n - 1, keep).round().long() if keep else torch.empty(0, dtype=torch.long)
     )
@@ -571,7 +515,7 @@ def make_record(
     )
     values = packed.cpu().tolist()  # the step's one device→host sync
     metrics = {**dict(zip(keys, values[: len(keys)], strict=True)), **floats}
-    g = run.cfg.sampling.group_size
+    g = state.cfg.sampling.group_size
     sample_scores, lengths, truncated = (
         values[len(keys) + j * keep : len(keys) + (j + 1) * keep] for j in range(3)
     )
@@ -587,4 +531,4 @@ def make_record(
         for i, s, n_tok, tr in zip(idx.tolist(), sample_scores, lengths, truncated, strict=True)
     ]
     metrics = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
-    return StepRecord(step, run.cfg.steps, time.time(), metrics, records)
+    return StepRecord(step, state.cfg.steps, time.time(), metrics, records)

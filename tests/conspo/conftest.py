@@ -1,9 +1,11 @@
-"""Shared fixtures: one model store per test session, so the SFT base is built once."""
+"""Shared fixtures: one model store per test session, so the SFT base is built once; the SFT
+base as a policy and a left-padded prompt batch for the rollout and forward tests."""
 
 import pytest
 import torch
 
-from conspo.models import ModelStore
+from conspo.models import ModelStore, load_pretrained
+from conspo.rollout import encode_prompts
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -24,3 +26,17 @@ def model_store(tmp_path_factory) -> ModelStore:
 def arith_base(model_store):
     """Path of tiny-arith (tiny + SFT warm start), built once for the session."""
     return model_store.resolve("tiny-arith")
+
+
+@pytest.fixture(scope="module")
+def policy(arith_base):
+    model, tok = load_pretrained(arith_base, torch.device("cpu"), torch.float32)
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def prompts(policy):
+    _, tok = policy
+    # Different prompt lengths, so left padding matters.
+    texts = ["1+2=", "7-3+5=", "12+34=", "9=", "3-8-1="]
+    return encode_prompts(tok, texts, torch.device("cpu"))

@@ -17,7 +17,9 @@ from conspo.objectives import (
     DAPOParams,
     DrGRPOParams,
     GRPOParams,
+    ObjectiveParams,
     PolicyBatch,
+    SeparationView,
     aggregate_tokens,
     clipped_ratio_scores,
     conspo_objective,
@@ -515,3 +517,55 @@ def test_every_registered_objective_runs_and_backprops() -> None:
         assert out.stats[metrics.LOSS].item() == pytest.approx(out.loss.item())
         for value in out.stats.values():
             assert value.dim() == 0 and not value.requires_grad
+
+
+# ------------------------------------------------------------------------------------------
+# The separation view: τ, m_t and ε of the §4 statistics, per objective
+# ------------------------------------------------------------------------------------------
+
+PROGRESS = [0.0, 0.075, 0.15, 0.3, 0.7, 1.0]
+
+
+def paper_margin(progress: float) -> float:
+    """m_t of ConSPO's paper defaults written out: M = 0.01, α = 0.3, half-cosine (§2)."""
+    return 0.5 * 0.01 * (1.0 - math.cos(math.pi * min(progress / 0.3, 1.0)))
+
+
+# ε of every built-in objective at its defaults: the GRPO family's clip_high, ConSPO's clip.
+DEFAULT_CLIP_EPS = {"grpo": 0.2, "dapo": 0.28, "dr_grpo": 0.2, "conspo": 0.2}
+
+
+def test_base_separation_view_is_the_paper_defaults() -> None:
+    for p in PROGRESS:
+        assert ObjectiveParams().separation_view(p) == SeparationView(10.0, paper_margin(p), 0.2)
+
+
+@pytest.mark.parametrize("name", objective_names())
+def test_every_registered_objective_shares_the_paper_axis_by_default(name: str) -> None:
+    """At its defaults every objective reads separation with τ = 10 and the paper's m_t."""
+    view = get_objective(name).params().separation_view
+    for p in PROGRESS:
+        assert (view(p).tau, view(p).margin) == (10.0, paper_margin(p))
+    if name in DEFAULT_CLIP_EPS:
+        assert view(0.5).clip_eps == DEFAULT_CLIP_EPS[name]
+    else:  # an objective added later: ε of a §1 clipped ratio, in (0, 1)
+        assert 0 < view(0.5).clip_eps < 1
+
+
+@pytest.mark.parametrize("params_type", [GRPOParams, DAPOParams, DrGRPOParams])
+def test_grpo_family_separation_view_uses_clip_high(params_type: type[GRPOParams]) -> None:
+    params = params_type(clip_low=0.1, clip_high=0.35)
+    for p in PROGRESS:
+        assert params.separation_view(p) == SeparationView(10.0, paper_margin(p), 0.35)
+
+
+@pytest.mark.parametrize("margin", ["cosine", "fixed", "none"])
+def test_conspo_separation_view_uses_its_own_tau_margin_and_clip(margin: str) -> None:
+    params = ConSPOParams(tau=3.0, margin=margin, margin_max=0.5, margin_warmup=0.5, clip=0.1)
+    expected = {
+        "cosine": lambda p: 0.5 * 0.5 * (1.0 - math.cos(math.pi * min(p / 0.5, 1.0))),
+        "fixed": lambda p: 0.5,
+        "none": lambda p: 0.0,
+    }[margin]
+    for p in PROGRESS:
+        assert params.separation_view(p) == SeparationView(3.0, expected(p), 0.1)

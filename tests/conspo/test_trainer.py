@@ -4,10 +4,13 @@ import pytest
 import torch
 
 from conspo import metrics as M
+from conspo import trainer
 from conspo.config import RunConfig, TaskConfig
 from conspo.models import load_pretrained
+from conspo.objectives import clipped_ratio_scores
 from conspo.rollout import evaluate
 from conspo.sink import MemorySink
+from conspo.stats import separation_stats
 from conspo.tasks import make_task
 from conspo.trainer import train
 
@@ -119,3 +122,50 @@ def test_should_stop_cancels_with_a_checkpoint(model_store, arith_base, tmp_path
     assert sorted(sink.steps) == [1, 2]
     assert (tmp_path / "checkpoints" / "step_000002").is_dir()
     assert sink.events[-1] == ("finished", {"status": "cancelled", "step": 2})
+
+
+def paper_margin(progress: float) -> float:
+    """m_t of ConSPO's paper defaults written out: M = 0.01, α = 0.3, half-cosine (§2)."""
+    return 0.5 * 0.01 * (1.0 - math.cos(math.pi * min(progress / 0.3, 1.0)))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "params", "tau", "margin", "clip_eps"),
+    [
+        ("grpo", {}, 10.0, paper_margin, 0.2),
+        ("dapo", {"refill_groups": False, "overlong_buffer": 0}, 10.0, paper_margin, 0.28),
+        ("conspo", {}, 10.0, paper_margin, 0.2),
+        ("conspo", {"tau": 3.0, "margin": "fixed", "clip": 0.1}, 3.0, lambda p: 0.01, 0.1),
+    ],
+)
+def test_separation_statistics_use_the_objectives_tau_margin_and_clip(
+    algorithm, params, tau, margin, clip_eps, model_store, arith_base, tmp_path, monkeypatch
+):
+    """GRPO-family runs read separation on ConSPO's paper axis (τ = 10, the paper's m_t) with
+    their own ε = clip_high; ConSPO runs with their own τ, m_t and clip. Every logged number is
+    what the §4 statistics give at those values, computed here by hand."""
+    epsilons, calls = [], []
+
+    def clipped_spy(*args):
+        epsilons.append(args[-1])
+        return clipped_ratio_scores(*args)
+
+    def separation_spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return separation_stats(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "clipped_ratio_scores", clipped_spy)
+    monkeypatch.setattr(trainer, "separation_stats", separation_spy)
+    cfg = small_config(algorithm=algorithm, steps=4, params=params,
+                       optim={"mini_batches": 2, "lr": 1e-3}, eval={"every": 0})  # fmt: skip
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+
+    assert epsilons == [clip_eps] * 2 * cfg.steps  # one call per mini-batch
+    assert len(calls) == cfg.steps
+    for step, (args, kwargs) in enumerate(calls, start=1):
+        by_hand = separation_stats(*args, margin=margin(step / cfg.steps), tau=tau,
+                                   clipped_scores=kwargs["clipped_scores"])  # fmt: skip
+        logged = sink.steps[step].metrics
+        for key, value in by_hand.items():
+            assert logged[key] == value.item() or math.isnan(logged[key]) and value.isnan(), key

@@ -1,0 +1,92 @@
+"""The forward passes of conspo.forward: shared-prompt prefill and token log-probs.
+
+Every shortcut (a prompt run once per group, only the needed positions through the LM head) is
+checked against the plain forward it replaces, in values and in gradients.
+"""
+
+import torch
+
+from conspo.forward import prefill, shares_prompts, token_logprobs
+from conspo.rollout import RolloutBatch, sample
+
+
+def test_prefill_runs_each_prompt_once_and_repeats_it_per_rollout(policy, prompts):
+    model, _ = policy
+    g = 3
+    ids, mask = (x.repeat_interleave(g, dim=0) for x in prompts)
+    batch_sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True,
+    )
+    try:
+        with torch.no_grad():
+            shared = prefill(model, ids, mask, g)
+            per_row = prefill(model, ids, mask, 1)
+    finally:
+        hook.remove()
+    assert batch_sizes == [len(ids) // g, len(ids)]
+    torch.testing.assert_close(shared.logits, per_row.logits, atol=1e-5, rtol=1e-5)
+    assert torch.equal(shared.next_position[:, 0], mask.sum(-1))  # real prompt tokens
+    for a, b in zip(shared.cache.layers, per_row.cache.layers, strict=True):
+        assert a.keys.shape == b.keys.shape  # one cache row per rollout
+
+
+def test_shares_prompts_needs_equal_ids_and_padding_in_every_group(prompts):
+    ids, mask = (x.repeat_interleave(2, dim=0) for x in prompts)  # (10, P)
+    n = len(ids)
+    response = torch.ones(n, 1, dtype=torch.long)
+
+    def batch(ids, mask):
+        return RolloutBatch(ids, mask, response, response.float(), response[:, 0],
+                            torch.zeros(n, dtype=torch.bool))  # fmt: skip
+
+    assert shares_prompts(batch(ids, mask), 2)
+    assert shares_prompts(batch(ids, mask), 1)
+    assert not shares_prompts(batch(ids, mask), 4)  # 10 rows are not groups of 4
+    assert not shares_prompts(batch(ids.roll(1, dims=0), mask.roll(1, dims=0)), 2)
+    unpadded = mask.clone()
+    unpadded[1] = 1  # same ids, but row 1 attends to the padding of row 0
+    assert not shares_prompts(batch(ids, unpadded), 2)
+
+
+def test_token_logprobs_match_unpadded_forward(policy, prompts):
+    model, tok = policy
+    ids, mask = prompts
+    out = sample(model, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs(model, out, temperature=1.0, with_entropy=True)
+        for i in range(len(ids)):
+            prompt = ids[i][mask[i].bool()].tolist()
+            resp = out.response_ids[i, : out.lengths[i]].tolist()
+            full = model(torch.tensor([prompt + resp])).logits[0].log_softmax(-1)
+            ref = full[len(prompt) - 1 : -1].gather(-1, torch.tensor(resp)[:, None]).squeeze(-1)
+            torch.testing.assert_close(logprobs[i, : len(resp)], ref, atol=1e-4, rtol=1e-4)
+    assert (entropy >= 0).all()
+
+
+def test_shared_prompt_forward_matches_the_full_forward_in_values_and_gradients(policy, prompts):
+    """Groups run their prompt once (KV cache shared by G responses): nothing may change."""
+    model, tok = policy
+    g = 3
+    ids, mask = (x.repeat_interleave(g, dim=0) for x in prompts)
+    out = sample(model, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(5))  # fmt: skip
+    assert out.response_ids.shape[1] > 1  # the cached path is exercised past the first token
+
+    def value_and_grads(group_size: int):
+        model.zero_grad(set_to_none=True)
+        logprobs, _ = token_logprobs(model, out, temperature=0.7, group_size=group_size)
+        (logprobs * out.response_mask).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return logprobs.detach(), grads
+
+    full, full_grads = value_and_grads(1)
+    shared, shared_grads = value_and_grads(g)
+    model.zero_grad(set_to_none=True)
+    m = out.response_mask.bool()
+    torch.testing.assert_close(shared[m], full[m], atol=1e-5, rtol=1e-5)
+    assert len(full_grads) == len(shared_grads)
+    for a, b in zip(full_grads, shared_grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
