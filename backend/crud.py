@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED, Metric, MetricRollup, Rollout, Run, RunStatus, User, utcnow
 from backend.queue import send_run
-from conspo.config import RunConfig
+from conspo.config import RunConfig, TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,15 @@ def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
     new_algorithm = overrides.get("algorithm")
     if new_algorithm and new_algorithm != base.get("algorithm") and "params" not in overrides:
         base.pop("params", None)  # the old algorithm's params would not validate
+    base_task, new_task = base.get("task"), overrides.get("task")
+    if (
+        isinstance(base_task, dict)
+        and isinstance(new_task, dict)
+        and new_task.get("name", base_task.get("name")) != base_task.get("name")
+        and "params" not in new_task
+    ):  # nor would the old task's (under params, or flat in a config stored before tasks had them)
+        shared = TaskConfig.model_fields.keys() - {"params"}
+        base["task"] = {k: v for k, v in base_task.items() if k in shared}
     base.pop("name", None)
     merged = deep_merge(base, overrides)
     try:

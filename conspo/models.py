@@ -68,13 +68,16 @@ TINY_CONFIG: dict[str, Any] = dict(
 WARM_STARTS: dict[str, tuple[list[TaskConfig], int]] = {
     "tiny-arith": (
         [
-            TaskConfig(name="arith", digits=1, num_operands=2),
-            TaskConfig(name="arith", digits=1, num_operands=3),
-            TaskConfig(name="arith", digits=2, num_operands=2),
+            TaskConfig(name="arith", params={"digits": 1, "num_operands": 2}),
+            TaskConfig(name="arith", params={"digits": 1, "num_operands": 3}),
+            TaskConfig(name="arith", params={"digits": 2, "num_operands": 2}),
         ],
         400,
     ),
-    "tiny-countdown": ([TaskConfig(name="countdown", digits=1, num_operands=3)], 400),
+    "tiny-countdown": (
+        [TaskConfig(name="countdown", params={"digits": 1, "num_operands": 3})],
+        400,
+    ),
 }
 
 

@@ -7,6 +7,7 @@ import uuid
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
+from conspo.registry import get_task
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
 
 
@@ -55,6 +56,27 @@ def test_clone_deep_merges_overrides(api: Api) -> None:
     assert run["seed"] == 7 and run["tags"] == ["a"] and run["owner"].startswith("bob")
     bad = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": {"params": {"clip_low": 2}}})
     assert bad.status_code == 422 and ["body", "overrides", "params", "clip_low"] in locs(bad)
+    bad = api.post(
+        f"/api/runs/{src['id']}/clone", json={"overrides": {"task": {"params": {"digits": 0}}}}
+    )
+    assert bad.status_code == 422
+    assert ["body", "overrides", "task", "params", "digits"] in locs(bad)
+
+
+def test_clone_to_another_task_drops_the_old_tasks_params(api: Api) -> None:
+    config = tiny_config(4, task={"name": "arith", "params": {"operators": "*"}, "eval_size": 4})
+    src = api.post("/api/runs", json={"config": config}).json()["runs"][0]
+    task = {"name": "countdown"}
+    run = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": {"task": task}}).json()
+    countdown = get_task("countdown").params().model_dump()
+    assert run["runs"][0]["config"]["task"] == {**task, "params": countdown, "eval_size": 4}
+    same_task = {"task": {"params": {"digits": 2}}}
+    run = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": same_task}).json()
+    assert run["runs"][0]["config"]["task"]["params"] == {
+        "digits": 2,
+        "operators": "*",
+        "num_operands": 2,
+    }
 
 
 def test_auth_and_ownership(api: Api) -> None:
@@ -97,6 +119,11 @@ def test_invalid_input_names_the_field(api: Api) -> None:
         # params errors arrive together with the other sections' errors
         ({"config": {"steps": 0, "params": {"tau": 0}}}, ["body", "config", "params", "tau"]),
         ({"config": {"steps": 0, "params": {"tau": 0}}}, ["body", "config", "steps"]),
+        ({"config": {"task": {"name": "sudoku"}}}, ["body", "config", "task", "name"]),
+        (
+            {"config": {"steps": 0, "task": {"params": {"digits": 0}}}},
+            ["body", "config", "task", "params", "digits"],
+        ),
         ({"config": {}, "seeds": [-1]}, ["body", "seeds", 0]),
         ({"config": {}, "seeds": [2**40]}, ["body", "seeds", 0]),
         ({"config": {}, "tags": ["a\x00b"]}, ["body", "tags", 0]),

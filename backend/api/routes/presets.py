@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import typing
 from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter
 
 from backend.schemas import Presets
-from conspo.config import RunConfig, TaskConfig
-from conspo.registry import get_objective, objective_names
+from conspo.config import RunConfig
+from conspo.registry import get_objective, get_task, objective_names, task_names
 
 router = APIRouter(tags=["presets"])
-
-TASK_DESCRIPTIONS = {
-    "arith": "Procedural arithmetic (digits, operators, operands are configurable).",
-    "countdown": "Reach a target number from the given numbers with + - *.",
-    "jsonl": "Your own file of {prompt, answer} lines, verified as math answers.",
-}
 
 
 @lru_cache(maxsize=1)
@@ -34,8 +27,7 @@ def presets() -> dict[str, Any]:
                 "defaults": reg.params().model_dump(mode="json"),
             }
         )
-    task_names = typing.get_args(TaskConfig.model_fields["name"].annotation)
-    tasks = [{"name": t, "description": TASK_DESCRIPTIONS.get(t, t)} for t in task_names]
+    tasks = [{"name": t, "description": get_task(t).description} for t in task_names()]
     return {
         "algorithms": algorithms,
         "tasks": tasks,
