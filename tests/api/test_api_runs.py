@@ -7,7 +7,7 @@ import uuid
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
-from conspo.registry import get_task
+from conspo.registry import get_task, task_names
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
 
 
@@ -185,3 +185,18 @@ def test_health_and_presets(api: Api) -> None:
     assert {t["name"] for t in presets["tasks"]} == {"arith", "countdown", "jsonl"}
     assert "tiny" in {m["name"] for m in presets["models"]}
     assert presets["defaults"]["algorithm"] == "conspo" and "properties" in presets["config_schema"]
+
+
+def test_presets_list_the_registered_tasks_with_their_params(api: Api) -> None:
+    presets = api.get("/api/presets").json()
+    tasks = {t["name"]: t for t in presets["tasks"]}
+    assert list(tasks) == task_names()
+    for name, preset in tasks.items():
+        registered = get_task(name)
+        assert preset["description"] == registered.description
+        assert preset["params_schema"] == registered.params.model_json_schema()
+        required = set(preset["params_schema"].get("required", []))
+        assert set(preset["defaults"]) == set(registered.params.model_fields) - required
+    assert tasks["arith"]["defaults"] == {"digits": 1, "operators": "+-", "num_operands": 2}
+    assert tasks["jsonl"]["defaults"] == {"eval_path": None}  # path is the user's to give
+    assert presets["defaults"]["task"]["params"] == tasks["arith"]["defaults"]

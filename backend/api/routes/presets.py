@@ -1,4 +1,4 @@
-"""Presets: what the form offers, read from conspo's registry and config model."""
+"""Presets: what the form offers, read from conspo's registries, model catalogue and config."""
 
 from __future__ import annotations
 
@@ -6,35 +6,52 @@ from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from backend.schemas import Presets
 from conspo.config import RunConfig
-from conspo.registry import get_objective, get_task, objective_names, task_names
+from conspo.registry import OBJECTIVES, TASKS, Registry
 
 router = APIRouter(tags=["presets"])
 
 
 @lru_cache(maxsize=1)
 def presets() -> dict[str, Any]:
-    algorithms = []
-    for name in objective_names():
-        reg = get_objective(name)
-        algorithms.append(
-            {
-                "name": name,
-                "description": reg.description,
-                "params_schema": reg.params.model_json_schema(),
-                "defaults": reg.params().model_dump(mode="json"),
-            }
-        )
-    tasks = [{"name": t, "description": get_task(t).description} for t in task_names()]
     return {
-        "algorithms": algorithms,
-        "tasks": tasks,
+        "algorithms": _registered(OBJECTIVES),
+        "tasks": _registered(TASKS),
         "models": _models(),
         "config_schema": RunConfig.model_json_schema(),
         "defaults": RunConfig.model_validate({}).model_dump(mode="json"),
     }
+
+
+def _registered(registry: Registry[Any]) -> list[dict[str, Any]]:
+    """Each entry's name, description, parameter schema and defaults (what the form renders)."""
+    out = []
+    for name in registry.names():
+        entry = registry.get(name)
+        out.append(
+            {
+                "name": name,
+                "description": entry.description,
+                "params_schema": entry.params.model_json_schema(),
+                "defaults": _defaults(entry.params),
+            }
+        )
+    return out
+
+
+def _defaults(params: type[BaseModel]) -> dict[str, Any]:
+    """The parameters that have a default (a required one, such as jsonl's path, has none)."""
+    return to_jsonable_python(
+        {
+            name: field.get_default(call_default_factory=True)
+            for name, field in params.model_fields.items()
+            if not field.is_required()
+        }
+    )
 
 
 def _models() -> list[dict[str, str]]:
