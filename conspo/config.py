@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
+from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import OBJECTIVES, TASKS, Registry, error_detail, get_objective, relocated
 
 
@@ -134,9 +135,9 @@ def _params_from_flat_form(data: Any) -> Any:
 class ModelConfig(_Section):
     name: str = Field(
         "tiny-arith",
-        description="A model-store name (tiny, tiny-arith, tiny-countdown: built locally and"
-        " SFT-warm-started once), a local directory in Hugging Face format, or a hub id"
-        " (loaded with from_pretrained; offline machines need it cached).",
+        description=f"A model-store name ({', '.join(BUILTIN_MODELS)}: built locally once; see"
+        " GET /api/presets), a local directory in Hugging Face format, or a hub id (loaded with"
+        " from_pretrained; offline machines need it cached).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU."

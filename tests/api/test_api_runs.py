@@ -7,6 +7,7 @@ import uuid
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
+from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import get_task, task_names
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
 
@@ -200,3 +201,5 @@ def test_presets_list_the_registered_tasks_with_their_params(api: Api) -> None:
     assert tasks["arith"]["defaults"] == {"digits": 1, "operators": "+-", "num_operands": 2}
     assert tasks["jsonl"]["defaults"] == {"eval_path": None}  # path is the user's to give
     assert presets["defaults"]["task"]["params"] == tasks["arith"]["defaults"]
+    models = {m["name"]: m["description"] for m in presets["models"]}
+    assert models == {name: m.description for name, m in BUILTIN_MODELS.items()}

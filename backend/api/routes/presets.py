@@ -11,6 +11,7 @@ from pydantic_core import to_jsonable_python
 
 from backend.schemas import Presets
 from conspo.config import RunConfig
+from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import OBJECTIVES, TASKS, Registry
 
 router = APIRouter(tags=["presets"])
@@ -21,7 +22,7 @@ def presets() -> dict[str, Any]:
     return {
         "algorithms": _registered(OBJECTIVES),
         "tasks": _registered(TASKS),
-        "models": _models(),
+        "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],
         "config_schema": RunConfig.model_json_schema(),
         "defaults": RunConfig.model_validate({}).model_dump(mode="json"),
     }
@@ -52,22 +53,6 @@ def _defaults(params: type[BaseModel]) -> dict[str, Any]:
             if not field.is_required()
         }
     )
-
-
-def _models() -> list[dict[str, str]]:
-    try:
-        from conspo.models import WARM_STARTS
-    except ImportError:  # pragma: no cover - the model module is optional for the API
-        WARM_STARTS = {}  # noqa: N806
-    models = [
-        {"name": "tiny", "description": "Tiny Qwen-style model, random init (builds in a second)."}
-    ]
-    for name, (tasks, steps) in WARM_STARTS.items():
-        what = ", ".join(sorted({t.name for t in tasks}))
-        models.append(
-            {"name": name, "description": f"tiny after a {steps}-step SFT warm start on {what}."}
-        )
-    return models
 
 
 @router.get("/presets", response_model=Presets)
