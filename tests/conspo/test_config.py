@@ -1,10 +1,15 @@
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from conspo.config import RunConfig
 from conspo.registry import get_objective, get_task, objective_names, task_names
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def error_locs(data: dict) -> list[tuple]:
@@ -183,3 +188,17 @@ def test_a_resolved_config_round_trips_unchanged():
     again = RunConfig.model_validate(cfg.model_dump())
     assert again == cfg
     assert RunConfig.model_validate(cfg) is cfg
+
+
+def yaml_blocks(path: Path) -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [p.read_text() for p in sorted((ROOT / "examples").glob("*.yaml"))]
+    + yaml_blocks(ROOT / "README.md")
+    + yaml_blocks(ROOT / "docs" / "readme_sections.md"),
+)
+def test_the_configs_of_the_examples_and_the_readme_validate(text):
+    RunConfig.model_validate(yaml.safe_load(text))
