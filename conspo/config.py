@@ -24,14 +24,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails
 
 from conspo.model_catalog import BUILTIN_MODELS
-from conspo.registry import OBJECTIVES, TASKS, Registry, error_detail, get_objective, relocated
-
-
-def field_error(
-    loc: tuple[str | int, ...], message: str, value: Any, title: str = "RunConfig"
-) -> ValidationError:
-    """A ValidationError located at ``loc`` (so API 422s and CLI messages name the field)."""
-    return ValidationError.from_exception_data(title, [error_detail(loc, message, value)])
+from conspo.registry import OBJECTIVES, TASKS, Registry, get_objective, relocated
 
 
 class _WithParams(Protocol):

@@ -121,7 +121,7 @@ class Registry(Generic[E]):
             return None, []
         self._load_builtins()
         if name not in self._entries:
-            return None, [error_detail(name_loc, self.unknown(name), name)]
+            return None, [_error_at(name_loc, self.unknown(name), name)]
         try:
             resolved = self._entries[name].params.model_validate(params or {})
         except ValidationError as exc:
@@ -152,7 +152,7 @@ def _code_of(obj: object) -> object:
     return getattr(obj, "__code__", obj)
 
 
-def error_detail(loc: Loc, message: str, value: object) -> InitErrorDetails:
+def _error_at(loc: Loc, message: str, value: object) -> InitErrorDetails:
     """One validation error at ``loc``, for ``ValidationError.from_exception_data``."""
     return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
 
