@@ -183,7 +183,7 @@ def test_health_and_presets(api: Api) -> None:
     assert {"grpo", "conspo", "dapo", "dr_grpo"} <= names
     conspo = next(a for a in presets["algorithms"] if a["name"] == "conspo")
     assert conspo["defaults"]["tau"] == 10.0 and "tau" in conspo["params_schema"]["properties"]
-    assert {t["name"] for t in presets["tasks"]} == {"arith", "countdown", "jsonl"}
+    assert {"arith", "countdown", "jsonl"} <= {t["name"] for t in presets["tasks"]}
     assert "tiny" in {m["name"] for m in presets["models"]}
     assert presets["defaults"]["algorithm"] == "conspo" and "properties" in presets["config_schema"]
 
