@@ -208,14 +208,16 @@ class NamedPreset(BaseModel):
     description: str
 
 
-class AlgorithmPreset(NamedPreset):
+class RegisteredPreset(NamedPreset):
+    """An algorithm or a task: its parameters' JSON schema, and the defaults of those with one."""
+
     params_schema: dict[str, Any]
     defaults: dict[str, Any]
 
 
 class Presets(BaseModel):
-    algorithms: list[AlgorithmPreset]
-    tasks: list[NamedPreset]
+    algorithms: list[RegisteredPreset]
+    tasks: list[RegisteredPreset]
     models: list[NamedPreset]
     config_schema: dict[str, Any]
     defaults: dict[str, Any]

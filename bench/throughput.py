@@ -22,7 +22,7 @@ import tempfile
 import time
 
 PROMPTS, GROUP = 16, 8
-TASK = {"name": "arith", "digits": 1, "num_operands": 3}
+TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}}
 
 
 def peak_rss_mib() -> float:
@@ -70,7 +70,7 @@ def bench_trl(args: argparse.Namespace) -> dict:
     from conspo.tasks import make_task
 
     path = ModelStore().resolve("tiny-arith")
-    task = make_task(TaskConfig(**TASK))
+    task = make_task(TaskConfig.model_validate(TASK))
     total = args.warmup + args.steps
     examples = task.train_prompts(random.Random(0), PROMPTS * total)
     by_prompt = {ex.prompt: ex for ex in examples}

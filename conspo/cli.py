@@ -1,5 +1,7 @@
 """Command line: ``python -m conspo train run.yaml --out DIR`` and ``python -m conspo sft``.
 
+    python -m conspo sft --task arith --param digits=2 --param num_operands=3 --out DIR
+
 train writes DIR/config.json (the resolved config), DIR/metrics.jsonl (one JSON line per step),
 DIR/events.jsonl and DIR/checkpoints/; run it again with the same DIR to resume. A bad config
 prints the offending field and exits with status 2.
@@ -17,6 +19,7 @@ from pydantic import ValidationError
 
 from conspo.checkpoint import latest_checkpoint
 from conspo.config import RunConfig, TaskConfig
+from conspo.registry import task_names
 from conspo.sink import JsonlSink, StepRecord
 
 PROGRESS_KEYS = {"sep/gap": "gap", "batch/pass_rate": "pass", "eval/accuracy": "acc"}
@@ -64,6 +67,15 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
+def same_config(path: Path, cfg: RunConfig) -> bool:
+    """Whether the config.json at ``path`` resolves to ``cfg`` (it may be in an older form, such
+    as the flat task section, that validation still accepts)."""
+    try:
+        return RunConfig.model_validate_json(path.read_text()) == cfg
+    except ValidationError:
+        return False
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from conspo.models import ModelStore
     from conspo.trainer import train
@@ -81,7 +93,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     resolved = json.dumps(cfg.model_dump(mode="json"), indent=2)
     found = latest_checkpoint(out)
-    if found and (out / "config.json").exists() and (out / "config.json").read_text() != resolved:
+    if found and (out / "config.json").exists() and not same_config(out / "config.json", cfg):
         print(f"{out} holds a run with a different config; use another --out", file=sys.stderr)
         return 2
     (out / "config.json").write_text(resolved)
@@ -104,12 +116,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from conspo.sft import sft
 
     try:
-        task = TaskConfig(
-            name=args.task,
-            digits=args.digits,
-            num_operands=args.num_operands,
-            operators=args.operators,
-        )
+        task = TaskConfig(name=args.task, params=dict(args.param))
     except ValidationError as exc:
         print(config_errors(exc), file=sys.stderr)
         return 2
@@ -117,6 +124,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
     out = sft(base, [task], args.out, steps=args.steps)
     print(f"saved {out}")
     return 0
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``digits=2`` → ("digits", 2): VALUE is read as JSON when it parses, else kept as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,12 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--model-store", default=None, help="default: $CONSPO_MODEL_STORE")
     t.set_defaults(fn=cmd_train)
     s = sub.add_parser("sft", help="SFT warm start of a tiny model on a task")
-    s.add_argument("--task", choices=["arith", "countdown"], default="arith")
+    s.add_argument("--task", choices=task_names(), default="arith")
+    s.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a task parameter (repeatable; VALUE is JSON or text); the rest take its defaults",
+    )
     s.add_argument("--out", required=True)
     s.add_argument("--steps", type=int, default=400)
-    s.add_argument("--digits", type=int, default=1)
-    s.add_argument("--num-operands", type=int, default=2)
-    s.add_argument("--operators", default="+-")
     s.add_argument("--base", default="tiny", help="model-store name or directory")
     s.add_argument("--model-store", default=None)
     s.set_defaults(fn=cmd_sft)

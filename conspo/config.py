@@ -2,15 +2,16 @@
 
 The CLI (YAML/JSON files), the REST API, the web form and the worker all validate against
 ``RunConfig``; its field descriptions are the help text everywhere (form, OpenAPI, README).
-The algorithm's own hyperparameters live in ``params`` and are validated against the parameter
-model the algorithm registered (``conspo.registry``), so adding an algorithm touches no schema.
+The algorithm's hyperparameters (``params``) and the task's (``task.params``) are validated
+against the parameter model the algorithm or task registered (``conspo.registry``), so adding an
+algorithm or a task touches no schema.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -20,51 +21,56 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails
 
-from conspo.registry import get_objective, objective_names
-
-
-def field_error(
-    loc: tuple[str | int, ...], message: str, value: Any, title: str = "RunConfig"
-) -> ValidationError:
-    """A ValidationError located at ``loc`` (so API 422s and CLI messages name the field)."""
-    detail: InitErrorDetails = {
-        "type": PydanticCustomError("value_error", message),
-        "loc": loc,
-        "input": value,
-    }
-    return ValidationError.from_exception_data(title, [detail])
+from conspo.model_catalog import BUILTIN_MODELS
+from conspo.registry import OBJECTIVES, TASKS, Registry, get_objective, relocated
 
 
-def _relocated(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[InitErrorDetails]:
-    """``exc``'s errors as init details with ``prefix`` prepended to each location."""
-    return [
-        {
-            "type": PydanticCustomError(err["type"], err["msg"]),
-            "loc": (*prefix, *err["loc"]),
-            "input": err.get("input"),
-        }
-        for err in exc.errors()
-    ]
+class _WithParams(Protocol):
+    params: dict[str, Any]
 
 
-def _resolve_params(
-    algorithm: Any, params: Any
-) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
-    """(resolved params, errors located under ``algorithm`` / ``params.<field>``)."""
-    if not isinstance(algorithm, str) or not (params is None or isinstance(params, dict)):
-        return None, []  # the field validation of RunConfig already reports the wrong type
+W = TypeVar("W", bound=_WithParams)
+
+
+def _with_registered_params(
+    model: type[BaseModel],
+    data: Any,
+    handler: ModelWrapValidatorHandler[W],
+    registry: Registry[Any],
+    name_field: str,
+) -> W:
+    """Validate ``model``'s fields and its ``params`` in one pass.
+
+    ``params`` is checked against the parameter model of the ``registry`` entry that the field
+    ``name_field`` names, and replaced by the full, resolved set.
+    Both are validated even when the other fails, so one error response lists every bad field
+    (a form shows them all at once, not in two rounds).
+    """
+    details: list[InitErrorDetails] = []
+    validated: W | None = None
     try:
-        registered = get_objective(algorithm)
-    except KeyError:
-        valid = ", ".join(objective_names())
-        msg = f"unknown algorithm {algorithm!r}; valid algorithms: {valid}"
-        return None, _relocated(field_error(("algorithm",), msg, algorithm), ())
-    try:
-        return registered.params.model_validate(params or {}).model_dump(), []
+        validated = handler(data)
     except ValidationError as exc:
-        return None, _relocated(exc, ("params",))
+        details.extend(relocated(exc, ()))
+    if not isinstance(data, dict):  # an instance (already resolved) or a bad type
+        if details:
+            raise ValidationError.from_exception_data(model.__name__, details)
+        assert validated is not None
+        return validated
+    resolved, param_details = registry.resolve_params(
+        data.get(name_field, model.model_fields[name_field].default),
+        data.get("params"),
+        name_loc=(name_field,),
+        params_loc=("params",),
+    )
+    details.extend(param_details)
+    if details:
+        raise ValidationError.from_exception_data(model.__name__, details)
+    assert validated is not None and resolved is not None
+    validated.params = resolved
+    return validated
 
 
 class _Section(BaseModel):
@@ -72,47 +78,59 @@ class _Section(BaseModel):
 
 
 class TaskConfig(_Section):
-    name: Literal["arith", "countdown", "jsonl"] = Field(
+    name: str = Field(
         "arith",
-        description="arith: procedural arithmetic; countdown: reach a target from given numbers;"
-        " jsonl: your own file of {prompt, answer} lines verified as math answers.",
+        description="The task: where prompts come from and how answers are checked (a"
+        " registered name; GET /api/presets lists them).",
     )
-    digits: int = Field(1, ge=1, le=6, description="arith/countdown: digits per operand.")
-    operators: str = Field("+-", min_length=1, description="arith: operators to draw from (+-*).")
-    num_operands: int = Field(2, ge=2, le=5, description="arith/countdown: operands per problem.")
-    path: str | None = Field(None, description="jsonl: path of the training file.")
-    eval_path: str | None = Field(
-        None,
-        description="jsonl: path of the held-out file (default: a split of `path`).",
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The task's parameters; unspecified ones take its defaults.",
     )
     eval_size: int = Field(64, ge=1, le=10_000, description="Held-out prompts per evaluation.")
 
-    @model_validator(mode="after")
-    def _check(self) -> TaskConfig:
-        if self.name == "jsonl" and not self.path:
-            raise field_error(
-                ("path",),
-                "task 'jsonl' needs a path to a file of {prompt, answer} lines",
-                None,
-                "TaskConfig",
-            )
-        bad = set(self.operators) - set("+-*")
-        if bad:
-            raise field_error(
-                ("operators",),
-                f"unsupported operator(s) {''.join(sorted(bad))!r}; use + - *",
-                self.operators,
-                "TaskConfig",
-            )
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate_with_params(
+        cls, data: Any, handler: ModelWrapValidatorHandler[TaskConfig]
+    ) -> TaskConfig:
+        # The flat form is rewritten here, not in a mode="before" validator, because the params
+        # check below reads the input it is given: the rewrite has to come first.
+        data = _params_from_flat_form(data)
+        return _with_registered_params(cls, data, handler, TASKS, "name")
+
+
+# The task section's form before tasks had a registry: every task's parameters side by side.
+# Frozen history, not a list to extend.
+_FLAT_FORM_FIELDS = frozenset({"digits", "operators", "num_operands", "path", "eval_path"})
+
+
+def _params_from_flat_form(data: Any) -> Any:
+    """``{name: arith, digits: 2}`` → ``{name: arith, params: {digits: 2}}``.
+
+    Runs stored in the database and users' YAML files carry the flat form. Keys the section does
+    not have move into ``params``, where the task's model validates them (a typo stays an error).
+    A stored flat config also holds every other task's fields (an arith run has ``path: null``):
+    those, which that form ignored, are dropped.
+    """
+    if not isinstance(data, dict):
+        return data
+    flat = {k: v for k, v in data.items() if k not in TaskConfig.model_fields}
+    if not flat or not isinstance(data.get("params", {}), dict):
+        return data
+    name = data.get("name", TaskConfig.model_fields["name"].default)
+    takes = TASKS.get(name).params.model_fields if name in TASKS.names() else flat
+    moved = {k: v for k, v in flat.items() if k in takes or k not in _FLAT_FORM_FIELDS}
+    section = {k: v for k, v in data.items() if k not in flat}
+    return {**section, "params": {**moved, **data.get("params", {})}}
 
 
 class ModelConfig(_Section):
     name: str = Field(
         "tiny-arith",
-        description="A model-store name (tiny, tiny-arith, tiny-countdown: built locally and"
-        " SFT-warm-started once), a local directory in Hugging Face format, or a hub id"
-        " (loaded with from_pretrained; offline machines need it cached).",
+        description=f"A model-store name ({', '.join(BUILTIN_MODELS)}: built locally once; see"
+        " GET /api/presets), a local directory in Hugging Face format, or a hub id (loaded with"
+        " from_pretrained; offline machines need it cached).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU."
@@ -194,32 +212,7 @@ class RunConfig(_Section):
     def _validate_with_params(
         cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]
     ) -> RunConfig:
-        """Validate the sections and the algorithm's ``params`` in one pass.
-
-        ``params`` is checked against the parameter model the algorithm registered and replaced
-        by the full, resolved set. Both are validated even when the other fails, so one error
-        response lists every bad field (a form shows them all at once, not in two rounds).
-        """
-        details: list[InitErrorDetails] = []
-        config: RunConfig | None = None
-        try:
-            config = handler(data)
-        except ValidationError as exc:
-            details.extend(_relocated(exc, ()))
-        if not isinstance(data, dict):  # an instance (already resolved) or a bad type
-            if details:
-                raise ValidationError.from_exception_data(cls.__name__, details)
-            assert config is not None
-            return config
-        resolved, param_details = _resolve_params(
-            data.get("algorithm", "conspo"), data.get("params")
-        )
-        details.extend(param_details)
-        if details:
-            raise ValidationError.from_exception_data(cls.__name__, details)
-        assert config is not None and resolved is not None
-        config.params = resolved
-        return config
+        return _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
 
     def objective_params(self) -> BaseModel:
         return get_objective(self.algorithm).params.model_validate(self.params)

@@ -3,8 +3,9 @@
 `tiny` is a small Qwen2-architecture model (``Qwen2ForCausalLM``) with a character-level
 tokenizer, both in the standard Hugging Face format (``save_pretrained`` / ``from_pretrained``),
 so TRL and anything else that reads HF checkpoints can use them.
-`tiny-arith` / `tiny-countdown` are `tiny` after a short SFT warm start on that task
-(conspo/sft.py), so RL starts from a policy that is right part of the time.
+The warm-started ones (`tiny-arith`, ...) are `tiny` after a short SFT warm start on a task
+(conspo/sft.py), so RL starts from a policy that is right part of the time. What each built-in
+name is and its recipe are in conspo/model_catalog.py.
 
     store = ModelStore()                      # $CONSPO_MODEL_STORE or ~/.cache/conspo/models
     path = store.resolve("tiny-arith")        # built once, then reused by every run
@@ -36,6 +37,7 @@ from transformers import (
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from conspo.config import ModelConfig, TaskConfig
+from conspo.model_catalog import BUILTIN_MODELS
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
@@ -58,25 +60,6 @@ TINY_CONFIG: dict[str, Any] = dict(
     tie_word_embeddings=True,
     rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
 )
-
-# What the store builds for each built-in name: (SFT task mix, SFT steps). The arith base is
-# right (greedy, 256 held-out problems) on about 70% of 1-digit a±b, 55% of 1-digit a±b±c and
-# 6% of 2-digit sums: RL has room on every setting (see examples/run.yaml). Build: ~21 s on one
-# CPU thread. A sharper base is worse for RL, not better: 600 SFT steps (94% / 77% / 5%) lost
-# accuracy on a±b±c under both GRPO and ConSPO at every lr tried (1e-4, 5e-5, 3e-5), while this
-# base gains at the default lr 3e-5 (+6..+9 points in 80 steps, about +16 in 300).
-WARM_STARTS: dict[str, tuple[list[TaskConfig], int]] = {
-    "tiny-arith": (
-        [
-            TaskConfig(name="arith", digits=1, num_operands=2),
-            TaskConfig(name="arith", digits=1, num_operands=3),
-            TaskConfig(name="arith", digits=2, num_operands=2),
-        ],
-        400,
-    ),
-    "tiny-countdown": ([TaskConfig(name="countdown", digits=1, num_operands=3)], 400),
-}
-
 
 # --------------------------------------------------------------------------------------------
 # The tiny family
@@ -153,7 +136,7 @@ class ModelStore:
         self.root = Path(root).expanduser()
 
     def builtin_names(self) -> list[str]:
-        return ["tiny", *WARM_STARTS]
+        return list(BUILTIN_MODELS)
 
     def resolve(self, name: str) -> Path | str:
         """Local path of a built-in or local model; a hub id is returned as is (cached or not)."""
@@ -166,11 +149,12 @@ class ModelStore:
         return name  # a hub id: from_pretrained decides whether it is cached
 
     def _builtin(self, name: str) -> Path:
-        if name == "tiny":
+        entry = BUILTIN_MODELS[name]
+        if entry.base is None:
             return self._build_once(name, lambda out: save_tiny(out))
-        tasks, steps = WARM_STARTS[name]
-        base = self._builtin("tiny")
-        return self._build_once(name, lambda out: _warm_start(base, tasks, steps, out))
+        base = self._builtin(entry.base)
+        tasks = [TaskConfig.model_validate(t) for t in entry.warm_start]
+        return self._build_once(name, lambda out: _warm_start(base, tasks, entry.sft_steps, out))
 
     def _build_once(self, name: str, build: Callable[[Path], None]) -> Path:
         final = self.root / name
@@ -248,7 +232,7 @@ def load_pretrained(
     except OSError as exc:
         raise FileNotFoundError(
             f"could not load model {str(path)!r}: not a model-store name "
-            f"(tiny, tiny-arith, tiny-countdown), not a local directory, and not a hub id "
+            f"({', '.join(BUILTIN_MODELS)}), not a local directory, and not a hub id "
             f"available here (offline machines need it in the Hugging Face cache). ({exc})"
         ) from None
     tokenizer.padding_side = "left"

@@ -1,20 +1,48 @@
-"""Objective registry: each algorithm is one function plus one registration.
+"""Registries: each objective and each task is its code plus one registration.
 
     @register_objective("conspo", params=ConSPOParams, description="...")
     def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutput: ...
 
-The registry holds the function, its pydantic parameter model (defaults, help text, validation)
-and a one-line description. The config model, the trainer, the REST presets endpoint and the web
-form all read this registry, so nothing else has to change when an algorithm is added.
+    @register_task("arith", params=ArithParams, description="...")
+    class ArithTask(ProceduralTask): ...
+
+An entry holds the code (a function, a class), its pydantic parameter model (defaults, help text,
+validation) and a one-line description. The config model, the trainer, the REST presets
+endpoint, the web form and docs/config.md all read the registries, so adding an algorithm or a
+task is one file (and its test) and nothing else. One generic ``Registry`` serves every kind;
+``register_objective`` / ``register_task`` and their getters are its typed faces.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+if TYPE_CHECKING:
+    from conspo.tasks.base import Task
+
+Loc = tuple[str | int, ...]
+
+
+class _Entry(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def code(self) -> object: ...
+    @property
+    def params(self) -> type[BaseModel]: ...
+    @property
+    def description(self) -> str: ...
+
+
+E = TypeVar("E", bound=_Entry)
 
 
 @dataclass(frozen=True)
@@ -24,43 +52,165 @@ class RegisteredObjective:
     params: type[BaseModel]
     description: str
 
+    @property
+    def code(self) -> object:
+        return self.fn
 
-_OBJECTIVES: dict[str, RegisteredObjective] = {}
+
+@dataclass(frozen=True)
+class RegisteredTask:
+    name: str
+    cls: Callable[[Any], Task]  # a class whose constructor takes an instance of ``params``
+    params: type[BaseModel]
+    description: str
+
+    @property
+    def code(self) -> object:
+        return self.cls
 
 
-def register_objective(
-    name: str, *, params: type[BaseModel], description: str
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` under ``name``; one name registered twice with different code is an error."""
+class Registry(Generic[E]):
+    """Names of one kind (``"algorithm"``, ``"task"``) → entries.
 
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        existing = _OBJECTIVES.get(name)
-        if existing is not None and (
-            existing.fn.__code__ is not fn.__code__ or existing.params is not params
-        ):
+    ``builtins`` is the module or package whose import registers the built-in entries; a package
+    has every module in it imported, so a new built-in is a new file and nothing else. They are
+    loaded on first lookup, not on import, because those modules import this one.
+    """
+
+    def __init__(self, kind: str, builtins: str) -> None:
+        self.kind = kind
+        self.builtins = builtins
+        self._entries: dict[str, E] = {}
+        self._loaded = False
+
+    def add(self, entry: E) -> None:
+        """One name registered twice is an error, unless it is the same code again (a module
+        imported a second time re-runs its decorators)."""
+        existing = self._entries.get(entry.name)
+        if existing is not None and not _same_code(existing, entry):
             raise ValueError(
-                f"objective {name!r} is already registered to {existing.fn.__qualname__}"
+                f"{self.kind} {entry.name!r} is already registered to"
+                f" {getattr(existing.code, '__qualname__', existing.code)}"
             )
-        _OBJECTIVES[name] = RegisteredObjective(name, fn, params, description)
+        self._entries[entry.name] = entry
+
+    def get(self, name: str) -> E:
+        self._load_builtins()
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(self.unknown(name)) from None
+
+    def names(self) -> list[str]:
+        self._load_builtins()
+        return sorted(self._entries)
+
+    def unknown(self, name: object) -> str:
+        return f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}"
+
+    def resolve_params(
+        self, name: object, params: object, *, name_loc: Loc, params_loc: Loc
+    ) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+        """(the full parameter set of entry ``name`` for ``params``, errors).
+
+        An unknown name is reported at ``name_loc``, each bad parameter at
+        ``params_loc + (field,)``, so a 422 or a CLI message names the exact field. A name or
+        params of the wrong type gives neither: the model's own field validation reports it.
+        """
+        if not isinstance(name, str) or not (params is None or isinstance(params, dict)):
+            return None, []
+        self._load_builtins()
+        if name not in self._entries:
+            return None, [_error_at(name_loc, self.unknown(name), name)]
+        try:
+            resolved = self._entries[name].params.model_validate(params or {})
+        except ValidationError as exc:
+            return None, relocated(exc, params_loc)
+        return resolved.model_dump(), []
+
+    def _load_builtins(self) -> None:
+        if self._loaded:
+            return
+        package = importlib.import_module(self.builtins)  # runs its registrations
+        for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
+            importlib.import_module(f"{self.builtins}.{module.name}")
+        self._loaded = True
+
+
+def _same_code(a: _Entry, b: _Entry) -> bool:
+    return _code_of(a.code) == _code_of(b.code) and (
+        a.params is b.params or a.params.model_json_schema() == b.params.model_json_schema()
+    )
+
+
+def _code_of(obj: object) -> object:
+    """What "the same code" compares: code objects are equal when compiled from the same source
+    at the same place, so a re-imported module matches and any other definition does not."""
+    if isinstance(obj, type):
+        methods = [v.__code__ for v in vars(obj).values() if isinstance(v, FunctionType)]
+        return (obj.__module__, obj.__qualname__, methods)
+    return getattr(obj, "__code__", obj)
+
+
+def _error_at(loc: Loc, message: str, value: object) -> InitErrorDetails:
+    """One validation error at ``loc``, for ``ValidationError.from_exception_data``."""
+    return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
+
+
+def relocated(exc: ValidationError, prefix: Loc) -> list[InitErrorDetails]:
+    """``exc``'s errors with ``prefix`` prepended to each location."""
+    return [
+        {
+            "type": PydanticCustomError(err["type"], err["msg"]),
+            "loc": (*prefix, *err["loc"]),
+            "input": err.get("input"),
+        }
+        for err in exc.errors()
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Objectives (conspo/objectives.py) and tasks (one module each under conspo/tasks/)
+# --------------------------------------------------------------------------------------------
+
+OBJECTIVES: Registry[RegisteredObjective] = Registry("algorithm", "conspo.objectives")
+TASKS: Registry[RegisteredTask] = Registry("task", "conspo.tasks")
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T", bound="Callable[[Any], Task]")
+
+
+def register_objective(name: str, *, params: type[BaseModel], description: str) -> Callable[[F], F]:
+    """Register the objective function ``fn(batch, params)`` under ``name``."""
+
+    def decorator(fn: F) -> F:
+        OBJECTIVES.add(RegisteredObjective(name, fn, params, description))
         return fn
 
     return decorator
 
 
 def get_objective(name: str) -> RegisteredObjective:
-    _ensure_builtin_objectives_loaded()
-    try:
-        return _OBJECTIVES[name]
-    except KeyError:
-        valid = ", ".join(sorted(_OBJECTIVES))
-        raise KeyError(f"unknown algorithm {name!r}; valid algorithms: {valid}") from None
+    return OBJECTIVES.get(name)
 
 
 def objective_names() -> list[str]:
-    _ensure_builtin_objectives_loaded()
-    return sorted(_OBJECTIVES)
+    return OBJECTIVES.names()
 
 
-def _ensure_builtin_objectives_loaded() -> None:
-    # Importing the module runs its @register_objective decorators.
-    from conspo import objectives  # noqa: F401
+def register_task(name: str, *, params: type[BaseModel], description: str) -> Callable[[T], T]:
+    """Register the task class ``cls(params)`` (it implements ``conspo.tasks.Task``)."""
+
+    def decorator(cls: T) -> T:
+        TASKS.add(RegisteredTask(name, cls, params, description))
+        return cls
+
+    return decorator
+
+
+def get_task(name: str) -> RegisteredTask:
+    return TASKS.get(name)
+
+
+def task_names() -> list[str]:
+    return TASKS.names()

@@ -187,8 +187,7 @@ def _queue_demo(settings: Settings) -> None:
                         "steps": 300,
                         "task": {
                             "name": "arith",
-                            "digits": 1,
-                            "num_operands": 3,
+                            "params": {"digits": 1, "num_operands": 3},
                             "eval_size": 256,
                         },
                         "model": {"name": "tiny-arith"},

@@ -164,7 +164,9 @@ class RolloutRow(_Model):
     truncated: bool | None = None
 
 
-class AlgorithmPreset(_Model):
+class RegisteredPreset(_Model):
+    """An algorithm or a task: its parameters' JSON schema and their defaults."""
+
     name: str
     description: str = ""
     params_schema: dict[str, Any] = Field(default_factory=dict)
@@ -177,8 +179,8 @@ class NamedPreset(_Model):
 
 
 class Presets(_Model):
-    algorithms: list[AlgorithmPreset] = Field(default_factory=list)
-    tasks: list[NamedPreset] = Field(default_factory=list)
+    algorithms: list[RegisteredPreset] = Field(default_factory=list)
+    tasks: list[RegisteredPreset] = Field(default_factory=list)
     models: list[NamedPreset] = Field(default_factory=list)
     config_schema: dict[str, Any] = Field(default_factory=dict)
     defaults: dict[str, Any] = Field(default_factory=dict)

@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    task_cfg = TaskConfig(name="arith", digits=args.digits)
+    task_cfg = TaskConfig(name="arith", params={"digits": args.digits})
     task = make_task(task_cfg)
     examples = task.train_prompts(random.Random(args.seed), args.steps * args.prompts_per_step)
     dataset = Dataset.from_list(

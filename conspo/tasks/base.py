@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict
+
 # Held-out membership is a hash of the problem text under a fixed salt: the same problems are
 # held out for every seed, so no run (and no SFT warm start) ever trains on an evaluation problem
 # and runs with different seeds are scored on one axis.
@@ -23,6 +25,12 @@ class Example:
     prompt: str  # text the policy continues, e.g. "12+7="
     answer: str  # a reference answer (SFT target), e.g. "19"
     data: dict[str, Any] = field(default_factory=dict, compare=False)  # what verify needs
+
+
+class TaskParams(BaseModel):
+    """Base of every task's parameter model: unknown keys are errors, as everywhere in a config."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class Task(Protocol):

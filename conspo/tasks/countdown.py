@@ -10,18 +10,30 @@ import random
 import re
 from collections import Counter
 
-from conspo.config import TaskConfig
-from conspo.tasks.base import Example, ProceduralTask, safe_eval
+from pydantic import Field
+
+from conspo.registry import register_task
+from conspo.tasks.base import Example, ProceduralTask, TaskParams, safe_eval
 
 _ALLOWED = re.compile(r"^[0-9+\-*() ]{1,64}$")
 
 
+class CountdownParams(TaskParams):
+    digits: int = Field(1, ge=1, le=6, description="Digits of each given number (1 to 10^d - 1).")
+    num_operands: int = Field(2, ge=2, le=5, description="Numbers given, each used exactly once.")
+
+
+@register_task(
+    "countdown",
+    params=CountdownParams,
+    description="Countdown: reach a target from the given numbers, each used once, with + - *.",
+)
 class CountdownTask(ProceduralTask):
     name = "countdown"
 
-    def __init__(self, cfg: TaskConfig) -> None:
-        self.digits = cfg.digits
-        self.num_operands = cfg.num_operands
+    def __init__(self, params: CountdownParams) -> None:
+        self.digits = params.digits
+        self.num_operands = params.num_operands
         self.operators = "+-*"
 
     def sample(self, rng: random.Random) -> Example:

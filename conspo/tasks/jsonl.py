@@ -15,24 +15,37 @@ import threading
 from fractions import Fraction
 from pathlib import Path
 
-from conspo.config import TaskConfig
-from conspo.tasks.base import HELD_OUT_FRACTION, Example, is_held_out
+from pydantic import Field
+
+from conspo.registry import register_task
+from conspo.tasks.base import HELD_OUT_FRACTION, Example, TaskParams, is_held_out
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
+class JsonlParams(TaskParams):
+    path: str = Field(min_length=1, description="Path of the training file.")
+    eval_path: str | None = Field(
+        None, description="Path of the held-out file (default: a hashed split of `path`)."
+    )
+
+
+@register_task(
+    "jsonl",
+    params=JsonlParams,
+    description="Your own file of {prompt, answer} lines, verified as math answers.",
+)
 class JsonlTask:
     name = "jsonl"
 
-    def __init__(self, cfg: TaskConfig) -> None:
-        assert cfg.path is not None
-        rows = load_jsonl(Path(cfg.path))
-        if cfg.eval_path:
-            self.train, self.held_out = rows, load_jsonl(Path(cfg.eval_path))
+    def __init__(self, params: JsonlParams) -> None:
+        rows = load_jsonl(Path(params.path))
+        if params.eval_path:
+            self.train, self.held_out = rows, load_jsonl(Path(params.eval_path))
         else:
             self.train, self.held_out = split_rows(rows)
         if not self.train:
-            raise ValueError(f"{cfg.path}: no training rows")
+            raise ValueError(f"{params.path}: no training rows")
 
     def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
         return [rng.choice(self.train) for _ in range(n)]

@@ -1,17 +1,37 @@
-// New-run form, rendered from GET /api/presets (RunConfig's JSON schema and each algorithm's
-// params_schema), submitted with fetch to POST /api/runs. A 422 puts each message next to the
-// field its `loc` names; the form is never reloaded, so what the user typed stays.
+// New-run form, rendered from GET /api/presets (RunConfig's JSON schema and the params_schema of
+// each algorithm and task), submitted with fetch to POST /api/runs. A 422 puts each message next
+// to the field its `loc` names; the form is never reloaded, so what the user typed stays.
 import { get, post, ApiError, errorText } from "/static/api.js";
 import { $, $$, h, debounce } from "/static/util.js";
 
 let presets = null;
 let schema = null; // RunConfig JSON schema
-let currentAlgo = null;
-const paramValues = {}; // algorithm → {param: typed text}, so switching back keeps edits
+
+// The registered kinds whose entry is picked by a select and whose parameters are rendered from
+// that entry's params_schema, all by one code path (paramsBox). Adding an algorithm or a task
+// needs nothing here.
+const REGISTRIES = {
+  algorithm: {
+    entries: () => presets.algorithms,
+    select: "config.algorithm",
+    prefix: "config.params",
+    heading: (name) => `${name} hyperparameters`,
+    values: (config) => config.params,
+  },
+  task: {
+    entries: () => presets.tasks,
+    select: "config.task.name",
+    prefix: "config.task.params",
+    // A run stored before tasks had params keeps them flat beside the name ({name, digits}).
+    values: (config) => ({ ...flatTaskParams(config.task), ...config.task?.params }),
+  },
+};
+const current = {}; // kind → the entry shown
+const typed = {}; // kind → entry name → {param: typed value}, so switching back keeps edits
 
 // Which RunConfig sections are shown openly, and which go under "Advanced".
 const SECTIONS = [
-  { key: "task", title: "Task" },
+  { key: "task", title: "Task", params: "task" }, // the task's own parameters go in its section
   { key: "model", title: "Model" },
   { key: "sampling", title: "Sampling" },
   { key: "optim", title: "Optimiser" },
@@ -92,17 +112,18 @@ function field(path, rawProp, value, opts = {}) {
   );
 }
 
+function entryOptions(kind) {
+  return REGISTRIES[kind].entries().map((e) => ({ value: e.name, label: e.name, title: e.description }));
+}
+
 function sectionFields(sectionKey, values) {
   const def = resolve(schema.properties[sectionKey]);
-  return Object.entries(def.properties || {}).map(([name, prop]) => {
+  return Object.entries(def.properties || {}).flatMap(([name, prop]) => {
     const path = `config.${sectionKey}.${name}`;
     const v = values ? values[name] : undefined;
-    if (sectionKey === "task" && name === "name") {
-      return field(path, prop, v, {
-        label: "Task",
-        options: presets.tasks.map((t) => ({ value: t.name, label: t.name, title: t.description })),
-      });
-    }
+    if (name === "params") return []; // rendered by paramsBox from the chosen entry's schema
+    const kind = kindOfSelect(path);
+    if (kind) return field(path, prop, v, { label: titleCase(kind), options: entryOptions(kind) });
     if (sectionKey === "model" && name === "name") {
       return field(path, prop, v, { label: "Model", list: "model-list", wide: false });
     }
@@ -110,32 +131,45 @@ function sectionFields(sectionKey, values) {
   });
 }
 
-function algoParamsSection(algoName, values) {
-  const algo = presets.algorithms.find((a) => a.name === algoName);
-  const box = h("div#params-fields");
-  if (!algo) return box;
-  const ps = algo.params_schema;
-  const saved = paramValues[algoName] || {};
-  // Knobs every algorithm shares go after the algorithm's own.
+const titleCase = (text) => text[0].toUpperCase() + text.slice(1);
+const kindOfSelect = (path) => Object.keys(REGISTRIES).find((k) => REGISTRIES[k].select === path);
+
+/** The parameter fields of entry `name` of a registry (an algorithm, a task), from its schema. */
+function paramsBox(kind, name, values) {
+  const reg = REGISTRIES[kind];
+  const entries = reg.entries();
+  const entry = entries.find((e) => e.name === name);
+  const box = h(`div.params-box#params-${kind}`);
+  if (reg.heading) box.append(h("h3", {}, reg.heading(name)));
+  if (!entry) return box;
+  const ps = entry.params_schema;
+  const saved = typed[kind]?.[name] || {};
+  // Knobs every entry of the registry shares go after the entry's own.
   const shared = new Set(
     Object.keys(ps.properties || {}).filter((k) =>
-      presets.algorithms.every((a) => a.params_schema.properties && k in a.params_schema.properties)),
+      entries.length > 1 && entries.every((e) => e.params_schema.properties && k in e.params_schema.properties)),
   );
   const own = [], common = [];
-  for (const [name, prop] of Object.entries(ps.properties || {})) {
+  for (const [param, prop] of Object.entries(ps.properties || {})) {
     const resolvedProp = prop.$ref || prop.anyOf ? resolveIn(ps, prop) : prop;
-    let v = name in saved ? saved[name] : values && name in values ? values[name] : algo.defaults[name];
-    const f = field(`config.params.${name}`, resolvedProp, v);
-    (shared.has(name) ? common : own).push(f);
+    const v = param in saved ? saved[param] : values && param in values ? values[param] : entry.defaults[param];
+    const f = field(`${reg.prefix}.${param}`, resolvedProp, v);
+    (shared.has(param) ? common : own).push(f);
   }
   box.append(
-    h("p.algo-desc", {}, algo.description || ""),
-    h("div.fields", {}, own.length ? own : h("span.muted", {}, "No algorithm-specific parameters.")),
+    h("p.entry-desc", {}, entry.description || ""),
+    h("div.fields", {}, own.length ? own : h("span.muted", {}, `No ${kind}-specific parameters.`)),
   );
   if (common.length) {
     box.append(h("h3", { style: "margin:14px 0 8px" }, "Shared knobs"), h("div.fields", {}, common));
   }
   return box;
+}
+
+/** Keys of a task section that RunConfig's schema does not know: parameters of the flat form. */
+function flatTaskParams(task) {
+  const known = resolve(schema.properties.task).properties || {};
+  return Object.fromEntries(Object.entries(task || {}).filter(([k]) => !(k in known)));
 }
 
 function resolveIn(rootSchema, prop) {
@@ -149,13 +183,13 @@ function resolveIn(rootSchema, prop) {
 }
 
 function render(config, extra = {}) {
-  const algoOptions = presets.algorithms.map((a) => ({ value: a.name, label: a.name, title: a.description }));
-  currentAlgo = config.algorithm;
+  current.algorithm = config.algorithm;
+  current.task = config.task?.name;
   const top = h("div.form-section", {},
     h("h3", {}, "Run"),
     h("div.fields", {},
       field("config.name", schema.properties.name, extra.name ?? config.name, { label: "Name", placeholder: "(automatic)" }),
-      field("config.algorithm", schema.properties.algorithm, config.algorithm, { label: "Algorithm", options: algoOptions }),
+      field("config.algorithm", schema.properties.algorithm, config.algorithm, { label: "Algorithm", options: entryOptions("algorithm") }),
       field("config.steps", schema.properties.steps, config.steps),
       field("seeds", { type: "string" }, extra.seeds ?? String(config.seed ?? 0), {
         label: "Seeds",
@@ -165,12 +199,15 @@ function render(config, extra = {}) {
       field("tags", { type: "string" }, extra.tags ?? "", { label: "Tags", help: "Comma-separated labels for filtering.", placeholder: "baseline, sweep-1" }),
     ),
   );
-  const params = h("div.form-section#params-section", {},
-    h("h3#params-title", {}, `${config.algorithm} hyperparameters`),
-    algoParamsSection(config.algorithm, config.params),
+  const params = h("div.form-section", {},
+    paramsBox("algorithm", config.algorithm, REGISTRIES.algorithm.values(config)),
   );
   const sections = SECTIONS.map((s) =>
-    h("div.form-section", { "data-section": s.key }, h("h3", {}, s.title), h("div.fields", {}, sectionFields(s.key, config[s.key]))));
+    h("div.form-section", { "data-section": s.key },
+      h("h3", {}, s.title),
+      h("div.fields", {}, sectionFields(s.key, config[s.key])),
+      s.params ? paramsBox(s.params, current[s.params], REGISTRIES[s.params].values(config)) : null,
+    ));
   const adv = h("details.adv", { open: extra.openAdvanced || null },
     h("summary", {}, "Advanced: evaluation, checkpoints, logging"),
     ADVANCED.map((s) =>
@@ -178,37 +215,21 @@ function render(config, extra = {}) {
   );
   const models = h("datalist#model-list", {}, presets.models.map((m) => h("option", { value: m.name }, m.description)));
   $("#form-body").replaceChildren(top, params, ...sections, adv, models);
-  updateTaskFields();
   updatePreview();
 }
 
-function updateTaskFields() {
-  const task = $("[name='config.task.name']");
-  if (!task) return;
-  const jsonl = task.value === "jsonl";
-  for (const name of ["path", "eval_path"]) {
-    const f = $(`[data-field='config.task.${name}']`);
-    if (f) f.hidden = !jsonl;
-  }
-  for (const name of ["digits", "operators", "num_operands"]) {
-    const f = $(`[data-field='config.task.${name}']`);
-    if (f) f.hidden = jsonl;
+function rememberParams(kind) {
+  const { prefix } = REGISTRIES[kind];
+  const saved = ((typed[kind] ??= {})[current[kind]] = {});
+  for (const el of $$(`[name^='${prefix}.']`)) {
+    saved[el.name.slice(prefix.length + 1)] = el.type === "checkbox" ? el.checked : el.value;
   }
 }
 
-function rememberParams() {
-  if (!currentAlgo) return;
-  const saved = (paramValues[currentAlgo] = {});
-  for (const el of $$("[name^='config.params.']")) {
-    saved[el.name.slice("config.params.".length)] = el.type === "checkbox" ? el.checked : el.value;
-  }
-}
-
-function switchAlgorithm(name) {
-  rememberParams();
-  currentAlgo = name;
-  $("#params-title").textContent = `${name} hyperparameters`;
-  $("#params-fields").replaceWith(algoParamsSection(name, null));
+function switchEntry(kind, name) {
+  rememberParams(kind);
+  current[kind] = name;
+  $(`#params-${kind}`).replaceWith(paramsBox(kind, name, null));
 }
 
 /** The typed value of an input: numbers when they parse, the raw text otherwise (the server says why). */
@@ -231,7 +252,6 @@ function setPath(obj, parts, value) {
 function buildRequest() {
   const config = {};
   for (const el of $$("#form-body [name^='config.']")) {
-    if (el.closest("[hidden]")) continue;
     const v = readValue(el);
     if (v === undefined) continue;
     setPath(config, el.name.split(".").slice(1), v);
@@ -286,7 +306,7 @@ function showErrors(detail) {
   } else {
     for (const e of detail) {
       const f = fieldForLoc(e.loc || []);
-      if (f && !f.closest("[hidden]")) {
+      if (f) {
         f.classList.add("has-error");
         const err = f.querySelector(".err");
         err.hidden = false;
@@ -367,14 +387,14 @@ const form = $("#run-form");
 form.addEventListener("submit", submit);
 form.addEventListener("input", debounce(updatePreview, 150));
 form.addEventListener("change", (ev) => {
-  if (ev.target.name === "config.algorithm") switchAlgorithm(ev.target.value);
-  if (ev.target.name === "config.task.name") updateTaskFields();
+  const kind = kindOfSelect(ev.target.name);
+  if (kind) switchEntry(kind, ev.target.value);
   const f = ev.target.closest(".field.has-error");
   if (f) f.classList.remove("has-error");
   updatePreview();
 });
 $("#reset-btn").addEventListener("click", () => {
-  for (const k of Object.keys(paramValues)) delete paramValues[k];
+  for (const k of Object.keys(typed)) delete typed[k];
   clearErrors();
   render(structuredClone(presets.defaults));
 });

@@ -7,6 +7,8 @@ import uuid
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
+from conspo.model_catalog import BUILTIN_MODELS
+from conspo.registry import get_task, task_names
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
 
 
@@ -55,6 +57,27 @@ def test_clone_deep_merges_overrides(api: Api) -> None:
     assert run["seed"] == 7 and run["tags"] == ["a"] and run["owner"].startswith("bob")
     bad = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": {"params": {"clip_low": 2}}})
     assert bad.status_code == 422 and ["body", "overrides", "params", "clip_low"] in locs(bad)
+    bad = api.post(
+        f"/api/runs/{src['id']}/clone", json={"overrides": {"task": {"params": {"digits": 0}}}}
+    )
+    assert bad.status_code == 422
+    assert ["body", "overrides", "task", "params", "digits"] in locs(bad)
+
+
+def test_clone_to_another_task_drops_the_old_tasks_params(api: Api) -> None:
+    config = tiny_config(4, task={"name": "arith", "params": {"operators": "*"}, "eval_size": 4})
+    src = api.post("/api/runs", json={"config": config}).json()["runs"][0]
+    task = {"name": "countdown"}
+    run = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": {"task": task}}).json()
+    countdown = get_task("countdown").params().model_dump()
+    assert run["runs"][0]["config"]["task"] == {**task, "params": countdown, "eval_size": 4}
+    same_task = {"task": {"params": {"digits": 2}}}
+    run = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": same_task}).json()
+    assert run["runs"][0]["config"]["task"]["params"] == {
+        "digits": 2,
+        "operators": "*",
+        "num_operands": 2,
+    }
 
 
 def test_auth_and_ownership(api: Api) -> None:
@@ -97,6 +120,11 @@ def test_invalid_input_names_the_field(api: Api) -> None:
         # params errors arrive together with the other sections' errors
         ({"config": {"steps": 0, "params": {"tau": 0}}}, ["body", "config", "params", "tau"]),
         ({"config": {"steps": 0, "params": {"tau": 0}}}, ["body", "config", "steps"]),
+        ({"config": {"task": {"name": "sudoku"}}}, ["body", "config", "task", "name"]),
+        (
+            {"config": {"steps": 0, "task": {"params": {"digits": 0}}}},
+            ["body", "config", "task", "params", "digits"],
+        ),
         ({"config": {}, "seeds": [-1]}, ["body", "seeds", 0]),
         ({"config": {}, "seeds": [2**40]}, ["body", "seeds", 0]),
         ({"config": {}, "tags": ["a\x00b"]}, ["body", "tags", 0]),
@@ -155,6 +183,23 @@ def test_health_and_presets(api: Api) -> None:
     assert {"grpo", "conspo", "dapo", "dr_grpo"} <= names
     conspo = next(a for a in presets["algorithms"] if a["name"] == "conspo")
     assert conspo["defaults"]["tau"] == 10.0 and "tau" in conspo["params_schema"]["properties"]
-    assert {t["name"] for t in presets["tasks"]} == {"arith", "countdown", "jsonl"}
+    assert {"arith", "countdown", "jsonl"} <= {t["name"] for t in presets["tasks"]}
     assert "tiny" in {m["name"] for m in presets["models"]}
     assert presets["defaults"]["algorithm"] == "conspo" and "properties" in presets["config_schema"]
+
+
+def test_presets_list_the_registered_tasks_with_their_params(api: Api) -> None:
+    presets = api.get("/api/presets").json()
+    tasks = {t["name"]: t for t in presets["tasks"]}
+    assert list(tasks) == task_names()
+    for name, preset in tasks.items():
+        registered = get_task(name)
+        assert preset["description"] == registered.description
+        assert preset["params_schema"] == registered.params.model_json_schema()
+        required = set(preset["params_schema"].get("required", []))
+        assert set(preset["defaults"]) == set(registered.params.model_fields) - required
+    assert tasks["arith"]["defaults"] == {"digits": 1, "operators": "+-", "num_operands": 2}
+    assert tasks["jsonl"]["defaults"] == {"eval_path": None}  # path is the user's to give
+    assert presets["defaults"]["task"]["params"] == tasks["arith"]["defaults"]
+    models = {m["name"]: m["description"] for m in presets["models"]}
+    assert models == {name: m.description for name, m in BUILTIN_MODELS.items()}

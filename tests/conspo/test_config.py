@@ -1,10 +1,15 @@
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from conspo.config import RunConfig
-from conspo.registry import get_objective, objective_names
+from conspo.registry import get_objective, get_task, objective_names, task_names
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def error_locs(data: dict) -> list[tuple]:
@@ -39,8 +44,14 @@ def test_presets_carry_their_own_defaults():
         ({"params": {"taux": 1}}, ("params", "taux")),
         ({"algorithm": "grpo", "params": {"loss_agg": "sum"}}, ("params", "loss_agg")),
         ({"sampling": {"group_size": 1}}, ("sampling", "group_size")),
-        ({"task": {"name": "jsonl"}}, ("task", "path")),
-        ({"task": {"operators": "+/"}}, ("task", "operators")),
+        ({"task": {"name": "sudoku"}}, ("task", "name")),
+        ({"task": {"name": "jsonl"}}, ("task", "params", "path")),
+        ({"task": {"params": {"operators": "+/"}}}, ("task", "params", "operators")),
+        (
+            {"task": {"name": "countdown", "params": {"operators": "+"}}},
+            ("task", "params", "operators"),
+        ),
+        ({"task": {"eval_size": 0}}, ("task", "eval_size")),
         ({"steps": 0}, ("steps",)),
         ({"unknown_section": {}}, ("unknown_section",)),
     ],
@@ -55,6 +66,90 @@ def test_unknown_algorithm_lists_valid_ones():
     message = str(info.value)
     for name in objective_names():
         assert name in message
+
+
+def test_unknown_task_lists_valid_ones():
+    with pytest.raises(ValidationError) as info:
+        RunConfig(task={"name": "sudoku"})
+    message = str(info.value)
+    for name in task_names():
+        assert name in message
+
+
+def test_task_params_resolve_to_the_tasks_defaults():
+    assert RunConfig().task.params == get_task("arith").params().model_dump()
+    countdown = RunConfig(task={"name": "countdown", "params": {"digits": 2}}).task.params
+    assert countdown == {**get_task("countdown").params().model_dump(), "digits": 2}
+
+
+def test_task_params_errors_come_with_all_other_errors_in_one_response():
+    locs = error_locs(
+        {
+            "steps": 0,
+            "params": {"tau": -1},
+            "sampling": {"group_size": 1},
+            "task": {"eval_size": 0, "params": {"digits": 9, "num_operand": 3}},
+        }
+    )
+    assert set(locs) == {
+        ("steps",),
+        ("params", "tau"),
+        ("sampling", "group_size"),
+        ("task", "eval_size"),
+        ("task", "params", "digits"),
+        ("task", "params", "num_operand"),
+    }
+
+
+@pytest.mark.parametrize(
+    "flat, params",
+    [
+        # a YAML file of the old form
+        (
+            {"name": "arith", "digits": 2, "operators": "+-*", "num_operands": 3},
+            {"digits": 2, "operators": "+-*", "num_operands": 3},
+        ),
+        (
+            {"name": "jsonl", "path": "t.jsonl", "eval_path": "e.jsonl"},
+            {"path": "t.jsonl", "eval_path": "e.jsonl"},
+        ),
+        # resolved configs stored in the database then: every task's fields, unused ones too
+        (
+            {"name": "arith", "digits": 1, "operators": "+", "num_operands": 2, "path": None,
+             "eval_path": None, "eval_size": 64},
+            {"digits": 1, "operators": "+", "num_operands": 2},
+        ),
+        (
+            {"name": "countdown", "digits": 1, "operators": "+-", "num_operands": 3, "path": None,
+             "eval_path": None, "eval_size": 64},
+            {"digits": 1, "num_operands": 3},
+        ),
+        (
+            {"name": "jsonl", "digits": 1, "operators": "+-", "num_operands": 2, "path": "t.jsonl",
+             "eval_path": None, "eval_size": 64},
+            {"path": "t.jsonl", "eval_path": None},
+        ),
+    ],
+)  # fmt: skip
+def test_the_flat_task_form_of_older_configs_is_accepted(flat, params):
+    cfg = RunConfig.model_validate({"task": flat})
+    assert cfg.task.name == flat["name"] and cfg.task.params == params
+    assert RunConfig.model_validate(cfg.model_dump()) == cfg
+
+
+def test_the_flat_task_form_still_refuses_unknown_keys():
+    assert ("task", "params", "digit") in error_locs({"task": {"name": "arith", "digit": 2}})
+    locs = error_locs({"task": {"name": "arith", "operators": "/"}})
+    assert locs == [("task", "params", "operators")]
+
+
+def test_old_yaml_files_load(tmp_path):
+    (tmp_path / "old.yaml").write_text(
+        "task:\n  name: arith\n  digits: 2\n  num_operands: 3\n  eval_size: 16\n"
+    )
+    cfg = RunConfig.from_file(tmp_path / "old.yaml")
+    assert cfg.task.eval_size == 16
+    assert cfg.task.params == {"digits": 2, "operators": "+-", "num_operands": 3}
 
 
 def test_yaml_and_json_load(tmp_path):
@@ -93,3 +188,17 @@ def test_a_resolved_config_round_trips_unchanged():
     again = RunConfig.model_validate(cfg.model_dump())
     assert again == cfg
     assert RunConfig.model_validate(cfg) is cfg
+
+
+def yaml_blocks(path: Path) -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [p.read_text() for p in sorted((ROOT / "examples").glob("*.yaml"))]
+    + yaml_blocks(ROOT / "README.md")
+    + yaml_blocks(ROOT / "docs" / "readme_sections.md"),
+)
+def test_the_configs_of_the_examples_and_the_readme_validate(text):
+    RunConfig.model_validate(yaml.safe_load(text))

@@ -1,14 +1,21 @@
 import json
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conspo.config import TaskConfig
+from conspo.registry import get_task, register_task, task_names
 from conspo.tasks import Example, extract_answer, make_task
 
 
+def task_config(name: str, **params: Any) -> TaskConfig:
+    return TaskConfig(name=name, params=params)
+
+
 def test_arith_verifier():
-    task = make_task(TaskConfig(name="arith", digits=2))
+    task = make_task(task_config("arith", digits=2))
     ex = Example("12+7=", "19", {"value": 19})
     assert task.verify("19", ex) == 1.0
     assert task.verify(" 19 ", ex) == 1.0
@@ -20,7 +27,7 @@ def test_arith_verifier():
 
 
 def test_arith_problems_follow_the_knobs():
-    task = make_task(TaskConfig(name="arith", digits=2, operators="*", num_operands=3))
+    task = make_task(task_config("arith", digits=2, operators="*", num_operands=3))
     for ex in task.train_prompts(random.Random(0), 50):
         operands = ex.prompt[:-1].split("*")
         assert len(operands) == 3 and all(0 <= int(x) < 100 for x in operands)
@@ -28,7 +35,7 @@ def test_arith_problems_follow_the_knobs():
 
 
 def test_countdown_verifier():
-    task = make_task(TaskConfig(name="countdown", num_operands=3))
+    task = make_task(task_config("countdown", num_operands=3))
     ex = Example("3,5,7:22=", "3*5+7", {"numbers": [3, 5, 7], "target": 22})
     assert task.verify("3*5+7", ex) == 1.0
     assert task.verify("7+5*3", ex) == 1.0  # any order, usual precedence
@@ -40,7 +47,7 @@ def test_countdown_verifier():
 
 
 def test_countdown_reference_answers_verify():
-    task = make_task(TaskConfig(name="countdown", num_operands=3))
+    task = make_task(task_config("countdown", num_operands=3))
     for ex in task.train_prompts(random.Random(1), 50) + task.eval_examples(20):
         assert task.verify(ex.answer, ex) == 1.0, ex
 
@@ -48,9 +55,9 @@ def test_countdown_reference_answers_verify():
 @pytest.mark.parametrize(
     "cfg",
     [
-        TaskConfig(name="arith", digits=2),
-        TaskConfig(name="arith", digits=1, num_operands=3),
-        TaskConfig(name="countdown", num_operands=3),
+        task_config("arith", digits=2),
+        task_config("arith", digits=1, num_operands=3),
+        task_config("countdown", num_operands=3),
     ],
 )
 def test_train_and_held_out_splits_are_disjoint(cfg):
@@ -65,7 +72,7 @@ def test_train_and_held_out_splits_are_disjoint(cfg):
 
 
 def test_small_problem_space_gives_a_smaller_held_out_set():
-    task = make_task(TaskConfig(name="arith", digits=1, operators="+", num_operands=2))
+    task = make_task(task_config("arith", digits=1, operators="+", num_operands=2))
     held_out = task.eval_examples(64)
     assert 0 < len(held_out) < 64  # 100 problems in all, ~10% held out
 
@@ -89,7 +96,7 @@ def test_jsonl_task_math_verification(tmp_path):
     rows.append({"prompt": "poly", "answer": "x^2+2x"})
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    task = make_task(TaskConfig(name="jsonl", path=str(path)))
+    task = make_task(task_config("jsonl", path=str(path)))
     half = Example("q", "1/2")
     assert task.verify("\\boxed{0.5}", half) == 1.0
     assert task.verify("I get 0.5", half) == 1.0  # last number
@@ -105,11 +112,70 @@ def test_jsonl_task_math_verification(tmp_path):
 
 
 def test_jsonl_with_an_eval_file_and_a_bad_line(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    (tmp_path / "b.jsonl").write_text('{"prompt": "2+2=", "answer": "4"}\n')
-    task = make_task(TaskConfig(name="jsonl", path=str(tmp_path / "a.jsonl"),
-                                eval_path=str(tmp_path / "b.jsonl")))  # fmt: skip
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    b.write_text('{"prompt": "2+2=", "answer": "4"}\n')
+    task = make_task(task_config("jsonl", path=str(a), eval_path=str(b)))
     assert [ex.prompt for ex in task.eval_examples(10)] == ["2+2="]
     (tmp_path / "c.jsonl").write_text('{"prompt": "x"}\n')
     with pytest.raises(ValueError, match="c.jsonl:1"):
-        make_task(TaskConfig(name="jsonl", path=str(tmp_path / "c.jsonl")))
+        make_task(task_config("jsonl", path=str(tmp_path / "c.jsonl")))
+
+
+# ------------------------------------------------------------------------------------------------
+# The registry: every task, whatever it is, builds, samples and accepts its own reference answers
+# ------------------------------------------------------------------------------------------------
+
+
+def sample_jsonl(tmp_path: Path) -> dict[str, Any]:
+    path = tmp_path / "sample.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(50)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {"path": str(path)}
+
+
+# Parameters a task cannot default (a file of your own): the values the test below builds it
+# with. A task whose parameters all have defaults needs nothing here.
+REQUIRED_PARAMS = {"jsonl": sample_jsonl}
+
+
+@pytest.mark.parametrize("name", task_names())
+def test_every_registered_task_builds_samples_and_verifies_its_references(name, tmp_path):
+    required = REQUIRED_PARAMS[name](tmp_path) if name in REQUIRED_PARAMS else {}
+    task = make_task(TaskConfig(name=name, params=required))
+    assert task.name == name
+    train = task.train_prompts(random.Random(0), 32)
+    held_out = task.eval_examples(8)
+    assert len(train) == 32 and held_out
+    assert not {ex.prompt for ex in train} & {ex.prompt for ex in held_out}
+    for ex in train + held_out:
+        assert ex.prompt and task.verify(ex.answer, ex) == 1.0, ex
+    assert task.verify("", train[0]) == 0.0
+
+
+def test_every_task_parameter_is_documented():
+    for name in task_names():
+        registered = get_task(name)
+        assert registered.description
+        for field, info in registered.params.model_fields.items():
+            assert info.description, f"{name}.params.{field} has no description"
+
+
+def test_a_task_name_cannot_be_registered_twice_with_different_code():
+    arith = get_task("arith")
+    with pytest.raises(ValueError, match="task 'arith' is already registered to ArithTask"):
+
+        @register_task("arith", params=arith.params, description="another arith")
+        class OtherArith:  # pragma: no cover - never built
+            name = "arith"
+
+    # the same class again (a module imported twice) is not a conflict
+    register_task("arith", params=arith.params, description=arith.description)(arith.cls)
+    assert get_task("arith") == arith
+
+
+def test_an_unknown_task_lists_the_valid_ones():
+    with pytest.raises(KeyError, match="unknown task 'sudoku'; valid tasks: ") as info:
+        get_task("sudoku")
+    for name in task_names():
+        assert name in str(info.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conspo.config import RunConfig
-from conspo.registry import get_objective, objective_names
+from conspo.registry import get_objective, get_task, objective_names, task_names
 from conspo_lab.docs import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +16,7 @@ def test_committed_config_reference_is_up_to_date():
     assert committed == render(), "docs/config.md is stale: run `python -m conspo_lab.docs`"
 
 
-def test_reference_lists_every_field_and_algorithm_param():
+def test_reference_lists_every_field_and_registered_param():
     text = render()
     for name, field in RunConfig.model_fields.items():
         assert f"`{name}`" in text
@@ -27,3 +27,7 @@ def test_reference_lists_every_field_and_algorithm_param():
         assert f"### `{algo}`" in text
         for param in get_objective(algo).params.model_fields:
             assert f"`params.{param}`" in text
+    for task in task_names():
+        assert f"### `{task}`" in text
+        for param in get_task(task).params.model_fields:
+            assert f"`task.params.{param}`" in text

@@ -106,6 +106,54 @@ def test_new_run_page_renders_algorithm_params(page: Any, shot: Any, ui_server: 
     shot(page, "new_run")
 
 
+def test_new_run_page_renders_the_chosen_tasks_params(page: Any, shot: Any, ui_server: Any) -> None:
+    page.problems.allow_http_error(422, "/api/runs")
+    tasks = {t["name"]: t for t in ui_server.api("GET", "/api/presets")["tasks"]}
+    page.goto(f"{ui_server.url}/runs/new")
+    digits = '[name="config.task.params.digits"]'
+    page.wait_for_selector(digits)
+    arith = tasks["arith"]
+    assert page.input_value(digits) == str(arith["defaults"]["digits"])
+    operators_help = page.locator('[data-field="config.task.params.operators"] .help').inner_text()
+    assert arith["params_schema"]["properties"]["operators"]["description"] in operators_help
+    assert page.locator('[data-section="task"] .entry-desc').inner_text() == arith["description"]
+    page.fill(digits, "3")
+    # another task brings its own parameters (from its schema) and none of arith's
+    page.select_option('[name="config.task.name"]', "jsonl")
+    page.wait_for_selector('[name="config.task.params.path"]')
+    assert page.locator(digits).count() == 0
+    page.fill('[name="config.task.params.eval_path"]', "held.jsonl")
+    # what was typed for each task survives switching back and forth
+    page.select_option('[name="config.task.name"]', "arith")
+    page.wait_for_selector(digits)
+    assert page.input_value(digits) == "3"
+    page.select_option('[name="config.task.name"]', "jsonl")
+    assert page.input_value('[name="config.task.params.eval_path"]') == "held.jsonl"
+    assert '"eval_path": "held.jsonl"' in page.inner_text("#preview")
+    # jsonl without its path and a bad sampling value: one 422, each message on its field
+    page.fill('[name="config.sampling.group_size"]', "1")
+    page.click("#submit-btn")
+    page.wait_for_selector('[data-field="config.task.params.path"].has-error')
+    path_error = page.locator('[data-field="config.task.params.path"] .err').inner_text()
+    assert "required" in path_error.lower()
+    assert page.locator('[data-field="config.sampling.group_size"].has-error').count() == 1
+    assert page.url.endswith("/runs/new")
+    shot(page, "new_run_task")
+
+
+def test_form_prefills_a_run_stored_with_the_flat_task_form(page: Any, ui_server: Any) -> None:
+    flat = {"name": "countdown", "digits": 2, "operators": "+-", "num_operands": 4, "path": None,
+            "eval_path": None, "eval_size": 8}  # fmt: skip
+    old = ui_server.external_run("ui-flat-task", {"algorithm": "grpo", "task": flat})
+    page.goto(f"{ui_server.url}/runs/new?from={old['id']}")
+    page.wait_for_selector('[name="config.task.params.num_operands"]')
+    assert page.input_value('[name="config.task.name"]') == "countdown"
+    assert page.input_value('[name="config.task.params.digits"]') == "2"
+    assert page.input_value('[name="config.task.params.num_operands"]') == "4"
+    assert page.input_value('[name="config.task.eval_size"]') == "8"
+    assert page.locator('[name="config.task.params.operators"]').count() == 0
+
+
 def test_run_page_shows_separation_dashboards(
     page: Any, shot: Any, ui_server: Any, two_runs: Any
 ) -> None:
@@ -177,6 +225,7 @@ def fill_small_run(page: Any, name: str) -> None:
     page.fill('[name="config.sampling.max_new_tokens"]', "4")
     page.fill('[name="config.model.name"]', "tiny")
     page.fill('[name="config.optim.lr"]', "0.001")
+    page.fill('[name="config.task.params.num_operands"]', "3")
     page.click("details.adv > summary")
     page.fill('[name="config.eval.every"]', "0")
     page.fill('[name="config.task.eval_size"]', "4")
@@ -234,6 +283,7 @@ def test_submit_form_lands_on_run_page_and_charts_fill_live(
     run_id = int(page.url.rsplit("/", 1)[1])
     run = ui_server.api("GET", f"/api/runs/{run_id}")
     assert run["name"] == "ui-form-run" and run["config"]["sampling"]["group_size"] == 2
+    assert run["config"]["task"]["params"]["num_operands"] == 3
     assert run["tags"] == ["ui-form"]
     page.wait_for_selector("#run-meta .v")
     assert f"#{run_id}" in page.locator("#run-title").inner_text()
@@ -270,6 +320,7 @@ def test_submit_form_lands_on_run_page_and_charts_fill_live(
     assert page.input_value('[name="config.name"]') == "ui-form-run-copy"
     assert page.input_value('[name="config.steps"]') == "3"
     assert page.input_value('[name="config.model.name"]') == "tiny"
+    assert page.input_value('[name="config.task.params.num_operands"]') == "3"
     assert page.input_value('[name="tags"]') == "ui-form"
 
 

@@ -1,64 +1,58 @@
-"""Presets: what the form offers, read from conspo's registry and config model."""
+"""Presets: what the form offers, read from conspo's registries, model catalogue and config."""
 
 from __future__ import annotations
 
-import typing
 from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from backend.schemas import Presets
-from conspo.config import RunConfig, TaskConfig
-from conspo.registry import get_objective, objective_names
+from conspo.config import RunConfig
+from conspo.model_catalog import BUILTIN_MODELS
+from conspo.registry import OBJECTIVES, TASKS, Registry
 
 router = APIRouter(tags=["presets"])
-
-TASK_DESCRIPTIONS = {
-    "arith": "Procedural arithmetic (digits, operators, operands are configurable).",
-    "countdown": "Reach a target number from the given numbers with + - *.",
-    "jsonl": "Your own file of {prompt, answer} lines, verified as math answers.",
-}
 
 
 @lru_cache(maxsize=1)
 def presets() -> dict[str, Any]:
-    algorithms = []
-    for name in objective_names():
-        reg = get_objective(name)
-        algorithms.append(
-            {
-                "name": name,
-                "description": reg.description,
-                "params_schema": reg.params.model_json_schema(),
-                "defaults": reg.params().model_dump(mode="json"),
-            }
-        )
-    task_names = typing.get_args(TaskConfig.model_fields["name"].annotation)
-    tasks = [{"name": t, "description": TASK_DESCRIPTIONS.get(t, t)} for t in task_names]
     return {
-        "algorithms": algorithms,
-        "tasks": tasks,
-        "models": _models(),
+        "algorithms": _registered(OBJECTIVES),
+        "tasks": _registered(TASKS),
+        "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],
         "config_schema": RunConfig.model_json_schema(),
         "defaults": RunConfig.model_validate({}).model_dump(mode="json"),
     }
 
 
-def _models() -> list[dict[str, str]]:
-    try:
-        from conspo.models import WARM_STARTS
-    except ImportError:  # pragma: no cover - the model module is optional for the API
-        WARM_STARTS = {}  # noqa: N806
-    models = [
-        {"name": "tiny", "description": "Tiny Qwen-style model, random init (builds in a second)."}
-    ]
-    for name, (tasks, steps) in WARM_STARTS.items():
-        what = ", ".join(sorted({t.name for t in tasks}))
-        models.append(
-            {"name": name, "description": f"tiny after a {steps}-step SFT warm start on {what}."}
+def _registered(registry: Registry[Any]) -> list[dict[str, Any]]:
+    """Each entry's name, description, parameter schema and defaults (what the form renders)."""
+    out = []
+    for name in registry.names():
+        entry = registry.get(name)
+        out.append(
+            {
+                "name": name,
+                "description": entry.description,
+                "params_schema": entry.params.model_json_schema(),
+                "defaults": _defaults(entry.params),
+            }
         )
-    return models
+    return out
+
+
+def _defaults(params: type[BaseModel]) -> dict[str, Any]:
+    """The parameters that have a default (a required one, such as jsonl's path, has none)."""
+    return to_jsonable_python(
+        {
+            name: field.get_default(call_default_factory=True)
+            for name, field in params.model_fields.items()
+            if not field.is_required()
+        }
+    )
 
 
 @router.get("/presets", response_model=Presets)

@@ -25,7 +25,7 @@ from backend.schemas import (
     Text,
     run_out,
 )
-from conspo.config import RunConfig
+from conspo.config import RunConfig, TaskConfig
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -129,6 +129,15 @@ def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
     new_algorithm = overrides.get("algorithm")
     if new_algorithm and new_algorithm != base.get("algorithm") and "params" not in overrides:
         base.pop("params", None)  # the old algorithm's params would not validate
+    base_task, new_task = base.get("task"), overrides.get("task")
+    if (
+        isinstance(base_task, dict)
+        and isinstance(new_task, dict)
+        and new_task.get("name", base_task.get("name")) != base_task.get("name")
+        and "params" not in new_task
+    ):  # nor would the old task's (under params, or flat in a config stored before tasks had them)
+        shared = TaskConfig.model_fields.keys() - {"params"}
+        base["task"] = {k: v for k, v in base_task.items() if k in shared}
     base.pop("name", None)
     try:
         return RunConfig.model_validate(deep_merge(base, overrides))
