@@ -197,8 +197,7 @@ def yaml_blocks(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     "text",
     [p.read_text() for p in sorted((ROOT / "examples").glob("*.yaml"))]
-    + yaml_blocks(ROOT / "README.md")
-    + yaml_blocks(ROOT / "docs" / "readme_sections.md"),
+    + yaml_blocks(ROOT / "README.md"),
 )
 def test_the_configs_of_the_examples_and_the_readme_validate(text):
     RunConfig.model_validate(yaml.safe_load(text))

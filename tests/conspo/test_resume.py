@@ -16,7 +16,7 @@ def config(steps: int = 6) -> RunConfig:
         "algorithm": "conspo",
         "steps": steps,
         "seed": 3,
-        "task": {"name": "arith", "digits": 1, "num_operands": 3, "eval_size": 32},
+        "task": {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 32},
         "model": {"name": "tiny-arith"},
         "sampling": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 6},
         "optim": {"lr": 1e-4, "mini_batches": 2},

@@ -3,6 +3,7 @@ from itertools import combinations
 
 import torch
 
+from conspo import metrics as M
 from conspo.config import TaskConfig
 from conspo.rollout import _finish, evaluate, pass_at_k, sample
 from conspo.tasks import make_task
@@ -73,11 +74,11 @@ def test_pass_at_k_is_the_unbiased_estimator():
 
 def test_evaluate_reports_accuracy_and_pass_at_k(policy):
     model, tok = policy
-    task = make_task(TaskConfig(name="arith", digits=1, num_operands=2))
+    task = make_task(TaskConfig(name="arith", params={"digits": 1, "num_operands": 2}))
     examples = task.eval_examples(16)
     out = evaluate(model, tok, task, examples, max_new_tokens=4, pass_k=2, temperature=1.0,
                    generator=torch.Generator().manual_seed(0))  # fmt: skip
-    assert set(out) == {"eval/accuracy", "eval/pass@k"}
+    assert set(out) == {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K}
     assert 0 < out["eval/accuracy"] <= 1  # the SFT base gets some right
     assert 0 <= out["eval/pass@k"] <= 1
 

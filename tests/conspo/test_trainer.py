@@ -15,7 +15,7 @@ from conspo.tasks import make_task
 from conspo.trainer import train
 
 # 1-digit a±b±c: the SFT base is right on about half of the held-out problems.
-TASK = {"name": "arith", "digits": 1, "num_operands": 3, "eval_size": 256}
+TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 256}
 
 
 def small_config(**overrides) -> RunConfig:
