@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from conspo import metrics
+from conspo.lazy import lazy_import
 from conspo.registry import register_objective
+
+if TYPE_CHECKING:
+    import torch
+else:  # the API reads the parameter models below without loading torch (see conspo.lazy)
+    torch = lazy_import("torch")
 
 # --------------------------------------------------------------------------------------------
 # Parameter models (one per registered objective). Field descriptions feed the form and the docs.
