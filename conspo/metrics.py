@@ -171,6 +171,9 @@ class Catalogue:
     metrics: list[Metric]
     key_metrics: list[str]  # watch / compare defaults
     rollouts_axis: str  # the key giving rollouts seen, for the "rollouts seen" x axis
+    # algorithm → the keys logged by "objective" that it logs (its registration declares them);
+    # every algorithm also logs the "every run" keys.
+    objective_metrics: dict[str, list[str]] = field(default_factory=dict)
     legacy_keys: dict[str, str] = field(default_factory=dict)
 
 
@@ -321,12 +324,15 @@ METRICS: tuple[Metric, ...] = (
 @cache
 def catalogue() -> Catalogue:
     """The whole catalogue as one value (what the API serves and the pages render)."""
+    from conspo.registry import get_objective, objective_names  # they import this module
+
     return Catalogue(
         sections=list(SECTIONS),
         charts=list(CHARTS),
         metrics=list(METRICS),
         key_metrics=list(KEY_METRICS),
         rollouts_axis=ROLLOUTS_SEEN,
+        objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
         legacy_keys=dict(LEGACY_KEYS),
     )
 

@@ -496,11 +496,15 @@ def _with_kl(
 # Registered objectives
 # --------------------------------------------------------------------------------------------
 
+# What the GRPO family's stats add to the statistics every run logs.
+GRPO_FAMILY_METRICS = (metrics.CLIP_FRAC,)
+
 
 @register_objective(
     "grpo",
     params=GRPOParams,
     description="GRPO: group-normalised advantages, clipped ratio.",
+    metrics=GRPO_FAMILY_METRICS,
 )
 def grpo_objective(batch: PolicyBatch, params: GRPOParams) -> ObjectiveOutput:
     """GRPO / DAPO / Dr. GRPO: −agg_t min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â) + β·KL (§1, §3).
@@ -529,6 +533,7 @@ def grpo_objective(batch: PolicyBatch, params: GRPOParams) -> ObjectiveOutput:
     "dapo",
     params=DAPOParams,
     description="DAPO: GRPO with clip-higher, token-mean, dynamic sampling, overlong shaping.",
+    metrics=GRPO_FAMILY_METRICS,
 )
 def dapo_objective(batch: PolicyBatch, params: DAPOParams) -> ObjectiveOutput:
     return grpo_objective(batch, params)
@@ -538,6 +543,7 @@ def dapo_objective(batch: PolicyBatch, params: DAPOParams) -> ObjectiveOutput:
     "dr_grpo",
     params=DrGRPOParams,
     description="Dr. GRPO: no std scaling, token sums over a constant.",
+    metrics=GRPO_FAMILY_METRICS,
 )
 def dr_grpo_objective(batch: PolicyBatch, params: DrGRPOParams) -> ObjectiveOutput:
     return grpo_objective(batch, params)

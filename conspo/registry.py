@@ -51,6 +51,9 @@ class RegisteredObjective:
     fn: Callable[..., Any]
     params: type[BaseModel]
     description: str
+    # Keys of the metric catalogue (conspo.metrics) that this objective's stats add to what
+    # every run logs, e.g. GRPO's clip fraction; the catalogue tells the pages who logs what.
+    metrics: tuple[str, ...] = ()
 
     @property
     def code(self) -> object:
@@ -180,11 +183,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T", bound="Callable[[Any], Task]")
 
 
-def register_objective(name: str, *, params: type[BaseModel], description: str) -> Callable[[F], F]:
-    """Register the objective function ``fn(batch, params)`` under ``name``."""
+def register_objective(
+    name: str, *, params: type[BaseModel], description: str, metrics: tuple[str, ...] = ()
+) -> Callable[[F], F]:
+    """Register the objective function ``fn(batch, params)`` under ``name``; ``metrics``: the
+    catalogue keys its stats add to what every run logs."""
 
     def decorator(fn: F) -> F:
-        OBJECTIVES.add(RegisteredObjective(name, fn, params, description))
+        OBJECTIVES.add(RegisteredObjective(name, fn, params, description, tuple(metrics)))
         return fn
 
     return decorator

@@ -63,6 +63,15 @@ def test_every_logged_key_is_in_the_catalogue(logged) -> None:
         assert keys <= KEYS, f"{algorithm} logs keys the catalogue lacks: {keys - KEYS}"
 
 
+def test_objectives_declare_exactly_the_objective_keys_they_log(logged) -> None:
+    by_objective = {m.key for m in CATALOGUE.metrics if m.logged_by == "objective"}
+    assert set(CATALOGUE.objective_metrics) == set(objective_names())
+    for algorithm, keys in logged.items():
+        declared = set(CATALOGUE.objective_metrics[algorithm])
+        assert declared <= by_objective, f"{algorithm} declares keys not marked 'objective'"
+        assert keys & by_objective == declared, algorithm
+
+
 def test_keys_every_run_logs_are_logged_by_every_objective(logged) -> None:
     always = {m.key for m in CATALOGUE.metrics if m.logged_by == "every run" and not m.when}
     for algorithm, keys in logged.items():
