@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-stamp
+NODE_STAMP := node_modules/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -19,20 +20,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# JS lint/format tooling only (biome); the pages themselves are plain ES modules with no build.
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --silent --no-audit --no-fund
+	touch $(NODE_STAMP)
+
 run: install
 	$(VENV)/bin/conspo-lab serve --embedded --demo --host $(HOST) --port $(PORT)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: install
+lint: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench examples
 	$(VENV)/bin/ruff format --check conspo backend worker conspo_lab tests bench examples
 	$(VENV)/bin/mypy conspo backend worker conspo_lab
+	npx --no-install biome check frontend/static
 
 bench: install
 	$(PY) bench/throughput.py
 	$(PY) bench/metrics_store.py
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) node_modules data .pytest_cache

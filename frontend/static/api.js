@@ -12,7 +12,7 @@ export class ApiError extends Error {
 function headers(json) {
   const h = {};
   if (json) h["Content-Type"] = "application/json";
-  if (window.CONSPO_TOKEN) h["Authorization"] = `Bearer ${window.CONSPO_TOKEN}`;
+  if (window.CONSPO_TOKEN) h.Authorization = `Bearer ${window.CONSPO_TOKEN}`;
   return h;
 }
 
@@ -50,7 +50,7 @@ export function qs(params) {
 
 /** Human message of an ApiError (a validation list is joined). */
 export function errorText(err) {
-  if (!(err instanceof ApiError)) return String(err && err.message ? err.message : err);
+  if (!(err instanceof ApiError)) return String(err?.message ? err.message : err);
   const d = err.detail;
   if (Array.isArray(d)) return d.map((e) => `${(e.loc || []).join(".")}: ${e.msg}`).join("; ");
   if (typeof d === "string") return d;
@@ -74,7 +74,7 @@ export function stream(path, handlers, onState) {
       fn(data, ev);
     });
   }
-  es.onopen = () => onState && onState(true);
-  es.onerror = () => onState && onState(es.readyState === EventSource.OPEN);
+  es.onopen = () => onState?.(true);
+  es.onerror = () => onState?.(es.readyState === EventSource.OPEN);
   return es;
 }

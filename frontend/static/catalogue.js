@@ -2,11 +2,23 @@
 // and also served at GET /api/metrics/catalogue. Pages take every metric key, label, help line,
 // unit and chart from here: no metric key is spelled in JavaScript.
 
-const RAW = window.CONSPO_CATALOGUE || { sections: [], charts: [], metrics: [], key_metrics: [], rollouts_axis: "", legacy_keys: {} };
+const RAW = window.CONSPO_CATALOGUE || {
+  sections: [],
+  charts: [],
+  metrics: [],
+  key_metrics: [],
+  rollouts_axis: "",
+  legacy_keys: {},
+};
 
 /** Palette of the catalogue's colour roles (pos = correct rollouts, neg = wrong ones). */
 export const ROLE_COLORS = {
-  pos: "#059669", neg: "#dc2626", accent: "#4f46e5", accent2: "#d97706", accent3: "#0891b2", reference: "#94a3b8",
+  pos: "#059669",
+  neg: "#dc2626",
+  accent: "#4f46e5",
+  accent2: "#d97706",
+  accent3: "#0891b2",
+  reference: "#94a3b8",
 };
 
 export const SECTIONS = RAW.sections;
@@ -19,19 +31,24 @@ const BY_KEY = new Map(METRICS.map((m) => [m.key, m]));
 export const metricInfo = (key) => BY_KEY.get(key);
 
 /** Help line of a key (empty for keys the catalogue does not know). */
-export const helpOf = (key) => (BY_KEY.get(key) || {}).help || "";
+export const helpOf = (key) => BY_KEY.get(key)?.help || "";
 
 /** Deterministic series (schedules, lr, counters) are drawn as they are: never smoothed. */
-export const isDeterministic = (key) => Boolean((BY_KEY.get(key) || {}).deterministic);
+export const isDeterministic = (key) => Boolean(BY_KEY.get(key)?.deterministic);
 
 /** y-axis title of a key drawn alone: its unit, when the catalogue knows it. */
-export const unitOf = (key) => (BY_KEY.get(key) || {}).unit || "";
+export const unitOf = (key) => BY_KEY.get(key)?.unit || "";
 
 /** The charts with their metrics (catalogue order), each metric with its resolved colour. */
 export const CHARTS = RAW.charts.map((chart) => ({
   ...chart,
-  metrics: METRICS.filter((m) => m.chart === chart.id).map((m) => ({ ...m, colorValue: ROLE_COLORS[m.color] || ROLE_COLORS.accent })),
+  metrics: METRICS.filter((m) => m.chart === chart.id).map((m) => ({
+    ...m,
+    colorValue: ROLE_COLORS[m.color] || ROLE_COLORS.accent,
+  })),
 }));
 
 /** Charted keys in display order (section, chart, then catalogue order). */
-export const CHARTED_KEYS = SECTIONS.flatMap((s) => CHARTS.filter((c) => c.section === s.id).flatMap((c) => c.metrics.map((m) => m.key)));
+export const CHARTED_KEYS = SECTIONS.flatMap((s) =>
+  CHARTS.filter((c) => c.section === s.id).flatMap((c) => c.metrics.map((m) => m.key)),
+);

@@ -22,26 +22,47 @@ export function baseLayout({ uirevision = "keep", xTitle = "step", yTitle = "", 
     hoverlabel: { font: { size: 11 } },
     showlegend: true,
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 10.5 }, bgcolor: "rgba(0,0,0,0)" },
-    xaxis: { title: { text: xTitle, font: { size: 10.5 }, standoff: 4 }, gridcolor: "#eef0f3", zeroline: false, automargin: true },
-    yaxis: { title: { text: yTitle, font: { size: 10.5 } }, gridcolor: "#eef0f3", zerolinecolor: "#c9ced6", automargin: true },
+    xaxis: {
+      title: { text: xTitle, font: { size: 10.5 }, standoff: 4 },
+      gridcolor: "#eef0f3",
+      zeroline: false,
+      automargin: true,
+    },
+    yaxis: {
+      title: { text: yTitle, font: { size: 10.5 } },
+      gridcolor: "#eef0f3",
+      zerolinecolor: "#c9ced6",
+      automargin: true,
+    },
     ...extra,
   };
 }
 
 /** "sampled: N of M points" annotation(s) for series the server bucketed. */
 export function sampledAnnotation(seriesList) {
-  const sampled = seriesList.filter((s) => s && s.sampled);
+  const sampled = seriesList.filter((s) => s?.sampled);
   if (!sampled.length) return [];
   const shown = Math.max(...sampled.map((s) => s.steps.length));
   const total = Math.max(...sampled.map((s) => s.total_points || s.steps.length));
-  return [noteAnnotation(`sampled: ${shown.toLocaleString()} of ${total.toLocaleString()} points · band = bucket min–max`)];
+  return [
+    noteAnnotation(`sampled: ${shown.toLocaleString()} of ${total.toLocaleString()} points · band = bucket min–max`),
+  ];
 }
 
 /** A small amber note drawn above the legend row (the layout makes room with margin.t). */
 export function noteAnnotation(text) {
   return {
-    xref: "paper", yref: "paper", x: 1, y: 1, xanchor: "right", yanchor: "bottom", yshift: 25, showarrow: false,
-    text, font: { size: 10, color: "#b45309" }, bgcolor: "#fffbeb",
+    xref: "paper",
+    yref: "paper",
+    x: 1,
+    y: 1,
+    xanchor: "right",
+    yanchor: "bottom",
+    yshift: 25,
+    showarrow: false,
+    text,
+    font: { size: 10, color: "#b45309" },
+    bgcolor: "#fffbeb",
   };
 }
 
@@ -60,26 +81,81 @@ export function alpha(hex, a) {
 
 /** Line traces for one series: raw (faint when smoothed), smoothed, and a min–max band when sampled. */
 export function hasFinite(s) {
-  return Boolean(s && s.values && s.values.some((v) => v !== null && Number.isFinite(v)));
+  return Boolean(s?.values?.some((v) => v !== null && Number.isFinite(v)));
 }
 
-export function lineTraces(xs, s, { name, color, smooth = 0, dash, mode = "lines", group, showBand = true, hoverName } = {}) {
+export function lineTraces(
+  xs,
+  s,
+  { name, color, smooth = 0, dash, mode = "lines", group, showBand = true, hoverName } = {},
+) {
   const traces = [];
   const lg = group || name;
   if (showBand && s.sampled && s.min && s.max) {
     traces.push(
-      { x: xs.slice(), y: s.max.slice(), type: "scatter", mode: "lines", line: { width: 0, color }, hoverinfo: "skip", showlegend: false, legendgroup: lg, name: `${name} max` },
-      { x: xs.slice(), y: s.min.slice(), type: "scatter", mode: "lines", line: { width: 0, color }, fill: "tonexty", fillcolor: alpha(color, 0.15), hoverinfo: "skip", showlegend: false, legendgroup: lg, name: `${name} min` },
+      {
+        x: xs.slice(),
+        y: s.max.slice(),
+        type: "scatter",
+        mode: "lines",
+        line: { width: 0, color },
+        hoverinfo: "skip",
+        showlegend: false,
+        legendgroup: lg,
+        name: `${name} max`,
+      },
+      {
+        x: xs.slice(),
+        y: s.min.slice(),
+        type: "scatter",
+        mode: "lines",
+        line: { width: 0, color },
+        fill: "tonexty",
+        fillcolor: alpha(color, 0.15),
+        hoverinfo: "skip",
+        showlegend: false,
+        legendgroup: lg,
+        name: `${name} min`,
+      },
     );
   }
   // Copies: Plotly keeps references to what it drew, and the page appends to its own arrays.
   xs = xs.slice();
   const values = s.values.slice();
   if (smooth > 0) {
-    traces.push({ x: xs, y: values, type: "scatter", mode: "lines", line: { width: 1, color: alpha(color, 0.25), dash }, hoverinfo: "skip", showlegend: false, legendgroup: lg, name: `${name} raw` });
-    traces.push({ x: xs, y: ema(values, smooth), type: "scatter", mode, line: { width: 1.8, color, dash }, name: hoverName || name, legendgroup: lg, connectgaps: true });
+    traces.push({
+      x: xs,
+      y: values,
+      type: "scatter",
+      mode: "lines",
+      line: { width: 1, color: alpha(color, 0.25), dash },
+      hoverinfo: "skip",
+      showlegend: false,
+      legendgroup: lg,
+      name: `${name} raw`,
+    });
+    traces.push({
+      x: xs,
+      y: ema(values, smooth),
+      type: "scatter",
+      mode,
+      line: { width: 1.8, color, dash },
+      name: hoverName || name,
+      legendgroup: lg,
+      connectgaps: true,
+    });
   } else {
-    traces.push({ x: xs, y: values, type: "scatter", mode, line: { width: 1.6, color, dash }, marker: { size: 5, color }, name: hoverName || name, legendgroup: lg, connectgaps: true });
+    traces.push({
+      x: xs,
+      y: values,
+      type: "scatter",
+      mode,
+      line: { width: 1.6, color, dash },
+      marker: { size: 5, color },
+      name: hoverName || name,
+      legendgroup: lg,
+      connectgaps: true,
+    });
   }
   return traces;
 }
@@ -87,7 +163,9 @@ export function lineTraces(xs, s, { name, color, smooth = 0, dash, mode = "lines
 /** A chart card: header with title and help, and a plot div. */
 export function chartCard(id, title, help, { wide = false } = {}) {
   const plot = h("div.plot", { id: `plot-${id}` });
-  const card = h(`div.chart-card${wide ? ".wide" : ""}`, { "data-chart": id },
+  const card = h(
+    `div.chart-card${wide ? ".wide" : ""}`,
+    { "data-chart": id },
     h("div.chart-head", {}, h("span.chart-title", {}, title), h("span.chart-help", { title: help || "" }, help || "")),
     plot,
   );
@@ -102,6 +180,7 @@ export function react(plot, traces, layout) {
 export function quantile(sorted, q) {
   if (!sorted.length) return null;
   const pos = (sorted.length - 1) * q;
-  const lo = Math.floor(pos), hi = Math.ceil(pos);
+  const lo = Math.floor(pos),
+    hi = Math.ceil(pos);
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
 }

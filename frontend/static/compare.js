@@ -1,17 +1,46 @@
 // Compare page: overlay runs per metric, group by any config path with mean ± std across seeds,
 // EMA smoothing, x-axis by step / wall time / rollouts seen, an A − B difference curve and a
 // config table of what differs. The whole view lives in the query string, so a link shares it.
-import { get, qs, errorText } from "/static/api.js";
-import { $, h, fmtNum, flatten, fmtValue, getPath, statusBadge, color, ema, toast, debounce, FINISHED } from "/static/util.js";
-import { baseLayout, lineTraces, sampledAnnotation, withNotes, noteAnnotation, chartCard, react, alpha, X_TITLES } from "/static/charts.js";
-import { KEY_METRICS, ROLLOUTS_AXIS, helpOf, unitOf, isDeterministic } from "/static/catalogue.js";
+import { errorText, get, qs } from "/static/api.js";
+import { helpOf, isDeterministic, KEY_METRICS, ROLLOUTS_AXIS, unitOf } from "/static/catalogue.js";
+import {
+  alpha,
+  baseLayout,
+  chartCard,
+  lineTraces,
+  noteAnnotation,
+  react,
+  sampledAnnotation,
+  withNotes,
+  X_TITLES,
+} from "/static/charts.js";
+import {
+  $,
+  color,
+  debounce,
+  ema,
+  FINISHED,
+  flatten,
+  fmtNum,
+  fmtValue,
+  getPath,
+  h,
+  statusBadge,
+  toast,
+} from "/static/util.js";
 
 const DEFAULT_KEYS = KEY_METRICS;
 const ROLLOUTS_KEY = ROLLOUTS_AXIS;
 const TOP_LEVEL = ["algorithm", "task", "model", "status", "seed", "group_id", "owner"];
 
 const url = new URLSearchParams(location.search);
-const list = (v) => (v ? v.split(",").map((s) => s.trim()).filter(Boolean) : []);
+const list = (v) =>
+  v
+    ? v
+        .split(",")
+        .map((s) => s.trim())
+        .filter(Boolean)
+    : [];
 const S = {
   runIds: list(url.get("runs")).map(Number).filter(Number.isFinite),
   keys: list(url.get("keys")),
@@ -31,8 +60,14 @@ const S = {
 
 function syncUrl() {
   const q = qs({
-    runs: S.runIds, keys: S.keys, group: S.group, x: S.x === "step" ? "" : S.x,
-    smooth: S.smooth ? S.smooth.toFixed(2) : "", diff: S.diff.length === 2 ? S.diff : "", dkey: S.diff.length === 2 ? diffKey() : "", all: S.showAll ? "1" : "",
+    runs: S.runIds,
+    keys: S.keys,
+    group: S.group,
+    x: S.x === "step" ? "" : S.x,
+    smooth: S.smooth ? S.smooth.toFixed(2) : "",
+    diff: S.diff.length === 2 ? S.diff : "",
+    dkey: S.diff.length === 2 ? diffKey() : "",
+    all: S.showAll ? "1" : "",
   });
   history.replaceState(null, "", `/compare${q}`);
 }
@@ -53,7 +88,10 @@ async function loadPicker() {
   if (missing.length) {
     try {
       const found = await get(`/api/runs${qs({ ids: missing, limit: 500 })}`);
-      for (const r of found.items) { S.runs.set(r.id, r); S.allRuns.push(r); }
+      for (const r of found.items) {
+        S.runs.set(r.id, r);
+        S.allRuns.push(r);
+      }
     } catch (err) {
       toast(`Could not load runs: ${errorText(err)}`, "error");
     }
@@ -65,7 +103,13 @@ async function loadPicker() {
 }
 
 async function loadKeys() {
-  const sets = await Promise.all(S.runIds.map((id) => get(`/api/runs/${id}/metrics/keys`).then((d) => d.keys).catch(() => [])));
+  const sets = await Promise.all(
+    S.runIds.map((id) =>
+      get(`/api/runs/${id}/metrics/keys`)
+        .then((d) => d.keys)
+        .catch(() => []),
+    ),
+  );
   const all = new Set();
   for (const ks of sets) for (const k of ks) all.add(k);
   S.keysAvailable = [...all].sort();
@@ -97,7 +141,8 @@ async function refreshRuns() {
 // ---- x axis and alignment -----------------------------------------------------------------------
 function interp(xs, ys, x) {
   if (!xs.length || x < xs[0] || x > xs[xs.length - 1]) return null;
-  let lo = 0, hi = xs.length - 1;
+  let lo = 0,
+    hi = xs.length - 1;
   while (hi - lo > 1) {
     const mid = (lo + hi) >> 1;
     if (xs[mid] <= x) lo = mid;
@@ -114,13 +159,13 @@ function xFor(runId, steps, wall) {
   if (S.x === "wall_time") {
     const run = S.runs.get(runId);
     const w = wall && wall.length === steps.length ? wall : null;
-    const start = (run && run.started_at) || (w && w[0]) || 0;
+    const start = run?.started_at || w?.[0] || 0;
     if (w) return w.map((t) => (t - start) / 60);
     return steps;
   }
   if (S.x === "rollouts") {
-    const r = S.data[runId] && S.data[runId][ROLLOUTS_KEY];
-    if (!r || !r.steps.length) return steps;
+    const r = S.data[runId]?.[ROLLOUTS_KEY];
+    if (!r?.steps.length) return steps;
     return steps.map((st) => interp(r.steps, r.values, st));
   }
   return steps;
@@ -148,28 +193,45 @@ function groups() {
 
 /** Mean and std across runs on the union of their steps (each run interpolated inside its range). */
 function aggregate(ids, key) {
-  const series = ids.map((id) => [id, S.data[id] && S.data[id][key]]).filter(([, s]) => s && s.steps.length);
+  const series = ids.map((id) => [id, S.data[id]?.[key]]).filter(([, s]) => s?.steps.length);
   if (!series.length) return null;
   const stepSet = new Set();
   for (const [, s] of series) for (const st of s.steps) stepSet.add(st);
   const steps = [...stepSet].sort((a, b) => a - b);
-  const mean = [], lo = [], hi = [], xs = [], counts = [];
+  const mean = [],
+    lo = [],
+    hi = [],
+    xs = [],
+    counts = [];
   for (const st of steps) {
-    const vals = [], xv = [];
+    const vals = [],
+      xv = [];
     for (const [id, s] of series) {
       const v = interp(s.steps, s.values, st);
       if (v === null || !Number.isFinite(v)) continue;
       vals.push(v);
-      const x = xFor(id, [st], s.wall_time && s.wall_time.length ? [interp(s.steps, s.wall_time, st)] : null)[0];
+      const x = xFor(id, [st], s.wall_time?.length ? [interp(s.steps, s.wall_time, st)] : null)[0];
       if (x !== null) xv.push(x);
     }
     if (!vals.length) continue;
     const m = vals.reduce((a, b) => a + b, 0) / vals.length;
     const sd = Math.sqrt(vals.reduce((a, b) => a + (b - m) ** 2, 0) / vals.length);
-    mean.push(m); lo.push(m - sd); hi.push(m + sd); counts.push(vals.length);
+    mean.push(m);
+    lo.push(m - sd);
+    hi.push(m + sd);
+    counts.push(vals.length);
     xs.push(xv.length ? xv.reduce((a, b) => a + b, 0) / xv.length : st);
   }
-  return { xs, mean, lo, hi, counts, n: series.length, sampled: series.some(([, s]) => s.sampled), series: series.map(([, s]) => s) };
+  return {
+    xs,
+    mean,
+    lo,
+    hi,
+    counts,
+    n: series.length,
+    sampled: series.some(([, s]) => s.sampled),
+    series: series.map(([, s]) => s),
+  };
 }
 
 const diffKey = () => (S.keys.includes(S.diffKey) ? S.diffKey : S.keys[0] || "");
@@ -188,28 +250,67 @@ function metricFigure(key) {
       if (!agg) continue;
       used.push(...agg.series);
       const m = ema(agg.mean, smooth);
-      const lo = ema(agg.lo, smooth), hi = ema(agg.hi, smooth);
+      const lo = ema(agg.lo, smooth),
+        hi = ema(agg.hi, smooth);
       if (agg.n > 1) {
         traces.push(
-          { x: agg.xs, y: hi, type: "scatter", mode: "lines", line: { width: 0, color: c }, hoverinfo: "skip", showlegend: false, legendgroup: label, name: `${label} +std` },
-          { x: agg.xs, y: lo, type: "scatter", mode: "lines", line: { width: 0, color: c }, fill: "tonexty", fillcolor: alpha(c, 0.16), hoverinfo: "skip", showlegend: false, legendgroup: label, name: `${label} −std` },
+          {
+            x: agg.xs,
+            y: hi,
+            type: "scatter",
+            mode: "lines",
+            line: { width: 0, color: c },
+            hoverinfo: "skip",
+            showlegend: false,
+            legendgroup: label,
+            name: `${label} +std`,
+          },
+          {
+            x: agg.xs,
+            y: lo,
+            type: "scatter",
+            mode: "lines",
+            line: { width: 0, color: c },
+            fill: "tonexty",
+            fillcolor: alpha(c, 0.16),
+            hoverinfo: "skip",
+            showlegend: false,
+            legendgroup: label,
+            name: `${label} −std`,
+          },
         );
       }
-      traces.push({ x: agg.xs, y: m, type: "scatter", mode: "lines", line: { width: 2, color: c }, name: `${label} (n=${agg.n})`, legendgroup: label });
+      traces.push({
+        x: agg.xs,
+        y: m,
+        type: "scatter",
+        mode: "lines",
+        line: { width: 2, color: c },
+        name: `${label} (n=${agg.n})`,
+        legendgroup: label,
+      });
     }
   } else {
     for (const id of S.runIds) {
-      const s = S.data[id] && S.data[id][key];
+      const s = S.data[id]?.[key];
       const run = S.runs.get(id);
-      if (!s || !s.steps.length || !run) continue;
+      if (!s?.steps.length || !run) continue;
       used.push(s);
-      traces.push(...lineTraces(xFor(id, s.steps, s.wall_time), s, { name: runName(run), color: runColor(id), smooth, group: `run${id}` }));
+      traces.push(
+        ...lineTraces(xFor(id, s.steps, s.wall_time), s, {
+          name: runName(run),
+          color: runColor(id),
+          smooth,
+          group: `run${id}`,
+        }),
+      );
     }
   }
   if (!traces.length) return null;
   const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
   const notes = sampledAnnotation(used);
-  if (grouped && [...grouped.values()].some((ids) => ids.length > 1)) notes.push(noteAnnotation("line = mean across runs · band = ±1 std"));
+  if (grouped && [...grouped.values()].some((ids) => ids.length > 1))
+    notes.push(noteAnnotation("line = mean across runs · band = ±1 std"));
   if (notes.length > 1) {
     notes[0].text = `${notes[0].text} · ${notes[1].text}`;
     notes.length = 1;
@@ -220,10 +321,12 @@ function metricFigure(key) {
 
 function diffFigure(key) {
   const [a, b] = S.diff;
-  const sa = S.data[a] && S.data[a][key];
-  const sb = S.data[b] && S.data[b][key];
+  const sa = S.data[a]?.[key];
+  const sb = S.data[b]?.[key];
   if (!sa || !sb || !sa.steps.length || !sb.steps.length) return null;
-  const steps = [], vals = [], wall = [];
+  const steps = [],
+    vals = [],
+    wall = [];
   sa.steps.forEach((st, i) => {
     const vb = interp(sb.steps, sb.values, st);
     if (vb === null || sa.values[i] === null) return;
@@ -236,7 +339,9 @@ function diffFigure(key) {
   const smooth = isDeterministic(key) ? 0 : S.smooth;
   const traces = lineTraces(xFor(a, steps, wall), s, { name: `#${a} − #${b}`, color: "#7c3aed", smooth });
   const layout = baseLayout({ uirevision: `${S.x}|diff`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
-  layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } }];
+  layout.shapes = [
+    { type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } },
+  ];
   return { traces, layout };
 }
 
@@ -245,7 +350,13 @@ function draw() {
   const wanted = S.runIds.length ? S.keys.map((k) => ({ id: `m-${k}`, key: k, title: k, help: helpOf(k) })) : [];
   if (S.diff.length === 2 && S.runIds.length && diffKey()) {
     const k = diffKey();
-    wanted.unshift({ id: `d-${k}`, key: k, diff: true, title: `Difference #${S.diff[0]} − #${S.diff[1]}: ${k}`, help: "Run A minus run B at A's steps (B interpolated inside its range)." });
+    wanted.unshift({
+      id: `d-${k}`,
+      key: k,
+      diff: true,
+      title: `Difference #${S.diff[0]} − #${S.diff[1]}: ${k}`,
+      help: "Run A minus run B at A's steps (B interpolated inside its range).",
+    });
   }
   const wantedIds = new Set(wanted.map((w) => w.id));
   for (const [id, entry] of S.cards) {
@@ -283,7 +394,9 @@ function draw() {
   }
   $("#compare-empty").hidden = S.runIds.length > 0;
   const n = S.runIds.length;
-  $("#compare-sub").textContent = n ? `${n} run${n === 1 ? "" : "s"} · ${S.keys.length} metric${S.keys.length === 1 ? "" : "s"}` : "";
+  $("#compare-sub").textContent = n
+    ? `${n} run${n === 1 ? "" : "s"} · ${S.keys.length} metric${S.keys.length === 1 ? "" : "s"}`
+    : "";
 }
 
 // ---- config diff ---------------------------------------------------------------------------------
@@ -301,23 +414,64 @@ function renderConfigDiff() {
   const flats = runs.map((r) => flatten(r.config || {}));
   const allKeys = new Set();
   for (const f of flats) for (const k of Object.keys(f)) allKeys.add(k);
-  for (const k of [...allKeys].sort()) if (!["algorithm", "seed", "task.name", "model.name"].includes(k)) rows.set(k, flats.map((f) => f[k]));
+  for (const k of [...allKeys].sort())
+    if (!["algorithm", "seed", "task.name", "model.name"].includes(k))
+      rows.set(
+        k,
+        flats.map((f) => f[k]),
+      );
   const differs = (vals) => new Set(vals.map((v) => JSON.stringify(v ?? null))).size > 1;
   const shown = [...rows].filter(([, vals]) => S.showAll || differs(vals));
-  const head = h("tr", {}, h("th", {}, "key"), runs.map((r) =>
-    h("th", {}, h("span.swatch", { style: `background:${runColor(r.id)}` }), " ", h("a", { href: `/runs/${r.id}` }, runName(r)))));
+  const head = h(
+    "tr",
+    {},
+    h("th", {}, "key"),
+    runs.map((r) =>
+      h(
+        "th",
+        {},
+        h("span.swatch", { style: `background:${runColor(r.id)}` }),
+        " ",
+        h("a", { href: `/runs/${r.id}` }, runName(r)),
+      ),
+    ),
+  );
   const body = shown.length
     ? shown.map(([k, vals]) => {
-      const d = differs(vals);
-      return h("tr", { "data-key": k }, h("td", {}, k), vals.map((v) => h(`td${d ? ".differs" : ""}`, {}, k === "status" ? statusBadge(runs[vals.indexOf(v)] || runs[0]) : fmtValue(v))));
-    })
-    : [h("tr", {}, h("td.muted", { colspan: runs.length + 1 }, "All configs are identical (tick “show all keys” to list them)."))];
+        const d = differs(vals);
+        return h(
+          "tr",
+          { "data-key": k },
+          h("td", {}, k),
+          vals.map((v) =>
+            h(
+              `td${d ? ".differs" : ""}`,
+              {},
+              k === "status" ? statusBadge(runs[vals.indexOf(v)] || runs[0]) : fmtValue(v),
+            ),
+          ),
+        );
+      })
+    : [
+        h(
+          "tr",
+          {},
+          h("td.muted", { colspan: runs.length + 1 }, "All configs are identical (tick “show all keys” to list them)."),
+        ),
+      ];
   // Last values of the charted metrics, for a quick numeric comparison.
-  const lastRows = S.keys.map((k) => h("tr.summary-row", {}, h("td", {}, `last ${k}`), runs.map((r) => {
-    const s = S.data[r.id] && S.data[r.id][k];
-    const v = s && s.values.length ? s.values[s.values.length - 1] : r.summary ? r.summary[k] : undefined;
-    return h("td", {}, fmtNum(v));
-  })));
+  const lastRows = S.keys.map((k) =>
+    h(
+      "tr.summary-row",
+      {},
+      h("td", {}, `last ${k}`),
+      runs.map((r) => {
+        const s = S.data[r.id] && S.data[r.id][k];
+        const v = s?.values.length ? s.values[s.values.length - 1] : r.summary ? r.summary[k] : undefined;
+        return h("td", {}, fmtNum(v));
+      }),
+    ),
+  );
   const sep = h("tr.sep", {}, h("td", { colspan: runs.length + 1 }, "last logged values"));
   table.replaceChildren(h("thead", {}, head), h("tbody", {}, body, lastRows.length ? sep : null, lastRows));
 }
@@ -325,7 +479,7 @@ function renderConfigDiff() {
 // ---- sidebar -------------------------------------------------------------------------------------
 function renderRunList() {
   const filter = $("#run-filter").value.trim().toLowerCase();
-  const sorted = [...S.allRuns].sort((a, b) => (S.runIds.includes(b.id) - S.runIds.includes(a.id)) || b.id - a.id);
+  const sorted = [...S.allRuns].sort((a, b) => S.runIds.includes(b.id) - S.runIds.includes(a.id) || b.id - a.id);
   const seen = new Set();
   const items = [];
   for (const r of sorted) {
@@ -334,16 +488,28 @@ function renderRunList() {
     const label = `${runName(r)} ${r.algorithm || ""} ${(r.tags || []).join(" ")}`.toLowerCase();
     if (filter && !label.includes(filter) && !S.runIds.includes(r.id)) continue;
     const checked = S.runIds.includes(r.id);
-    items.push(h("label", { title: `${runName(r)} · ${r.algorithm} · ${r.status}` },
-      h("input", { type: "checkbox", value: r.id, checked, "aria-label": `compare run ${r.id}` }),
-      h("span.swatch", { style: `background:${checked ? runColor(r.id) : "#e5e7eb"}` }),
-      h("span", {}, runName(r)), h("span.muted.small", {}, ` ${r.algorithm || ""}`)));
+    items.push(
+      h(
+        "label",
+        { title: `${runName(r)} · ${r.algorithm} · ${r.status}` },
+        h("input", { type: "checkbox", value: r.id, checked, "aria-label": `compare run ${r.id}` }),
+        h("span.swatch", { style: `background:${checked ? runColor(r.id) : "#e5e7eb"}` }),
+        h("span", {}, runName(r)),
+        h("span.muted.small", {}, ` ${r.algorithm || ""}`),
+      ),
+    );
   }
   $("#run-list").replaceChildren(...(items.length ? items : [h("span.muted", {}, "no runs")]));
   // A/B pickers
-  for (const [sel, idx] of [["#diff-a", 0], ["#diff-b", 1]]) {
+  for (const [sel, idx] of [
+    ["#diff-a", 0],
+    ["#diff-b", 1],
+  ]) {
     const el = $(sel);
-    el.replaceChildren(h("option", { value: "" }, idx ? "B: –" : "A: –"), ...S.runIds.map((id) => h("option", { value: id }, `${idx ? "B" : "A"}: #${id}`)));
+    el.replaceChildren(
+      h("option", { value: "" }, idx ? "B: –" : "A: –"),
+      ...S.runIds.map((id) => h("option", { value: id }, `${idx ? "B" : "A"}: #${id}`)),
+    );
     el.value = S.diff.length === 2 ? String(S.diff[idx]) : "";
   }
   $("#diff-key").replaceChildren(...S.keys.map((k) => h("option", { value: k }, k)));
@@ -354,14 +520,28 @@ function renderRunList() {
   const keys = new Set();
   for (const f of flats) for (const k of Object.keys(f)) keys.add(k);
   const differing = [...keys].filter((k) => new Set(flats.map((f) => JSON.stringify(f[k] ?? null))).size > 1);
-  $("#group-options").replaceChildren(...["algorithm", "task", "model", ...differing.filter((k) => k !== "algorithm")].map((k) => h("option", { value: k })));
+  $("#group-options").replaceChildren(
+    ...["algorithm", "task", "model", ...differing.filter((k) => k !== "algorithm")].map((k) =>
+      h("option", { value: k }),
+    ),
+  );
 }
 
 function renderKeyList() {
   const filter = $("#key-filter").value.trim().toLowerCase();
   const keys = [...new Set([...S.keysAvailable, ...S.keys])].sort();
-  $("#key-list").replaceChildren(...keys.filter((k) => !filter || k.includes(filter) || S.keys.includes(k)).map((k) =>
-    h("label", { title: helpOf(k) || k }, h("input", { type: "checkbox", value: k, checked: S.keys.includes(k), "aria-label": `metric ${k}` }), k)));
+  $("#key-list").replaceChildren(
+    ...keys
+      .filter((k) => !filter || k.includes(filter) || S.keys.includes(k))
+      .map((k) =>
+        h(
+          "label",
+          { title: helpOf(k) || k },
+          h("input", { type: "checkbox", value: k, checked: S.keys.includes(k), "aria-label": `metric ${k}` }),
+          k,
+        ),
+      ),
+  );
   $("#key-count").textContent = `${S.keys.length}/${keys.length}`;
 }
 
@@ -407,15 +587,19 @@ $("#x-axis").addEventListener("change", (ev) => {
   S.x = ev.target.value;
   reload();
 });
-$("#smooth").addEventListener("input", debounce((ev) => {
-  S.smooth = Number(ev.target.value);
-  $("#smooth-val").textContent = S.smooth.toFixed(2);
-  syncUrl();
-  draw();
-}, 40));
+$("#smooth").addEventListener(
+  "input",
+  debounce((ev) => {
+    S.smooth = Number(ev.target.value);
+    $("#smooth-val").textContent = S.smooth.toFixed(2);
+    syncUrl();
+    draw();
+  }, 40),
+);
 for (const sel of ["#diff-a", "#diff-b", "#diff-key"]) {
   $(sel).addEventListener("change", () => {
-    const a = Number($("#diff-a").value), b = Number($("#diff-b").value);
+    const a = Number($("#diff-a").value),
+      b = Number($("#diff-b").value);
     S.diff = a && b && a !== b ? [a, b] : [];
     S.diffKey = $("#diff-key").value;
     syncUrl();

@@ -1,8 +1,8 @@
 // New-run form, rendered from GET /api/presets (RunConfig's JSON schema and the params_schema of
 // each algorithm and task), submitted with fetch to POST /api/runs. A 422 puts each message next
 // to the field its `loc` names; the form is never reloaded, so what the user typed stays.
-import { get, post, ApiError, errorText } from "/static/api.js";
-import { $, $$, h, debounce } from "/static/util.js";
+import { ApiError, errorText, get, post } from "/static/api.js";
+import { $, $$, debounce, h } from "/static/util.js";
 
 let presets = null;
 let schema = null; // RunConfig JSON schema
@@ -44,10 +44,20 @@ const ADVANCED = [
 
 // Friendlier labels than pydantic's auto titles, where those read badly.
 const LABELS = {
-  lr: "Learning rate", top_p: "Top-p", tau: "τ (temperature)", max_new_tokens: "Max new tokens",
-  prompts_per_step: "Prompts per step", group_size: "Group size (G)", margin_max: "Margin M",
-  margin_warmup: "Margin warmup α", pass_k: "k of pass@k", beta: "KL β", clip_low: "Clip ε low",
-  clip_high: "Clip ε high", loss_agg: "Loss aggregation", num_operands: "Operands",
+  lr: "Learning rate",
+  top_p: "Top-p",
+  tau: "τ (temperature)",
+  max_new_tokens: "Max new tokens",
+  prompts_per_step: "Prompts per step",
+  group_size: "Group size (G)",
+  margin_max: "Margin M",
+  margin_warmup: "Margin warmup α",
+  pass_k: "k of pass@k",
+  beta: "KL β",
+  clip_low: "Clip ε low",
+  clip_high: "Clip ε high",
+  loss_agg: "Loss aggregation",
+  num_operands: "Operands",
 };
 
 function resolve(prop) {
@@ -83,14 +93,26 @@ function field(path, rawProp, value, opts = {}) {
   let input;
   if (p.type === "boolean") {
     input = h("input", { ...common, type: "checkbox", checked: Boolean(value) });
-    return h("div.field.check", { "data-field": path },
+    return h(
+      "div.field.check",
+      { "data-field": path },
       input,
-      h("div", {}, h("label", { for: id, title: path }, label), h("span.help", {}, help), h("span.err", { hidden: true })),
+      h(
+        "div",
+        {},
+        h("label", { for: id, title: path }, label),
+        h("span.help", {}, help),
+        h("span.err", { hidden: true }),
+      ),
     );
   }
   if (p.enum || opts.options) {
     const options = opts.options || p.enum.map((v) => ({ value: v, label: v }));
-    input = h("select", common, options.map((o) => h("option", { value: o.value, title: o.title || null }, o.label)));
+    input = h(
+      "select",
+      common,
+      options.map((o) => h("option", { value: o.value, title: o.title || null }, o.label)),
+    );
     input.value = value ?? "";
   } else {
     const numeric = p.type === "integer" || p.type === "number";
@@ -104,7 +126,9 @@ function field(path, rawProp, value, opts = {}) {
     });
     input.value = value === null || value === undefined ? "" : String(value);
   }
-  return h(`div.field${opts.wide ? ".wide" : ""}`, { "data-field": path },
+  return h(
+    `div.field${opts.wide ? ".wide" : ""}`,
+    { "data-field": path },
     h("label", { for: id, title: path }, label),
     input,
     h("span.help", {}, help),
@@ -146,10 +170,12 @@ function paramsBox(kind, name, values) {
   const saved = typed[kind]?.[name] || {};
   // Knobs every entry of the registry shares go after the entry's own.
   const shared = new Set(
-    Object.keys(ps.properties || {}).filter((k) =>
-      entries.length > 1 && entries.every((e) => e.params_schema.properties && k in e.params_schema.properties)),
+    Object.keys(ps.properties || {}).filter(
+      (k) => entries.length > 1 && entries.every((e) => e.params_schema.properties && k in e.params_schema.properties),
+    ),
   );
-  const own = [], common = [];
+  const own = [],
+    common = [];
   for (const [param, prop] of Object.entries(ps.properties || {})) {
     const resolvedProp = prop.$ref || prop.anyOf ? resolveIn(ps, prop) : prop;
     const v = param in saved ? saved[param] : values && param in values ? values[param] : entry.defaults[param];
@@ -185,42 +211,75 @@ function resolveIn(rootSchema, prop) {
 function render(config, extra = {}) {
   current.algorithm = config.algorithm;
   current.task = config.task?.name;
-  const top = h("div.form-section", {},
+  const top = h(
+    "div.form-section",
+    {},
     h("h3", {}, "Run"),
-    h("div.fields", {},
-      field("config.name", schema.properties.name, extra.name ?? config.name, { label: "Name", placeholder: "(automatic)" }),
-      field("config.algorithm", schema.properties.algorithm, config.algorithm, { label: "Algorithm", options: entryOptions("algorithm") }),
+    h(
+      "div.fields",
+      {},
+      field("config.name", schema.properties.name, extra.name ?? config.name, {
+        label: "Name",
+        placeholder: "(automatic)",
+      }),
+      field("config.algorithm", schema.properties.algorithm, config.algorithm, {
+        label: "Algorithm",
+        options: entryOptions("algorithm"),
+      }),
       field("config.steps", schema.properties.steps, config.steps),
       field("seeds", { type: "string" }, extra.seeds ?? String(config.seed ?? 0), {
         label: "Seeds",
         help: "Comma-separated; two or more start a group of runs (one per seed) to compare with a mean ± band.",
         placeholder: "0, 1, 2",
       }),
-      field("tags", { type: "string" }, extra.tags ?? "", { label: "Tags", help: "Comma-separated labels for filtering.", placeholder: "baseline, sweep-1" }),
+      field("tags", { type: "string" }, extra.tags ?? "", {
+        label: "Tags",
+        help: "Comma-separated labels for filtering.",
+        placeholder: "baseline, sweep-1",
+      }),
     ),
   );
-  const params = h("div.form-section", {},
+  const params = h(
+    "div.form-section",
+    {},
     paramsBox("algorithm", config.algorithm, REGISTRIES.algorithm.values(config)),
   );
   const sections = SECTIONS.map((s) =>
-    h("div.form-section", { "data-section": s.key },
+    h(
+      "div.form-section",
+      { "data-section": s.key },
       h("h3", {}, s.title),
       h("div.fields", {}, sectionFields(s.key, config[s.key])),
       s.params ? paramsBox(s.params, current[s.params], REGISTRIES[s.params].values(config)) : null,
-    ));
-  const adv = h("details.adv", { open: extra.openAdvanced || null },
+    ),
+  );
+  const adv = h(
+    "details.adv",
+    { open: extra.openAdvanced || null },
     h("summary", {}, "Advanced: evaluation, checkpoints, logging"),
     ADVANCED.map((s) =>
-      h("div.form-section", { "data-section": s.key }, h("h3", {}, s.title), h("div.fields", {}, sectionFields(s.key, config[s.key])))),
+      h(
+        "div.form-section",
+        { "data-section": s.key },
+        h("h3", {}, s.title),
+        h("div.fields", {}, sectionFields(s.key, config[s.key])),
+      ),
+    ),
   );
-  const models = h("datalist#model-list", {}, presets.models.map((m) => h("option", { value: m.name }, m.description)));
+  const models = h(
+    "datalist#model-list",
+    {},
+    presets.models.map((m) => h("option", { value: m.name }, m.description)),
+  );
   $("#form-body").replaceChildren(top, params, ...sections, adv, models);
   updatePreview();
 }
 
 function rememberParams(kind) {
   const { prefix } = REGISTRIES[kind];
-  const saved = ((typed[kind] ??= {})[current[kind]] = {});
+  typed[kind] ??= {};
+  const saved = {};
+  typed[kind][current[kind]] = saved;
   for (const el of $$(`[name^='${prefix}.']`)) {
     saved[el.name.slice(prefix.length + 1)] = el.type === "checkbox" ? el.checked : el.value;
   }
@@ -260,10 +319,16 @@ function buildRequest() {
   const seedsText = $("[name='seeds']").value.trim();
   let seeds = null;
   if (seedsText) {
-    seeds = seedsText.split(/[\s,]+/).filter(Boolean).map((s) => (/^\d+$/.test(s) ? Number(s) : s));
+    seeds = seedsText
+      .split(/[\s,]+/)
+      .filter(Boolean)
+      .map((s) => (/^\d+$/.test(s) ? Number(s) : s));
     if (typeof seeds[0] === "number") config.seed = seeds[0];
   }
-  const tags = $("[name='tags']").value.split(",").map((t) => t.trim()).filter(Boolean);
+  const tags = $("[name='tags']")
+    .value.split(",")
+    .map((t) => t.trim())
+    .filter(Boolean);
   const name = config.name ?? null;
   return { config, seeds, tags, name };
 }
@@ -289,7 +354,8 @@ function clearErrors() {
 function fieldForLoc(loc) {
   let parts = [...loc];
   if (parts[0] === "body") parts = parts.slice(1);
-  if (parts[0] !== "config" && parts[0] !== "seeds" && parts[0] !== "tags" && parts[0] !== "name") parts = ["config", ...parts];
+  if (parts[0] !== "config" && parts[0] !== "seeds" && parts[0] !== "tags" && parts[0] !== "name")
+    parts = ["config", ...parts];
   if (parts[0] === "name") parts = ["config", "name"];
   for (let n = parts.length; n > 0; n--) {
     const path = parts.slice(0, n).join(".");
@@ -321,7 +387,9 @@ function showErrors(detail) {
   const marked = $$(".field.has-error");
   if (marked.length) {
     const names = marked.map((f) => f.querySelector("label").textContent.trim());
-    general.unshift(`The server refused ${marked.length} field${marked.length === 1 ? "" : "s"}: ${names.join(", ")} (see the messages below each).`);
+    general.unshift(
+      `The server refused ${marked.length} field${marked.length === 1 ? "" : "s"}: ${names.join(", ")} (see the messages below each).`,
+    );
   }
   if (general.length) {
     const box = $("#form-error");
@@ -330,7 +398,7 @@ function showErrors(detail) {
   }
   const first = $(".field.has-error input, .field.has-error select") || $("#form-error:not([hidden])");
   if (first) first.scrollIntoView({ block: "center" });
-  if (first && first.focus) first.focus({ preventScroll: true });
+  if (first?.focus) first.focus({ preventScroll: true });
 }
 
 async function submit(ev) {
@@ -348,7 +416,10 @@ async function submit(ev) {
   } catch (err) {
     $("#submit-note").textContent = "";
     if (err instanceof ApiError && err.status === 422) showErrors(err.detail);
-    else if (err instanceof ApiError && err.status === 401) showErrors(`Not authorised (${errorText(err)}). Start the server with CONSPO_UI_TOKEN_INJECT=true or log in with a token.`);
+    else if (err instanceof ApiError && err.status === 401)
+      showErrors(
+        `Not authorised (${errorText(err)}). Start the server with CONSPO_UI_TOKEN_INJECT=true or log in with a token.`,
+      );
     else showErrors(errorText(err));
   } finally {
     btn.disabled = false;
@@ -368,7 +439,8 @@ async function init() {
     try {
       const run = await get(`/api/runs/${encodeURIComponent(from)}`);
       $("#form-title").textContent = `New run from #${run.id}`;
-      $("#form-sub").textContent = `Prefilled with the config of ${run.name || `run ${run.id}`}; change anything and start.`;
+      $("#form-sub").textContent =
+        `Prefilled with the config of ${run.name || `run ${run.id}`}; change anything and start.`;
       render(structuredClone({ ...presets.defaults, ...run.config }), {
         name: run.name ? `${run.name}-copy` : null,
         seeds: String(run.seed ?? run.config.seed ?? 0),

@@ -2,15 +2,38 @@
 // /api/runs/{id}/metrics (server-side downsampled, min/max kept); new points arrive on the SSE
 // stream /api/runs/{id}/stream and are appended; charts redraw with Plotly.react and a fixed
 // uirevision so zoom survives every update.
-import { get, post, del, qs, stream, errorText } from "/static/api.js";
+import { del, errorText, get, post, qs, stream } from "/static/api.js";
+import { CHARTS, helpOf, isDeterministic, ROLE_COLORS, ROLLOUTS_AXIS, SECTIONS, unitOf } from "/static/catalogue.js";
 import {
-  $, $$, h, fmtNum, fmtTime, fmtAgo, fmtDuration, statusBadge, progressBar, progress, flatten, fmtValue,
-  toast, setConn, FINISHED,
-} from "/static/util.js";
-import {
-  baseLayout, lineTraces, hasFinite, sampledAnnotation, noteAnnotation, withNotes, chartCard, react, alpha, quantile, X_TITLES,
+  alpha,
+  baseLayout,
+  chartCard,
+  hasFinite,
+  lineTraces,
+  noteAnnotation,
+  quantile,
+  react,
+  sampledAnnotation,
+  withNotes,
+  X_TITLES,
 } from "/static/charts.js";
-import { CHARTS, SECTIONS, ROLE_COLORS, ROLLOUTS_AXIS, helpOf, unitOf, isDeterministic } from "/static/catalogue.js";
+import {
+  $,
+  $$,
+  FINISHED,
+  flatten,
+  fmtAgo,
+  fmtDuration,
+  fmtNum,
+  fmtTime,
+  fmtValue,
+  h,
+  progress,
+  progressBar,
+  setConn,
+  statusBadge,
+  toast,
+} from "/static/util.js";
 
 const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
 const runId = Number($("#run-root").dataset.runId);
@@ -38,9 +61,15 @@ const SECTIONS_SHOWN = [...SECTIONS, { id: "other", title: "Other metrics" }];
 
 /** The series lines a chart covers among the keys present. */
 function chartKeys(def) {
-  return (def.metrics || []).filter((m) => S.series[m.key]).map((m) => ({
-    key: m.key, name: m.label, color: m.colorValue, dash: m.dash ? "dash" : undefined, deterministic: m.deterministic,
-  }));
+  return (def.metrics || [])
+    .filter((m) => S.series[m.key])
+    .map((m) => ({
+      key: m.key,
+      name: m.label,
+      color: m.colorValue,
+      dash: m.dash ? "dash" : undefined,
+      deterministic: m.deterministic,
+    }));
 }
 
 function claimedKeys() {
@@ -54,7 +83,8 @@ function interp(xs, ys, x) {
   if (!xs.length) return null;
   if (x <= xs[0]) return ys[0];
   if (x >= xs[xs.length - 1]) return ys[ys.length - 1];
-  let lo = 0, hi = xs.length - 1;
+  let lo = 0,
+    hi = xs.length - 1;
   while (hi - lo > 1) {
     const mid = (lo + hi) >> 1;
     if (xs[mid] <= x) lo = mid;
@@ -71,9 +101,9 @@ function refSeries() {
 }
 
 function t0() {
-  if (S.run && S.run.started_at) return S.run.started_at;
+  if (S.run?.started_at) return S.run.started_at;
   const r = refSeries();
-  return r && r.wall_time.length ? r.wall_time[0] : 0;
+  return r?.wall_time.length ? r.wall_time[0] : 0;
 }
 
 /** x values for steps (array) under the current x mode. */
@@ -88,7 +118,8 @@ function xOfSteps(steps, wall) {
     const r = S.series[ROLLOUTS_AXIS];
     if (!r) return steps;
     const pts = r.steps.map((st, i) => [st, r.values[i]]).filter((p) => p[1] !== null);
-    const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
+    const xs = pts.map((p) => p[0]),
+      ys = pts.map((p) => p[1]);
     return steps.map((st) => interp(xs, ys, st));
   }
   return steps;
@@ -108,7 +139,11 @@ function mergePoints(key, pts) {
     const w = pts.wall_time ? pts.wall_time[i] : null;
     const last = s.steps.length ? s.steps[s.steps.length - 1] : -Infinity;
     if (st > last) {
-      s.steps.push(st); s.values.push(v); s.min.push(v); s.max.push(v); s.wall_time.push(w);
+      s.steps.push(st);
+      s.values.push(v);
+      s.min.push(v);
+      s.max.push(v);
+      s.wall_time.push(w);
       s.total_points += 1;
     } else if (!s.sampled) {
       // A re-emitted step (resume after a checkpoint) overwrites, never duplicates; a key
@@ -116,12 +151,18 @@ function mergePoints(key, pts) {
       // in step order.
       const idx = s.steps.indexOf(st);
       if (idx >= 0) {
-        s.values[idx] = v; s.min[idx] = v; s.max[idx] = v; s.wall_time[idx] = w;
+        s.values[idx] = v;
+        s.min[idx] = v;
+        s.max[idx] = v;
+        s.wall_time[idx] = w;
       } else {
         let at = s.steps.findIndex((x) => x > st);
         if (at < 0) at = s.steps.length;
-        s.steps.splice(at, 0, st); s.values.splice(at, 0, v); s.min.splice(at, 0, v);
-        s.max.splice(at, 0, v); s.wall_time.splice(at, 0, w);
+        s.steps.splice(at, 0, st);
+        s.values.splice(at, 0, v);
+        s.min.splice(at, 0, v);
+        s.max.splice(at, 0, v);
+        s.wall_time.splice(at, 0, w);
         s.total_points += 1;
       }
     }
@@ -138,8 +179,13 @@ async function loadMetrics() {
     const data = await get(`/api/runs/${runId}/metrics${qs({ keys: chunk, max_points: 1000 })}`);
     for (const [key, s] of Object.entries(data.series)) {
       S.series[key] = {
-        steps: s.steps, values: s.values, min: s.min || s.values.slice(), max: s.max || s.values.slice(),
-        wall_time: s.wall_time || [], sampled: Boolean(s.sampled), total_points: s.total_points || s.steps.length,
+        steps: s.steps,
+        values: s.values,
+        min: s.min || s.values.slice(),
+        max: s.max || s.values.slice(),
+        wall_time: s.wall_time || [],
+        sampled: Boolean(s.sampled),
+        total_points: s.total_points || s.steps.length,
       };
       if (s.steps.length) S.maxStep = Math.max(S.maxStep, s.steps[s.steps.length - 1]);
     }
@@ -155,8 +201,8 @@ async function loadRollouts(incremental = false) {
       addRollouts(data.items);
       return;
     }
-    const perStep = (S.run && S.run.config && S.run.config.logging && S.run.config.logging.rollout_sample) || 64;
-    const steps = S.maxStep || (S.run && S.run.step) || 0;
+    const perStep = S.run?.config?.logging?.rollout_sample || 64;
+    const steps = S.maxStep || S.run?.step || 0;
     if (steps * perStep <= ROLLOUT_BUDGET) {
       const data = await get(`/api/runs/${runId}/rollouts${qs({ limit: ROLLOUT_BUDGET })}`);
       S.rollouts = [];
@@ -168,7 +214,9 @@ async function loadRollouts(incremental = false) {
       const picks = [...new Set(Array.from({ length: n }, (_, i) => Math.max(1, Math.round(((i + 1) * steps) / n))))];
       const results = [];
       for (let i = 0; i < picks.length; i += 8) {
-        const batch = picks.slice(i, i + 8).map((st) => get(`/api/runs/${runId}/rollouts${qs({ step_min: st, step_max: st, limit: perStep * 4 })}`));
+        const batch = picks
+          .slice(i, i + 8)
+          .map((st) => get(`/api/runs/${runId}/rollouts${qs({ step_min: st, step_max: st, limit: perStep * 4 })}`));
         results.push(...(await Promise.all(batch)));
       }
       S.rollouts = [];
@@ -201,17 +249,35 @@ function renderRun() {
   $("#run-progress").replaceChildren(progressBar(run));
   const p = progress(run);
   const finished = FINISHED.has(run.status);
-  const duration = run.started_at ? ((run.finished_at || Date.now() / 1000) - run.started_at) : null;
+  const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
   $("#run-meta").replaceChildren(
     metaItem("algorithm", run.algorithm),
     metaItem("task", run.task),
     metaItem("model", run.model),
     metaItem("owner", run.owner),
     metaItem("seed", String(run.seed ?? "–")),
-    metaItem("group", run.group_id ? h("a", { href: `/compare?${new URLSearchParams({ group_id: run.group_id })}` }, run.group_id) : "–", run.group_id),
-    metaItem("tags", (run.tags || []).length ? h("span", {}, run.tags.map((t) => h("span.tag", {}, t))) : "–"),
+    metaItem(
+      "group",
+      run.group_id
+        ? h("a", { href: `/compare?${new URLSearchParams({ group_id: run.group_id })}` }, run.group_id)
+        : "–",
+      run.group_id,
+    ),
+    metaItem(
+      "tags",
+      (run.tags || []).length
+        ? h(
+            "span",
+            {},
+            run.tags.map((t) => h("span.tag", {}, t)),
+          )
+        : "–",
+    ),
     metaItem("step", `${p.step} / ${p.total || "?"}`),
-    metaItem(finished ? "duration" : "ETA", finished ? fmtDuration(duration) : p.eta !== null ? fmtDuration(p.eta) : "–"),
+    metaItem(
+      finished ? "duration" : "ETA",
+      finished ? fmtDuration(duration) : p.eta !== null ? fmtDuration(p.eta) : "–",
+    ),
     metaItem("created", fmtTime(run.created_at)),
     metaItem("started", fmtTime(run.started_at)),
     metaItem("finished", fmtTime(run.finished_at)),
@@ -226,23 +292,33 @@ function renderRun() {
   $("#cancel-btn").hidden = finished || run.cancel_requested;
   $("#clone-btn").hidden = Boolean(run.external); // logged from elsewhere: nothing to rerun
   $("#edit-btn").hidden = Boolean(run.external);
-  $("#config-table").replaceChildren(...Object.entries(flatten(run.config || {})).map(([k, v]) =>
-    h("tr", {}, h("td", {}, k), h("td", {}, fmtValue(v)))));
+  $("#config-table").replaceChildren(
+    ...Object.entries(flatten(run.config || {})).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, fmtValue(v)))),
+  );
   const summary = Object.entries(run.summary || {}).sort(([a], [b]) => a.localeCompare(b));
-  $("#summary-table").replaceChildren(...(summary.length
-    ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
-    : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]));
+  $("#summary-table").replaceChildren(
+    ...(summary.length
+      ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
+      : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]),
+  );
 }
 
 // ---- charts ------------------------------------------------------------------------------------
 function ensureCards() {
   const container = $("#chart-sections");
   const claimed = claimedKeys();
-  const otherKeys = Object.keys(S.series).filter((k) => !claimed.has(k)).sort();
+  const otherKeys = Object.keys(S.series)
+    .filter((k) => !claimed.has(k))
+    .sort();
   const defs = [
     ...CHARTS,
     ...otherKeys.map((key) => ({
-      id: `other-${key}`, section: "other", title: key, help: helpOf(key), y_title: unitOf(key), y_range: "auto",
+      id: `other-${key}`,
+      section: "other",
+      title: key,
+      help: helpOf(key),
+      y_title: unitOf(key),
+      y_range: "auto",
       metrics: [{ key, label: key, colorValue: ROLE_COLORS.accent, deterministic: isDeterministic(key) }],
     })),
   ];
@@ -253,7 +329,9 @@ function ensureCards() {
     if (!secEl) {
       secEl = h("div", { "data-section": sec.id }, h("h3.section-title", {}, sec.title), h("div.charts"));
       // keep section order
-      const after = SECTIONS_SHOWN.slice(SECTIONS_SHOWN.indexOf(sec) + 1).map((s) => container.querySelector(`[data-section="${s.id}"]`)).find(Boolean);
+      const after = SECTIONS_SHOWN.slice(SECTIONS_SHOWN.indexOf(sec) + 1)
+        .map((s) => container.querySelector(`[data-section="${s.id}"]`))
+        .find(Boolean);
       container.insertBefore(secEl, after || null);
     }
     const grid = secEl.querySelector(".charts");
@@ -288,9 +366,10 @@ function drawChart(entry) {
     let text = "no data yet";
     if (S.run && S.run.status === "queued") text = "waiting for the run to start…";
     else if (chartKeys(def).length) {
-      text = def.section === "sep"
-        ? "no finite values yet: separation statistics need groups with both correct and wrong rollouts"
-        : "only empty (NaN) values logged so far";
+      text =
+        def.section === "sep"
+          ? "no finite values yet: separation statistics need groups with both correct and wrong rollouts"
+          : "only empty (NaN) values logged so far";
     }
     placeholder(entry, text);
     return;
@@ -315,16 +394,42 @@ function lineFigure(def) {
     used.push(s);
     const xs = xOfSteps(s.steps, s.wall_time);
     if (stack) {
-      traces.push({ x: xs.slice(), y: s.values.slice(), type: "scatter", mode: "lines", stackgroup: "g", name: k.name, line: { width: 0.5, color: k.color }, fillcolor: alpha(k.color, 0.75) });
+      traces.push({
+        x: xs.slice(),
+        y: s.values.slice(),
+        type: "scatter",
+        mode: "lines",
+        stackgroup: "g",
+        name: k.name,
+        line: { width: 0.5, color: k.color },
+        fillcolor: alpha(k.color, 0.75),
+      });
     } else {
       const markers = def.markers && s.steps.length <= 80;
       const smooth = k.deterministic ? 0 : S.smooth; // a schedule is exact: smoothing would make it lag
-      traces.push(...lineTraces(xs, s, { name: k.name, color: k.color, dash: k.dash, smooth, mode: markers ? "lines+markers" : "lines" }));
+      traces.push(
+        ...lineTraces(xs, s, {
+          name: k.name,
+          color: k.color,
+          dash: k.dash,
+          smooth,
+          mode: markers ? "lines+markers" : "lines",
+        }),
+      );
     }
   }
   const shapes = [];
   if (def.rollout_iqr) traces.unshift(...iqrBands());
-  if (def.zero_line) shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } });
+  if (def.zero_line)
+    shapes.push({
+      type: "line",
+      xref: "paper",
+      x0: 0,
+      x1: 1,
+      y0: 0,
+      y1: 0,
+      line: { color: "#9ca3af", width: 1, dash: "dot" },
+    });
   const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: def.y_title || "" });
   withNotes(layout, sampledAnnotation(used));
   layout.shapes = shapes;
@@ -357,8 +462,8 @@ function rolloutsByStep() {
   const by = new Map();
   for (const r of S.rollouts) {
     if (r.score === null || r.score === undefined) continue;
-    let e = by.get(r.step);
-    if (!e) by.set(r.step, (e = { pos: [], neg: [] }));
+    if (!by.has(r.step)) by.set(r.step, { pos: [], neg: [] });
+    const e = by.get(r.step);
     (r.reward > 0 ? e.pos : e.neg).push(r.score);
   }
   return by;
@@ -369,14 +474,43 @@ function iqrBands() {
   if (!by.size) return [];
   const steps = [...by.keys()].sort((a, b) => a - b);
   const out = [];
-  for (const [side, color, name] of [["pos", POS, "s⁺ IQR"], ["neg", NEG, "s⁻ IQR"]]) {
+  for (const [side, color, name] of [
+    ["pos", POS, "s⁺ IQR"],
+    ["neg", NEG, "s⁻ IQR"],
+  ]) {
     const st = steps.filter((s) => by.get(s)[side].length >= 2);
     if (!st.length) continue;
-    const q = st.map((s) => by.get(s)[side].slice().sort((a, b) => a - b));
+    const q = st.map((s) =>
+      by
+        .get(s)
+        [side].slice()
+        .sort((a, b) => a - b),
+    );
     const xs = xOfSteps(st);
     out.push(
-      { x: xs, y: q.map((a) => quantile(a, 0.75)), type: "scatter", mode: "lines", line: { width: 0, color }, hoverinfo: "skip", showlegend: false, legendgroup: name, name: `${name} q75` },
-      { x: xs, y: q.map((a) => quantile(a, 0.25)), type: "scatter", mode: "lines", line: { width: 0, color }, fill: "tonexty", fillcolor: alpha(color, 0.12), hoverinfo: "skip", name, legendgroup: name },
+      {
+        x: xs,
+        y: q.map((a) => quantile(a, 0.75)),
+        type: "scatter",
+        mode: "lines",
+        line: { width: 0, color },
+        hoverinfo: "skip",
+        showlegend: false,
+        legendgroup: name,
+        name: `${name} q75`,
+      },
+      {
+        x: xs,
+        y: q.map((a) => quantile(a, 0.25)),
+        type: "scatter",
+        mode: "lines",
+        line: { width: 0, color },
+        fill: "tonexty",
+        fillcolor: alpha(color, 0.12),
+        hoverinfo: "skip",
+        name,
+        legendgroup: name,
+      },
     );
   }
   return out;
@@ -397,13 +531,31 @@ function boxFigure() {
     b.neg.push(...by.get(st).neg);
   });
   const traces = [];
-  for (const [side, color, name] of [["pos", POS, "correct (reward > 0)"], ["neg", NEG, "wrong"]]) {
-    const x = [], y = [];
+  for (const [side, color, name] of [
+    ["pos", POS, "correct (reward > 0)"],
+    ["neg", NEG, "wrong"],
+  ]) {
+    const x = [],
+      y = [];
     for (const b of bins) {
       const label = b.steps[b.steps.length - 1];
-      for (const v of b[side]) { x.push(label); y.push(v); }
+      for (const v of b[side]) {
+        x.push(label);
+        y.push(v);
+      }
     }
-    traces.push({ type: "box", x: xOfSteps(x), y, name, marker: { color, size: 2 }, line: { width: 1, color }, fillcolor: alpha(color, 0.2), boxpoints: false, hoverinfo: "y+name", offsetgroup: side });
+    traces.push({
+      type: "box",
+      x: xOfSteps(x),
+      y,
+      name,
+      marker: { color, size: 2 },
+      line: { width: 1, color },
+      fillcolor: alpha(color, 0.2),
+      boxpoints: false,
+      hoverinfo: "y+name",
+      offsetgroup: side,
+    });
   }
   const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: CHART_BY_ID.boxes.y_title });
   layout.boxmode = "group";
@@ -422,14 +574,33 @@ function histFigure() {
   const e = by.get(last);
   // One set of bins for both sides, so the bars line up and compare.
   const all = [...e.pos, ...e.neg];
-  const lo = Math.min(...all), hi = Math.max(...all);
+  const lo = Math.min(...all),
+    hi = Math.max(...all);
   const size = (hi - lo) / 24 || 0.01;
   const xbins = { start: lo - size / 2, end: hi + size / 2, size };
   const traces = [
-    { type: "histogram", x: e.pos, name: `correct (${e.pos.length})`, marker: { color: alpha(POS, 0.6) }, xbins, autobinx: false },
-    { type: "histogram", x: e.neg, name: `wrong (${e.neg.length})`, marker: { color: alpha(NEG, 0.6) }, xbins, autobinx: false },
+    {
+      type: "histogram",
+      x: e.pos,
+      name: `correct (${e.pos.length})`,
+      marker: { color: alpha(POS, 0.6) },
+      xbins,
+      autobinx: false,
+    },
+    {
+      type: "histogram",
+      x: e.neg,
+      name: `wrong (${e.neg.length})`,
+      marker: { color: alpha(NEG, 0.6) },
+      xbins,
+      autobinx: false,
+    },
   ];
-  const layout = baseLayout({ uirevision: "hist", xTitle: `score s_θ at step ${last}`, yTitle: CHART_BY_ID.hist.y_title });
+  const layout = baseLayout({
+    uirevision: "hist",
+    xTitle: `score s_θ at step ${last}`,
+    yTitle: CHART_BY_ID.hist.y_title,
+  });
   layout.barmode = "overlay";
   layout.hovermode = "closest";
   return { traces, layout };
@@ -468,7 +639,7 @@ function fetchNewRollouts() {
 }
 
 function onMetrics(data) {
-  if (!data || !data.series) return;
+  if (!data?.series) return;
   for (const [key, pts] of Object.entries(data.series)) mergePoints(key, pts);
   if (S.run && data.step_max !== undefined && data.step_max > (S.run.step || 0)) {
     S.run.step = data.step_max;
@@ -493,16 +664,20 @@ function onStatus(run) {
 
 function openStream() {
   if (S.es) return;
-  S.es = stream(`/api/runs/${runId}/stream${qs({ since_step: S.maxStep })}`, {
-    metrics: onMetrics,
-    status: onStatus,
-    end: () => {
-      closeStream();
-      setConn("done");
-      // One last fetch so the finished run's charts hold the server's final view.
-      fetchNewRollouts();
+  S.es = stream(
+    `/api/runs/${runId}/stream${qs({ since_step: S.maxStep })}`,
+    {
+      metrics: onMetrics,
+      status: onStatus,
+      end: () => {
+        closeStream();
+        setConn("done");
+        // One last fetch so the finished run's charts hold the server's final view.
+        fetchNewRollouts();
+      },
     },
-  }, (open) => setConn(open ? "live" : "off"));
+    (open) => setConn(open ? "live" : "off"),
+  );
 }
 
 function closeStream() {
@@ -566,7 +741,14 @@ async function init() {
   try {
     S.run = await get(`/api/runs/${runId}`);
   } catch (err) {
-    $("#run-root").replaceChildren(h("div.panel.empty", {}, `Run ${runId} could not be loaded: ${errorText(err)}. `, h("a", { href: "/" }, "Back to runs")));
+    $("#run-root").replaceChildren(
+      h(
+        "div.panel.empty",
+        {},
+        `Run ${runId} could not be loaded: ${errorText(err)}. `,
+        h("a", { href: "/" }, "Back to runs"),
+      ),
+    );
     return;
   }
   renderRun();

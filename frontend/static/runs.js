@@ -1,9 +1,20 @@
 // Runs page: a live table of runs with filters, progress/ETA, a sparkline per run and actions.
-import { get, post, del, qs, stream, errorText } from "/static/api.js";
-import {
-  $, h, fmtNum, fmtAgo, fmtTime, statusBadge, progressBar, sparkline, toast, setConn, FINISHED, debounce,
-} from "/static/util.js";
+import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
+import {
+  $,
+  debounce,
+  FINISHED,
+  fmtAgo,
+  fmtNum,
+  fmtTime,
+  h,
+  progressBar,
+  setConn,
+  sparkline,
+  statusBadge,
+  toast,
+} from "/static/util.js";
 
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
 const SPARK_METRICS = CHARTED_KEYS;
@@ -27,8 +38,14 @@ const state = {
 const body = $("#runs-body");
 
 function syncUrl() {
-  const q = qs({ q: state.q, status: state.status, algorithm: state.algorithm, task: state.task, tag: state.tag,
-    metric: state.metric === DEFAULT_SPARK ? "" : state.metric });
+  const q = qs({
+    q: state.q,
+    status: state.status,
+    algorithm: state.algorithm,
+    task: state.task,
+    tag: state.tag,
+    metric: state.metric === DEFAULT_SPARK ? "" : state.metric,
+  });
   history.replaceState(null, "", `/${q}`);
 }
 
@@ -42,8 +59,15 @@ function matches(run) {
 }
 
 async function loadRuns() {
-  const query = qs({ status: state.status, algorithm: state.algorithm, task: state.task, tag: state.tag,
-    q: state.q, sort: "-created_at", limit: 200 });
+  const query = qs({
+    status: state.status,
+    algorithm: state.algorithm,
+    task: state.task,
+    tag: state.tag,
+    q: state.q,
+    sort: "-created_at",
+    limit: 200,
+  });
   try {
     const data = await get(`/api/runs${query}`);
     state.runs = new Map(data.items.map((r) => [r.id, r]));
@@ -65,7 +89,7 @@ async function loadSparks(ids) {
     try {
       const data = await get(`/api/compare${qs({ runs: chunk, keys: [state.metric], max_points: 80 })}`);
       for (const [rid, entry] of Object.entries(data.runs || {})) {
-        const s = entry.series && entry.series[state.metric];
+        const s = entry.series?.[state.metric];
         state.sparks.set(Number(rid), s ? s.values : []);
         updateSpark(Number(rid));
       }
@@ -86,24 +110,41 @@ function rowFor(run) {
   const sel = state.selected.has(run.id);
   const last = run.summary ? run.summary[state.metric] : undefined;
   const finished = FINISHED.has(run.status);
-  const actions = h("div.actions", {},
-    finished || run.cancel_requested ? null
+  const actions = h(
+    "div.actions",
+    {},
+    finished || run.cancel_requested
+      ? null
       : h("button.btn.btn-xs", { "data-act": "cancel", title: "Cancel this run" }, "Cancel"),
     // External runs were trained elsewhere: there is no job to clone or rerun.
     run.external ? null : h("button.btn.btn-xs", { "data-act": "clone", title: "Queue a copy of this run" }, "Clone"),
-    run.external ? null : h("a.btn.btn-xs", { href: `/runs/new?from=${run.id}`, title: "Open the form with this run's config" }, "Edit…"),
+    run.external
+      ? null
+      : h("a.btn.btn-xs", { href: `/runs/new?from=${run.id}`, title: "Open the form with this run's config" }, "Edit…"),
     h("button.btn.btn-xs.btn-danger", { "data-act": "delete", title: "Delete run and its metrics" }, "Delete"),
   );
-  return h(`tr${sel ? ".selected" : ""}`, { "data-id": run.id },
+  return h(
+    `tr${sel ? ".selected" : ""}`,
+    { "data-id": run.id },
     h("td", {}, h("input", { type: "checkbox", class: "sel", checked: sel, "aria-label": `select run ${run.id}` })),
-    h("td.name", {}, h("a", { href: `/runs/${run.id}` }, run.name || `run ${run.id}`), " ",
-      h("span.muted.small", {}, `#${run.id}`), run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null),
+    h(
+      "td.name",
+      {},
+      h("a", { href: `/runs/${run.id}` }, run.name || `run ${run.id}`),
+      " ",
+      h("span.muted.small", {}, `#${run.id}`),
+      run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
+    ),
     h("td", {}, statusBadge(run)),
     h("td", {}, run.algorithm || "–"),
     h("td", {}, run.task || "–"),
     h("td.mono", {}, run.model || "–"),
     h("td", {}, run.owner || "–"),
-    h("td", {}, (run.tags || []).map((t) => h("span.tag", {}, t))),
+    h(
+      "td",
+      {},
+      (run.tags || []).map((t) => h("span.tag", {}, t)),
+    ),
     h("td", {}, progressBar(run)),
     h("td.spark-cell", {}, sparkline(state.sparks.get(run.id) || [])),
     h("td.num", {}, fmtNum(last)),
@@ -203,17 +244,23 @@ $("#delete-sel-btn").addEventListener("click", async () => {
 function bindFilter(id, key, evName = "change") {
   const el = $(id);
   el.value = state[key];
-  el.addEventListener(evName, debounce(() => {
-    state[key] = el.value.trim();
-    syncUrl();
-    if (key === "metric") {
-      state.sparks.clear();
-      render();
-      loadSparks(state.order);
-    } else {
-      loadRuns();
-    }
-  }, evName === "input" ? 250 : 0));
+  el.addEventListener(
+    evName,
+    debounce(
+      () => {
+        state[key] = el.value.trim();
+        syncUrl();
+        if (key === "metric") {
+          state.sparks.clear();
+          render();
+          loadSparks(state.order);
+        } else {
+          loadRuns();
+        }
+      },
+      evName === "input" ? 250 : 0,
+    ),
+  );
 }
 
 async function loadPresets() {

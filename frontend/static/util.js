@@ -7,7 +7,7 @@ export const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel
 export function h(tag, attrs = {}, ...children) {
   const m = tag.match(/^([a-z0-9]+)((?:[.#][\w-]+)*)$/i);
   const el = document.createElement(m ? m[1] : tag);
-  if (m && m[2]) {
+  if (m?.[2]) {
     for (const part of m[2].match(/[.#][\w-]+/g)) {
       if (part[0] === ".") el.classList.add(part.slice(1));
       else el.id = part.slice(1);
@@ -57,7 +57,13 @@ export function fmtAgo(t) {
 export function fmtTime(t) {
   if (!t) return "–";
   const d = new Date(t * 1000);
-  return d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return d.toLocaleString(undefined, {
+    month: "short",
+    day: "numeric",
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+  });
 }
 
 export function statusBadge(run) {
@@ -70,7 +76,7 @@ export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 
 /** Progress fraction and ETA (seconds) of a run, from its step counters and timestamps. */
 export function progress(run) {
-  const total = run.total_steps || (run.config && run.config.steps) || 0;
+  const total = run.total_steps || run.config?.steps || 0;
   const step = run.step || 0;
   const frac = total > 0 ? Math.min(1, step / total) : 0;
   let eta = null;
@@ -109,7 +115,7 @@ export function ema(values, weight) {
     }
     last = last * weight + (1 - weight) * v;
     n++;
-    out[i] = last / (1 - Math.pow(weight, n));
+    out[i] = last / (1 - weight ** n);
   }
   return out;
 }
@@ -133,8 +139,10 @@ export function sparkline(values, { width = 110, height = 24, color = "#4f46e5" 
   }
   const xs = pts.map((p) => p[0]);
   const ys = pts.map((p) => p[1]);
-  const x0 = Math.min(...xs), x1 = Math.max(...xs);
-  const y0 = Math.min(...ys), y1 = Math.max(...ys);
+  const x0 = Math.min(...xs),
+    x1 = Math.max(...xs);
+  const y0 = Math.min(...ys),
+    y1 = Math.max(...ys);
   const sx = (x) => 1 + ((x - x0) / (x1 - x0 || 1)) * (width - 2);
   const sy = (y) => height - 2 - ((y - y0) / (y1 - y0 || 1)) * (height - 4);
   const d = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join("");
@@ -209,8 +217,20 @@ export function runLabel(run) {
 
 /** A stable, distinct colour per index. */
 export const PALETTE = [
-  "#4f46e5", "#e11d48", "#059669", "#d97706", "#0891b2", "#7c3aed", "#db2777",
-  "#65a30d", "#2563eb", "#ea580c", "#0d9488", "#9333ea", "#475569", "#ca8a04",
+  "#4f46e5",
+  "#e11d48",
+  "#059669",
+  "#d97706",
+  "#0891b2",
+  "#7c3aed",
+  "#db2777",
+  "#65a30d",
+  "#2563eb",
+  "#ea580c",
+  "#0d9488",
+  "#9333ea",
+  "#475569",
+  "#ca8a04",
 ];
 export const color = (i) => PALETTE[((i % PALETTE.length) + PALETTE.length) % PALETTE.length];
 
