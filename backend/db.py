@@ -59,10 +59,6 @@ class Database:
         self.engine = make_engine(settings.database_url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    @property
-    def dialect(self) -> str:
-        return self.engine.dialect.name
-
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.sessions() as session:

@@ -427,13 +427,6 @@ def _update_run(
     return session.execute(stmt.values(**values).returning(Run.write_seq)).scalar()
 
 
-def touch_run(session: Session, run_id: int, **values: Any) -> int:
-    result = session.execute(
-        update(Run).where(Run.id == run_id).values(updated_at=utcnow(), **values)
-    )
-    return result.rowcount  # type: ignore[attr-defined]
-
-
 # ------------------------------------------------------------------------------------------------
 # Reads
 # ------------------------------------------------------------------------------------------------
@@ -850,10 +843,6 @@ class StreamCursor:
             return None
         backlog = nums[1] if len(nums) == 2 and nums[1] > nums[0] else None
         return cls(nums[0], -1 if since_step is None else since_step, backlog)
-
-
-def run_write_seq(session: Session, run_id: int) -> int | None:
-    return session.scalar(select(Run.write_seq).where(Run.id == run_id))
 
 
 def query_new_points(
