@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Metric, Rollout, Run, RunStatus, User, utcnow
-from backend.storage import RolloutPoint, StepPoints, write_points
+from backend.storage.writes import RolloutPoint, StepPoints, write_points
 from conspo.sink import RolloutRecord, StepRecord
 from worker.db_sink import DbSink, RunGone
 
@@ -174,7 +174,12 @@ def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Databa
     import numpy as np
 
     from backend.db import Float8Array, Int4Array
-    from backend.storage import _PG_METRIC_INSERT, _PG_METRIC_UPSERT, _pg_insert_parts, _raw_cursor
+    from backend.storage.writes import (
+        _PG_METRIC_INSERT,
+        _PG_METRIC_UPSERT,
+        _pg_insert_parts,
+        _raw_cursor,
+    )
 
     run_id = new_run(pg_db)
     with pg_db.session() as s:
@@ -202,7 +207,7 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
     """A reader caches buckets only for runs whose write_seq is what it was before it read the
     points, so buckets computed before a rewrite are never cached after it."""
     from backend.models import MetricRollup
-    from backend.storage import query_series
+    from backend.storage.series import query_series
 
     run_id = new_run(db)
     with db.session() as s:
@@ -222,7 +227,7 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
         write_points(s, run_id, [StepPoints(10, {"a": -1.0})])
         s.commit()
     assert cached() == 0  # bucket 0 (steps 0..31) starts before step 10 and ends after it
-    from backend.storage import _cache_rollups
+    from backend.storage.series import _cache_rollups
 
     stale = [
         {"run_id": run_id, "key": "a", "width": 32, "bucket": 1, "hi_step": 63, "n": 32,
@@ -237,7 +242,7 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
 
 
 def query_series_once(db: Database, run_id: int) -> dict:  # type: ignore[type-arg]
-    from backend.storage import query_series
+    from backend.storage.series import query_series
 
     with db.session() as s:
         return query_series(s, [run_id], ["a"], 20)[run_id]["a"]

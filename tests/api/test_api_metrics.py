@@ -209,7 +209,7 @@ def test_stream_since_step_still_sends_later_writes_below_it(api: Api) -> None:
 
 def test_stream_chunks_keep_whole_writes_and_resume_from_any_event(api: Api) -> None:
     from backend.db import Database
-    from backend.storage import StreamCursor, query_new_points
+    from backend.storage.stream import StreamCursor, query_new_points
 
     run = api.external()
     for start in range(1, 40, 4):  # ten writes of 4 steps x 2 keys

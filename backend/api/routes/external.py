@@ -16,7 +16,7 @@ from backend.schemas import (
     LogResult,
     RunOut,
 )
-from backend.storage import RolloutPoint, StepPoints, write_points
+from backend.storage.writes import RolloutPoint, StepPoints, write_points
 
 router = APIRouter(prefix="/runs", tags=["external logging"])
 

@@ -2,10 +2,10 @@
 
 * ``/runs/{id}/stream``: ``metrics`` events with the points written after the cursor, ``status``
   events when the run's state changes, ``end`` once it is finished and every point was sent.
-  The cursor is the run's write sequence (``backend.storage.StreamCursor``), not a step, so a
-  key written later to a step already sent (an eval metric, a TRL summary) is still streamed.
-  Each event carries it as ``id``; a reconnect with ``Last-Event-ID`` resumes without loss or
-  repeats.
+  The cursor is the run's write sequence (``backend.storage.stream.StreamCursor``), not a
+  step, so a key written later to a step already sent (an eval metric, a TRL summary) is still
+  streamed. Each event carries it as ``id``; a reconnect with ``Last-Event-ID`` resumes without
+  loss or repeats.
 * ``/stream/runs``: a ``run`` event whenever any run's status or step changes.
 """
 
@@ -28,7 +28,7 @@ from backend.crud import run_out
 from backend.db import Database
 from backend.models import FINISHED, Run, utcnow
 from backend.schemas import INT32_MAX
-from backend.storage import StreamCursor, query_new_points
+from backend.storage.stream import StreamCursor, query_new_points
 
 router = APIRouter(tags=["live"])
 

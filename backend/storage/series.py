@@ -1,0 +1,416 @@
+"""Server-side downsampled metric reads, served partly from the ``metric_rollups`` cache.
+
+Reads bucket in SQL: a series with more than ``max_points`` points is grouped into
+``max_points`` equal step ranges, each reporting its last step, mean, min and max (spikes
+survive sampling). Complete buckets are cached for the next reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    Table,
+    and_,
+    case,
+    func,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from backend.db import insert_ignore
+from backend.models import (
+    Metric,
+    MetricRollup,
+    Run,
+)
+from backend.schemas import INT32_MAX
+from backend.storage.writes import _raw_cursor
+
+ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
+ROLLUP_KEY = ("run_id", "key", "width", "bucket")
+
+
+def empty_series() -> dict[str, Any]:
+    return {
+        "steps": [],
+        "values": [],
+        "min": [],
+        "max": [],
+        "wall_time": [],
+        "sampled": False,
+        "total_points": 0,
+    }
+
+
+def metric_keys(session: Session, run_id: int) -> list[str]:
+    stmt = select(Metric.key).where(Metric.run_id == run_id).distinct().order_by(Metric.key)
+    return list(session.scalars(stmt))
+
+
+def query_series(
+    session: Session,
+    run_ids: Sequence[int],
+    keys: Sequence[str],
+    max_points: int,
+    since_step: int | None = None,
+    step_max: int | None = None,
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """``{run_id: {key: Series}}`` for every requested pair (empty series where none exist).
+
+    Only steps in (``since_step``, ``step_max``] count; the two page through raw points.
+
+    1. Extents: first and last step of each series (index probes on PostgreSQL).
+    2. A series whose step span fits in ``max_points`` is read raw.
+    3. A longer one is bucketed by step into aligned buckets of width ``w`` (the smallest power of
+       two giving at most ``max_points`` buckets). Complete buckets come from ``metric_rollups``
+       when cached; missing ones and the two edge buckets are aggregated from ``metrics`` in SQL,
+       and the complete ones are cached for the next reader.
+    4. A bucketed series that turns out to hold no more than ``max_points`` points (sparse
+       steps) is read raw instead, so ``sampled`` is true exactly when points were merged.
+    """
+    out: dict[int, dict[str, dict[str, Any]]] = {
+        r: {k: empty_series() for k in keys} for r in run_ids
+    }
+    first = -1 if since_step is None else since_step
+    last = INT32_MAX if step_max is None else step_max
+    # Each run's write_seq before any point is read: buckets are cached only for runs that no
+    # write has touched since (see _cache_rollups).
+    seen = dict(session.execute(select(Run.id, Run.write_seq).where(Run.id.in_(run_ids))).all())
+    extents = _extents(session, run_ids, keys, first, last)
+    raw: list[tuple[int, str]] = []
+    plans: list[_Plan] = []
+    for (run_id, key), (lo, hi) in extents.items():
+        if hi - lo + 1 <= max_points:
+            raw.append((run_id, key))
+        else:
+            plans.append(_Plan.make(run_id, key, lo, hi, first, max_points))
+    for plan in _bucketize(session, plans, seen):
+        total = sum(plan.cols["n"])
+        if total <= max_points:
+            raw.append((plan.run_id, plan.key))
+            continue
+        out[plan.run_id][plan.key] = {
+            "steps": plan.cols["last_step"],
+            "values": plan.cols["mean"],  # means of stored (finite, |x| <= 1e290) values
+            "min": plan.cols["v_min"],
+            "max": plan.cols["v_max"],
+            "wall_time": plan.cols["last_wall"],
+            "sampled": True,
+            "total_points": total,
+        }
+    for run_id, key, step, value, wall in _raw_points(session, raw, first, last):
+        s = out[run_id][key]
+        s["steps"].append(step)
+        s["values"].append(value)
+        s["min"].append(value)
+        s["max"].append(value)
+        s["wall_time"].append(wall)
+        s["total_points"] += 1
+    return out
+
+
+def _extents(
+    session: Session, run_ids: Sequence[int], keys: Sequence[str], first: int, last: int
+) -> dict[tuple[int, str], tuple[int, int]]:
+    """(run_id, key) -> (first, last step in (``first``, ``last``]) for the series with points."""
+    if not run_ids or not keys:
+        return {}
+    if session.get_bind().dialect.name == "postgresql":
+        # One pair per row, two index probes each; GROUP BY would read every point.
+        pairs = [(r, k) for r in run_ids for k in keys]
+        stmt = text(
+            "SELECT p.r, p.k,"
+            " (SELECT min(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
+            "  AND m.step > :first AND m.step <= :last),"
+            " (SELECT max(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
+            "  AND m.step > :first AND m.step <= :last)"
+            " FROM unnest(CAST(:rs AS integer[]), CAST(:ks AS text[])) AS p(r, k)"
+        )
+        rows = session.execute(
+            stmt,
+            {
+                "rs": [p[0] for p in pairs],
+                "ks": [p[1] for p in pairs],
+                "first": first,
+                "last": last,
+            },
+        )
+    else:
+        rows = session.execute(
+            select(Metric.run_id, Metric.key, func.min(Metric.step), func.max(Metric.step))
+            .where(
+                Metric.run_id.in_(list(run_ids)),
+                Metric.key.in_(list(keys)),
+                Metric.step > first,
+                Metric.step <= last,
+            )
+            .group_by(Metric.run_id, Metric.key)
+        )
+    return {(r, k): (lo, hi) for r, k, lo, hi in rows if lo is not None}
+
+
+BUCKET_FIELDS = ("bucket", "n", "mean", "v_min", "v_max", "last_step", "last_wall", "n_valid")
+
+
+@dataclass
+class _Plan:
+    """How one long series is read: aligned buckets of ``width`` steps, ``b_lo``..``b_hi``."""
+
+    run_id: int
+    key: str
+    width: int
+    first: int  # points have step > first
+    hi: int  # last step
+    b_lo: int
+    b_hi: int  # the bucket holding `hi` (never cached: it may still grow)
+    # Column-oriented buckets, in bucket order: one list per BUCKET_FIELDS name.
+    cols: dict[str, list[Any]] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, run_id: int, key: str, lo: int, hi: int, first: int, max_points: int) -> _Plan:
+        width = 2
+        while hi // width - lo // width + 1 > max_points:
+            width *= 2
+        return cls(run_id, key, width, first, hi, lo // width, hi // width)
+
+    @property
+    def cache_lo(self) -> int:
+        """First cacheable bucket: one that the since_step cursor does not cut."""
+        return self.b_lo if self.b_lo * self.width > self.first else self.b_lo + 1
+
+    def cacheable(self, bucket: int) -> bool:
+        return self.cache_lo <= bucket < self.b_hi
+
+
+_PG_AGG_SQL = (
+    "SELECT p.r, p.k, a.* FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(los)s::integer[],"
+    "  %(his)s::integer[]) WITH ORDINALITY AS p(r, k, lo, hi, i)"
+    " CROSS JOIN LATERAL (SELECT m.step / %(w)s AS b, count(*), avg(m.value), min(m.value),"
+    "  max(m.value), max(m.step), max(m.wall_time), count(m.value) FROM metrics m"
+    "  WHERE m.run_id = p.r AND m.key = p.k AND m.step BETWEEN p.lo AND p.hi"
+    "  GROUP BY 1 ORDER BY 1) a"
+    " ORDER BY p.i, a.b"
+)
+
+
+def _bucketize(session: Session, plans: list[_Plan], seen: dict[int, int]) -> list[_Plan]:
+    """Fill each plan's buckets from the rollup cache plus SQL aggregates of what is missing."""
+    if not plans:
+        return plans
+    cached = _cached_buckets(session, plans)
+    missing: dict[int, list[tuple[int, str, int, int]]] = {}  # width -> (run, key, lo, hi)
+    for p in plans:
+        have = cached.get((p.run_id, p.key))
+        have_set = set(have["bucket"]) if have else set()
+        for start, end in _missing_ranges(p, have_set):
+            missing.setdefault(p.width, []).append(
+                (p.run_id, p.key, max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi))
+            )
+    fresh: dict[tuple[int, str], dict[str, list[Any]]] = {}
+    if session.get_bind().dialect.name == "postgresql":
+        # One index range scan per (series, range), in step order: no bitmap heap recheck of
+        # an OR of every range.
+        with _raw_cursor(session) as cur:
+            for width, ranges in missing.items():
+                rs, ks, los, his = (list(c) for c in zip(*ranges, strict=True))
+                params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
+                cur.execute(_PG_AGG_SQL, params, binary=True)
+                for run_id, key, *agg in cur.fetchall():
+                    cols = fresh.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
+                    for name, value in zip(BUCKET_FIELDS, agg, strict=True):
+                        cols[name].append(value)
+        missing = {}
+    for width, ranges in missing.items():
+        conds = [
+            and_(Metric.run_id == r, Metric.key == k, Metric.step.between(lo, hi))
+            for r, k, lo, hi in ranges
+        ]
+        bucket = (Metric.step // width).label("b")
+        n_valid = func.count(Metric.value)
+        for chunk in _chunks(conds, 200):
+            stmt = (
+                select(
+                    Metric.run_id,
+                    Metric.key,
+                    bucket,
+                    func.count(),
+                    func.avg(Metric.value),
+                    func.min(Metric.value),
+                    func.max(Metric.value),
+                    func.max(Metric.step),
+                    func.max(Metric.wall_time),
+                    n_valid,
+                )
+                .where(or_(*chunk))
+                .group_by(Metric.run_id, Metric.key, bucket)
+                .order_by(Metric.run_id, Metric.key, bucket)
+            )
+            for run_id, key, *agg in session.execute(stmt):
+                cols = fresh.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
+                for name, value in zip(BUCKET_FIELDS, agg, strict=True):
+                    cols[name].append(value)
+    to_cache: list[dict[str, Any]] = []
+    for p in plans:
+        old = cached.get((p.run_id, p.key)) or {f: [] for f in BUCKET_FIELDS}
+        new = fresh.get((p.run_id, p.key)) or {f: [] for f in BUCKET_FIELDS}
+        p.cols = _merge(old, new)
+        for i, b in enumerate(new["bucket"]):
+            if p.cacheable(b):
+                mean = new["mean"][i]
+                to_cache.append(
+                    {
+                        "run_id": p.run_id,
+                        "key": p.key,
+                        "width": p.width,
+                        "bucket": b,
+                        "hi_step": (b + 1) * p.width - 1,
+                        "n": new["n"][i],
+                        "n_valid": new["n_valid"][i],
+                        "v_sum": None if mean is None else mean * new["n_valid"][i],
+                        "v_min": new["v_min"][i],
+                        "v_max": new["v_max"][i],
+                        "last_step": new["last_step"][i],
+                        "last_wall": new["last_wall"][i],
+                    }
+                )
+    if to_cache:
+        _cache_rollups(session, to_cache, seen)
+    return plans
+
+
+def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:
+    """Half-open bucket ranges [start, end) of ``p`` to aggregate from raw points."""
+    if len(have) == p.b_hi - p.cache_lo:  # every cacheable bucket is cached: just the edges
+        if p.cache_lo > p.b_lo:
+            yield p.b_lo, p.cache_lo
+        yield p.b_hi, p.b_hi + 1
+        return
+    b = p.b_lo
+    while b <= p.b_hi:
+        if p.cacheable(b) and b in have:
+            b += 1
+            continue
+        start = b
+        while b <= p.b_hi and not (p.cacheable(b) and b in have):
+            b += 1
+        yield start, b
+
+
+def _merge(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    if not new["bucket"]:
+        return old
+    if not old["bucket"] or new["bucket"][0] > old["bucket"][-1]:
+        return {f: old[f] + new[f] for f in BUCKET_FIELDS}
+    rows = dict(zip(old["bucket"], zip(*(old[f] for f in BUCKET_FIELDS), strict=True), strict=True))
+    rows.update(zip(new["bucket"], zip(*(new[f] for f in BUCKET_FIELDS), strict=True), strict=True))
+    ordered = [rows[b] for b in sorted(rows)]
+    return {f: [r[i] for r in ordered] for i, f in enumerate(BUCKET_FIELDS)}
+
+
+_PG_CACHED_SQL = (
+    "SELECT p.r, p.k, a.*"
+    " FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(ws)s::integer[], %(los)s::bigint[],"
+    "  %(his)s::bigint[]) AS p(r, k, w, lo, hi)"
+    " CROSS JOIN LATERAL (SELECT array_agg(bucket), array_agg(n),"
+    "  array_agg(CASE WHEN n_valid > 0 THEN v_sum / n_valid END),"
+    "  array_agg(v_min), array_agg(v_max), array_agg(last_step), array_agg(last_wall),"
+    "  array_agg(n_valid)"
+    "  FROM (SELECT * FROM metric_rollups m WHERE m.run_id = p.r AND m.key = p.k"
+    "   AND m.width = p.w AND m.bucket >= p.lo AND m.bucket < p.hi ORDER BY m.bucket) s) a"
+)
+
+
+def _cached_buckets(
+    session: Session, plans: list[_Plan]
+) -> dict[tuple[int, str], dict[str, list[Any]]]:
+    """Cached buckets of every plan, column-oriented (PostgreSQL aggregates them into arrays)."""
+    out: dict[tuple[int, str], dict[str, list[Any]]] = {}
+    plans = [p for p in plans if p.b_hi > p.cache_lo]
+    if not plans:
+        return out
+    if session.get_bind().dialect.name == "postgresql":
+        # One index range scan per series, aggregated into arrays in bucket order (no sort),
+        # fetched in binary so the arrays decode in C.
+        params = {
+            "rs": [p.run_id for p in plans],
+            "ks": [p.key for p in plans],
+            "ws": [p.width for p in plans],
+            "los": [p.cache_lo for p in plans],
+            "his": [p.b_hi for p in plans],
+        }
+        dbapi = session.connection().connection.dbapi_connection
+        with dbapi.cursor(binary=True) as cur:  # type: ignore[union-attr]
+            cur.execute(_PG_CACHED_SQL, params)
+            for run_id, key, *arrays in cur.fetchall():
+                if arrays[0] is not None:
+                    out[(run_id, key)] = dict(zip(BUCKET_FIELDS, arrays, strict=True))
+        return out
+    r = MetricRollup
+    mean = case((r.n_valid > 0, r.v_sum / r.n_valid), else_=None)
+    cols = (r.bucket, r.n, mean, r.v_min, r.v_max, r.last_step, r.last_wall, r.n_valid)
+    conds = [
+        and_(
+            r.run_id == p.run_id,
+            r.key == p.key,
+            r.width == p.width,
+            r.bucket >= p.cache_lo,
+            r.bucket < p.b_hi,
+        )
+        for p in plans
+    ]
+    for chunk in _chunks(conds, 200):
+        stmt2 = (
+            select(r.run_id, r.key, *cols).where(or_(*chunk)).order_by(r.run_id, r.key, r.bucket)
+        )
+        for run_id, key, *values in session.execute(stmt2):
+            series = out.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
+            for name, value in zip(BUCKET_FIELDS, values, strict=True):
+                series[name].append(value)
+    return out
+
+
+def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int, int]) -> None:
+    """Insert computed buckets, only for runs that no write has touched since they were read.
+
+    ``seen``: each run's write_seq read before the points. The run rows are locked FOR SHARE,
+    which waits for a writer in flight (it holds the row from its first statement) and keeps
+    the next one out until this commits: a bucket computed from points a write has since
+    replaced (and whose cache rows that write deleted) is never cached, nor one of a deleted
+    run. A lost race only costs a recomputation.
+    """
+    runs = sorted({r["run_id"] for r in rows})
+    try:
+        with session.begin_nested():
+            current = session.execute(
+                select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
+            ).all()
+            unchanged = {r for r, seq in current if seen.get(r) == seq}
+            rows = [r for r in rows if r["run_id"] in unchanged]
+            insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
+        session.commit()
+    except DBAPIError:
+        session.rollback()
+
+
+def _raw_points(
+    session: Session, pairs: list[tuple[int, str]], first: int, last: int
+) -> Iterable[tuple[int, str, int, float | None, float]]:
+    conds = [and_(Metric.run_id == r, Metric.key == k) for r, k in pairs]
+    for chunk in _chunks(conds, 200):
+        stmt = (
+            select(Metric.run_id, Metric.key, Metric.step, Metric.value, Metric.wall_time)
+            .where(or_(*chunk), Metric.step > first, Metric.step <= last)
+            .order_by(Metric.run_id, Metric.key, Metric.step)
+        )
+        yield from session.execute(stmt)
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
