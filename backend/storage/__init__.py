@@ -6,4 +6,7 @@
   bucket) and the ``metric_rollups`` cache it reads and fills; ``metric_keys``.
 * ``stream``: ``StreamCursor`` and ``query_new_points``, the live stream's write-sequence cursor.
 * ``rollouts``: ``query_rollouts``.
+* ``dialect``: the strategy behind every statement whose SQL differs between dialects, one
+  object per engine: ``sqlite.SqliteDialect`` and ``postgresql.PostgresDialect`` (which sends
+  columns as the binary arrays of ``pg_arrays``).
 """

@@ -11,26 +11,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    Table,
-    and_,
-    case,
-    func,
-    or_,
-    select,
-    text,
-)
+from sqlalchemy import Table, and_, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from backend.db import insert_ignore
-from backend.models import (
-    Metric,
-    MetricRollup,
-    Run,
-)
+from backend.models import Metric, MetricRollup, Run
 from backend.schemas import INT32_MAX
-from backend.storage.writes import _raw_cursor
+from backend.storage.dialect import (
+    BUCKET_FIELDS,
+    BucketRange,
+    Buckets,
+    Dialect,
+    StepRange,
+    chunks,
+    dialect_of,
+    empty_buckets,
+)
 
 ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
 ROLLUP_KEY = ("run_id", "key", "width", "bucket")
@@ -82,7 +78,8 @@ def query_series(
     # Each run's write_seq before any point is read: buckets are cached only for runs that no
     # write has touched since (see _cache_rollups).
     seen = dict(session.execute(select(Run.id, Run.write_seq).where(Run.id.in_(run_ids))).all())
-    extents = _extents(session, run_ids, keys, first, last)
+    dialect = dialect_of(session)
+    extents = dialect.extents(session, run_ids, keys, first, last) if run_ids and keys else {}
     raw: list[tuple[int, str]] = []
     plans: list[_Plan] = []
     for (run_id, key), (lo, hi) in extents.items():
@@ -90,7 +87,7 @@ def query_series(
             raw.append((run_id, key))
         else:
             plans.append(_Plan.make(run_id, key, lo, hi, first, max_points))
-    for plan in _bucketize(session, plans, seen):
+    for plan in _bucketize(session, dialect, plans, seen):
         total = sum(plan.cols["n"])
         if total <= max_points:
             raw.append((plan.run_id, plan.key))
@@ -113,49 +110,6 @@ def query_series(
         s["wall_time"].append(wall)
         s["total_points"] += 1
     return out
-
-
-def _extents(
-    session: Session, run_ids: Sequence[int], keys: Sequence[str], first: int, last: int
-) -> dict[tuple[int, str], tuple[int, int]]:
-    """(run_id, key) -> (first, last step in (``first``, ``last``]) for the series with points."""
-    if not run_ids or not keys:
-        return {}
-    if session.get_bind().dialect.name == "postgresql":
-        # One pair per row, two index probes each; GROUP BY would read every point.
-        pairs = [(r, k) for r in run_ids for k in keys]
-        stmt = text(
-            "SELECT p.r, p.k,"
-            " (SELECT min(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
-            "  AND m.step > :first AND m.step <= :last),"
-            " (SELECT max(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
-            "  AND m.step > :first AND m.step <= :last)"
-            " FROM unnest(CAST(:rs AS integer[]), CAST(:ks AS text[])) AS p(r, k)"
-        )
-        rows = session.execute(
-            stmt,
-            {
-                "rs": [p[0] for p in pairs],
-                "ks": [p[1] for p in pairs],
-                "first": first,
-                "last": last,
-            },
-        )
-    else:
-        rows = session.execute(
-            select(Metric.run_id, Metric.key, func.min(Metric.step), func.max(Metric.step))
-            .where(
-                Metric.run_id.in_(list(run_ids)),
-                Metric.key.in_(list(keys)),
-                Metric.step > first,
-                Metric.step <= last,
-            )
-            .group_by(Metric.run_id, Metric.key)
-        )
-    return {(r, k): (lo, hi) for r, k, lo, hi in rows if lo is not None}
-
-
-BUCKET_FIELDS = ("bucket", "n", "mean", "v_min", "v_max", "last_step", "last_wall", "n_valid")
 
 
 @dataclass
@@ -188,100 +142,66 @@ class _Plan:
         return self.cache_lo <= bucket < self.b_hi
 
 
-_PG_AGG_SQL = (
-    "SELECT p.r, p.k, a.* FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(los)s::integer[],"
-    "  %(his)s::integer[]) WITH ORDINALITY AS p(r, k, lo, hi, i)"
-    " CROSS JOIN LATERAL (SELECT m.step / %(w)s AS b, count(*), avg(m.value), min(m.value),"
-    "  max(m.value), max(m.step), max(m.wall_time), count(m.value) FROM metrics m"
-    "  WHERE m.run_id = p.r AND m.key = p.k AND m.step BETWEEN p.lo AND p.hi"
-    "  GROUP BY 1 ORDER BY 1) a"
-    " ORDER BY p.i, a.b"
-)
-
-
-def _bucketize(session: Session, plans: list[_Plan], seen: dict[int, int]) -> list[_Plan]:
+def _bucketize(
+    session: Session, dialect: Dialect, plans: list[_Plan], seen: dict[int, int]
+) -> list[_Plan]:
     """Fill each plan's buckets from the rollup cache plus SQL aggregates of what is missing."""
-    if not plans:
-        return plans
-    cached = _cached_buckets(session, plans)
-    missing: dict[int, list[tuple[int, str, int, int]]] = {}  # width -> (run, key, lo, hi)
+    cached = _cached_buckets(session, dialect, plans)
+    missing: dict[int, list[StepRange]] = {}  # by width
     for p in plans:
         have = cached.get((p.run_id, p.key))
         have_set = set(have["bucket"]) if have else set()
         for start, end in _missing_ranges(p, have_set):
-            missing.setdefault(p.width, []).append(
-                (p.run_id, p.key, max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi))
-            )
-    fresh: dict[tuple[int, str], dict[str, list[Any]]] = {}
-    if session.get_bind().dialect.name == "postgresql":
-        # One index range scan per (series, range), in step order: no bitmap heap recheck of
-        # an OR of every range.
-        with _raw_cursor(session) as cur:
-            for width, ranges in missing.items():
-                rs, ks, los, his = (list(c) for c in zip(*ranges, strict=True))
-                params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
-                cur.execute(_PG_AGG_SQL, params, binary=True)
-                for run_id, key, *agg in cur.fetchall():
-                    cols = fresh.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
-                    for name, value in zip(BUCKET_FIELDS, agg, strict=True):
-                        cols[name].append(value)
-        missing = {}
+            lo, hi = max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi)
+            missing.setdefault(p.width, []).append(StepRange(p.run_id, p.key, lo, hi))
+    fresh: dict[tuple[int, str], Buckets] = {}
     for width, ranges in missing.items():
-        conds = [
-            and_(Metric.run_id == r, Metric.key == k, Metric.step.between(lo, hi))
-            for r, k, lo, hi in ranges
-        ]
-        bucket = (Metric.step // width).label("b")
-        n_valid = func.count(Metric.value)
-        for chunk in _chunks(conds, 200):
-            stmt = (
-                select(
-                    Metric.run_id,
-                    Metric.key,
-                    bucket,
-                    func.count(),
-                    func.avg(Metric.value),
-                    func.min(Metric.value),
-                    func.max(Metric.value),
-                    func.max(Metric.step),
-                    func.max(Metric.wall_time),
-                    n_valid,
-                )
-                .where(or_(*chunk))
-                .group_by(Metric.run_id, Metric.key, bucket)
-                .order_by(Metric.run_id, Metric.key, bucket)
-            )
-            for run_id, key, *agg in session.execute(stmt):
-                cols = fresh.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
-                for name, value in zip(BUCKET_FIELDS, agg, strict=True):
-                    cols[name].append(value)
+        fresh.update(dialect.aggregate(session, width, ranges))
     to_cache: list[dict[str, Any]] = []
     for p in plans:
-        old = cached.get((p.run_id, p.key)) or {f: [] for f in BUCKET_FIELDS}
-        new = fresh.get((p.run_id, p.key)) or {f: [] for f in BUCKET_FIELDS}
-        p.cols = _merge(old, new)
-        for i, b in enumerate(new["bucket"]):
-            if p.cacheable(b):
-                mean = new["mean"][i]
-                to_cache.append(
-                    {
-                        "run_id": p.run_id,
-                        "key": p.key,
-                        "width": p.width,
-                        "bucket": b,
-                        "hi_step": (b + 1) * p.width - 1,
-                        "n": new["n"][i],
-                        "n_valid": new["n_valid"][i],
-                        "v_sum": None if mean is None else mean * new["n_valid"][i],
-                        "v_min": new["v_min"][i],
-                        "v_max": new["v_max"][i],
-                        "last_step": new["last_step"][i],
-                        "last_wall": new["last_wall"][i],
-                    }
-                )
+        new = fresh.get((p.run_id, p.key)) or empty_buckets()
+        p.cols = _merge(cached.get((p.run_id, p.key)) or empty_buckets(), new)
+        to_cache += _rollup_rows(p, new)
     if to_cache:
         _cache_rollups(session, to_cache, seen)
     return plans
+
+
+def _cached_buckets(
+    session: Session, dialect: Dialect, plans: list[_Plan]
+) -> dict[tuple[int, str], Buckets]:
+    """The cached buckets of every plan that has cacheable ones."""
+    ranges = [
+        BucketRange(p.run_id, p.key, p.width, p.cache_lo, p.b_hi)
+        for p in plans
+        if p.b_hi > p.cache_lo
+    ]
+    return dialect.cached_buckets(session, ranges) if ranges else {}
+
+
+def _rollup_rows(p: _Plan, new: Buckets) -> list[dict[str, Any]]:
+    """``metric_rollups`` rows of the cacheable buckets among the freshly aggregated ``new``."""
+    rows = []
+    for i, b in enumerate(new["bucket"]):
+        if p.cacheable(b):
+            mean, n_valid = new["mean"][i], new["n_valid"][i]
+            rows.append(
+                {
+                    "run_id": p.run_id,
+                    "key": p.key,
+                    "width": p.width,
+                    "bucket": b,
+                    "hi_step": (b + 1) * p.width - 1,
+                    "n": new["n"][i],
+                    "n_valid": n_valid,
+                    "v_sum": None if mean is None else mean * n_valid,
+                    "v_min": new["v_min"][i],
+                    "v_max": new["v_max"][i],
+                    "last_step": new["last_step"][i],
+                    "last_wall": new["last_wall"][i],
+                }
+            )
+    return rows
 
 
 def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:
@@ -302,7 +222,7 @@ def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:
         yield start, b
 
 
-def _merge(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> dict[str, list[Any]]:
+def _merge(old: Buckets, new: Buckets) -> Buckets:
     if not new["bucket"]:
         return old
     if not old["bucket"] or new["bucket"][0] > old["bucket"][-1]:
@@ -311,68 +231,6 @@ def _merge(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> dict[str, li
     rows.update(zip(new["bucket"], zip(*(new[f] for f in BUCKET_FIELDS), strict=True), strict=True))
     ordered = [rows[b] for b in sorted(rows)]
     return {f: [r[i] for r in ordered] for i, f in enumerate(BUCKET_FIELDS)}
-
-
-_PG_CACHED_SQL = (
-    "SELECT p.r, p.k, a.*"
-    " FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(ws)s::integer[], %(los)s::bigint[],"
-    "  %(his)s::bigint[]) AS p(r, k, w, lo, hi)"
-    " CROSS JOIN LATERAL (SELECT array_agg(bucket), array_agg(n),"
-    "  array_agg(CASE WHEN n_valid > 0 THEN v_sum / n_valid END),"
-    "  array_agg(v_min), array_agg(v_max), array_agg(last_step), array_agg(last_wall),"
-    "  array_agg(n_valid)"
-    "  FROM (SELECT * FROM metric_rollups m WHERE m.run_id = p.r AND m.key = p.k"
-    "   AND m.width = p.w AND m.bucket >= p.lo AND m.bucket < p.hi ORDER BY m.bucket) s) a"
-)
-
-
-def _cached_buckets(
-    session: Session, plans: list[_Plan]
-) -> dict[tuple[int, str], dict[str, list[Any]]]:
-    """Cached buckets of every plan, column-oriented (PostgreSQL aggregates them into arrays)."""
-    out: dict[tuple[int, str], dict[str, list[Any]]] = {}
-    plans = [p for p in plans if p.b_hi > p.cache_lo]
-    if not plans:
-        return out
-    if session.get_bind().dialect.name == "postgresql":
-        # One index range scan per series, aggregated into arrays in bucket order (no sort),
-        # fetched in binary so the arrays decode in C.
-        params = {
-            "rs": [p.run_id for p in plans],
-            "ks": [p.key for p in plans],
-            "ws": [p.width for p in plans],
-            "los": [p.cache_lo for p in plans],
-            "his": [p.b_hi for p in plans],
-        }
-        dbapi = session.connection().connection.dbapi_connection
-        with dbapi.cursor(binary=True) as cur:  # type: ignore[union-attr]
-            cur.execute(_PG_CACHED_SQL, params)
-            for run_id, key, *arrays in cur.fetchall():
-                if arrays[0] is not None:
-                    out[(run_id, key)] = dict(zip(BUCKET_FIELDS, arrays, strict=True))
-        return out
-    r = MetricRollup
-    mean = case((r.n_valid > 0, r.v_sum / r.n_valid), else_=None)
-    cols = (r.bucket, r.n, mean, r.v_min, r.v_max, r.last_step, r.last_wall, r.n_valid)
-    conds = [
-        and_(
-            r.run_id == p.run_id,
-            r.key == p.key,
-            r.width == p.width,
-            r.bucket >= p.cache_lo,
-            r.bucket < p.b_hi,
-        )
-        for p in plans
-    ]
-    for chunk in _chunks(conds, 200):
-        stmt2 = (
-            select(r.run_id, r.key, *cols).where(or_(*chunk)).order_by(r.run_id, r.key, r.bucket)
-        )
-        for run_id, key, *values in session.execute(stmt2):
-            series = out.setdefault((run_id, key), {f: [] for f in BUCKET_FIELDS})
-            for name, value in zip(BUCKET_FIELDS, values, strict=True):
-                series[name].append(value)
-    return out
 
 
 def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int, int]) -> None:
@@ -392,7 +250,7 @@ def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int,
             ).all()
             unchanged = {r for r, seq in current if seen.get(r) == seq}
             rows = [r for r in rows if r["run_id"] in unchanged]
-            insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
+            dialect_of(session).insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
         session.commit()
     except DBAPIError:
         session.rollback()
@@ -402,15 +260,10 @@ def _raw_points(
     session: Session, pairs: list[tuple[int, str]], first: int, last: int
 ) -> Iterable[tuple[int, str, int, float | None, float]]:
     conds = [and_(Metric.run_id == r, Metric.key == k) for r, k in pairs]
-    for chunk in _chunks(conds, 200):
+    for chunk in chunks(conds):
         stmt = (
             select(Metric.run_id, Metric.key, Metric.step, Metric.value, Metric.wall_time)
             .where(or_(*chunk), Metric.step > first, Metric.step <= last)
             .order_by(Metric.run_id, Metric.key, Metric.step)
         )
         yield from session.execute(stmt)
-
-
-def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]

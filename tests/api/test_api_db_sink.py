@@ -173,11 +173,11 @@ def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Databa
     anyway, the savepoint rolls it back and the rows are upserted."""
     import numpy as np
 
-    from backend.db import Float8Array, Int4Array
-    from backend.storage.writes import (
-        _PG_METRIC_INSERT,
-        _PG_METRIC_UPSERT,
-        _pg_insert_parts,
+    from backend.storage.pg_arrays import Float8Array, Int4Array
+    from backend.storage.postgresql import (
+        _METRIC_INSERT,
+        _METRIC_UPSERT,
+        _insert_parts,
         _raw_cursor,
     )
 
@@ -194,8 +194,8 @@ def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Databa
     kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
     with pg_db.session() as s:
         with _raw_cursor(s) as cur:
-            _pg_insert_parts(
-                cur, _PG_METRIC_INSERT, _PG_METRIC_UPSERT, cols, kinds, np.array([True, True]),
+            _insert_parts(
+                cur, _METRIC_INSERT, _METRIC_UPSERT, cols, kinds, np.array([True, True]),
                 {"run": run_id, "keys": ["a"], "seq": 7},
             )  # fmt: skip
         s.commit()
