@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    select,
-)
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.models import (
-    Rollout,
-)
+from backend.models import Rollout
 
 
 def query_rollouts(

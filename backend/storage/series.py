@@ -32,16 +32,21 @@ ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
 ROLLUP_KEY = ("run_id", "key", "width", "bucket")
 
 
-def empty_series() -> dict[str, Any]:
-    return {
-        "steps": [],
-        "values": [],
-        "min": [],
-        "max": [],
-        "wall_time": [],
-        "sampled": False,
-        "total_points": 0,
-    }
+@dataclass(slots=True)
+class Series:
+    """One series as the API serves it: raw points, or one entry per bucket when ``sampled``.
+
+    A bucket reports its last step and wall time, the mean of its values, and their min and
+    max (spikes survive sampling); a raw point has min == max == value.
+    """
+
+    steps: list[int] = field(default_factory=list)
+    values: list[float | None] = field(default_factory=list)
+    min: list[float | None] = field(default_factory=list)
+    max: list[float | None] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)
+    sampled: bool = False
+    total_points: int = 0  # points in the range, also when sampled
 
 
 def metric_keys(session: Session, run_id: int) -> list[str]:
@@ -56,7 +61,7 @@ def query_series(
     max_points: int,
     since_step: int | None = None,
     step_max: int | None = None,
-) -> dict[int, dict[str, dict[str, Any]]]:
+) -> dict[int, dict[str, Series]]:
     """``{run_id: {key: Series}}`` for every requested pair (empty series where none exist).
 
     Only steps in (``since_step``, ``step_max``] count; the two page through raw points.
@@ -70,9 +75,7 @@ def query_series(
     4. A bucketed series that turns out to hold no more than ``max_points`` points (sparse
        steps) is read raw instead, so ``sampled`` is true exactly when points were merged.
     """
-    out: dict[int, dict[str, dict[str, Any]]] = {
-        r: {k: empty_series() for k in keys} for r in run_ids
-    }
+    out = {r: {k: Series() for k in keys} for r in run_ids}
     first = -1 if since_step is None else since_step
     last = INT32_MAX if step_max is None else step_max
     # Each run's write_seq before any point is read: buckets are cached only for runs that no
@@ -92,23 +95,23 @@ def query_series(
         if total <= max_points:
             raw.append((plan.run_id, plan.key))
             continue
-        out[plan.run_id][plan.key] = {
-            "steps": plan.cols["last_step"],
-            "values": plan.cols["mean"],  # means of stored (finite, |x| <= 1e290) values
-            "min": plan.cols["v_min"],
-            "max": plan.cols["v_max"],
-            "wall_time": plan.cols["last_wall"],
-            "sampled": True,
-            "total_points": total,
-        }
+        out[plan.run_id][plan.key] = Series(
+            steps=plan.cols["last_step"],
+            values=plan.cols["mean"],  # means of stored (finite, |x| <= 1e290) values
+            min=plan.cols["v_min"],
+            max=plan.cols["v_max"],
+            wall_time=plan.cols["last_wall"],
+            sampled=True,
+            total_points=total,
+        )
     for run_id, key, step, value, wall in _raw_points(session, raw, first, last):
         s = out[run_id][key]
-        s["steps"].append(step)
-        s["values"].append(value)
-        s["min"].append(value)
-        s["max"].append(value)
-        s["wall_time"].append(wall)
-        s["total_points"] += 1
+        s.steps.append(step)
+        s.values.append(value)
+        s.min.append(value)
+        s.max.append(value)
+        s.wall_time.append(wall)
+        s.total_points += 1
     return out
 
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    or_,
-    select,
-)
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from backend.models import (
-    Metric,
-)
+from backend.models import Metric
 
 
 @dataclass(frozen=True)
@@ -49,15 +44,31 @@ class StreamCursor:
         return cls(nums[0], -1 if since_step is None else since_step, backlog)
 
 
+@dataclass(slots=True)
+class StreamSeries:
+    """One key's new points, in step order."""
+
+    steps: list[int] = field(default_factory=list)
+    values: list[float | None] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)
+
+
+@dataclass
+class StreamChunk:
+    """What ``query_new_points`` found, and the cursor that follows it."""
+
+    cursor: StreamCursor
+    step_max: int | None  # the highest step among the points; None when there are none
+    series: dict[str, StreamSeries]  # by key; empty when nothing new was written
+
+
 def query_new_points(
     session: Session, run_id: int, cursor: StreamCursor, limit_rows: int = 20_000
-) -> tuple[StreamCursor, int | None, dict[str, dict[str, list[Any]]]]:
+) -> StreamChunk:
     """Points written after ``cursor``, whole writes only, about ``limit_rows`` at most.
 
-    Returns the new cursor, the highest step among the points (None when there are none) and
-    ``{key: {"steps", "values", "wall_time"}}`` with each key's points in step order. A point
-    rewritten after it was sent (an overwrite, e.g. a resumed run re-emitting a step) is sent
-    again with its new value.
+    A point rewritten after it was sent (an overwrite, e.g. a resumed run re-emitting a step)
+    is sent again with its new value.
     """
     m = Metric
 
@@ -79,12 +90,14 @@ def query_new_points(
     if backlog is not None and (complete or new_seq >= backlog):
         # Everything up to now matched or was skipped; the backlog is over.
         new_seq, backlog = max(new_seq, backlog), None
-    series: dict[str, dict[str, list[Any]]] = {}
+    series: dict[str, StreamSeries] = {}
     step_max = None
     for key, step, value, wall, _ in sorted(rows, key=lambda r: (r.key, r.step)):
-        s = series.setdefault(key, {"steps": [], "values": [], "wall_time": []})
-        s["steps"].append(step)
-        s["values"].append(value)
-        s["wall_time"].append(wall)
+        s = series.get(key)
+        if s is None:
+            s = series[key] = StreamSeries()
+        s.steps.append(step)
+        s.values.append(value)
+        s.wall_time.append(wall)
         step_max = step if step_max is None else max(step_max, step)
-    return StreamCursor(new_seq, cursor.since_step, backlog), step_max, series
+    return StreamChunk(StreamCursor(new_seq, cursor.since_step, backlog), step_max, series)

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Metric, Rollout, Run, RunStatus, User, utcnow
+from backend.storage.series import Series
 from backend.storage.writes import RolloutPoint, StepPoints, write_points
 from conspo.sink import RolloutRecord, StepRecord
 from worker.db_sink import DbSink, RunGone
@@ -238,10 +239,10 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
         _cache_rollups(s, stale, {run_id: seen_before})  # computed before the rewrite
     assert cached() == 0
     series = query_series_once(db, run_id)
-    assert min(series["min"]) == -1.0 and cached() > 0
+    assert min(series.min) == -1.0 and cached() > 0
 
 
-def query_series_once(db: Database, run_id: int) -> dict:  # type: ignore[type-arg]
+def query_series_once(db: Database, run_id: int) -> Series:
     from backend.storage.series import query_series
 
     with db.session() as s:

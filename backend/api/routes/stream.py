@@ -28,7 +28,7 @@ from backend.crud import run_out
 from backend.db import Database
 from backend.models import FINISHED, Run, utcnow
 from backend.schemas import INT32_MAX
-from backend.storage.stream import StreamCursor, query_new_points
+from backend.storage.stream import StreamChunk, StreamCursor, query_new_points
 
 router = APIRouter(tags=["live"])
 
@@ -83,17 +83,18 @@ async def _run_events(
         if snapshot is None:  # deleted
             yield _event("end", {"reason": "deleted"}, cursor)
             return
-        run, cursor, step_max, series = snapshot
-        if series:
-            yield _event("metrics", {"step_max": step_max, "series": series}, cursor)
+        run, chunk = snapshot
+        cursor = chunk.cursor
+        if chunk.series:
+            yield _event("metrics", {"step_max": chunk.step_max, "series": chunk.series}, cursor)
         status_key = tuple(run[f] for f in STATUS_FIELDS)
         if status_key != last_status:
             last_status = status_key
             yield _event("status", run, cursor)
-        if run["status"] in FINISHED and not series:
+        if run["status"] in FINISHED and not chunk.series:
             yield _event("end", {"status": run["status"], "step_max": run["step"]}, cursor)
             return
-        if series:
+        if chunk.series:
             continue  # more may be waiting (writes are sent in chunks)
         if await request.is_disconnected():
             return
@@ -102,15 +103,14 @@ async def _run_events(
 
 def _run_snapshot(
     db: Database, run_id: int, cursor: StreamCursor
-) -> tuple[dict[str, Any], StreamCursor, int | None, dict[str, Any]] | None:
+) -> tuple[dict[str, Any], StreamChunk] | None:
     with db.session() as session:
         run = session.get(Run, run_id)
         if run is None:
             return None
         out = run_out(run)
         # Points after the run row was read, so a finished status never outruns its points.
-        cursor, step_max, series = query_new_points(session, run_id, cursor)
-        return out, cursor, step_max, series
+        return out, query_new_points(session, run_id, cursor)
 
 
 @router.get("/stream/runs")
