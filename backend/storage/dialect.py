@@ -47,16 +47,6 @@ class BucketRange(NamedTuple):
     hi: int
 
 
-def empty_buckets() -> Buckets:
-    return {f: [] for f in BUCKET_FIELDS}
-
-
-def chunks(items: list[Any], size: int = 200) -> Iterable[list[Any]]:
-    """``items`` in runs of ``size``: an OR of more conditions nests too deep for SQLite."""
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 class Dialect(ABC):
     """Every storage operation whose SQL differs between dialects (one instance per engine)."""
 
@@ -137,3 +127,26 @@ def _make(name: str) -> Dialect:
     if name not in known:
         raise ValueError(f"no storage dialect for {name!r}; known: {', '.join(sorted(known))}")
     return known[name]()
+
+
+# Helpers of the implementations (chunks also serves the portable reads of backend.storage.series).
+
+
+def empty_buckets() -> Buckets:
+    return {f: [] for f in BUCKET_FIELDS}
+
+
+def collect(out: dict[SeriesKey, Buckets], rows: Iterable[Sequence[Any]]) -> None:
+    """Append rows of (run_id, key, *BUCKET_FIELDS) to each series' buckets in ``out``."""
+    for run_id, key, *values in rows:
+        series = out.get((run_id, key))
+        if series is None:
+            series = out[(run_id, key)] = empty_buckets()
+        for name, value in zip(BUCKET_FIELDS, values, strict=True):
+            series[name].append(value)
+
+
+def chunks(items: list[Any], size: int = 200) -> Iterable[list[Any]]:
+    """``items`` in runs of ``size``: an OR of more conditions nests too deep for SQLite."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

@@ -32,7 +32,7 @@ from backend.storage.dialect import (
     Dialect,
     SeriesKey,
     StepRange,
-    empty_buckets,
+    collect,
 )
 from backend.storage.pg_arrays import BoolArray, Float8Array, Int4Array, Int8Array, PgArray
 
@@ -188,12 +188,7 @@ class PostgresDialect(Dialect):
         with _raw_cursor(session) as cur:
             params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
             cur.execute(_AGG_SQL, params, binary=True)
-            for run_id, key, *agg in cur.fetchall():
-                cols = out.get((run_id, key))
-                if cols is None:
-                    cols = out[(run_id, key)] = empty_buckets()
-                for name, value in zip(BUCKET_FIELDS, agg, strict=True):
-                    cols[name].append(value)
+            collect(out, cur.fetchall())
         return out
 
     def cached_buckets(

@@ -22,6 +22,7 @@ from backend.storage.dialect import (
     BucketRange,
     Buckets,
     Dialect,
+    SeriesKey,
     StepRange,
     chunks,
     dialect_of,
@@ -127,7 +128,7 @@ class _Plan:
     b_lo: int
     b_hi: int  # the bucket holding `hi` (never cached: it may still grow)
     # Column-oriented buckets, in bucket order: one list per BUCKET_FIELDS name.
-    cols: dict[str, list[Any]] = field(default_factory=dict)
+    cols: Buckets = field(default_factory=dict)
 
     @classmethod
     def make(cls, run_id: int, key: str, lo: int, hi: int, first: int, max_points: int) -> _Plan:
@@ -157,7 +158,7 @@ def _bucketize(
         for start, end in _missing_ranges(p, have_set):
             lo, hi = max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi)
             missing.setdefault(p.width, []).append(StepRange(p.run_id, p.key, lo, hi))
-    fresh: dict[tuple[int, str], Buckets] = {}
+    fresh: dict[SeriesKey, Buckets] = {}
     for width, ranges in missing.items():
         fresh.update(dialect.aggregate(session, width, ranges))
     to_cache: list[dict[str, Any]] = []
@@ -172,7 +173,7 @@ def _bucketize(
 
 def _cached_buckets(
     session: Session, dialect: Dialect, plans: list[_Plan]
-) -> dict[tuple[int, str], Buckets]:
+) -> dict[SeriesKey, Buckets]:
     """The cached buckets of every plan that has cacheable ones."""
     ranges = [
         BucketRange(p.run_id, p.key, p.width, p.cache_lo, p.b_hi)

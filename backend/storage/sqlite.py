@@ -6,7 +6,7 @@ condition per series, in chunks (``backend.storage.dialect.chunks``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Table, and_, case, func, or_, select
@@ -15,14 +15,13 @@ from sqlalchemy.orm import Session
 
 from backend.models import Metric, MetricRollup, Rollout, Run
 from backend.storage.dialect import (
-    BUCKET_FIELDS,
     BucketRange,
     Buckets,
     Dialect,
     SeriesKey,
     StepRange,
     chunks,
-    empty_buckets,
+    collect,
 )
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ class SqliteDialect(Dialect):
                 .group_by(m.run_id, m.key, bucket)
                 .order_by(m.run_id, m.key, bucket)
             )
-            _collect(out, session.execute(stmt))
+            collect(out, session.execute(stmt))
         return out
 
     def cached_buckets(
@@ -126,15 +125,5 @@ class SqliteDialect(Dialect):
                 .where(or_(*chunk))
                 .order_by(r.run_id, r.key, r.bucket)
             )
-            _collect(out, session.execute(stmt))
+            collect(out, session.execute(stmt))
         return out
-
-
-def _collect(out: dict[SeriesKey, Buckets], rows: Iterable[Any]) -> None:
-    """Append rows of (run_id, key, *BUCKET_FIELDS) to each series' columns."""
-    for run_id, key, *values in rows:
-        series = out.get((run_id, key))
-        if series is None:
-            series = out[(run_id, key)] = empty_buckets()
-        for name, value in zip(BUCKET_FIELDS, values, strict=True):
-            series[name].append(value)

@@ -92,7 +92,7 @@ def write_points(
     if len(m.step):
         ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
         out.last_values = {
-            m.keys[k]: none_if_nan(v)
+            m.keys[k]: _none_if_nan(v)
             for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
         }
     seq = _update_run(session, dialect, run_id, out, owner_attempt, run_values or {})
@@ -125,16 +125,11 @@ class MetricColumns:
     def rows(self, run_id: int, seq: int) -> list[dict[str, Any]]:
         """The points as ``metrics`` rows (NaN back to None), for a row-wise upsert."""
         keys = self.keys
+        cols = (self.k.tolist(), self.step.tolist(), self.value.tolist(), self.wall.tolist())
         return [
-            {"run_id": run_id, "key": keys[k], "step": st, "value": none_if_nan(v)}
+            {"run_id": run_id, "key": keys[k], "step": st, "value": _none_if_nan(v)}
             | {"wall_time": w, "seq": seq}
-            for k, st, v, w in zip(
-                self.k.tolist(),
-                self.step.tolist(),
-                self.value.tolist(),
-                self.wall.tolist(),
-                strict=True,
-            )  # fmt: skip
+            for k, st, v, w in zip(*cols, strict=True)
         ]
 
 
@@ -164,8 +159,8 @@ class RolloutColumns:
                 "step": st,
                 "group": g,
                 "index": i,
-                "reward": none_if_nan(rw),
-                "score": none_if_nan(sc),
+                "reward": _none_if_nan(rw),
+                "score": _none_if_nan(sc),
                 "length": ln,
                 "truncated": bool(tr),
             }
@@ -173,7 +168,7 @@ class RolloutColumns:
         ]
 
 
-def none_if_nan(v: float) -> float | None:
+def _none_if_nan(v: float) -> float | None:
     return None if v != v else v
 
 

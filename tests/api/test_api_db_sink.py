@@ -247,3 +247,13 @@ def query_series_once(db: Database, run_id: int) -> Series:
 
     with db.session() as s:
         return query_series(s, [run_id], ["a"], 20)[run_id]["a"]
+
+
+def test_storage_dialect_is_chosen_once_per_engine(db: Database) -> None:
+    from backend.storage.dialect import _make, dialect_of
+
+    with db.session() as a, db.session() as b:
+        assert dialect_of(a) is dialect_of(b)
+        assert dialect_of(a).name == db.engine.dialect.name
+    with pytest.raises(ValueError, match="'mysql'; known: postgresql, sqlite"):
+        _make("mysql")
