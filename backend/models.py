@@ -1,13 +1,14 @@
 """The schema (SQLAlchemy 2 typed ORM). Alembic (migrations/) is the only way it changes.
 
-* ``runs``: one row per training job, status machine queued → running → succeeded|failed|cancelled.
+* ``runs``: one row per training job, status machine queued → running → succeeded|failed|cancelled
+  (every transition is in ``backend.lifecycle``).
 * ``metrics``: long format, primary key (run_id, key, step) → value (NULL for NaN/Inf): the key
   serves both the idempotent upsert and the (run, key, step-range) reads. ``seq`` is the run's
   ``write_seq`` of the write that last touched the point (the live stream's cursor).
 * ``metrics``, ``rollouts`` and ``metric_rollups`` have no foreign key to ``runs``: PostgreSQL
   checks one with a query per inserted row (half the cost of a bulk write). Writers lock the
-  run row first (``storage.write_points``, ``storage._cache_rollups``) and ``lifecycle.delete_run``
-  deletes the run row before its points.
+  run row first (``storage.writes.write_points``, ``storage.series._cache_rollups``) and
+  ``lifecycle.delete_run`` deletes the run row before its points.
 * ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
 """

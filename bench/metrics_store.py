@@ -33,7 +33,7 @@ from backend.config import Settings  # noqa: E402
 from backend.db import Database  # noqa: E402
 from backend.migrate import migrate  # noqa: E402
 from backend.models import Metric, Run, RunStatus, User, utcnow  # noqa: E402
-from backend.storage import StepPoints, write_points  # noqa: E402
+from backend.storage.writes import StepPoints, write_points  # noqa: E402
 from conspo.sink import RolloutRecord, StepRecord  # noqa: E402
 from worker.db_sink import DbSink  # noqa: E402
 

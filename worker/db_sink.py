@@ -1,8 +1,8 @@
 """A ``conspo.sink.Sink`` that buffers steps and writes them to the database in batches.
 
-One transaction per batch (``backend.storage.write_points``): every buffered metric and rollout
-in bulk, plus one update of the run row (step, summary, heartbeat; only while this attempt
-still owns the run). A batch is written when ``flush()`` is called, when the buffer holds
+One transaction per batch (``backend.storage.writes.write_points``): every buffered metric and
+rollout in bulk, plus one update of the run row (step, summary, heartbeat; only while this
+attempt still owns the run). A batch is written when ``flush()`` is called, when the buffer holds
 ``max_points`` metric points and rollout rows, or when a step arrives ``max_delay_s`` after the
 last write (so dashboards stay live whatever the step rate).
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from backend.db import Database
 from backend.models import utcnow
-from backend.storage import StepPoints, write_points
+from backend.storage.writes import StepPoints, write_points
 from conspo.sink import StepRecord
 
 log = logging.getLogger(__name__)

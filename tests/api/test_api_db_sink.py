@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Metric, Rollout, Run, RunStatus, User, utcnow
-from backend.storage import RolloutPoint, StepPoints, write_points
+from backend.storage.series import Series
+from backend.storage.writes import RolloutPoint, StepPoints, write_points
 from conspo.sink import RolloutRecord, StepRecord
 from worker.db_sink import DbSink, RunGone
 
@@ -173,8 +174,13 @@ def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Databa
     anyway, the savepoint rolls it back and the rows are upserted."""
     import numpy as np
 
-    from backend.db import Float8Array, Int4Array
-    from backend.storage import _PG_METRIC_INSERT, _PG_METRIC_UPSERT, _pg_insert_parts, _raw_cursor
+    from backend.storage.pg_arrays import Float8Array, Int4Array
+    from backend.storage.postgresql import (
+        _METRIC_INSERT,
+        _METRIC_UPSERT,
+        _insert_parts,
+        _raw_cursor,
+    )
 
     run_id = new_run(pg_db)
     with pg_db.session() as s:
@@ -189,8 +195,8 @@ def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Databa
     kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
     with pg_db.session() as s:
         with _raw_cursor(s) as cur:
-            _pg_insert_parts(
-                cur, _PG_METRIC_INSERT, _PG_METRIC_UPSERT, cols, kinds, np.array([True, True]),
+            _insert_parts(
+                cur, _METRIC_INSERT, _METRIC_UPSERT, cols, kinds, np.array([True, True]),
                 {"run": run_id, "keys": ["a"], "seq": 7},
             )  # fmt: skip
         s.commit()
@@ -202,7 +208,7 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
     """A reader caches buckets only for runs whose write_seq is what it was before it read the
     points, so buckets computed before a rewrite are never cached after it."""
     from backend.models import MetricRollup
-    from backend.storage import query_series
+    from backend.storage.series import query_series
 
     run_id = new_run(db)
     with db.session() as s:
@@ -222,7 +228,7 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
         write_points(s, run_id, [StepPoints(10, {"a": -1.0})])
         s.commit()
     assert cached() == 0  # bucket 0 (steps 0..31) starts before step 10 and ends after it
-    from backend.storage import _cache_rollups
+    from backend.storage.series import _cache_rollups
 
     stale = [
         {"run_id": run_id, "key": "a", "width": 32, "bucket": 1, "hi_step": 63, "n": 32,
@@ -233,11 +239,21 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
         _cache_rollups(s, stale, {run_id: seen_before})  # computed before the rewrite
     assert cached() == 0
     series = query_series_once(db, run_id)
-    assert min(series["min"]) == -1.0 and cached() > 0
+    assert min(series.min) == -1.0 and cached() > 0
 
 
-def query_series_once(db: Database, run_id: int) -> dict:  # type: ignore[type-arg]
-    from backend.storage import query_series
+def query_series_once(db: Database, run_id: int) -> Series:
+    from backend.storage.series import query_series
 
     with db.session() as s:
         return query_series(s, [run_id], ["a"], 20)[run_id]["a"]
+
+
+def test_storage_dialect_is_chosen_once_per_engine(db: Database) -> None:
+    from backend.storage.dialect import _make, dialect_of
+
+    with db.session() as a, db.session() as b:
+        assert dialect_of(a) is dialect_of(b)
+        assert dialect_of(a).name == db.engine.dialect.name
+    with pytest.raises(ValueError, match="'mysql'; known: postgresql, sqlite"):
+        _make("mysql")

@@ -211,7 +211,7 @@ def test_stream_since_step_still_sends_later_writes_below_it(api: Api) -> None:
 
 def test_stream_chunks_keep_whole_writes_and_resume_from_any_event(api: Api) -> None:
     from backend.db import Database
-    from backend.storage import StreamCursor, query_new_points
+    from backend.storage.stream import StreamCursor, query_new_points
 
     run = api.external()
     for start in range(1, 40, 4):  # ten writes of 4 steps x 2 keys
@@ -227,28 +227,29 @@ def test_stream_chunks_keep_whole_writes_and_resume_from_any_event(api: Api) -> 
             seen: list[tuple[str, int]] = []
             cursor, events = StreamCursor(), 0
             while True:
-                cursor, _, series = query_new_points(session, run["id"], cursor, limit_rows=10)
+                got = query_new_points(session, run["id"], cursor, limit_rows=10)
+                cursor, series = got.cursor, got.series
                 if not series:
                     break
                 events += 1
-                chunk = [(k, st) for k, s in series.items() for st in s["steps"]]
+                chunk = [(k, st) for k, s in series.items() for st in s.steps]
                 assert len(chunk) <= 10 and len(chunk) % 8 in (0, 1)  # whole writes only
                 seen += chunk
                 assert StreamCursor.parse(cursor.event_id, None) == cursor
             assert sorted(seen) == sorted({(k, st) for k, st in seen}) and len(seen) == 81
             assert events == 10  # the last write (1 point) fits beside the tenth (8)
             # A single write larger than the limit comes whole.
-            _, _, series = query_new_points(session, run["id"], StreamCursor(), limit_rows=3)
-            assert sum(len(s["steps"]) for s in series.values()) == 8
+            series = query_new_points(session, run["id"], StreamCursor(), limit_rows=3).series
+            assert sum(len(s.steps) for s in series.values()) == 8
             # A backlog cursor: steps <= 36 written before it opened are skipped.
             seq = session.scalar(text_seq(run["id"]))
             backlog = StreamCursor(since_step=36, backlog_until=seq)
-            after, _, series = query_new_points(session, run["id"], backlog, limit_rows=100)
-            assert {k: s["steps"] for k, s in series.items()} == {
+            got = query_new_points(session, run["id"], backlog, limit_rows=100)
+            assert {k: s.steps for k, s in got.series.items()} == {
                 "a": [37, 38, 39, 40],
                 "b": [37, 38, 39, 40],
             }
-            assert after == StreamCursor(seq, 36, None) and after.event_id == str(seq)
+            assert got.cursor == StreamCursor(seq, 36, None) and got.cursor.event_id == str(seq)
     finally:
         db.dispose()
 

@@ -23,7 +23,7 @@ from backend.lifecycle import Beat
 from backend.models import Metric, Run, RunStatus, User, utcnow
 from backend.queue import TASK_NAME, JobQueue, make_celery
 from backend.security import get_or_create_user
-from backend.storage import StepPoints, write_points
+from backend.storage.writes import StepPoints, write_points
 from conspo.config import RunConfig
 
 CONFIG = RunConfig.model_validate({"algorithm": "grpo", "steps": 3})

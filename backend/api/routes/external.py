@@ -17,7 +17,7 @@ from backend.schemas import (
     RunOut,
     run_out,
 )
-from backend.storage import RolloutPoint, StepPoints, write_points
+from backend.storage.writes import RolloutPoint, StepPoints, write_points
 
 router = APIRouter(prefix="/runs", tags=["external logging"])
 

@@ -12,7 +12,7 @@ from backend.api.deps import RunDep, SessionDep
 from backend.api.query import CommaList, parse_ids, parse_keys
 from backend.models import Run
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
-from backend.storage import metric_keys, query_series
+from backend.storage.series import metric_keys, query_series
 from conspo.metrics import Catalogue, catalogue
 
 router = APIRouter(tags=["metrics"])

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from backend.api.deps import RunDep, SessionDep
 from backend.schemas import INT32_MAX, RolloutList
-from backend.storage import query_rollouts
+from backend.storage.rollouts import query_rollouts
 
 router = APIRouter(tags=["rollouts"])
 StepQ = Annotated[int | None, Query(ge=0, le=INT32_MAX)]

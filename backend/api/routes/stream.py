@@ -2,10 +2,10 @@
 
 * ``/runs/{id}/stream``: ``metrics`` events with the points written after the cursor, ``status``
   events when the run's state changes, ``end`` once it is finished and every point was sent.
-  The cursor is the run's write sequence (``backend.storage.StreamCursor``), not a step, so a
-  key written later to a step already sent (an eval metric, a TRL summary) is still streamed.
-  Each event carries it as ``id``; a reconnect with ``Last-Event-ID`` resumes without loss or
-  repeats.
+  The cursor is the run's write sequence (``backend.storage.stream.StreamCursor``), not a
+  step, so a key written later to a step already sent (an eval metric, a TRL summary) is still
+  streamed. Each event carries it as ``id``; a reconnect with ``Last-Event-ID`` resumes without
+  loss or repeats.
 * ``/stream/runs``: a ``run`` event whenever any run's status or step changes.
 """
 
@@ -27,7 +27,7 @@ from backend.config import Settings
 from backend.db import Database
 from backend.models import FINISHED, Run, utcnow
 from backend.schemas import INT32_MAX, run_out
-from backend.storage import StreamCursor, query_new_points
+from backend.storage.stream import StreamChunk, StreamCursor, query_new_points
 
 router = APIRouter(tags=["live"])
 
@@ -82,17 +82,18 @@ async def _run_events(
         if snapshot is None:  # deleted
             yield _event("end", {"reason": "deleted"}, cursor)
             return
-        run, cursor, step_max, series = snapshot
-        if series:
-            yield _event("metrics", {"step_max": step_max, "series": series}, cursor)
+        run, chunk = snapshot
+        cursor = chunk.cursor
+        if chunk.series:
+            yield _event("metrics", {"step_max": chunk.step_max, "series": chunk.series}, cursor)
         status_key = tuple(run[f] for f in STATUS_FIELDS)
         if status_key != last_status:
             last_status = status_key
             yield _event("status", run, cursor)
-        if run["status"] in FINISHED and not series:
+        if run["status"] in FINISHED and not chunk.series:
             yield _event("end", {"status": run["status"], "step_max": run["step"]}, cursor)
             return
-        if series:
+        if chunk.series:
             continue  # more may be waiting (writes are sent in chunks)
         if await request.is_disconnected():
             return
@@ -101,15 +102,14 @@ async def _run_events(
 
 def _run_snapshot(
     db: Database, run_id: int, cursor: StreamCursor
-) -> tuple[dict[str, Any], StreamCursor, int | None, dict[str, Any]] | None:
+) -> tuple[dict[str, Any], StreamChunk] | None:
     with db.session() as session:
         run = session.get(Run, run_id)
         if run is None:
             return None
         out = run_out(run)
         # Points after the run row was read, so a finished status never outruns its points.
-        cursor, step_max, series = query_new_points(session, run_id, cursor)
-        return out, cursor, step_max, series
+        return out, query_new_points(session, run_id, cursor)
 
 
 @router.get("/stream/runs")

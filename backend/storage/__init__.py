@@ -1,0 +1,12 @@
+"""Metric and rollout storage: idempotent bulk writes and server-side downsampled reads.
+
+* ``writes``: ``write_points``, one transaction's bulk upsert of metrics and rollouts plus the
+  run's step, summary and write sequence.
+* ``series``: ``query_series`` (bucketed by step above ``max_points``, min and max kept per
+  bucket) and the ``metric_rollups`` cache it reads and fills; ``metric_keys``.
+* ``stream``: ``StreamCursor`` and ``query_new_points``, the live stream's write-sequence cursor.
+* ``rollouts``: ``query_rollouts``.
+* ``dialect``: the strategy behind every statement whose SQL differs between dialects, one
+  object per engine: ``sqlite.SqliteDialect`` and ``postgresql.PostgresDialect`` (which sends
+  columns as the binary arrays of ``pg_arrays``).
+"""

@@ -1,0 +1,152 @@
+"""The storage statements whose SQL differs between PostgreSQL and SQLite, behind one interface.
+
+Each dialect has one strategy object, made on an engine's first use and looked up from a
+session's bind with ``dialect_of``; nothing else in the storage package looks at the dialect's
+name. ``backend.storage.sqlite.SqliteDialect`` uses portable SQLAlchemy Core statements;
+``backend.storage.postgresql.PostgresDialect`` hand-written SQL that moves whole columns as
+binary arrays through ``unnest`` and reads each series with its own index probes.
+
+The values exchanged are plain: numpy columns in (``backend.storage.writes``), and
+column-oriented buckets out (``Buckets``: one list per ``BUCKET_FIELDS`` name, in bucket order).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from weakref import WeakKeyDictionary
+
+from sqlalchemy import Engine, Table
+from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from backend.storage.writes import MetricColumns, RolloutColumns
+
+BUCKET_FIELDS = ("bucket", "n", "mean", "v_min", "v_max", "last_step", "last_wall", "n_valid")
+Buckets = dict[str, list[Any]]  # one list per BUCKET_FIELDS name, in bucket order
+SeriesKey = tuple[int, str]  # (run_id, key)
+
+
+class StepRange(NamedTuple):
+    """Steps ``lo``..``hi`` (both included) of one series."""
+
+    run_id: int
+    key: str
+    lo: int
+    hi: int
+
+
+class BucketRange(NamedTuple):
+    """Buckets ``lo``..``hi - 1`` of ``width`` steps of one series."""
+
+    run_id: int
+    key: str
+    width: int
+    lo: int
+    hi: int
+
+
+class Dialect(ABC):
+    """Every storage operation whose SQL differs between dialects (one instance per engine)."""
+
+    name: ClassVar[str]  # SQLAlchemy's name of the dialect
+
+    @abstractmethod
+    def upsert(
+        self,
+        session: Session,
+        table: Table,
+        rows: Sequence[dict[str, Any]],
+        key: Sequence[str],
+        *,
+        update: bool = True,
+    ) -> int:
+        """``INSERT … ON CONFLICT (key) DO UPDATE`` (or ``DO NOTHING``) of ``rows``; their count."""
+
+    def insert_ignore(
+        self, session: Session, table: Table, rows: Sequence[dict[str, Any]], key: Sequence[str]
+    ) -> int:
+        return self.upsert(session, table, rows, key, update=False)
+
+    @abstractmethod
+    def write_metrics(self, session: Session, run_id: int, seq: int, m: MetricColumns) -> int:
+        """Upsert the points (at least one) with ``seq``; the caller holds the run row's lock."""
+
+    @abstractmethod
+    def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
+        """Upsert the rollouts (at least one); the caller holds the run row's lock."""
+
+    @abstractmethod
+    def advance_run(
+        self, session: Session, run_id: int, last_step: int, last_values: dict[str, float | None]
+    ) -> dict[str, Any]:
+        """Values for the run's UPDATE: ``step`` moves to ``last_step`` and ``last_values`` are
+        merged into ``summary``, unless the run already stands past ``last_step``."""
+
+    @abstractmethod
+    def extents(
+        self, session: Session, run_ids: Sequence[int], keys: Sequence[str], first: int, last: int
+    ) -> dict[SeriesKey, tuple[int, int]]:
+        """(run_id, key) -> (first, last step in (``first``, ``last``]) of the series with points
+        (``run_ids`` and ``keys`` are not empty)."""
+
+    @abstractmethod
+    def aggregate(
+        self, session: Session, width: int, ranges: Sequence[StepRange]
+    ) -> dict[SeriesKey, Buckets]:
+        """Buckets of ``width`` steps of the raw points in ``ranges`` (``mean`` of the non-NULL
+        values), each series' in bucket order; series without points are absent."""
+
+    @abstractmethod
+    def cached_buckets(
+        self, session: Session, ranges: Sequence[BucketRange]
+    ) -> dict[SeriesKey, Buckets]:
+        """The ``metric_rollups`` rows in ``ranges`` (``mean`` = v_sum / n_valid), each series'
+        in bucket order; series with none are absent."""
+
+
+_BY_ENGINE: WeakKeyDictionary[Engine, Dialect] = WeakKeyDictionary()
+
+
+def dialect_of(session: Session) -> Dialect:
+    """The storage strategy of the session's engine (made on the engine's first use)."""
+    engine = session.get_bind().engine
+    strategy = _BY_ENGINE.get(engine)
+    if strategy is None:
+        strategy = _BY_ENGINE.setdefault(engine, _make(engine.dialect.name))
+    return strategy
+
+
+def _make(name: str) -> Dialect:
+    # Imported here, not above: both implementations subclass Dialect from this module.
+    from backend.storage.postgresql import PostgresDialect
+    from backend.storage.sqlite import SqliteDialect
+
+    known: dict[str, type[Dialect]] = {c.name: c for c in (PostgresDialect, SqliteDialect)}
+    if name not in known:
+        raise ValueError(f"no storage dialect for {name!r}; known: {', '.join(sorted(known))}")
+    return known[name]()
+
+
+# Helpers of the implementations (chunks also serves the portable reads of backend.storage.series).
+
+
+def empty_buckets() -> Buckets:
+    return {f: [] for f in BUCKET_FIELDS}
+
+
+def collect(out: dict[SeriesKey, Buckets], rows: Iterable[Sequence[Any]]) -> None:
+    """Append rows of (run_id, key, *BUCKET_FIELDS) to each series' buckets in ``out``."""
+    for run_id, key, *values in rows:
+        series = out.get((run_id, key))
+        if series is None:
+            series = out[(run_id, key)] = empty_buckets()
+        for name, value in zip(BUCKET_FIELDS, values, strict=True):
+            series[name].append(value)
+
+
+def chunks(items: list[Any], size: int = 200) -> Iterable[list[Any]]:
+    """``items`` in runs of ``size``: an OR of more conditions nests too deep for SQLite."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

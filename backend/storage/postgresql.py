@@ -1,0 +1,292 @@
+"""The PostgreSQL storage strategy: columns as binary arrays through ``unnest``, index probes.
+
+Bulk writes send each column as one pre-encoded binary array (``backend.storage.pg_arrays``)
+and ``unnest`` them in SQL: one statement and one round trip whatever the batch size, with no
+per-element dumping in Python. Reads of many series take one row per series (``unnest`` of
+their run ids and keys) and a ``LATERAL`` subquery each, so every series is its own index
+range scan in step order: no GROUP BY over every point, no bitmap heap recheck of an OR of
+every range. Statements that need binary parameters or results go through the session's
+psycopg connection, inside the session's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psycopg
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, Table, bindparam, case, cast, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Session
+
+from backend.models import Run
+from backend.storage import pg_arrays
+from backend.storage.dialect import (
+    BUCKET_FIELDS,
+    BucketRange,
+    Buckets,
+    Dialect,
+    SeriesKey,
+    StepRange,
+    collect,
+)
+from backend.storage.pg_arrays import BoolArray, Float8Array, Int4Array, Int8Array, PgArray
+
+if TYPE_CHECKING:
+    from backend.storage.writes import MetricColumns, RolloutColumns
+
+_METRIC_INSERT = (
+    "INSERT INTO metrics (run_id, key, step, value, wall_time, seq)"
+    " SELECT %(run)s, (%(keys)s::varchar[])[u.k], u.s, NULLIF(u.v, 'NaN'), u.w, %(seq)s"
+    " FROM unnest(%(k)b, %(s)b, %(v)b, %(w)b) AS u(k, s, v, w)"
+)
+_METRIC_UPSERT = (
+    _METRIC_INSERT + " ON CONFLICT (run_id, key, step) DO UPDATE SET value = EXCLUDED.value,"
+    " wall_time = EXCLUDED.wall_time, seq = EXCLUDED.seq"
+)
+# Per key, the highest step stored: one index probe each.
+_METRIC_TOP = (
+    "SELECT (SELECT max(step) FROM metrics m WHERE m.run_id = %(run)s AND m.key = u.k)"
+    " FROM unnest(%(keys)s::varchar[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+)
+_ROLLOUT_INSERT = (
+    'INSERT INTO rollouts (run_id, step, "group", "index", reward, score, length, truncated)'
+    " SELECT %(run)s, u.s, u.g, u.i, NULLIF(u.rw, 'NaN'), NULLIF(u.sc, 'NaN'), u.l, u.t"
+    " FROM unnest(%(s)b, %(g)b, %(i)b, %(rw)b, %(sc)b, %(l)b, %(t)b) AS u(s, g, i, rw, sc, l, t)"
+)
+_ROLLOUT_UPSERT = (
+    _ROLLOUT_INSERT + ' ON CONFLICT (run_id, step, "group", "index") DO UPDATE SET'
+    " reward = EXCLUDED.reward, score = EXCLUDED.score, length = EXCLUDED.length,"
+    " truncated = EXCLUDED.truncated"
+)
+_NO_STEP = -(2**62)
+# One pair per row, two index probes each; GROUP BY would read every point.
+_EXTENTS_SQL = text(
+    "SELECT p.r, p.k,"
+    " (SELECT min(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
+    "  AND m.step > :first AND m.step <= :last),"
+    " (SELECT max(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
+    "  AND m.step > :first AND m.step <= :last)"
+    " FROM unnest(CAST(:rs AS integer[]), CAST(:ks AS text[])) AS p(r, k)"
+)
+# One index range scan per (series, range), in step order: no bitmap heap recheck of an OR of
+# every range.
+_AGG_SQL = (
+    "SELECT p.r, p.k, a.* FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(los)s::integer[],"
+    "  %(his)s::integer[]) WITH ORDINALITY AS p(r, k, lo, hi, i)"
+    " CROSS JOIN LATERAL (SELECT m.step / %(w)s AS b, count(*), avg(m.value), min(m.value),"
+    "  max(m.value), max(m.step), max(m.wall_time), count(m.value) FROM metrics m"
+    "  WHERE m.run_id = p.r AND m.key = p.k AND m.step BETWEEN p.lo AND p.hi"
+    "  GROUP BY 1 ORDER BY 1) a"
+    " ORDER BY p.i, a.b"
+)
+# One index range scan per series, aggregated into arrays in bucket order (no sort), fetched in
+# binary so the arrays decode in C.
+_CACHED_SQL = (
+    "SELECT p.r, p.k, a.*"
+    " FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(ws)s::integer[], %(los)s::bigint[],"
+    "  %(his)s::bigint[]) AS p(r, k, w, lo, hi)"
+    " CROSS JOIN LATERAL (SELECT array_agg(bucket), array_agg(n),"
+    "  array_agg(CASE WHEN n_valid > 0 THEN v_sum / n_valid END),"
+    "  array_agg(v_min), array_agg(v_max), array_agg(last_step), array_agg(last_wall),"
+    "  array_agg(n_valid)"
+    "  FROM (SELECT * FROM metric_rollups m WHERE m.run_id = p.r AND m.key = p.k"
+    "   AND m.width = p.w AND m.bucket >= p.lo AND m.bucket < p.hi ORDER BY m.bucket) s) a"
+)
+_PG = postgresql.dialect()  # compiles type names and quotes identifiers of generated SQL
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+
+    def upsert(
+        self,
+        session: Session,
+        table: Table,
+        rows: Sequence[dict[str, Any]],
+        key: Sequence[str],
+        *,
+        update: bool = True,
+    ) -> int:
+        """One statement whatever the batch size: a binary array per column, ``unnest``-ed."""
+        if not rows:
+            return 0
+        sql, params = _unnest_upsert(table, rows, key, update)
+        # Binary parameters skip the text-array quoting that otherwise dominates the cost of
+        # large batches.
+        with _raw_cursor(session) as cur:
+            cur.execute(sql, params, binary=True)
+        return len(rows)
+
+    def write_metrics(self, session: Session, run_id: int, seq: int, m: MetricColumns) -> int:
+        # PostgreSQL arrays are 1-based: k + 1 indexes the keys array.
+        cols = {"k": m.k + 1, "s": m.step, "v": m.value, "w": m.wall}
+        kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
+        with _raw_cursor(session) as cur:
+            # Planned each time (prepare=False): a generic plan made while the table was small
+            # can stick to a sequential scan as the table grows.
+            cur.execute(_METRIC_TOP, {"run": run_id, "keys": m.keys}, prepare=False)
+            top = np.array([_NO_STEP if row[0] is None else row[0] for row in cur], dtype=np.int64)
+            fresh = m.step > top[m.k]  # no stored row can collide with these
+            _insert_parts(
+                cur, _METRIC_INSERT, _METRIC_UPSERT, cols, kinds, fresh,
+                {"run": run_id, "keys": m.keys, "seq": seq},
+            )  # fmt: skip
+        return len(m.step)
+
+    def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
+        cols = dict(zip(("s", "g", "i", "rw", "sc", "l", "t"), r.columns(), strict=True))
+        kinds = {
+            "s": Int4Array, "g": Int4Array, "i": Int4Array, "rw": Float8Array, "sc": Float8Array,
+            "l": Int4Array, "t": BoolArray,
+        }  # fmt: skip
+        with _raw_cursor(session) as cur:
+            cur.execute(
+                "SELECT max(step) FROM rollouts WHERE run_id = %(run)s",
+                {"run": run_id},
+                prepare=False,
+            )
+            top = cur.fetchone()[0]
+            fresh = r.step > (_NO_STEP if top is None else top)
+            _insert_parts(
+                cur, _ROLLOUT_INSERT, _ROLLOUT_UPSERT, cols, kinds, fresh, {"run": run_id}
+            )
+        return len(r.step)
+
+    def advance_run(
+        self, session: Session, run_id: int, last_step: int, last_values: dict[str, float | None]
+    ) -> dict[str, Any]:
+        # In the UPDATE itself: jsonb || merges the summary, CASE keeps a run that is ahead.
+        merged = cast(
+            cast(Run.summary, JSONB).op("||")(
+                cast(bindparam("new_summary", json.dumps(last_values)), JSONB)
+            ),
+            JSON,
+        )
+        return {
+            "step": case((Run.step <= last_step, last_step), else_=Run.step),
+            "summary": case((Run.step <= last_step, merged), else_=Run.summary),
+        }
+
+    def extents(
+        self, session: Session, run_ids: Sequence[int], keys: Sequence[str], first: int, last: int
+    ) -> dict[SeriesKey, tuple[int, int]]:
+        pairs = [(r, k) for r in run_ids for k in keys]
+        params = {"rs": [p[0] for p in pairs], "ks": [p[1] for p in pairs]}
+        rows = session.execute(_EXTENTS_SQL, {**params, "first": first, "last": last})
+        return {(r, k): (lo, hi) for r, k, lo, hi in rows if lo is not None}
+
+    def aggregate(
+        self, session: Session, width: int, ranges: Sequence[StepRange]
+    ) -> dict[SeriesKey, Buckets]:
+        rs, ks, los, his = (list(c) for c in zip(*ranges, strict=True))
+        out: dict[SeriesKey, Buckets] = {}
+        with _raw_cursor(session) as cur:
+            params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
+            cur.execute(_AGG_SQL, params, binary=True)
+            collect(out, cur.fetchall())
+        return out
+
+    def cached_buckets(
+        self, session: Session, ranges: Sequence[BucketRange]
+    ) -> dict[SeriesKey, Buckets]:
+        rs, ks, ws, los, his = (list(c) for c in zip(*ranges, strict=True))
+        params = {"rs": rs, "ks": ks, "ws": ws, "los": los, "his": his}
+        out: dict[SeriesKey, Buckets] = {}
+        with _raw_cursor(session, binary=True) as cur:
+            cur.execute(_CACHED_SQL, params)
+            for run_id, key, *arrays in cur.fetchall():
+                if arrays[0] is not None:
+                    out[(run_id, key)] = dict(zip(BUCKET_FIELDS, arrays, strict=True))
+        return out
+
+
+def _insert_parts(
+    cur: Any,
+    insert_sql: str,
+    upsert_sql: str,
+    cols: dict[str, Any],
+    kinds: dict[str, type[PgArray]],
+    fresh: Any,
+    params: dict[str, Any],
+) -> None:
+    """Plain INSERT of the ``fresh`` rows, INSERT … ON CONFLICT of the rest.
+
+    A plain INSERT skips the speculative insertion of ON CONFLICT (about half the cost). It is
+    safe because the caller holds the run row's lock (every writer takes it first), so no other
+    transaction can add a row above the probed top step meanwhile; should a row collide anyway,
+    the savepoint rolls the INSERT back and the rows are upserted instead.
+    """
+
+    def part(mask: Any) -> dict[str, Any]:
+        return {**params, **{name: kinds[name](col[mask]) for name, col in cols.items()}}
+
+    old = ~fresh
+    if old.any():
+        cur.execute(upsert_sql, part(old))
+    if fresh.any():
+        try:
+            with cur.connection.transaction():  # a savepoint inside the session's transaction
+                cur.execute(insert_sql, part(fresh))
+        except psycopg.errors.UniqueViolation:
+            cur.execute(upsert_sql, part(fresh))
+
+
+@contextmanager
+def _raw_cursor(session: Session, *, binary: bool = False) -> Iterator[Any]:
+    """A psycopg cursor on the session's connection and transaction, able to send ``PgArray``s."""
+    pooled = session.connection().connection
+    dbapi: Any = pooled.dbapi_connection
+    if "pg_arrays" not in pooled.info:  # once per DBAPI connection (the pool keeps ``info``)
+        pg_arrays.register(dbapi.adapters)
+        pooled.info["pg_arrays"] = True
+    with dbapi.cursor(binary=binary) as cur:
+        yield cur
+
+
+def _unnest_upsert(
+    table: Table, rows: Sequence[dict[str, Any]], key: Sequence[str], update: bool
+) -> tuple[str, dict[str, Any]]:
+    quote = _PG.identifier_preparer.quote
+    cols = list(table.columns)
+    names = ", ".join(quote(c.name) for c in cols)
+    arrays, selected, params = [], [], {}
+    for i, c in enumerate(cols):
+        param, expr = _column([row.get(c.name) for row in rows], c.type)
+        params[f"a{i}"] = param
+        arrays.append(f"CAST(%(a{i})b AS {c.type.compile(dialect=_PG)}[])")
+        selected.append(expr.format(f"u.c{i}"))
+    conflict = ", ".join(quote(k) for k in key)
+    sets = ", ".join(
+        f"{quote(c.name)} = EXCLUDED.{quote(c.name)}" for c in cols if c.name not in key
+    )
+    action = f"DO UPDATE SET {sets}" if update and sets else "DO NOTHING"
+    aliases = ", ".join(f"c{i}" for i in range(len(cols)))
+    sql = (
+        f"INSERT INTO {quote(table.name)} ({names}) SELECT {', '.join(selected)}"
+        f" FROM unnest({', '.join(arrays)}) AS u({aliases}) ON CONFLICT ({conflict}) {action}"
+    )
+    return sql, params
+
+
+def _column(values: list[Any], type_: Any) -> tuple[Any, str]:
+    """A column as a parameter plus its SELECT expression (``{}`` stands for the column).
+
+    Fixed-width numbers go pre-encoded (``PgArray``): psycopg would dump a list element by
+    element in Python. A NULL float travels as NaN and comes back with NULLIF (the schema stores
+    NaN as NULL anyway); integers with a NULL, and other types, go as plain lists.
+    """
+    kind = type(type_)
+    if issubclass(kind, Float):
+        return Float8Array(values), "NULLIF({}, 'NaN')"
+    if issubclass(kind, Boolean) and None not in values:
+        return BoolArray(values), "{}"
+    if issubclass(kind, BigInteger) and None not in values:
+        return Int8Array(values), "{}"
+    if issubclass(kind, Integer) and None not in values:
+        return Int4Array(values), "{}"
+    return values, "{}"

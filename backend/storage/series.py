@@ -1,0 +1,273 @@
+"""Server-side downsampled metric reads, served partly from the ``metric_rollups`` cache.
+
+Reads bucket in SQL: a series with more than ``max_points`` points is grouped into
+``max_points`` equal step ranges, each reporting its last step, mean, min and max (spikes
+survive sampling). Complete buckets are cached for the next reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Table, and_, or_, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from backend.models import Metric, MetricRollup, Run
+from backend.schemas import INT32_MAX
+from backend.storage.dialect import (
+    BUCKET_FIELDS,
+    BucketRange,
+    Buckets,
+    Dialect,
+    SeriesKey,
+    StepRange,
+    chunks,
+    dialect_of,
+    empty_buckets,
+)
+
+ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
+ROLLUP_KEY = ("run_id", "key", "width", "bucket")
+
+
+@dataclass(slots=True)
+class Series:
+    """One series as the API serves it: raw points, or one entry per bucket when ``sampled``.
+
+    A bucket reports its last step and wall time, the mean of its values, and their min and
+    max (spikes survive sampling); a raw point has min == max == value.
+    """
+
+    steps: list[int] = field(default_factory=list)
+    values: list[float | None] = field(default_factory=list)
+    min: list[float | None] = field(default_factory=list)
+    max: list[float | None] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)
+    sampled: bool = False
+    total_points: int = 0  # points in the range, also when sampled
+
+
+def metric_keys(session: Session, run_id: int) -> list[str]:
+    stmt = select(Metric.key).where(Metric.run_id == run_id).distinct().order_by(Metric.key)
+    return list(session.scalars(stmt))
+
+
+def query_series(
+    session: Session,
+    run_ids: Sequence[int],
+    keys: Sequence[str],
+    max_points: int,
+    since_step: int | None = None,
+    step_max: int | None = None,
+) -> dict[int, dict[str, Series]]:
+    """``{run_id: {key: Series}}`` for every requested pair (empty series where none exist).
+
+    Only steps in (``since_step``, ``step_max``] count; the two page through raw points.
+
+    1. Extents: first and last step of each series (index probes on PostgreSQL).
+    2. A series whose step span fits in ``max_points`` is read raw.
+    3. A longer one is bucketed by step into aligned buckets of width ``w`` (the smallest power of
+       two giving at most ``max_points`` buckets). Complete buckets come from ``metric_rollups``
+       when cached; missing ones and the two edge buckets are aggregated from ``metrics`` in SQL,
+       and the complete ones are cached for the next reader.
+    4. A bucketed series that turns out to hold no more than ``max_points`` points (sparse
+       steps) is read raw instead, so ``sampled`` is true exactly when points were merged.
+    """
+    out = {r: {k: Series() for k in keys} for r in run_ids}
+    first = -1 if since_step is None else since_step
+    last = INT32_MAX if step_max is None else step_max
+    # Each run's write_seq before any point is read: buckets are cached only for runs that no
+    # write has touched since (see _cache_rollups).
+    seen = dict(session.execute(select(Run.id, Run.write_seq).where(Run.id.in_(run_ids))).all())
+    dialect = dialect_of(session)
+    extents = dialect.extents(session, run_ids, keys, first, last) if run_ids and keys else {}
+    raw: list[tuple[int, str]] = []
+    plans: list[_Plan] = []
+    for (run_id, key), (lo, hi) in extents.items():
+        if hi - lo + 1 <= max_points:
+            raw.append((run_id, key))
+        else:
+            plans.append(_Plan.make(run_id, key, lo, hi, first, max_points))
+    for plan in _bucketize(session, dialect, plans, seen):
+        total = sum(plan.cols["n"])
+        if total <= max_points:
+            raw.append((plan.run_id, plan.key))
+            continue
+        out[plan.run_id][plan.key] = Series(
+            steps=plan.cols["last_step"],
+            values=plan.cols["mean"],  # means of stored (finite, |x| <= 1e290) values
+            min=plan.cols["v_min"],
+            max=plan.cols["v_max"],
+            wall_time=plan.cols["last_wall"],
+            sampled=True,
+            total_points=total,
+        )
+    for run_id, key, step, value, wall in _raw_points(session, raw, first, last):
+        s = out[run_id][key]
+        s.steps.append(step)
+        s.values.append(value)
+        s.min.append(value)
+        s.max.append(value)
+        s.wall_time.append(wall)
+        s.total_points += 1
+    return out
+
+
+@dataclass
+class _Plan:
+    """How one long series is read: aligned buckets of ``width`` steps, ``b_lo``..``b_hi``."""
+
+    run_id: int
+    key: str
+    width: int
+    first: int  # points have step > first
+    hi: int  # last step
+    b_lo: int
+    b_hi: int  # the bucket holding `hi` (never cached: it may still grow)
+    # Column-oriented buckets, in bucket order: one list per BUCKET_FIELDS name.
+    cols: Buckets = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, run_id: int, key: str, lo: int, hi: int, first: int, max_points: int) -> _Plan:
+        width = 2
+        while hi // width - lo // width + 1 > max_points:
+            width *= 2
+        return cls(run_id, key, width, first, hi, lo // width, hi // width)
+
+    @property
+    def cache_lo(self) -> int:
+        """First cacheable bucket: one that the since_step cursor does not cut."""
+        return self.b_lo if self.b_lo * self.width > self.first else self.b_lo + 1
+
+    def cacheable(self, bucket: int) -> bool:
+        return self.cache_lo <= bucket < self.b_hi
+
+
+def _bucketize(
+    session: Session, dialect: Dialect, plans: list[_Plan], seen: dict[int, int]
+) -> list[_Plan]:
+    """Fill each plan's buckets from the rollup cache plus SQL aggregates of what is missing."""
+    cached = _cached_buckets(session, dialect, plans)
+    missing: dict[int, list[StepRange]] = {}  # by width
+    for p in plans:
+        have = cached.get((p.run_id, p.key))
+        have_set = set(have["bucket"]) if have else set()
+        for start, end in _missing_ranges(p, have_set):
+            lo, hi = max(start * p.width, p.first + 1), min(end * p.width - 1, p.hi)
+            missing.setdefault(p.width, []).append(StepRange(p.run_id, p.key, lo, hi))
+    fresh: dict[SeriesKey, Buckets] = {}
+    for width, ranges in missing.items():
+        fresh.update(dialect.aggregate(session, width, ranges))
+    to_cache: list[dict[str, Any]] = []
+    for p in plans:
+        new = fresh.get((p.run_id, p.key)) or empty_buckets()
+        p.cols = _merge(cached.get((p.run_id, p.key)) or empty_buckets(), new)
+        to_cache += _rollup_rows(p, new)
+    if to_cache:
+        _cache_rollups(session, to_cache, seen)
+    return plans
+
+
+def _cached_buckets(
+    session: Session, dialect: Dialect, plans: list[_Plan]
+) -> dict[SeriesKey, Buckets]:
+    """The cached buckets of every plan that has cacheable ones."""
+    ranges = [
+        BucketRange(p.run_id, p.key, p.width, p.cache_lo, p.b_hi)
+        for p in plans
+        if p.b_hi > p.cache_lo
+    ]
+    return dialect.cached_buckets(session, ranges) if ranges else {}
+
+
+def _rollup_rows(p: _Plan, new: Buckets) -> list[dict[str, Any]]:
+    """``metric_rollups`` rows of the cacheable buckets among the freshly aggregated ``new``."""
+    rows = []
+    for i, b in enumerate(new["bucket"]):
+        if p.cacheable(b):
+            mean, n_valid = new["mean"][i], new["n_valid"][i]
+            rows.append(
+                {
+                    "run_id": p.run_id,
+                    "key": p.key,
+                    "width": p.width,
+                    "bucket": b,
+                    "hi_step": (b + 1) * p.width - 1,
+                    "n": new["n"][i],
+                    "n_valid": n_valid,
+                    "v_sum": None if mean is None else mean * n_valid,
+                    "v_min": new["v_min"][i],
+                    "v_max": new["v_max"][i],
+                    "last_step": new["last_step"][i],
+                    "last_wall": new["last_wall"][i],
+                }
+            )
+    return rows
+
+
+def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:
+    """Half-open bucket ranges [start, end) of ``p`` to aggregate from raw points."""
+    if len(have) == p.b_hi - p.cache_lo:  # every cacheable bucket is cached: just the edges
+        if p.cache_lo > p.b_lo:
+            yield p.b_lo, p.cache_lo
+        yield p.b_hi, p.b_hi + 1
+        return
+    b = p.b_lo
+    while b <= p.b_hi:
+        if p.cacheable(b) and b in have:
+            b += 1
+            continue
+        start = b
+        while b <= p.b_hi and not (p.cacheable(b) and b in have):
+            b += 1
+        yield start, b
+
+
+def _merge(old: Buckets, new: Buckets) -> Buckets:
+    if not new["bucket"]:
+        return old
+    if not old["bucket"] or new["bucket"][0] > old["bucket"][-1]:
+        return {f: old[f] + new[f] for f in BUCKET_FIELDS}
+    rows = dict(zip(old["bucket"], zip(*(old[f] for f in BUCKET_FIELDS), strict=True), strict=True))
+    rows.update(zip(new["bucket"], zip(*(new[f] for f in BUCKET_FIELDS), strict=True), strict=True))
+    ordered = [rows[b] for b in sorted(rows)]
+    return {f: [r[i] for r in ordered] for i, f in enumerate(BUCKET_FIELDS)}
+
+
+def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int, int]) -> None:
+    """Insert computed buckets, only for runs that no write has touched since they were read.
+
+    ``seen``: each run's write_seq read before the points. The run rows are locked FOR SHARE,
+    which waits for a writer in flight (it holds the row from its first statement) and keeps
+    the next one out until this commits: a bucket computed from points a write has since
+    replaced (and whose cache rows that write deleted) is never cached, nor one of a deleted
+    run. A lost race only costs a recomputation.
+    """
+    runs = sorted({r["run_id"] for r in rows})
+    try:
+        with session.begin_nested():
+            current = session.execute(
+                select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
+            ).all()
+            unchanged = {r for r, seq in current if seen.get(r) == seq}
+            rows = [r for r in rows if r["run_id"] in unchanged]
+            dialect_of(session).insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
+        session.commit()
+    except DBAPIError:
+        session.rollback()
+
+
+def _raw_points(
+    session: Session, pairs: list[tuple[int, str]], first: int, last: int
+) -> Iterable[tuple[int, str, int, float | None, float]]:
+    conds = [and_(Metric.run_id == r, Metric.key == k) for r, k in pairs]
+    for chunk in chunks(conds):
+        stmt = (
+            select(Metric.run_id, Metric.key, Metric.step, Metric.value, Metric.wall_time)
+            .where(or_(*chunk), Metric.step > first, Metric.step <= last)
+            .order_by(Metric.run_id, Metric.key, Metric.step)
+        )
+        yield from session.execute(stmt)

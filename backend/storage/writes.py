@@ -1,0 +1,280 @@
+"""Idempotent bulk writes of metrics and rollouts, plus the run's step, summary and write_seq.
+
+Writes are ``INSERT … ON CONFLICT DO UPDATE`` on (run_id, key, step) and (run_id, step, group,
+index), so a redelivered job or a retried client batch overwrites instead of duplicating. A
+batch becomes numpy columns first (sorted, one row per key, non-finite values as NaN); the
+dialect strategy (``backend.storage.dialect``) sends them in bulk.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from backend.lifecycle import owned_by
+from backend.models import MAX_ABS_VALUE, MetricRollup, Run, finite, utcnow
+from backend.storage.dialect import Dialect, dialect_of
+
+
+@dataclass
+class StepPoints:
+    """One step's metrics as written by the DB sink or the external logging endpoint.
+
+    ``rollouts``: that step's sampled rollouts, any objects with ``group``, ``index``,
+    ``reward``, ``score``, ``length`` and ``truncated`` (``conspo.sink.RolloutRecord`` is one).
+    """
+
+    step: int
+    metrics: Mapping[str, float | None]
+    wall_time: float | None = None
+    rollouts: Sequence[Any] = ()
+
+
+@dataclass
+class RolloutPoint:
+    step: int
+    group: int
+    index: int
+    reward: float | None
+    score: float | None
+    length: int
+    truncated: bool
+
+
+@dataclass
+class Written:
+    points: int = 0
+    rollouts: int = 0
+    last_step: int | None = None
+    last_values: dict[str, float | None] = field(default_factory=dict)
+    owned: bool = True
+    seq: int | None = None  # the run's write_seq given to these points
+
+
+def write_points(
+    session: Session,
+    run_id: int,
+    steps: Sequence[StepPoints],
+    rollouts: Iterable[RolloutPoint] = (),
+    *,
+    owner_attempt: int | None = None,
+    run_values: dict[str, Any] | None = None,
+) -> Written:
+    """Upsert metrics and rollouts; move the run's step, summary and ``run_values`` along.
+
+    A handful of statements whatever the batch size (the caller commits):
+
+    1. one UPDATE of the run: step only moves forward, the summary keeps each key's value at
+       the highest step, ``write_seq`` goes up by one and every point written gets it as its
+       ``seq``. It locks the run row, so writes of one run are serialised (and ``seq`` follows
+       commit order). With ``owner_attempt`` only while that attempt still owns the running
+       run; else nothing is written and ``owned`` is False.
+    2. one DELETE of the rollup-cache rows the new points fall into;
+    3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
+       for their key (every row, in a run that only moves forward) go in with a plain INSERT,
+       the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays.
+
+    A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
+    with numpy: the per-point Python work is a list extend.
+    """
+    dialect = dialect_of(session)
+    out = Written()
+    m = _metric_columns(steps)
+    r = _rollout_columns(steps, rollouts)
+    if steps:
+        out.last_step = max(s.step for s in steps)
+    if len(m.step):
+        ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
+        out.last_values = {
+            m.keys[k]: _none_if_nan(v)
+            for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
+        }
+    seq = _update_run(session, dialect, run_id, out, owner_attempt, run_values or {})
+    if seq is None:
+        out.owned = False
+        return out
+    out.seq = seq
+    if len(m.step):
+        session.execute(
+            delete(MetricRollup).where(
+                MetricRollup.run_id == run_id, MetricRollup.hi_step >= int(m.step.min())
+            )
+        )
+        out.points = dialect.write_metrics(session, run_id, seq, m)
+    if len(r.step):
+        out.rollouts = dialect.write_rollouts(session, run_id, r)
+    return out
+
+
+@dataclass
+class MetricColumns:
+    """Points sorted by (key, step), one per (key, step); NULL values as NaN."""
+
+    keys: list[str]  # sorted; ``k`` indexes it
+    k: Any  # (n,) int32
+    step: Any  # (n,) int64
+    value: Any  # (n,) float64
+    wall: Any  # (n,) float64
+
+    def rows(self, run_id: int, seq: int) -> list[dict[str, Any]]:
+        """The points as ``metrics`` rows (NaN back to None), for a row-wise upsert."""
+        keys = self.keys
+        cols = (self.k.tolist(), self.step.tolist(), self.value.tolist(), self.wall.tolist())
+        return [
+            {"run_id": run_id, "key": keys[k], "step": st, "value": _none_if_nan(v)}
+            | {"wall_time": w, "seq": seq}
+            for k, st, v, w in zip(*cols, strict=True)
+        ]
+
+
+@dataclass
+class RolloutColumns:
+    """Rows sorted by (step, group, index), one per key; NULL reward/score as NaN."""
+
+    step: Any
+    group: Any
+    index: Any
+    reward: Any
+    score: Any
+    length: Any
+    truncated: Any
+
+    def columns(self) -> tuple[Any, ...]:
+        return (
+            self.step, self.group, self.index, self.reward, self.score, self.length,
+            self.truncated,
+        )  # fmt: skip
+
+    def rows(self, run_id: int) -> list[dict[str, Any]]:
+        """The rollouts as ``rollouts`` rows (NaN back to None), for a row-wise upsert."""
+        return [
+            {
+                "run_id": run_id,
+                "step": st,
+                "group": g,
+                "index": i,
+                "reward": _none_if_nan(rw),
+                "score": _none_if_nan(sc),
+                "length": ln,
+                "truncated": bool(tr),
+            }
+            for st, g, i, rw, sc, ln, tr in zip(*(c.tolist() for c in self.columns()), strict=True)
+        ]
+
+
+def _none_if_nan(v: float) -> float | None:
+    return None if v != v else v
+
+
+def _finite_array(values: list[Any]) -> Any:
+    """float64 array with None, NaN, ±Inf and |x| > MAX_ABS_VALUE as NaN (stored as NULL)."""
+    arr = np.array(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        arr[~(np.abs(arr) <= MAX_ABS_VALUE)] = np.nan
+    return arr
+
+
+def _last_unique(*sort_keys: Any) -> Any:
+    """Indices that sort by ``sort_keys`` (most significant first), keeping the last of equals."""
+    n = len(sort_keys[0])
+    order = np.lexsort((np.arange(n), *reversed(sort_keys)))
+    if n <= 1:
+        return order
+    keep = np.ones(n, dtype=bool)
+    same = np.ones(n - 1, dtype=bool)
+    for key in sort_keys:
+        sk = key[order]
+        same &= sk[1:] == sk[:-1]
+    keep[:-1] = ~same  # a row followed by an equal one is superseded by it
+    return order[keep]
+
+
+def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
+    now = time.time()
+    key_col: list[str] = []
+    value_col: list[Any] = []
+    step_col: list[int] = []
+    wall_col: list[float] = []
+    for s in steps:
+        n = len(s.metrics)
+        if not n:
+            continue
+        wall = s.wall_time if s.wall_time is not None and finite(s.wall_time) is not None else now
+        key_col.extend(s.metrics.keys())
+        value_col.extend(s.metrics.values())
+        step_col.extend([s.step] * n)
+        wall_col.extend([wall] * n)
+    slot: dict[str, int] = {}
+    codes = np.fromiter(
+        (slot.setdefault(k, len(slot)) for k in key_col), dtype=np.int32, count=len(key_col)
+    )
+    keys = sorted(slot)
+    rank = np.empty(len(slot), dtype=np.int32)
+    rank[[slot[k] for k in keys]] = np.arange(len(keys), dtype=np.int32)
+    k = rank[codes]
+    step = np.asarray(step_col, dtype=np.int64)
+    pick = _last_unique(k, step)
+    return MetricColumns(
+        keys,
+        k[pick],
+        step[pick],
+        _finite_array(value_col)[pick],
+        np.asarray(wall_col, dtype=np.float64)[pick],
+    )
+
+
+_ROLLOUT_FIELDS = operator.attrgetter("group", "index", "reward", "score", "length", "truncated")
+
+
+def _rollout_columns(steps: Sequence[StepPoints], extra: Iterable[RolloutPoint]) -> RolloutColumns:
+    rows: list[tuple[Any, ...]] = []
+    step_col: list[int] = []
+    for s in steps:
+        if s.rollouts:
+            rows.extend(map(_ROLLOUT_FIELDS, s.rollouts))
+            step_col.extend([s.step] * len(s.rollouts))
+    for r in extra:
+        rows.append(_ROLLOUT_FIELDS(r))
+        step_col.append(r.step)
+    table = np.array(rows, dtype=np.float64).reshape(-1, 6)  # None -> NaN
+    step = np.asarray(step_col, dtype=np.int64)
+    group, index = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    pick = _last_unique(step, group, index)
+    with np.errstate(invalid="ignore"):
+        for col in (2, 3):  # reward, score: as metric values
+            table[~(np.abs(table[:, col]) <= MAX_ABS_VALUE), col] = np.nan
+    return RolloutColumns(
+        step[pick],
+        group[pick],
+        index[pick],
+        table[pick, 2],
+        table[pick, 3],
+        table[pick, 4].astype(np.int64),
+        table[pick, 5] != 0,
+    )
+
+
+def _update_run(
+    session: Session,
+    dialect: Dialect,
+    run_id: int,
+    out: Written,
+    owner_attempt: int | None,
+    values: dict[str, Any],
+) -> int | None:
+    """The run's new ``write_seq``, or None when the run is gone (or not owned)."""
+    if owner_attempt is None:
+        stmt = update(Run).where(Run.id == run_id)
+    else:  # the lifecycle's rule: only the attempt that owns the running run writes
+        stmt = update(Run).where(*owned_by(run_id, owner_attempt))
+    values = {"updated_at": utcnow(), "write_seq": Run.write_seq + 1, **values}
+    if out.last_step is not None:
+        values |= dialect.advance_run(session, run_id, out.last_step, out.last_values)
+    return session.execute(stmt.values(**values).returning(Run.write_seq)).scalar()
