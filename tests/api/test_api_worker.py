@@ -15,9 +15,18 @@ from sqlalchemy import func, select
 
 from backend.db import Database
 from backend.main import create_app
+from backend.migrate import migrate
 from backend.models import Metric, Rollout
 from conspo import metrics as M
-from tests.api.conftest import Api, make_settings, make_tokens, tiny_config, wait_for
+from tests.api.conftest import (
+    Api,
+    create_pg_database,
+    drop_pg_database,
+    make_settings,
+    make_tokens,
+    tiny_config,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -26,12 +35,13 @@ FINISHED = {"succeeded", "failed", "cancelled"}
 
 def mode_api(mode: str, tmp: Path, request: pytest.FixtureRequest) -> Api:
     if mode == "cluster":
-        db, broker = request.getfixturevalue("pg_url"), request.getfixturevalue("redis_url")
+        # A database of the test's own: the session's holds runs other tests left "running",
+        # which this worker's reaper would re-queue and train ahead of the test's run.
+        db, broker = create_pg_database(), request.getfixturevalue("redis_url")
+        request.addfinalizer(lambda: drop_pg_database(db))
     else:
-        from backend.migrate import migrate
-
         db, broker = f"sqlite:///{tmp / 'conspo.db'}", f"sqla+sqlite:///{tmp / 'broker.db'}"
-        migrate(db)
+    migrate(db)
     settings = make_settings(tmp, db, broker)
     client = TestClient(create_app(settings))
     return Api(client, settings, make_tokens(settings))
