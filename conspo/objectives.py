@@ -1,4 +1,4 @@
-"""RLVR objectives (GRPO, ConSPO, DAPO, Dr. GRPO): the math of ../shared/docs/objectives.md.
+"""RLVR objectives (GRPO, ConSPO, DAPO, Dr. GRPO): the math of docs/objectives.md.
 
 Every objective takes the same ``PolicyBatch`` and its own parameter model, and returns an
 ``ObjectiveOutput`` (a scalar loss to *minimise* plus detached 0-d statistics). The trainer never

@@ -1,7 +1,7 @@
 """Separation statistics: how well log-prob scores order correct above wrong rollouts (§4).
 
 ``separation_stats`` is computed every step on log-prob scores s_θ whatever the objective, so GRPO
-and ConSPO runs are comparable on one axis (../shared/docs/objectives.md §4).
+and ConSPO runs are comparable on one axis (docs/objectives.md §4).
 
 Averaging: every group-level quantity (mean s⁺, the fraction of ordered pairs, mean P⁺, ...) is
 first computed *within* each valid group (0 < N⁺ < G) and then averaged with equal weight over

@@ -1,4 +1,4 @@
-"""Objectives against the identities of ../shared/docs/objectives.md, checked with autograd.
+"""Objectives against the identities of docs/objectives.md, checked with autograd.
 
 Expectations are computed independently (naive Python loops over groups, hand arithmetic), never
 copied from the implementation's output.

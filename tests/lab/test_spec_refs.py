@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "docs" / "objectives.md"
 HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", re.MULTILINE)
@@ -41,7 +39,6 @@ def test_every_section_reference_has_a_heading():
     assert not missing, "no such heading in docs/objectives.md:\n" + "\n".join(missing)
 
 
-@pytest.mark.xfail(strict=True, reason="citations updated in the renovation merge")
 def test_spec_is_cited_inside_the_repository():
     outside = [
         where(path, text, m.start())
