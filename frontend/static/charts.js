@@ -92,32 +92,7 @@ export function lineTraces(
   const traces = [];
   const lg = group || name;
   if (showBand && s.sampled && s.min && s.max) {
-    traces.push(
-      {
-        x: xs.slice(),
-        y: s.max.slice(),
-        type: "scatter",
-        mode: "lines",
-        line: { width: 0, color },
-        hoverinfo: "skip",
-        showlegend: false,
-        legendgroup: lg,
-        name: `${name} max`,
-      },
-      {
-        x: xs.slice(),
-        y: s.min.slice(),
-        type: "scatter",
-        mode: "lines",
-        line: { width: 0, color },
-        fill: "tonexty",
-        fillcolor: alpha(color, 0.15),
-        hoverinfo: "skip",
-        showlegend: false,
-        legendgroup: lg,
-        name: `${name} min`,
-      },
-    );
+    traces.push(...bandTraces(xs, s.min, s.max, { color, name: `${name} min–max`, group: lg }));
   }
   // Copies: Plotly keeps references to what it drew, and the page appends to its own arrays.
   xs = xs.slice();
@@ -158,6 +133,32 @@ export function lineTraces(
     });
   }
   return traces;
+}
+
+/**
+ * A filled band between `lo` and `hi` (two traces: the upper edge, then the lower one filled up
+ * to it). Shown in the legend only with `legend` (then clicking it hides the band).
+ */
+export function bandTraces(xs, lo, hi, { color, name, group, opacity = 0.15, legend = false }) {
+  const edge = {
+    type: "scatter",
+    mode: "lines",
+    line: { width: 0, color },
+    hoverinfo: "skip",
+    legendgroup: group || name,
+  };
+  return [
+    { ...edge, x: xs.slice(), y: hi.slice(), showlegend: false, name: `${name} upper` },
+    {
+      ...edge,
+      x: xs.slice(),
+      y: lo.slice(),
+      fill: "tonexty",
+      fillcolor: alpha(color, opacity),
+      showlegend: legend,
+      name,
+    },
+  ];
 }
 
 /** A chart card: header with title and help, and a plot div. */

@@ -4,7 +4,7 @@
 import { errorText, get, qs } from "/static/api.js";
 import { helpOf, isDeterministic, KEY_METRICS, ROLLOUTS_AXIS, unitOf } from "/static/catalogue.js";
 import {
-  alpha,
+  bandTraces,
   baseLayout,
   chartCard,
   lineTraces,
@@ -253,32 +253,7 @@ function metricFigure(key) {
       const lo = ema(agg.lo, smooth),
         hi = ema(agg.hi, smooth);
       if (agg.n > 1) {
-        traces.push(
-          {
-            x: agg.xs,
-            y: hi,
-            type: "scatter",
-            mode: "lines",
-            line: { width: 0, color: c },
-            hoverinfo: "skip",
-            showlegend: false,
-            legendgroup: label,
-            name: `${label} +std`,
-          },
-          {
-            x: agg.xs,
-            y: lo,
-            type: "scatter",
-            mode: "lines",
-            line: { width: 0, color: c },
-            fill: "tonexty",
-            fillcolor: alpha(c, 0.16),
-            hoverinfo: "skip",
-            showlegend: false,
-            legendgroup: label,
-            name: `${label} −std`,
-          },
-        );
+        traces.push(...bandTraces(agg.xs, lo, hi, { color: c, name: `${label} ±std`, group: label, opacity: 0.16 }));
       }
       traces.push({
         x: agg.xs,

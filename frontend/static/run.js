@@ -6,6 +6,7 @@ import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTS, helpOf, isDeterministic, ROLE_COLORS, ROLLOUTS_AXIS, SECTIONS, unitOf } from "/static/catalogue.js";
 import {
   alpha,
+  bandTraces,
   baseLayout,
   chartCard,
   hasFinite,
@@ -486,32 +487,9 @@ function iqrBands() {
         [side].slice()
         .sort((a, b) => a - b),
     );
-    const xs = xOfSteps(st);
-    out.push(
-      {
-        x: xs,
-        y: q.map((a) => quantile(a, 0.75)),
-        type: "scatter",
-        mode: "lines",
-        line: { width: 0, color },
-        hoverinfo: "skip",
-        showlegend: false,
-        legendgroup: name,
-        name: `${name} q75`,
-      },
-      {
-        x: xs,
-        y: q.map((a) => quantile(a, 0.25)),
-        type: "scatter",
-        mode: "lines",
-        line: { width: 0, color },
-        fill: "tonexty",
-        fillcolor: alpha(color, 0.12),
-        hoverinfo: "skip",
-        name,
-        legendgroup: name,
-      },
-    );
+    const lo = q.map((a) => quantile(a, 0.25));
+    const hi = q.map((a) => quantile(a, 0.75));
+    out.push(...bandTraces(xOfSteps(st), lo, hi, { color, name, opacity: 0.12, legend: true }));
   }
   return out;
 }
