@@ -100,7 +100,7 @@ def start_api(env: dict[str, str], log: Path, ports: range) -> tuple[subprocess.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:

@@ -91,7 +91,7 @@ def test_worker_runs_a_job_end_to_end_and_cancels(
     wp = workers(api.settings, model_store)
     wp.start()
     run_id = submit(api, tiny_config(4, checkpoint_every=2))
-    run = finished(api, run_id, 120, wp)
+    run = finished(api, run_id, 300, wp)
     assert run["status"] == "succeeded", run["error"]
     assert run["step"] == 4 and run["attempt"] == 1 and run["device"] == "cpu"
     assert run["worker_host"] and run["started_at"] <= run["finished_at"]
@@ -100,10 +100,10 @@ def test_worker_runs_a_job_end_to_end_and_cancels(
     assert (api.settings.run_dir(run_id) / "checkpoints").is_dir()
 
     long_id = submit(api, tiny_config(400))
-    wait_for(lambda: run_state(api, long_id)["step"] >= 2, 60, "two steps")
+    wait_for(lambda: run_state(api, long_id)["step"] >= 2, 300, "two steps")
     cancelled = api.post(f"/api/runs/{long_id}/cancel").json()
     assert cancelled["cancel_requested"] is True
-    run = finished(api, long_id, 60, wp)
+    run = finished(api, long_id, 120, wp)
     assert run["status"] == "cancelled" and run["step"] < 400
     api.client.close()
 
@@ -117,12 +117,12 @@ def test_kill9_mid_run_then_a_new_worker_resumes(
     first = wp.start()
     n = 16
     run_id = submit(api, tiny_config(n, checkpoint_every=3))
-    wait_for(lambda: run_state(api, run_id)["step"] >= 5, 120, "a step after a checkpoint")
+    wait_for(lambda: run_state(api, run_id)["step"] >= 5, 300, "a step after a checkpoint")
     wp.kill9(first)
     at_kill = run_state(api, run_id)
     assert at_kill["status"] == "running" and at_kill["step"] < n
     wp.start()
-    run = finished(api, run_id, 120, wp)
+    run = finished(api, run_id, 300, wp)
     assert run["status"] == "succeeded", run["error"]
     assert run["attempt"] == 2 and run["step"] == n
     assert_steps_once(api, run_id, n)

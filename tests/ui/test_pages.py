@@ -21,7 +21,7 @@ pytestmark = pytest.mark.browser
 SEED_TAG = f"ui-seed-{uuid.uuid4().hex[:6]}"  # unique, so a reused server holds no look-alikes
 
 
-def wait_until(page: Any, check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+def wait_until(page: Any, check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
