@@ -16,6 +16,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticSerializationError, to_json
 
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
@@ -171,35 +172,56 @@ def _ts(value: datetime | None) -> float | None:
 
 def run_out(run: Run) -> dict[str, Any]:
     """A ``runs`` row as the API's ``RunOut`` (times as unix seconds, the owner by name),
-    always renderable (``renderable``): one bad row never breaks a list or a stream."""
-    return renderable(
-        {
-            "id": run.id,
-            "name": run.name,
-            "owner": run.owner.name if run.owner is not None else None,
-            "status": run.status,
-            "cancel_requested": run.cancel_requested,
-            "algorithm": run.algorithm,
-            "task": run.task,
-            "model": run.model,
-            "config": run.config,
-            "seed": run.seed,
-            "group_id": run.group_id,
-            "tags": list(run.tags or []),
-            "step": run.step,
-            "total_steps": run.total_steps,
-            "created_at": _ts(run.created_at),
-            "started_at": _ts(run.started_at),
-            "finished_at": _ts(run.finished_at),
-            "heartbeat_at": _ts(run.heartbeat_at),
-            "worker_host": run.worker_host,
-            "device": run.device,
-            "error": run.error,
-            "summary": run.summary or {},
-            "external": run.external,
-            "attempt": run.attempt,
-        }
-    )
+    always renderable: one bad row never breaks a list or a stream."""
+    out = _run_fields(run)
+    return out if _renders(out) else renderable(out)
+
+
+# A response nests a row a few levels down (RunList > items > RunOut > config) and pydantic's
+# encoder stops at a fixed depth, so the probe keeps this much headroom.
+_RESPONSE_NESTING = 8
+
+
+def _renders(value: Any) -> bool:
+    """Whether the API's JSON encoder (pydantic's, for responses and streams) renders ``value``
+    inside a response: an unpaired surrogate, or nesting near its depth limit, fail (NaN does
+    not: it renders as null). Asking it costs a fifth of walking the value in Python."""
+    for _ in range(_RESPONSE_NESTING):
+        value = [value]
+    try:
+        to_json(value)
+    except PydanticSerializationError:
+        return False
+    return True
+
+
+def _run_fields(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.name,
+        "owner": run.owner.name if run.owner is not None else None,
+        "status": run.status,
+        "cancel_requested": run.cancel_requested,
+        "algorithm": run.algorithm,
+        "task": run.task,
+        "model": run.model,
+        "config": run.config,
+        "seed": run.seed,
+        "group_id": run.group_id,
+        "tags": list(run.tags or []),
+        "step": run.step,
+        "total_steps": run.total_steps,
+        "created_at": _ts(run.created_at),
+        "started_at": _ts(run.started_at),
+        "finished_at": _ts(run.finished_at),
+        "heartbeat_at": _ts(run.heartbeat_at),
+        "worker_host": run.worker_host,
+        "device": run.device,
+        "error": run.error,
+        "summary": run.summary or {},
+        "external": run.external,
+        "attempt": run.attempt,
+    }
 
 
 class RunsCreated(BaseModel):
