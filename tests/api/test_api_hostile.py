@@ -204,6 +204,13 @@ GET_CASES = [
     ("/api/runs/99999999999999999999", {}, ["path", "run_id"]),
     ("/api/runs/-1", {}, ["path", "run_id"]),
 ]
+# Every mutating endpoint's run id, with a bad id (none of these runs exists: a 422, not a 404)
+ID_CASES = [
+    (method, f"/api/runs/{run_id}{action}")
+    for method, action in [("POST", "/cancel"), ("POST", "/clone"), ("POST", "/log")]
+    + [("DELETE", "")]
+    for run_id in ["99999999999999999999", "-1", "0", "%C2%B2"]
+]
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +244,10 @@ def test_hostile_requests_get_a_4xx_naming_the_field(api: Api, live: str) -> Non
             r = client.get(path.format(**ids), params=params)
             if r.status_code != 422 or not any(e["loc"] == loc for e in r.json()["detail"]):
                 wrong.append(f"GET {path} {params}: {r.status_code} {r.text[:300]}")
+        for method, path in ID_CASES:
+            r = client.request(method, path, json={}, headers=headers)
+            if r.status_code != 422 or ["path", "run_id"] not in locs(r):
+                wrong.append(f"{method} {path}: {r.status_code} {r.text[:300]}")
     assert not wrong, "\n".join(wrong)
     assert_reads_work(api, live, [ext["id"], src["id"]])
 
