@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from backend.api import errors
 from backend.api.deps import require_reader
 from backend.api.routes import external, health, metrics, presets, rollouts, runs, stream
 from backend.config import VERSION, Settings, get_settings
@@ -23,8 +25,12 @@ from backend.queue import JobQueue, make_celery
 log = logging.getLogger(__name__)
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """An HTTPException, so FastAPI, reading the body, answers 413 with it instead of taking
+    it for a malformed body (400)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, detail=f"request body over {max_bytes} bytes")
 
 
 class BodySizeLimit:
@@ -56,7 +62,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -67,9 +73,9 @@ class BodySizeLimit:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
+        except BodyTooLarge as exc:
             if not started:
-                await _plain(send, 413, f"request body over {self.max_bytes} bytes")
+                await _plain(send, 413, exc.detail)
 
 
 async def _plain(send: Send, status: int, detail: str) -> None:
@@ -130,7 +136,7 @@ LIFECYCLE_STATUS: dict[type[LifecycleError], int] = {Conflict: 409, QueueUnavail
 
 def _install_error_handlers(app: FastAPI) -> None:
     """Refused transitions and database refusals that slip past validation become 4xx/503,
-    never a 500."""
+    never a 500; validation errors always render; anything unexpected is a logged JSON 500."""
 
     async def lifecycle_error(_: Request, exc: Exception) -> JSONResponse:
         code = next((c for t, c in LIFECYCLE_STATUS.items() if isinstance(exc, t)), 409)
@@ -151,6 +157,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DataError, data_error)
     app.add_exception_handler(IntegrityError, integrity_error)
     app.add_exception_handler(OperationalError, operational_error)
+    app.add_exception_handler(RequestValidationError, errors.validation_error)
+    app.add_exception_handler(Exception, errors.internal_error)
 
 
 def _orig(exc: Any) -> str:

@@ -2,64 +2,106 @@
 
 from __future__ import annotations
 
+import math
+import unicodedata
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticSerializationError, to_json
 
 from conspo.config import RunConfig
+from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
 
 if TYPE_CHECKING:
     from backend.models import Run
 
 INT32_MAX = 2**31 - 1
 MAX_LOG_POINTS = 10_000
+NAME_MAX = 200  # runs.name
 
 
-def _no_nul(value: str) -> str:
-    # PostgreSQL text cannot hold NUL; refuse it as bad input rather than fail in the database.
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+def _storable_json(value: dict[str, Any]) -> dict[str, Any]:
+    if (problem := json_problem(value)) is not None:
+        loc, message = problem
+        raise ValueError(f"{message} (at {loc_text(loc)})" if loc else message)
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
-Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
-Tag = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
-MetricKey = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+def _nfc(value: Any) -> Any:
+    # One spelling per tag: "é" as one code point or as e + combining accent look the same, so
+    # they must be the same tag to filter on.
+    return unicodedata.normalize("NFC", value) if isinstance(value, str) else value
+
+
+# Every string of every request is a ``Text`` (no NUL, no unpaired surrogate) or, shown on one
+# line, a ``Label`` (no control characters either): conspo.input_checks says why. Every
+# free-form JSON object is a ``FreeJSON``: finite numbers, bounded depth, size and keys.
+Text = Annotated[str, TEXT]
+Label = Annotated[str, Field(min_length=1, max_length=NAME_MAX), LABEL]
+Name = Label
+Tag = Annotated[str, Field(min_length=1, max_length=100), BeforeValidator(_nfc), LABEL]
+MetricKey = Label
+FreeJSON = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+# NaN and ±Infinity are accepted where they are data (a metric value, a rollout's score) and
+# stored as NULL; everywhere else a number must be finite (``_Body``).
+DataFloat = Annotated[float, Field(allow_inf_nan=True)]
 Seed = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Step = Annotated[int, Field(ge=0, le=INT32_MAX)]
 RunStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class RunCreate(_Body):
-    config: RunConfig
+class _Submission(_Body):
+    """What creating and cloning share: seeds, and a name that each seed's run suffixes."""
+
     seeds: list[Seed] | None = Field(
         None, max_length=64, description="One run per seed (config.seed replaced)."
     )
-    tags: list[Tag] = Field(default_factory=list, max_length=50)
     name: Name | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _fits_with_seed_suffix(cls, name: str | None, info: ValidationInfo) -> str | None:
+        # With 2+ seeds each run is named "<name>-s<seed>", which must fit the column too.
+        seeds = set(info.data.get("seeds") or ())
+        if name and len(seeds) > 1 and len(longest := f"{name}-s{max(seeds)}") > NAME_MAX:
+            raise ValueError(
+                f"with {len(seeds)} seeds the runs are named '<name>-s<seed>', up to"
+                f" {len(longest)} characters; the limit is {NAME_MAX}"
+            )
+        return name
 
-class RunClone(_Body):
-    overrides: dict[str, Any] = Field(
+
+class RunCreate(_Submission):
+    config: RunConfig
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
+
+
+class RunClone(_Submission):
+    overrides: FreeJSON = Field(
         default_factory=dict, description="Partial RunConfig, deep-merged into the source's."
     )
-    seeds: list[Seed] | None = Field(None, max_length=64)
     tags: list[Tag] | None = Field(None, max_length=50)
-    name: Name | None = None
 
 
 class ExternalRunCreate(_Body):
     name: Name
-    config: dict[str, Any] = Field(default_factory=dict)
-    algorithm: Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
-    task: Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
-    model: Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_no_nul)]
+    config: FreeJSON = Field(default_factory=dict)
+    algorithm: Annotated[str, Field(min_length=1, max_length=100), LABEL]
+    task: Annotated[str, Field(min_length=1, max_length=100), LABEL]
+    model: Annotated[str, Field(min_length=1, max_length=300), LABEL]
     tags: list[Tag] = Field(default_factory=list, max_length=50)
     total_steps: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
@@ -91,12 +133,69 @@ class RunOut(BaseModel):
     attempt: int
 
 
+# Deeper than anything validation accepts, and well inside the ~250 levels JSON encoders allow.
+RENDER_DEPTH = 2 * MAX_JSON_DEPTH
+
+
+def renderable(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON that always renders: NaN and ±Infinity as null, unpaired surrogates as
+    U+FFFD, other objects as their text, nesting past ``RENDER_DEPTH`` cut to a marker string.
+
+    Validation keeps such values out of the database; this keeps a row that holds one anyway
+    (written by hand, or by an older version) from failing every list, page and stream that
+    shows it, and a 422 from failing to echo what it refused.
+    """
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict | list | tuple):
+        if depth >= RENDER_DEPTH:
+            return f"<nested deeper than {RENDER_DEPTH} levels>"
+        if isinstance(value, dict):
+            return {_valid_unicode(str(k)): renderable(v, depth + 1) for k, v in value.items()}
+        return [renderable(v, depth + 1) for v in value]
+    return _valid_unicode(value if isinstance(value, str) else str(value))
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:  # a lone surrogate: UTF-16 round trip replaces it, keeps pairs
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
 def run_out(run: Run) -> dict[str, Any]:
-    """A ``runs`` row as the API's ``RunOut`` (times as unix seconds, the owner by name)."""
+    """A ``runs`` row as the API's ``RunOut`` (times as unix seconds, the owner by name),
+    always renderable: one bad row never breaks a list or a stream."""
+    out = _run_fields(run)
+    return out if _renders(out) else renderable(out)
+
+
+# A response nests a row a few levels down (RunList > items > RunOut > config) and pydantic's
+# encoder stops at a fixed depth, so the probe keeps this much headroom.
+_RESPONSE_NESTING = 8
+
+
+def _renders(value: Any) -> bool:
+    """Whether the API's JSON encoder (pydantic's, for responses and streams) renders ``value``
+    inside a response: an unpaired surrogate, or nesting near its depth limit, fail (NaN does
+    not: it renders as null). Asking it costs a fifth of walking the value in Python."""
+    for _ in range(_RESPONSE_NESTING):
+        value = [value]
+    try:
+        to_json(value)
+    except PydanticSerializationError:
+        return False
+    return True
+
+
+def _run_fields(run: Run) -> dict[str, Any]:
     return {
         "id": run.id,
         "name": run.name,
@@ -137,7 +236,7 @@ class RunList(BaseModel):
 
 class LogStep(_Body):
     step: Step
-    metrics: dict[MetricKey, float | None] = Field(default_factory=dict)
+    metrics: dict[MetricKey, DataFloat | None] = Field(default_factory=dict)
     wall_time: float | None = None
 
 
@@ -145,17 +244,17 @@ class RolloutRow(_Body):
     step: Step
     group: Annotated[int, Field(ge=0, le=INT32_MAX)]
     index: Annotated[int, Field(ge=0, le=INT32_MAX)]
-    reward: float | None = None
-    score: float | None = None
+    reward: DataFloat | None = None
+    score: DataFloat | None = None
     length: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
     truncated: bool = False
 
 
 class LogBatch(_Body):
-    steps: list[LogStep] = Field(default_factory=list)
+    steps: list[LogStep] = Field(default_factory=list, max_length=MAX_LOG_POINTS)
     rollouts: list[RolloutRow] = Field(default_factory=list, max_length=MAX_LOG_POINTS)
     status: Literal["running", "succeeded", "failed"] | None = None
-    error: Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)] | None = None
+    error: Annotated[str, Field(max_length=100_000), TEXT] | None = None
 
 
 class LogResult(BaseModel):

@@ -19,10 +19,12 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     ValidationError,
+    field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from conspo.input_checks import Label, check_label, json_problem, loc_text
 from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import OBJECTIVES, TASKS, Registry, get_objective, relocated
 
@@ -59,12 +61,7 @@ def _with_registered_params(
             raise ValidationError.from_exception_data(model.__name__, details)
         assert validated is not None
         return validated
-    resolved, param_details = registry.resolve_params(
-        data.get(name_field, model.model_fields[name_field].default),
-        data.get("params"),
-        name_loc=(name_field,),
-        params_loc=("params",),
-    )
+    resolved, param_details = _registered_params(model, data, registry, name_field)
     details.extend(param_details)
     if details:
         raise ValidationError.from_exception_data(model.__name__, details)
@@ -73,8 +70,29 @@ def _with_registered_params(
     return validated
 
 
+def _registered_params(
+    model: type[BaseModel], data: dict[str, Any], registry: Registry[Any], name_field: str
+) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+    """(the resolved params, errors): first what stored JSON may not hold (a NaN, text with
+    NUL, 300 levels of nesting: ``conspo.input_checks``), then the registered model's check."""
+    params = data.get("params")
+    if isinstance(params, dict) and (problem := json_problem(params)) is not None:
+        loc, message = problem
+        where = f" (at {loc_text(loc)})" if len(loc) > 1 else ""
+        error = PydanticCustomError("value_error", message + where)
+        culprit = params[loc[0]] if loc else params
+        return None, [{"type": error, "loc": ("params", *loc[:1]), "input": culprit}]
+    return registry.resolve_params(
+        data.get(name_field, model.model_fields[name_field].default),
+        params,
+        name_loc=(name_field,),
+        params_loc=("params",),
+    )
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Numbers are stored as JSON, which has no NaN or Infinity.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TaskConfig(_Section):
@@ -126,8 +144,10 @@ def _params_from_flat_form(data: Any) -> Any:
 
 
 class ModelConfig(_Section):
-    name: str = Field(
+    name: Label = Field(
         "tiny-arith",
+        min_length=1,
+        max_length=300,
         description=f"A model-store name ({', '.join(BUILTIN_MODELS)}: built locally once; see"
         " GET /api/presets), a local directory in Hugging Face format, or a hub id (loaded with"
         " from_pretrained; offline machines need it cached).",
@@ -153,8 +173,8 @@ class OptimConfig(_Section):
         le=1,
         description="AdamW learning rate (tiny models: 3e-5; the paper: 2e-6 at 1.5B+).",
     )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="Gradient clipping norm.")
     mini_batches: int = Field(
         1,
         ge=1,
@@ -162,20 +182,24 @@ class OptimConfig(_Section):
         description="Optimiser mini-batches per rollout batch; each holds whole groups."
         " With 1, old log-probs are the current ones detached (no extra forward pass).",
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup steps.")
+    warmup_steps: int = Field(
+        0, ge=0, le=1_000_000, description="Linear learning-rate warmup steps."
+    )
 
 
 class EvalConfig(_Section):
     every: int = Field(
-        10, ge=0, description="Evaluate every N steps (0: never; always at the end)."
+        10, ge=0, le=1_000_000, description="Evaluate every N steps (0: never; always at the end)."
     )
     pass_k: int = Field(4, ge=1, le=64, description="k of pass@k on the held-out split.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature for pass@k.")
+    temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for pass@k.")
 
 
 class CheckpointConfig(_Section):
-    every: int = Field(10, ge=0, description="Checkpoint every N steps (0: only at the end).")
-    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    every: int = Field(
+        10, ge=0, le=1_000_000, description="Checkpoint every N steps (0: only at the end)."
+    )
+    keep: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
 
 
 class LoggingConfig(_Section):
@@ -206,6 +230,11 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_label(cls, name: str | None) -> str | None:
+        return None if name is None else check_label(name)
 
     @model_validator(mode="wrap")
     @classmethod

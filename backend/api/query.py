@@ -11,6 +11,7 @@ from fastapi import Query
 from fastapi.exceptions import RequestValidationError
 
 from backend.schemas import INT32_MAX
+from conspo.input_checks import label_problem
 
 CommaList = Annotated[str, Query(min_length=1, max_length=20_000, description="Comma-separated.")]
 
@@ -22,8 +23,10 @@ def parse_keys(raw: str, field: str, limit: int) -> list[str]:
         problem = "give at least one key"
     elif len(keys) > limit:
         problem = f"{len(keys)} keys; the limit is {limit}"
-    elif any(len(k) > 200 or "\x00" in k for k in keys):
-        problem = "keys are at most 200 characters, without NUL"
+    elif long := next((k for k in keys if len(k) > 200), None):
+        problem = f"keys are at most 200 characters; {long[:40]!r}… has {len(long)}"
+    elif bad := next((p for k in keys if (p := label_problem(k))), None):
+        problem = f"keys {bad}"
     if problem:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", field), "msg": problem, "input": raw}]
@@ -37,7 +40,8 @@ def parse_ids(raw: str, field: str, limit: int) -> list[int]:
         part = part.strip()
         if not part:
             continue
-        if not part.isdigit() or not 1 <= int(part) <= INT32_MAX:
+        run_id = _run_id(part)
+        if run_id is None:
             raise RequestValidationError(
                 [
                     {
@@ -48,7 +52,7 @@ def parse_ids(raw: str, field: str, limit: int) -> list[int]:
                     }
                 ]
             )
-        ids.append(int(part))
+        ids.append(run_id)
     ids = list(dict.fromkeys(ids))
     if not ids or len(ids) > limit:
         msg = "give at least one run id" if not ids else f"{len(ids)} runs; the limit is {limit}"
@@ -56,3 +60,11 @@ def parse_ids(raw: str, field: str, limit: int) -> list[int]:
             [{"type": "value_error", "loc": ("query", field), "msg": msg, "input": raw}]
         )
     return ids
+
+
+def _run_id(part: str) -> int | None:
+    # ASCII digits only ("²" is a digit to isdigit() but not to int()), and at most 10, so int()
+    # never meets the thousands of digits it refuses to convert.
+    if part.isascii() and part.isdigit() and len(part) <= 10 and 1 <= int(part) <= INT32_MAX:
+        return int(part)
+    return None

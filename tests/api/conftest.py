@@ -13,9 +13,11 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +189,29 @@ def api(settings: Settings) -> Iterator[Api]:
 
     with TestClient(create_app(settings)) as client:
         yield Api(client, settings, make_tokens(settings))
+
+
+@contextmanager
+def live_server(settings: Settings, ports: range) -> Iterator[str]:
+    """``create_app(settings)`` served by uvicorn in a thread (a real HTTP server, for what a
+    TestClient cannot do: endless streams, raw bytes on the wire); yields its base URL."""
+    import uvicorn
+
+    from backend.main import create_app
+    from tests.support import free_port
+
+    port = free_port(ports)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 60, "the uvicorn server to start", interval=0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def wait_for(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:

@@ -7,19 +7,14 @@ so the mutating endpoints get past 401 and into validation.
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, Phase, given, settings
 
-from backend.main import create_app
 from backend.migrate import migrate
-from tests.api.conftest import make_settings, make_tokens
-from tests.support import free_port
+from tests.api.conftest import live_server, make_settings, make_tokens
 
 PORTS = range(18150, 18200)
 EXAMPLES = int(os.environ.get("CONSPO_FUZZ_EXAMPLES", "6"))  # per operation
@@ -37,18 +32,8 @@ def live(
         db, broker = request.getfixturevalue("pg_url"), request.getfixturevalue("redis_url")
     s = make_settings(tmp, db, broker, stream_poll_s=0.2)
     token = make_tokens(s)["root"]
-    port = free_port(PORTS)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(s), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", token
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(s, PORTS) as url:
+        yield url, token
 
 
 def test_no_server_errors(live: tuple[str, str]) -> None:

@@ -1,10 +1,13 @@
 import json
+import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from conspo.config import RunConfig
 from conspo.registry import get_objective, get_task, objective_names, task_names
@@ -201,3 +204,41 @@ def yaml_blocks(path: Path) -> list[str]:
 )
 def test_the_configs_of_the_examples_and_the_readme_validate(text):
     RunConfig.model_validate(yaml.safe_load(text))
+
+
+def _number_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield from _number_fields(info.annotation, f"{prefix}{name}.")
+        elif info.annotation in (int, float):
+            yield f"{prefix}{name}", info
+
+
+def test_every_number_of_the_config_is_bounded_on_both_sides():
+    """A number without bounds is stored by SQLite and refused by PostgreSQL (or trained on
+    with 1e300): every int and float field, including ones added later, has both bounds."""
+    unbounded = []
+    for name, info in _number_fields(RunConfig):
+        kinds = {type(m).__name__ for m in info.metadata}
+        if not ({"Ge", "Gt"} & kinds and {"Le", "Lt"} & kinds):
+            unbounded.append(name)
+    assert not unbounded, f"fields without a lower and an upper bound: {unbounded}"
+
+
+@pytest.mark.parametrize(
+    "data, loc",
+    [
+        ({"sampling": {"temperature": math.nan}}, ("sampling", "temperature")),
+        ({"optim": {"max_grad_norm": math.inf}}, ("optim", "max_grad_norm")),
+        ({"params": {"tau": math.inf}}, ("params", "tau")),  # params: the registered model's
+        ({"params": {"beta": -math.inf}}, ("params", "beta")),
+        ({"params": {"tau": {"a": "\ud800"}}}, ("params", "tau")),
+        ({"task": {"name": "jsonl", "params": {"path": "a\x00"}}}, ("task", "params", "path")),
+        ({"task": {"name": "jsonl", "path": "\ud800"}}, ("task", "params", "path")),  # flat form
+        ({"params": {"x": json.loads("[" * 33 + "]" * 33)}}, ("params", "x")),
+        ({"name": "run\x1b[2J"}, ("name",)),
+        ({"model": {"name": "tiny\x00"}}, ("model", "name")),
+    ],
+)
+def test_what_json_or_a_database_cannot_hold_is_refused_at_its_field(data, loc):
+    assert loc in error_locs(data)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, status
 
 from backend import lifecycle
+from backend.api.body import JSONBodyRoute
 from backend.api.deps import CurrentUser, OwnedRunDep, SessionDep
 from backend.models import RunStatus, utcnow
 from backend.schemas import (
@@ -19,7 +20,7 @@ from backend.schemas import (
 )
 from backend.storage.writes import RolloutPoint, StepPoints, write_points
 
-router = APIRouter(prefix="/runs", tags=["external logging"])
+router = APIRouter(prefix="/runs", tags=["external logging"], route_class=JSONBodyRoute)
 
 
 @router.post("/external", status_code=status.HTTP_201_CREATED, response_model=RunOut)

@@ -12,22 +12,24 @@ from pydantic import ValidationError
 from sqlalchemy import String, cast, func, select
 
 from backend import lifecycle
+from backend.api.body import JSONBodyRoute
 from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionDep
 from backend.api.query import parse_ids
 from backend.models import Run
 from backend.schemas import (
+    Label,
     RunClone,
     RunCreate,
     RunList,
     RunOut,
     RunsCreated,
     RunStatusName,
-    Text,
+    Tag,
     run_out,
 )
 from conspo.config import RunConfig, TaskConfig
 
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(prefix="/runs", tags=["runs"], route_class=JSONBodyRoute)
 
 SORTS: dict[str, Any] = {
     "created_at": Run.created_at.asc(),
@@ -36,7 +38,7 @@ SORTS: dict[str, Any] = {
     "status": Run.status.asc(),
     "id": Run.id.asc(),
 }
-ShortText = Annotated[Text, Query(min_length=1, max_length=200)]
+ShortText = Annotated[Label, Query()]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
@@ -56,7 +58,7 @@ def list_runs(
     status_: Annotated[RunStatusName | None, Query(alias="status")] = None,
     algorithm: ShortText | None = None,
     task: ShortText | None = None,
-    tag: ShortText | None = None,
+    tag: Annotated[Tag | None, Query()] = None,
     group_id: ShortText | None = None,
     q: ShortText | None = None,
     ids: Annotated[
