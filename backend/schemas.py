@@ -89,6 +89,10 @@ class RunOut(BaseModel):
     summary: dict[str, float | None]
     external: bool
     attempt: int
+    worker_deaths: int = Field(
+        description="Attempts that ended with their worker gone (killed, out of memory, ...)."
+    )
+    last_worker_death: str | None = Field(description="What the reaper found the last time.")
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -122,6 +126,8 @@ def run_out(run: Run) -> dict[str, Any]:
         "summary": run.summary or {},
         "external": run.external,
         "attempt": run.attempt,
+        "worker_deaths": run.worker_deaths,
+        "last_worker_death": run.last_worker_death,
     }
 
 
