@@ -229,9 +229,24 @@ class Presets(BaseModel):
     defaults: dict[str, Any]
 
 
+class WorkerOut(BaseModel):
+    name: str = Field(description="host:pid")
+    host: str
+    started_at: float
+    seen_at: float = Field(description="When its reaper last marked it alive.")
+
+
 class Health(BaseModel):
-    status: str
+    status: Literal["ok", "degraded", "down"] = Field(
+        description="down (HTTP 503): the database or the broker is unreachable; degraded: "
+        "serving, but something needs attention (see reasons)."
+    )
     database: str
     broker: str
     mode: Literal["embedded", "cluster"]
     version: str
+    workers: list[WorkerOut] = Field(description="Live workers (seen recently).")
+    stranded_runs: list[int] = Field(
+        description="Queued runs sent long ago, unclaimed, whose job the queue seems to lack."
+    )
+    reasons: list[str] = Field(description="Why the status is not ok, one line each.")
