@@ -64,25 +64,29 @@ class Outage:
         interrupt: Interrupt | None = None,
         first_delay_s: float = 0.2,
         max_delay_s: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit_s = limit_s
         self.interrupt: Interrupt = interrupt or threading.Event()
         self.first_delay_s, self.max_delay_s = first_delay_s, max_delay_s
-        self.clock = clock
         self._since: float | None = None
         self._lock = threading.Lock()
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()``, retried while its errors are transient and the outage is within bounds."""
-        delay = self.first_delay_s
+        """``fn()``, retried while its errors are transient and the outage is within bounds.
+
+        The outage is timed from this call's own first failure too, so another writer's
+        success (a heartbeat getting through while bulk writes keep failing) cannot make it
+        retry forever.
+        """
+        delay, first_failure = self.first_delay_s, None
         while True:
             try:
                 result = fn()
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                self.failed(what, exc)
+                first_failure = time.monotonic() if first_failure is None else first_failure
+                self.failed(what, exc, first_failure)
                 if self.interrupt.wait(delay):
                     stopped = f"{what}: stopped while waiting for the database"
                     raise DatabaseUnavailable(stopped) from exc
@@ -91,13 +95,16 @@ class Outage:
                 self.recovered()
                 return result
 
-    def failed(self, what: str, exc: BaseException) -> None:
-        """Note a transient failure; raise ``DatabaseUnavailable`` once past the limit."""
+    def failed(self, what: str, exc: BaseException, first_failure: float | None = None) -> None:
+        """Note a transient failure; raise ``DatabaseUnavailable`` once the outage (since the
+        first failure after the last success, or since ``first_failure`` if earlier) is past
+        the limit."""
         with self._lock:
-            now = self.clock()
+            now = time.monotonic()
             if self._since is None:
                 self._since = now
-            lasted = now - self._since
+            began = self._since if first_failure is None else min(self._since, first_failure)
+        lasted = now - began
         if lasted >= self.limit_s:
             raise DatabaseUnavailable(
                 f"{what}: the database has been unreachable for {lasted:.0f} s "

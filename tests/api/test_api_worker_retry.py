@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from backend.config import Settings
 from backend.db import Database
@@ -96,6 +97,26 @@ def test_a_shutdown_ends_the_wait_for_the_database(db: Database) -> None:
             Outage(3600, interrupt=shutdown).call("write", lambda: count_runs(db))
     finally:
         lock.release()
+
+
+def test_another_writer_getting_through_does_not_prolong_a_failing_write() -> None:
+    """The heartbeat may succeed while bulk writes keep failing (a full disk, say): the write's
+    own first failure still starts its clock."""
+    outage, done = Outage(0.5), threading.Event()
+
+    def heartbeats() -> None:
+        while not done.wait(0.05):
+            outage.recovered()
+
+    def full_disk() -> None:
+        raise OperationalError("INSERT ...", {}, Exception("could not extend file: No space left"))
+
+    threading.Thread(target=heartbeats, daemon=True).start()
+    try:
+        with pytest.raises(DatabaseUnavailable, match="No space left"):
+            outage.call("write", full_disk)
+    finally:
+        done.set()
 
 
 def test_errors_of_the_run_itself_are_raised_at_once() -> None:
