@@ -53,6 +53,24 @@ class Settings(BaseSettings):
     unsent_grace_s: float = Field(
         30.0, gt=0, description="A queued run never handed to the broker is re-sent after this."
     )
+    unclaimed_resend_s: float = Field(
+        300.0,
+        gt=0,
+        description="A queued run sent this long ago and still unclaimed is re-sent when the "
+        "broker's queue holds fewer jobs than runs waiting (its message was lost).",
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="A run whose worker died this many times fails (out of memory?)."
+    )
+    db_retry_limit_s: float = Field(
+        300.0,
+        gt=0,
+        description="A worker retries database errors this long, then stops the attempt (the "
+        "run is handed back to the queue and resumes from its checkpoint).",
+    )
+    sqlite_busy_timeout_s: float = Field(
+        30.0, gt=0, description="How long a SQLite write waits for another writer's lock."
+    )
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     stream_poll_s: float = Field(1.0, gt=0, description="SSE database polling period.")
     stream_keepalive_s: float = Field(15.0, gt=0, description="SSE heartbeat comment period.")
@@ -81,6 +99,11 @@ class Settings(BaseSettings):
     @property
     def reaper_period_s(self) -> float:
         return self.reaper_interval_s or self.heartbeat_timeout_s / 2
+
+    @property
+    def worker_alive_s(self) -> float:
+        """A worker not seen for this long is dead (each reaper pass marks its worker alive)."""
+        return max(self.heartbeat_timeout_s, 2 * self.reaper_period_s)
 
     def run_dir(self, run_id: int) -> Path:
         return self.data_dir / "runs" / str(run_id)

@@ -6,7 +6,7 @@ can share one file; PostgreSQL goes through psycopg 3.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,17 +18,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from backend.config import Settings
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, sqlite_busy_timeout_s: float = 30.0, **kwargs: Any) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": sqlite_busy_timeout_s},
             **kwargs,
         )
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_pragmas(sqlite_busy_timeout_s))
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
@@ -36,13 +36,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return create_engine(url, **kwargs)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
-    cur.close()
+def _sqlite_pragmas(busy_timeout_s: float) -> Callable[[Any, Any], None]:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.close()
+
+    return on_connect
 
 
 class Database:
@@ -50,7 +53,9 @@ class Database:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.engine = make_engine(settings.database_url)
+        self.engine = make_engine(
+            settings.database_url, sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s
+        )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager

@@ -12,11 +12,17 @@ Worker runs::
       (none) ─────────────► queued ─────────────► running ───────────────► succeeded
                              │  ▲ send              │  │ heartbeat (renews it; reports a cancel
                              │  │ (publish, stamp   │  │   request or a lost claim)
-                             │  │  enqueued_at)     │  ├── fail ─────────► failed
-                             │  │                   │  ├── finish ───────► cancelled (the worker
-                             │  └── requeue_stale ──┘  │                    honoured a cancel)
-                             │      (heartbeat stale)  └── requeue_stale ► cancelled (stale, and
-                             │                                              a cancel was asked)
+                             │  │  enqueued_at;     │  ├── fail ─────────► failed
+                             │  │  again when       │  ├── finish ───────► cancelled (the worker
+                             │  │  stranded)        │  │                    honoured a cancel)
+                             │  ├── release ────────┤  (the worker stops cleanly: SIGTERM, a
+                             │  │                   │   long database outage; no death counted)
+                             │  └── requeue_stale ──┤  (heartbeat stale: its worker died; one
+                             │      (a death)       │   more worker death counted)
+                             │                      ├── requeue_stale ► failed (the worker died
+                             │                      │                    max_attempts times)
+                             │                      └── requeue_stale ► cancelled (stale, and
+                             │                                            a cancel was asked)
                              └── request_cancel ─────────────────────────► cancelled
       running ── request_cancel ──► running with cancel_requested (the worker stops, then finish)
 
@@ -26,8 +32,9 @@ External runs (a trainer elsewhere logs over HTTP)::
                                           ── request_cancel ──► cancelled
 
 ``claim`` also takes a ``running`` run whose heartbeat is stale (its worker died and the message
-came back): that starts a new attempt, and every write of the old one (heartbeat, points,
-finish) is refused from then on, because each is conditional on (status running, attempt).
+came back): it counts the death as ``requeue_stale`` would, then starts a new attempt, and every
+write of the old one (heartbeat, points, finish) is refused from then on, because each is
+conditional on (status running, attempt).
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, delete, or_, select, update
+from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.orm import Session
 
 from backend.models import FINISHED, Metric, MetricRollup, Rollout, Run, RunStatus, User, utcnow
@@ -200,10 +207,18 @@ def unsent(session: Session, created_before: datetime) -> list[int]:
 # --------------------------------------------------------------------------------------------
 
 
-def claim(session: Session, run_id: int, *, host: str, stale_before: datetime) -> Run | None:
-    """queued → running (a new attempt), or running with a heartbeat older than
-    ``stale_before`` (its worker died) → running (the next attempt). None: not claimable
-    (taken, finished, cancelled, external, or deleted)."""
+def claim(
+    session: Session, run_id: int, *, host: str, stale_before: datetime, max_attempts: int
+) -> Run | None:
+    """queued → running (a new attempt). A running run whose heartbeat is older than
+    ``stale_before`` (its worker died) is first recovered as by ``requeue_stale``, so the death
+    counts. None: not claimable (taken, finished, cancelled, failed for too many deaths,
+    external, or deleted)."""
+    stale = session.execute(
+        select(*STALE_RUN).where(Run.id == run_id, *_stale(stale_before))
+    ).first()
+    if stale is not None:
+        _recover_stale(session, StaleRun(*stale), stale_before, max_attempts)
     now = utcnow()
     claimed = _rows(
         session.execute(
@@ -211,10 +226,8 @@ def claim(session: Session, run_id: int, *, host: str, stale_before: datetime) -
             .where(
                 Run.id == run_id,
                 Run.external.is_(False),
-                or_(
-                    (Run.status == RunStatus.queued) & Run.cancel_requested.is_(False),
-                    (Run.status == RunStatus.running) & (Run.heartbeat_at < stale_before),
-                ),
+                Run.status == RunStatus.queued,
+                Run.cancel_requested.is_(False),
             )
             .values(
                 status=RunStatus.running,
@@ -299,6 +312,34 @@ def fail(session: Session, run_id: int, attempt: int, error: str) -> bool:
     return finish(session, run_id, attempt, RunStatus.failed, error=error)
 
 
+def release(session: Session, run_id: int, attempt: int) -> RunStatus | None:
+    """running → queued with ``enqueued_at`` NULL (to be sent again), while ``attempt`` owns
+    the run: its worker stopped cleanly (SIGTERM, a long database outage) after a checkpoint,
+    so no death is counted. → cancelled when a cancel was requested meanwhile (a queued run
+    with a cancel request would never be claimed). None: the attempt no longer owns the run.
+    """
+    now = utcnow()
+    owned = update(Run).where(*owned_by(run_id, attempt))
+    if _rows(
+        session.execute(
+            owned.where(Run.cancel_requested.is_(True)).values(
+                status=RunStatus.cancelled, finished_at=now, updated_at=now
+            )
+        )
+    ):
+        session.commit()
+        return RunStatus.cancelled
+    released = _rows(
+        session.execute(
+            owned.where(Run.cancel_requested.is_(False)).values(
+                status=RunStatus.queued, enqueued_at=None, updated_at=now
+            )
+        )
+    )
+    session.commit()
+    return RunStatus.queued if released else None
+
+
 # --------------------------------------------------------------------------------------------
 # Recovery (the reaper)
 # --------------------------------------------------------------------------------------------
@@ -308,40 +349,103 @@ def fail(session: Session, run_id: int, attempt: int, error: str) -> bool:
 class Requeued:
     queued: list[int]  # back to queued, to be sent again
     cancelled: list[int]  # a cancel had been asked: their worker will not finish them
+    failed: list[int]  # their worker died max_attempts times
 
 
-def requeue_stale(session: Session, stale_before: datetime) -> Requeued:
-    """running with a heartbeat older than ``stale_before`` (worker runs only) → queued with
-    ``enqueued_at`` NULL, or → cancelled when a cancel was requested."""
-    stale = session.scalars(
-        select(Run.id).where(
-            Run.status == RunStatus.running,
-            Run.external.is_(False),
-            Run.heartbeat_at < stale_before,
+class StaleRun(NamedTuple):
+    """What recovering a stale run needs to know about it (``_recover_stale``)."""
+
+    id: int
+    attempt: int
+    worker_host: str | None
+    step: int
+    heartbeat_at: datetime | None  # never None: a NULL heartbeat is not stale
+    worker_deaths: int
+
+
+STALE_RUN = (Run.id, Run.attempt, Run.worker_host, Run.step, Run.heartbeat_at, Run.worker_deaths)
+
+
+def _stale(stale_before: datetime) -> tuple[ColumnElement[bool], ...]:
+    """WHERE clauses of worker runs still running with a heartbeat older than ``stale_before``."""
+    return (
+        Run.status == RunStatus.running,
+        Run.external.is_(False),
+        Run.heartbeat_at < stale_before,
+    )
+
+
+def requeue_stale(session: Session, stale_before: datetime, max_attempts: int) -> Requeued:
+    """running with a heartbeat older than ``stale_before`` (worker runs only; its worker
+    died) → queued with ``enqueued_at`` NULL and one more worker death; → failed when that
+    makes ``max_attempts`` deaths (the run itself kills its workers: out of memory, say);
+    → cancelled when a cancel was requested."""
+    out = Requeued([], [], [])
+    for row in session.execute(select(*STALE_RUN).where(*_stale(stale_before))).all():
+        stale = StaleRun(*row)
+        status = _recover_stale(session, stale, stale_before, max_attempts)
+        if status is not None:
+            getattr(out, status).append(stale.id)  # Requeued's lists are named by status
+    return out
+
+
+def _recover_stale(
+    session: Session, stale: StaleRun, stale_before: datetime, max_attempts: int
+) -> RunStatus | None:
+    """One stale run (its ``STALE_RUN`` columns) → cancelled, queued or failed; None if it was
+    no longer stale (renewed, or recovered by someone else)."""
+    now = utcnow()
+    still_stale = update(Run).where(
+        Run.id == stale.id,
+        Run.attempt == stale.attempt,
+        Run.status == RunStatus.running,
+        Run.heartbeat_at < stale_before,
+    )
+    if _rows(
+        session.execute(
+            still_stale.where(Run.cancel_requested.is_(True)).values(
+                status=RunStatus.cancelled, finished_at=now, updated_at=now
+            )
+        )
+    ):
+        session.commit()
+        return RunStatus.cancelled
+    deaths = stale.worker_deaths + 1
+    beat = f"{stale.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if stale.heartbeat_at else "none"
+    note = (
+        f"worker {stale.worker_host} stopped responding at step {stale.step} "
+        f"(attempt {stale.attempt}, last heartbeat {beat})"
+    )
+    values: dict[str, Any] = {"worker_deaths": deaths, "last_worker_death": note}
+    if deaths >= max_attempts:
+        error = f"worker died {deaths} times (out of memory?); the last time: {note}"
+        values |= {"status": RunStatus.failed, "error": error, "finished_at": now}
+    else:
+        values |= {"status": RunStatus.queued, "enqueued_at": None}
+    recovered = session.execute(
+        still_stale.where(Run.cancel_requested.is_(False)).values(**values, updated_at=now)
+    )
+    session.commit()
+    return values["status"] if _rows(recovered) else None
+
+
+def stranded(session: Session, jobs: JobQueue, sent_before: datetime) -> list[int]:
+    """Queued runs whose job the broker seems to have lost: sent before ``sent_before`` and
+    still unclaimed, while the queue holds fewer jobs than there are sent runs waiting.
+
+    The broker cannot say which job it lost, so every run waiting since before
+    ``sent_before`` is named; re-sending one whose job was not lost only adds a duplicate,
+    which ``claim`` ignores. A busy cluster, whose queue holds a job for each waiting run,
+    strands nothing however long its runs wait. Raises when the broker is unreachable.
+    """
+    waiting = session.execute(
+        select(Run.id, Run.enqueued_at).where(
+            Run.status == RunStatus.queued, Run.enqueued_at.is_not(None)
         )
     ).all()
-    out = Requeued([], [])
-    for run_id in stale:
-        now = utcnow()
-        still_stale = update(Run).where(
-            Run.id == run_id, Run.status == RunStatus.running, Run.heartbeat_at < stale_before
-        )
-        if _rows(
-            session.execute(
-                still_stale.where(Run.cancel_requested.is_(True)).values(
-                    status=RunStatus.cancelled, finished_at=now, updated_at=now
-                )
-            )
-        ):
-            out.cancelled.append(run_id)
-        elif _rows(
-            session.execute(
-                still_stale.values(status=RunStatus.queued, enqueued_at=None, updated_at=now)
-            )
-        ):
-            out.queued.append(run_id)
-        session.commit()
-    return out
+    if not waiting or jobs.waiting() >= len(waiting):
+        return []
+    return [run_id for run_id, sent_at in waiting if sent_at is not None and sent_at < sent_before]
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
   ``lifecycle.delete_run`` deletes the run row before its points.
 * ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
+* ``workers``: one row per live worker process, renewed by its reaper (``backend.liveness``).
 """
 
 from __future__ import annotations
@@ -156,6 +157,11 @@ class Run(Base):
     # Bumped by every metric write, under this row's lock: per run, it orders writes as they
     # committed, so the live stream can use it as a cursor.
     write_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Attempts that ended with their worker gone (heartbeat stale: killed, out of memory, ...);
+    # at ``max_attempts`` the run fails. A worker that stops cleanly (SIGTERM, a long database
+    # outage) hands the run back without counting one.
+    worker_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_worker_death: Mapped[str | None] = mapped_column(Text)  # what the reaper found
 
     owner: Mapped[User | None] = relationship(lazy="joined")
 
@@ -209,3 +215,20 @@ class MetricRollup(Base):
     v_max: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(Integer)
     last_wall: Mapped[float] = mapped_column(Float)
+
+
+class Worker(Base):
+    """A live worker process: each worker's reaper thread renews ``seen_at`` every pass.
+
+    In the database (not the broker) because both deployments read it the same way, it
+    survives a broker restart, and ``/api/health`` reads it with one query instead of a
+    broadcast round trip (kombu's SQLAlchemy transport has no broadcast at all).
+    """
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # host:pid
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,7 +1,8 @@
 """Handing runs to the Celery queue (the backend only sends; worker/ consumes).
 
 ``JobQueue.publish`` is the only place a training job is sent; ``backend.lifecycle.send`` calls
-it as part of the queued run's hand-over.
+it as part of the queued run's hand-over. ``JobQueue.waiting`` counts the jobs in the queue, so
+the reaper and ``/api/health`` can tell when the broker lost some (``lifecycle.stranded``).
 """
 
 from __future__ import annotations
@@ -64,3 +65,13 @@ class JobQueue:
     def publish(self, run_id: int) -> None:
         """Send the job for ``run_id`` (raises when the broker is down)."""
         self.celery.send_task(TASK_NAME, args=[run_id], queue=self.queue)
+
+    def waiting(self) -> int:
+        """Jobs in the queue not yet delivered to a worker (raises when the broker is down).
+
+        Both transports count the same thing: Redis the queue's lists, kombu's SQLAlchemy
+        transport its visible message rows; a job a worker holds unacknowledged is not counted.
+        """
+        with self.celery.connection_for_read() as conn:
+            declared = conn.default_channel.queue_declare(queue=self.queue, passive=False)
+            return int(declared.message_count)

@@ -131,6 +131,10 @@ class RunOut(BaseModel):
     summary: dict[str, float | None]
     external: bool
     attempt: int
+    worker_deaths: int = Field(
+        description="Attempts that ended with their worker gone (killed, out of memory, ...)."
+    )
+    last_worker_death: str | None = Field(description="What the reaper found the last time.")
 
 
 # Deeper than anything validation accepts, and well inside the ~250 levels JSON encoders allow.
@@ -221,6 +225,8 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "summary": run.summary or {},
         "external": run.external,
         "attempt": run.attempt,
+        "worker_deaths": run.worker_deaths,
+        "last_worker_death": run.last_worker_death,
     }
 
 
@@ -322,9 +328,24 @@ class Presets(BaseModel):
     defaults: dict[str, Any]
 
 
+class WorkerOut(BaseModel):
+    name: str = Field(description="host:pid")
+    host: str
+    started_at: float
+    seen_at: float = Field(description="When its reaper last marked it alive.")
+
+
 class Health(BaseModel):
-    status: str
+    status: Literal["ok", "degraded", "down"] = Field(
+        description="down (HTTP 503): the database or the broker is unreachable; degraded: "
+        "serving, but something needs attention (see reasons)."
+    )
     database: str
     broker: str
     mode: Literal["embedded", "cluster"]
     version: str
+    workers: list[WorkerOut] = Field(description="Live workers (seen recently).")
+    stranded_runs: list[int] = Field(
+        description="Queued runs sent long ago, unclaimed, whose job the queue seems to lack."
+    )
+    reasons: list[str] = Field(description="Why the status is not ok, one line each.")

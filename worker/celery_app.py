@@ -6,7 +6,11 @@ Start it with ``conspo-lab worker`` (queue ``gpu``, concurrency 1, prefetch 1) o
 Stale runs are recovered by a thread in every worker instead of celery beat: there is no extra
 process to deploy (embedded mode has exactly one worker), a restarted worker recovers the runs
 of the worker it replaces as soon as their heartbeats are stale, and the conditional updates in
-``worker.reaper`` make several workers reaping at once harmless.
+``worker.reaper`` make several workers reaping at once harmless. The same thread renews the
+worker's row in ``workers`` (``backend.liveness``), which ``/api/health`` counts.
+
+A warm shutdown (SIGTERM) stops the run in progress at its next step boundary and hands it back
+to the queue (``worker.shutdown``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from backend.config import get_settings
 from backend.queue import JobQueue, make_celery
+from worker import shutdown  # noqa: F401  (connects the SIGTERM handling: see its docstring)
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,10 @@ attempt still owns the run). A batch is written when ``flush()`` is called, when
 ``max_points`` metric points and rollout rows, or when a step arrives ``max_delay_s`` after the
 last write (so dashboards stay live whatever the step rate).
 
+Database outages: with an ``Outage`` the write is retried with backoff (see ``worker.retry``).
+Past its limit ``DatabaseUnavailable`` propagates through the trainer (so no checkpoint is saved
+that covers steps the database lacks) and the worker hands the run back without failing it.
+
 Crash safety: the trainer calls ``flush()`` before it saves each checkpoint and before it ends,
 so a checkpoint never covers a step the database lacks. A crash loses at most the buffered
 steps after the last checkpoint, which the resumed attempt re-emits; the upserts on
@@ -24,6 +28,7 @@ from backend.db import Database
 from backend.models import utcnow
 from backend.storage.writes import StepPoints, write_points
 from conspo.sink import StepRecord
+from worker.retry import Outage
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +47,10 @@ class DbSink:
         max_points: int = 20_000,
         max_delay_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        outage: Outage | None = None,
     ) -> None:
         self.db = db
+        self.outage = outage  # retries database errors; None: they are raised at once
         self.run_id = run_id
         self.attempt = attempt
         self.max_points = max_points
@@ -65,10 +72,23 @@ class DbSink:
             self.flush()
 
     def flush(self) -> None:
-        """Write every buffered step in one transaction (nothing to do when empty)."""
+        """Write every buffered step in one transaction (nothing to do when empty).
+
+        With an ``outage``, a dropped connection or a locked database is retried (the write is
+        an upsert, so a batch whose commit did land before the error is simply written again).
+        """
         self._last_write = self.clock()
         if not self._buffer:
             return
+        what = f"run {self.run_id}: storing steps"
+        owned = self.outage.call(what, self._write) if self.outage else self._write()
+        self._buffer.clear()
+        self._buffered = 0
+        if not owned:
+            raise RunGone(f"run {self.run_id} was deleted or taken over")
+
+    def _write(self) -> bool:
+        """One transaction for the whole buffer; False when the attempt no longer owns the run."""
         records = list(self._buffer.values())
         steps = [StepPoints(r.step, r.metrics, r.wall_time, r.rollouts) for r in records]
         latest = max(records, key=lambda r: r.step)
@@ -82,12 +102,9 @@ class DbSink:
             )
             if not written.owned:
                 session.rollback()
-                self._buffer.clear()
-                self._buffered = 0
-                raise RunGone(f"run {self.run_id} was deleted or taken over")
+                return False
             session.commit()
-        self._buffer.clear()
-        self._buffered = 0
+        return True
 
     @property
     def buffered_steps(self) -> list[int]:

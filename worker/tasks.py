@@ -3,6 +3,19 @@
 The task is thin and idempotent: a duplicate or redelivered message finds the run already
 claimed (or finished) and does nothing; a resumed attempt continues from the checkpoint in
 ``data_dir/runs/<id>``.
+
+How an attempt ends:
+
+* the trainer finished, or honoured a cancel request: ``finish`` (succeeded / cancelled);
+* the run raised: ``fail``, with the traceback;
+* the worker is shutting down (SIGTERM, ``worker.shutdown``): the trainer stops at the next
+  step boundary and checkpoints, and ``release`` hands the run back to the queue;
+* the database stayed unreachable past ``db_retry_limit_s``: the run is not the culprit, so it
+  is not failed; the worker stops training and releases the run once the database answers;
+* the run was deleted or another attempt took it over: nothing more is written.
+
+Database errors on the way (claim, heartbeat, sink, finish) are retried by one ``Outage`` per
+attempt (``worker.retry``).
 """
 
 from __future__ import annotations
@@ -11,19 +24,27 @@ import logging
 import socket
 import threading
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
 from functools import lru_cache
 from typing import Any
+
+from celery.exceptions import Reject
 
 from backend import lifecycle
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
-from backend.queue import TASK_NAME
+from backend.queue import TASK_NAME, JobQueue
 from worker.celery_app import celery_app
 from worker.db_sink import DbSink, RunGone
+from worker.retry import DatabaseUnavailable, Outage, is_transient, short
+from worker.shutdown import SHUTDOWN, Interrupt
 
 log = logging.getLogger(__name__)
+
+RELEASE_ON_SHUTDOWN_S = 5.0  # well inside the compose stop grace period
 
 
 @lru_cache(maxsize=1)
@@ -33,7 +54,10 @@ def database() -> Database:
 
 @celery_app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_training(run_id: int) -> str:
-    return execute_run(database(), get_settings(), run_id)
+    if SHUTDOWN.is_set():  # delivered while this worker stops (even our own release's job)
+        raise Reject("the worker is shutting down; the job goes back to the queue", requeue=True)
+    settings = get_settings()
+    return execute_run(database(), JobQueue(celery_app, settings.queue), settings, run_id)
 
 
 def claim(db: Database, settings: Settings, run_id: int) -> Run | None:
@@ -41,25 +65,36 @@ def claim(db: Database, settings: Settings, run_id: int) -> Run | None:
     stale_before = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
     with db.session() as session:
         return lifecycle.claim(
-            session, run_id, host=socket.gethostname(), stale_before=stale_before
+            session,
+            run_id,
+            host=socket.gethostname(),
+            stale_before=stale_before,
+            max_attempts=settings.max_attempts,
         )
 
 
 class Heartbeat(threading.Thread):
-    """Refreshes heartbeat_at and reads cancel_requested every few seconds."""
+    """Refreshes heartbeat_at and reads cancel_requested every few seconds.
 
-    def __init__(self, db: Database, run_id: int, attempt: int, interval: float) -> None:
+    A failed beat is tried again at the next one (the database may be restarting); once the
+    outage outlasts its limit the attempt is asked to stop (``outage_too_long``).
+    """
+
+    def __init__(
+        self, db: Database, run_id: int, attempt: int, interval: float, outage: Outage
+    ) -> None:
         super().__init__(name=f"heartbeat-{run_id}", daemon=True)
         self.db, self.run_id, self.attempt, self.interval = db, run_id, attempt, interval
-        self.stop_requested = threading.Event()  # cancel asked, run deleted or taken over
-        self.lost = False
+        self.outage = outage
+        self.stop_requested = threading.Event()  # cancel asked, run lost, or database gone
+        self.last_beat: lifecycle.Beat | None = None
+        self.outage_too_long = False
         self._done = threading.Event()
 
     def beat(self) -> None:
         with self.db.session() as session:
             beat = lifecycle.heartbeat(session, self.run_id, self.attempt)
-        if beat is lifecycle.Beat.LOST:
-            self.lost = True
+        self.last_beat = beat
         if beat is not lifecycle.Beat.OWNED:
             self.stop_requested.set()
 
@@ -67,8 +102,32 @@ class Heartbeat(threading.Thread):
         while not self._done.wait(self.interval):
             try:
                 self.beat()
-            except Exception:  # a database hiccup: try again next beat
-                log.exception("run %s: heartbeat failed", self.run_id)
+                self.outage.recovered()
+            except Exception as exc:
+                if self._note_failure(exc):
+                    return
+
+    def _note_failure(self, exc: Exception) -> bool:
+        """Log a failed beat; True when the attempt must stop (the outage is too long)."""
+        if not is_transient(exc):
+            log.exception("run %s: heartbeat failed", self.run_id)
+            return False
+        try:
+            self.outage.failed(f"run {self.run_id}: heartbeat", exc)
+        except DatabaseUnavailable as gone:
+            log.error("%s; stopping the attempt", gone)
+            self.outage_too_long = True
+            self.stop_requested.set()
+            return True
+        return False
+
+    @property
+    def lost(self) -> bool:
+        return self.last_beat is lifecycle.Beat.LOST
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.last_beat is lifecycle.Beat.CANCEL_REQUESTED
 
     def finish(self) -> None:
         self._done.set()
@@ -83,50 +142,172 @@ def device_name(config: Any) -> str:
     return "cpu"
 
 
-def execute_run(db: Database, settings: Settings, run_id: int) -> str:
-    run = claim(db, settings, run_id)
+class Ending(Enum):
+    FINISH = "finish"  # record the status (succeeded, cancelled, failed)
+    RELEASE = "release"  # hand the run back to the queue
+    GONE = "gone"  # write nothing: deleted, or another attempt owns it
+
+
+@dataclass
+class Outcome:
+    ending: Ending
+    status: RunStatus | None = None
+    error: str | None = None
+
+
+def execute_run(
+    db: Database,
+    jobs: JobQueue,
+    settings: Settings,
+    run_id: int,
+    shutdown: Interrupt = SHUTDOWN,
+) -> str:
+    outage = Outage(settings.db_retry_limit_s, interrupt=shutdown)
+    try:
+        run = outage.call(f"run {run_id}: claim", lambda: claim(db, settings, run_id))
+    except DatabaseUnavailable as exc:  # still queued: the reaper re-sends it (stranded)
+        log.error("%s; leaving the run queued", exc)
+        return "database unavailable"
     if run is None:
         log.info("run %s: not claimable (already taken, finished or cancelled); skipping", run_id)
         return "skipped"
-    attempt = run.attempt
-    heartbeat = Heartbeat(db, run_id, attempt, settings.heartbeat_interval_s)
+    heartbeat = Heartbeat(db, run_id, run.attempt, settings.heartbeat_interval_s, outage)
     heartbeat.start()
-    status, error = RunStatus.failed, None
-    sink = DbSink(db, run_id, attempt)
     try:
-        from conspo.config import RunConfig
-        from conspo.models import ModelStore
-        from conspo.trainer import train
+        outcome = train_attempt(db, settings, run, heartbeat, outage, shutdown)
+    finally:
+        heartbeat.finish()
+    return record(db, jobs, settings, run, outcome, outage, shutdown)
 
+
+def train_attempt(
+    db: Database,
+    settings: Settings,
+    run: Run,
+    heartbeat: Heartbeat,
+    outage: Outage,
+    shutdown: Interrupt,
+) -> Outcome:
+    """Train the claimed run; how the attempt ended (nothing is recorded yet)."""
+    from conspo.config import RunConfig
+    from conspo.models import ModelStore
+    from conspo.trainer import train
+
+    sink = DbSink(db, run.id, run.attempt, outage=outage)
+    try:
         config = RunConfig.model_validate(run.config)
-        with db.session() as session:
-            lifecycle.describe_attempt(
-                session, run_id, attempt, device=device_name(config), total_steps=config.steps
-            )
-        workdir = settings.run_dir(run_id)
+        device = device_name(config)
+        outage.call(
+            f"run {run.id}: describe the attempt",
+            lambda: _describe(db, run, device, config.steps),
+        )
+        workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
         result = train(
             config,
             sink,
-            heartbeat.stop_requested.is_set,
+            lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
             workdir=workdir,
             model_store=ModelStore(settings.model_store),
         )
-        status = RunStatus.succeeded if result.status == "succeeded" else RunStatus.cancelled
     except RunGone as exc:
         log.warning("%s; stopping", exc)
-        return "gone"
-    except Exception:
+        return Outcome(Ending.GONE)
+    except DatabaseUnavailable as exc:
+        log.error("%s; handing the run back", exc)
+        return Outcome(Ending.RELEASE)
+    except Exception as exc:
+        if is_transient(exc):  # a database error on a path without retries: not the run's fault
+            log.error("run %s: %s; handing the run back", run.id, short(exc))
+            return Outcome(Ending.RELEASE)
         error = traceback.format_exc()[-20_000:]
-        log.error("run %s failed:\n%s", run_id, error)
+        log.error("run %s failed:\n%s", run.id, error)
         _flush_quietly(sink)
-    finally:
-        heartbeat.finish()
+        return Outcome(Ending.FINISH, RunStatus.failed, error)
+    if result.status == "succeeded":
+        return Outcome(Ending.FINISH, RunStatus.succeeded)
+    return _why_stopped(heartbeat, shutdown)
+
+
+def _why_stopped(heartbeat: Heartbeat, shutdown: Interrupt) -> Outcome:
+    """The trainer stopped early: a cancel request wins over a shutdown."""
     if heartbeat.lost:
-        return "gone"
+        return Outcome(Ending.GONE)
+    if heartbeat.cancel_requested:
+        return Outcome(Ending.FINISH, RunStatus.cancelled)
+    if heartbeat.outage_too_long or shutdown.is_set():
+        return Outcome(Ending.RELEASE)
+    return Outcome(Ending.FINISH, RunStatus.cancelled)
+
+
+def _describe(db: Database, run: Run, device: str, total_steps: int) -> None:
     with db.session() as session:
-        lifecycle.finish(session, run_id, attempt, status, error=error)
-    return str(status)
+        lifecycle.describe_attempt(
+            session, run.id, run.attempt, device=device, total_steps=total_steps
+        )
+
+
+def record(
+    db: Database,
+    jobs: JobQueue,
+    settings: Settings,
+    run: Run,
+    outcome: Outcome,
+    outage: Outage,
+    shutdown: Interrupt,
+) -> str:
+    """Write how the attempt ended, retrying database errors; returns it for Celery's log."""
+    if outcome.ending is Ending.GONE:
+        return "gone"
+    try:
+        if outcome.ending is Ending.RELEASE:
+            return release(db, jobs, settings, run, shutdown)
+        assert outcome.status is not None
+        status = outcome.status
+        outage.call(
+            f"run {run.id}: record {status}",
+            lambda: _finish(db, run, status, outcome.error),
+        )
+        return str(status)
+    except DatabaseUnavailable as exc:  # the heartbeat goes stale: the reaper takes over
+        log.error("%s; the run is left to the reaper", exc)
+        return "database unavailable"
+
+
+def _finish(db: Database, run: Run, status: RunStatus, error: str | None) -> None:
+    with db.session() as session:
+        lifecycle.finish(session, run.id, run.attempt, status, error=error)
+
+
+def release(db: Database, jobs: JobQueue, settings: Settings, run: Run, shutdown: Interrupt) -> str:
+    """Hand the run back to the queue and send it (a failed send is retried by the reapers'
+    ``unsent`` pass). The attempt has stopped, so the database is waited for as long as it
+    takes, unless the worker is shutting down: then for ``RELEASE_ON_SHUTDOWN_S`` at most, and
+    a run still not released is left to the reaper (its heartbeat goes stale)."""
+    shutting_down = shutdown.is_set()
+    patient = Outage(
+        RELEASE_ON_SHUTDOWN_S if shutting_down else float("inf"),
+        interrupt=None if shutting_down else shutdown,
+        max_delay_s=min(10.0, settings.heartbeat_timeout_s / 4),
+    )
+
+    def hand_back() -> RunStatus | None:
+        with db.session() as session:
+            status = lifecycle.release(session, run.id, run.attempt)
+            if status is RunStatus.queued:
+                _send_quietly(session, jobs, run.id)
+            return status
+
+    status = patient.call(f"run {run.id}: release", hand_back)
+    log.warning("run %s: stopped at a step boundary; %s", run.id, status or "no longer ours")
+    return f"released ({status})" if status else "gone"
+
+
+def _send_quietly(session: Any, jobs: JobQueue, run_id: int) -> None:
+    try:
+        lifecycle.send(session, jobs, run_id)
+    except lifecycle.QueueUnavailable:
+        log.warning("run %s: released but not sent; a reaper will send it", run_id)
 
 
 def _flush_quietly(sink: DbSink) -> None:

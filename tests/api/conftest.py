@@ -301,3 +301,45 @@ def workers(tmp_path: Path) -> Iterator[Callable[[Settings, Path], WorkerProcess
     yield factory
     for wp in made:
         wp.stop_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# A database and queue of the test's own, and a broker that loses jobs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_settings(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
+    """Like ``settings`` (same backend and broker), with a fresh database and queue: for tests
+    that count every queued run or worker (the session's database holds other tests' runs)."""
+    if settings.mode == "embedded":
+        db = f"sqlite:///{tmp_path / 'conspo.db'}"
+        broker = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
+    else:
+        db, broker = create_pg_database(), settings.broker_url
+        request.addfinalizer(lambda: drop_pg_database(db))
+    migrate(db)
+    return make_settings(tmp_path, db, broker)
+
+
+def lose_queued_jobs(settings: Settings) -> None:
+    """What a broker without persistence does on a restart: the queue's jobs are gone.
+
+    Redis: ``DEL`` of the queue's lists; kombu's SQLAlchemy transport: its message rows.
+    """
+    if settings.broker_url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(settings.broker_url)
+        for key in client.scan_iter(f"{settings.queue}*"):  # the list of each priority
+            client.delete(key)
+        return
+    import sqlite3
+
+    path = settings.broker_url.removeprefix("sqla+sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "DELETE FROM kombu_message WHERE queue_id IN "
+            "(SELECT id FROM kombu_queue WHERE name = ?)",
+            (settings.queue,),
+        )

@@ -16,7 +16,7 @@ from backend.models import Base
 from conspo import metrics as M
 from tests.api.conftest import create_pg_database, drop_pg_database
 
-TABLES = {"users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts"}
+TABLES = {"users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts", "workers"}
 
 
 def tables(url: str) -> set[str]:
@@ -102,6 +102,36 @@ def test_0003_namespaces_legacy_keys_of_worker_runs_only(dialect: str, tmp_path:
         command.downgrade(alembic_config(url), "0002")
         assert keys(1) == {"loss", "lr", "entropy", "sep/gap"}
         assert summary(1) == {"loss": 0.5, "sep/gap": 0.1, "lr": 1e-5}
+    finally:
+        engine.dispose()
+        if dialect == "postgresql":
+            drop_pg_database(url)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0004_existing_runs_start_with_no_worker_deaths(dialect: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}" if dialect == "sqlite" else create_pg_database()
+    engine = make_engine(url)
+    try:
+        migrate(url, "0003")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, name, status, cancel_requested, algorithm, task, model,"
+                    " config, seed, tags, step, total_steps, created_at, updated_at, summary,"
+                    " external, attempt, write_seq) VALUES (1, 'r', 'queued', :f, 'grpo',"
+                    " 'arith', 'tiny', '{}', 0, '[]', 0, 2, :now, :now, '{}', :f, 0, 0)"
+                ),
+                {"f": False, "now": datetime.now(UTC)},
+            )
+        migrate(url, "head")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT worker_deaths, last_worker_death FROM runs")).one()
+        assert tuple(row) == (0, None)
+        command.downgrade(alembic_config(url), "0003")
+        assert "workers" not in tables(url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 1
     finally:
         engine.dispose()
         if dialect == "postgresql":

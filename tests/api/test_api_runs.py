@@ -176,7 +176,9 @@ def test_failed_enqueue_leaves_nothing_queued(api: Api, tmp_path) -> None:  # ty
 
 def test_health_and_presets(api: Api) -> None:
     health = api.get("/api/health").json()
-    assert health["status"] == "ok" and health["database"] == "ok" and health["broker"] == "ok"
+    assert health["database"] == "ok" and health["broker"] == "ok"
+    # No worker serves this session's runs: degraded, saying why (tests/api/test_api_health.py).
+    assert health["status"] == ("degraded" if health["reasons"] else "ok")
     assert health["mode"] == ("embedded" if api.settings.mode == "embedded" else "cluster")
     presets = api.get("/api/presets").json()
     names = {a["name"] for a in presets["algorithms"]}

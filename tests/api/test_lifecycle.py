@@ -25,9 +25,11 @@ from backend.queue import TASK_NAME, JobQueue, make_celery
 from backend.security import get_or_create_user
 from backend.storage.writes import StepPoints, write_points
 from conspo.config import RunConfig
+from tests.api.conftest import lose_queued_jobs
 
 CONFIG = RunConfig.model_validate({"algorithm": "grpo", "steps": 3})
 LONG_AGO = timedelta(hours=1)
+MAX = {"max_attempts": 3}
 
 
 @pytest.fixture
@@ -87,7 +89,7 @@ def queued(session: Session, jobs: JobQueue, owner: User, **kw: Any) -> Run:
 
 def running(session: Session, jobs: JobQueue, owner: User) -> Run:
     run = queued(session, jobs, owner)
-    claimed = lifecycle.claim(session, run.id, host="h", stale_before=utcnow() - LONG_AGO)
+    claimed = lifecycle.claim(session, run.id, host="h", stale_before=utcnow() - LONG_AGO, **MAX)
     assert claimed is not None
     return claimed
 
@@ -141,16 +143,18 @@ def test_send_hands_over_only_queued_runs_and_unsent_finds_the_rest(session, job
 def test_claim_takes_a_queued_run_once_and_a_stale_one_again(session, jobs, owner) -> None:
     run = queued(session, jobs, owner)
     fresh = utcnow() - LONG_AGO
-    first = lifecycle.claim(session, run.id, host="a", stale_before=fresh)
+    first = lifecycle.claim(session, run.id, host="a", stale_before=fresh, **MAX)
     assert first is not None and first.status == RunStatus.running and first.attempt == 1
     assert first.worker_host == "a" and first.started_at is not None
-    assert lifecycle.claim(session, run.id, host="b", stale_before=fresh) is None  # taken
+    assert lifecycle.claim(session, run.id, host="b", stale_before=fresh, **MAX) is None  # taken
     started = first.started_at
     make_stale(session, run.id)
-    second = lifecycle.claim(session, run.id, host="b", stale_before=fresh)
+    second = lifecycle.claim(session, run.id, host="b", stale_before=fresh, **MAX)
     assert second is not None and second.attempt == 2 and second.worker_host == "b"
     assert second.started_at == started  # the run started once
-    assert lifecycle.claim(session, 2**31 - 1, host="b", stale_before=fresh) is None  # no run
+    assert second.worker_deaths == 1 and "worker a stopped responding" in second.last_worker_death
+    no_run = 2**31 - 1
+    assert lifecycle.claim(session, no_run, host="b", stale_before=fresh, **MAX) is None
 
 
 def test_claim_refuses_cancelled_finished_and_external_runs(session, jobs, owner) -> None:
@@ -165,7 +169,7 @@ def test_claim_refuses_cancelled_finished_and_external_runs(session, jobs, owner
     )  # fmt: skip
     make_stale(session, external.id)
     for run in (cancelled, done, external):
-        assert lifecycle.claim(session, run.id, host="h", stale_before=fresh) is None
+        assert lifecycle.claim(session, run.id, host="h", stale_before=fresh, **MAX) is None
 
 
 def test_heartbeat_reports_owned_cancel_requested_and_lost(session, jobs, owner) -> None:
@@ -177,14 +181,14 @@ def test_heartbeat_reports_owned_cancel_requested_and_lost(session, jobs, owner)
     assert lifecycle.heartbeat(session, run.id, 1) is Beat.CANCEL_REQUESTED
     assert state(session, run.id).status == RunStatus.running  # the worker decides when to stop
     make_stale(session, run.id)
-    lifecycle.requeue_stale(session, utcnow() - LONG_AGO)  # cancelled: its worker was gone
+    lifecycle.requeue_stale(session, utcnow() - LONG_AGO, 3)  # cancelled: its worker was gone
     assert lifecycle.heartbeat(session, run.id, 1) is Beat.LOST
 
 
 def test_a_newer_attempt_locks_the_old_one_out(session, jobs, owner) -> None:
     run = running(session, jobs, owner)
     make_stale(session, run.id)
-    assert lifecycle.claim(session, run.id, host="b", stale_before=utcnow() - LONG_AGO)
+    assert lifecycle.claim(session, run.id, host="b", stale_before=utcnow() - LONG_AGO, **MAX)
     assert lifecycle.heartbeat(session, run.id, 1) is Beat.LOST
     assert not lifecycle.describe_attempt(session, run.id, 1, device="cpu", total_steps=9)
     assert not lifecycle.finish(session, run.id, 1, RunStatus.succeeded)
@@ -222,7 +226,7 @@ def test_requeue_stale_requeues_or_cancels_only_stale_worker_runs(session, jobs,
     )  # fmt: skip
     for run in (stale, stale_cancel, external):
         make_stale(session, run.id)
-    out = lifecycle.requeue_stale(session, utcnow() - LONG_AGO)
+    out = lifecycle.requeue_stale(session, utcnow() - LONG_AGO, 3)
     assert stale.id in out.queued and stale_cancel.id in out.cancelled
     assert alive.id not in out.queued + out.cancelled
     assert external.id not in out.queued + out.cancelled
@@ -231,7 +235,7 @@ def test_requeue_stale_requeues_or_cancels_only_stale_worker_runs(session, jobs,
     assert state(session, stale_cancel.id).status == RunStatus.cancelled
     assert state(session, alive.id).status == RunStatus.running
     assert state(session, external.id).status == RunStatus.running
-    again = lifecycle.requeue_stale(session, utcnow() - LONG_AGO)
+    again = lifecycle.requeue_stale(session, utcnow() - LONG_AGO, 3)
     assert stale.id not in again.queued  # a transition applies once
 
 
@@ -284,3 +288,66 @@ def test_external_runs_open_accept_points_and_close(session, owner) -> None:
 def test_worker_runs_accept_no_logged_points(session, jobs, owner) -> None:
     with pytest.raises(lifecycle.Conflict, match="run by a worker"):
         lifecycle.check_accepts_points(running(session, jobs, owner))
+
+
+def test_release_hands_a_stopped_run_back_without_counting_a_death(session, jobs, owner) -> None:
+    run = running(session, jobs, owner)
+    assert lifecycle.release(session, run.id, 2) is None  # not the owning attempt
+    assert lifecycle.release(session, run.id, 1) is RunStatus.queued
+    back = state(session, run.id)
+    assert (back.status, back.attempt, back.worker_deaths) == (RunStatus.queued, 1, 0)
+    assert back.enqueued_at is None  # to be sent again (by the worker, else by a reaper)
+    assert run.id in lifecycle.unsent(session, utcnow() + timedelta(seconds=1))
+    assert lifecycle.release(session, run.id, 1) is None  # a transition applies once
+    again = lifecycle.claim(session, run.id, host="h", stale_before=utcnow() - LONG_AGO, **MAX)
+    assert again is not None and again.attempt == 2
+    lifecycle.request_cancel(session, again)  # asked while the worker was stopping
+    assert lifecycle.release(session, run.id, 2) is RunStatus.cancelled  # never queued again
+    assert state(session, run.id).status == RunStatus.cancelled
+
+
+def test_a_run_whose_worker_dies_max_attempts_times_fails(session, jobs, owner) -> None:
+    """Each stale heartbeat counts a worker death, whether the reaper or a redelivered message
+    finds it first; the third fails the run instead of taking a third worker down."""
+    run = running(session, jobs, owner)
+    fresh = utcnow() - LONG_AGO
+    for deaths in (1, 2):
+        make_stale(session, run.id)
+        assert run.id in lifecycle.requeue_stale(session, fresh, 3).queued
+        back = state(session, run.id)
+        assert (back.status, back.worker_deaths, back.error) == (RunStatus.queued, deaths, None)
+        assert f"(attempt {deaths}, last heartbeat" in back.last_worker_death
+        assert lifecycle.claim(session, run.id, host="h", stale_before=fresh, **MAX)
+    make_stale(session, run.id)
+    out = lifecycle.requeue_stale(session, fresh, 3)
+    assert run.id in out.failed and run.id not in out.queued
+    dead = state(session, run.id)
+    assert (dead.status, dead.worker_deaths) == (RunStatus.failed, 3)
+    assert dead.error.startswith("worker died 3 times (out of memory?)")
+    assert dead.finished_at is not None
+    assert lifecycle.claim(session, run.id, host="h", stale_before=fresh, **MAX) is None
+    # A redelivered message that finds the run stale counts the death the same way.
+    other = running(session, jobs, owner)
+    make_stale(session, other.id)
+    assert lifecycle.claim(session, other.id, host="h", stale_before=fresh, max_attempts=1) is None
+    assert state(session, other.id).status == RunStatus.failed
+
+
+def test_stranded_names_sent_runs_whose_job_the_broker_lost(own_settings: Settings) -> None:
+    db, jobs = Database(own_settings), JobQueue.from_settings(own_settings)
+    soon = utcnow() + timedelta(seconds=1)
+    with db.session() as session:
+        owner = get_or_create_user(session, "stranded")
+        run = queued(session, jobs, owner)
+        assert jobs.waiting() == 1
+        assert lifecycle.stranded(session, jobs, soon) == []  # its job waits in the queue
+        lose_queued_jobs(own_settings)
+        assert jobs.waiting() == 0
+        assert lifecycle.stranded(session, jobs, utcnow() - LONG_AGO) == []  # sent too recently
+        assert lifecycle.stranded(session, jobs, soon) == [run.id]
+        assert lifecycle.send(session, jobs, run.id)  # what a reaper does with it
+        assert lifecycle.stranded(session, jobs, soon + timedelta(seconds=1)) == []
+        lifecycle.claim(session, run.id, host="h", stale_before=utcnow() - LONG_AGO, **MAX)
+        lose_queued_jobs(own_settings)
+        assert lifecycle.stranded(session, jobs, soon + timedelta(seconds=1)) == []  # claimed
+    db.dispose()

@@ -150,3 +150,32 @@ def test_dockerfile_pins_torch_before_the_project():
     pinned = re.search(r'"torch==([^"]+)"', pyproject).group(1)
     assert f"ARG TORCH_VERSION={pinned}" in text
     assert text.index("torch==${TORCH_VERSION}") < text.index("pip install --no-deps -e .")
+
+
+@pytest.mark.parametrize(("code", "healthy"), [(200, True), (503, False)])
+def test_api_healthcheck_fails_when_health_answers_503(compose, code: int, healthy: bool):
+    """/api/health is 503 when the database or broker is down: the container turns unhealthy."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        test = compose["services"]["api"]["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "python"]
+        here = f"http://127.0.0.1:{server.server_port}"
+        argv = [sys.executable, *(a.replace("http://127.0.0.1:8000", here) for a in test[2:])]
+        assert (subprocess.run(argv, capture_output=True, timeout=60).returncode == 0) is healthy
+    finally:
+        server.shutdown()
