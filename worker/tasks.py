@@ -15,7 +15,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
-from backend import lifecycle
+from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
@@ -110,7 +110,9 @@ def execute_run(db: Database, settings: Settings, run_id: int) -> str:
             sink,
             heartbeat.stop_requested.is_set,
             workdir=workdir,
-            model_store=ModelStore(settings.model_store),
+            model_store=ModelStore(settings.model_store, run_inputs.model_sources(settings)),
+            files=run_inputs.data_files(settings),
+            memory_limit=run_inputs.memory_limit(settings),
         )
         status = RunStatus.succeeded if result.status == "succeeded" else RunStatus.cancelled
     except RunGone as exc:
