@@ -12,10 +12,10 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 try:
     VERSION = version("conspo-lab")
@@ -77,6 +77,37 @@ class Settings(BaseSettings):
     worker_pool: Literal["solo", "prefork", "threads"] = Field(
         "solo", description="Celery pool of `conspo-lab worker` (concurrency is always 1)."
     )
+    # What a run's config may make a worker read, load or allocate (checked at submit and again
+    # by the worker, whose settings are the ones that count): conspo.access, conspo.resources.
+    data_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated directories datasets (task.params.path) are read from;"
+        " default <data_dir>/datasets.",
+    )
+    max_dataset_bytes: int = Field(256 * 2**20, gt=0, description="Size cap of a dataset file.")
+    model_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated directories local models (model.name) load from, besides"
+        " the model store.",
+    )
+    hub_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated Hugging Face hub ids workers may load, or prefixes ending"
+        " in * (Qwen/*); empty: none.",
+    )
+    max_run_memory_gib: float = Field(
+        0.0,
+        ge=0,
+        description="Runs estimated to need more memory are refused (0: this machine's memory;"
+        " a worker also refuses more than its device has).",
+    )
+
+    @field_validator("data_roots", "model_roots", "hub_allow", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
@@ -86,6 +117,8 @@ class Settings(BaseSettings):
             self.broker_url = f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
         if self.model_store is None:
             self.model_store = self.data_dir / "models"
+        if not self.data_roots:
+            self.data_roots = [self.data_dir / "datasets"]
         return self
 
     @property

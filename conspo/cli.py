@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from conspo.access import DatasetTooLarge
 from conspo.checkpoint import latest_checkpoint
 from conspo.config import RunConfig, TaskConfig
 from conspo.registry import task_names
@@ -102,9 +103,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     sink = ProgressSink(out / "metrics.jsonl", cfg.steps, start)
     try:
         result = train(cfg, sink, workdir=out, model_store=ModelStore(args.model_store))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, DatasetTooLarge) as exc:  # model.name or a dataset (conspo.access)
         sink.bar.close()
-        print(f"model.name: {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)
         return 2
     sink.bar.close()
     print(f"{result.status} at step {result.last_step}; metrics in {out / 'metrics.jsonl'}")

@@ -8,8 +8,32 @@ bumped, so stores built from the old one are rebuilt.
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from typing import Any
+
+# The tiny family's architecture and tokenizer, here rather than in conspo.models so that the API
+# can read a built-in model's dimensions (its memory estimate, conspo.resources) without torch.
+PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
+# Every character a tiny-model prompt or answer can contain. Order fixes the token ids.
+CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
+MAX_POSITIONS = 256
+TINY_CONFIG: dict[str, Any] = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=3,
+    num_attention_heads=4,  # head_dim 32
+    num_key_value_heads=4,
+    max_position_embeddings=MAX_POSITIONS,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+)
+
+
+def tiny_hf_config() -> dict[str, Any]:
+    """The config.json every built-in model has (the warm-started ones are `tiny` fine-tuned)."""
+    return {**TINY_CONFIG, "model_type": "qwen2", "vocab_size": len(SPECIAL_TOKENS) + len(CHARSET)}
 
 
 @dataclass(frozen=True)

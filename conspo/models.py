@@ -10,6 +10,10 @@ name is and its recipe are in conspo/model_catalog.py.
     store = ModelStore()                      # $CONSPO_MODEL_STORE or ~/.cache/conspo/models
     path = store.resolve("tiny-arith")        # built once, then reused by every run
     model, tokenizer, device, dtype = load_policy(cfg.model, store)
+
+Other names load from a local directory or the hub; a store made with
+``ModelStore(root, ModelSources(roots=..., hub_allow=...))`` admits only those its sources allow
+(conspo.access: a worker passes its operator's), and refuses any other before transformers runs.
 """
 
 from __future__ import annotations
@@ -17,15 +21,14 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import string
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -36,30 +39,26 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from conspo.access import ModelSources, Unavailable, hub_offline
 from conspo.config import ModelConfig, TaskConfig
-from conspo.model_catalog import BUILTIN_MODELS
+from conspo.model_catalog import (
+    BOS,
+    BUILTIN_MODELS,
+    CHARSET,
+    EOS,
+    MAX_POSITIONS,
+    PAD,
+    SPECIAL_TOKENS,
+    TINY_CONFIG,
+    UNK,
+)
+from conspo.resources import ModelDims, host_memory_bytes
 
-PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
-SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
-# Every character a tiny-model prompt or answer can contain. Order fixes the token ids.
-CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
 # Bumped whenever what the store builds changes (architecture, tokenizer, SFT recipe): a store
 # directory built under another version is rebuilt on its next resolve(). 2: Qwen2, byte-level
 # character tokenizer, SFT lr 1e-3 (1: Qwen3, WordLevel tokenizer, SFT lr 5e-3).
 STORE_VERSION = 2
 MARKER = "BUILT_BY_CONSPO"
-
-MAX_POSITIONS = 256
-TINY_CONFIG: dict[str, Any] = dict(
-    hidden_size=128,
-    intermediate_size=384,
-    num_hidden_layers=3,
-    num_attention_heads=4,  # head_dim 32
-    num_key_value_heads=4,
-    max_position_embeddings=MAX_POSITIONS,
-    tie_word_embeddings=True,
-    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
-)
 
 # --------------------------------------------------------------------------------------------
 # The tiny family
@@ -131,22 +130,24 @@ class ModelStore:
     so two worker processes resolving the same name never build it twice or see half a model.
     """
 
-    def __init__(self, root: str | Path | None = None) -> None:
+    def __init__(self, root: str | Path | None = None, sources: ModelSources | None = None) -> None:
+        """``sources``: where other models may load from (default: any directory, any hub id)."""
         root = root or os.environ.get("CONSPO_MODEL_STORE") or "~/.cache/conspo/models"
         self.root = Path(root).expanduser()
+        self.sources = sources or ModelSources()
 
     def builtin_names(self) -> list[str]:
         return list(BUILTIN_MODELS)
 
     def resolve(self, name: str) -> Path | str:
-        """Local path of a built-in or local model; a hub id is returned as is (cached or not)."""
-        if name in self.builtin_names():
+        """Local path of a built-in or local model; a hub id is returned as is (cached or not).
+
+        A name ``sources`` does not admit raises ``Unavailable`` here, before transformers sees it.
+        """
+        source = self.sources.locate(name)
+        if source.kind == "builtin":
             return self._builtin(name)
-        if Path(name).expanduser().is_dir():
-            return Path(name).expanduser()
-        if name.startswith((".", "/", "~")) or name.count("/") > 1:
-            raise FileNotFoundError(f"model directory {name!r} does not exist")
-        return name  # a hub id: from_pretrained decides whether it is cached
+        return source.path or name  # a hub id: from_pretrained decides whether it is cached
 
     def _builtin(self, name: str) -> Path:
         entry = BUILTIN_MODELS[name]
@@ -222,19 +223,44 @@ def pick_device(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     return device, dtype
 
 
+def device_memory(device: torch.device) -> int:
+    """Total memory of ``device``: the GPU's, or this machine's RAM (cgroup-limited) for the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return host_memory_bytes()
+
+
+def model_dims(path: Path | str) -> ModelDims | None:
+    """The dimensions of the model at ``path`` (a directory or a hub id) from its config alone."""
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=_local_only(path))
+    except (OSError, ValueError) as exc:
+        raise Unavailable(_not_loadable(path, exc)) from None
+    return ModelDims.from_hf_config(config.to_dict())
+
+
+def _local_only(path: Path | str) -> bool:
+    return isinstance(path, Path) or hub_offline()
+
+
+def _not_loadable(path: Path | str, exc: Exception) -> str:
+    if isinstance(path, str) and hub_offline():
+        return (
+            f"model.name {path!r}: this hub model is not in this machine's Hugging Face cache"
+            " (HF_HOME), and HF_HUB_OFFLINE=1 forbids downloading it; pre-fill the cache"
+        )
+    return f"could not load model {str(path)!r} ({exc})"
+
+
 def load_pretrained(
     path: Path | str, device: torch.device, dtype: torch.dtype
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    local_only = isinstance(path, Path) or os.environ.get("HF_HUB_OFFLINE") == "1"
+    local_only = _local_only(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
     except OSError as exc:
-        raise FileNotFoundError(
-            f"could not load model {str(path)!r}: not a model-store name "
-            f"({', '.join(BUILTIN_MODELS)}), not a local directory, and not a hub id "
-            f"available here (offline machines need it in the Hugging Face cache). ({exc})"
-        ) from None
+        raise Unavailable(_not_loadable(path, exc)) from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:  # many causal LMs ship without one
         tokenizer.pad_token = tokenizer.eos_token

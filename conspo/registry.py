@@ -63,7 +63,9 @@ class RegisteredObjective:
 @dataclass(frozen=True)
 class RegisteredTask:
     name: str
-    cls: Callable[[Any], Task]  # a class whose constructor takes an instance of ``params``
+    # A class whose constructor takes an instance of ``params`` (and a ``DataFiles`` when the
+    # params declare data_paths: conspo.tasks.make_task).
+    cls: Callable[..., Task]
     params: type[BaseModel]
     description: str
 
@@ -180,7 +182,7 @@ OBJECTIVES: Registry[RegisteredObjective] = Registry("algorithm", "conspo.object
 TASKS: Registry[RegisteredTask] = Registry("task", "conspo.tasks")
 
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T", bound="Callable[[Any], Task]")
+T = TypeVar("T", bound="Callable[..., Task]")
 
 
 def register_objective(
@@ -205,7 +207,8 @@ def objective_names() -> list[str]:
 
 
 def register_task(name: str, *, params: type[BaseModel], description: str) -> Callable[[T], T]:
-    """Register the task class ``cls(params)`` (it implements ``conspo.tasks.Task``)."""
+    """Register the task class ``cls(params)`` (it implements ``conspo.tasks.Task``); one whose
+    params declare ``data_paths`` is built as ``cls(params, files)``."""
 
     def decorator(cls: T) -> T:
         TASKS.add(RegisteredTask(name, cls, params, description))

@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
+from conspo.access import DataFiles
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from conspo.config import RunConfig
 from conspo.forward import token_logprobs
-from conspo.models import ModelStore, load_policy, load_pretrained
+from conspo.models import ModelStore, device_memory, load_pretrained, model_dims, pick_device
 from conspo.objectives import (
     ObjectiveParams,
     PolicyBatch,
@@ -43,6 +44,7 @@ from conspo.objectives import (
     sequence_scores,
 )
 from conspo.registry import get_objective
+from conspo.resources import check_memory, estimate_memory
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate, sample
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import separation_stats
@@ -101,10 +103,18 @@ def train(
     *,
     workdir: str | Path,
     model_store: ModelStore | None = None,
+    files: DataFiles | None = None,
+    memory_limit: int | None = None,
 ) -> TrainResult:
-    """Train ``config`` to ``config.steps``, resuming from ``workdir``'s latest checkpoint."""
+    """Train ``config`` to ``config.steps``, resuming from ``workdir``'s latest checkpoint.
+
+    What the config may make this process read or allocate: models through ``model_store`` (its
+    sources), dataset files through ``files`` (default: any file, size-capped), and, unless
+    ``memory_limit`` is None, at most that many bytes by ``conspo.resources``' estimate (0: the
+    device's memory; any limit is capped at it).
+    """
     workdir = Path(workdir)
-    state = setup(config, model_store or ModelStore())
+    state = setup(config, model_store or ModelStore(), files, memory_limit)
     last_step = resume(state, workdir, sink)
     last_saved = last_step
     while last_step < config.steps:
@@ -130,18 +140,27 @@ def train(
     return TrainResult("succeeded", last_step)
 
 
-def setup(cfg: RunConfig, store: ModelStore) -> TrainState:
-    model, tokenizer, device, dtype = load_policy(cfg.model, store)
+def setup(
+    cfg: RunConfig,
+    store: ModelStore,
+    files: DataFiles | None = None,
+    memory_limit: int | None = None,
+) -> TrainState:
+    task = make_task(cfg.task, files)  # a dataset it may not read fails before a model loads
+    device, dtype = pick_device(cfg.model)
+    path = store.resolve(cfg.model.name)
+    if memory_limit is not None:
+        check_fits(cfg, path, device, dtype, memory_limit)
+    model, tokenizer = load_pretrained(path, device, dtype)
     params = cfg.objective_params()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
     ref_model = None
     if params.beta > 0:  # a frozen copy of the starting policy (the checkpoint never replaces it)
-        ref_model, _ = load_pretrained(store.resolve(cfg.model.name), device, dtype)
+        ref_model, _ = load_pretrained(path, device, dtype)
         ref_model.eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
     )
-    task = make_task(cfg.task)
     return TrainState(
         cfg=cfg,
         params=params,
@@ -154,6 +173,20 @@ def setup(cfg: RunConfig, store: ModelStore) -> TrainState:
         eval_examples=task.eval_examples(cfg.task.eval_size),
         device=device,
     )
+
+
+def check_fits(
+    cfg: RunConfig, path: Path | str, device: torch.device, dtype: torch.dtype, limit: int
+) -> None:
+    """Refuse (``MemoryRefused``) a config whose estimate exceeds ``limit`` bytes (0: the device's
+    memory; never more than it), before any weight is loaded. A model whose config.json lacks the
+    standard decoder dimensions is not estimated."""
+    dims = model_dims(path)
+    if dims is None:
+        return
+    capacity = device_memory(device)
+    estimate = estimate_memory(cfg, dims, dtype.itemsize)
+    check_memory(estimate, min(limit, capacity) if limit else capacity)
 
 
 def resume(state: TrainState, workdir: Path, sink: Sink) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from backend import lifecycle
+from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
@@ -208,7 +208,9 @@ def train_attempt(
             sink,
             lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
             workdir=workdir,
-            model_store=ModelStore(settings.model_store),
+            model_store=ModelStore(settings.model_store, run_inputs.model_sources(settings)),
+            files=run_inputs.data_files(settings),
+            memory_limit=run_inputs.memory_limit(settings),
         )
     except RunGone as exc:
         log.warning("%s; stopping", exc)

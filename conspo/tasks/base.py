@@ -8,7 +8,7 @@ import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -31,6 +31,10 @@ class TaskParams(BaseModel):
     """Base of every task's parameter model: unknown keys are errors, as everywhere in a config."""
 
     model_config = ConfigDict(extra="forbid")
+    # The fields that name files the task reads. Such a task is built as ``cls(params, files)``
+    # and reads them through ``files`` (a ``conspo.access.DataFiles``: a worker's data roots and
+    # size cap); the platform's API checks these fields at submit time.
+    data_paths: ClassVar[tuple[str, ...]] = ()
 
 
 class Task(Protocol):

@@ -13,10 +13,11 @@ import random
 import re
 import threading
 from fractions import Fraction
-from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
+from conspo.access import DataFiles
 from conspo.registry import register_task
 from conspo.tasks.base import HELD_OUT_FRACTION, Example, TaskParams, is_held_out
 
@@ -24,10 +25,17 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
 class JsonlParams(TaskParams):
-    path: str = Field(min_length=1, description="Path of the training file.")
-    eval_path: str | None = Field(
-        None, description="Path of the held-out file (default: a hashed split of `path`)."
+    path: str = Field(
+        min_length=1,
+        description="The training file: a path inside the data roots (a worker reads only from"
+        " them; relative paths are looked up in each root).",
     )
+    eval_path: str | None = Field(
+        None,
+        description="The held-out file, likewise (default: a hashed split of `path`).",
+    )
+
+    data_paths: ClassVar[tuple[str, ...]] = ("path", "eval_path")
 
 
 @register_task(
@@ -38,10 +46,10 @@ class JsonlParams(TaskParams):
 class JsonlTask:
     name = "jsonl"
 
-    def __init__(self, params: JsonlParams) -> None:
-        rows = load_jsonl(Path(params.path))
+    def __init__(self, params: JsonlParams, files: DataFiles) -> None:
+        rows = load_jsonl(files, params.path)
         if params.eval_path:
-            self.train, self.held_out = rows, load_jsonl(Path(params.eval_path))
+            self.train, self.held_out = rows, load_jsonl(files, params.eval_path)
         else:
             self.train, self.held_out = split_rows(rows)
         if not self.train:
@@ -58,16 +66,17 @@ class JsonlTask:
         return float(predicted is not None and answers_match(example.answer, predicted))
 
 
-def load_jsonl(path: Path) -> list[Example]:
+def load_jsonl(files: DataFiles, name: str) -> list[Example]:
+    """The {prompt, answer} rows of the file ``name``, read through ``files`` (roots, cap)."""
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(files.read_text(name).splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
             rows.append(Example(str(obj["prompt"]), str(obj["answer"])))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{lineno}: expected {{prompt, answer}} ({exc})") from None
+            raise ValueError(f"{name}:{lineno}: expected {{prompt, answer}} ({exc})") from None
     return rows
 
 

@@ -37,6 +37,12 @@ SCRIPT = textwrap.dedent(
             made = client.post("/api/runs", json={"config": {"algorithm": algorithm}}, headers=auth)
             assert made.status_code == 201, made.text
             run_id = made.json()["runs"][0]["id"]
+        # what a config may make a worker read or allocate is checked without torch too
+        maximal = {"prompts_per_step": 4096, "group_size": 256, "max_new_tokens": 32768}
+        for refused in ({"task": {"name": "jsonl", "params": {"path": "/etc/passwd"}}},
+                        {"model": {"name": "../../.."}}, {"sampling": maximal}):
+            made = client.post("/api/runs", json={"config": refused}, headers=auth)
+            assert made.status_code == 422, made.text
         clone = {"overrides": {"algorithm": "grpo", "task": {"name": "countdown"}}}
         assert client.post(f"/api/runs/{run_id}/clone", json=clone, headers=auth).status_code == 201
         assert client.get(f"/runs/{run_id}").status_code == 200

@@ -110,9 +110,9 @@ def test_store_root_from_environment(monkeypatch, tmp_path):
 def test_unknown_model_gives_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     store = ModelStore(tmp_path)
-    with pytest.raises(FileNotFoundError, match="not a model-store name"):
+    with pytest.raises(FileNotFoundError, match="not in this machine's Hugging Face cache"):
         load_policy(ModelConfig(name="nobody/no-such-model-xyz"), store)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such model directory"):
         store.resolve("./no/such/dir")
 
 

@@ -179,3 +179,28 @@ def test_api_healthcheck_fails_when_health_answers_503(compose, code: int, healt
         assert (subprocess.run(argv, capture_output=True, timeout=60).returncode == 0) is healthy
     finally:
         server.shutdown()
+
+
+def test_workers_load_no_hub_model_and_stay_offline_unless_the_operator_says(compose):
+    """No download by default (class 8 of issue 9): HF_HUB_OFFLINE=1 and an empty allowlist,
+    with or without the .env.example; the API checks inputs with the same settings and mounts."""
+    from backend.config import Settings
+
+    services = compose["services"]
+    for env_file in ({}, env_example()):
+        env = {
+            name: {k: interpolate(v, env_file) for k, v in service_env(services[name]).items()}
+            for name in ("api", "worker")
+        }
+        for key in ("CONSPO_DATA_ROOTS", "CONSPO_MODEL_ROOTS", "CONSPO_HUB_ALLOW"):
+            assert env["api"][key] == env["worker"][key], key
+        worker = env["worker"]
+        assert worker["HF_HUB_OFFLINE"] == "1" and worker["CONSPO_HUB_ALLOW"] == ""
+        fields = {k.removeprefix("CONSPO_").lower(): v for k, v in worker.items()}
+        settings = Settings(**{k: v for k, v in fields.items() if k in Settings.model_fields})
+        assert settings.hub_allow == [] and settings.model_roots == [Path("/models")]
+        assert settings.data_roots == [Path("/data/datasets")]
+        assert settings.max_run_memory_gib > 0
+    for name in ("api", "worker"):
+        mounts = [interpolate(v, {}).split(":")[1] for v in services[name]["volumes"]]
+        assert "/models" in mounts and "/data" in mounts, name

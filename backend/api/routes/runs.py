@@ -11,9 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import String, cast, func, select
 
-from backend import lifecycle
+from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionDep
+from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionDep, SettingsDep
 from backend.api.query import parse_ids
 from backend.models import Run
 from backend.schemas import (
@@ -43,9 +43,10 @@ ShortText = Annotated[Label, Query()]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
 def create(
-    body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep
+    body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
+    run_inputs.refuse_unavailable(body.config, settings, ("body", "config"))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
@@ -110,10 +111,16 @@ def remove(run: OwnedRunDep, session: SessionDep) -> Response:
 
 @router.post("/{run_id}/clone", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
 def clone(
-    run: RunDep, body: RunClone, user: CurrentUser, session: SessionDep, jobs: JobsDep
+    run: RunDep,
+    body: RunClone,
+    user: CurrentUser,
+    session: SessionDep,
+    jobs: JobsDep,
+    settings: SettingsDep,
 ) -> dict[str, Any]:
     """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
     config = cloned_config(run, body.overrides)
+    run_inputs.refuse_unavailable(config, settings, ("body", "overrides"))
     tags = body.tags if body.tags is not None else list(run.tags or [])
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=tags, name=body.name
