@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from conspo.access import DataFiles, DatasetTooLarge, ModelSources, Unavailable
 from conspo.config import ModelConfig, TaskConfig
@@ -72,6 +73,10 @@ def test_what_lies_outside_the_roots_or_is_not_a_regular_file_is_refused(places)
     for case, name in refused_names(places).items():
         with pytest.raises(Unavailable):
             files.check(name)
+        if "\x00" in name:  # the config refuses it first: no task is ever built with it
+            with pytest.raises(ValidationError, match="NUL"):
+                jsonl(name)
+            continue
         with pytest.raises(Unavailable):
             make_task(jsonl(name), files)
         with pytest.raises(Unavailable):
