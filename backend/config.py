@@ -56,6 +56,21 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     stream_poll_s: float = Field(1.0, gt=0, description="SSE database polling period.")
     stream_keepalive_s: float = Field(15.0, gt=0, description="SSE heartbeat comment period.")
+    stream_max_per_client: int = Field(
+        64,
+        gt=0,
+        description="Open live streams per caller (the token's user, else the client address); "
+        "one more gets 429.",
+    )
+    stream_max_total: int = Field(
+        2000, gt=0, description="Open live streams per API process; one more gets 503."
+    )
+    stream_db_connections: int = Field(
+        2,
+        gt=0,
+        description="Database connections the live streams' shared poller uses at most "
+        "(however many streams are open).",
+    )
     db_pool_size: int = Field(10, gt=0, description="Database connections kept open per process.")
     db_max_overflow: int = Field(
         20, ge=0, description="Connections opened beyond db_pool_size under load."

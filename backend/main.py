@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api.deps import require_reader
 from backend.api.routes import external, health, metrics, presets, rollouts, runs, stream
+from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
 from backend.lifecycle import Conflict, LifecycleError, QueueUnavailable
@@ -143,6 +144,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.db = Database(settings, serving=True)
+    app.state.streams = StreamHub(app.state.db, settings)
     app.state.celery = make_celery(settings)
     app.state.jobs = JobQueue(app.state.celery, settings.queue)
     if settings.ui_token_inject and settings.token_file.is_file():

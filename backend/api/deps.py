@@ -2,11 +2,14 @@
 
 ``RunDep`` resolves ``{run_id}`` or answers 404 once, so handlers never repeat the lookup;
 ``OwnedRunDep`` adds the ownership rule (the run's owner or an admin, else 403).
+``RunStreamStart`` / ``RunsStreamStart`` read what a live stream needs, then give the request's
+connection back: a stream lives for hours and must not hold one (the stream hub polls for it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from celery import Celery
@@ -14,6 +17,7 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from backend.api.stream_hub import StreamHub
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, User
@@ -40,6 +44,10 @@ def get_jobs(request: Request) -> JobQueue:
     return request.app.state.jobs
 
 
+def get_stream_hub(request: Request) -> StreamHub:
+    return request.app.state.streams
+
+
 def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
     with db.session() as session:
         yield session
@@ -50,6 +58,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 JobsDep = Annotated[JobQueue, Depends(get_jobs)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
+StreamHubDep = Annotated[StreamHub, Depends(get_stream_hub)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
@@ -105,3 +114,41 @@ def get_owned_run(run: RunDep, user: CurrentUser) -> Run:
 
 
 OwnedRunDep = Annotated[Run, Depends(get_owned_run)]
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """What a live stream reads from the database before it begins."""
+
+    caller: str  # whose streams it counts against: "user NAME" or "client ADDRESS"
+    run_id: int = 0
+    write_seq: int = 0  # the run's write sequence when the stream opened
+
+
+def get_stream_caller(request: Request, session: SessionDep, credentials: Credentials) -> str:
+    """A valid token's user, else the client's address (a made-up token counts as no token,
+    so it cannot dodge the bound). Behind a proxy, run uvicorn with --proxy-headers so the
+    address is the client's, not the proxy's."""
+    if credentials is not None and credentials.credentials:
+        user = user_for_token(session, credentials.credentials)
+        if user is not None:
+            return f"user {user.name}"
+    return f"client {request.client.host if request.client else 'unknown'}"
+
+
+StreamCaller = Annotated[str, Depends(get_stream_caller)]
+
+
+def start_run_stream(run: RunDep, caller: StreamCaller, session: SessionDep) -> StreamStart:
+    start = StreamStart(caller, run.id, run.write_seq)
+    session.close()  # ends the transaction and returns the connection now, not at stream end
+    return start
+
+
+def start_runs_stream(caller: StreamCaller, session: SessionDep) -> StreamStart:
+    session.close()  # as in start_run_stream
+    return StreamStart(caller)
+
+
+RunStreamStart = Annotated[StreamStart, Depends(start_run_stream)]
+RunsStreamStart = Annotated[StreamStart, Depends(start_runs_stream)]
