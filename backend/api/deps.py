@@ -8,10 +8,11 @@ connection back: a stream lives for hours and must not hold one (the stream hub 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
+import anyio
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -28,29 +29,40 @@ from backend.security import user_for_token
 bearer = HTTPBearer(auto_error=False, description="An API token from `conspo-lab token create`.")
 
 
-def get_database(request: Request) -> Database:
+async def get_database(request: Request) -> Database:
     return request.app.state.db
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_celery(request: Request) -> Celery:
+async def get_celery(request: Request) -> Celery:
     return request.app.state.celery
 
 
-def get_jobs(request: Request) -> JobQueue:
+async def get_jobs(request: Request) -> JobQueue:
     return request.app.state.jobs
 
 
-def get_stream_hub(request: Request) -> StreamHub:
+async def get_stream_hub(request: Request) -> StreamHub:
     return request.app.state.streams
 
 
-def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
-    with db.session() as session:
+async def get_session(db: Annotated[Database, Depends(get_database)]) -> AsyncIterator[Session]:
+    """The request's session. Making one does no I/O (it connects on its first query, in the
+    handler's thread) and nor does closing one that never began a transaction, so only a
+    close that rolls back and returns a connection goes to a thread. That close is shielded:
+    a cancelled request must still give its connection back."""
+    session = db.sessions()
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(session.close)
+        else:
+            session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -82,11 +94,17 @@ def get_current_user(session: SessionDep, credentials: Credentials) -> User:
 CurrentUser = Annotated[User, Depends(get_current_user)]
 
 
-def require_reader(
-    request: Request, settings: SettingsDep, session: SessionDep, credentials: Credentials
+async def require_reader(
+    request: Request, settings: SettingsDep, db: DatabaseDep, credentials: Credentials
 ) -> None:
-    """Reads are open unless CONSPO_READS_REQUIRE_TOKEN=true."""
+    """Reads are open unless CONSPO_READS_REQUIRE_TOKEN=true (async: when they are open, as by
+    default, every /api request passes here without a thread hop or a session)."""
     if settings.reads_require_token and request.method in {"GET", "HEAD"}:
+        await anyio.to_thread.run_sync(_check_reader, db, credentials)
+
+
+def _check_reader(db: Database, credentials: HTTPAuthorizationCredentials | None) -> None:
+    with db.session() as session:
         get_current_user(session, credentials)
 
 

@@ -86,3 +86,19 @@ def test_api_connections_carry_postgresql_timeouts(
     with TestClient(app) as client:
         r = client.get("/api/test-sleepy")
         assert r.status_code == 503 and "CONSPO_DB_STATEMENT_TIMEOUT_S" in r.json()["detail"]
+
+
+def test_a_read_cut_by_the_timeout_gives_its_connection_back(settings: Settings) -> None:
+    """The session's close survives the cancellation: no connection leaks out of the pool."""
+    app = create_app(settings.model_copy(update={"request_timeout_s": 0.5}))
+    sessions = []  # kept alive, so a session left open is not closed by the garbage collector
+
+    async def holding(session: SessionDep) -> None:
+        sessions.append(session)
+        await asyncio.to_thread(session.execute, text("SELECT 1"))  # checks a connection out
+        await asyncio.sleep(10)
+
+    app.add_api_route("/api/test-holding", holding)
+    with TestClient(app) as client:
+        assert client.get("/api/test-holding").status_code == 503
+        assert app.state.db.engine.pool.checkedout() == 0
