@@ -16,7 +16,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from backend.api.deps import require_reader
+from backend.api.deps import SessionGate, require_reader
 from backend.api.routes import external, health, metrics, presets, rollouts, runs, stream
 from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
@@ -145,6 +145,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings, serving=True)
     app.state.streams = StreamHub(app.state.db, settings)
+    app.state.session_gate = SessionGate.for_settings(settings)
     app.state.celery = make_celery(settings)
     app.state.jobs = JobQueue(app.state.celery, settings.queue)
     if settings.ui_token_inject and settings.token_file.is_file():

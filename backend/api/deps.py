@@ -2,20 +2,24 @@
 
 ``RunDep`` resolves ``{run_id}`` or answers 404 once, so handlers never repeat the lookup;
 ``OwnedRunDep`` adds the ownership rule (the run's owner or an admin, else 403).
-``RunStreamStart`` / ``RunsStreamStart`` read what a live stream needs, then give the request's
-connection back: a stream lives for hours and must not hold one (the stream hub polls for it).
+``SessionDep`` closes when the handler returns, before the response is sent: a slow client, or a
+live stream that lasts hours (``RunStreamStart``), holds no connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated
+from weakref import WeakKeyDictionary
 
 import anyio
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from backend.api.stream_hub import StreamHub
@@ -49,27 +53,73 @@ async def get_stream_hub(request: Request) -> StreamHub:
     return request.app.state.streams
 
 
-async def get_session(db: Annotated[Database, Depends(get_database)]) -> AsyncIterator[Session]:
-    """The request's session. Making one does no I/O (it connects on its first query, in the
-    handler's thread) and nor does closing one that never began a transaction, so only a
-    close that rolls back and returns a connection goes to a thread. That close is shielded:
-    a cancelled request must still give its connection back."""
-    session = db.sessions()
-    try:
-        yield session
-    finally:
-        if session.in_transaction():
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(session.close)
-        else:
-            session.close()
+DatabaseDep = Annotated[Database, Depends(get_database)]
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+class SessionGate:
+    """At most ``slots`` requests hold a session at once: as many as the pool has connections
+    for (less the stream hub's). A request takes its slot before any of its thread hops, so a
+    request holding a connection never waits behind requests that sit in threads waiting for
+    one (with threads and connections both scarce, that cycle stalls the API until the pool
+    times out). A request waits ``wait_s`` at most for a slot, then gets the pool's 503.
+    """
+
+    def __init__(self, slots: int, wait_s: float) -> None:
+        self.slots, self.wait_s = max(1, slots), wait_s
+        # one semaphore per event loop (tests run several; uvicorn one)
+        self._by_loop: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.Semaphore] = (
+            WeakKeyDictionary()
+        )
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> SessionGate:
+        connections = settings.db_pool_size + settings.db_max_overflow
+        return cls(connections - settings.stream_db_connections, settings.db_pool_timeout_s)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        semaphore = self._by_loop.get(loop)
+        if semaphore is None:
+            semaphore = self._by_loop[loop] = anyio.Semaphore(self.slots)
+        try:
+            with anyio.fail_after(self.wait_s):
+                await semaphore.acquire()
+        except TimeoutError:
+            raise PoolTimeout(f"no session slot free within {self.wait_s} s") from None
+        try:
+            yield
+        finally:
+            semaphore.release()
+
+
+async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Session]:
+    """The handler's session, closed as soon as the handler has returned (``scope="function"``
+    below), not after the response was sent: a slow client must not keep a connection.
+
+    Making a session does no I/O (it connects on its first query, in the handler's thread),
+    nor does closing one that never began a transaction; a close that rolls back and returns
+    a connection goes to a thread of its own, not one of the pool's the handlers queue for,
+    and is shielded: a cancelled request must still give its connection back.
+    """
+    gate: SessionGate = request.app.state.session_gate
+    async with gate.slot():
+        session = db.sessions()
+        try:
+            yield session
+        finally:
+            if session.in_transaction():
+                with anyio.CancelScope(shield=True):
+                    close = session.close
+                    await anyio.to_thread.run_sync(close, limiter=anyio.CapacityLimiter(1))
+            else:
+                session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 JobsDep = Annotated[JobQueue, Depends(get_jobs)]
-DatabaseDep = Annotated[Database, Depends(get_database)]
 StreamHubDep = Annotated[StreamHub, Depends(get_stream_hub)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
@@ -157,14 +207,11 @@ def get_stream_caller(request: Request, session: SessionDep, credentials: Creden
 StreamCaller = Annotated[str, Depends(get_stream_caller)]
 
 
-def start_run_stream(run: RunDep, caller: StreamCaller, session: SessionDep) -> StreamStart:
-    start = StreamStart(caller, run.id, run.write_seq)
-    session.close()  # ends the transaction and returns the connection now, not at stream end
-    return start
+def start_run_stream(run: RunDep, caller: StreamCaller) -> StreamStart:
+    return StreamStart(caller, run.id, run.write_seq)
 
 
-def start_runs_stream(caller: StreamCaller, session: SessionDep) -> StreamStart:
-    session.close()  # as in start_run_stream
+def start_runs_stream(caller: StreamCaller) -> StreamStart:
     return StreamStart(caller)
 
 

@@ -153,15 +153,17 @@ def test_streams_hold_no_connection_and_other_requests_still_answer(
                 60,
                 "step 4 on every stream of the live run",
             )
-            await until(
-                lambda: all(
-                    s.got("run", lambda d: d["id"] == live["id"] and d["step"] == 4)
-                    for s in streams
-                    if s not in run_streams
-                ),
-                60,
-                "the runs-list streams' event for step 4",
-            )
+            # A runs-list stream reports changes after its first poll, which the client cannot
+            # see: keep logging until each has reported one.
+            listing = [s for s in streams if s not in run_streams]
+            step, deadline = 4, time.monotonic() + 60
+            while not all(
+                s.got("run", lambda d: d["id"] == live["id"] and d["step"] >= 4) for s in listing
+            ):
+                assert time.monotonic() < deadline, "no runs-list event for the live run"
+                await asyncio.sleep(1)
+                step += 1
+                await asyncio.to_thread(log_points, api, live["id"], range(step, step + 1))
             for s in streams:
                 await s.close()
 
@@ -226,4 +228,31 @@ def test_streams_are_bounded_per_caller_and_per_server(
         scenario,
         CONSPO_STREAM_MAX_PER_CLIENT="3",
         CONSPO_STREAM_MAX_TOTAL="5",
+    )
+
+
+def test_a_burst_larger_than_the_pool_is_served_not_stalled(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    """60 reads at once on a pool of 2: each request takes a session slot before its thread
+    hops, so no request holds a connection while others hold every thread waiting for one
+    (that cycle stalled the API until the pool timed out, then answered 503)."""
+    run = api.external()
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            answers = await asyncio.gather(
+                *(client.get(f"/api/runs/{run['id']}") for _ in range(60))
+            )
+        assert [r.status_code for r in answers] == [200] * 60
+
+    serve(
+        settings,
+        tmp_path,
+        scenario,
+        CONSPO_DB_POOL_SIZE="2",
+        CONSPO_DB_MAX_OVERFLOW="0",
+        CONSPO_STREAM_DB_CONNECTIONS="1",
+        CONSPO_DB_POOL_TIMEOUT_S="60",  # generous: a loaded CI box must not see a 503 here
+        CONSPO_REQUEST_TIMEOUT_S="0",
     )
