@@ -75,6 +75,13 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(
         20, ge=0, description="Connections opened beyond db_pool_size under load."
     )
+    db_request_concurrency: int = Field(
+        8,
+        gt=0,
+        description="Requests using the database at once per process (others wait their turn, "
+        "cheaply): beyond a few per core, more threads only contend for the GIL and starve the "
+        "event loop that serves every stream. Capped by the pool.",
+    )
     db_pool_timeout_s: float = Field(
         3.0,
         gt=0,

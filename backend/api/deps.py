@@ -57,11 +57,13 @@ DatabaseDep = Annotated[Database, Depends(get_database)]
 
 
 class SessionGate:
-    """At most ``slots`` requests hold a session at once: as many as the pool has connections
-    for (less the stream hub's). A request takes its slot before any of its thread hops, so a
-    request holding a connection never waits behind requests that sit in threads waiting for
-    one (with threads and connections both scarce, that cycle stalls the API until the pool
-    times out). A request waits ``wait_s`` at most for a slot, then gets the pool's 503.
+    """At most ``slots`` requests hold a session at once: ``db_request_concurrency``, and never
+    more than the pool has connections for (less the stream hub's). A request takes its slot
+    before any of its thread hops, so a request holding a connection never waits behind
+    requests that sit in threads waiting for one (with threads and connections both scarce,
+    that cycle stalls the API until the pool times out), and few threads run handlers at once
+    (many would contend for the GIL with the event loop that serves the streams). A request
+    waits ``wait_s`` at most for a slot, then gets the pool's 503.
     """
 
     def __init__(self, slots: int, wait_s: float) -> None:
@@ -73,8 +75,8 @@ class SessionGate:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> SessionGate:
-        connections = settings.db_pool_size + settings.db_max_overflow
-        return cls(connections - settings.stream_db_connections, settings.db_pool_timeout_s)
+        pool = settings.db_pool_size + settings.db_max_overflow - settings.stream_db_connections
+        return cls(min(settings.db_request_concurrency, pool), settings.db_pool_timeout_s)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

@@ -102,3 +102,23 @@ def test_a_read_cut_by_the_timeout_gives_its_connection_back(settings: Settings)
     with TestClient(app) as client:
         assert client.get("/api/test-holding").status_code == 503
         assert app.state.db.engine.pool.checkedout() == 0
+
+
+def test_the_session_gate_admits_its_slots_and_refuses_after_its_wait() -> None:
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from backend.api.deps import SessionGate
+
+    async def scenario() -> None:
+        gate = SessionGate(slots=2, wait_s=0.2)
+        async with gate.slot(), gate.slot():
+            with pytest.raises(PoolTimeout):  # a third waits 0.2 s, then is refused
+                async with gate.slot():
+                    pass
+        async with gate.slot(), gate.slot():  # both slots came back
+            pass
+
+    asyncio.run(scenario())
+    settings = Settings(db_pool_size=3, db_max_overflow=1, stream_db_connections=2)
+    assert SessionGate.for_settings(settings).slots == 2  # capped by the pool, less the hub's
+    assert SessionGate.for_settings(Settings()).slots == Settings().db_request_concurrency
