@@ -11,6 +11,7 @@ connection (and transaction) for its whole life: 31 streams exhausted the pool. 
 * Every read runs in a worker thread in a short session of its own, at most
   ``stream_db_connections`` at a time: no stream holds a connection between polls, and streams
   cannot take the connections normal requests need.
+* Events shared by many streams are encoded once, as the bytes of a whole SSE frame.
 
 The hub also counts open streams per caller and in all (``stream_max_per_client``,
 ``stream_max_total``). Its asyncio state belongs to the event loop that serves the streams; the
@@ -32,6 +33,7 @@ import anyio
 from pydantic_core import to_json
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
+from sse_starlette import ServerSentEvent
 
 from backend.config import Settings
 from backend.db import Database
@@ -59,19 +61,25 @@ class StreamLimitReached(Exception):
         self.scope = scope
 
 
+def sse_frame(event: str, event_id: str, data: Any) -> bytes:
+    """One whole SSE event, encoded (``EventSourceResponse`` sends bytes as they are)."""
+    return ServerSentEvent(data=to_json(data).decode(), event=event, id=event_id).encode()
+
+
 @dataclass(frozen=True)
 class SharedChunk:
-    """A point read and its ``metrics`` event data, serialised once for every stream at it."""
+    """A point read and its ``metrics`` event, encoded once for every stream at its cursor
+    (streams at one cursor get the same points and the same next cursor, hence the same id)."""
 
     cursor: StreamCursor
-    data: str | None  # None when no point was new
+    frame: bytes | None  # None when no point was new
 
     @classmethod
     def read(cls, chunk: StreamChunk) -> SharedChunk:
         if not chunk.series:
             return cls(chunk.cursor, None)
         body = {"step_max": chunk.step_max, "series": chunk.series}
-        return cls(chunk.cursor, to_json(body).decode())
+        return cls(chunk.cursor, sse_frame("metrics", chunk.cursor.event_id, body))
 
 
 @dataclass(eq=False)
@@ -89,7 +97,7 @@ class RunSnapshot:
     chunks: OrderedDict[StreamCursor, asyncio.Future[SharedChunk]] = field(
         default_factory=OrderedDict
     )
-    _status_json: str | None = None
+    _status_frames: dict[str, bytes] = field(default_factory=dict)  # by event id
 
     @property
     def status_key(self) -> tuple[Any, ...] | None:
@@ -104,11 +112,12 @@ class RunSnapshot:
     def finished(self) -> bool:
         return self.run is not None and self.run["status"] in FINISHED
 
-    @property
-    def status_json(self) -> str:
-        if self._status_json is None:
-            self._status_json = to_json(self.run).decode()
-        return self._status_json
+    def status_frame(self, event_id: str) -> bytes:
+        """The ``status`` event (data: the Run), encoded once per id for the streams at it."""
+        frame = self._status_frames.get(event_id)
+        if frame is None:
+            frame = self._status_frames[event_id] = sse_frame("status", event_id, self.run)
+        return frame
 
     def same_row(self, other: RunSnapshot) -> bool:
         return self.write_seq == other.write_seq and self.run == other.run
@@ -164,10 +173,10 @@ class RunsFeed:
         self._hub = hub
         self._generation = hub.runs_generation
 
-    async def next(self) -> list[tuple[int, str]] | None:
-        """(id, Run as JSON) of the runs changed since the last call, the latest state of each,
-        oldest change first; None when this stream fell further behind than the log reaches
-        (it should end: the client reconnects and reloads)."""
+    async def next(self) -> list[bytes] | None:
+        """The ``run`` events of the runs changed since the last call, the latest state of
+        each, oldest change first; None when this stream fell further behind than the log
+        reaches (it should end: the client reconnects and reloads)."""
         hub = self._hub
         while hub.runs_generation == self._generation:
             await hub.runs_changed.wait()
@@ -175,12 +184,12 @@ class RunsFeed:
         if not entries or entries[0][0] != self._generation + 1:
             return None
         self._generation = entries[-1][0]
-        latest: dict[int, str] = {}
+        latest: dict[int, bytes] = {}
         for _, runs in entries:
-            for run_id, data in runs:
+            for run_id, frame in runs:
                 latest.pop(run_id, None)  # re-inserted: ordered by its latest change
-                latest[run_id] = data
-        return list(latest.items())
+                latest[run_id] = frame
+        return list(latest.values())
 
 
 class StreamHub:
@@ -202,8 +211,8 @@ class StreamHub:
         self._limiter: anyio.CapacityLimiter | None = None
         self.runs_listeners = 0
         self.runs_generation = 0
-        # (generation, [(run id, Run as JSON)]) per poll that found changes
-        self.runs_log: deque[tuple[int, list[tuple[int, str]]]] = deque(maxlen=RUNS_LOG_POLLS)
+        # (generation, [(run id, its run event)]) per poll that found changes
+        self.runs_log: deque[tuple[int, list[tuple[int, bytes]]]] = deque(maxlen=RUNS_LOG_POLLS)
         self.runs_changed = asyncio.Event()
         self._runs_seen: dict[int, tuple[Any, ...]] | None = None  # None: no baseline yet
         self._runs_since: datetime | None = None
@@ -347,7 +356,7 @@ class StreamHub:
         if seen is None:
             return  # the baseline: only later changes are events
         changed = [
-            (run["id"], to_json(run).decode())  # once for every listener
+            (run["id"], sse_frame("run", str(run["id"]), run))  # once for every listener
             for run in runs
             if seen.get(run["id"]) != signatures[run["id"]]
         ]

@@ -25,6 +25,12 @@ def log_points(api: Api, run_id: int, steps: range, **extra: Any) -> None:
     assert api.post(f"/api/runs/{run_id}/log", json=body).status_code == 200
 
 
+def parse_frame(frame: bytes) -> tuple[str, str]:
+    """(event, data) of one encoded SSE event."""
+    fields = dict(line.split(": ", 1) for line in frame.decode().splitlines() if line)
+    return fields["event"], fields["data"]
+
+
 async def until(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -49,7 +55,7 @@ def test_streams_of_a_run_share_each_poll_and_each_point_read(api: Api, settings
 
         async def follow(events: list[tuple[str, Any]]) -> None:
             async for e in _run_events(hub, fast, run["id"], StreamCursor()):
-                events.append((e["event"], e["data"]))
+                events.append(parse_frame(e))
 
         def steps_seen(events: list[tuple[str, Any]]) -> int:
             return sum(data.count('"steps":[') for kind, data in events if kind == "metrics")
@@ -94,7 +100,7 @@ def test_runs_list_streams_get_each_change_once(api: Api, settings: Settings) ->
 
         async def follow(events: list[tuple[int, int]]) -> None:
             async for e in _runs_events(hub):
-                data = json.loads(e["data"])
+                data = json.loads(parse_frame(e)[1])
                 events.append((data["id"], data["step"]))
 
         tasks = [asyncio.create_task(follow(r)) for r in received]

@@ -21,13 +21,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from pydantic_core import to_json
 from sqlalchemy.exc import SQLAlchemyError
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
 from backend.api.deps import RunsStreamStart, RunStreamStart, SettingsDep, StreamHubDep
-from backend.api.stream_hub import StreamHub, StreamLimitReached
+from backend.api.stream_hub import StreamHub, StreamLimitReached, sse_frame
 from backend.config import Settings
 from backend.schemas import INT32_MAX
 from backend.storage.stream import StreamCursor
@@ -44,7 +43,7 @@ class LiveResponse(EventSourceResponse):
     """An SSE response that frees its stream slot however it ends (even if never started)."""
 
     def __init__(
-        self, events: AsyncIterator[dict[str, Any]], release: Callable[[], None], settings: Settings
+        self, events: AsyncIterator[bytes], release: Callable[[], None], settings: Settings
     ) -> None:
         super().__init__(
             events,
@@ -103,13 +102,13 @@ async def run_stream(
 
 async def _run_events(
     hub: StreamHub, settings: Settings, run_id: int, cursor: StreamCursor
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[bytes]:
     last_status: tuple[Any, ...] | None = None
     async with hub.watch_run(run_id) as feed:
         while True:
             snapshot = await feed.next()
             if snapshot.run is None:  # deleted
-                yield {"event": "end", "id": cursor.event_id, "data": _json({"reason": "deleted"})}
+                yield sse_frame("end", cursor.event_id, {"reason": "deleted"})
                 return
             while True:  # a snapshot's new points may come in several chunks
                 try:
@@ -120,16 +119,16 @@ async def _run_events(
                     feed.again()
                     break
                 cursor = chunk.cursor
-                if chunk.data is not None:
-                    yield {"event": "metrics", "id": cursor.event_id, "data": chunk.data}
+                if chunk.frame is not None:
+                    yield chunk.frame
                 if snapshot.status_key != last_status:
                     last_status = snapshot.status_key
-                    yield {"event": "status", "id": cursor.event_id, "data": snapshot.status_json}
-                if chunk.data is None:
+                    yield snapshot.status_frame(cursor.event_id)
+                if chunk.frame is None:
                     if snapshot.finished:
                         assert snapshot.run is not None
                         end = {"status": snapshot.run["status"], "step_max": snapshot.run["step"]}
-                        yield {"event": "end", "id": cursor.event_id, "data": _json(end)}
+                        yield sse_frame("end", cursor.event_id, end)
                         return
                     break  # wait for the next change
 
@@ -143,15 +142,11 @@ async def runs_stream(
     return LiveResponse(_runs_events(hub), release, settings)
 
 
-async def _runs_events(hub: StreamHub) -> AsyncIterator[dict[str, Any]]:
+async def _runs_events(hub: StreamHub) -> AsyncIterator[bytes]:
     async with hub.listen_runs() as feed:
         while True:
-            runs = await feed.next()
-            if runs is None:  # fell behind the hub's log: end, the client reconnects
+            frames = await feed.next()
+            if frames is None:  # fell behind the hub's log: end, the client reconnects
                 return
-            for run_id, data in runs:
-                yield {"event": "run", "id": str(run_id), "data": data}
-
-
-def _json(value: Any) -> str:
-    return to_json(value).decode()
+            for frame in frames:
+                yield frame
