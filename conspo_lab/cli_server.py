@@ -41,6 +41,14 @@ def serve(
     ] = False,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="API processes. One is GIL-bound to about a core: under heavy reads give it "
+            "more (each has its own stream poller and stream bounds).",
+        ),
+    ] = 1,
 ) -> None:
     """Migrate the database and serve the API and web UI (with --embedded, a worker too)."""
     import uvicorn
@@ -64,7 +72,7 @@ def serve(
         # uvicorn re-raises SIGTERM after its graceful shutdown; with the default handler that
         # would end this process before `finally` stops the embedded worker.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        uvicorn.run("backend.main:app", host=host, port=port, log_level="info")
+        uvicorn.run("backend.main:app", host=host, port=port, workers=workers, log_level="info")
     finally:
         if embedded_worker is not None:
             embedded_worker.stop()

@@ -132,3 +132,30 @@ def test_embedded_serve_restarts_a_dead_worker_and_guards_its_token(tmp_path):  
     for pid in leftovers:
         os.kill(pid, 9)
     assert not leftovers  # the restarted worker stops with the server too
+
+
+def test_serve_runs_several_api_processes(tmp_path):  # type: ignore[no-untyped-def]
+    """`serve --workers 2`: one process is GIL-bound to about a core, so heavy reads need more."""
+    import psutil
+
+    env = embedded_env(tmp_path)
+    port = free_port(PORTS)
+    log = (tmp_path / "serve.log").open("ab")
+    cmd = [sys.executable, "-m", "conspo_lab.cli", "serve", "--workers", "2", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def api_processes() -> list[psutil.Process]:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).is_success
+            except httpx.HTTPError:
+                return False
+
+        wait_for(lambda: healthy() and len(api_processes()) == 2, 120, "two API processes")
+    finally:
+        stop(proc, timeout=30)
+        log.close()
