@@ -74,6 +74,55 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     stream_poll_s: float = Field(1.0, gt=0, description="SSE database polling period.")
     stream_keepalive_s: float = Field(15.0, gt=0, description="SSE heartbeat comment period.")
+    stream_max_per_client: int = Field(
+        64,
+        gt=0,
+        description="Open live streams per caller (the token's user, else the client address); "
+        "one more gets 429.",
+    )
+    stream_max_total: int = Field(
+        2000, gt=0, description="Open live streams per API process; one more gets 503."
+    )
+    stream_db_connections: int = Field(
+        2,
+        gt=0,
+        description="Database connections the live streams' shared poller uses at most "
+        "(however many streams are open).",
+    )
+    db_pool_size: int = Field(10, gt=0, description="Database connections kept open per process.")
+    db_max_overflow: int = Field(
+        20, ge=0, description="Connections opened beyond db_pool_size under load."
+    )
+    db_request_concurrency: int = Field(
+        8,
+        gt=0,
+        description="Requests using the database at once per process (others wait their turn, "
+        "cheaply): beyond a few per core, more threads only contend for the GIL and starve the "
+        "event loop that serves every stream. Capped by the pool.",
+    )
+    db_pool_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        description="Wait at most this long for a free database connection; the API then "
+        "answers 503.",
+    )
+    db_statement_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="PostgreSQL: an API statement running longer is cancelled (503); 0: no limit.",
+    )
+    db_idle_in_transaction_timeout_s: float = Field(
+        120.0,
+        ge=0,
+        description="PostgreSQL: an API connection idle inside a transaction this long is closed "
+        "by the server (a leaked transaction cannot pin rows or a pool slot); 0: never.",
+    )
+    request_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="A GET whose response has not started after this long gets 503 (queued work "
+        "is dropped, not run late); streams start at once and are not cut. 0: no limit.",
+    )
     worker_pool: Literal["solo", "prefork", "threads"] = Field(
         "solo", description="Celery pool of `conspo-lab worker` (concurrency is always 1)."
     )

@@ -1,7 +1,14 @@
 """Engine and session factory for either dialect.
 
-SQLite gets WAL, a busy timeout and foreign keys so the API, the SSE pollers and a worker process
+SQLite gets WAL, a busy timeout and foreign keys so the API, the SSE poller and a worker process
 can share one file; PostgreSQL goes through psycopg 3.
+
+The pool is bounded and a checkout waits ``db_pool_timeout_s`` at most (the API answers 503, see
+``backend.main``), so a burst queues briefly instead of piling up 30-second waits. The API's
+engine also gets server-side limits on PostgreSQL (``Database(settings, serving=True)``): a
+statement timeout and an idle-in-transaction timeout, so one slow query or a leaked transaction
+cannot hold a connection for ever. Workers and CLI commands keep no such limits: their bulk
+writes and migrations may legitimately run long.
 """
 
 from __future__ import annotations
@@ -18,11 +25,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from backend.config import Settings
 
 
-def make_engine(url: str, *, sqlite_busy_timeout_s: float = 30.0, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str,
+    *,
+    sqlite_busy_timeout_s: float = 30.0,
+    server_limits: dict[str, float] | None = None,
+    **kwargs: Any,
+) -> Engine:
+    """An engine for ``url``; ``server_limits``: PostgreSQL settings in seconds (0: none) given
+    to every connection, e.g. ``{"statement_timeout": 60}``."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        else:  # one connection per thread (SingletonThreadPool): no pool to size
+            for option in ("pool_size", "max_overflow", "pool_timeout"):
+                kwargs.pop(option, None)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": sqlite_busy_timeout_s},
@@ -33,6 +51,9 @@ def make_engine(url: str, *, sqlite_busy_timeout_s: float = 30.0, **kwargs: Any)
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
+    if server_limits:
+        options = " ".join(f"-c {k}={round(v * 1000)}" for k, v in server_limits.items())
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "options": options}
     return create_engine(url, **kwargs)
 
 
@@ -51,10 +72,22 @@ def _sqlite_pragmas(busy_timeout_s: float) -> Callable[[Any, Any], None]:
 class Database:
     """An engine and its session factory (one per process and settings)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, serving: bool = False) -> None:
+        """``serving``: the API process's engine, with the server-side limits of the settings."""
         self.settings = settings
+        limits = None
+        if serving:
+            limits = {
+                "statement_timeout": settings.db_statement_timeout_s,
+                "idle_in_transaction_session_timeout": settings.db_idle_in_transaction_timeout_s,
+            }
         self.engine = make_engine(
-            settings.database_url, sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s
+            settings.database_url,
+            sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s,
+            server_limits=limits,
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+            pool_timeout=settings.db_pool_timeout_s,
         )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api import errors
-from backend.api.deps import require_reader
+from backend.api.deps import SessionGate, require_reader
 from backend.api.routes import external, health, metrics, presets, rollouts, runs, stream
+from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
 from backend.lifecycle import Conflict, LifecycleError, QueueUnavailable
@@ -78,18 +82,55 @@ class BodySizeLimit:
                 await _plain(send, 413, exc.detail)
 
 
-async def _plain(send: Send, status: int, detail: str) -> None:
+class RequestTimeout:
+    """A GET or HEAD whose response has not started after ``seconds`` gets 503.
+
+    What it cuts short is mostly waiting: for a worker thread, behind a backlog. Requests that
+    clients gave up on are dropped instead of run late, so a burst cannot keep the API busy
+    long after it ended. A handler already running in a thread finishes first (threads cannot
+    be interrupted; the statement timeout bounds its queries). Only reads are cut: a write cut
+    after it committed would tell its client it failed. Once a response has started (every
+    live stream starts at once) it is never cut.
+    """
+
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.seconds or scope["method"] not in {"GET", "HEAD"}:
+            await self.app(scope, receive, send)
+            return
+        started = False
+        with anyio.CancelScope(deadline=anyio.current_time() + self.seconds) as deadline:
+
+            async def send_lifting_deadline(message: Message) -> None:
+                nonlocal started
+                if message["type"] == "http.response.start":
+                    started = True
+                    deadline.deadline = math.inf
+                await send(message)
+
+            await self.app(scope, receive, send_lifting_deadline)
+        if deadline.cancelled_caught and not started:
+            await _plain(
+                send,
+                503,
+                f"request took longer than {self.seconds:g} s (CONSPO_REQUEST_TIMEOUT_S); "
+                "the server is busy, retry later",
+                retry_after=1,
+            )
+
+
+async def _plain(send: Send, status: int, detail: str, retry_after: int | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -108,7 +149,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.db = Database(settings)
+    app.state.db = Database(settings, serving=True)
+    app.state.streams = StreamHub(app.state.db, settings)
+    app.state.session_gate = SessionGate.for_settings(settings)
     app.state.celery = make_celery(settings)
     app.state.jobs = JobQueue(app.state.celery, settings.queue)
     if settings.ui_token_inject and settings.token_file.is_file():
@@ -121,6 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router, prefix="/api")  # health stays open
     _install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestTimeout, seconds=settings.request_timeout_s)
     try:
         from backend import pages
     except ImportError:  # the HTML pages are optional for the API
@@ -132,6 +176,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 # Refused lifecycle transitions (backend.lifecycle) as HTTP statuses: the one place they map.
 LIFECYCLE_STATUS: dict[type[LifecycleError], int] = {Conflict: 409, QueueUnavailable: 503}
+QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement past statement_timeout
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -149,14 +194,30 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def integrity_error(_: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": f"conflict: {_orig(exc)}"}, status_code=409)
 
-    async def operational_error(_: Request, exc: Exception) -> JSONResponse:
+    async def operational_error(request: Request, exc: Exception) -> JSONResponse:
+        if getattr(getattr(exc, "orig", None), "sqlstate", None) == QUERY_CANCELED:
+            limit = request.app.state.settings.db_statement_timeout_s
+            log.warning("statement cancelled after %ss: %s %s", limit, request.method, request.url)
+            detail = f"query ran longer than {limit:g} s (CONSPO_DB_STATEMENT_TIMEOUT_S)"
+            return JSONResponse({"detail": detail}, status_code=503)
         log.warning("database unavailable: %s", type(exc).__name__)
         return JSONResponse({"detail": "database unavailable, retry later"}, status_code=503)
+
+    async def pool_timeout(request: Request, _: Exception) -> JSONResponse:
+        settings: Settings = request.app.state.settings
+        log.warning("no database connection free within %ss", settings.db_pool_timeout_s)
+        detail = (
+            f"server busy: no database connection free within {settings.db_pool_timeout_s:g} s "
+            f"(CONSPO_DB_POOL_TIMEOUT_S; pool of CONSPO_DB_POOL_SIZE={settings.db_pool_size} + "
+            f"CONSPO_DB_MAX_OVERFLOW={settings.db_max_overflow}); retry later"
+        )
+        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
 
     app.add_exception_handler(LifecycleError, lifecycle_error)
     app.add_exception_handler(DataError, data_error)
     app.add_exception_handler(IntegrityError, integrity_error)
     app.add_exception_handler(OperationalError, operational_error)
+    app.add_exception_handler(PoolTimeout, pool_timeout)
     app.add_exception_handler(RequestValidationError, errors.validation_error)
     app.add_exception_handler(Exception, errors.internal_error)
 

@@ -5,7 +5,8 @@ through the plain JS modules in ``frontend/static``. Plotly.js is served from th
 ``plotly`` package (its ``package_data/plotly.min.js``), never from a CDN, so the UI works offline.
 
 The API token reaches the page (``window.CONSPO_TOKEN``) only when the server runs with
-``CONSPO_UI_TOKEN_INJECT=true`` (the embedded default); see :func:`_ui_token`.
+``CONSPO_UI_TOKEN_INJECT=true`` (the embedded default) and the page was asked for by a loopback
+name; see :func:`_ui_token`.
 """
 
 from __future__ import annotations
@@ -50,15 +51,30 @@ def plotly_js_path() -> Path:
     return path
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def _loopback_host(request: Request) -> bool:
+    """Whether the page was asked for as 127.0.0.1, localhost or [::1] (any port).
+
+    The Host header, not the socket: a DNS-rebinding page (evil.example resolved to 127.0.0.1)
+    reaches the loopback socket too, but its requests still name evil.example.
+    """
+    host = request.headers.get("host", "").strip().lower()
+    name = host.rsplit(":", 1)[0] if host.rfind(":") > host.rfind("]") else host
+    return name in LOOPBACK_HOSTS
+
+
 def _ui_token(request: Request) -> str | None:
     """The token to inject into pages, or None.
 
     Nothing is injected unless the app's settings say ``ui_token_inject`` (the embedded
-    default). Then it is the token the app factory read at start, else the token file embedded
-    mode writes (``<data dir>/token``), read now: it may have been written after the start.
+    default) and the request names a loopback host. Then it is the token the app factory read
+    at start, else the token file embedded mode writes (``<data dir>/token``), read now: it may
+    have been written after the start.
     """
     settings: Settings = request.app.state.settings
-    if not settings.ui_token_inject:
+    if not settings.ui_token_inject or not _loopback_host(request):
         return None
     token = getattr(request.app.state, "ui_token", None)
     if token:

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
     from backend.config import Settings
 
 DEMO_SEEDS = [0, 1]
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 60.0)  # waits before successive restarts
+STABLE_AFTER_S = 60.0  # a worker that lived this long restarts with the first wait again
 
 
 def register(app: typer.Typer) -> None:
@@ -27,13 +31,24 @@ def register(app: typer.Typer) -> None:
 
 def serve(
     embedded: Annotated[
-        bool, typer.Option(help="Also run one worker beside the API (SQLite, no services).")
+        bool,
+        typer.Option(
+            help="Also run one worker beside the API (SQLite, no services), restarted if it dies."
+        ),
     ] = False,
     demo: Annotated[
         bool, typer.Option(help="Queue a small GRPO vs ConSPO comparison when there are no runs.")
     ] = False,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="API processes. One is GIL-bound to about a core: under heavy reads give it "
+            "more (each has its own stream poller and stream bounds).",
+        ),
+    ] = 1,
 ) -> None:
     """Migrate the database and serve the API and web UI (with --embedded, a worker too)."""
     import uvicorn
@@ -47,11 +62,9 @@ def serve(
     run_migrations(settings.database_url)
     if embedded:
         _ensure_local_token(settings)
-    worker_proc = None
-    if embedded:
-        worker_proc = subprocess.Popen(
-            [sys.executable, "-m", "conspo_lab.cli", "worker"], env=os.environ.copy()
-        )
+    embedded_worker = EmbeddedWorker() if embedded else None
+    if embedded_worker is not None:
+        embedded_worker.start()
     try:
         if demo:
             _queue_demo(settings)
@@ -59,18 +72,73 @@ def serve(
         # uvicorn re-raises SIGTERM after its graceful shutdown; with the default handler that
         # would end this process before `finally` stops the embedded worker.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        uvicorn.run("backend.main:app", host=host, port=port, log_level="info")
+        uvicorn.run("backend.main:app", host=host, port=port, workers=workers, log_level="info")
     finally:
-        if worker_proc is not None and worker_proc.poll() is None:
-            worker_proc.send_signal(signal.SIGTERM)
-            try:
-                worker_proc.wait(timeout=10)  # a warm shutdown waits for the step
-            except subprocess.TimeoutExpired:
-                worker_proc.kill()
+        if embedded_worker is not None:
+            embedded_worker.stop()
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+class EmbeddedWorker:
+    """The worker process of ``serve --embedded``, restarted whenever it dies.
+
+    A crash (out of memory, a kill, a broken import) would otherwise leave queued runs waiting
+    for ever behind a healthy-looking API. Restarts back off (RESTART_BACKOFF_S) so a worker
+    that dies at once does not spin, and each one is reported on stderr.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._supervise, name="embedded-worker", daemon=True)
+
+    def start(self) -> None:
+        self._spawn()
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        with self._lock:  # never start one while stop() is ending the last
+            if not self._stopping.is_set():
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "conspo_lab.cli", "worker"], env=os.environ.copy()
+                )
+
+    def _supervise(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            proc = self._proc
+            if proc is None:
+                return
+            born = time.monotonic()
+            code = proc.wait()
+            if self._stopping.is_set():
+                return
+            failures = 1 if time.monotonic() - born >= STABLE_AFTER_S else failures + 1
+            wait = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S)) - 1]
+            typer.echo(
+                f"embedded worker (pid {proc.pid}) exited with code {code}; "
+                f"restarting it in {wait:g} s",
+                err=True,
+            )
+            if self._stopping.wait(wait):
+                return
+            self._spawn()
+
+    def stop(self) -> None:
+        """SIGTERM (a warm shutdown waits for the step), SIGKILL after 10 s."""
+        with self._lock:
+            self._stopping.set()
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def worker(

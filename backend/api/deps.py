@@ -2,18 +2,27 @@
 
 ``RunDep`` resolves ``{run_id}`` or answers 404 once, so handlers never repeat the lookup;
 ``OwnedRunDep`` adds the ownership rule (the run's owner or an admin, else 403).
+``SessionDep`` closes when the handler returns, before the response is sent: a slow client, or a
+live stream that lasts hours (``RunStreamStart``), holds no connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated
+from weakref import WeakKeyDictionary
 
+import anyio
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
+from backend.api.stream_hub import StreamHub
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, User
@@ -24,32 +33,96 @@ from backend.security import user_for_token
 bearer = HTTPBearer(auto_error=False, description="An API token from `conspo-lab token create`.")
 
 
-def get_database(request: Request) -> Database:
+async def get_database(request: Request) -> Database:
     return request.app.state.db
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_celery(request: Request) -> Celery:
+async def get_celery(request: Request) -> Celery:
     return request.app.state.celery
 
 
-def get_jobs(request: Request) -> JobQueue:
+async def get_jobs(request: Request) -> JobQueue:
     return request.app.state.jobs
 
 
-def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
-    with db.session() as session:
-        yield session
+async def get_stream_hub(request: Request) -> StreamHub:
+    return request.app.state.streams
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+
+
+class SessionGate:
+    """At most ``slots`` requests hold a session at once: ``db_request_concurrency``, and never
+    more than the pool has connections for (less the stream hub's). A request takes its slot
+    before any of its thread hops, so a request holding a connection never waits behind
+    requests that sit in threads waiting for one (with threads and connections both scarce,
+    that cycle stalls the API until the pool times out), and few threads run handlers at once
+    (many would contend for the GIL with the event loop that serves the streams). A request
+    waits ``wait_s`` at most for a slot, then gets the pool's 503.
+    """
+
+    def __init__(self, slots: int, wait_s: float) -> None:
+        self.slots, self.wait_s = max(1, slots), wait_s
+        # one semaphore per event loop (tests run several; uvicorn one)
+        self._by_loop: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.Semaphore] = (
+            WeakKeyDictionary()
+        )
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> SessionGate:
+        pool = settings.db_pool_size + settings.db_max_overflow - settings.stream_db_connections
+        return cls(min(settings.db_request_concurrency, pool), settings.db_pool_timeout_s)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        semaphore = self._by_loop.get(loop)
+        if semaphore is None:
+            semaphore = self._by_loop[loop] = anyio.Semaphore(self.slots)
+        try:
+            with anyio.fail_after(self.wait_s):
+                await semaphore.acquire()
+        except TimeoutError:
+            raise PoolTimeout(f"no session slot free within {self.wait_s} s") from None
+        try:
+            yield
+        finally:
+            semaphore.release()
+
+
+async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Session]:
+    """The handler's session, closed as soon as the handler has returned (``scope="function"``
+    below), not after the response was sent: a slow client must not keep a connection.
+
+    Making a session does no I/O (it connects on its first query, in the handler's thread),
+    nor does closing one that never began a transaction; a close that rolls back and returns
+    a connection goes to a thread of its own, not one of the pool's the handlers queue for,
+    and is shielded: a cancelled request must still give its connection back.
+    """
+    gate: SessionGate = request.app.state.session_gate
+    async with gate.slot():
+        session = db.sessions()
+        try:
+            yield session
+        finally:
+            if session.in_transaction():
+                with anyio.CancelScope(shield=True):
+                    close = session.close
+                    await anyio.to_thread.run_sync(close, limiter=anyio.CapacityLimiter(1))
+            else:
+                session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 JobsDep = Annotated[JobQueue, Depends(get_jobs)]
-DatabaseDep = Annotated[Database, Depends(get_database)]
+StreamHubDep = Annotated[StreamHub, Depends(get_stream_hub)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
@@ -73,11 +146,17 @@ def get_current_user(session: SessionDep, credentials: Credentials) -> User:
 CurrentUser = Annotated[User, Depends(get_current_user)]
 
 
-def require_reader(
-    request: Request, settings: SettingsDep, session: SessionDep, credentials: Credentials
+async def require_reader(
+    request: Request, settings: SettingsDep, db: DatabaseDep, credentials: Credentials
 ) -> None:
-    """Reads are open unless CONSPO_READS_REQUIRE_TOKEN=true."""
+    """Reads are open unless CONSPO_READS_REQUIRE_TOKEN=true (async: when they are open, as by
+    default, every /api request passes here without a thread hop or a session)."""
     if settings.reads_require_token and request.method in {"GET", "HEAD"}:
+        await anyio.to_thread.run_sync(_check_reader, db, credentials)
+
+
+def _check_reader(db: Database, credentials: HTTPAuthorizationCredentials | None) -> None:
+    with db.session() as session:
         get_current_user(session, credentials)
 
 
@@ -105,3 +184,38 @@ def get_owned_run(run: RunDep, user: CurrentUser) -> Run:
 
 
 OwnedRunDep = Annotated[Run, Depends(get_owned_run)]
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """What a live stream reads from the database before it begins."""
+
+    caller: str  # whose streams it counts against: "user NAME" or "client ADDRESS"
+    run_id: int = 0
+    write_seq: int = 0  # the run's write sequence when the stream opened
+
+
+def get_stream_caller(request: Request, session: SessionDep, credentials: Credentials) -> str:
+    """A valid token's user, else the client's address (a made-up token counts as no token,
+    so it cannot dodge the bound). Behind a proxy, run uvicorn with --proxy-headers so the
+    address is the client's, not the proxy's."""
+    if credentials is not None and credentials.credentials:
+        user = user_for_token(session, credentials.credentials)
+        if user is not None:
+            return f"user {user.name}"
+    return f"client {request.client.host if request.client else 'unknown'}"
+
+
+StreamCaller = Annotated[str, Depends(get_stream_caller)]
+
+
+def start_run_stream(run: RunDep, caller: StreamCaller) -> StreamStart:
+    return StreamStart(caller, run.id, run.write_seq)
+
+
+def start_runs_stream(caller: StreamCaller) -> StreamStart:
+    return StreamStart(caller)
+
+
+RunStreamStart = Annotated[StreamStart, Depends(start_run_stream)]
+RunsStreamStart = Annotated[StreamStart, Depends(start_runs_stream)]

@@ -90,3 +90,72 @@ def test_embedded_serve_queues_the_demo_and_trains_it(tmp_path):  # type: ignore
     for pid in leftovers:
         os.kill(pid, 9)
     assert not leftovers
+
+
+def test_embedded_serve_restarts_a_dead_worker_and_guards_its_token(tmp_path):  # type: ignore[no-untyped-def]
+    """The worker beside the API comes back after a kill (logged); the page token is injected
+    only when the page is asked for by a loopback name, not by a DNS-rebinding one."""
+    env = embedded_env(tmp_path)
+    port = free_port(PORTS)
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("ab")
+    cmd = [sys.executable, "-m", "conspo_lab.cli", "serve", "--embedded", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def page(host: str) -> str | None:
+            try:
+                return httpx.get(f"{url}/", headers={"Host": host}, timeout=5).text
+            except httpx.HTTPError:
+                return None
+
+        wait_for(lambda: page("127.0.0.1"), 120, "the server")
+        token = (tmp_path / "token").read_text().strip()
+        for host in ("127.0.0.1", f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", "[::1]"):
+            assert token in (page(host) or ""), host
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "[::2]"):
+            served = page(host) or ""
+            assert "CONSPO_TOKEN = null" in served and token not in served, host
+
+        (first,) = wait_for(lambda: workers_in(tmp_path), 120, "the embedded worker")
+        os.kill(first, 9)
+        restarted = wait_for(
+            lambda: [p for p in workers_in(tmp_path) if p != first], 120, "a new worker"
+        )
+        assert len(restarted) == 1
+        assert "embedded worker" in log_path.read_text() and "restarting" in log_path.read_text()
+    finally:
+        stop(proc, timeout=30)
+        log.close()
+    leftovers = workers_in(tmp_path)
+    for pid in leftovers:
+        os.kill(pid, 9)
+    assert not leftovers  # the restarted worker stops with the server too
+
+
+def test_serve_runs_several_api_processes(tmp_path):  # type: ignore[no-untyped-def]
+    """`serve --workers 2`: one process is GIL-bound to about a core, so heavy reads need more."""
+    import psutil
+
+    env = embedded_env(tmp_path)
+    port = free_port(PORTS)
+    log = (tmp_path / "serve.log").open("ab")
+    cmd = [sys.executable, "-m", "conspo_lab.cli", "serve", "--workers", "2", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def api_processes() -> list[psutil.Process]:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).is_success
+            except httpx.HTTPError:
+                return False
+
+        wait_for(lambda: healthy() and len(api_processes()) == 2, 120, "two API processes")
+    finally:
+        stop(proc, timeout=30)
+        log.close()

@@ -7,35 +7,65 @@
   streamed. Each event carries it as ``id``; a reconnect with ``Last-Event-ID`` resumes without
   loss or repeats.
 * ``/stream/runs``: a ``run`` event whenever any run's status or step changes.
+
+The polling is shared: one poller per process serves every stream (``backend.api.stream_hub``),
+and a stream holds no database connection while it is open. Each caller may hold
+``stream_max_per_client`` streams (429 beyond), the process ``stream_max_total`` (503 beyond).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import timedelta
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-import anyio
-from fastapi import APIRouter, Query, Request
-from pydantic_core import to_json
-from sqlalchemy import select
+from fastapi import APIRouter, HTTPException, Query, Request
+from sqlalchemy.exc import SQLAlchemyError
 from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
-from backend.api.deps import DatabaseDep, RunDep, SettingsDep
+from backend.api.deps import RunsStreamStart, RunStreamStart, SettingsDep, StreamHubDep
+from backend.api.stream_hub import StreamHub, StreamLimitReached, sse_frame
 from backend.config import Settings
-from backend.db import Database
-from backend.models import FINISHED, Run, utcnow
-from backend.schemas import INT32_MAX, run_out
-from backend.storage.stream import StreamChunk, StreamCursor, query_new_points
+from backend.schemas import INT32_MAX
+from backend.storage.stream import StreamCursor
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["live"])
 
-STATUS_FIELDS = ("status", "cancel_requested", "error", "finished_at", "worker_host", "attempt")
+LIMIT_STATUS = {"client": 429, "server": 503}
+RETRY_AFTER_S = 5
 
 
-def _event(event: str, data: Any, cursor: StreamCursor) -> dict[str, Any]:
-    return {"event": event, "id": cursor.event_id, "data": to_json(data).decode()}
+class LiveResponse(EventSourceResponse):
+    """An SSE response that frees its stream slot however it ends (even if never started)."""
+
+    def __init__(
+        self, events: AsyncIterator[bytes], release: Callable[[], None], settings: Settings
+    ) -> None:
+        super().__init__(
+            events,
+            ping=int(settings.stream_keepalive_s),
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _reserve(hub: StreamHub, caller: str) -> Callable[[], None]:
+    try:
+        return hub.reserve(caller)
+    except StreamLimitReached as exc:
+        raise HTTPException(
+            LIMIT_STATUS[exc.scope], detail=str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}
+        ) from exc
 
 
 def _last_event_id(request: Request, since_step: int | None) -> StreamCursor | None:
@@ -46,8 +76,8 @@ def _last_event_id(request: Request, since_step: int | None) -> StreamCursor | N
 @router.get("/runs/{run_id}/stream")
 async def run_stream(
     request: Request,
-    run: RunDep,
-    db: DatabaseDep,
+    start: RunStreamStart,
+    hub: StreamHubDep,
     settings: SettingsDep,
     since_step: Annotated[
         int | None,
@@ -65,91 +95,58 @@ async def run_stream(
         if since_step is None or since_step < 0:
             cursor = StreamCursor()
         else:
-            cursor = StreamCursor(since_step=since_step, backlog_until=run.write_seq)
-    return EventSourceResponse(
-        _run_events(request, db, settings, run.id, cursor),
-        ping=int(settings.stream_keepalive_s),
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+            cursor = StreamCursor(since_step=since_step, backlog_until=start.write_seq)
+    release = _reserve(hub, start.caller)
+    return LiveResponse(_run_events(hub, settings, start.run_id, cursor), release, settings)
 
 
 async def _run_events(
-    request: Request, db: Database, settings: Settings, run_id: int, cursor: StreamCursor
-) -> AsyncIterator[dict[str, Any]]:
+    hub: StreamHub, settings: Settings, run_id: int, cursor: StreamCursor
+) -> AsyncIterator[bytes]:
     last_status: tuple[Any, ...] | None = None
-    while True:
-        snapshot = await anyio.to_thread.run_sync(_run_snapshot, db, run_id, cursor)
-        if snapshot is None:  # deleted
-            yield _event("end", {"reason": "deleted"}, cursor)
-            return
-        run, chunk = snapshot
-        cursor = chunk.cursor
-        if chunk.series:
-            yield _event("metrics", {"step_max": chunk.step_max, "series": chunk.series}, cursor)
-        status_key = tuple(run[f] for f in STATUS_FIELDS)
-        if status_key != last_status:
-            last_status = status_key
-            yield _event("status", run, cursor)
-        if run["status"] in FINISHED and not chunk.series:
-            yield _event("end", {"status": run["status"], "step_max": run["step"]}, cursor)
-            return
-        if chunk.series:
-            continue  # more may be waiting (writes are sent in chunks)
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(settings.stream_poll_s)
-
-
-def _run_snapshot(
-    db: Database, run_id: int, cursor: StreamCursor
-) -> tuple[dict[str, Any], StreamChunk] | None:
-    with db.session() as session:
-        run = session.get(Run, run_id)
-        if run is None:
-            return None
-        out = run_out(run)
-        # Points after the run row was read, so a finished status never outruns its points.
-        return out, query_new_points(session, run_id, cursor)
+    async with hub.watch_run(run_id) as feed:
+        while True:
+            snapshot = await feed.next()
+            if snapshot.run is None:  # deleted
+                yield sse_frame("end", cursor.event_id, {"reason": "deleted"})
+                return
+            while True:  # a snapshot's new points may come in several chunks
+                try:
+                    chunk = await hub.points(snapshot, cursor)
+                except SQLAlchemyError as exc:
+                    log.warning("run %s stream: reading points failed, retrying: %s", run_id, exc)
+                    await asyncio.sleep(settings.stream_poll_s)
+                    feed.again()
+                    break
+                cursor = chunk.cursor
+                if chunk.frame is not None:
+                    yield chunk.frame
+                if snapshot.status_key != last_status:
+                    last_status = snapshot.status_key
+                    yield snapshot.status_frame(cursor.event_id)
+                if chunk.frame is None:
+                    if snapshot.finished:
+                        assert snapshot.run is not None
+                        end = {"status": snapshot.run["status"], "step_max": snapshot.run["step"]}
+                        yield sse_frame("end", cursor.event_id, end)
+                        return
+                    break  # wait for the next change
 
 
 @router.get("/stream/runs")
 async def runs_stream(
-    request: Request, db: DatabaseDep, settings: SettingsDep
+    start: RunsStreamStart, hub: StreamHubDep, settings: SettingsDep
 ) -> EventSourceResponse:
     """A ``run`` event (data: Run) whenever a run's status or step changes."""
-    return EventSourceResponse(
-        _runs_events(request, db, settings),
-        ping=int(settings.stream_keepalive_s),
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    release = _reserve(hub, start.caller)
+    return LiveResponse(_runs_events(hub), release, settings)
 
 
-async def _runs_events(
-    request: Request, db: Database, settings: Settings
-) -> AsyncIterator[dict[str, Any]]:
-    # Rows updated in an overlapping window are compared with what was last seen, so writers
-    # whose clocks or commits lag by a few seconds are still caught, and nothing repeats.
-    overlap = timedelta(seconds=max(10.0, 5 * settings.stream_poll_s))
-    seen: dict[int, tuple[Any, ...]] = {}
-    since = utcnow() - overlap
-    first = True
-    while True:
-        now = utcnow()
-        runs = await anyio.to_thread.run_sync(_changed_runs, db, since)
-        since = now - overlap
-        for run in runs:
-            sig = (run["status"], run["step"], run["cancel_requested"], run["error"])
-            if seen.get(run["id"]) != sig:
-                seen[run["id"]] = sig
-                if not first:
-                    yield {"event": "run", "id": str(run["id"]), "data": to_json(run).decode()}
-        first = False
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(settings.stream_poll_s)
-
-
-def _changed_runs(db: Database, since: Any) -> list[dict[str, Any]]:
-    with db.session() as session:
-        rows = session.scalars(select(Run).where(Run.updated_at >= since).order_by(Run.updated_at))
-        return [run_out(r) for r in rows.unique()]
+async def _runs_events(hub: StreamHub) -> AsyncIterator[bytes]:
+    async with hub.listen_runs() as feed:
+        while True:
+            frames = await feed.next()
+            if frames is None:  # fell behind the hub's log: end, the client reconnects
+                return
+            for frame in frames:
+                yield frame

@@ -1,0 +1,359 @@
+"""Live streams under load: many SSE clients plus a steady rate of reads on a real server.
+
+    python bench/sse_load.py [--streams 500] [--rps 50] [--seconds 60] [--runs 10]
+                             [--env CONSPO_NAME=value ...]   # server settings to try
+
+Cluster mode, as deployed: a throwaway PostgreSQL database (conspo_bench_<random>, dropped
+afterwards; server from CONSPO_BENCH_PG, default postgresql+psycopg://postgres@127.0.0.1:5432),
+Redis as the broker (CONSPO_BENCH_REDIS, default redis://127.0.0.1:6379/3) and one uvicorn
+process started the way the tests start it. ``--runs`` external runs each log a step of the
+trainer's 28 keys every second while ``--streams`` SSE clients follow them (one in ten follows
+``/api/stream/runs`` instead) and reads arrive open-loop at ``--rps`` (a third each: a run's
+series of 6 keys, a 5-run compare, the runs list), each on a fresh schedule so a slow answer
+does not lower the offered load. The per-caller stream bound is raised: every client here
+comes from 127.0.0.1.
+
+Prints the 5xx count (target 0), read latency p50/p95/p99 (target p95 < 250 ms), the SSE
+events received, the server's CPU time beside the wall time, and the load generator's own CPU
+time (it shares the machine: on a small box it competes with the server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support import (  # noqa: E402
+    ROOT,
+    StackUnavailable,
+    embedded_env,
+    free_port,
+    migrate_and_create_token,
+    stop,
+)
+
+PG_SERVER = os.environ.get("CONSPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("CONSPO_BENCH_REDIS", "redis://127.0.0.1:6379/3")
+PORTS = range(18700, 18800)
+KEYS = [f"bench/key_{i:02d}" for i in range(28)]  # what conspo.trainer logs per step
+READ_KEYS = ",".join(KEYS[:6])
+EVENT_NAME = re.compile(rb"(?m)^event: ?(\w+)")
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else float("nan")
+
+
+@dataclass
+class Tally:
+    read_ms: list[float] = field(default_factory=list)
+    read_ms_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    statuses: Counter[str] = field(default_factory=Counter)  # "read 200", "stream 503", ...
+    errors: Counter[str] = field(default_factory=Counter)  # transport errors by kind
+    events: Counter[str] = field(default_factory=Counter)  # SSE events by name
+    streams_open: int = 0
+
+    def server_errors(self) -> int:
+        return sum(n for k, n in self.statuses.items() if k.split()[-1].startswith("5"))
+
+
+@dataclass
+class Window:
+    """What the measured window cost and delivered."""
+
+    wall_s: float
+    server_cpu_s: float
+    client_cpu_s: float
+    events: int
+    peak_connections: int
+    peak_idle_in_transaction: int
+
+
+class PgDatabase:
+    """A throwaway database on the bench's PostgreSQL server."""
+
+    def __init__(self) -> None:
+        self.name = f"conspo_bench_{uuid.uuid4().hex[:10]}"
+        self.url = f"{PG_SERVER}/{self.name}"
+        self._admin = PG_SERVER.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+
+    def __enter__(self) -> PgDatabase:
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def connections(self) -> tuple[int, int]:
+        """(connections to this database, of which idle in a transaction)."""
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE state LIKE 'idle in transaction%%')"
+                " FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (self.name,),
+            ).fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+
+async def follow(client: httpx.AsyncClient, path: str, tally: Tally, stop: asyncio.Event) -> None:
+    """One SSE client: counts the events it receives until ``stop``."""
+    try:
+        async with client.stream("GET", path) as response:
+            tally.statuses[f"stream {response.status_code}"] += 1
+            if response.status_code != 200:
+                return
+            tally.streams_open += 1
+            async for chunk in response.aiter_raw():  # no line splitting: the client is cheap
+                for name in EVENT_NAME.findall(chunk):
+                    tally.events[name.decode()] += 1
+                if stop.is_set():
+                    return
+    except httpx.HTTPError as exc:
+        tally.errors[f"stream {type(exc).__name__}"] += 1
+
+
+async def read_once(client: httpx.AsyncClient, runs: list[int], tally: Tally) -> None:
+    kind = random.choice(("series", "compare", "list"))
+    if kind == "series":
+        path, params = f"/api/runs/{random.choice(runs)}/metrics", {"keys": READ_KEYS}
+    elif kind == "compare":
+        ids = ",".join(map(str, random.sample(runs, min(5, len(runs)))))
+        path, params = "/api/compare", {"runs": ids, "keys": READ_KEYS}
+    else:
+        path, params = "/api/runs", {"limit": "50"}
+    started = time.perf_counter()
+    try:
+        response = await client.get(path, params=params)
+    except httpx.HTTPError as exc:
+        tally.errors[f"read {type(exc).__name__}"] += 1
+        return
+    took_ms = (time.perf_counter() - started) * 1000
+    tally.read_ms.append(took_ms)
+    tally.read_ms_by_kind.setdefault(kind, []).append(took_ms)
+    tally.statuses[f"read {response.status_code}"] += 1
+
+
+async def offer_reads(
+    client: httpx.AsyncClient, runs: list[int], rps: float, seconds: float, tally: Tally
+) -> None:
+    """Open loop: a read every 1/rps seconds whether or not the earlier ones answered."""
+    tasks = []
+    start = time.perf_counter()
+    for i in range(int(rps * seconds)):
+        await asyncio.sleep(max(0.0, start + i / rps - time.perf_counter()))
+        tasks.append(asyncio.create_task(read_once(client, runs, tally)))
+    await asyncio.sleep(max(0.0, start + seconds - time.perf_counter()))
+    await asyncio.gather(*tasks)
+
+
+async def log_steps(
+    client: httpx.AsyncClient, runs: list[int], stop: asyncio.Event, tally: Tally
+) -> None:
+    """Every run logs one step of all KEYS a second (a trainer's pace on a small model)."""
+    step = 100
+    while not stop.is_set():
+        step += 1
+        body = {"steps": [{"step": step, "metrics": {k: random.random() for k in KEYS}}]}
+        results = await asyncio.gather(
+            *(client.post(f"/api/runs/{r}/log", json=body) for r in runs), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, httpx.Response):
+                tally.statuses[f"log {result.status_code}"] += 1
+            else:
+                tally.errors[f"log {type(result).__name__}"] += 1
+        await asyncio.sleep(1.0)
+
+
+async def make_runs(client: httpx.AsyncClient, n: int) -> list[int]:
+    runs = []
+    for i in range(n):
+        body = {"name": f"bench-{i}", "algorithm": "grpo", "task": "arith", "model": "tiny"}
+        run = (await client.post("/api/runs/external", json=body)).raise_for_status().json()
+        history = [{"step": s, "metrics": {k: random.random() for k in KEYS}} for s in range(100)]
+        await client.post(f"/api/runs/{run['id']}/log", json={"steps": history})
+        runs.append(run["id"])
+    return runs
+
+
+async def load(url: str, token: str, args: argparse.Namespace, pg: PgDatabase, pid: int) -> None:
+    tally = Tally()
+    auth = {"Authorization": f"Bearer {token}"}
+    timeout = httpx.Timeout(30.0, read=None)
+    limits = httpx.Limits(max_connections=args.streams + 50, max_keepalive_connections=None)
+    async with (
+        httpx.AsyncClient(base_url=url, headers=auth, timeout=30.0) as api,
+        httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as streams_client,
+        httpx.AsyncClient(
+            base_url=url, timeout=30.0, limits=httpx.Limits(max_connections=200)
+        ) as reader,
+    ):
+        runs = await make_runs(api, args.runs)
+        stop_event = asyncio.Event()
+        followers = []
+        for i in range(args.streams):  # ramp up: 100 new connections a second
+            path = "/api/stream/runs" if i % 10 == 9 else f"/api/runs/{runs[i % len(runs)]}/stream"
+            followers.append(asyncio.create_task(follow(streams_client, path, tally, stop_event)))
+            if i % 10 == 9:
+                await asyncio.sleep(0.1)
+        logger = asyncio.create_task(log_steps(api, runs, stop_event, tally))
+        server = ServerCpu(pid)
+        me = psutil.Process()
+        cpu0, mine0, wall0 = server.seconds(), sum(me.cpu_times()[:2]), time.time()
+        events0 = sum(tally.events.values())
+        sampler = asyncio.create_task(asyncio.to_thread(sample_connections, pg, args.seconds))
+        await offer_reads(reader, runs, args.rps, args.seconds, tally)
+        window = Window(
+            time.time() - wall0,
+            server.seconds() - cpu0,
+            sum(me.cpu_times()[:2]) - mine0,
+            sum(tally.events.values()) - events0,
+            *(await sampler),
+        )
+        stop_event.set()
+        logger.cancel()
+        for task in followers:
+            task.cancel()
+        await asyncio.gather(logger, *followers, return_exceptions=True)
+        recovery = await time_to_recover(reader)
+    report(args, tally, window)
+    print(f"  after the load stopped, the runs list answered 200 {recovery}")
+
+
+async def time_to_recover(client: httpx.AsyncClient, give_up_s: float = 300.0) -> str:
+    """How long after the load the API answers a plain read again."""
+    started = time.perf_counter()
+    while (waited := time.perf_counter() - started) < give_up_s:
+        try:
+            response = await client.get("/api/runs", params={"limit": "50"}, timeout=10.0)
+            if response.status_code == 200:
+                return f"after {1000 * (time.perf_counter() - started):.0f} ms"
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - started - waited)))
+    return f"never within {give_up_s:.0f} s"
+
+
+class ServerCpu:
+    """CPU seconds of the server: the uvicorn process and its worker processes, if any."""
+
+    def __init__(self, pid: int) -> None:
+        self._root = psutil.Process(pid)
+        self._procs = [self._root, *self._root.children(recursive=True)]
+
+    def seconds(self) -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in self._procs if p.is_running())
+
+
+def start_server(
+    env: dict[str, str], log: Path, workers: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    """uvicorn serving the app (``--workers`` processes) on a free port, once it answers."""
+    url = f"http://127.0.0.1:{(port := free_port(PORTS))}"
+    cmd = [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory"]
+    cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        spawned = len(psutil.Process(proc.pid).children()) >= workers or workers == 1
+        try:
+            if spawned and httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop(proc)
+    raise StackUnavailable(f"uvicorn did not answer /api/health:\n{log.read_text()[-2000:]}")
+
+
+def sample_connections(pg: PgDatabase, seconds: float) -> tuple[int, int]:
+    """The most connections (and idle-in-transaction ones) seen over the window."""
+    peak = peak_idle = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        n, idle = pg.connections()
+        peak, peak_idle = max(peak, n), max(peak_idle, idle)
+        time.sleep(2.0)
+    return peak, peak_idle
+
+
+def report(args: argparse.Namespace, tally: Tally, w: Window) -> None:
+    reads, wall = tally.read_ms, w.wall_s
+    print(f"\n{args.streams} SSE clients, {args.rps:g} reads/s offered, {args.runs} runs logging")
+    print(f"  window {wall:.1f} s wall; streams open: {tally.streams_open}/{args.streams}")
+    print(f"  5xx responses: {tally.server_errors()}  (target 0)")
+    print(f"  responses by kind and status: {dict(sorted(tally.statuses.items()))}")
+    print(f"  transport errors: {dict(tally.errors) or 'none'}")
+    print(
+        f"  reads: {len(reads)} answered ({len(reads) / wall:.1f}/s); latency ms "
+        f"p50 {pct(reads, 0.5):.0f}  p95 {pct(reads, 0.95):.0f}  p99 {pct(reads, 0.99):.0f}  "
+        f"max {max(reads, default=float('nan')):.0f}  (target p95 < 250)"
+    )
+    for kind, ms in sorted(tally.read_ms_by_kind.items()):
+        p50, p95, p99 = (pct(ms, q) for q in (0.5, 0.95, 0.99))
+        print(f"    {kind}: p50 {p50:.0f}  p95 {p95:.0f}  p99 {p99:.0f}")
+    print(f"  SSE events in the window: {w.events} ({w.events / wall:.0f}/s)")
+    print(f"    all, by name: {dict(tally.events)}")
+    server, client = w.server_cpu_s, w.client_cpu_s
+    print(f"  server CPU: {server:.1f} s in {wall:.1f} s wall ({server / wall:.0%} of a core)")
+    print(f"  load generator CPU: {client:.1f} s ({client / wall:.0%} of a core)")
+    print(
+        f"  server's PostgreSQL connections, peak: {w.peak_connections} "
+        f"(idle in transaction: {w.peak_idle_in_transaction})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=500)
+    parser.add_argument("--rps", type=float, default=50.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, PgDatabase() as pg:
+        data = Path(tmp)
+        env = embedded_env(
+            data,
+            CONSPO_DATABASE_URL=pg.url,
+            CONSPO_BROKER_URL=REDIS,
+            CONSPO_QUEUE=f"bench_{uuid.uuid4().hex[:6]}",
+            CONSPO_STREAM_POLL_S="1.0",
+            CONSPO_STREAM_KEEPALIVE_S="15",
+            CONSPO_STREAM_MAX_PER_CLIENT=str(args.streams + 10),
+            **dict(kv.split("=", 1) for kv in args.env),
+        )
+        token = migrate_and_create_token(env, "bench")
+        proc, url = start_server(env, data / "server.log", args.workers)
+        try:
+            asyncio.run(load(url, token, args, pg, proc.pid))
+        finally:
+            stop(proc)
+            log_tail = (data / "server.log").read_text(errors="replace").splitlines()[-5:]
+            if any("Error" in line or "Traceback" in line for line in log_tail):
+                print("  server log tail:\n    " + "\n    ".join(log_tail))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Live streams under load and their bounds, on a real server.
+
+A stream once held its request's pooled connection "idle in transaction" for its whole life:
+31 streams exhausted the pool and every other request waited 30 s, then failed. Here a real
+uvicorn process (SQLite or PostgreSQL, as the ``settings`` fixture says) runs with a pool of 2
+and serves ten times as many streams while other requests still answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend.config import Settings
+from tests.api.conftest import Api
+from tests.support import embedded_env, start_api, stop
+
+PORTS = range(18500, 18600)
+# More than the pool holds, and more than SQLite's default pool (5 + 10) too.
+STREAMS = 20
+
+
+class Stream:
+    """One SSE connection read in the background: its status and the events so far."""
+
+    def __init__(self, client: httpx.AsyncClient, path: str, headers: dict[str, str]) -> None:
+        self.status_code: int | None = None
+        self.detail = ""
+        self.retry_after: str | None = None
+        self.events: list[tuple[str, Any]] = []
+        self.error: httpx.HTTPError | None = None
+        self.task = asyncio.create_task(self._read(client, path, headers))
+
+    async def _read(self, client: httpx.AsyncClient, path: str, headers: dict[str, str]) -> None:
+        try:
+            await self._read_events(client, path, headers)
+        except httpx.HTTPError as exc:  # the server went away; the test's asserts say more
+            self.error = exc
+
+    async def _read_events(
+        self, client: httpx.AsyncClient, path: str, headers: dict[str, str]
+    ) -> None:
+        async with client.stream("GET", path, headers=headers) as response:
+            self.retry_after = response.headers.get("retry-after")
+            if response.status_code != 200:
+                self.detail = json.loads(await response.aread())["detail"]
+                self.status_code = response.status_code
+                return
+            self.status_code = 200
+            event = None
+            async for line in response.aiter_lines():
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and event:
+                    self.events.append((event, json.loads(line.split(":", 1)[1])))
+                    event = None
+
+    def got(self, kind: str, where: Callable[[Any], bool] = lambda _: True) -> bool:
+        return any(e == kind and where(data) for e, data in self.events)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def server_env(settings: Settings, data: Path, **extra: str) -> dict[str, str]:
+    return embedded_env(
+        data,
+        CONSPO_DATABASE_URL=settings.database_url,
+        CONSPO_BROKER_URL=settings.broker_url,
+        CONSPO_QUEUE=settings.queue,
+        **extra,
+    )
+
+
+def serve(settings: Settings, data: Path, scenario: Callable[[str], Awaitable[None]], **env: str):  # type: ignore[no-untyped-def]
+    proc, url = start_api(server_env(settings, data, **env), data / "server.log", PORTS)
+    try:
+        asyncio.run(scenario(url))
+    finally:
+        stop(proc)
+
+
+def log_points(api: Api, run_id: int, steps: range) -> None:
+    body = {"steps": [{"step": s, "metrics": {"loss": float(s)}} for s in steps]}
+    assert api.post(f"/api/runs/{run_id}/log", json=body).status_code == 200
+
+
+def long_idle_transactions(database_url: str) -> int:
+    """Connections to this database idle inside a transaction for over 2 s (PostgreSQL)."""
+    import psycopg
+
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state LIKE 'idle in transaction%'"
+            " AND now() - state_change > interval '2 seconds'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_streams_hold_no_connection_and_other_requests_still_answer(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    pool = 2
+    live, other = api.external(), api.external()
+    log_points(api, live["id"], range(1, 4))
+    log_points(api, other["id"], range(1, 4))
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            paths = [f"/api/runs/{live['id']}/stream"] * (STREAMS - 3)
+            paths += [f"/api/runs/{other['id']}/stream", "/api/stream/runs", "/api/stream/runs"]
+            streams = [Stream(client, p, {}) for p in paths]
+            run_streams = [s for s, p in zip(streams, paths, strict=True) if "/runs/" in p]
+            await until(
+                lambda: all(s.got("status") for s in run_streams), 60, "every stream's status"
+            )
+            if settings.mode == "cluster":
+                await asyncio.sleep(3)  # a transaction held by a stream would now be > 2 s old
+                assert long_idle_transactions(settings.database_url) == 0
+            for path, params in [
+                ("/api/runs", {"ids": f"{live['id']},{other['id']}"}),
+                (f"/api/runs/{live['id']}", {}),
+                (f"/api/runs/{live['id']}/metrics", {"keys": "loss"}),
+                ("/api/compare", {"runs": f"{live['id']},{other['id']}", "keys": "loss"}),
+            ]:
+                r = await client.get(path, params=params)
+                assert r.status_code == 200, (path, r.status_code, r.text)
+            # Every stream still gets news, though older than the request timeout (2 s).
+            await asyncio.to_thread(log_points, api, live["id"], range(4, 5))
+            live_streams = [s for s, p in zip(streams, paths, strict=True) if str(live["id"]) in p]
+            await until(
+                lambda: all(
+                    s.got("metrics", lambda d: 4 in d["series"]["loss"]["steps"])
+                    for s in live_streams
+                ),
+                60,
+                "step 4 on every stream of the live run",
+            )
+            # A runs-list stream reports changes after its first poll, which the client cannot
+            # see: keep logging until each has reported one.
+            listing = [s for s in streams if s not in run_streams]
+            step, deadline = 4, time.monotonic() + 60
+            while not all(
+                s.got("run", lambda d: d["id"] == live["id"] and d["step"] >= 4) for s in listing
+            ):
+                assert time.monotonic() < deadline, "no runs-list event for the live run"
+                await asyncio.sleep(1)
+                step += 1
+                await asyncio.to_thread(log_points, api, live["id"], range(step, step + 1))
+            for s in streams:
+                await s.close()
+
+    serve(
+        settings,
+        tmp_path,
+        scenario,
+        CONSPO_DB_POOL_SIZE=str(pool),
+        CONSPO_DB_MAX_OVERFLOW="0",
+        CONSPO_DB_POOL_TIMEOUT_S="30",  # a starved request would hang, not fail fast
+        CONSPO_REQUEST_TIMEOUT_S="2",
+    )
+
+
+def test_streams_are_bounded_per_caller_and_per_server(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    run = api.external()
+    path = f"/api/runs/{run['id']}/stream"
+    alice, bob = api.h("alice"), api.h("bob")
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+            async def opened(headers: dict[str, str], where: str = path) -> Stream:
+                stream = Stream(client, where, headers)
+                await until(lambda: stream.status_code is not None, 60, f"an answer on {where}")
+                return stream
+
+            anonymous = [await opened({}) for _ in range(3)]
+            assert all(s.status_code == 200 for s in anonymous)
+            refused = await opened({})
+            assert refused.status_code == 429 and refused.retry_after
+            assert "client 127.0.0.1" in refused.detail
+            assert "CONSPO_STREAM_MAX_PER_CLIENT" in refused.detail
+            made_up = await opened({"Authorization": "Bearer csp_not-a-token"})
+            assert made_up.status_code == 429  # an invalid token counts as no token
+            assert (await opened({}, "/api/stream/runs")).status_code == 429
+            # A user's streams count apart from the address's, up to the server's bound (5).
+            mine = [await opened(alice) for _ in range(2)]
+            assert all(s.status_code == 200 for s in mine)
+            full = await opened(bob)
+            assert full.status_code == 503 and "CONSPO_STREAM_MAX_TOTAL" in full.detail
+            # A closed stream frees its slot.
+            await anonymous.pop().close()
+
+            async def reopened() -> bool:
+                stream = await opened({})
+                anonymous.append(stream)
+                return stream.status_code == 200
+
+            deadline = time.monotonic() + 60
+            while not await reopened():
+                assert time.monotonic() < deadline, "a closed stream's slot was never freed"
+                await asyncio.sleep(0.2)
+            for s in anonymous + mine:
+                await s.close()
+
+    serve(
+        settings,
+        tmp_path,
+        scenario,
+        CONSPO_STREAM_MAX_PER_CLIENT="3",
+        CONSPO_STREAM_MAX_TOTAL="5",
+    )
+
+
+def test_a_burst_larger_than_the_pool_is_served_not_stalled(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    """60 reads at once on a pool of 2: each request takes a session slot before its thread
+    hops, so no request holds a connection while others hold every thread waiting for one
+    (that cycle stalled the API until the pool timed out, then answered 503)."""
+    run = api.external()
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            answers = await asyncio.gather(
+                *(client.get(f"/api/runs/{run['id']}") for _ in range(60))
+            )
+        assert [r.status_code for r in answers] == [200] * 60
+
+    serve(
+        settings,
+        tmp_path,
+        scenario,
+        CONSPO_DB_POOL_SIZE="2",
+        CONSPO_DB_MAX_OVERFLOW="0",
+        CONSPO_STREAM_DB_CONNECTIONS="1",
+        CONSPO_DB_POOL_TIMEOUT_S="60",  # generous: a loaded CI box must not see a 503 here
+        CONSPO_REQUEST_TIMEOUT_S="0",
+    )

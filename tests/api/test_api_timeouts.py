@@ -1,0 +1,124 @@
+"""The API's protections against overload: a short pool checkout timeout answered with 503, a
+time limit on reads that cannot start, and PostgreSQL's statement and idle-in-transaction
+timeouts on the API's connections (not on workers')."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from backend.api.deps import SessionDep
+from backend.config import Settings
+from backend.db import Database
+from backend.main import create_app
+from tests.api.conftest import make_settings
+
+
+def test_an_exhausted_pool_answers_503_at_once_naming_the_setting(settings: Settings) -> None:
+    tight = settings.model_copy(
+        update={"db_pool_size": 1, "db_max_overflow": 0, "db_pool_timeout_s": 0.5}
+    )
+    app = create_app(tight)
+    with TestClient(app) as client:
+        held = app.state.db.engine.connect()  # the pool's only connection
+        try:
+            started = time.monotonic()
+            r = client.get("/api/runs")
+            waited = time.monotonic() - started
+        finally:
+            held.close()
+        assert r.status_code == 503, r.text
+        assert "CONSPO_DB_POOL_TIMEOUT_S" in r.json()["detail"] and r.headers["retry-after"]
+        assert waited < 20  # the pool's 0.5 s, not the old 30 s (generous: a loaded CI box)
+        assert client.get("/api/runs").status_code == 200  # the connection is back
+
+
+def test_a_read_that_cannot_answer_in_time_gets_503_and_a_write_is_never_cut(
+    settings: Settings,
+) -> None:
+    """The timeout middleware on a stand-in handler that sleeps (what a request stuck behind a
+    backlog looks like from the outside; a real backlog cannot be made to order)."""
+    app = create_app(settings.model_copy(update={"request_timeout_s": 0.5}))
+
+    async def slow(seconds: float) -> dict[str, float]:
+        await asyncio.sleep(seconds)
+        return {"slept": seconds}
+
+    app.add_api_route("/api/test-slow", slow, methods=["GET", "POST"])
+    with TestClient(app) as client:
+        r = client.get("/api/test-slow", params={"seconds": 10})
+        assert r.status_code == 503 and "CONSPO_REQUEST_TIMEOUT_S" in r.json()["detail"]
+        assert r.headers["retry-after"]
+        assert client.post("/api/test-slow", params={"seconds": 1}).json() == {"slept": 1}
+        assert client.get("/api/test-slow", params={"seconds": 0}).status_code == 200
+
+
+def test_api_connections_carry_postgresql_timeouts(
+    pg_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    limits = {"db_statement_timeout_s": 0.5, "db_idle_in_transaction_timeout_s": 7}
+    settings = make_settings(tmp_path, pg_url, redis_url, **limits)
+    api_db, worker_db = Database(settings, serving=True), Database(settings)
+    try:
+        with api_db.session() as session:
+            show = "SHOW idle_in_transaction_session_timeout"
+            assert session.scalar(text(show)) == "7s"
+            with pytest.raises(OperationalError, match="statement timeout"):
+                session.execute(text("SELECT pg_sleep(5)"))
+        with worker_db.session() as session:  # workers' bulk writes keep no limit
+            assert session.scalar(text("SHOW statement_timeout")) == "0"
+    finally:
+        api_db.dispose()
+        worker_db.dispose()
+    # Through the API (a stand-in handler whose query runs too long): 503 naming the setting.
+    app = create_app(settings)
+
+    def sleepy(session: SessionDep) -> None:
+        session.execute(text("SELECT pg_sleep(5)"))
+
+    app.add_api_route("/api/test-sleepy", sleepy)
+    with TestClient(app) as client:
+        r = client.get("/api/test-sleepy")
+        assert r.status_code == 503 and "CONSPO_DB_STATEMENT_TIMEOUT_S" in r.json()["detail"]
+
+
+def test_a_read_cut_by_the_timeout_gives_its_connection_back(settings: Settings) -> None:
+    """The session's close survives the cancellation: no connection leaks out of the pool."""
+    app = create_app(settings.model_copy(update={"request_timeout_s": 0.5}))
+    sessions = []  # kept alive, so a session left open is not closed by the garbage collector
+
+    async def holding(session: SessionDep) -> None:
+        sessions.append(session)
+        await asyncio.to_thread(session.execute, text("SELECT 1"))  # checks a connection out
+        await asyncio.sleep(10)
+
+    app.add_api_route("/api/test-holding", holding)
+    with TestClient(app) as client:
+        assert client.get("/api/test-holding").status_code == 503
+        assert app.state.db.engine.pool.checkedout() == 0
+
+
+def test_the_session_gate_admits_its_slots_and_refuses_after_its_wait() -> None:
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from backend.api.deps import SessionGate
+
+    async def scenario() -> None:
+        gate = SessionGate(slots=2, wait_s=0.2)
+        async with gate.slot(), gate.slot():
+            with pytest.raises(PoolTimeout):  # a third waits 0.2 s, then is refused
+                async with gate.slot():
+                    pass
+        async with gate.slot(), gate.slot():  # both slots came back
+            pass
+
+    asyncio.run(scenario())
+    settings = Settings(db_pool_size=3, db_max_overflow=1, stream_db_connections=2)
+    assert SessionGate.for_settings(settings).slots == 2  # capped by the pool, less the hub's
+    assert SessionGate.for_settings(Settings()).slots == Settings().db_request_concurrency
