@@ -143,6 +143,8 @@ def plotly_js() -> FileResponse:
 
 @router.api_route("/static/{name:path}", methods=["GET", "HEAD"])
 def static_file(name: str) -> FileResponse:
+    if "\x00" in name:  # the OS refuses such a path with an exception, not a 404
+        raise HTTPException(status_code=404, detail="no such static file")
     path = (STATIC_DIR / name).resolve()
     if STATIC_DIR.resolve() not in path.parents or not path.is_file():
         raise HTTPException(status_code=404, detail=f"no static file {name!r}")

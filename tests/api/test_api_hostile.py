@@ -467,3 +467,9 @@ def test_an_unexpected_exception_is_a_logged_json_500(
         r = c.get("/api/broken")
     assert r.status_code == 500 and r.json() == {"detail": "internal server error"}
     assert any("/api/broken" in rec.getMessage() for rec in caplog.records)
+
+
+def test_page_paths_with_nul_or_escapes_are_404s(api: Api) -> None:
+    for path in ("/static/%00", "/static/a%00.js", "/static/..%2f..%2fetc%2fpasswd"):
+        r = api.get(path)
+        assert r.status_code == 404, (path, r.status_code, r.text[:200])
