@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from conspo.input_checks import Label, check_label, json_problem, loc_text
+from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
 from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import OBJECTIVES, TASKS, Registry, get_objective, relocated
 
@@ -143,6 +143,32 @@ def _params_from_flat_form(data: Any) -> Any:
     return {**section, "params": {**moved, **data.get("params", {})}}
 
 
+class LoraConfig(_Section):
+    """LoRA adapters through ``peft``; rank 0 trains every weight instead (full fine-tuning)."""
+
+    rank: int = Field(
+        0, ge=0, le=1024, description="LoRA rank r (0: full fine-tuning, no adapters)."
+    )
+    alpha: float = Field(
+        32.0, gt=0, le=100_000, description="LoRA α: the adapter's update is scaled by α / r."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input in supervised (SFT) passes. RL log-prob"
+        " passes, the gradient pass included, always run without dropout, so that π_θ is the"
+        " policy that sampled.",
+    )
+    target_modules: list[Annotated[Label, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        max_length=64,
+        description='Module names that get adapters (e.g. q_proj, v_proj), or ["all-linear"]:'
+        " every linear layer but the output head.",
+    )
+
+
 class ModelConfig(_Section):
     name: Label = Field(
         "tiny-arith",
@@ -153,9 +179,28 @@ class ModelConfig(_Section):
         " from_pretrained; offline machines need it cached).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto: bfloat16 on CUDA, float32 on CPU."
+        "auto",
+        description="Compute dtype. auto: bfloat16 on CUDA, float32 on CPU. float16 always trains"
+        " float32 master weights under autocast with loss scaling.",
+    )
+    mixed_precision: bool = Field(
+        False,
+        description="Keep float32 master weights and optimiser state, and run the forward passes"
+        " in `dtype` under torch.autocast. Off: the weights themselves are stored in `dtype`"
+        " (half the memory). Always on for float16.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when present.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa",
+        description="Attention kernel: sdpa (PyTorch), eager, or flash_attention_2 (needs the"
+        " flash-attn package and a GPU).",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each layer's activations in the backward pass instead of keeping"
+        " them: about a third more compute for a fraction of the activation memory.",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class SamplingConfig(_Section):
@@ -164,6 +209,19 @@ class SamplingConfig(_Section):
     max_new_tokens: int = Field(16, ge=1, le=32_768, description="Response length cap.")
     temperature: float = Field(1.0, gt=0, le=5, description="Rollout sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    engine: Literal["native", "hf", "vllm"] = Field(
+        "native",
+        description="What generates rollouts: native (this library's sampler, fastest for small"
+        " models), hf (transformers' generate) or vllm (vLLM colocated on the training GPU,"
+        " weights synced every step; needs the vllm package and a GPU).",
+    )
+    vllm_memory_fraction: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="vllm engine only: the fraction of GPU memory vLLM may take (weights and KV"
+        " cache); the rest is left to training.",
+    )
 
 
 class OptimConfig(_Section):
@@ -185,14 +243,83 @@ class OptimConfig(_Section):
     warmup_steps: int = Field(
         0, ge=0, le=1_000_000, description="Linear learning-rate warmup steps."
     )
+    micro_batch_tokens: int = Field(
+        0,
+        ge=0,
+        le=100_000_000,
+        description="Token budget (padded prompt + response positions) of one forward/backward"
+        " pass. A mini-batch above it is split into micro-batches whose gradients add up to the"
+        " mini-batch's gradient exactly. 0: one pass per mini-batch.",
+    )
+
+
+class DatasetFields(_Section):
+    """Which columns of a dataset hold what. "auto" tries the usual names in order."""
+
+    question: Annotated[Label, Field(min_length=1, max_length=200)] = Field(
+        "auto",
+        description="The problem's column (auto: problem, question, prompt, query). A dotted path"
+        " reaches into nested records; a list of chat messages gives its last user message.",
+    )
+    answer: Annotated[Label, Field(min_length=1, max_length=200)] = Field(
+        "auto",
+        description="The reference answer's column (auto: answer, final_answer,"
+        " reward_model.ground_truth, then the solution's last \\boxed{} or GSM8K's '#### n').",
+    )
+    solution: Annotated[Label, Field(min_length=1, max_length=200)] | None = Field(
+        None,
+        description="A worked solution's column, where the answer is taken from when the answer"
+        " column is missing (auto-detected: solution).",
+    )
+
+
+class BenchmarkConfig(_Section):
+    """A held-out benchmark file (AIME / AMC / MATH500 style) scored with avg@k and pass@k."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][\w.-]*$")] = (
+        Field(description="Short name; metrics are eval/<name>/avg@k and eval/<name>/pass@k.")
+    )
+    path: Annotated[Label, Field(min_length=1, max_length=1000)] = Field(
+        description="The benchmark file or directory (parquet, jsonl, json, arrow or a"
+        " save_to_disk directory), inside the data roots."
+    )
+    fields: DatasetFields = Field(default_factory=DatasetFields)
+    k: int = Field(4, ge=1, le=1024, description="Samples per problem (avg@k, pass@k).")
+    limit: int | None = Field(
+        None, ge=1, le=100_000, description="Score only the first N problems (default: all)."
+    )
 
 
 class EvalConfig(_Section):
     every: int = Field(
         10, ge=0, le=1_000_000, description="Evaluate every N steps (0: never; always at the end)."
     )
+    at_start: bool = Field(
+        True, description="Also evaluate the starting policy, logged as step 0 (a fresh run only)."
+    )
     pass_k: int = Field(4, ge=1, le=64, description="k of pass@k on the held-out split.")
     temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for pass@k.")
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus threshold of evaluation sampling (paper: 0.95)."
+    )
+    benchmarks: list[BenchmarkConfig] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Benchmark files evaluated at each evaluation: avg@k and pass@k per"
+        " benchmark at eval.temperature and eval.top_p (the paper: T=0.6, top-p 0.95).",
+    )
+    best_metric: Annotated[Label, Field(min_length=1, max_length=200)] | None = Field(
+        None,
+        description="A metric (e.g. eval/math500/avg@16 or eval/accuracy): the checkpoint of the"
+        " evaluation where it is best is kept as checkpoints/best, apart from the rotation.",
+    )
+
+    @model_validator(mode="after")
+    def _benchmark_names_are_distinct(self) -> EvalConfig:
+        names = [b.name for b in self.benchmarks]
+        if len(names) != len(set(names)):
+            raise ValueError(f"eval.benchmarks: names must be distinct (got {names})")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -211,6 +338,55 @@ class LoggingConfig(_Section):
     )
 
 
+# Named prompt templates; a custom one is any text holding {question}.
+PROMPT_TEMPLATES: dict[str, str] = {
+    "plain": "{question}",
+    # The paper's (DeepScaleR / DAPO recipes): reason, then a \\boxed{} answer the verifier reads.
+    "boxed": "{question}\nPlease reason step by step, and put your final answer within"
+    " \\boxed{{}}.",
+}
+
+
+class PromptConfig(_Section):
+    """How a task's question becomes the text the policy continues."""
+
+    template: Annotated[Text, Field(min_length=1, max_length=4000)] = Field(
+        "plain",
+        description=f"A named template ({', '.join(PROMPT_TEMPLATES)}) or your own text holding"
+        " {question} (write other braces doubled: {{ }}).",
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Wrap the prompt as a user message in the tokenizer's chat template. auto:"
+        " when the tokenizer has one; on: refuse a tokenizer without one.",
+    )
+    system: Annotated[Text, Field(max_length=4000)] | None = Field(
+        None, description="A system message (chat template only)."
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_holds_the_question(cls, template: str) -> str:
+        text = PROMPT_TEMPLATES.get(template, template)
+        try:
+            text.format(question="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"not a named template ({', '.join(PROMPT_TEMPLATES)}) nor a text holding"
+                f" {{question}} with other braces doubled ({exc!r})"
+            ) from None
+        if "{question}" not in text:
+            raise ValueError(
+                f"not a named template ({', '.join(PROMPT_TEMPLATES)}) nor a text holding"
+                " {question}"
+            )
+        return template
+
+    def text(self) -> str:
+        """The template's text (a named one resolved)."""
+        return PROMPT_TEMPLATES.get(self.template, self.template)
+
+
 class RunConfig(_Section):
     name: str | None = Field(None, max_length=200, description="Display name of the run.")
     algorithm: str = Field(
@@ -225,6 +401,7 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for data, sampling and init.")
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
