@@ -5,7 +5,7 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import TaskConfig
-from conspo.rollout import _finish, evaluate, pass_at_k, sample
+from conspo.rollout import _finish, _next_token, evaluate, pass_at_k, sample
 from conspo.tasks import make_task
 
 EOS, PAD = 1, 0
@@ -60,6 +60,21 @@ def test_sampling_is_reproducible_and_tiny_top_p_is_greedy(policy, prompts):
     nucleus = sample(model, ids, mask, top_p=1e-6, generator=torch.Generator().manual_seed(1), **kw)
     greedy = sample(model, ids, mask, temperature=0, **kw)
     assert torch.equal(nucleus.response_ids, greedy.response_ids)
+
+
+def test_sampled_token_frequencies_follow_the_distribution():
+    # Inverse-CDF sampling must draw each id with its probability and never an id of mass 0
+    # (the top-p mask zeroes the tail): a chi-square test at 40,000 draws per row.
+    probs = torch.tensor([[0.0, 0.1, 0.0, 0.2, 0.7], [0.5, 0.0, 0.0, 0.0, 0.5]])
+    n = 40_000
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([_next_token(probs.log(), 1.0, 1.0, gen) for _ in range(n)])  # (n, 2)
+    for row in range(2):
+        counts = torch.bincount(draws[:, row], minlength=5).double()
+        expected = probs[row].double() * n
+        assert counts[expected == 0].sum() == 0
+        chi2 = ((counts - expected)[expected > 0] ** 2 / expected[expected > 0]).sum()
+        assert chi2 < 16.3, (row, counts.tolist())  # p = 0.001 at up to 3 degrees of freedom
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
