@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -20,6 +21,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from conspo.forward import extend, prefill
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
 from conspo.tasks import Example, Task
+
+if TYPE_CHECKING:  # engines build on this module's sampler
+    from conspo.engines import Engine
 
 
 @dataclass
@@ -112,10 +116,10 @@ def sample(
             break
         logits = extend(model, state, tok[:, None], attn[:, : p + t + 1], offset=t)[:, -1]
     response = torch.stack(tokens, dim=1)  # (N, T')
-    return _finish(prompt_ids, prompt_mask, response, eos_id, pad_id)
+    return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
 
 
-def _finish(
+def finish_responses(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     response: torch.Tensor,
@@ -160,11 +164,14 @@ def generate_and_verify(
     temperature: float,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    engine: Engine | None = None,
 ) -> tuple[RolloutBatch, torch.Tensor]:
-    """Sample one response per example; returns the rollouts and their (N,) rewards on CPU."""
+    """Sample one response per example with ``engine`` (default: ``sample``); returns the
+    rollouts and their (N,) rewards on CPU."""
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
-    batch = sample(
+    sampler = sample if engine is None else engine.sample
+    batch = sampler(
         model,
         ids,
         mask,
@@ -190,12 +197,19 @@ def evaluate(
     pass_k: int,
     temperature: float,
     generator: torch.Generator | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, float]:
     """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature``)."""
     if not examples:
         return {EVAL_ACCURACY: float("nan"), EVAL_PASS_AT_K: float("nan")}
     _, greedy = generate_and_verify(
-        model, tokenizer, task, examples, max_new_tokens=max_new_tokens, temperature=0.0
+        model,
+        tokenizer,
+        task,
+        examples,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        engine=engine,
     )
     repeated = [ex for ex in examples for _ in range(pass_k)]
     _, sampled = generate_and_verify(
@@ -206,6 +220,7 @@ def evaluate(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         generator=generator,
+        engine=engine,
     )
     correct = sampled.view(len(examples), pass_k).sum(-1).long().tolist()
     pass_k_values = [pass_at_k(pass_k, c, pass_k) for c in correct]
