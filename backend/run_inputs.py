@@ -11,12 +11,18 @@ passes them to ``conspo.train``). The rules themselves are conspo's (``conspo.ac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib.util
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.orm import Session
 
+from backend import liveness
 from backend.config import Settings
+from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
 from conspo.registry import get_task
@@ -54,6 +60,69 @@ def refuse_unavailable(config: RunConfig, settings: Settings, loc: Loc) -> None:
     errors = [
         {"type": "value_error", "loc": (*loc, *where), "msg": message, "input": value}
         for where, message, value in problems(config, settings)
+    ]
+    if errors:
+        raise RequestValidationError(errors)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """An optional package that a config value needs."""
+
+    loc: Loc
+    value: str
+    module: str  # importable name (``importlib.util.find_spec``: nothing is imported)
+    alternative: str  # what to use instead
+    # Whether a worker row's capabilities (``worker.capabilities.probe``) include it.
+    advertised_by: Callable[[dict[str, Any]], bool]
+
+
+def requirements(config: RunConfig) -> list[Requirement]:
+    found = []
+    if config.sampling.engine == "vllm":
+        found.append(
+            Requirement(
+                ("sampling", "engine"),
+                "vllm",
+                "vllm",
+                "native or hf",
+                lambda caps: "vllm" in (caps.get("engines") or []),
+            )
+        )
+    if config.model.attn_implementation == "flash_attention_2":
+        found.append(
+            Requirement(
+                ("model", "attn_implementation"),
+                "flash_attention_2",
+                "flash_attn",
+                "sdpa",
+                lambda caps: bool(caps.get("flash_attn")),
+            )
+        )
+    return found
+
+
+def refuse_missing_software(
+    config: RunConfig, session: Session, settings: Settings, loc: Loc
+) -> None:
+    """A 422 at each field whose value needs a package that neither this process can import
+    nor any live worker advertises (a GPU worker may have vLLM where the API does not)."""
+    needed = [r for r in requirements(config) if importlib.util.find_spec(r.module) is None]
+    if not needed:
+        return
+    seen_after = utcnow() - timedelta(seconds=settings.worker_alive_s)
+    workers = [w.capabilities or {} for w in liveness.alive(session, seen_after)]
+    errors = [
+        {
+            "type": "value_error",
+            "loc": (*loc, *r.loc),
+            "msg": f"{r.value} needs the {r.module} package, which is not installed here nor on"
+            f" any live worker ({len(workers)} alive; /api/health lists what each has): install"
+            f" it where runs run, or use {r.alternative}",
+            "input": r.value,
+        }
+        for r in needed
+        if not any(r.advertised_by(caps) for caps in workers)
     ]
     if errors:
         raise RequestValidationError(errors)

@@ -46,6 +46,7 @@ def create(
     body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
+    run_inputs.refuse_missing_software(body.config, session, settings, ("body", "config"))
     run_inputs.refuse_unavailable(body.config, settings, ("body", "config"))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
@@ -120,6 +121,7 @@ def clone(
 ) -> dict[str, Any]:
     """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
     config = cloned_config(run, body.overrides)
+    run_inputs.refuse_missing_software(config, session, settings, ("body", "overrides"))
     run_inputs.refuse_unavailable(config, settings, ("body", "overrides"))
     tags = body.tags if body.tags is not None else list(run.tags or [])
     group_id, runs = lifecycle.queue_runs(
