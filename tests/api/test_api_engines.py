@@ -33,7 +33,7 @@ GPU_NODE = {"engines": ["native", "hf", "vllm"], "flash_attn": True, "torch": "2
 CPU_NODE = {"engines": ["native", "hf"], "flash_attn": False, "torch": "2.13", "cuda": None}
 
 needs_missing_packages = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None or importlib.util.find_spec("flash_attn") is not None,
+    any(importlib.util.find_spec(name) is not None for name in ("vllm", "flash_attn")),
     reason="the API process itself has vllm or flash_attn",
 )
 
