@@ -27,6 +27,7 @@ from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
 from conspo.registry import get_task
 from conspo.resources import (
+    MemoryEstimate,
     MemoryRefused,
     check_memory,
     dtype_bytes,
@@ -151,6 +152,39 @@ def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc
             yield ("task", "params", field), str(exc), name
 
 
+def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
+    """What the form shows beside its submit button: ``conspo.resources``' estimate of
+    ``config``, the limit a run may use here, whether it fits (what submitting would check),
+    and a line of text. The numbers are None when the model's dimensions are not readable here."""
+    limit = memory_limit(settings) or host_memory_bytes()
+    unknown = {"total_bytes": None, "parts": None, "limit_bytes": limit, "fits": None}
+    try:
+        source = model_sources(settings).locate(config.model.name)
+    except Unavailable as exc:
+        return {**unknown, "text": str(exc)}
+    dims = source_dims(source)
+    if dims is None:
+        return {**unknown, "text": f"{config.model.name}: dimensions not readable here"}
+    estimate = _estimate(config, dims)
+    try:
+        check_memory(estimate, limit)
+        fits, text = True, f"needs {estimate.describe()} of the {limit / 2**30:,.1f} GiB allowed"
+    except MemoryRefused as exc:
+        fits, text = False, str(exc)
+    parts = {
+        "state": estimate.state,
+        "sampling": estimate.sampling,
+        "evaluation": estimate.evaluation,
+        "update": estimate.update,
+    }
+    report = {"total_bytes": estimate.total, "parts": parts, "limit_bytes": limit}
+    return {**report, "fits": fits, "text": text}
+
+
+def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
+    return estimate_memory(config, dims, dtype_bytes(config.model.dtype, config.model.device))
+
+
 def _memory_problem(
     config: RunConfig, source: ModelSource, settings: Settings
 ) -> tuple[Loc, str, Any] | None:
@@ -160,8 +194,7 @@ def _memory_problem(
     dims = source_dims(source)
     if dims is None:
         return None
-    model = config.model
-    estimate = estimate_memory(config, dims, dtype_bytes(model.dtype, model.device))
+    estimate = _estimate(config, dims)
     try:
         check_memory(estimate, memory_limit(settings) or host_memory_bytes())
     except MemoryRefused as exc:

@@ -328,6 +328,7 @@ class Presets(BaseModel):
     models: list[NamedPreset]
     config_schema: dict[str, Any]
     defaults: dict[str, Any]
+    prompt_templates: dict[str, str] = Field(description="prompt.template's named templates.")
 
 
 class WorkerOut(BaseModel):

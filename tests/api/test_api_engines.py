@@ -153,3 +153,36 @@ def test_a_run_out_of_gpu_memory_fails_with_what_to_change(
         row = session.get(Run, run["id"])
         assert row is not None and row.attempt == 1 and row.worker_deaths == 0
     db.dispose()
+
+
+def test_the_memory_estimate_follows_the_config_and_agrees_with_submit(api: Api) -> None:
+    def report(config: dict[str, Any]) -> dict[str, Any]:
+        r = api.post("/api/runs/estimate", json={"config": config, "seeds": [0], "tags": []})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    small = report(tiny_config(1))
+    assert small["fits"] is True and small["total_bytes"] > 0
+    assert small["total_bytes"] == small["parts"]["state"] + max(
+        small["parts"][k] for k in ("sampling", "evaluation", "update")
+    )
+    assert small["text"].startswith("needs about")
+    bigger = report(tiny_config(1, sampling={**tiny_config(1)["sampling"], "group_size": 64}))
+    assert bigger["parts"]["sampling"] > small["parts"]["sampling"]
+    assert bigger["parts"]["state"] == small["parts"]["state"]
+    huge_sampling = {"prompts_per_step": 4096, "group_size": 256, "max_new_tokens": 32_768}
+    huge = tiny_config(1, sampling=huge_sampling)
+    refused = report(huge)
+    assert refused["fits"] is False and refused["total_bytes"] > refused["limit_bytes"]
+    assert "lower sampling.prompts_per_step" in refused["text"]
+    submitted = api.post("/api/runs", json={"config": huge})
+    assert any(e["loc"][:3] == ["body", "config", "sampling"] for e in errors_of(submitted))
+    unknown = report(tiny_config(1, model={"name": "no/such-model"}))
+    assert unknown["total_bytes"] is None and unknown["fits"] is None and unknown["text"]
+    invalid = api.post("/api/runs/estimate", json={"config": {"sampling": {"group_size": 1}}})
+    assert invalid.status_code == 422
+
+
+def errors_of(response: Any) -> list[dict[str, Any]]:
+    assert response.status_code == 422, response.text
+    return list(response.json()["detail"])

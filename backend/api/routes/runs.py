@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import String, cast, func, select
 
 from backend import lifecycle, run_inputs
@@ -52,6 +52,30 @@ def create(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
     return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+
+
+class EstimateRequest(BaseModel):
+    # The form sends its whole request (seeds, tags, name too): only the config matters here.
+    model_config = ConfigDict(extra="ignore")
+
+    config: RunConfig
+
+
+class MemoryReport(BaseModel):
+    total_bytes: int | None = Field(description="Estimated peak bytes of a step (None: unknown).")
+    parts: dict[str, int] | None = Field(
+        description="state (held all run) plus the largest of sampling, evaluation, update."
+    )
+    limit_bytes: int = Field(description="What a run may use here (CONSPO_MAX_RUN_MEMORY_GIB).")
+    fits: bool | None = Field(description="False: submitting this config is refused.")
+    text: str
+
+
+@router.post("/estimate", response_model=MemoryReport)
+def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
+    """The memory a run of ``config`` would need, by conspo.resources' estimate, and whether it
+    is under the limit that submitting checks. Nothing is stored."""
+    return run_inputs.memory_report(body.config, settings)
 
 
 @router.get("", response_model=RunList)
