@@ -156,7 +156,7 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
     """What the form shows beside its submit button: ``conspo.resources``' estimate of
     ``config``, the limit a run may use here, whether it fits (what submitting would check),
     and a line of text. The numbers are None when the model's dimensions are not readable here."""
-    limit = memory_limit(settings) or host_memory_bytes()
+    limit = report_limit(settings)
     unknown = {"total_bytes": None, "parts": None, "limit_bytes": limit, "fits": None}
     try:
         source = model_sources(settings).locate(config.model.name)
@@ -181,6 +181,11 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
     return {**report, "fits": fits, "text": text}
 
 
+def report_limit(settings: Settings) -> int:
+    """The limit submitting checks a config against: the setting, or this machine's memory."""
+    return memory_limit(settings) or host_memory_bytes()
+
+
 def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
     return estimate_memory(config, dims, dtype_bytes(config.model.dtype, config.model.device))
 
@@ -196,7 +201,7 @@ def _memory_problem(
         return None
     estimate = _estimate(config, dims)
     try:
-        check_memory(estimate, memory_limit(settings) or host_memory_bytes())
+        check_memory(estimate, report_limit(settings))
     except MemoryRefused as exc:
         value: Any = config.model_dump(mode="json")
         for key in exc.loc:

@@ -17,6 +17,7 @@ from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionD
 from backend.api.query import parse_ids
 from backend.models import Run
 from backend.schemas import (
+    FreeJSON,
     Label,
     RunClone,
     RunCreate,
@@ -58,7 +59,9 @@ class EstimateRequest(BaseModel):
     # The form sends its whole request (seeds, tags, name too): only the config matters here.
     model_config = ConfigDict(extra="ignore")
 
-    config: RunConfig
+    # Validated in the handler: a config still being typed gets a report, not a 422 (the form
+    # asks after every edit, and shows the field errors only when submitting).
+    config: FreeJSON
 
 
 class MemoryReport(BaseModel):
@@ -74,8 +77,21 @@ class MemoryReport(BaseModel):
 @router.post("/estimate", response_model=MemoryReport)
 def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
     """The memory a run of ``config`` would need, by conspo.resources' estimate, and whether it
-    is under the limit that submitting checks. Nothing is stored."""
-    return run_inputs.memory_report(body.config, settings)
+    is under the limit that submitting checks. Nothing is stored; an invalid config gets no
+    numbers and the first problem as its text."""
+    try:
+        config = RunConfig.model_validate(body.config)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return {
+            "total_bytes": None,
+            "parts": None,
+            "limit_bytes": run_inputs.report_limit(settings),
+            "fits": None,
+            "text": f"not a valid config yet ({where}: {first['msg']})",
+        }
+    return run_inputs.memory_report(config, settings)
 
 
 @router.get("", response_model=RunList)
