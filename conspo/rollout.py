@@ -4,7 +4,9 @@ The sampling loop is written out (``conspo.forward.prefill``, then one token per
 extends the KV cache)
 instead of calling ``model.generate``: for small models the per-token overhead of ``generate``'s
 logits processors, stopping criteria and cache bookkeeping dominates the forward itself.
-bench/throughput.py measures the difference.
+bench/throughput.py measures the difference. It is the ``native`` generation engine;
+``conspo.engines`` puts it beside ``generate`` (``hf``) and vLLM behind one interface, and
+evaluation samples through whichever ``sampling.engine`` names.
 
 Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens response positions.
 """

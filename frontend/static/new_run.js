@@ -74,6 +74,8 @@ const LABELS = {
   clip_high: "Clip ε high",
   loss_agg: "Loss aggregation",
   num_operands: "Operands",
+  lora: "LoRA adapters",
+  fields: "Dataset columns",
   rank: "LoRA rank r",
   alpha: "LoRA α",
   target_modules: "Target modules",
@@ -195,7 +197,8 @@ function groupHead(path, p, ...extra) {
   return h(
     "div.group-head",
     {},
-    h("label", { title: path }, LABELS[last] || p.title || last),
+    // Not p.title: for a nested model that is its class name (LoraConfig).
+    h("label", { title: path }, LABELS[last] || titleCase(last)),
     h("span.help", {}, p.description || ""),
     ...extra,
     h("span.err", { hidden: true }),
@@ -516,7 +519,7 @@ async function refreshEstimate() {
     box.textContent = `Memory: ${problem}`;
     box.title = "";
   } else if (report.total_bytes === null) {
-    box.textContent = "Memory: not estimable here";
+    box.textContent = `Memory: ${report.text}`; // an invalid config, or a model not readable here
     box.title = report.text;
   } else {
     const verdict = report.fits ? "" : " (over the limit: would be refused)";
