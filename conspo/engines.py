@@ -75,7 +75,8 @@ def _draw_seed(generator: torch.Generator | None) -> int:
 
 class HfEngine:
     """transformers' ``generate``: slower per token than ``native`` on small models, but any
-    model (and any cache implementation) that ``generate`` supports works."""
+    model (and any cache implementation) that ``generate`` supports works. ``group_size`` is
+    not used: ``generate`` prefills every row's prompt."""
 
     def sample(
         self,
