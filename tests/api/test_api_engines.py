@@ -6,22 +6,33 @@ change. Both databases."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from alembic import command
 from fastapi.testclient import TestClient
+from sqlalchemy import inspect, text
 
 from backend import liveness
 from backend.config import Settings
-from backend.db import Database
+from backend.db import Database, make_engine
 from backend.liveness import WorkerIdentity
 from backend.main import create_app
+from backend.migrate import alembic_config, migrate
 from backend.models import Run, Worker, utcnow
 from backend.queue import JobQueue, make_celery
-from tests.api.conftest import Api, make_tokens, tiny_config
+from tests.api.conftest import (
+    Api,
+    create_pg_database,
+    drop_pg_database,
+    make_tokens,
+    tiny_config,
+)
 from worker.tasks import execute_run
 
 pytestmark = pytest.mark.services
@@ -187,3 +198,32 @@ def test_the_memory_estimate_follows_the_config_and_agrees_with_submit(api: Api)
 def errors_of(response: Any) -> list[dict[str, Any]]:
     assert response.status_code == 422, response.text
     return list(response.json()["detail"])
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0005_existing_workers_advertise_nothing_and_runs_have_no_dtype(
+    dialect: str, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}" if dialect == "sqlite" else create_pg_database()
+    engine = make_engine(url)
+    try:
+        migrate(url, "0004")
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO workers VALUES ('h:1', 'h', 1, :now, :now)"),
+                {"now": datetime.now(UTC)},
+            )
+        migrate(url, "head")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT gpus, capabilities FROM workers")).one()
+            runs = {c["name"] for c in inspect(conn).get_columns("runs")}
+        assert [json.loads(v) if isinstance(v, str) else v for v in row] == [[], {}]
+        assert "dtype" in runs
+        command.downgrade(alembic_config(url), "0004")
+        with engine.connect() as conn:
+            assert "gpus" not in {c["name"] for c in inspect(conn).get_columns("workers")}
+            assert conn.execute(text("SELECT count(*) FROM workers")).scalar_one() == 1
+    finally:
+        engine.dispose()
+        if dialect == "postgresql":
+            drop_pg_database(url)
