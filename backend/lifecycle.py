@@ -270,13 +270,20 @@ def heartbeat(session: Session, run_id: int, attempt: int) -> Beat:
 
 
 def describe_attempt(
-    session: Session, run_id: int, attempt: int, *, device: str, total_steps: int
+    session: Session,
+    run_id: int,
+    attempt: int,
+    *,
+    device: str,
+    total_steps: int,
+    dtype: str | None = None,
 ) -> bool:
-    """Record where the attempt runs (no status change); False when it no longer owns the run."""
+    """Record where (and in what dtype) the attempt runs, no status change; False when it no
+    longer owns the run."""
     done = session.execute(
         update(Run)
         .where(*owned_by(run_id, attempt))
-        .values(device=device, total_steps=total_steps, updated_at=utcnow())
+        .values(device=device, dtype=dtype, total_steps=total_steps, updated_at=utcnow())
     )
     session.commit()
     return _rows(done) > 0

@@ -10,6 +10,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -21,11 +22,14 @@ FORGET_AFTER = timedelta(days=1)
 
 @dataclass(frozen=True)
 class WorkerIdentity:
-    """This process as a worker: ``host:pid`` (several workers may share a host)."""
+    """This process as a worker: ``host:pid`` (several workers may share a host), and what it
+    can run (``worker.capabilities.probe``)."""
 
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     started_at: datetime = field(default_factory=utcnow)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    capabilities: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -38,7 +42,15 @@ def mark_alive(session: Session, me: WorkerIdentity) -> None:
     renewed = session.execute(update(Worker).where(Worker.name == me.name).values(seen_at=now))
     if not renewed.rowcount:  # type: ignore[attr-defined]
         session.add(
-            Worker(name=me.name, host=me.host, pid=me.pid, started_at=me.started_at, seen_at=now)
+            Worker(
+                name=me.name,
+                host=me.host,
+                pid=me.pid,
+                started_at=me.started_at,
+                seen_at=now,
+                gpus=me.gpus,
+                capabilities=me.capabilities,
+            )
         )
     session.execute(delete(Worker).where(Worker.seen_at < now - FORGET_AFTER))
     session.commit()

@@ -11,7 +11,8 @@
   ``lifecycle.delete_run`` deletes the run row before its points.
 * ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
-* ``workers``: one row per live worker process, renewed by its reaper (``backend.liveness``).
+* ``workers``: one row per live worker process, renewed by its reaper (``backend.liveness``),
+  with the GPUs and optional packages it has.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ class Run(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     worker_host: Mapped[str | None] = mapped_column(String(200))
-    device: Mapped[str | None] = mapped_column(String(100))
+    device: Mapped[str | None] = mapped_column(String(100))  # e.g. "cuda:0 (NVIDIA H200)", "cpu"
+    dtype: Mapped[str | None] = mapped_column(String(20))  # the compute dtype, e.g. "bfloat16"
     error: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     external: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -232,3 +234,7 @@ class Worker(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # What it can run, probed at start (``worker.capabilities``): [{index, name, memory_bytes}]
+    # and {engines, flash_attn, torch, cuda}.
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")

@@ -11,16 +11,23 @@ passes them to ``conspo.train``). The rules themselves are conspo's (``conspo.ac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib.util
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.orm import Session
 
+from backend import liveness
 from backend.config import Settings
+from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
 from conspo.registry import get_task
 from conspo.resources import (
+    MemoryEstimate,
     MemoryRefused,
     check_memory,
     dtype_bytes,
@@ -59,6 +66,69 @@ def refuse_unavailable(config: RunConfig, settings: Settings, loc: Loc) -> None:
         raise RequestValidationError(errors)
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """An optional package that a config value needs."""
+
+    loc: Loc
+    value: str
+    module: str  # importable name (``importlib.util.find_spec``: nothing is imported)
+    alternative: str  # what to use instead
+    # Whether a worker row's capabilities (``worker.capabilities.probe``) include it.
+    advertised_by: Callable[[dict[str, Any]], bool]
+
+
+def requirements(config: RunConfig) -> list[Requirement]:
+    found = []
+    if config.sampling.engine == "vllm":
+        found.append(
+            Requirement(
+                ("sampling", "engine"),
+                "vllm",
+                "vllm",
+                "native or hf",
+                lambda caps: "vllm" in (caps.get("engines") or []),
+            )
+        )
+    if config.model.attn_implementation == "flash_attention_2":
+        found.append(
+            Requirement(
+                ("model", "attn_implementation"),
+                "flash_attention_2",
+                "flash_attn",
+                "sdpa",
+                lambda caps: bool(caps.get("flash_attn")),
+            )
+        )
+    return found
+
+
+def refuse_missing_software(
+    config: RunConfig, session: Session, settings: Settings, loc: Loc
+) -> None:
+    """A 422 at each field whose value needs a package that neither this process can import
+    nor any live worker advertises (a GPU worker may have vLLM where the API does not)."""
+    needed = [r for r in requirements(config) if importlib.util.find_spec(r.module) is None]
+    if not needed:
+        return
+    seen_after = utcnow() - timedelta(seconds=settings.worker_alive_s)
+    workers = [w.capabilities or {} for w in liveness.alive(session, seen_after)]
+    errors = [
+        {
+            "type": "value_error",
+            "loc": (*loc, *r.loc),
+            "msg": f"{r.value} needs the {r.module} package, which is not installed here nor on"
+            f" any live worker ({len(workers)} alive; /api/health lists what each has): install"
+            f" it where runs run, or use {r.alternative}",
+            "input": r.value,
+        }
+        for r in needed
+        if not any(r.advertised_by(caps) for caps in workers)
+    ]
+    if errors:
+        raise RequestValidationError(errors)
+
+
 def problems(config: RunConfig, settings: Settings) -> list[tuple[Loc, str, Any]]:
     """(location in the config, message, offending value) of each refusal."""
     found = list(_dataset_problems(config, data_files(settings)))
@@ -82,6 +152,44 @@ def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc
             yield ("task", "params", field), str(exc), name
 
 
+def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
+    """What the form shows beside its submit button: ``conspo.resources``' estimate of
+    ``config``, the limit a run may use here, whether it fits (what submitting would check),
+    and a line of text. The numbers are None when the model's dimensions are not readable here."""
+    limit = report_limit(settings)
+    unknown = {"total_bytes": None, "parts": None, "limit_bytes": limit, "fits": None}
+    try:
+        source = model_sources(settings).locate(config.model.name)
+    except Unavailable as exc:
+        return {**unknown, "text": str(exc)}
+    dims = source_dims(source)
+    if dims is None:
+        return {**unknown, "text": f"{config.model.name}: dimensions not readable here"}
+    estimate = _estimate(config, dims)
+    try:
+        check_memory(estimate, limit)
+        fits, text = True, f"needs {estimate.describe()} of the {limit / 2**30:,.1f} GiB allowed"
+    except MemoryRefused as exc:
+        fits, text = False, str(exc)
+    parts = {
+        "state": estimate.state,
+        "sampling": estimate.sampling,
+        "evaluation": estimate.evaluation,
+        "update": estimate.update,
+    }
+    report = {"total_bytes": estimate.total, "parts": parts, "limit_bytes": limit}
+    return {**report, "fits": fits, "text": text}
+
+
+def report_limit(settings: Settings) -> int:
+    """The limit submitting checks a config against: the setting, or this machine's memory."""
+    return memory_limit(settings) or host_memory_bytes()
+
+
+def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
+    return estimate_memory(config, dims, dtype_bytes(config.model.dtype, config.model.device))
+
+
 def _memory_problem(
     config: RunConfig, source: ModelSource, settings: Settings
 ) -> tuple[Loc, str, Any] | None:
@@ -91,10 +199,9 @@ def _memory_problem(
     dims = source_dims(source)
     if dims is None:
         return None
-    model = config.model
-    estimate = estimate_memory(config, dims, dtype_bytes(model.dtype, model.device))
+    estimate = _estimate(config, dims)
     try:
-        check_memory(estimate, memory_limit(settings) or host_memory_bytes())
+        check_memory(estimate, report_limit(settings))
     except MemoryRefused as exc:
         value: Any = config.model_dump(mode="json")
         for key in exc.loc:

@@ -126,7 +126,8 @@ class RunOut(BaseModel):
     finished_at: float | None
     heartbeat_at: float | None
     worker_host: str | None
-    device: str | None
+    device: str | None = Field(description='Where it trained, e.g. "cuda:0 (NVIDIA H200)", "cpu".')
+    dtype: str | None = Field(description="The compute dtype it trained in, e.g. bfloat16.")
     error: str | None
     summary: dict[str, float | None]
     external: bool
@@ -221,6 +222,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "heartbeat_at": _ts(run.heartbeat_at),
         "worker_host": run.worker_host,
         "device": run.device,
+        "dtype": run.dtype,
         "error": run.error,
         "summary": run.summary or {},
         "external": run.external,
@@ -326,6 +328,7 @@ class Presets(BaseModel):
     models: list[NamedPreset]
     config_schema: dict[str, Any]
     defaults: dict[str, Any]
+    prompt_templates: dict[str, str] = Field(description="prompt.template's named templates.")
 
 
 class WorkerOut(BaseModel):
@@ -333,6 +336,11 @@ class WorkerOut(BaseModel):
     host: str
     started_at: float
     seen_at: float = Field(description="When its reaper last marked it alive.")
+    gpus: list[dict[str, Any]] = Field(description="[{index, name, memory_bytes}]; [] on CPU.")
+    capabilities: dict[str, Any] = Field(
+        description="{engines: generation engines it can run, flash_attn: bool, torch: version,"
+        " cuda: version or null}, probed when it started."
+    )
 
 
 class Health(BaseModel):

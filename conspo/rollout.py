@@ -4,7 +4,9 @@ The sampling loop is written out (``conspo.forward.prefill``, then one token per
 extends the KV cache)
 instead of calling ``model.generate``: for small models the per-token overhead of ``generate``'s
 logits processors, stopping criteria and cache bookkeeping dominates the forward itself.
-bench/throughput.py measures the difference.
+bench/throughput.py measures the difference. It is the ``native`` generation engine;
+``conspo.engines`` puts it beside ``generate`` (``hf``) and vLLM behind one interface, and
+evaluation samples through whichever ``sampling.engine`` names.
 
 Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens response positions.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -20,6 +23,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from conspo.forward import extend, prefill
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
 from conspo.tasks import Example, Task
+
+if TYPE_CHECKING:  # engines build on this module's sampler
+    from conspo.engines import Engine
 
 
 @dataclass
@@ -126,10 +132,10 @@ def sample(
             break
         logits = extend(model, state, tok[:, None], attn[:, : p + t + 1], offset=t)[:, -1]
     response = torch.stack(tokens, dim=1)  # (N, T')
-    return _finish(prompt_ids, prompt_mask, response, eos_id, pad_id)
+    return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
 
 
-def _finish(
+def finish_responses(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     response: torch.Tensor,
@@ -174,11 +180,14 @@ def generate_and_verify(
     temperature: float,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    engine: Engine | None = None,
 ) -> tuple[RolloutBatch, torch.Tensor]:
-    """Sample one response per example; returns the rollouts and their (N,) rewards on CPU."""
+    """Sample one response per example with ``engine`` (default: ``sample``); returns the
+    rollouts and their (N,) rewards on CPU."""
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
-    batch = sample(
+    sampler = sample if engine is None else engine.sample
+    batch = sampler(
         model,
         ids,
         mask,
@@ -204,12 +213,19 @@ def evaluate(
     pass_k: int,
     temperature: float,
     generator: torch.Generator | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, float]:
     """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature``)."""
     if not examples:
         return {EVAL_ACCURACY: float("nan"), EVAL_PASS_AT_K: float("nan")}
     _, greedy = generate_and_verify(
-        model, tokenizer, task, examples, max_new_tokens=max_new_tokens, temperature=0.0
+        model,
+        tokenizer,
+        task,
+        examples,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        engine=engine,
     )
     repeated = [ex for ex in examples for _ in range(pass_k)]
     _, sampled = generate_and_verify(
@@ -220,6 +236,7 @@ def evaluate(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         generator=generator,
+        engine=engine,
     )
     correct = sampled.view(len(examples), pass_k).sum(-1).long().tolist()
     pass_k_values = [pass_at_k(pass_k, c, pass_k) for c in correct]

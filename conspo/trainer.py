@@ -34,6 +34,7 @@ from conspo import metrics as M
 from conspo.access import DataFiles
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from conspo.config import RunConfig
+from conspo.engines import Engine, make_engine
 from conspo.forward import token_logprobs
 from conspo.models import ModelStore, device_memory, load_pretrained, model_dims, pick_device
 from conspo.objectives import (
@@ -45,7 +46,7 @@ from conspo.objectives import (
 )
 from conspo.registry import get_objective
 from conspo.resources import check_memory, estimate_memory
-from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate, sample
+from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import separation_stats
 from conspo.tasks import Example, Task, make_task
@@ -71,6 +72,7 @@ class TrainState:
     task: Task
     eval_examples: list[Example]
     device: torch.device
+    engine: Engine  # generates rollouts and evaluation samples (sampling.engine)
     rollouts_seen: int = 0
 
 
@@ -172,6 +174,7 @@ def setup(
         task=task,
         eval_examples=task.eval_examples(cfg.task.eval_size),
         device=device,
+        engine=make_engine(cfg.sampling, path, dtype),
     )
 
 
@@ -233,6 +236,7 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         return None
     t_rollout = time.perf_counter() - t0
     stats, scores = update(state, rollouts, step)
+    state.engine.sync(state.model)
     t_step = time.perf_counter() - t0
     state.rollouts_seen += rollouts.generated
     floats = {
@@ -296,7 +300,7 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
     ids, mask = encode_prompts(state.tokenizer, [ex.prompt for ex in expanded], state.device)
     generator = torch.Generator(device=state.device).manual_seed(seed)
     state.model.eval()
-    batch = sample(
+    batch = state.engine.sample(
         state.model,
         ids,
         mask,
@@ -519,6 +523,7 @@ def run_eval(state: TrainState, step: int) -> dict[str, float]:
         pass_k=cfg.eval.pass_k,
         temperature=cfg.eval.temperature,
         generator=generator,
+        engine=state.engine,
     )
 
 

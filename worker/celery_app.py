@@ -7,7 +7,8 @@ Stale runs are recovered by a thread in every worker instead of celery beat: the
 process to deploy (embedded mode has exactly one worker), a restarted worker recovers the runs
 of the worker it replaces as soon as their heartbeats are stale, and the conditional updates in
 ``worker.reaper`` make several workers reaping at once harmless. The same thread renews the
-worker's row in ``workers`` (``backend.liveness``), which ``/api/health`` counts.
+worker's row in ``workers`` (``backend.liveness``), which ``/api/health`` counts; the row also
+holds the GPUs and optional packages the worker found at start (``worker.capabilities``).
 
 A warm shutdown (SIGTERM) stops the run in progress at its next step boundary and hands it back
 to the queue (``worker.shutdown``).
@@ -37,10 +38,15 @@ _reaper: Any = None
 @worker_ready.connect
 def _start_reaper(**_: Any) -> None:
     global _reaper
+    from backend.liveness import WorkerIdentity
+    from worker.capabilities import probe
     from worker.reaper import ReaperThread
     from worker.tasks import database
 
-    _reaper = ReaperThread(database(), JobQueue(celery_app, settings.queue), settings)
+    gpus, capabilities = probe()
+    log.info("worker capabilities: gpus=%s %s", gpus or "none", capabilities)
+    me = WorkerIdentity(gpus=gpus, capabilities=capabilities)
+    _reaper = ReaperThread(database(), JobQueue(celery_app, settings.queue), settings, me)
     _reaper.reap_once()  # recover what a dead predecessor left behind, before taking work
     _reaper.start()
 

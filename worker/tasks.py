@@ -7,7 +7,8 @@ claimed (or finished) and does nothing; a resumed attempt continues from the che
 How an attempt ends:
 
 * the trainer finished, or honoured a cancel request: ``finish`` (succeeded / cancelled);
-* the run raised: ``fail``, with the traceback;
+* the run raised: ``fail``, with the traceback; out of GPU memory, the message first says what
+  to change in the config (the run's own error: never retried);
 * the worker is shutting down (SIGTERM, ``worker.shutdown``): the trainer stops at the next
   step boundary and checkpoints, and ``release`` hands the run back to the queue;
 * the database stayed unreachable past ``db_retry_limit_s``: the run is not the culprit, so it
@@ -133,13 +134,44 @@ class Heartbeat(threading.Thread):
         self._done.set()
 
 
-def device_name(config: Any) -> str:
+def device_and_dtype(config: Any) -> tuple[str, str]:
+    """Where and in what dtype ``config`` trains here: ("cuda:0 (NVIDIA H200)", "bfloat16")."""
     import torch
 
-    want = config.model.device
-    if want != "cpu" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-    return "cpu"
+    from conspo.models import pick_device
+
+    device, dtype = pick_device(config.model)
+    name = "cpu"
+    if device.type == "cuda":
+        index = torch.cuda.current_device()
+        name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return name, str(dtype).removeprefix("torch.")
+
+
+OUT_OF_MEMORY_ADVICE = (
+    "lower sampling.prompts_per_step, sampling.group_size or sampling.max_new_tokens, raise"
+    " optim.mini_batches or set optim.micro_batch_tokens, turn on"
+    " model.gradient_checkpointing, train LoRA adapters (model.lora.rank), or pick a smaller"
+    " model"
+)
+
+
+def out_of_memory_message(exc: BaseException) -> str | None:
+    """The first line of a run's error when ``exc`` is running out of device memory, else None.
+
+    ``conspo.resources.OutOfMemory`` already says what to change; torch's own error does not.
+    """
+    import torch
+
+    from conspo import resources
+
+    ours = getattr(resources, "OutOfMemory", None)
+    if ours is not None and isinstance(exc, ours):
+        return str(exc)
+    if isinstance(exc, torch.OutOfMemoryError):
+        first = str(exc).split("\n", 1)[0]
+        return f"out of device memory ({first}); {OUT_OF_MEMORY_ADVICE}"
+    return None
 
 
 class Ending(Enum):
@@ -177,6 +209,7 @@ def execute_run(
         outcome = train_attempt(db, settings, run, heartbeat, outage, shutdown)
     finally:
         heartbeat.finish()
+        _free_device_memory()
     return record(db, jobs, settings, run, outcome, outage, shutdown)
 
 
@@ -196,10 +229,10 @@ def train_attempt(
     sink = DbSink(db, run.id, run.attempt, outage=outage)
     try:
         config = RunConfig.model_validate(run.config)
-        device = device_name(config)
+        device, dtype = device_and_dtype(config)
         outage.call(
             f"run {run.id}: describe the attempt",
-            lambda: _describe(db, run, device, config.steps),
+            lambda: _describe(db, run, device, dtype, config.steps),
         )
         workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -223,6 +256,8 @@ def train_attempt(
             log.error("run %s: %s; handing the run back", run.id, short(exc))
             return Outcome(Ending.RELEASE)
         error = traceback.format_exc()[-20_000:]
+        if (oom := out_of_memory_message(exc)) is not None:
+            error = f"{oom}\n\n{error}"
         log.error("run %s failed:\n%s", run.id, error)
         _flush_quietly(sink)
         return Outcome(Ending.FINISH, RunStatus.failed, error)
@@ -242,10 +277,10 @@ def _why_stopped(heartbeat: Heartbeat, shutdown: Interrupt) -> Outcome:
     return Outcome(Ending.FINISH, RunStatus.cancelled)
 
 
-def _describe(db: Database, run: Run, device: str, total_steps: int) -> None:
+def _describe(db: Database, run: Run, device: str, dtype: str, total_steps: int) -> None:
     with db.session() as session:
         lifecycle.describe_attempt(
-            session, run.id, run.attempt, device=device, total_steps=total_steps
+            session, run.id, run.attempt, device=device, dtype=dtype, total_steps=total_steps
         )
 
 
@@ -310,6 +345,18 @@ def _send_quietly(session: Any, jobs: JobQueue, run_id: int) -> None:
         lifecycle.send(session, jobs, run_id)
     except lifecycle.QueueUnavailable:
         log.warning("run %s: released but not sent; a reaper will send it", run_id)
+
+
+def _free_device_memory() -> None:
+    """Return the finished attempt's cached GPU memory, so that the next run on this worker (after
+    an out-of-memory one above all) starts with the whole device."""
+    import gc
+
+    import torch
+
+    gc.collect()  # tensors held in reference cycles (a failed attempt's frames) go first
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _flush_quietly(sink: DbSink) -> None:

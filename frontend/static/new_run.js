@@ -1,6 +1,10 @@
 // New-run form, rendered from GET /api/presets (RunConfig's JSON schema and the params_schema of
 // each algorithm and task), submitted with fetch to POST /api/runs. A 422 puts each message next
 // to the field its `loc` names; the form is never reloaded, so what the user typed stays.
+// Sub-objects (model.lora) render as nested field groups, lists of objects (eval.benchmarks) as
+// rows to add and remove, lists of strings as comma-separated text; every input's name is its dot
+// path in the request, array indices included (config.eval.benchmarks.0.path), which is also the
+// `loc` of a 422 about it. Beside the submit button, POST /api/runs/estimate's memory estimate.
 import { ApiError, errorText, get, post } from "/static/api.js";
 import { $, $$, debounce, h } from "/static/util.js";
 
@@ -32,15 +36,27 @@ const typed = {}; // kind → entry name → {param: typed value}, so switching 
 // Which RunConfig sections are shown openly, and which go under "Advanced".
 const SECTIONS = [
   { key: "task", title: "Task", params: "task" }, // the task's own parameters go in its section
+  { key: "prompt", title: "Prompt" },
   { key: "model", title: "Model" },
   { key: "sampling", title: "Sampling" },
   { key: "optim", title: "Optimiser" },
 ];
 const ADVANCED = [
-  { key: "eval", title: "Evaluation" },
+  { title: "Precision and memory", keys: ["model", "sampling", "optim"], advanced: true },
+  { key: "eval", title: "Evaluation and benchmarks" },
   { key: "checkpoint", title: "Checkpoints" },
   { key: "logging", title: "Logging" },
 ];
+// Fields of the open sections that are rarely changed: shown under Advanced instead.
+const ADVANCED_FIELDS = new Set([
+  "model.dtype",
+  "model.mixed_precision",
+  "model.device",
+  "model.attn_implementation",
+  "model.gradient_checkpointing",
+  "sampling.vllm_memory_fraction",
+  "optim.micro_batch_tokens",
+]);
 
 // Friendlier labels than pydantic's auto titles, where those read badly.
 const LABELS = {
@@ -58,6 +74,14 @@ const LABELS = {
   clip_high: "Clip ε high",
   loss_agg: "Loss aggregation",
   num_operands: "Operands",
+  lora: "LoRA adapters",
+  fields: "Dataset columns",
+  rank: "LoRA rank r",
+  alpha: "LoRA α",
+  target_modules: "Target modules",
+  attn_implementation: "Attention",
+  vllm_memory_fraction: "vLLM memory fraction",
+  micro_batch_tokens: "Micro-batch tokens",
 };
 
 function resolve(prop) {
@@ -140,19 +164,138 @@ function entryOptions(kind) {
   return REGISTRIES[kind].entries().map((e) => ({ value: e.name, label: e.name, title: e.description }));
 }
 
-function sectionFields(sectionKey, values) {
+/** The fields of a RunConfig section; `advanced` picks those of ADVANCED_FIELDS, else the rest. */
+function sectionFields(sectionKey, values, advanced = false) {
   const def = resolve(schema.properties[sectionKey]);
   return Object.entries(def.properties || {}).flatMap(([name, prop]) => {
     const path = `config.${sectionKey}.${name}`;
     const v = values ? values[name] : undefined;
     if (name === "params") return []; // rendered by paramsBox from the chosen entry's schema
+    if (ADVANCED_FIELDS.has(`${sectionKey}.${name}`) !== advanced) return [];
     const kind = kindOfSelect(path);
     if (kind) return field(path, prop, v, { label: titleCase(kind), options: entryOptions(kind) });
     if (sectionKey === "model" && name === "name") {
       return field(path, prop, v, { label: "Model", list: "model-list", wide: false });
     }
-    return field(path, prop, v);
+    return anyField(path, prop, v);
   });
+}
+
+/** The input(s) for a property of any shape: sub-object, list, prompt template or plain field. */
+function anyField(path, rawProp, value) {
+  const p = resolve(rawProp);
+  const items = p.type === "array" ? resolve(p.items) : null;
+  if (path === "config.prompt.template") return templateField(path, p, value);
+  if (p.type === "object" && p.properties) return subObject(path, p, value);
+  if (items?.type === "object") return objectList(path, p, items, value);
+  if (items) return field(path, { ...p, type: "list" }, (value || []).join(", "));
+  return field(path, rawProp, value);
+}
+
+function groupHead(path, p, ...extra) {
+  const last = path.split(".").pop();
+  return h(
+    "div.group-head",
+    {},
+    // Not p.title: for a nested model that is its class name (LoraConfig).
+    h("label", { title: path }, LABELS[last] || titleCase(last)),
+    h("span.help", {}, p.description || ""),
+    ...extra,
+    h("span.err", { hidden: true }),
+  );
+}
+
+/** A nested object (model.lora, a benchmark's fields mapping): its own fields, grouped. */
+function subObject(path, p, value) {
+  const values = value || {};
+  return h(
+    "fieldset.field.wide.group",
+    { "data-field": path },
+    groupHead(path, p),
+    h(
+      "div.fields",
+      {},
+      Object.entries(p.properties).map(([k, prop]) => anyField(`${path}.${k}`, prop, valueOr(values, k, prop))),
+    ),
+  );
+}
+
+/** A list of objects (eval.benchmarks): one row of fields per item, rows added and removed. */
+function objectList(path, p, items, value) {
+  const rows = h("div.rows");
+  const box = h("div.field.wide.group", { "data-field": path, "data-list": "1" });
+  const renderRows = (list) => {
+    rows.replaceChildren(
+      ...list.map((item, i) => {
+        const rowPath = `${path}.${i}`;
+        const remove = h("button.btn.btn-sm", { type: "button", "data-remove": rowPath }, "Remove");
+        remove.addEventListener("click", () => {
+          renderRows(currentItems().filter((_, j) => j !== i));
+          formChanged();
+        });
+        return h(
+          "div.list-row",
+          { "data-field": rowPath },
+          h(
+            "div.fields",
+            {},
+            Object.entries(items.properties).map(([k, prop]) => anyField(`${rowPath}.${k}`, prop, valueOr(item, k, prop))),
+          ),
+          remove,
+        );
+      }),
+    );
+  };
+  const currentItems = () => collect(path) || [];
+  const add = h("button.btn.btn-sm", { type: "button", "data-add": path }, `Add ${singular(path)}`);
+  add.addEventListener("click", () => {
+    renderRows([...currentItems(), {}]);
+    formChanged();
+  });
+  renderRows(value || []);
+  box.append(groupHead(path, p), rows, add);
+  return box;
+}
+
+// A new list row (or a nested object the config lacks) starts from the schema's defaults.
+const valueOr = (values, key, prop) => values?.[key] ?? resolve(prop).default;
+
+const singular = (path) => path.split(".").pop().replace(/s$/, "");
+
+/** prompt.template: a select of the named templates plus "custom", whose text is edited below. */
+function templateField(path, p, value) {
+  const named = presets.prompt_templates || {};
+  const isNamed = value in named;
+  const text = h("textarea", {
+    id: "f-prompt-template",
+    name: path,
+    "data-type": "string",
+    rows: 3,
+    spellcheck: "false",
+    hidden: isNamed || null,
+  });
+  text.value = value ?? "";
+  const choice = h(
+    "select#f-prompt-template-choice",
+    {},
+    [...Object.keys(named), "custom"].map((n) => h("option", { value: n, title: named[n] || null }, n)),
+  );
+  choice.value = isNamed ? value : "custom";
+  choice.addEventListener("change", () => {
+    const custom = choice.value === "custom";
+    // A custom template starts from the text of the named one it replaces.
+    text.value = custom ? (named[text.value] ?? text.value) : choice.value;
+    text.hidden = !custom;
+  });
+  return h(
+    "div.field.wide",
+    { "data-field": path },
+    h("label", { for: "f-prompt-template-choice", title: path }, "Template"),
+    choice,
+    text,
+    h("span.help", {}, p.description || ""),
+    h("span.err", { hidden: true }),
+  );
 }
 
 const titleCase = (text) => text[0].toUpperCase() + text.slice(1);
@@ -256,13 +399,17 @@ function render(config, extra = {}) {
   const adv = h(
     "details.adv",
     { open: extra.openAdvanced || null },
-    h("summary", {}, "Advanced: evaluation, checkpoints, logging"),
+    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, checkpoints, logging"),
     ADVANCED.map((s) =>
       h(
         "div.form-section",
-        { "data-section": s.key },
+        { "data-section": s.key || null },
         h("h3", {}, s.title),
-        h("div.fields", {}, sectionFields(s.key, config[s.key])),
+        h(
+          "div.fields",
+          {},
+          (s.keys || [s.key]).flatMap((k) => sectionFields(k, config[k], Boolean(s.advanced))),
+        ),
       ),
     ),
   );
@@ -272,7 +419,7 @@ function render(config, extra = {}) {
     presets.models.map((m) => h("option", { value: m.name }, m.description)),
   );
   $("#form-body").replaceChildren(top, params, ...sections, adv, models);
-  updatePreview();
+  formChanged();
 }
 
 function rememberParams(kind) {
@@ -296,25 +443,35 @@ function readValue(el) {
   if (el.type === "checkbox") return el.checked;
   const text = el.value.trim();
   const type = el.dataset.type;
+  if (type === "list") return text.split(",").map((t) => t.trim()).filter(Boolean);
   if (text === "") return el.dataset.nullable ? null : undefined;
   if (type === "integer" && /^[+-]?\d+$/.test(text)) return Number(text);
   if (type === "number" && text !== "" && Number.isFinite(Number(text))) return Number(text);
   return text;
 }
 
+/** Set obj[parts...] = value; a numeric part indexes an array (eval.benchmarks.0.path). */
 function setPath(obj, parts, value) {
   let cur = obj;
-  for (const p of parts.slice(0, -1)) cur = cur[p] ??= {};
+  parts.slice(0, -1).forEach((p, i) => {
+    cur = cur[p] ??= /^\d+$/.test(parts[i + 1]) ? [] : {};
+  });
   cur[parts[parts.length - 1]] = value;
 }
 
-function buildRequest() {
-  const config = {};
-  for (const el of $$("#form-body [name^='config.']")) {
+/** The value the inputs under dot path `prefix` spell (an object, an array or a scalar). */
+function collect(prefix) {
+  const root = {};
+  for (const el of $$("#form-body [name]")) {
+    if (el.name !== prefix && !el.name.startsWith(`${prefix}.`)) continue;
     const v = readValue(el);
-    if (v === undefined) continue;
-    setPath(config, el.name.split(".").slice(1), v);
+    if (v !== undefined) setPath(root, el.name.split("."), v);
   }
+  return prefix.split(".").reduce((cur, p) => cur?.[p], root);
+}
+
+function buildRequest() {
+  const config = collect("config") || {};
   config.params ??= {};
   const seedsText = $("[name='seeds']").value.trim();
   let seeds = null;
@@ -338,6 +495,45 @@ function updatePreview() {
   $("#preview").textContent = `POST /api/runs\n${JSON.stringify(req, null, 2)}`;
   const n = req.seeds ? req.seeds.length : 1;
   $("#submit-btn").textContent = n > 1 ? `Start ${n} runs` : "Start run";
+}
+
+let estimateSeq = 0;
+
+const GIB = 2 ** 30;
+const gib = (n) => `${(n / GIB).toLocaleString(undefined, { maximumFractionDigits: n < GIB ? 3 : 1 })} GiB`;
+
+/** Ask the server for the config's memory estimate; red when submitting would be refused. */
+async function refreshEstimate() {
+  const seq = ++estimateSeq;
+  const box = $("#estimate");
+  let report = null;
+  let problem = null;
+  try {
+    report = await post("/api/runs/estimate", buildRequest());
+  } catch (err) {
+    problem = err instanceof ApiError && err.status === 422 ? "fix the fields above to estimate" : errorText(err);
+  }
+  if (seq !== estimateSeq) return; // a later edit's answer wins
+  box.classList.toggle("over", report?.fits === false);
+  if (problem) {
+    box.textContent = `Memory: ${problem}`;
+    box.title = "";
+  } else if (report.total_bytes === null) {
+    box.textContent = `Memory: ${report.text}`; // an invalid config, or a model not readable here
+    box.title = report.text;
+  } else {
+    const verdict = report.fits ? "" : " (over the limit: would be refused)";
+    box.textContent = `Memory ≈ ${gib(report.total_bytes)} of ${gib(report.limit_bytes)}${verdict}`;
+    box.title = report.text;
+  }
+  box.dataset.totalBytes = report?.total_bytes ?? "";
+}
+
+const refreshEstimateSoon = debounce(refreshEstimate, 300);
+
+function formChanged() {
+  updatePreview();
+  refreshEstimateSoon();
 }
 
 function clearErrors() {
@@ -457,13 +653,13 @@ async function init() {
 
 const form = $("#run-form");
 form.addEventListener("submit", submit);
-form.addEventListener("input", debounce(updatePreview, 150));
+form.addEventListener("input", debounce(formChanged, 150));
 form.addEventListener("change", (ev) => {
   const kind = kindOfSelect(ev.target.name);
   if (kind) switchEntry(kind, ev.target.value);
   const f = ev.target.closest(".field.has-error");
   if (f) f.classList.remove("has-error");
-  updatePreview();
+  formChanged();
 });
 $("#reset-btn").addEventListener("click", () => {
   for (const k of Object.keys(typed)) delete typed[k];

@@ -285,6 +285,7 @@ function renderRun() {
     metaItem("heartbeat", run.heartbeat_at ? fmtAgo(run.heartbeat_at) : "–", fmtTime(run.heartbeat_at)),
     metaItem("worker host", run.worker_host || "–"),
     metaItem("device", run.device || "–"),
+    metaItem("dtype", run.dtype || "–"),
     metaItem("kind", run.external ? "external (logged over HTTP)" : "queued job"),
   );
   const err = $("#run-error");

@@ -5,7 +5,7 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import TaskConfig
-from conspo.rollout import _finish, _next_token, evaluate, pass_at_k, sample
+from conspo.rollout import _next_token, evaluate, finish_responses, pass_at_k, sample
 from conspo.tasks import make_task
 
 EOS, PAD = 1, 0
@@ -13,7 +13,8 @@ EOS, PAD = 1, 0
 
 def test_finish_masks_include_eos_and_zero_the_padding():
     response = torch.tensor([[5, 6, EOS, 7, 8], [5, EOS, EOS, 9, 9], [5, 6, 7, 8, 9]])
-    out = _finish(torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2), response, EOS, PAD)
+    prompt_ids, prompt_mask = torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2)
+    out = finish_responses(prompt_ids, prompt_mask, response, EOS, PAD)
     assert out.response_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
     assert out.lengths.tolist() == [3, 2, 5]
     assert out.truncated.tolist() == [False, False, True]

@@ -324,6 +324,70 @@ def test_submit_form_lands_on_run_page_and_charts_fill_live(
     assert page.input_value('[name="tags"]') == "ui-form"
 
 
+def test_form_submits_lora_a_benchmark_and_a_prompt_and_shows_the_estimate(
+    page: Any, ui_server: Any
+) -> None:
+    bench = ui_server.data_dir / "datasets" / f"ui-bench-{uuid.uuid4().hex[:6]}.jsonl"
+    bench.parent.mkdir(parents=True, exist_ok=True)
+    bench.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": "2+3=", "answer": "5"}\n')
+    page.problems.allow_http_error(422, "/api/runs")
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.model.lora.rank"]')
+    fill_small_run(page, "ui-lora-bench")  # opens Advanced
+    estimate = page.locator("#estimate")
+    wait_until(page, lambda: "Memory ≈" in estimate.inner_text(), what="the memory estimate")
+    small = int(estimate.get_attribute("data-total-bytes"))
+    page.fill('[name="config.sampling.group_size"]', "64")
+    wait_until(
+        page,
+        lambda: int(estimate.get_attribute("data-total-bytes") or 0) > small,
+        what="a larger estimate for G=64",
+    )
+    page.fill('[name="config.sampling.group_size"]', "2")
+    wait_until(page, lambda: int(estimate.get_attribute("data-total-bytes") or 0) == small)
+    assert "over" not in (estimate.get_attribute("class") or "")
+
+    page.fill('[name="config.model.lora.rank"]', "8")
+    page.fill('[name="config.model.lora.target_modules"]', "q_proj, v_proj")
+    page.select_option("#f-prompt-template-choice", "boxed")
+    page.select_option('[name="config.sampling.engine"]', "hf")
+    page.click('[data-add="config.eval.benchmarks"]')
+    page.click('[data-add="config.eval.benchmarks"]')
+    page.fill('[name="config.eval.benchmarks.0.name"]', "mini")
+    page.fill('[name="config.eval.benchmarks.0.k"]', "2")
+    page.fill('[name="config.eval.benchmarks.0.fields.answer"]', "answer")
+    page.fill('[name="config.eval.benchmarks.1.name"]', "dropped")
+    page.click('[data-remove="config.eval.benchmarks.1"]')
+    assert page.locator('[name="config.eval.benchmarks.1.name"]').count() == 0
+    # The path is still empty: the 422 lands next to the benchmark row's path field.
+    page.click("#submit-btn")
+    path_field = page.locator('[data-field="config.eval.benchmarks.0.path"]')
+    wait_until(page, lambda: "has-error" in (path_field.get_attribute("class") or ""))
+    assert page.input_value('[name="config.eval.benchmarks.0.name"]') == "mini"
+    page.fill('[name="config.eval.benchmarks.0.path"]', str(bench))
+    page.click("#submit-btn")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
+    config = run["config"]
+    assert config["model"]["lora"] == {
+        "rank": 8,
+        "alpha": 32.0,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+    }
+    assert config["eval"]["benchmarks"] == [
+        {
+            "name": "mini",
+            "path": str(bench),
+            "k": 2,
+            "limit": None,
+            "fields": {"question": "auto", "answer": "answer", "solution": None},
+        }
+    ]
+    assert config["prompt"]["template"] == "boxed" and config["sampling"]["engine"] == "hf"
+    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+
+
 def test_several_seeds_submit_a_group_and_open_compare(page: Any, ui_server: Any) -> None:
     page.goto(f"{ui_server.url}/runs/new")
     page.wait_for_selector('[name="config.params.tau"]')

@@ -130,4 +130,6 @@ def _worker_out(worker: Worker) -> dict[str, Any]:
         "host": worker.host,
         "started_at": worker.started_at.timestamp(),
         "seen_at": worker.seen_at.timestamp(),
+        "gpus": worker.gpus or [],
+        "capabilities": worker.capabilities or {},
     }

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from backend.schemas import Presets
-from conspo.config import RunConfig
+from conspo.config import PROMPT_TEMPLATES, RunConfig
 from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import OBJECTIVES, TASKS, Registry
 
@@ -25,6 +25,7 @@ def presets() -> dict[str, Any]:
         "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],
         "config_schema": RunConfig.model_json_schema(),
         "defaults": RunConfig.model_validate({}).model_dump(mode="json"),
+        "prompt_templates": PROMPT_TEMPLATES,
     }
 
 

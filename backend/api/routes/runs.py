@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import String, cast, func, select
 
 from backend import lifecycle, run_inputs
@@ -17,6 +17,7 @@ from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionD
 from backend.api.query import parse_ids
 from backend.models import Run
 from backend.schemas import (
+    FreeJSON,
     Label,
     RunClone,
     RunCreate,
@@ -46,11 +47,51 @@ def create(
     body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
+    run_inputs.refuse_missing_software(body.config, session, settings, ("body", "config"))
     run_inputs.refuse_unavailable(body.config, settings, ("body", "config"))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
     return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+
+
+class EstimateRequest(BaseModel):
+    # The form sends its whole request (seeds, tags, name too): only the config matters here.
+    model_config = ConfigDict(extra="ignore")
+
+    # Validated in the handler: a config still being typed gets a report, not a 422 (the form
+    # asks after every edit, and shows the field errors only when submitting).
+    config: FreeJSON
+
+
+class MemoryReport(BaseModel):
+    total_bytes: int | None = Field(description="Estimated peak bytes of a step (None: unknown).")
+    parts: dict[str, int] | None = Field(
+        description="state (held all run) plus the largest of sampling, evaluation, update."
+    )
+    limit_bytes: int = Field(description="What a run may use here (CONSPO_MAX_RUN_MEMORY_GIB).")
+    fits: bool | None = Field(description="False: submitting this config is refused.")
+    text: str
+
+
+@router.post("/estimate", response_model=MemoryReport)
+def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
+    """The memory a run of ``config`` would need, by conspo.resources' estimate, and whether it
+    is under the limit that submitting checks. Nothing is stored; an invalid config gets no
+    numbers and the first problem as its text."""
+    try:
+        config = RunConfig.model_validate(body.config)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return {
+            "total_bytes": None,
+            "parts": None,
+            "limit_bytes": run_inputs.report_limit(settings),
+            "fits": None,
+            "text": f"not a valid config yet ({where}: {first['msg']})",
+        }
+    return run_inputs.memory_report(config, settings)
 
 
 @router.get("", response_model=RunList)
@@ -120,6 +161,7 @@ def clone(
 ) -> dict[str, Any]:
     """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
     config = cloned_config(run, body.overrides)
+    run_inputs.refuse_missing_software(config, session, settings, ("body", "overrides"))
     run_inputs.refuse_unavailable(config, settings, ("body", "overrides"))
     tags = body.tags if body.tags is not None else list(run.tags or [])
     group_id, runs = lifecycle.queue_runs(
