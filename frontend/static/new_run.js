@@ -239,7 +239,9 @@ function objectList(path, p, items, value) {
           h(
             "div.fields",
             {},
-            Object.entries(items.properties).map(([k, prop]) => anyField(`${rowPath}.${k}`, prop, valueOr(item, k, prop))),
+            Object.entries(items.properties).map(([k, prop]) =>
+              anyField(`${rowPath}.${k}`, prop, valueOr(item, k, prop)),
+            ),
           ),
           remove,
         );
@@ -443,7 +445,11 @@ function readValue(el) {
   if (el.type === "checkbox") return el.checked;
   const text = el.value.trim();
   const type = el.dataset.type;
-  if (type === "list") return text.split(",").map((t) => t.trim()).filter(Boolean);
+  if (type === "list")
+    return text
+      .split(",")
+      .map((t) => t.trim())
+      .filter(Boolean);
   if (text === "") return el.dataset.nullable ? null : undefined;
   if (type === "integer" && /^[+-]?\d+$/.test(text)) return Number(text);
   if (type === "number" && text !== "" && Number.isFinite(Number(text))) return Number(text);
