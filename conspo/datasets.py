@@ -28,7 +28,7 @@ from conspo.tasks.answers import reference_answer
 from conspo.tasks.base import Example
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict
+    from datasets import Dataset, DatasetDict  # type: ignore[import-untyped]
 
 QUESTION_COLUMNS = ("problem", "question", "prompt", "query")
 ANSWER_COLUMNS = ("answer", "final_answer", "reward_model.ground_truth")
@@ -83,7 +83,7 @@ def load_dataset_file(
                 f"{name}: a directory that is neither a save_to_disk dataset nor holds .parquet"
                 " files"
             )
-        return Dataset.from_parquet(shards, cache_dir=cache, keep_in_memory=True)  # type: ignore[return-value]
+        return Dataset.from_parquet(shards, cache_dir=cache, keep_in_memory=True)
 
 
 def _split(name: str, splits: DatasetDict, wanted: tuple[str, ...]) -> Dataset:
@@ -106,7 +106,7 @@ def _load_file(name: str, real: Path, cache: str) -> Dataset:
         if kind == "arrow":
             return Dataset.from_file(str(real), in_memory=True)
         reader = Dataset.from_parquet if kind == "parquet" else Dataset.from_json
-        return reader(str(real), cache_dir=cache, keep_in_memory=True)  # type: ignore[return-value]
+        return reader(str(real), cache_dir=cache, keep_in_memory=True)
     except Exception as exc:  # pyarrow's and datasets' many parse errors
         raise ValueError(
             f"{name}: not a readable {kind} file ({type(exc).__name__}: {exc})"

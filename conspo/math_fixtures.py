@@ -73,7 +73,7 @@ def fixture_sets() -> dict[str, list[dict[str, Any]]]:
     """Every fixture set by name, each drawn from its own seed (so each is stable alone)."""
     return {
         "gsm8k": [gsm8k_row(rng) for rng in [random.Random(1)] for _ in range(200)],
-        "math": [math_row(rng, i) for rng in [random.Random(2)] for i in range(150)],
+        "math": math_problems(),
         "benchmark": [benchmark_row(rng) for rng in [random.Random(3)] for _ in range(40)],
         "easy": easy_problems(),
     }
@@ -83,3 +83,15 @@ def easy_problems(n: int = 400) -> list[dict[str, Any]]:
     """One-step a+b / a-b word problems with answers 0..18 (tiny-chat-math's warm start)."""
     rng = random.Random(4)
     return [easy_row(rng) for _ in range(n)]
+
+
+def math_problems(n: int = 150) -> list[dict[str, Any]]:
+    """MATH-style problems, each problem text once (so no split shares a problem)."""
+    rng = random.Random(2)
+    by_problem: dict[str, dict[str, Any]] = {}
+    i = 0
+    while len(by_problem) < n:
+        row = math_row(rng, i)
+        by_problem.setdefault(row["problem"], row)
+        i += 1
+    return list(by_problem.values())
