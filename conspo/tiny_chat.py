@@ -16,6 +16,7 @@ import math
 import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -67,9 +68,11 @@ def build_chat_tokenizer() -> Qwen2Tokenizer:
     )
     bpe.train_from_iterator(tokenizer_corpus(), trainer)
     learned = json.loads(bpe.to_str())["model"]
+    # Pairs, as tokenizers' BPE takes them (Qwen2Tokenizer's annotation says list[str]).
+    merges: Any = [tuple(m) for m in learned["merges"]]
     return Qwen2Tokenizer(
         vocab=learned["vocab"],
-        merges=[" ".join(m) for m in learned["merges"]],
+        merges=merges,
         eos_token=IM_END,  # generation stops at the end of the assistant's turn
         pad_token=ENDOFTEXT,
         unk_token=None,  # type: ignore[arg-type]  # byte-level BPE: every byte has a token
