@@ -6,7 +6,8 @@ eval.top_p; ``eval/<name>/avg@k`` is the mean correctness over all samples and p
 ``eval/<name>/pass@k`` the mean unbiased pass@k (``conspo.rollout.pass_at_k``), with the actual k
 in the key (eval/math500/avg@16). Answers are verified as in the math task.
 
-``eval.best_metric``: after an evaluation where it improves (its direction is the catalogue's
+``eval.best_metric`` (one of the keys an evaluation logs: the config refuses any other): after an
+evaluation where it improves (its direction is the catalogue's
 ``better``, higher by default), the model of that step is saved as ``checkpoints/best/`` (apart
 from the step_* rotation) with ``best.json`` holding {step, metric, value}.
 """
@@ -27,7 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
 from conspo.access import DataFiles
-from conspo.config import BenchmarkConfig, RunConfig
+from conspo.config import BenchmarkConfig
 from conspo.datasets import load_problems
 from conspo.rollout import generate_and_verify, pass_at_k
 from conspo.tasks.answers import answers_match, extract_answer
@@ -44,20 +45,9 @@ class Benchmark:
     examples: list[Example]  # prompts as the policy sees them; answers as the dataset gives
 
     @property
-    def avg_key(self) -> str:
-        return benchmark_avg_key(self.name, self.k)
-
-    @property
-    def pass_key(self) -> str:
-        return benchmark_pass_key(self.name, self.k)
-
-
-def benchmark_avg_key(name: str, k: int) -> str:
-    return f"eval/{name}/avg@{k}"
-
-
-def benchmark_pass_key(name: str, k: int) -> str:
-    return f"eval/{name}/pass@{k}"
+    def keys(self) -> tuple[str, str]:
+        """(avg@k, pass@k) metric keys."""
+        return M.benchmark_keys(self.name, self.k)
 
 
 def load_benchmarks(benchmarks: list[BenchmarkConfig], files: DataFiles) -> list[Benchmark]:
@@ -113,10 +103,8 @@ def score_benchmark(
     )
     per_problem = correct.view(len(benchmark.examples), k).gt(0.5).sum(-1).tolist()
     passes = [pass_at_k(k, int(c), k) for c in per_problem]
-    return {
-        benchmark.avg_key: correct.mean().item(),
-        benchmark.pass_key: sum(passes) / len(passes),
-    }
+    avg_key, pass_key = benchmark.keys
+    return {avg_key: correct.mean().item(), pass_key: sum(passes) / len(passes)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,28 +112,8 @@ def score_benchmark(
 # --------------------------------------------------------------------------------------------
 
 
-def logged_eval_keys(cfg: RunConfig) -> list[str]:
-    """Every metric an evaluation of ``cfg`` logs."""
-    keys = [M.EVAL_ACCURACY, M.EVAL_PASS_AT_K]
-    for b in cfg.eval.benchmarks:
-        keys += [benchmark_avg_key(b.name, b.k), benchmark_pass_key(b.name, b.k)]
-    return keys
-
-
-def check_best_metric(cfg: RunConfig) -> None:
-    """Refuse an eval.best_metric that no evaluation of this run logs (a misspelt benchmark,
-    another k), before anything is loaded."""
-    best = cfg.eval.best_metric
-    if best is None or best in logged_eval_keys(cfg) or M.metric(best) is not None:
-        return
-    raise ValueError(
-        f"eval.best_metric {best!r} is not logged by this run's evaluations; use one of"
-        f" {', '.join(logged_eval_keys(cfg))}"
-    )
-
-
 def higher_is_better(key: str) -> bool:
-    entry = M.metric(key)
+    entry = M.metric(key) or M.pattern(key)
     return entry is None or entry.better != "lower"
 
 

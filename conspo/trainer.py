@@ -37,7 +37,6 @@ from conspo.config import RunConfig
 from conspo.evaluation import (
     Benchmark,
     best_so_far,
-    check_best_metric,
     improves,
     load_benchmarks,
     rendered,
@@ -162,7 +161,6 @@ def setup(
     files: DataFiles | None = None,
     memory_limit: int | None = None,
 ) -> TrainState:
-    check_best_metric(cfg)
     # A dataset or benchmark it may not read fails before a model loads.
     task = make_task(cfg.task, files)
     benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())

@@ -41,6 +41,7 @@ class MathParams(TaskParams):
     )
 
     data_paths: ClassVar[tuple[str, ...]] = ("path", "eval_path")
+    dataset_dirs: ClassVar[bool] = True
 
 
 @register_task(

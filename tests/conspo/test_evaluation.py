@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from conspo import metrics as M
 from conspo.config import RunConfig
-from conspo.evaluation import Benchmark, check_best_metric, score_benchmark
+from conspo.evaluation import Benchmark, score_benchmark
 from conspo.models import load_pretrained
 from conspo.sink import MemorySink
 from conspo.tasks import Example
@@ -83,13 +84,25 @@ def test_step_zero_eval_best_checkpoint_and_no_repeat_on_resume(model_store, ari
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "step_000003"]
 
 
-def test_a_best_metric_no_evaluation_logs_is_refused_before_loading(model_store, tmp_path):
-    cfg = arith_run(eval={"best_metric": "eval/math500/avg@16"})
-    with pytest.raises(ValueError, match="eval.best_metric 'eval/math500/avg@16'"):
-        check_best_metric(cfg)
-    with pytest.raises(ValueError, match="eval.best_metric"):
-        train(cfg, MemorySink(), workdir=tmp_path, model_store=model_store)
-    assert not (tmp_path / "checkpoints").exists()
+def test_a_best_metric_no_evaluation_logs_is_refused_by_the_config():
+    with pytest.raises(ValidationError, match="eval.best_metric 'eval/bench/avg@16' is not"):
+        arith_run(eval={"best_metric": "eval/bench/avg@16"})  # no such benchmark
+    benchmark = {"name": "bench", "path": "b.jsonl", "k": 2}
+    with pytest.raises(ValidationError, match="use one of .*eval/bench/avg@2"):
+        arith_run(eval={"benchmarks": [benchmark], "best_metric": "eval/bench/avg@4"})
+    arith_run(eval={"benchmarks": [benchmark], "best_metric": "eval/bench/pass@2"})
+    arith_run(eval={"best_metric": "eval/pass@k"})
+
+
+def test_benchmark_keys_are_described_by_a_catalogue_pattern():
+    for key in M.benchmark_keys("math500", 16):
+        entry = M.pattern(key)
+        assert entry is not None and entry.better == "higher" and entry.help
+    assert M.pattern("eval/accuracy") is None
+    assert [p.pattern for p in M.catalogue().patterns] == [
+        "eval/<benchmark>/avg@<k>",
+        "eval/<benchmark>/pass@<k>",
+    ]
 
 
 def test_tiny_chat_math_trains_on_the_math_fixtures_with_a_benchmark(model_store, tmp_path):

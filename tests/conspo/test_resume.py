@@ -147,10 +147,10 @@ def test_a_buffering_sink_that_crashes_after_a_checkpoint_loses_no_step(
 
     with pytest.raises(Crash):
         train(cfg, first, crash_after_step_5, workdir=tmp_path, model_store=model_store)
-    assert sorted(stored) == [1, 2, 3, 4]  # flushed before the checkpoints at 2 and 4
+    assert sorted(stored) == [0, 1, 2, 3, 4]  # flushed before the checkpoints at 2 and 4
     second = BufferingSink(stored, writes)
     done = train(cfg, second, workdir=tmp_path, model_store=model_store)
     assert (done.status, done.last_step) == ("succeeded", 7)
     assert second.events[0][0] == "resumed" and second.events[0][1]["step"] == 4
     assert second.buffer == {}  # the run's end flushed the tail
-    assert writes == [1, 2, 3, 4, 5, 6, 7]  # every step stored exactly once
+    assert writes == [0, 1, 2, 3, 4, 5, 6, 7]  # every step stored exactly once (0: at_start)
