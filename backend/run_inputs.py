@@ -1,12 +1,12 @@
 """What a run's config may make a worker read, load or allocate, as the operator's settings say.
 
-A config names dataset files (``task.params.path``), a model (``model.name``) and sizes that set
-how much memory a step takes. The settings bound each (``CONSPO_DATA_ROOTS``,
-``CONSPO_MAX_DATASET_BYTES``, ``CONSPO_MODEL_ROOTS``, ``CONSPO_HUB_ALLOW``,
-``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a config outside them at submit time, a 422 at the
-field, and the worker checks again with its own settings, which are the ones that count (it
-passes them to ``conspo.train``). The rules themselves are conspo's (``conspo.access``,
-``conspo.resources``); this module turns settings into them. Torch-free.
+A config names dataset files (``task.params.path``, ``eval.benchmarks[i].path``), a model
+(``model.name``) and sizes that set how much memory a step takes. The settings bound each
+(``CONSPO_DATA_ROOTS``, ``CONSPO_MAX_DATASET_BYTES``, ``CONSPO_MODEL_ROOTS``,
+``CONSPO_HUB_ALLOW``, ``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a config outside them at
+submit time, a 422 at the field, and the worker checks again with its own settings, which are the
+ones that count (it passes them to ``conspo.train``). The rules themselves are conspo's
+(``conspo.access``, ``conspo.resources``); this module turns settings into them. Torch-free.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def refuse_missing_software(
 
 def problems(config: RunConfig, settings: Settings) -> list[tuple[Loc, str, Any]]:
     """(location in the config, message, offending value) of each refusal."""
-    found = list(_dataset_problems(config, data_files(settings)))
+    files = data_files(settings)
+    found = [*_dataset_problems(config, files), *_benchmark_problems(config, files)]
     try:
         source = model_sources(settings).locate(config.model.name)
     except Unavailable as exc:
@@ -141,13 +142,14 @@ def problems(config: RunConfig, settings: Settings) -> list[tuple[Loc, str, Any]
 
 
 def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc, str, Any]]:
-    params = config.task.params
-    for field in getattr(get_task(config.task.name).params, "data_paths", ()):
+    params, model = config.task.params, get_task(config.task.name).params
+    check = files.check_path if getattr(model, "dataset_dirs", False) else files.check
+    for field in getattr(model, "data_paths", ()):
         name = params.get(field)
         if name is None:
             continue
         try:
-            files.check(name)
+            check(name)
         except (Unavailable, ValueError) as exc:
             yield ("task", "params", field), str(exc), name
 
@@ -188,6 +190,14 @@ def report_limit(settings: Settings) -> int:
 
 def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
     return estimate_memory(config, dims, dtype_bytes(config.model.dtype, config.model.device))
+
+
+def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc, str, Any]]:
+    for i, benchmark in enumerate(config.eval.benchmarks):
+        try:
+            files.check_path(benchmark.path)
+        except (Unavailable, ValueError) as exc:
+            yield ("eval", "benchmarks", i, "path"), str(exc), benchmark.path
 
 
 def _memory_problem(

@@ -102,6 +102,20 @@ class DataFiles:
         self._check_size(name, real.stat().st_size)
         return real
 
+    def check_path(self, name: str) -> Path:
+        """Like ``check``, but ``name`` may also be a directory (a ``save_to_disk`` dataset,
+        parquet shards): its size is the total of its files, and one holding a symlink or
+        anything but regular files and directories is refused (nothing read through it may
+        lead outside the roots)."""
+        real = _find(name, self.roots, "file") or _find(name, self.roots, "dir")
+        if real is None:
+            raise Unavailable(self._unavailable(name, "file or directory"))
+        size = real.stat().st_size if real.is_file() else _tree_size(real)
+        if size is None:
+            raise Unavailable(self._unavailable(name, "file or directory"))
+        self._check_size(name, size)
+        return real
+
     def read_text(self, name: str) -> str:
         """The UTF-8 text of the file ``name``, read with a bound whatever the file claims."""
         real = self.check(name)
@@ -128,9 +142,22 @@ class DataFiles:
                 f"dataset {name!r} is over the size cap of {self.max_bytes:,} bytes"
             )
 
-    def _unavailable(self, name: str) -> str:
+    def _unavailable(self, name: str, kind: str = "regular file") -> str:
         where = "inside the data roots" if self.roots is not None else "here"
-        return f"dataset {name!r} is not a readable regular file {where}"
+        return f"dataset {name!r} is not a readable {kind} {where}"
+
+
+def _tree_size(directory: Path) -> int | None:
+    """Total bytes of the regular files under ``directory``; None if it holds anything else."""
+    total = 0
+    for parent, dirs, names in os.walk(directory):
+        for entry in [*dirs, *names]:
+            mode = os.lstat(os.path.join(parent, entry)).st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                return None
+            if stat.S_ISREG(mode):
+                total += os.lstat(os.path.join(parent, entry)).st_size
+    return total
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
+from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K, benchmark_keys
 from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import OBJECTIVES, TASKS, Registry, get_objective, relocated
 
@@ -320,6 +321,23 @@ class EvalConfig(_Section):
         if len(names) != len(set(names)):
             raise ValueError(f"eval.benchmarks: names must be distinct (got {names})")
         return self
+
+    @model_validator(mode="after")
+    def _best_metric_is_evaluated(self) -> EvalConfig:
+        evaluated = self.logged_keys()
+        if self.best_metric is not None and self.best_metric not in evaluated:
+            raise ValueError(
+                f"eval.best_metric {self.best_metric!r} is not logged by this run's evaluations;"
+                f" use one of {', '.join(evaluated)}"
+            )
+        return self
+
+    def logged_keys(self) -> list[str]:
+        """Every metric an evaluation logs: the held-out split's, then each benchmark's."""
+        keys = [EVAL_ACCURACY, EVAL_PASS_AT_K]
+        for b in self.benchmarks:
+            keys += benchmark_keys(b.name, b.k)
+        return keys
 
 
 class CheckpointConfig(_Section):

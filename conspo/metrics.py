@@ -16,6 +16,7 @@ test_metrics.py and tests/lab/test_catalogue.py hold every producer and page to 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Literal
@@ -165,6 +166,20 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class MetricPattern:
+    """A family of keys whose names a config chooses, e.g. eval/<benchmark>/avg@<k>: described
+    once; ``regex`` (JavaScript-compatible) tells a page which logged keys it covers."""
+
+    pattern: str
+    regex: str
+    label: str
+    help: str
+    unit: str
+    when: str = ""
+    better: Literal["higher", "lower", ""] = ""
+
+
+@dataclass(frozen=True)
 class Catalogue:
     sections: list[Section]
     charts: list[Chart]
@@ -175,6 +190,7 @@ class Catalogue:
     # every algorithm also logs the "every run" keys.
     objective_metrics: dict[str, list[str]] = field(default_factory=dict)
     legacy_keys: dict[str, str] = field(default_factory=dict)
+    patterns: list[MetricPattern] = field(default_factory=list)
 
 
 SECTIONS: tuple[Section, ...] = (
@@ -284,10 +300,11 @@ METRICS: tuple[Metric, ...] = (
            color="neg"),
     # evaluation and lengths
     Metric(EVAL_ACCURACY, "accuracy (greedy)", "Greedy accuracy on the held-out split.",
-           "fraction", "evalc", when="every eval.every steps and at the end", better="higher"),
+           "fraction", "evalc", when="every eval.every steps, at the end and at step 0",
+           better="higher"),
     Metric(EVAL_PASS_AT_K, "pass@k", "pass@k on the held-out split (k = eval.pass_k, sampled).",
-           "fraction", "evalc", when="every eval.every steps and at the end", better="higher",
-           color="pos"),
+           "fraction", "evalc", when="every eval.every steps, at the end and at step 0",
+           better="higher", color="pos"),
     Metric(LEN_POS, "len pos", "Mean response length (tokens incl. EOS) of correct rollouts.",
            "tokens", "len", color="pos"),
     Metric(LEN_NEG, "len neg", "Mean response length (tokens incl. EOS) of wrong rollouts.",
@@ -321,6 +338,25 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 
 
+# Benchmark keys (conspo.evaluation): one pair per entry of eval.benchmarks, k in the name.
+BENCHMARK_PATTERNS: tuple[MetricPattern, ...] = (
+    MetricPattern(
+        "eval/<benchmark>/avg@<k>", r"^eval/[A-Za-z0-9][\w.-]*/avg@\d+$", "avg@k",
+        "Mean correctness over k samples per problem of the benchmark (eval.temperature,"
+        " eval.top_p): the paper's avg@k.",
+        "fraction", when="every eval.every steps, at the end and at step 0 (eval.at_start)",
+        better="higher",
+    ),
+    MetricPattern(
+        "eval/<benchmark>/pass@<k>", r"^eval/[A-Za-z0-9][\w.-]*/pass@\d+$", "pass@k",
+        "Unbiased pass@k over the benchmark's problems from its k samples each: the fraction of"
+        " problems with a correct sample.",
+        "fraction", when="every eval.every steps, at the end and at step 0 (eval.at_start)",
+        better="higher",
+    ),
+)  # fmt: skip
+
+
 @cache
 def catalogue() -> Catalogue:
     """The whole catalogue as one value (what the API serves and the pages render)."""
@@ -334,12 +370,23 @@ def catalogue() -> Catalogue:
         rollouts_axis=ROLLOUTS_SEEN,
         objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
         legacy_keys=dict(LEGACY_KEYS),
+        patterns=list(BENCHMARK_PATTERNS),
     )
 
 
 def metric(key: str) -> Metric | None:
     """The catalogue entry of ``key``, or None for a key logged from elsewhere."""
     return _BY_KEY.get(key)
+
+
+def benchmark_keys(name: str, k: int) -> tuple[str, str]:
+    """(avg@k key, pass@k key) of the benchmark ``name`` scored with ``k`` samples per problem."""
+    return f"eval/{name}/avg@{k}", f"eval/{name}/pass@{k}"
+
+
+def pattern(key: str) -> MetricPattern | None:
+    """The pattern entry that describes ``key`` (a benchmark key), if any."""
+    return next((p for p in BENCHMARK_PATTERNS if re.match(p.regex, key)), None)
 
 
 _BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}

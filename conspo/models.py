@@ -151,11 +151,22 @@ class ModelStore:
 
     def _builtin(self, name: str) -> Path:
         entry = BUILTIN_MODELS[name]
+        if entry.family == "tiny-chat":
+            return self._builtin_chat(name)
         if entry.base is None:
             return self._build_once(name, lambda out: save_tiny(out))
         base = self._builtin(entry.base)
         tasks = [TaskConfig.model_validate(t) for t in entry.warm_start]
         return self._build_once(name, lambda out: _warm_start(base, tasks, entry.sft_steps, out))
+
+    def _builtin_chat(self, name: str) -> Path:
+        from conspo.tiny_chat import save_tiny_chat, warm_start_chat
+
+        entry = BUILTIN_MODELS[name]
+        if entry.base is None:
+            return self._build_once(name, lambda out: save_tiny_chat(out))
+        base = self._builtin(entry.base)
+        return self._build_once(name, lambda out: warm_start_chat(base, out, steps=entry.sft_steps))
 
     def _build_once(self, name: str, build: Callable[[Path], None]) -> Path:
         final = self.root / name

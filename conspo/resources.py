@@ -22,7 +22,7 @@ from typing import Any
 
 from conspo.access import ModelSource
 from conspo.config import RunConfig
-from conspo.model_catalog import tiny_hf_config
+from conspo.model_catalog import builtin_hf_config
 
 Loc = tuple[str, ...]
 MAX_CONFIG_JSON_BYTES = 2**20
@@ -226,7 +226,7 @@ def source_dims(source: ModelSource) -> ModelDims | None:
     """Dimensions of a model from its config.json alone: a built-in's from the catalogue, a local
     directory's from its file, a hub id's from the local Hugging Face cache (None if not there)."""
     if source.kind == "builtin":
-        config: dict[str, Any] | None = tiny_hf_config()
+        config: dict[str, Any] | None = builtin_hf_config(source.name)
     elif source.path is not None:
         config = read_hf_config(source.path)
     else:

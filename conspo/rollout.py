@@ -212,10 +212,12 @@ def evaluate(
     max_new_tokens: int,
     pass_k: int,
     temperature: float,
+    top_p: float = 1.0,
     generator: torch.Generator | None = None,
     engine: Engine | None = None,
 ) -> dict[str, float]:
-    """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature``)."""
+    """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
+    ``top_p``)."""
     if not examples:
         return {EVAL_ACCURACY: float("nan"), EVAL_PASS_AT_K: float("nan")}
     _, greedy = generate_and_verify(
@@ -235,6 +237,7 @@ def evaluate(
         repeated,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
+        top_p=top_p,
         generator=generator,
         engine=engine,
     )

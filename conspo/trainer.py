@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +35,15 @@ from conspo.access import DataFiles
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from conspo.config import RunConfig
 from conspo.engines import Engine, make_engine
+from conspo.evaluation import (
+    Benchmark,
+    best_so_far,
+    improves,
+    load_benchmarks,
+    rendered,
+    save_best,
+    score_benchmark,
+)
 from conspo.forward import token_logprobs
 from conspo.models import ModelStore, device_memory, load_pretrained, model_dims, pick_device
 from conspo.objectives import (
@@ -44,6 +53,7 @@ from conspo.objectives import (
     k3_kl,
     sequence_scores,
 )
+from conspo.prompts import PromptRenderer, with_prompts
 from conspo.registry import get_objective
 from conspo.resources import check_memory, estimate_memory
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
@@ -74,6 +84,7 @@ class TrainState:
     device: torch.device
     engine: Engine  # generates rollouts and evaluation samples (sampling.engine)
     rollouts_seen: int = 0
+    benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
 
 
 @dataclass
@@ -118,6 +129,10 @@ def train(
     workdir = Path(workdir)
     state = setup(config, model_store or ModelStore(), files, memory_limit)
     last_step = resume(state, workdir, sink)
+    if last_step == 0 and config.eval.at_start:  # a fresh run: score the starting policy
+        evaluated(
+            state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
+        )
     last_saved = last_step
     while last_step < config.steps:
         if should_stop():
@@ -126,7 +141,7 @@ def train(
         if record is None:  # stopped between rollout rounds: the step did not happen
             break
         last_step = record.step
-        sink.log_step(record)
+        evaluated(state, workdir, sink, record)
         every = config.checkpoint.every
         if (every and last_step % every == 0) or last_step == config.steps:
             checkpoint(state, workdir, last_step, sink)
@@ -148,12 +163,16 @@ def setup(
     files: DataFiles | None = None,
     memory_limit: int | None = None,
 ) -> TrainState:
-    task = make_task(cfg.task, files)  # a dataset it may not read fails before a model loads
+    # A dataset or benchmark it may not read fails before a model loads.
+    task = make_task(cfg.task, files)
+    benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
     device, dtype = pick_device(cfg.model)
     path = store.resolve(cfg.model.name)
     if memory_limit is not None:
         check_fits(cfg, path, device, dtype, memory_limit)
     model, tokenizer = load_pretrained(path, device, dtype)
+    render = PromptRenderer(cfg.prompt, tokenizer)
+    task = with_prompts(task, render)
     params = cfg.objective_params()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
     ref_model = None
@@ -175,6 +194,7 @@ def setup(
         eval_examples=task.eval_examples(cfg.task.eval_size),
         device=device,
         engine=make_engine(cfg.sampling, path, dtype),
+        benchmarks=[rendered(b, render) for b in benchmarks],
     )
 
 
@@ -510,11 +530,12 @@ def lr_at(cfg: RunConfig, step: int) -> float:
 
 
 def run_eval(state: TrainState, step: int) -> dict[str, float]:
-    """Greedy accuracy and pass@k on the held-out split (keys of conspo.metrics)."""
+    """Greedy accuracy and pass@k on the held-out split, avg@k and pass@k on each benchmark
+    (conspo.evaluation); every sample drawn at eval.temperature and eval.top_p."""
     cfg = state.cfg
     state.model.eval()
     generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, step, "eval"))
-    return evaluate(
+    metrics = evaluate(
         state.model,
         state.tokenizer,
         state.task,
@@ -522,9 +543,35 @@ def run_eval(state: TrainState, step: int) -> dict[str, float]:
         max_new_tokens=cfg.sampling.max_new_tokens,
         pass_k=cfg.eval.pass_k,
         temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
         generator=generator,
         engine=state.engine,
     )
+    for benchmark in state.benchmarks:
+        metrics |= score_benchmark(
+            state.model,
+            state.tokenizer,
+            benchmark,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            generator=generator,
+            engine=state.engine,
+        )
+    return metrics
+
+
+def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) -> None:
+    """Log ``record``; when it holds eval.best_metric at a new best, keep this step's model as
+    checkpoints/best and log a ``best`` event."""
+    sink.log_step(record)
+    key = state.cfg.eval.best_metric
+    if key is None or key not in record.metrics:
+        return
+    value = record.metrics[key]
+    if improves(key, value, best_so_far(workdir)):
+        info = save_best(workdir, record.step, key, value, state.model, state.tokenizer)
+        sink.log_event("best", {**info, "path": str(workdir / "checkpoints" / "best")})
 
 
 def make_record(

@@ -15,7 +15,7 @@ import argparse
 import sys
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
 import yaml
@@ -93,6 +93,9 @@ def _table(model: type[BaseModel], prefix: str, sections: bool = False) -> str:
         if nested is not None:
             if sections:
                 rows.append(f"| `{prefix}{name}` | section | | see [`{name}`](#{name}) |")
+            else:  # a section inside a section (model.lora): its fields follow, dotted
+                rows.append(f"| `{prefix}{name}` | section | | the `{prefix}{name}.*` rows |")
+                rows += _table(nested, f"{prefix}{name}.").splitlines()[2:]
             continue
         rows.append(
             f"| `{prefix}{name}` | {_escape(_type_text(field))} | {_escape(_default_text(field))}"
@@ -124,6 +127,8 @@ def _type_text(field: FieldInfo) -> str:
 
 def _type_name(annotation: Any) -> str:
     origin = get_origin(annotation)
+    if origin is Annotated:  # a constrained type (Label, Text): the bounds are shown apart
+        return _type_name(get_args(annotation)[0])
     if origin is Literal:
         return " \\| ".join(repr(a).replace("'", '"') for a in get_args(annotation))
     if origin in (Union, types.UnionType):

@@ -35,6 +35,9 @@ class TaskParams(BaseModel):
     # and reads them through ``files`` (a ``conspo.access.DataFiles``: a worker's data roots and
     # size cap); the platform's API checks these fields at submit time.
     data_paths: ClassVar[tuple[str, ...]] = ()
+    # Whether those may name a dataset directory (a save_to_disk dataset, parquet shards) as well
+    # as a file: ``DataFiles.check_path`` rather than ``DataFiles.check``.
+    dataset_dirs: ClassVar[bool] = False
 
 
 class Task(Protocol):

@@ -1,27 +1,22 @@
 """Your own problems: a JSON-lines file of {"prompt": ..., "answer": ...}, verified as math answers.
 
-The completion's answer is its last \\boxed{...} or, failing that, its last number. It matches
-the reference when both are equal numbers (fractions, decimals, integers) or when `math-verify`
-finds them symbolically equivalent (1/2 vs 0.5 vs \\frac{1}{2}, x^2+2x vs 2x+x^2).
+Answers are checked as in conspo.tasks.answers (a \\boxed{} answer or the last number).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import random
-import re
-import threading
-from fractions import Fraction
 from typing import ClassVar
 
 from pydantic import Field
 
 from conspo.access import DataFiles
 from conspo.registry import register_task
+from conspo.tasks.answers import answers_match, extract_answer
 from conspo.tasks.base import HELD_OUT_FRACTION, Example, TaskParams, is_held_out
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+__all__ = ["JsonlTask", "answers_match", "extract_answer", "load_jsonl", "split_rows"]
 
 
 class JsonlParams(TaskParams):
@@ -87,45 +82,3 @@ def split_rows(rows: list[Example]) -> tuple[list[Example], list[Example]]:
     if not held and len(train) > 1:
         held = [train.pop()]
     return train, held
-
-
-def extract_answer(text: str) -> str | None:
-    """The content of the last \\boxed{...} (nested braces allowed), else the last number."""
-    start = text.rfind("\\boxed{")
-    if start >= 0:
-        depth, i = 1, start + len("\\boxed{")
-        for j in range(i, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                return text[i:j].strip()
-    numbers = _NUMBER.findall(text.replace(",", ""))
-    return numbers[-1] if numbers else None
-
-
-def _as_number(text: str) -> Fraction | None:
-    try:
-        return Fraction(text.replace(",", "").strip())
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def answers_match(gold: str, predicted: str) -> bool:
-    a, b = _as_number(gold), _as_number(predicted)
-    if a is not None and b is not None:
-        return a == b
-    return _math_verify(gold, predicted)
-
-
-def _math_verify(gold: str, predicted: str) -> bool:
-    from math_verify import parse, verify
-
-    # math-verify's timeouts use SIGALRM, which only works on the main thread (a worker may
-    # run us elsewhere); there we run without its timeout and keep its warning quiet.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    try:
-        g = parse(f"${gold}$", parsing_timeout=timeout)
-        p = parse(f"${predicted}$", parsing_timeout=timeout)
-        return bool(g and p and verify(g, p, timeout_seconds=timeout))
-    except Exception:  # a malformed answer is a wrong answer, never a crash
-        return False

@@ -46,12 +46,13 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(model_store, a
     train(config(), whole, workdir=tmp_path / "whole", model_store=model_store)
 
     first, second = MemorySink(), MemorySink()
-    stopped = train(config(), first, lambda: len(first.steps) >= 3,
+    stopped = train(config(), first, lambda: max(first.steps) >= 3,
                     workdir=tmp_path / "split", model_store=model_store)  # fmt: skip
     assert (stopped.status, stopped.last_step) == ("cancelled", 3)
     done = train(config(), second, workdir=tmp_path / "split", model_store=model_store)
     assert (done.status, done.last_step) == ("succeeded", 6)
-    assert sorted(first.steps) == [1, 2, 3] and sorted(second.steps) == [4, 5, 6]
+    # The step-0 evaluation (eval.at_start) belongs to the fresh run only, never to a resume.
+    assert sorted(first.steps) == [0, 1, 2, 3] and sorted(second.steps) == [4, 5, 6]
     assert second.events[0][0] == "resumed" and second.events[0][1]["step"] == 3
     joined = MemorySink()
     joined.steps = {**first.steps, **second.steps}
@@ -92,7 +93,7 @@ def test_cli_train_and_resume_leave_no_duplicate_lines(model_store, arith_base, 
     assert main(["--threads", "0", "train", str(cfg), "--out", str(out)]) == 2  # config changed
     assert main(["--threads", "0", "train", str(cfg), "--out", str(out), "--steps", "2"]) == 0
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]
+    assert steps == [0, 1, 2]
     assert json.loads((out / "config.json").read_text())["steps"] == 2
 
 
@@ -146,10 +147,10 @@ def test_a_buffering_sink_that_crashes_after_a_checkpoint_loses_no_step(
 
     with pytest.raises(Crash):
         train(cfg, first, crash_after_step_5, workdir=tmp_path, model_store=model_store)
-    assert sorted(stored) == [1, 2, 3, 4]  # flushed before the checkpoints at 2 and 4
+    assert sorted(stored) == [0, 1, 2, 3, 4]  # flushed before the checkpoints at 2 and 4
     second = BufferingSink(stored, writes)
     done = train(cfg, second, workdir=tmp_path, model_store=model_store)
     assert (done.status, done.last_step) == ("succeeded", 7)
     assert second.events[0][0] == "resumed" and second.events[0][1]["step"] == 4
     assert second.buffer == {}  # the run's end flushed the tail
-    assert writes == [1, 2, 3, 4, 5, 6, 7]  # every step stored exactly once
+    assert writes == [0, 1, 2, 3, 4, 5, 6, 7]  # every step stored exactly once (0: at_start)

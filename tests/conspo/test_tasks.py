@@ -127,6 +127,9 @@ def test_jsonl_with_an_eval_file_and_a_bad_line(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
+FIXTURES = Path(__file__).parents[2] / "examples" / "data" / "math"
+
+
 def sample_jsonl(tmp_path: Path) -> dict[str, Any]:
     path = tmp_path / "sample.jsonl"
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(50)]
@@ -136,7 +139,10 @@ def sample_jsonl(tmp_path: Path) -> dict[str, Any]:
 
 # Parameters a task cannot default (a file of your own): the values the test below builds it
 # with. A task whose parameters all have defaults needs nothing here.
-REQUIRED_PARAMS = {"jsonl": sample_jsonl}
+REQUIRED_PARAMS = {
+    "jsonl": sample_jsonl,
+    "math": lambda _: {"path": str(FIXTURES / "gsm8k.parquet")},
+}
 
 
 @pytest.mark.parametrize("name", task_names())
@@ -179,3 +185,32 @@ def test_an_unknown_task_lists_the_valid_ones():
         get_task("sudoku")
     for name in task_names():
         assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"path": "gsm8k.jsonl"},
+        {"path": "gsm8k.parquet"},
+        {"path": "math.parquet"},
+        {"path": "math_disk", "eval_path": "math_disk"},
+        {"path": "easy.jsonl"},
+        {"path": "benchmark.jsonl"},
+    ],
+)
+def test_the_math_task_verifies_each_fixtures_reference_and_refuses_a_wrong_one(params):
+    resolved = {k: str(FIXTURES / v) for k, v in params.items()}
+    task = make_task(TaskConfig(name="math", params=resolved))
+    examples = task.train_prompts(random.Random(0), 40) + task.eval_examples(40)
+    for ex in examples:
+        assert task.verify(f"So the answer is \\boxed{{{ex.answer}}}.", ex) == 1.0, ex
+        assert task.verify(f"\\boxed{{{ex.answer}+1}}", ex) == 0.0, ex
+    assert not {ex.prompt for ex in task.train_prompts(random.Random(0), 40)} & {
+        ex.prompt for ex in task.eval_examples(40)
+    }
+
+
+def test_the_math_task_reads_a_datasetdicts_test_split_for_eval():
+    path = str(FIXTURES / "math_disk")
+    task = make_task(TaskConfig(name="math", params={"path": path, "eval_path": path}))
+    assert len(task.eval_examples(1000)) == 30  # the test split; train has 120

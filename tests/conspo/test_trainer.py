@@ -72,7 +72,8 @@ def test_a_step_logs_every_metric_once(model_store, arith_base, tmp_path):
     cfg = small_config(logging={"rollout_sample": 5})
     sink = MemorySink()
     result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
-    assert result.status == "succeeded" and sorted(sink.steps) == [1, 2, 3]
+    assert result.status == "succeeded" and sorted(sink.steps) == [0, 1, 2, 3]
+    assert set(sink.steps[0].metrics) == {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K}  # eval.at_start
     m = sink.steps[1].metrics
     for key in (*M.SEPARATION_KEYS, M.LOSS, M.ENTROPY, M.GRAD_NORM, M.LR, M.TIME_STEP_S,
                 M.TIME_ROLLOUT_S, M.THROUGHPUT_ROLLOUTS_PER_S, M.ROLLOUTS_SEEN):  # fmt: skip
@@ -116,10 +117,10 @@ def test_kl_to_a_reference_model(model_store, arith_base, tmp_path):
 
 def test_should_stop_cancels_with_a_checkpoint(model_store, arith_base, tmp_path):
     sink = MemorySink()
-    result = train(small_config(steps=5), sink, lambda: len(sink.steps) >= 2,
+    result = train(small_config(steps=5), sink, lambda: max(sink.steps) >= 2,
                    workdir=tmp_path, model_store=model_store)  # fmt: skip
     assert (result.status, result.last_step) == ("cancelled", 2)
-    assert sorted(sink.steps) == [1, 2]
+    assert sorted(sink.steps) == [0, 1, 2]
     assert (tmp_path / "checkpoints" / "step_000002").is_dir()
     assert sink.events[-1] == ("finished", {"status": "cancelled", "step": 2})
 

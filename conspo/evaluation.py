@@ -1,0 +1,163 @@
+"""Evaluation as the paper reports it: benchmark files scored with avg@k and pass@k, and the best
+checkpoint kept.
+
+For each benchmark of ``eval.benchmarks`` every problem gets k samples at eval.temperature and
+eval.top_p; ``eval/<name>/avg@k`` is the mean correctness over all samples and problems, and
+``eval/<name>/pass@k`` the mean unbiased pass@k (``conspo.rollout.pass_at_k``), with the actual k
+in the key (eval/math500/avg@16). Answers are verified as in the math task.
+
+``eval.best_metric`` (one of the keys an evaluation logs: the config refuses any other): after an
+evaluation where it improves (its direction is the catalogue's
+``better``, higher by default), the model of that step is saved as ``checkpoints/best/`` (apart
+from the step_* rotation) with ``best.json`` holding {step, metric, value}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from conspo import metrics as M
+from conspo.access import DataFiles
+from conspo.config import BenchmarkConfig
+from conspo.datasets import load_problems
+from conspo.engines import Engine
+from conspo.rollout import generate_and_verify, pass_at_k
+from conspo.tasks.answers import answers_match, extract_answer
+from conspo.tasks.base import Example
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+
+
+@dataclass
+class Benchmark:
+    name: str
+    k: int
+    examples: list[Example]  # prompts as the policy sees them; answers as the dataset gives
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        """(avg@k, pass@k) metric keys."""
+        return M.benchmark_keys(self.name, self.k)
+
+
+def load_benchmarks(benchmarks: list[BenchmarkConfig], files: DataFiles) -> list[Benchmark]:
+    """Every benchmark's problems (the first ``limit``), read through ``files``."""
+    loaded = []
+    for b in benchmarks:
+        problems = load_problems(files, b.path, b.fields, ("test", "train"))
+        if not problems:
+            raise ValueError(f"eval.benchmarks {b.name!r}: {b.path} holds no problems")
+        loaded.append(Benchmark(b.name, b.k, problems[: b.limit]))
+    return loaded
+
+
+def rendered(benchmark: Benchmark, render: Callable[[str], str]) -> Benchmark:
+    examples = [Example(render(ex.prompt), ex.answer) for ex in benchmark.examples]
+    return Benchmark(benchmark.name, benchmark.k, examples)
+
+
+class MathVerifier:
+    """The math task's check, for benchmark problems (a Task for ``generate_and_verify``)."""
+
+    name = "benchmark"
+
+    def verify(self, completion: str, example: Example) -> float:
+        predicted = extract_answer(completion)
+        return float(predicted is not None and answers_match(example.answer, predicted))
+
+
+def score_benchmark(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    benchmark: Benchmark,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    verifier: object | None = None,
+    engine: Engine | None = None,
+) -> dict[str, float]:
+    """{avg@k, pass@k} of ``benchmark``: k samples per problem, drawn by ``engine`` (default: the
+    native sampler). ``verifier``: anything with a task's ``verify`` (default: math answers)."""
+    k = benchmark.k
+    repeated = [ex for ex in benchmark.examples for _ in range(k)]
+    _, correct = generate_and_verify(
+        model,
+        tokenizer,
+        verifier or MathVerifier(),  # type: ignore[arg-type]
+        repeated,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        engine=engine,
+    )
+    per_problem = correct.view(len(benchmark.examples), k).gt(0.5).sum(-1).tolist()
+    passes = [pass_at_k(k, int(c), k) for c in per_problem]
+    avg_key, pass_key = benchmark.keys
+    return {avg_key: correct.mean().item(), pass_key: sum(passes) / len(passes)}
+
+
+# --------------------------------------------------------------------------------------------
+# The best checkpoint
+# --------------------------------------------------------------------------------------------
+
+
+def higher_is_better(key: str) -> bool:
+    entry = M.metric(key) or M.pattern(key)
+    return entry is None or entry.better != "lower"
+
+
+def best_so_far(workdir: Path) -> dict[str, object] | None:
+    """The best.json of ``workdir``'s best checkpoint, if there is one."""
+    path = workdir / "checkpoints" / BEST_DIR / BEST_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def improves(key: str, value: float, best: dict[str, object] | None) -> bool:
+    if not math.isfinite(value):
+        return False
+    if best is None or best.get("metric") != key:
+        return True
+    previous = float(best["value"])  # type: ignore[arg-type]
+    return value > previous if higher_is_better(key) else value < previous
+
+
+def save_best(
+    workdir: Path,
+    step: int,
+    key: str,
+    value: float,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+) -> dict[str, object]:
+    """Write ``checkpoints/best/`` (model, tokenizer, best.json) atomically; returns best.json."""
+    root = workdir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    info: dict[str, object] = {"step": step, "metric": key, "value": value}
+    tmp = Path(tempfile.mkdtemp(prefix=".best-", dir=root))
+    stale = root / f".best-stale-{os.getpid()}"
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / BEST_FILE).write_text(json.dumps(info))
+        final = root / BEST_DIR
+        if final.exists():
+            os.replace(final, stale)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
+    return info

@@ -1,0 +1,78 @@
+"""Math answers: what a completion answers, what a dataset's reference answer is, and whether
+they match. Shared by the jsonl and math tasks.
+
+The completion's answer is its last \\boxed{...} or, failing that, its last number. It matches
+the reference when both are equal numbers (fractions, decimals, integers) or when `math-verify`
+finds them symbolically equivalent (1/2 vs 0.5 vs \\frac{1}{2}, x^2+2x vs 2x+x^2).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from fractions import Fraction
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+_GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (nested braces allowed); None without one."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last \\boxed{...} (nested braces allowed), else the last number."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    numbers = _NUMBER.findall(text.replace(",", ""))
+    return numbers[-1] if numbers else None
+
+
+def reference_answer(text: str) -> str:
+    """A dataset's answer as the verifier compares it: GSM8K's "...#### 42" gives "42" (commas
+    dropped), a worked solution its last \\boxed{}; anything else as it is, stripped."""
+    gsm8k = _GSM8K_ANSWER.search(text)
+    if gsm8k:
+        return gsm8k.group(1).replace(",", "").strip()
+    boxed = last_boxed(text)
+    return text.strip() if boxed is None else boxed
+
+
+def _as_number(text: str) -> Fraction | None:
+    try:
+        return Fraction(text.replace(",", "").strip())
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def answers_match(gold: str, predicted: str) -> bool:
+    a, b = _as_number(gold), _as_number(predicted)
+    if a is not None and b is not None:
+        return a == b
+    return _math_verify(gold, predicted)
+
+
+def _math_verify(gold: str, predicted: str) -> bool:
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use SIGALRM, which only works on the main thread (a worker may
+    # run us elsewhere); there we run without its timeout and keep its warning quiet.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    try:
+        g = parse(f"${gold}$", parsing_timeout=timeout)
+        p = parse(f"${predicted}$", parsing_timeout=timeout)
+        return bool(g and p and verify(g, p, timeout_seconds=timeout))
+    except Exception:  # a malformed answer is a wrong answer, never a crash
+        return False
