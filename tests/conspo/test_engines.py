@@ -91,10 +91,11 @@ def test_hf_engine_trains_through_train(model_store, tmp_path):
     sink = MemorySink()
     result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
     assert result.status == "succeeded" and result.last_step == 3
-    assert sorted(sink.steps) == [1, 2, 3]
+    assert sorted(sink.steps) == [0, 1, 2, 3]  # step 0: the starting policy's evaluation
     last = sink.steps[3].metrics
     assert 0 <= last[M.EVAL_ACCURACY] <= 1 and math.isfinite(last[M.LOSS])
     assert all(0 < r.length <= 6 for s in sink.steps.values() for r in s.rollouts)
+    assert sink.steps[1].rollouts
 
 
 def test_every_configurable_engine_is_registered():
