@@ -71,6 +71,7 @@ class UIServer:
     data_dir: Path
     has_worker: bool
     http: httpx.Client = field(repr=False)
+    model_root: Path | None = None  # where the worker may load local model directories from
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
         resp = self.http.request(method, path, **kwargs)
@@ -200,7 +201,14 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
     except Exception as exc:  # not written yet, or broken
         _unavailable(f"cannot import backend.main.create_app: {exc!r}")
     data = tmp_path_factory.mktemp("ui-server")
-    env = embedded_env(data, CONSPO_UI_TOKEN_INJECT="true", CONSPO_HEARTBEAT_INTERVAL_S="0.5")
+    model_root = data / "local-models"  # users' checkpoint directories (test_real_checkpoint)
+    model_root.mkdir()
+    env = embedded_env(
+        data,
+        CONSPO_UI_TOKEN_INJECT="true",
+        CONSPO_HEARTBEAT_INTERVAL_S="0.5",
+        CONSPO_MODEL_ROOTS=str(model_root),
+    )
     try:
         token = migrate_and_create_token(env, "ui-tester")
         (data / "token").write_text(token + "\n")  # where embedded mode keeps the UI's token
@@ -210,7 +218,9 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
     worker = _start_worker(env, data / "worker.log")
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     try:
-        yield UIServer(url=url, token=token, data_dir=data, has_worker=True, http=http)
+        yield UIServer(
+            url=url, token=token, data_dir=data, has_worker=True, http=http, model_root=model_root
+        )
     finally:
         http.close()
         stop(worker, timeout=15)
