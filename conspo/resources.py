@@ -28,6 +28,15 @@ Loc = tuple[str, ...]
 MAX_CONFIG_JSON_BYTES = 2**20
 FLOAT32 = 4
 INT64 = 8
+# Float32 logits the training forward holds at once (conspo.forward.token_logprobs applies the
+# LM head to this many bytes' worth of positions at a time): 256 MiB, 441 positions of a 151,936
+# vocabulary.
+LOGIT_CHUNK_BYTES = 2**28
+
+
+def logit_chunk_tokens(vocab: int) -> int:
+    """Positions per LM-head chunk of the training forward for a ``vocab``-sized vocabulary."""
+    return max(1, LOGIT_CHUNK_BYTES // (vocab * FLOAT32))
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,24 @@ def check_memory(estimate: MemoryEstimate, limit: int) -> None:
         " use here: lower sampling.prompts_per_step, sampling.group_size or"
         " sampling.max_new_tokens, raise optim.mini_batches, or pick a smaller model",
         estimate.culprit(limit),
+    )
+
+
+class OutOfMemory(RuntimeError):
+    """A training step ran out of device memory (the trainer raises it from the allocator's
+    error); the message says what the run was estimated to need and what to change."""
+
+
+def out_of_memory_message(estimate: MemoryEstimate | None, capacity: int, cfg: RunConfig) -> str:
+    needs = "was not estimated" if estimate is None else f"needs {estimate.describe()}"
+    m, s = cfg.model, cfg.sampling
+    return (
+        f"out of device memory: the device has {_size(capacity)}, this config {needs}. Lower it"
+        f" with optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens}; 0 is off),"
+        f" model.gradient_checkpointing (now {str(m.gradient_checkpointing).lower()}),"
+        f" model.lora.rank (now {m.lora.rank}; 0 trains every weight), optim.mini_batches (now"
+        f" {cfg.optim.mini_batches}) or sampling.prompts_per_step / group_size / max_new_tokens"
+        f" (now {s.prompts_per_step} / {s.group_size} / {s.max_new_tokens})"
     )
 
 
