@@ -294,17 +294,21 @@ def check_attention(attn_implementation: str, device: torch.device) -> None:
         )
 
 
-def prepare_for_training(model: PreTrainedModel, cfg: ModelConfig) -> PreTrainedModel:
+def prepare_for_training(
+    model: PreTrainedModel, cfg: ModelConfig, seed: int = 0
+) -> PreTrainedModel:
     """Gradient checkpointing and LoRA adapters (``cfg.lora.rank`` > 0) as ``cfg`` asks.
 
     With LoRA the result is a peft model whose base weights are frozen: only the adapters
-    require grad.
+    require grad. Their random initialisation is a function of ``seed`` alone.
     """
     # model.config.use_cache is left as it is (it is saved with checkpoints and read by
     # generate): every forward of conspo.forward says whether it wants a KV cache.
     if cfg.gradient_checkpointing:
         # Non-reentrant: it needs no input that requires grad (a frozen LoRA base has none).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
     if cfg.lora.rank == 0:
         return model
     from peft import LoraConfig, TaskType, get_peft_model
@@ -318,7 +322,10 @@ def prepare_for_training(model: PreTrainedModel, cfg: ModelConfig) -> PreTrained
         task_type=TaskType.CAUSAL_LM,
     )
     try:
-        return get_peft_model(model, lora)  # type: ignore[return-value]
+        cuda = [model.device] if model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):  # leave the process's random streams alone
+            torch.manual_seed(seed)
+            return get_peft_model(model, lora)  # type: ignore[return-value]
     except ValueError as exc:  # e.g. a target module the model does not have
         raise ValueError(f"model.lora.target_modules: {exc}") from None
 

@@ -187,7 +187,7 @@ def setup(
         check_memory(estimate, min(memory_limit, capacity) if memory_limit else capacity)
     attn = cfg.model.attn_implementation
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
-    model = prepare_for_training(model, cfg.model)
+    model = prepare_for_training(model, cfg.model, cfg.seed)
     params = cfg.objective_params()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
     ref_model = None
