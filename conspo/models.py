@@ -302,6 +302,12 @@ def prepare_for_training(
     With LoRA the result is a peft model whose base weights are frozen: only the adapters
     require grad. Their random initialisation is a function of ``seed`` alone.
     """
+    if model.device.type == "cuda":
+        # cuDNN's SDPA kernel gives NaN gradients for queries that attend to nothing, which the
+        # left padding of every batch of prompts has (measured on an H200, torch 2.11: every
+        # gradient NaN; the flash, memory-efficient and math kernels give finite ones). The
+        # switch is process-wide: a training process trains one model.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     # model.config.use_cache is left as it is (it is saved with checkpoints and read by
     # generate): every forward of conspo.forward says whether it wants a KV cache.
     if cfg.gradient_checkpointing:
