@@ -90,3 +90,39 @@ def test_a_lora_run_resumes_exactly_and_exports_a_merged_model(model_store, arit
     assert main(["export", str(final), "--out", str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "config.json").exists()
     assert main(["export", str(final), "--out", str(tmp_path / "cli")]) == 2  # exists already
+
+
+def test_a_full_fine_tuning_checkpoint_exports_as_is(model_store, arith_base, tmp_path):
+    cfg = config(steps=1, model={"name": "tiny-arith"}, params={}, optim={"lr": 1e-3})
+    train(cfg, MemorySink(), workdir=tmp_path / "run", model_store=model_store)
+    final = tmp_path / "run" / "checkpoints" / "step_000001"
+    out = export_merged(final, None, tmp_path / "exported")
+    assert not (out / "optimizer.pt").exists() and not (out / "trainer_state.pt").exists()
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(final).state_dict()
+    assert all(torch.equal(exported[k], trained[k]) for k in trained)
+
+
+def test_old_and_new_logprobs_agree_before_the_first_update_despite_dropout(
+    model_store, arith_base, tmp_path
+):
+    """A model saved with attention dropout 0.5: π_old (frozen before the first optimiser step)
+    and π_θ of the first mini-batch are the same policy, so their log-probs agree."""
+    model, tok = load_pretrained(arith_base, torch.device("cpu"), torch.float32)
+    model.config.attention_dropout = 0.5
+    model.save_pretrained(tmp_path / "dropout")
+    tok.save_pretrained(tmp_path / "dropout")
+    cfg = config(steps=1, model={"name": str(tmp_path / "dropout")}, params={},
+                 optim={"mini_batches": 2})  # fmt: skip
+    state = setup(cfg, model_store)
+    seen = []
+    objective = state.objective
+
+    def spy(batch, params):
+        seen.append((batch.logprobs.detach(), batch.old_logprobs, batch.mask.bool()))
+        return objective(batch, params)
+
+    state.objective = spy
+    train_step(state, 1, lambda: False)
+    new, old, mask = seen[0]
+    torch.testing.assert_close(new[mask], old[mask], atol=1e-5, rtol=1e-5)
