@@ -45,6 +45,7 @@ from conspo.models import (
     prepare_for_training,
 )
 from conspo.objectives import (
+    ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
     clipped_ratio_scores,
@@ -515,7 +516,7 @@ def backward_chunk(
     old_logprobs: torch.Tensor | None,
     step: int,
     known: tuple[torch.Tensor, torch.Tensor] | None,
-) -> tuple[PolicyBatch, torch.Tensor, Any]:
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
     """The objective on the rollouts in ``rows`` and its gradient in the trainable parameters'
     ``.grad``; returns (the objective's input, its (B, T) entropy, the objective's output).
 
