@@ -2,8 +2,11 @@
 
 Layout: ``workdir/checkpoints/step_000010/`` with ``config.json`` + ``model.safetensors`` +
 tokenizer files (the directory loads with ``from_pretrained``), ``optimizer.pt`` and
-``trainer_state.pt``. A checkpoint is written into a temp dir and renamed into place, so a crash
-never leaves a half-written ``step_*`` directory; only the newest ``keep`` are kept.
+``trainer_state.pt``. A LoRA run saves its adapters instead of the model
+(``adapter_config.json``, which names the base model, + ``adapter_model.safetensors``: peft's
+format); ``conspo.export.export_merged`` turns either kind into a plain model directory.
+A checkpoint is written into a temp dir and renamed into place, so a crash never leaves a
+half-written ``step_*`` directory; only the newest ``keep`` are kept.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+# What a checkpoint holds for resuming only: left out of an exported model.
+TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")
 
 
 def checkpoint_dir(workdir: str | Path) -> Path:
@@ -95,9 +102,36 @@ def load_checkpoint(
     path: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer
 ) -> dict[str, Any]:
     """Load weights and optimiser state in place; returns {"step", "counters", "rng"}."""
+    device = str(next(model.parameters()).device)
+    if (path / ADAPTER_WEIGHTS).exists():
+        _load_adapters(path, model, device)
+    else:
+        _load_weights(path, model, device)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    trainer_state = torch.load(path / "trainer_state.pt", weights_only=False)
+    set_rng_state(trainer_state["rng"])
+    return trainer_state
+
+
+def _load_adapters(path: Path, model: PreTrainedModel, device: str) -> None:
+    from peft import set_peft_model_state_dict
+
+    if not hasattr(model, "peft_config"):
+        raise RuntimeError(f"checkpoint {path} holds LoRA adapters, but this run has none")
+    result = set_peft_model_state_dict(model, load_file(path / ADAPTER_WEIGHTS, device=device))
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise RuntimeError(
+            f"checkpoint {path} does not match the adapters: unexpected {sorted(unexpected)}"
+        )
+
+
+def _load_weights(path: Path, model: PreTrainedModel, device: str) -> None:
+    if hasattr(model, "peft_config"):
+        raise RuntimeError(f"checkpoint {path} holds a full model, but this run trains LoRA")
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(path.glob("*.safetensors")):
-        state.update(load_file(shard, device=str(next(model.parameters()).device)))
+        state.update(load_file(shard, device=device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if model.config.tie_word_embeddings and k.startswith("lm_head.")}
     if set(missing) - tied or unexpected:
@@ -105,7 +139,3 @@ def load_checkpoint(
             f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)},"
             f" unexpected {sorted(unexpected)}"
         )
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    trainer_state = torch.load(path / "trainer_state.pt", weights_only=False)
-    set_rng_state(trainer_state["rng"])
-    return trainer_state

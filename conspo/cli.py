@@ -1,6 +1,8 @@
-"""Command line: ``python -m conspo train run.yaml --out DIR`` and ``python -m conspo sft``.
+"""Command line: ``python -m conspo train run.yaml --out DIR``, ``python -m conspo sft`` and
+``python -m conspo export``.
 
     python -m conspo sft --task arith --param digits=2 --param num_operands=3 --out DIR
+    python -m conspo export DIR/checkpoints/step_000050 --out MODEL_DIR
 
 train writes DIR/config.json (the resolved config), DIR/metrics.jsonl (one JSON line per step),
 DIR/events.jsonl and DIR/checkpoints/; run it again with the same DIR to resume. A bad config
@@ -127,6 +129,25 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from conspo.export import export_merged
+
+    checkpoint = Path(args.checkpoint)
+    if not (checkpoint / "trainer_state.pt").exists():
+        print(f"{checkpoint} is not a checkpoint (no trainer_state.pt)", file=sys.stderr)
+        return 2
+    if Path(args.out).exists():
+        print(f"{args.out} exists; export writes a new directory", file=sys.stderr)
+        return 2
+    try:
+        out = export_merged(checkpoint, args.base, args.out)
+    except (OSError, ValueError) as exc:  # the base model is not where the checkpoint says
+        print(f"cannot export {checkpoint}: {exc}", file=sys.stderr)
+        return 2
+    print(f"saved {out}")
+    return 0
+
+
 def key_value(text: str) -> tuple[str, Any]:
     """``digits=2`` → ("digits", 2): VALUE is read as JSON when it parses, else kept as text."""
     key, sep, value = text.partition("=")
@@ -169,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--base", default="tiny", help="model-store name or directory")
     s.add_argument("--model-store", default=None)
     s.set_defaults(fn=cmd_sft)
+    e = sub.add_parser("export", help="a checkpoint as a plain model directory (LoRA merged)")
+    e.add_argument("checkpoint", help="a checkpoint directory (DIR/checkpoints/step_NNNNNN)")
+    e.add_argument("--out", required=True, help="the new model directory")
+    e.add_argument("--base", default=None, help="LoRA: the base model (default: as recorded)")
+    e.set_defaults(fn=cmd_export)
     args = parser.parse_args(argv)
     _quiet_and_fast(args.threads)
     return args.fn(args)

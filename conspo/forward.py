@@ -5,7 +5,9 @@ group's prompt once and repeat its KV cache G times (``prefill``); the responses
 repeated cache (``extend``). ``token_logprobs`` is the training-time forward: the sampled tokens'
 log-probs under a policy, through that shared path when the rows allow it, and a plain full
 forward otherwise. Values and gradients are those of the full forward, for about 1/G of the
-prompt compute.
+prompt compute. It never holds the (N, T, V) logits: the LM head runs on the decoder's hidden
+states a chunk of positions at a time (``LOGIT_CHUNK_BYTES`` of float32 logits), each chunk
+recomputed in the backward rather than kept.
 
 Positions: prompts are left-padded, so a row's position ids count its real tokens only; response
 token t (0-based) sits at position (real prompt tokens) + t in every path.
@@ -16,11 +18,18 @@ T response positions, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from conspo.resources import logit_chunk_tokens
 
 if TYPE_CHECKING:  # rollout imports this module for sampling; only the type is needed here
     from conspo.rollout import RolloutBatch
@@ -31,7 +40,9 @@ class Prefill:
     """The prompts' KV cache, one row per rollout, and what the first response token needs."""
 
     cache: DynamicCache  # (N, ...) after the G-fold repeat
-    logits: torch.Tensor  # (N, V) at the last prompt position: they predict response token 0
+    # (N, V) at the last prompt position: they predict response token 0 (the training forward's
+    # prefill holds the (N, H) hidden states there instead)
+    logits: torch.Tensor
     next_position: torch.Tensor  # (N, 1) long, position id of response token 0
 
 
@@ -50,22 +61,7 @@ def prefill(
     last position goes through the LM head. Gradients, when enabled, flow through the repeat back
     to the one prompt forward.
     """
-    g = group_size
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=prompt_ids[::g],  # (N/G, P)
-        attention_mask=prompt_mask[::g],
-        position_ids=prompt_positions(prompt_mask[::g]),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    logits = out.logits[:, -1]  # (N/G, V)
-    if g > 1:
-        cache.batch_repeat_interleave(g)  # (N/G, ...) → (N, ...)
-        logits = logits.repeat_interleave(g, dim=0)
-    next_position = prompt_mask.sum(-1, keepdim=True)  # (N, 1) = last prompt position + 1
-    return Prefill(cache, logits, next_position)
+    return _prefill(partial(_run, model, True), model.config, prompt_ids, prompt_mask, group_size)
 
 
 def extend(
@@ -80,17 +76,55 @@ def extend(
     The tokens are appended to ``state.cache`` (which grows by k). attention_mask: (N, P +
     offset + k), the prompt mask followed by the response positions seen so far and these k.
     """
+    return _extend(partial(_run, model, True), state, input_ids, attention_mask, offset)
+
+
+# forward(keep, **inputs): the last ``keep`` positions' logits or hidden states (see _run).
+Forward = Callable[..., torch.Tensor]
+
+
+def _prefill(
+    forward: Forward,
+    config: PretrainedConfig,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    g: int,
+) -> Prefill:
+    cache = DynamicCache(config=config)
+    last = forward(
+        1,
+        input_ids=prompt_ids[::g],  # (N/G, P)
+        attention_mask=prompt_mask[::g],
+        position_ids=prompt_positions(prompt_mask[::g]),
+        cache=cache,
+        use_cache=True,
+    )[:, -1]  # (N/G, ·)
+    if g > 1:
+        cache.batch_repeat_interleave(g)  # (N/G, ...) → (N, ...)
+        last = last.repeat_interleave(g, dim=0)
+    next_position = prompt_mask.sum(-1, keepdim=True)  # (N, 1) = last prompt position + 1
+    return Prefill(cache, last, next_position)
+
+
+def _extend(
+    forward: Forward,
+    state: Prefill,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    offset: int,
+) -> torch.Tensor:
     k = input_ids.shape[1]
     position_ids = state.next_position + offset  # (N, 1)
     if k > 1:
         position_ids = position_ids + torch.arange(k, device=position_ids.device)  # (N, k)
-    return model(
+    return forward(
+        k,
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         cache=state.cache,
         use_cache=True,
-    ).logits
+    )
 
 
 def shares_prompts(batch: RolloutBatch, group_size: int) -> bool:
@@ -103,57 +137,145 @@ def shares_prompts(batch: RolloutBatch, group_size: int) -> bool:
     return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
 
 
+def logprob_mode(model: nn.Module) -> None:
+    """Put ``model`` in the mode of a log-prob pass: no dropout anywhere (nn.Dropout modules,
+    attention dropout and LoRA dropout read ``training``), so π_θ is the policy that sampled.
+
+    Decoder layers that checkpoint stay in training mode alone: transformers' checkpointing
+    wrapper only recomputes a layer whose own ``training`` is set, and no layer reads it for
+    anything else (its attention and MLP submodules stay in eval mode).
+    """
+    model.eval()
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) and isinstance(
+            module, GradientCheckpointingLayer
+        ):
+            module.training = True
+
+
 def token_logprobs(
     model: PreTrainedModel,
     batch: RolloutBatch,
     temperature: float,
     with_entropy: bool = False,
     group_size: int = 1,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(o_t | q, o_<t) of the sampled tokens at the sampling temperature.
 
     With ``with_entropy``, also the (N, T) entropy of that distribution (no grad). With
     ``group_size`` G > 1 and rows grouped by prompt, each prompt runs once (``prefill``);
     otherwise one full forward. Padded response positions hold finite values the caller masks.
+
+    The LM head runs on ``chunk_tokens`` positions at a time (default: about LOGIT_CHUNK_BYTES of
+    float32 logits, ``conspo.resources.logit_chunk_tokens``), each chunk under activation
+    checkpointing when gradients are on, so only one chunk's logits are ever alive. A model whose
+    head post-processes the logits (``HEAD_POST_PROCESSING``: Gemma 2's soft-capping, Cohere's
+    logit scale, Granite's logits scaling) takes the plain path: full logits from its forward.
     """
-    if group_size > 1 and shares_prompts(batch, group_size):
-        logits = _shared_prompt_logits(model, batch, group_size)
+    head_is_plain = not any(getattr(model.config, key, None) for key in HEAD_POST_PROCESSING)
+    shared = group_size > 1 and shares_prompts(batch, group_size) and not _drops_cache(model)
+    if not head_is_plain:
+        states = (
+            _shared_prompt_outputs(model, batch, group_size, logits=True)
+            if shared
+            else _full_outputs(model, batch, logits=True)
+        )
+        head: Callable[[torch.Tensor], torch.Tensor] = nn.Identity()
+        chunk_tokens = chunk_tokens or logit_chunk_tokens(states.shape[-1])
     else:
-        logits = _full_logits(model, batch)
-    logits = logits.float() / temperature
-    logz = logits.logsumexp(-1)  # (N, T)
-    logprobs = logits.gather(-1, batch.response_ids[..., None]).squeeze(-1) - logz
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = logz - (logits.softmax(-1) * logits).sum(-1)
+        states = (
+            _shared_prompt_outputs(model, batch, group_size, logits=False)
+            if shared
+            else _full_outputs(model, batch, logits=False)
+        )
+        head = model.get_output_embeddings()
+        chunk_tokens = chunk_tokens or logit_chunk_tokens(model.config.vocab_size)
+    n, t = batch.response_ids.shape
+    flat, targets = states.reshape(n * t, -1), batch.response_ids.reshape(n * t)
+    logprobs, entropy = [], []
+    for start in range(0, n * t, chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        if torch.is_grad_enabled() and flat.requires_grad:
+            # Each chunk's logits are recomputed in the backward instead of kept: one alive.
+            lp, ent = checkpoint(
+                _chunk_logprobs, head, flat[part], targets[part], temperature, with_entropy,
+                use_reentrant=False,
+            )  # fmt: skip
+        else:
+            lp, ent = _chunk_logprobs(head, flat[part], targets[part], temperature, with_entropy)
+        logprobs.append(lp)
+        entropy.append(ent)
+    out = torch.cat(logprobs).view(n, t)
+    return out, torch.cat(entropy).view(n, t) if with_entropy else None
+
+
+# Config attributes of heads whose logits are more than lm_head(hidden): such models take the
+# plain path of token_logprobs.
+HEAD_POST_PROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _chunk_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    states: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k,) log-probs of ``targets`` (k,) and (k,) entropy (empty unless ``with_entropy``; no
+    grad) from (k, H) hidden states (or (k, V) logits with an identity head), in float32."""
+    logits = head(states).float() / temperature
+    logz = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
+    if not with_entropy:
+        return logprobs, logits.new_empty(0)
+    with torch.no_grad():
+        entropy = logz - (logits.softmax(-1) * logits).sum(-1)
     return logprobs, entropy
 
 
-def _full_logits(model: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
-    """(N, T, V) logits predicting each response token, from one forward over prompt+response.
+def _drops_cache(model: nn.Module) -> bool:
+    """Whether this forward would run checkpointed layers, which transformers runs without a
+    KV cache: the shared-prompt path needs one, so such a pass takes the full forward."""
+    return torch.is_grad_enabled() and any(
+        module.training and getattr(module, "gradient_checkpointing", False)
+        for module in model.modules()
+        if isinstance(module, GradientCheckpointingLayer)
+    )
 
-    Only the last T+1 positions go through the LM head: the prompt's own logits are never needed.
-    """
+
+def _run(model: PreTrainedModel, logits: bool, keep: int, **inputs: Any) -> torch.Tensor:
+    """The last ``keep`` positions' logits (N, keep, V), or the decoder's final hidden states
+    (N, keep, H) there (``logits=False``: no LM head)."""
+    if logits:
+        return model(**inputs, logits_to_keep=keep).logits
+    hidden = model.get_decoder()(**inputs).last_hidden_state
+    return hidden[:, -keep:]
+
+
+def _full_outputs(model: PreTrainedModel, batch: RolloutBatch, logits: bool) -> torch.Tensor:
+    """(N, T, ·) logits or hidden states predicting each response token, from one forward over
+    prompt+response. Only the last T+1 positions are kept: the prompt's own are never needed."""
     t = batch.response_ids.shape[1]
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P+T)
     attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attn,
-        position_ids=prompt_positions(attn),
-        logits_to_keep=t + 1,
-    ).logits
-    return logits[:, :-1]  # position P-1+t predicts response token t
+    out = _run(model, logits, t + 1, input_ids=input_ids, attention_mask=attn,
+               position_ids=prompt_positions(attn), use_cache=False)  # fmt: skip
+    return out[:, :-1]  # position P-1+t predicts response token t
 
 
-def _shared_prompt_logits(model: PreTrainedModel, batch: RolloutBatch, g: int) -> torch.Tensor:
-    """(N, T, V) logits predicting each response token, each group's prompt run once."""
-    state = prefill(model, batch.prompt_ids, batch.prompt_mask, g)
-    first = state.logits[:, None]  # (N, 1, V) predicts response token 0
-    if batch.response_ids.shape[1] == 1:
+def _shared_prompt_outputs(
+    model: PreTrainedModel, batch: RolloutBatch, g: int, logits: bool
+) -> torch.Tensor:
+    """(N, T, ·) logits or hidden states predicting each response token, each group's prompt
+    run once."""
+    forward = partial(_run, model, logits)
+    state = _prefill(forward, model.config, batch.prompt_ids, batch.prompt_mask, g)
+    first = state.logits[:, None]  # (N, 1, ·) predicts response token 0
+    t = batch.response_ids.shape[1]
+    if t == 1:
         return first
     # Token t ≥ 1 is predicted by the forward at token t-1: feed all but the last token.
     attn = torch.cat([batch.prompt_mask, batch.response_mask[:, :-1].long()], dim=1)
-    rest = extend(model, state, batch.response_ids[:, :-1], attn, offset=0)  # (N, T-1, V)
+    rest = _extend(forward, state, batch.response_ids[:, :-1], attn, offset=0)  # (N, T-1, ·)
     return torch.cat([first, rest], dim=1)

@@ -28,6 +28,15 @@ Loc = tuple[str, ...]
 MAX_CONFIG_JSON_BYTES = 2**20
 FLOAT32 = 4
 INT64 = 8
+# Float32 logits the training forward holds at once (conspo.forward.token_logprobs applies the
+# LM head to this many bytes' worth of positions at a time): 256 MiB, 441 positions of a 151,936
+# vocabulary.
+LOGIT_CHUNK_BYTES = 2**28
+
+
+def logit_chunk_tokens(vocab: int) -> int:
+    """Positions per LM-head chunk of the training forward for a ``vocab``-sized vocabulary."""
+    return max(1, LOGIT_CHUNK_BYTES // (vocab * FLOAT32))
 
 
 @dataclass(frozen=True)
@@ -122,22 +131,35 @@ def _layer_activations(dims: ModelDims) -> int:
 def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> MemoryEstimate:
     """Peak memory of a training step of ``cfg`` on the device that trains it, in bytes.
 
-    b = ``dtype_bytes`` (4 for float32, 2 for bfloat16), P = ``dims.params``; N = prompts_per_step
-    × group_size rollouts, T = max_new_tokens, M = optim.mini_batches, B = ⌈N/M⌉; L, H, I, K, V as
-    in ``ModelDims``. Counted:
+    b = ``dtype_bytes``, the compute dtype's (4 for float32, 2 for bfloat16 / float16); w, the
+    weights' bytes: 4 under mixed precision (model.mixed_precision, always for float16), else b.
+    P = ``dims.params``; A = the LoRA adapters' parameters (model.lora: r × (in + out) per adapted
+    matrix); N = prompts_per_step × group_size rollouts, T = max_new_tokens, M =
+    optim.mini_batches, B = ⌈N/M⌉; L, H, I, K, V as in ``ModelDims``. The training forward's
+    tokens: B·T, or with optim.micro_batch_tokens = m > 0 a micro-batch's, min(B·T, max(m, T));
+    its logits: one chunk of C = min(tokens, ``logit_chunk_tokens(V)``) positions. Counted:
 
-    * model state, held all run: the weights, their gradients and AdamW's two moments (4·P·b), and
-      a frozen reference copy (P·b) when the objective's β > 0;
+    * model state, held all run: full fine-tuning, the weights, their gradients and AdamW's two
+      moments (4·P·w) and a frozen reference copy (P·w) when the objective's β > 0; LoRA, the
+      frozen weights (P·w, also the reference: adapters off) and the adapters' float32 weights,
+      gradients and moments (16·A);
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
       it grows), a step's logits and softmax N·V·(b+12), and the sampler's int64 attention mask,
       token ids and end-of-sequence masks (48·N·T);
     * evaluation: the same for eval_size × pass_k rollouts;
     * the update: the rollout batch 16·N·T (twice that when refilling groups), then the larger of
-      - with M > 1, the no-grad forward that freezes π_old over all N rows: its KV cache, one
-        layer's transients and the logits, N·T·((2LK+4I+4H)·b + V·(b+8)), and its result;
-      - one mini-batch of B rows: the activations kept for backward L·B·T·(10H+4K+4I)·b, the
-        logits and their float32 copies B·T·V·(b+12), and the reference model's no-grad forward
-        over the same rows when β > 0.
+      - with M > 1, the no-grad forward that freezes π_old over all N rows (micro-batch by
+        micro-batch): its KV cache and one layer's transients per token, (2LK+4I+4H)·b, one
+        chunk of logits C·V·(b+8), and its log-probs and entropy 8·N·T;
+      - the gradient pass over a micro-batch's tokens: the activations kept for backward, per
+        token L·a·b with a = 10H+4K+4I (plus, with LoRA, each adapted projection's two
+        output-wide tensors, the adapter's output and its scaled copy), or with gradient
+        checkpointing each layer's input L·H·b plus one layer's recomputed activations and
+        their gradients 2·a·b; the final hidden states H·b; one chunk of
+        logits with its float32 copies C·V·(b+12); under mixed precision, full fine-tuning's
+        half-precision copies of the weights autocast keeps (P·b); with micro-batches, the
+        mini-batch's log-probs, entropy and their gradient 16·B·T; and the reference model's
+        no-grad forward over the same tokens when β > 0.
 
     Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it), the
     process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
@@ -145,30 +167,71 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     the real peak: a config refused by it does not fit. tests/conspo/test_resources.py compares it
     with the measured peak RSS of a CPU run.
     """
-    b, s = dtype_bytes, cfg.sampling
+    b, s, m = dtype_bytes, cfg.sampling, cfg.model
+    mixed = b < FLOAT32 and (m.mixed_precision or m.dtype == "float16")
+    w = FLOAT32 if mixed else b
     params = cfg.objective_params()
     beta = float(getattr(params, "beta", 0.0))
     refill = bool(getattr(params, "refill_groups", False))
     n, t = s.prompts_per_step * s.group_size, s.max_new_tokens
     rows = math.ceil(n / cfg.optim.mini_batches)
-    state = dims.params * b * (5 if beta > 0 else 4)
+    budget = cfg.optim.micro_batch_tokens
+    tokens = min(rows * t, max(budget, t)) if budget else rows * t
+    if m.lora.rank:
+        adapters = lora_params(dims, m.lora.rank, m.lora.target_modules)
+        state = dims.params * w + 4 * FLOAT32 * adapters
+    else:
+        state = dims.params * w * (5 if beta > 0 else 4)
     evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, t, b)
     batch = 16 * n * t * (2 if refill else 1)
     freeze_old = 0
     if cfg.optim.mini_batches > 1:
-        freeze_old = _no_grad_forward(dims, n, t, b) + n * t * FLOAT32
-    chunk = rows * t * (dims.layers * _layer_activations(dims) * b + dims.vocab * (b + 3 * FLOAT32))
+        freeze_old = _no_grad_forward(dims, min(n * t, budget or n * t), b) + 2 * n * t * FLOAT32
+    layer = _layer_activations(dims)
+    if m.lora.rank:
+        layer += 2 * _adapted_widths(dims, m.lora.target_modules)[1]
+    if m.gradient_checkpointing:
+        kept = dims.layers * dims.hidden + 2 * layer
+    else:
+        kept = dims.layers * layer
+    chunk = min(tokens, logit_chunk_tokens(dims.vocab))
+    grad_pass = tokens * (kept + dims.hidden) * b + chunk * dims.vocab * (b + 3 * FLOAT32)
+    if mixed and not m.lora.rank:
+        grad_pass += dims.params * b
+    if tokens < rows * t:
+        grad_pass += 4 * rows * t * FLOAT32
     if beta > 0:
-        chunk += _no_grad_forward(dims, rows, t, b)
-    update = batch + max(freeze_old, chunk)
+        grad_pass += _no_grad_forward(dims, tokens, b)
+    update = batch + max(freeze_old, grad_pass)
     return MemoryEstimate(state, _sampling(dims, n, t, b), evaluation, update)
 
 
-def _no_grad_forward(dims: ModelDims, rows: int, t: int, b: int) -> int:
-    """A forward without gradients over ``rows`` × ``t`` tokens: the KV cache it fills, one
-    layer's MLP and attention transients, and the logits with their float32 copies."""
+def lora_params(dims: ModelDims, rank: int, targets: list[str]) -> int:
+    """Parameters of rank-``rank`` adapters on ``targets`` (["all-linear"] or module names)."""
+    return rank * _adapted_widths(dims, targets)[0] * dims.layers
+
+
+def _adapted_widths(dims: ModelDims, targets: list[str]) -> tuple[int, int]:
+    """(Σ in + out, Σ out) over a layer's projections that get adapters. A name outside the
+    Llama/Qwen2 family's counts as every projection: an upper bound."""
+    h, k, i = dims.hidden, dims.kv_width, dims.intermediate
+    shapes = {  # (in, out); q and o are taken as H wide
+        "q_proj": (h, h), "k_proj": (h, k), "v_proj": (h, k), "o_proj": (h, h),
+        "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+    }  # fmt: skip
+    names = set(shapes) if any(name not in shapes for name in targets) else set(targets)
+    return (
+        sum(shapes[n][0] + shapes[n][1] for n in names),
+        sum(shapes[n][1] for n in names),
+    )
+
+
+def _no_grad_forward(dims: ModelDims, tokens: int, b: int) -> int:
+    """A forward without gradients over ``tokens`` tokens: the KV cache it fills, one layer's
+    MLP and attention transients, and one chunk of logits with its float32 copies."""
     per_token = 2 * dims.layers * dims.kv_width + 4 * (dims.intermediate + dims.hidden)
-    return rows * t * (per_token * b + dims.vocab * (b + 2 * FLOAT32))
+    chunk = min(tokens, logit_chunk_tokens(dims.vocab))
+    return tokens * per_token * b + chunk * dims.vocab * (b + 2 * FLOAT32)
 
 
 def _sampling(dims: ModelDims, n: int, t: int, b: int) -> int:
@@ -193,8 +256,27 @@ def check_memory(estimate: MemoryEstimate, limit: int) -> None:
     raise MemoryRefused(
         f"this config needs {estimate.describe()} of memory, over the {_size(limit)} a run may"
         " use here: lower sampling.prompts_per_step, sampling.group_size or"
-        " sampling.max_new_tokens, raise optim.mini_batches, or pick a smaller model",
+        " sampling.max_new_tokens, raise optim.mini_batches, set optim.micro_batch_tokens,"
+        " model.gradient_checkpointing or model.lora.rank, or pick a smaller model",
         estimate.culprit(limit),
+    )
+
+
+class OutOfMemory(RuntimeError):
+    """A training step ran out of device memory (the trainer raises it from the allocator's
+    error); the message says what the run was estimated to need and what to change."""
+
+
+def out_of_memory_message(estimate: MemoryEstimate | None, capacity: int, cfg: RunConfig) -> str:
+    needs = "was not estimated" if estimate is None else f"needs {estimate.describe()}"
+    m, s = cfg.model, cfg.sampling
+    return (
+        f"out of device memory: the device has {_size(capacity)}, this config {needs}. Lower it"
+        f" with optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens}; 0 is off),"
+        f" model.gradient_checkpointing (now {str(m.gradient_checkpointing).lower()}),"
+        f" model.lora.rank (now {m.lora.rank}; 0 trains every weight), optim.mini_batches (now"
+        f" {cfg.optim.mini_batches}) or sampling.prompts_per_step / group_size / max_new_tokens"
+        f" (now {s.prompts_per_step} / {s.group_size} / {s.max_new_tokens})"
     )
 
 

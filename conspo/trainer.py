@@ -44,18 +44,34 @@ from conspo.evaluation import (
     save_best,
     score_benchmark,
 )
-from conspo.forward import token_logprobs
-from conspo.models import ModelStore, device_memory, load_pretrained, model_dims, pick_device
+from conspo.forward import logprob_mode, token_logprobs
+from conspo.microbatch import micro_batches, trimmed
+from conspo.models import (
+    ModelStore,
+    device_memory,
+    load_pretrained,
+    model_dims,
+    pick_device,
+    prepare_for_training,
+)
 from conspo.objectives import (
+    ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
     clipped_ratio_scores,
     k3_kl,
     sequence_scores,
 )
+from conspo.precision import Precision, make_precision
 from conspo.prompts import PromptRenderer, with_prompts
 from conspo.registry import get_objective
-from conspo.resources import check_memory, estimate_memory
+from conspo.resources import (
+    MemoryEstimate,
+    OutOfMemory,
+    check_memory,
+    estimate_memory,
+    out_of_memory_message,
+)
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import separation_stats
@@ -83,6 +99,9 @@ class TrainState:
     eval_examples: list[Example]
     device: torch.device
     engine: Engine  # generates rollouts and evaluation samples (sampling.engine)
+    precision: Precision
+    trainable: list[torch.nn.Parameter]  # what the optimiser updates (LoRA: the adapters)
+    estimate: MemoryEstimate | None  # of conspo.resources; None for a model it cannot size
     rollouts_seen: int = 0
     benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
 
@@ -137,7 +156,10 @@ def train(
     while last_step < config.steps:
         if should_stop():
             break
-        record = train_step(state, last_step + 1, should_stop)
+        try:
+            record = train_step(state, last_step + 1, should_stop)
+        except torch.OutOfMemoryError as exc:
+            raise out_of_memory(state) from exc
         if record is None:  # stopped between rollout rounds: the step did not happen
             break
         last_step = record.step
@@ -157,6 +179,15 @@ def train(
     return TrainResult("succeeded", last_step)
 
 
+def out_of_memory(state: TrainState) -> OutOfMemory:
+    """The error a step that ran out of device memory ends the run with: what it was estimated
+    to need, what the device has, and the settings that lower it."""
+    capacity = device_memory(state.device)
+    if state.device.type == "cuda":
+        torch.cuda.empty_cache()  # the failed step's tensors are gone; what is left is the run's
+    return OutOfMemory(out_of_memory_message(state.estimate, capacity, state.cfg))
+
+
 def setup(
     cfg: RunConfig,
     store: ModelStore,
@@ -167,21 +198,28 @@ def setup(
     task = make_task(cfg.task, files)
     benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
     device, dtype = pick_device(cfg.model)
+    precision = make_precision(dtype, cfg.model.mixed_precision, device)
     path = store.resolve(cfg.model.name)
-    if memory_limit is not None:
-        check_fits(cfg, path, device, dtype, memory_limit)
-    model, tokenizer = load_pretrained(path, device, dtype)
+    dims = model_dims(path)
+    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize)
+    if memory_limit is not None and estimate is not None:
+        capacity = device_memory(device)
+        check_memory(estimate, min(memory_limit, capacity) if memory_limit else capacity)
+    attn = cfg.model.attn_implementation
+    model, tokenizer = load_pretrained(path, device, precision.weights, attn)
+    model = prepare_for_training(model, cfg.model, cfg.seed)
     render = PromptRenderer(cfg.prompt, tokenizer)
     task = with_prompts(task, render)
     params = cfg.objective_params()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
     ref_model = None
-    if params.beta > 0:  # a frozen copy of the starting policy (the checkpoint never replaces it)
-        ref_model, _ = load_pretrained(path, device, dtype)
+    if params.beta > 0 and cfg.model.lora.rank == 0:
+        # A frozen copy of the starting policy (the checkpoint never replaces it). With LoRA the
+        # reference is the base itself, adapters disabled (reference_logprobs).
+        ref_model, _ = load_pretrained(path, device, precision.weights, attn)
         ref_model.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
-    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     return TrainState(
         cfg=cfg,
         params=params,
@@ -195,21 +233,10 @@ def setup(
         device=device,
         engine=make_engine(cfg.sampling, path, dtype),
         benchmarks=[rendered(b, render) for b in benchmarks],
+        precision=precision,
+        trainable=trainable,
+        estimate=estimate,
     )
-
-
-def check_fits(
-    cfg: RunConfig, path: Path | str, device: torch.device, dtype: torch.dtype, limit: int
-) -> None:
-    """Refuse (``MemoryRefused``) a config whose estimate exceeds ``limit`` bytes (0: the device's
-    memory; never more than it), before any weight is loaded. A model whose config.json lacks the
-    standard decoder dimensions is not estimated."""
-    dims = model_dims(path)
-    if dims is None:
-        return
-    capacity = device_memory(device)
-    estimate = estimate_memory(cfg, dims, dtype.itemsize)
-    check_memory(estimate, min(limit, capacity) if limit else capacity)
 
 
 def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
@@ -217,8 +244,15 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
     found = latest_checkpoint(workdir)
     info = {
         "total_steps": state.cfg.steps,
-        "device": str(state.device),
+        "device": describe_device(state.device),
         "model": state.cfg.model.name,
+        "dtype": str(state.precision.compute).removeprefix("torch."),
+        "mixed_precision": state.precision.mixed,
+        "lora_rank": state.cfg.model.lora.rank,
+        "trainable_params": sum(p.numel() for p in state.trainable),
+        "total_params": sum(p.numel() for p in state.model.parameters()),
+        "attn_implementation": state.cfg.model.attn_implementation,
+        "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
     }
     if found is None:
         sink.log_event("started", info)
@@ -226,15 +260,27 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
     step, path = found
     saved = load_checkpoint(path, state.model, state.optimizer)
     state.rollouts_seen = saved["counters"]["rollouts_seen"]
+    if state.precision.scaler is not None and "scaler" in saved["counters"]:
+        state.precision.scaler.load_state_dict(saved["counters"]["scaler"])
     sink.log_event("resumed", {**info, "step": step, "path": str(path)})
     return step
+
+
+def describe_device(device: torch.device) -> str:
+    """ "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"."""
+    if device.type != "cuda":
+        return str(device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
 def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
     # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
     # it must be stored before the checkpoint exists (a buffering sink may hold some back).
     flush_sink(sink)
-    counters = {"rollouts_seen": state.rollouts_seen}
+    counters: dict[str, Any] = {"rollouts_seen": state.rollouts_seen}
+    if state.precision.scaler is not None:  # float16's loss scale is part of exact resume
+        counters["scaler"] = state.precision.scaler.state_dict()
     path = save_checkpoint(
         workdir,
         step,
@@ -251,7 +297,8 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
     """One step; None when should_stop() fired between rollout rounds (nothing was updated)."""
     cfg = state.cfg
     t0 = time.perf_counter()
-    rollouts = collect_rollouts(state, step, should_stop)
+    with state.precision.autocast():
+        rollouts = collect_rollouts(state, step, should_stop)
     if rollouts is None:
         return None
     t_rollout = time.perf_counter() - t0
@@ -409,26 +456,28 @@ def update(
     mini-batch without a valid group cannot turn the step's curves into NaN.
     """
     cfg, device = state.cfg, state.device
-    state.model.train()
+    logprob_mode(state.model)
     g = cfg.sampling.group_size
     n_groups = len(r.group_ids) // g
     chunks = [c for c in torch.arange(n_groups).tensor_split(cfg.optim.mini_batches) if len(c)]
-    old_logprobs = None
+    before_update = None
     if len(chunks) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
-        with torch.no_grad():
-            old_logprobs, _ = token_logprobs(
-                state.model, r.batch, cfg.sampling.temperature, group_size=g
-            )
+        before_update = no_grad_logprobs(state, r.batch)
     for group in state.optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
     view = state.params.separation_view(step / cfg.steps)
     per_chunk: list[dict[str, torch.Tensor]] = []
     scores = torch.empty(len(r.group_ids), device=device)
     clipped = torch.empty(len(r.group_ids), device=device)
-    for chunk in chunks:
+    for i, chunk in enumerate(chunks):
         rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
+        # The first mini-batch's π_θ is still π_old: its no-grad pass is already done.
+        known = None
+        if before_update is not None and i == 0:
+            known = before_update[0][rows], before_update[1][rows]
+        old_logprobs = None if before_update is None else before_update[0][rows]
         stats, scores[rows], clipped[rows] = optimise_chunk(
-            state, r, rows, old_logprobs, step, view.clip_eps
+            state, r, rows, old_logprobs, step, view.clip_eps, known
         )
         per_chunk.append(stats)
     stats = {k: torch.stack([s[k] for s in per_chunk]).mean() for k in per_chunk[0]}
@@ -452,19 +501,19 @@ def optimise_chunk(
     old_logprobs: torch.Tensor | None,
     step: int,
     clip_eps: float,
+    known: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """Score, objective, backward, clip, step on the rollouts in ``rows`` (N,) bool.
 
+    ``known``: their (log-probs, entropy) under the current π_θ when already computed.
     Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1 at
     ``clip_eps``), the scores (B,) for the B rollouts of ``rows``.
     """
-    batch, entropy = policy_batch(state, r, rows, old_logprobs, step)
-    out = state.objective(batch, state.params)
     state.optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
-    max_norm = state.cfg.optim.max_grad_norm
-    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm)
-    state.optimizer.step()
+    batch, entropy, out = backward_chunk(state, r, rows, old_logprobs, step, known)
+    grad_norm = state.precision.step(
+        state.optimizer, state.trainable, state.cfg.optim.max_grad_norm
+    )
     logprobs, mask = batch.logprobs.detach(), batch.mask
     # Scores of the policy that sampled (π_old): before this chunk's update.
     behaviour = logprobs if batch.old_logprobs is None else batch.old_logprobs
@@ -483,39 +532,144 @@ def optimise_chunk(
     return {k: v.float() for k, v in stats.items()}, scores, clipped
 
 
-def policy_batch(
+def backward_chunk(
     state: TrainState,
     r: Rollouts,
     rows: torch.Tensor,
     old_logprobs: torch.Tensor | None,
     step: int,
-) -> tuple[PolicyBatch, torch.Tensor]:
-    """The objective's input for the rollouts in ``rows`` (N,) bool, and their (B, T) entropy.
+    known: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
+    """The objective on the rollouts in ``rows`` and its gradient in the trainable parameters'
+    ``.grad``; returns (the objective's input, its (B, T) entropy, the objective's output).
 
-    The forward under π_θ keeps its graph (the objective differentiates it); the reference
-    forward, when there is a reference, does not.
+    Within ``optim.micro_batch_tokens`` one forward keeps its graph and the loss is
+    differentiated through it. Above, exactly the same gradient in micro-batches: the objective is
+    not a sum over rows (group normalisation, ConSPO's in-group InfoNCE, the token mean over the
+    mini-batch), but it is a function of the (B, T) log-probs alone, so (a) a no-grad pass gives
+    the log-probs, (b) the objective's gradient in them, g = ∂loss/∂logprobs, comes from a
+    backward through the objective only, and (c) each micro-batch's forward backpropagates
+    Σ logprobs_mb · g_mb, whose gradients add up to the mini-batch's by the chain rule.
     """
-    cfg, device = state.cfg, state.device
+    cfg = state.cfg
     sub = r.batch.select(rows)
-    temp, g = cfg.sampling.temperature, cfg.sampling.group_size
-    logprobs, entropy = token_logprobs(state.model, sub, temp, with_entropy=True, group_size=g)
-    assert entropy is not None
-    ref = None
-    if state.ref_model is not None:
-        with torch.no_grad():
-            ref, _ = token_logprobs(state.ref_model, sub, temp, group_size=g)
+    g = cfg.sampling.group_size
+    pieces = micro_batches(sub, g, cfg.optim.micro_batch_tokens)
+    ref = reference_logprobs(state, sub, pieces)
+    if len(pieces) == 1:
+        with state.precision.autocast():
+            logprobs, entropy = token_logprobs(
+                state.model, sub, cfg.sampling.temperature, with_entropy=True, group_size=g
+            )
+        assert entropy is not None
+        batch = policy_batch(state, r, rows, logprobs, old_logprobs, ref, step)
+        out = state.objective(batch, state.params)
+        state.precision.backward(out.loss)
+        return batch, entropy, out
+    values, entropy = known if known is not None else no_grad_logprobs(state, sub, pieces)
+    leaf = values.detach().requires_grad_()
+    batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step)
+    out = state.objective(batch, state.params)
+    (dloss_dlogprobs,) = torch.autograd.grad(out.loss, leaf)
+    for idx in pieces:
+        piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
+        with state.precision.autocast():
+            logprobs, _ = token_logprobs(
+                state.model, piece, cfg.sampling.temperature, group_size=piece_group_size(idx, g)
+            )
+        weights = dloss_dlogprobs[idx.to(leaf.device), : logprobs.shape[1]]
+        state.precision.backward((logprobs * weights).sum())
+    return batch, entropy, out
+
+
+def no_grad_logprobs(
+    state: TrainState, batch: RolloutBatch, pieces: list[torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) log-probs and entropy of every row under the current π_θ, without grad, one
+    micro-batch (``pieces``, default by optim.micro_batch_tokens) at a time."""
+    temperature = state.cfg.sampling.temperature
+
+    def run(piece: RolloutBatch, size: int) -> list[torch.Tensor]:
+        logprobs, entropy = token_logprobs(state.model, piece, temperature, True, size)
+        assert entropy is not None
+        return [logprobs, entropy]
+
+    logprobs, entropy = per_micro_batch(state, batch, pieces, run)
+    return logprobs, entropy
+
+
+def reference_logprobs(
+    state: TrainState, batch: RolloutBatch, pieces: list[torch.Tensor]
+) -> torch.Tensor | None:
+    """(N, T) log π_ref (no grad), or None without a reference (β = 0). With LoRA π_ref is the
+    base model: the policy with its adapters disabled."""
+    if state.params.beta <= 0:
+        return None
+    temperature = state.cfg.sampling.temperature
+
+    def run(piece: RolloutBatch, size: int) -> list[torch.Tensor]:
+        if state.ref_model is not None:
+            return [token_logprobs(state.ref_model, piece, temperature, group_size=size)[0]]
+        with state.model.disable_adapter():  # type: ignore[operator]  # a peft model
+            return [token_logprobs(state.model, piece, temperature, group_size=size)[0]]
+
+    (logprobs,) = per_micro_batch(state, batch, pieces, run)
+    return logprobs
+
+
+def per_micro_batch(
+    state: TrainState,
+    batch: RolloutBatch,
+    pieces: list[torch.Tensor] | None,
+    run: Callable[[RolloutBatch, int], list[torch.Tensor]],
+) -> list[torch.Tensor]:
+    """The (k, t) results of ``run(micro-batch, its group size)`` on each micro-batch, without
+    grad, assembled into (N, T) float32 (0 past a micro-batch's t: ``trimmed``)."""
+    g = state.cfg.sampling.group_size
+    if pieces is None:
+        pieces = micro_batches(batch, g, state.cfg.optim.micro_batch_tokens)
+    n, t = batch.response_ids.shape
+    results: list[torch.Tensor] = []
+    with torch.no_grad(), state.precision.autocast():
+        for idx in pieces:
+            rows = idx.to(batch.response_ids.device)
+            parts = run(trimmed(batch.select(rows)), piece_group_size(idx, g))
+            if not results:
+                results = [torch.zeros(n, t, device=state.device) for _ in parts]
+            for full, part in zip(results, parts, strict=True):
+                full[rows, : part.shape[1]] = part.float()
+    return results
+
+
+def piece_group_size(idx: torch.Tensor, g: int) -> int:
+    """The prompt-sharing group size of a micro-batch: G for whole groups; a piece of one group
+    shares its prompt across all its rows (token_logprobs checks either claim)."""
+    return len(idx) if len(idx) < g else g
+
+
+def policy_batch(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    step: int,
+) -> PolicyBatch:
+    """The objective's input for the rollouts in ``rows`` (N,) bool, whose π_θ log-probs are
+    ``logprobs`` (B, T) (with grad)."""
+    cfg, device = state.cfg, state.device
     rows_cpu = rows.cpu()
-    batch = PolicyBatch(
+    return PolicyBatch(
         logprobs=logprobs,
-        mask=sub.response_mask,
+        mask=r.batch.response_mask[rows],
         rewards=r.rewards[rows_cpu].to(device),
         group_ids=r.group_ids[rows_cpu].to(device),
         progress=step / cfg.steps,
         max_response_len=cfg.sampling.max_new_tokens,
-        old_logprobs=None if old_logprobs is None else old_logprobs[rows],
-        ref_logprobs=ref,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
     )
-    return batch, entropy
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
@@ -532,6 +686,11 @@ def lr_at(cfg: RunConfig, step: int) -> float:
 def run_eval(state: TrainState, step: int) -> dict[str, float]:
     """Greedy accuracy and pass@k on the held-out split, avg@k and pass@k on each benchmark
     (conspo.evaluation); every sample drawn at eval.temperature and eval.top_p."""
+    with state.precision.autocast():
+        return _eval_metrics(state, step)
+
+
+def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
     cfg = state.cfg
     state.model.eval()
     generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, step, "eval"))

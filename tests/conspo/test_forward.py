@@ -4,9 +4,14 @@ Every shortcut (a prompt run once per group, only the needed positions through t
 checked against the plain forward it replaces, in values and in gradients.
 """
 
+import copy
+
+import pytest
 import torch
 
-from conspo.forward import prefill, shares_prompts, token_logprobs
+from conspo.config import ModelConfig
+from conspo.forward import logprob_mode, prefill, prompt_positions, shares_prompts, token_logprobs
+from conspo.models import prepare_for_training
 from conspo.rollout import RolloutBatch, sample
 
 
@@ -90,3 +95,75 @@ def test_shared_prompt_forward_matches_the_full_forward_in_values_and_gradients(
     assert len(full_grads) == len(shared_grads)
     for a, b in zip(full_grads, shared_grads, strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def plain_logprobs(model, out, temperature):
+    """Log-probs from the model's own full-vocabulary logits: what the chunked path replaces."""
+    t = out.response_ids.shape[1]
+    ids = torch.cat([out.prompt_ids, out.response_ids], 1)
+    attn = torch.cat([out.prompt_mask, out.response_mask.long()], 1)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=prompt_positions(attn)).logits
+    logits = logits[:, -t - 1 : -1].float() / temperature
+    logprobs = logits.log_softmax(-1).gather(-1, out.response_ids[..., None]).squeeze(-1)
+    entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    return logprobs, entropy.detach()
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+@pytest.mark.parametrize("chunk_tokens", [1, 4, None])
+def test_chunked_logprobs_equal_the_full_vocabulary_ones(group_size, chunk_tokens, policy,
+                                                         prompts):  # fmt: skip
+    model, tok = policy
+    ids, mask = (x.repeat_interleave(3, dim=0) for x in prompts)
+    out = sample(model, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(2))  # fmt: skip
+    assert out.response_ids.shape[1] > 2  # a chunk of 1 or 4 is less than a row
+
+    def value_and_grads(fn):
+        model.zero_grad(set_to_none=True)
+        logprobs, entropy = fn()
+        (logprobs * out.response_mask).sum().backward()
+        return logprobs.detach(), entropy, [p.grad.clone() for p in model.parameters()]
+
+    want, want_entropy, want_grads = value_and_grads(lambda: plain_logprobs(model, out, 0.7))
+    got, got_entropy, got_grads = value_and_grads(
+        lambda: token_logprobs(
+            model, out, 0.7, with_entropy=True, group_size=group_size, chunk_tokens=chunk_tokens
+        )  # fmt: skip
+    )
+    model.zero_grad(set_to_none=True)
+    m = out.response_mask.bool()
+    torch.testing.assert_close(got[m], want[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_entropy[m], want_entropy[m], atol=1e-5, rtol=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_logprob_passes_run_without_dropout(policy, prompts):
+    """A model whose attention and LoRA dropout are 0.5: every log-prob pass is deterministic,
+    with and without gradient checkpointing, while training mode would not be."""
+    base, tok = policy
+    model = copy.deepcopy(base)
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    lora = {"rank": 4, "dropout": 0.5}
+    model = prepare_for_training(model, ModelConfig(lora=lora, gradient_checkpointing=True))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)  # B starts at 0, which would hide the adapters' dropout
+    ids, mask = (x.repeat_interleave(2, dim=0) for x in prompts)
+    out = sample(base, ids, mask, max_new_tokens=6, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(3))  # fmt: skip
+    m = out.response_mask.bool()
+    model.train()
+    noisy = [token_logprobs(model, out, 1.0)[0][m] for _ in range(2)]
+    assert not torch.allclose(*noisy)  # the dropout is real
+    logprob_mode(model)
+    with torch.no_grad():
+        first = token_logprobs(model, out, 1.0, group_size=2)[0][m]
+    again = token_logprobs(model, out, 1.0, group_size=2)[0][m]  # grad on: checkpointed layers
+    assert again.requires_grad
+    torch.testing.assert_close(again.detach(), first, atol=1e-5, rtol=1e-5)
+    assert torch.equal(token_logprobs(model, out, 1.0)[0][m].detach(), again.detach())

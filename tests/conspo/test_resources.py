@@ -104,6 +104,29 @@ def test_the_estimate_grows_with_what_a_step_holds():
     assert estimate_memory(split, dims, 4).update < base / 2
 
 
+def test_lora_checkpointing_and_micro_batches_shrink_what_they_should():
+    dims = ModelDims.from_hf_config({**SMALL_DECODERS["qwen2, grouped kv heads, untied"],
+                                     "vocab_size": 151_936, "num_hidden_layers": 24})  # fmt: skip
+    assert dims is not None
+    sampling = {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 1024}
+
+    def estimate(model=None, optim=None, dtype_bytes=2):
+        cfg = RunConfig.model_validate({"sampling": sampling, "model": model or {},
+                                        "optim": optim or {}, "params": {"beta": 0.1}})  # fmt: skip
+        return estimate_memory(cfg, dims, dtype_bytes)
+
+    full = estimate()
+    lora = estimate({"lora": {"rank": 8}})
+    assert lora.state < full.state / 4  # no gradients, moments or reference copy of the base
+    assert estimate({"gradient_checkpointing": True}).update < full.update / 2
+    assert estimate(optim={"micro_batch_tokens": 4096}).update < full.update / 3
+    mixed = estimate({"mixed_precision": True})
+    assert mixed.state == 2 * full.state  # float32 master weights and moments
+    assert estimate({"dtype": "float16"}).state == mixed.state  # float16 is always mixed
+    # The logits of the training forward are one chunk, not 64 × 1024 positions × V.
+    assert full.update < 64 * 1024 * 151_936 * 4
+
+
 # The measured peak: a CPU run in a fresh process, after a warm-up run that pays the one-time
 # costs the estimate leaves out (libraries, the tokenizer, torch's first calls). The peak growth
 # of its anonymous resident memory (file-backed library pages left out: page-cache pressure from
@@ -160,6 +183,16 @@ MEASURED_CONFIGS = {
     "two mini-batches and a reference model": {
         "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 48},
         "optim": {"mini_batches": 2},
+    },
+    "LoRA, gradient checkpointing and micro-batches": {
+        "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 48},
+        "model": {
+            "name": "tiny",
+            "device": "cpu",
+            "gradient_checkpointing": True,
+            "lora": {"rank": 8},
+        },
+        "optim": {"mini_batches": 2, "micro_batch_tokens": 1024},
     },
 }
 

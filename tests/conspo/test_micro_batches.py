@@ -1,0 +1,117 @@
+"""Exact gradient accumulation (optim.micro_batch_tokens) and gradient checkpointing: the
+gradient of every optimiser step equals the one of a single pass over the mini-batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conspo import trainer
+from conspo.config import RunConfig
+from conspo.microbatch import micro_batches, trimmed
+from conspo.rollout import RolloutBatch
+from conspo.trainer import collect_rollouts, setup, update
+
+
+def config(algorithm: str, mini_batches: int, **model) -> RunConfig:
+    return RunConfig.model_validate({
+        "algorithm": algorithm,
+        "steps": 4,
+        "seed": 1,
+        "task": {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 4},
+        "model": {"name": "tiny-arith", **model},
+        "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
+        "optim": {"mini_batches": mini_batches},
+    })  # fmt: skip
+
+
+def step_gradients(cfg: RunConfig, store, rollouts=None, budget: int = 0):
+    """The flattened gradient of each optimiser step of one update, and the rollouts it used."""
+    optim = cfg.optim.model_copy(update={"micro_batch_tokens": budget})
+    cfg = cfg.model_copy(update={"optim": optim})
+    state = setup(cfg, store)
+    # SGD moves the weights by the gradient alone (AdamW would blow float noise up in coordinates
+    # with a near-zero gradient), so later mini-batches start from the same weights.
+    state.optimizer = torch.optim.SGD(state.trainable, lr=1e-2)
+    if rollouts is None:
+        rollouts = collect_rollouts(state, 1, lambda: False)
+    grads = []
+    step = state.precision.step
+
+    def spy(optimizer, params, max_norm):
+        grads.append(torch.cat([p.grad.flatten() for p in params]))
+        return step(optimizer, params, max_norm)
+
+    state.precision.step = spy  # type: ignore[method-assign]
+    update(state, rollouts, 1)
+    return grads, rollouts
+
+
+def assert_same_gradients(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).norm() <= 1e-5 * w.norm(), ((g - w).norm() / w.norm()).item()
+
+
+@pytest.mark.parametrize("algorithm", ["conspo", "grpo", "dapo"])
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_micro_batches_add_up_to_the_mini_batch_gradient(algorithm, mini_batches, model_store,
+                                                         arith_base):  # fmt: skip
+    cfg = config(algorithm, mini_batches)
+    whole, rollouts = step_gradients(cfg, model_store)
+    row = int(rollouts.batch.prompt_mask.sum(-1).max() + rollouts.batch.response_mask.sum(-1).max())
+    pieces = micro_batches(rollouts.batch, 4, 2 * row)
+    assert len(pieces) > len(rollouts.group_ids) // 4  # groups were split by rows
+    for budget in (2 * row, 5 * row):  # rows of a group apart; whole groups (a group is 4 rows)
+        split, _ = step_gradients(cfg, model_store, rollouts, budget)
+        assert_same_gradients(split, whole)
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_gradient_checkpointing_gives_the_same_gradient(lora, model_store, arith_base):
+    cfg = config("conspo", 1, lora={"rank": lora})
+    plain, rollouts = step_gradients(cfg, model_store)
+    cfg = config("conspo", 1, lora={"rank": lora}, gradient_checkpointing=True)
+    checkpointed, _ = step_gradients(cfg, model_store, rollouts)
+    assert_same_gradients(checkpointed, plain)
+    row = int(rollouts.batch.prompt_mask.sum(-1).max() + rollouts.batch.response_mask.sum(-1).max())
+    both, _ = step_gradients(cfg, model_store, rollouts, budget=3 * row)
+    assert_same_gradients(both, plain)
+
+
+def batch(prompt_lens: list[int], response_lens: list[int]) -> RolloutBatch:
+    n, p, t = len(prompt_lens), max(prompt_lens) + 1, max(response_lens) + 2
+    prompt_mask = torch.tensor([[0] * (p - k) + [1] * k for k in prompt_lens])
+    response_mask = torch.tensor([[1.0] * k + [0.0] * (t - k) for k in response_lens])
+    ids = torch.ones(n, p, dtype=torch.long)
+    return RolloutBatch(ids, prompt_mask, torch.ones(n, t, dtype=torch.long), response_mask,
+                        torch.tensor(response_lens), torch.zeros(n, dtype=torch.bool))  # fmt: skip
+
+
+def test_micro_batches_keep_groups_whole_within_the_budget():
+    b = batch([3, 3, 2, 2, 4, 4], [5, 1, 2, 2, 6, 6])  # three groups of two
+    # Padded cost: rows × (longest prompt + longest response) after trimming.
+    assert [p.tolist() for p in micro_batches(b, 2, 0)] == [[0, 1, 2, 3, 4, 5]]
+    assert [p.tolist() for p in micro_batches(b, 2, 32)] == [[0, 1, 2, 3], [4, 5]]
+    assert [p.tolist() for p in micro_batches(b, 2, 20)] == [[0, 1], [2, 3], [4, 5]]
+    assert [p.tolist() for p in micro_batches(b, 2, 10)] == [[0], [1], [2, 3], [4], [5]]
+    assert [p.tolist() for p in micro_batches(b, 2, 1)] == [[i] for i in range(6)]
+    t = trimmed(b.select(torch.tensor([2, 3])))
+    assert t.prompt_ids.shape == (2, 2) and t.response_ids.shape == (2, 2)
+
+
+def test_the_first_mini_batch_reuses_the_frozen_old_logprobs(model_store, arith_base,
+                                                             monkeypatch):  # fmt: skip
+    """With mini-batches and micro-batches, π_old's pass is also the first mini-batch's."""
+    calls = []
+    real = trainer.token_logprobs
+
+    def spy(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "token_logprobs", spy)
+    cfg = config("grpo", 2)
+    grads, rollouts = step_gradients(cfg, model_store, budget=10_000_000)
+    assert calls.count(False) == 1  # the budget holds everything: one no-grad pass, π_old
+    assert len(grads) == 2
