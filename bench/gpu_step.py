@@ -127,13 +127,14 @@ def run_conspo(args: argparse.Namespace, preset: dict[str, Any]) -> dict[str, An
         # One extra step at the end, not timed: the final step also evaluates (eval.every 0
         # still evaluates at the end) and writes a checkpoint.
         "steps": args.warmup + args.steps + 1,
-        "task": {"name": "jsonl", "params": {"path": str(args.data)}},
+        # One held-out prompt, one sample: the final step's evaluation stays small (untimed).
+        "task": {"name": "jsonl", "params": {"path": str(args.data)}, "eval_size": 1},
         "model": {"name": str(args.model), "dtype": args.dtype, "device": device,
                   "gradient_checkpointing": args.gradient_checkpointing},
         "sampling": {"prompts_per_step": preset["prompts"], "group_size": preset["group"],
                      "max_new_tokens": preset["max_new_tokens"], "engine": args.impl},
         "optim": {"lr": 1e-6, "micro_batch_tokens": args.micro_batch_tokens},
-        "eval": {"every": 0, "at_start": False},
+        "eval": {"every": 0, "at_start": False, "pass_k": 1},
         "checkpoint": {"every": 0},
         "logging": {"rollout_sample": preset["prompts"] * preset["group"]},
     })  # fmt: skip
@@ -359,6 +360,8 @@ def main() -> None:
                 results[impl].append(run_child(impl, args, model, data))
                 if "error" in results[impl][-1]:
                     print(f"{impl} failed:\n{results[impl][-1]['stderr']}", file=sys.stderr)
+                else:
+                    print(f"  {impl}: {json.dumps(results[impl][-1])}", flush=True)
     for impl in impls:
         print(summarise(impl, results[impl]))
 
