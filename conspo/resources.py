@@ -267,11 +267,17 @@ class OutOfMemory(RuntimeError):
     error); the message says what the run was estimated to need and what to change."""
 
 
-def out_of_memory_message(estimate: MemoryEstimate | None, capacity: int, cfg: RunConfig) -> str:
+def out_of_memory_message(
+    estimate: MemoryEstimate | None, capacity: int, cfg: RunConfig, cause: str = ""
+) -> str:
+    """One line: the allocator's own words (``cause``), the estimate, and each setting that
+    lowers the peak with its current value."""
     needs = "was not estimated" if estimate is None else f"needs {estimate.describe()}"
     m, s = cfg.model, cfg.sampling
+    said = f" ({cause})" if cause else ""
     return (
-        f"out of device memory: the device has {_size(capacity)}, this config {needs}. Lower it"
+        f"out of device memory{said}: the device has {_size(capacity)}, this config {needs}."
+        " Lower it"
         f" with optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens}; 0 is off),"
         f" model.gradient_checkpointing (now {str(m.gradient_checkpointing).lower()}),"
         f" model.lora.rank (now {m.lora.rank}; 0 trains every weight), optim.mini_batches (now"

@@ -159,7 +159,7 @@ def train(
         try:
             record = train_step(state, last_step + 1, should_stop)
         except torch.OutOfMemoryError as exc:
-            raise out_of_memory(state) from exc
+            raise out_of_memory(state, exc) from exc
         if record is None:  # stopped between rollout rounds: the step did not happen
             break
         last_step = record.step
@@ -179,13 +179,14 @@ def train(
     return TrainResult("succeeded", last_step)
 
 
-def out_of_memory(state: TrainState) -> OutOfMemory:
+def out_of_memory(state: TrainState, exc: torch.OutOfMemoryError) -> OutOfMemory:
     """The error a step that ran out of device memory ends the run with: what it was estimated
     to need, what the device has, and the settings that lower it."""
     capacity = device_memory(state.device)
     if state.device.type == "cuda":
         torch.cuda.empty_cache()  # the failed step's tensors are gone; what is left is the run's
-    return OutOfMemory(out_of_memory_message(state.estimate, capacity, state.cfg))
+    cause = str(exc).split("\n", 1)[0]  # e.g. "CUDA out of memory. Tried to allocate 2.00 GiB"
+    return OutOfMemory(out_of_memory_message(state.estimate, capacity, state.cfg, cause))
 
 
 def setup(

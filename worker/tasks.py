@@ -159,14 +159,15 @@ OUT_OF_MEMORY_ADVICE = (
 def out_of_memory_message(exc: BaseException) -> str | None:
     """The first line of a run's error when ``exc`` is running out of device memory, else None.
 
-    ``conspo.resources.OutOfMemory`` already says what to change; torch's own error does not.
+    The trainer turns the allocator's error into ``conspo.resources.OutOfMemory``, whose message
+    gives the estimate and the settings to change; torch's own error (raised outside a step,
+    e.g. while loading the model) gets the same advice without the numbers.
     """
     import torch
 
-    from conspo import resources
+    from conspo.resources import OutOfMemory
 
-    ours = getattr(resources, "OutOfMemory", None)
-    if ours is not None and isinstance(exc, ours):
+    if isinstance(exc, OutOfMemory):
         return str(exc)
     if isinstance(exc, torch.OutOfMemoryError):
         first = str(exc).split("\n", 1)[0]

@@ -157,7 +157,9 @@ def test_a_run_out_of_gpu_memory_fails_with_what_to_change(
     assert run["status"] == "failed"
     first_line, rest = run["error"].split("\n", 1)
     assert first_line.startswith("out of device memory (CUDA out of memory. Tried to allocate")
-    assert "sampling.group_size" in first_line and "optim.micro_batch_tokens" in first_line
+    # The allocator's words, the estimate, and each setting that lowers it with its value now.
+    assert "needs about" in first_line and "optim.micro_batch_tokens (now 0" in first_line
+    assert "model.gradient_checkpointing (now false)" in first_line
     assert "Traceback (most recent call last)" in rest and "OutOfMemoryError" in rest
     db = Database(own_api.settings)
     with db.session() as session:
