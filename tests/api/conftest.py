@@ -343,3 +343,32 @@ def lose_queued_jobs(settings: Settings) -> None:
             "(SELECT id FROM kombu_queue WHERE name = ?)",
             (settings.queue,),
         )
+
+
+@pytest.fixture
+def own_api(own_settings: Settings) -> Iterator[Api]:
+    """An API over ``own_settings`` (a fresh database of the session's backend)."""
+    from fastapi.testclient import TestClient
+
+    from backend.main import create_app
+
+    with TestClient(create_app(own_settings)) as client:
+        yield Api(client, own_settings, make_tokens(own_settings))
+
+
+def run_in_worker(api: Api, config: dict[str, Any]) -> dict[str, Any]:
+    """Submit ``config`` and run its job with the worker's own code, in this process."""
+    from backend.db import Database
+    from backend.queue import JobQueue, make_celery
+    from worker.tasks import execute_run
+
+    r = api.post("/api/runs", json={"config": config})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["runs"][0]["id"]
+    settings = api.settings
+    db = Database(settings)
+    try:
+        execute_run(db, JobQueue(make_celery(settings), settings.queue), settings, run_id)
+    finally:
+        db.dispose()
+    return api.get(f"/api/runs/{run_id}").json()

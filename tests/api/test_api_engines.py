@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,25 +14,21 @@ from typing import Any
 import pytest
 import torch
 from alembic import command
-from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 
 from backend import liveness
 from backend.config import Settings
 from backend.db import Database, make_engine
 from backend.liveness import WorkerIdentity
-from backend.main import create_app
 from backend.migrate import alembic_config, migrate
 from backend.models import Run, Worker, utcnow
-from backend.queue import JobQueue, make_celery
 from tests.api.conftest import (
     Api,
     create_pg_database,
     drop_pg_database,
-    make_tokens,
+    run_in_worker,
     tiny_config,
 )
-from worker.tasks import execute_run
 
 pytestmark = pytest.mark.services
 
@@ -47,12 +42,6 @@ needs_missing_packages = pytest.mark.skipif(
     any(importlib.util.find_spec(name) is not None for name in ("vllm", "flash_attn")),
     reason="the API process itself has vllm or flash_attn",
 )
-
-
-@pytest.fixture
-def own_api(own_settings: Settings) -> Iterator[Api]:
-    with TestClient(create_app(own_settings)) as client:
-        yield Api(client, own_settings, make_tokens(own_settings))
 
 
 def alive(settings: Settings, me: WorkerIdentity, seen_ago_s: float = 0) -> None:
@@ -119,22 +108,8 @@ def test_the_worker_probe_describes_this_machine() -> None:
         assert caps["cuda"] is None and caps["flash_attn"] is False
 
 
-def _run_in_worker(api: Api, config: dict[str, Any]) -> dict[str, Any]:
-    """Submit ``config`` and run its job with the worker's own code, in this process."""
-    r = api.post("/api/runs", json={"config": config})
-    assert r.status_code == 201, r.text
-    run_id = r.json()["runs"][0]["id"]
-    settings = api.settings
-    db = Database(settings)
-    try:
-        execute_run(db, JobQueue(make_celery(settings), settings.queue), settings, run_id)
-    finally:
-        db.dispose()
-    return api.get(f"/api/runs/{run_id}").json()
-
-
 def test_a_run_records_the_device_and_dtype_it_trained_in(own_api: Api) -> None:
-    run = _run_in_worker(own_api, tiny_config(1))
+    run = run_in_worker(own_api, tiny_config(1))
     assert run["status"] == "succeeded", run["error"]
     want = ("cuda:0", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
     assert run["device"].startswith(want[0]) and run["dtype"] == want[1]
@@ -153,7 +128,7 @@ def test_a_run_out_of_gpu_memory_fails_with_what_to_change(
         )
 
     monkeypatch.setattr(conspo.trainer, "update", out_of_memory)
-    run = _run_in_worker(own_api, tiny_config(2))
+    run = run_in_worker(own_api, tiny_config(2))
     assert run["status"] == "failed"
     first_line, rest = run["error"].split("\n", 1)
     assert first_line.startswith("out of device memory (CUDA out of memory. Tried to allocate")
