@@ -177,6 +177,8 @@ class MetricPattern:
     unit: str
     when: str = ""
     better: Literal["higher", "lower", ""] = ""
+    section: str = "eval"  # where a page draws each matching key (one chart per key)
+    y_range: Literal["auto", "unit", "zero"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -345,14 +347,14 @@ BENCHMARK_PATTERNS: tuple[MetricPattern, ...] = (
         "Mean correctness over k samples per problem of the benchmark (eval.temperature,"
         " eval.top_p): the paper's avg@k.",
         "fraction", when="every eval.every steps, at the end and at step 0 (eval.at_start)",
-        better="higher",
+        better="higher", y_range="unit",
     ),
     MetricPattern(
         "eval/<benchmark>/pass@<k>", r"^eval/[A-Za-z0-9][\w.-]*/pass@\d+$", "pass@k",
         "Unbiased pass@k over the benchmark's problems from its k samples each: the fraction of"
         " problems with a correct sample.",
         "fraction", when="every eval.every steps, at the end and at step 0 (eval.at_start)",
-        better="higher",
+        better="higher", y_range="unit",
     ),
 )  # fmt: skip
 

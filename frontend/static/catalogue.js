@@ -26,18 +26,21 @@ export const METRICS = RAW.metrics;
 export const KEY_METRICS = RAW.key_metrics;
 export const ROLLOUTS_AXIS = RAW.rollouts_axis;
 const BY_KEY = new Map(METRICS.map((m) => [m.key, m]));
+// Families of keys a config names (eval/<benchmark>/avg@<k>): described once, matched by regex.
+const PATTERNS = (RAW.patterns || []).map((p) => ({ ...p, re: new RegExp(p.regex) }));
 
-/** The catalogue entry of a key, or undefined for a key logged from elsewhere (external runs). */
-export const metricInfo = (key) => BY_KEY.get(key);
+/** The catalogue entry of a key (or of the pattern it matches), or undefined for a key logged
+ * from elsewhere (external runs). */
+export const metricInfo = (key) => BY_KEY.get(key) || PATTERNS.find((p) => p.re.test(key));
 
 /** Help line of a key (empty for keys the catalogue does not know). */
-export const helpOf = (key) => BY_KEY.get(key)?.help || "";
+export const helpOf = (key) => metricInfo(key)?.help || "";
 
 /** Deterministic series (schedules, lr, counters) are drawn as they are: never smoothed. */
-export const isDeterministic = (key) => Boolean(BY_KEY.get(key)?.deterministic);
+export const isDeterministic = (key) => Boolean(metricInfo(key)?.deterministic);
 
 /** y-axis title of a key drawn alone: its unit, when the catalogue knows it. */
-export const unitOf = (key) => BY_KEY.get(key)?.unit || "";
+export const unitOf = (key) => metricInfo(key)?.unit || "";
 
 /** The charts with their metrics (catalogue order), each metric with its resolved colour. */
 export const CHARTS = RAW.charts.map((chart) => ({

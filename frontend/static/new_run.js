@@ -322,9 +322,9 @@ function paramsBox(kind, name, values) {
   const own = [],
     common = [];
   for (const [param, prop] of Object.entries(ps.properties || {})) {
-    const resolvedProp = prop.$ref || prop.anyOf ? resolveIn(ps, prop) : prop;
     const v = param in saved ? saved[param] : values && param in values ? values[param] : entry.defaults[param];
-    const f = field(`${reg.prefix}.${param}`, resolvedProp, v);
+    // anyField: a parameter may be a sub-object (the math task's column mapping) or a list.
+    const f = withDefs(ps, () => anyField(`${reg.prefix}.${param}`, prop, v));
     (shared.has(param) ? common : own).push(f);
   }
   box.append(
@@ -343,11 +343,12 @@ function flatTaskParams(task) {
   return Object.fromEntries(Object.entries(task || {}).filter(([k]) => !(k in known)));
 }
 
-function resolveIn(rootSchema, prop) {
+/** ``build()`` with ``rootSchema``'s $defs resolvable (an entry's params_schema has its own). */
+function withDefs(rootSchema, build) {
   const saved = schema;
   schema = { ...rootSchema, $defs: { ...(saved.$defs || {}), ...(rootSchema.$defs || {}) } };
   try {
-    return resolve(prop);
+    return build();
   } finally {
     schema = saved;
   }

@@ -3,7 +3,16 @@
 // stream /api/runs/{id}/stream and are appended; charts redraw with Plotly.react and a fixed
 // uirevision so zoom survives every update.
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
-import { CHARTS, helpOf, isDeterministic, ROLE_COLORS, ROLLOUTS_AXIS, SECTIONS, unitOf } from "/static/catalogue.js";
+import {
+  CHARTS,
+  helpOf,
+  isDeterministic,
+  metricInfo,
+  ROLE_COLORS,
+  ROLLOUTS_AXIS,
+  SECTIONS,
+  unitOf,
+} from "/static/catalogue.js";
 import {
   alpha,
   bandTraces,
@@ -314,15 +323,21 @@ function ensureCards() {
     .sort();
   const defs = [
     ...CHARTS,
-    ...otherKeys.map((key) => ({
-      id: `other-${key}`,
-      section: "other",
-      title: key,
-      help: helpOf(key),
-      y_title: unitOf(key),
-      y_range: "auto",
-      metrics: [{ key, label: key, colorValue: ROLE_COLORS.accent, deterministic: isDeterministic(key) }],
-    })),
+    ...otherKeys.map((key) => {
+      const pattern = metricInfo(key)?.regex ? metricInfo(key) : null; // eval/<bench>/avg@k, ...
+      return {
+        id: `other-${key}`,
+        section: pattern?.section || "other",
+        title: key,
+        help: helpOf(key),
+        y_title: unitOf(key),
+        y_range: pattern?.y_range || "auto",
+        markers: Boolean(pattern),
+        metrics: [
+          { key, label: key, help: helpOf(key), colorValue: ROLE_COLORS.accent, deterministic: isDeterministic(key) },
+        ],
+      };
+    }),
   ];
   for (const sec of SECTIONS_SHOWN) {
     const wanted = defs.filter((d) => d.section === sec.id && (d.always || hasData(d)));
