@@ -1,0 +1,238 @@
+"""The baseline objectives (conspo/baselines.py) on small hand-made batches.
+
+Each expectation is computed independently of the implementation: by hand (advantages, on-policy
+gradients), or by a literal per-rollout, per-token loop of the method's formula in the test, whose
+autograd gradient the implementation's must match. Then every baseline trains two steps through
+``train()`` with two mini-batches, so that its ratios differ from 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conspo import baselines
+from conspo import metrics as M
+from conspo.baselines import (
+    CISPOParams,
+    GSPOParams,
+    RLOOParams,
+    cispo_objective,
+    gspo_objective,
+    leave_one_out_advantages,
+    rloo_objective,
+)
+from conspo.config import RunConfig
+from conspo.objectives import PolicyBatch
+from conspo.registry import get_objective, objective_names
+from conspo.sink import MemorySink
+from conspo.trainer import train
+
+DT = torch.float64
+
+# Five rollouts in two groups (ids 5 and 9), ragged lengths 3, 2, 3, 2, 1.
+LOGPROBS = [
+    [-0.5, -1.2, -0.8],
+    [-1.5, -0.4, 0.0],
+    [-0.9, -0.6, -1.1],
+    [-2.0, -0.3, 0.0],
+    [-0.7, 0.0, 0.0],
+]
+MASK = [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]]
+# log ρ = log π_θ − log π_old per token: some past ±0.2 (clipped by ε = 0.2), some inside.
+LOG_RATIO = [
+    [0.3, -0.25, 0.05],
+    [-0.4, 0.1, 0.0],
+    [0.2, 0.01, -0.3],
+    [0.15, -0.05, 0.0],
+    [-0.35, 0.0, 0.0],
+]
+REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0]
+GROUPS = [[0, 1, 2], [3, 4]]
+# GRPO's group-normalised advantages, by hand: group 5 = [1, 0, 0] has mean 1/3 and population
+# std √2/3, group 9 = [1, 0] has mean 1/2 and std 1/2.
+GRPO_ADV = [math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 1.0, -1.0]
+
+
+def small_batch(off_policy: bool = True) -> PolicyBatch:
+    logprobs = torch.tensor(LOGPROBS, dtype=DT, requires_grad=True)
+    mask = torch.tensor(MASK, dtype=DT)
+    old = logprobs.detach() - torch.tensor(LOG_RATIO, dtype=DT) * mask if off_policy else None
+    return PolicyBatch(
+        logprobs=logprobs,
+        mask=mask,
+        rewards=torch.tensor(REWARDS, dtype=DT),
+        group_ids=torch.tensor([5, 5, 5, 9, 9]),
+        old_logprobs=old,
+        max_response_len=3,
+    )
+
+
+def tokens(batch: PolicyBatch):
+    """(i, t) of every response token, row by row."""
+    mask = batch.mask.tolist()
+    return [(i, t) for i, row in enumerate(mask) for t, m in enumerate(row) if m]
+
+
+def ratio_of(batch: PolicyBatch, i: int, t: int) -> torch.Tensor:
+    if batch.old_logprobs is None:
+        return torch.exp(batch.logprobs[i, t] - batch.logprobs[i, t].detach())
+    return torch.exp(batch.logprobs[i, t] - batch.old_logprobs[i, t])
+
+
+def lengths(batch: PolicyBatch) -> list[int]:
+    return [int(n) for n in batch.mask.sum(1).tolist()]
+
+
+def grad_of(loss: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
+    return torch.autograd.grad(loss, batch.logprobs, retain_graph=True)[0]
+
+
+def assert_same_loss_and_grad(out_loss: torch.Tensor, reference: torch.Tensor, batch) -> None:
+    assert out_loss.item() == pytest.approx(reference.item(), rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(
+        grad_of(out_loss, batch), grad_of(reference, batch), rtol=1e-10, atol=1e-14
+    )
+
+
+def ppo_token_term(rho: torch.Tensor, adv: float, eps_low: float, eps_high: float):
+    """min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) for one token, written out."""
+    return torch.minimum(rho * adv, torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
+
+
+# ------------------------------------------------------------------------------------------
+# RLOO
+# ------------------------------------------------------------------------------------------
+
+
+def test_leave_one_out_advantages_by_hand() -> None:
+    # group 5 = [1, 0, 0]: 1 − 0, 0 − ½, 0 − ½; group 9 = [1, 0]: 1 − 0, 0 − 1; a lone rollout: 0.
+    rewards = torch.tensor(REWARDS + [1.0], dtype=DT)
+    adv = leave_one_out_advantages(rewards, torch.tensor([5, 5, 5, 9, 9, -4]))
+    assert adv.tolist() == [1.0, -0.5, -0.5, 1.0, -1.0, 0.0]
+    # RLOO's advantage is G/(G−1) times the centred reward.
+    centred = torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.5, -0.5], dtype=DT)
+    torch.testing.assert_close(adv[:5], centred * torch.tensor([1.5, 1.5, 1.5, 2, 2], dtype=DT))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_rloo_loss_and_gradient(agg: str) -> None:
+    batch = small_batch()
+    out = rloo_objective(batch, RLOOParams(loss_agg=agg))
+    adv = [1.0, -0.5, -0.5, 1.0, -1.0]
+    terms = {
+        (i, t): -ppo_token_term(ratio_of(batch, i, t), adv[i], 0.2, 0.2) for i, t in tokens(batch)
+    }
+    if agg == "token-mean":
+        reference = sum(terms.values()) / len(terms)
+    else:
+        n = lengths(batch)
+        reference = sum(v / n[i] for (i, _), v in terms.items()) / len(n)
+    assert_same_loss_and_grad(out.loss, reference, batch)
+    # clipped (clip term active): (0,0) ρ=e^.3, A>0; (1,0) ρ=e^-.4, A<0; (2,2) ρ=e^-.3, A<0;
+    # (4,0) ρ=e^-.35, A<0. (2,0) ρ=e^.2 = 1.2214 > 1.2 with A<0 is not (min keeps ρA).
+    assert out.stats[M.CLIP_FRAC].item() == pytest.approx(4 / 11)
+
+
+# ------------------------------------------------------------------------------------------
+# GSPO
+# ------------------------------------------------------------------------------------------
+
+
+def test_gspo_on_policy_gradient_by_hand() -> None:
+    """At ρ = 1: ∂loss/∂log π_{i,t} = −Â_i / (B |o_i|), GRPO's advantages, whatever the clip."""
+    batch = small_batch(off_policy=False)
+    out = gspo_objective(batch, GSPOParams())
+    assert out.loss.item() == pytest.approx(-sum(GRPO_ADV) / 5, abs=1e-15)
+    expected = torch.zeros(5, 3, dtype=DT)
+    for i, t in tokens(batch):
+        expected[i, t] = -GRPO_ADV[i] / (5 * lengths(batch)[i])
+    torch.testing.assert_close(grad_of(out.loss, batch), expected, rtol=1e-12, atol=1e-15)
+    assert out.stats[M.CLIP_FRAC].item() == 0.0
+
+
+@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.05, 0.1)])
+def test_gspo_loss_and_gradient_off_policy(eps: tuple[float, float]) -> None:
+    batch = small_batch()
+    out = gspo_objective(batch, GSPOParams(clip_low=eps[0], clip_high=eps[1]))
+    n = lengths(batch)
+    reference = torch.zeros((), dtype=DT)
+    clipped_tokens = 0
+    for i in range(5):
+        log_s = sum(torch.log(ratio_of(batch, i, t)) for t in range(n[i])) / n[i]
+        s = torch.exp(log_s)
+        term = ppo_token_term(s, GRPO_ADV[i], *eps)
+        clipped_tokens += n[i] * bool(term.item() < (s * GRPO_ADV[i]).item())
+        reference = reference - term / 5
+    assert_same_loss_and_grad(out.loss, reference, batch)
+    assert out.stats[M.CLIP_FRAC].item() == pytest.approx(clipped_tokens / 11)
+    if eps[0] < 1e-3:  # every sequence ratio is off by more than 4e-4: all clipped, no gradient
+        assert clipped_tokens == 11 and grad_of(out.loss, batch).abs().max() == 0
+
+
+# ------------------------------------------------------------------------------------------
+# CISPO
+# ------------------------------------------------------------------------------------------
+
+
+def test_cispo_loss_and_gradient_by_hand() -> None:
+    """−(1/Σ|o|) Σ_{i,t} sg(clip(ρ)) Â_i log π: the gradient is −clip(ρ_{i,t}) Â_i / 11."""
+    batch = small_batch()
+    out = cispo_objective(batch, CISPOParams(clip_low=0.1, clip_high=0.2))
+    expected_grad = torch.zeros(5, 3, dtype=DT)
+    value = 0.0
+    n_clipped = 0
+    for i, t in tokens(batch):
+        rho = math.exp(LOG_RATIO[i][t])
+        weight = min(max(rho, 0.9), 1.2)
+        n_clipped += weight != rho
+        expected_grad[i, t] = -weight * GRPO_ADV[i] / 11
+        value += -weight * GRPO_ADV[i] * LOGPROBS[i][t] / 11
+    assert out.loss.item() == pytest.approx(value, rel=1e-12)
+    torch.testing.assert_close(grad_of(out.loss, batch), expected_grad, rtol=1e-12, atol=1e-15)
+    # clipped: e^.3, e^.2 (above 1.2), e^-.25, e^-.4, e^-.3 and e^-.35 (below 0.9)
+    assert n_clipped == 6 and out.stats[M.CLIP_FRAC].item() == pytest.approx(6 / 11)
+
+
+def test_cispo_default_has_no_lower_bound() -> None:
+    """ε_low = 1: a tiny ratio keeps its tiny weight (MiniMax-M1 sets no lower bound)."""
+    batch = small_batch()
+    batch.old_logprobs = batch.logprobs.detach() + 5.0  # ρ = e^-5 everywhere
+    out = cispo_objective(batch, CISPOParams())
+    grad = grad_of(out.loss, batch)
+    assert grad[0, 0].item() == pytest.approx(-math.exp(-5) * GRPO_ADV[0] / 11, rel=1e-12)
+    assert out.stats[M.CLIP_FRAC].item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# Every baseline trains through train() with ratios ≠ 1
+# ------------------------------------------------------------------------------------------
+
+BASELINES = [n for n in objective_names() if get_objective(n).fn.__module__ == baselines.__name__]
+
+
+def test_the_baselines_are_registered() -> None:
+    assert {"rloo", "gspo", "cispo"} <= set(BASELINES)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_trains_two_steps_with_two_mini_batches(name: str, model_store, tmp_path) -> None:
+    cfg = RunConfig.model_validate({
+        "algorithm": name,
+        "steps": 2,
+        "model": {"name": "tiny"},
+        "task": {"name": "arith", "eval_size": 4},
+        "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
+        "optim": {"mini_batches": 2, "lr": 1e-3},
+        "eval": {"every": 0, "pass_k": 1},
+        "checkpoint": {"every": 0},
+    })  # fmt: skip
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    for step in (1, 2):
+        logged = sink.steps[step].metrics
+        assert math.isfinite(logged[M.LOSS]) and math.isfinite(logged[M.GRAD_NORM]), step
+        for key in get_objective(name).metrics:
+            assert math.isfinite(logged[key]), (step, key)
