@@ -455,13 +455,14 @@ def test_the_baselines_are_registered() -> None:
 
 
 @pytest.mark.parametrize("name", BASELINES)
-def test_trains_two_steps_with_two_mini_batches(name: str, model_store, tmp_path) -> None:
+def test_trains_two_steps_with_two_mini_batches(name: str, model_store, arith_base, tmp_path):
+    """On the SFT-warmed tiny model, so that groups hold both outcomes and updates happen."""
     cfg = RunConfig.model_validate({
         "algorithm": name,
         "steps": 2,
-        "model": {"name": "tiny"},
+        "model": {"name": "tiny-arith"},
         "task": {"name": "arith", "eval_size": 4},
-        "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
+        "sampling": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 6},
         "optim": {"mini_batches": 2, "lr": 1e-3},
         "eval": {"every": 0, "pass_k": 1},
         "checkpoint": {"every": 0},
