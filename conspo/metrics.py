@@ -335,8 +335,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(LR, "lr", "Learning rate used for this step (warmup, then constant).",
            "learning rate", "lr", deterministic=True, color="reference"),
     Metric(CLIP_FRAC, "clip_frac",
-           "GRPO family: fraction of response tokens whose ratio was clipped (0 while π_θ ="
-           " π_old, i.e. with optim.mini_batches = 1).",
+           "GRPO family and the clipped baselines (RLOO, REINFORCE++, GSPO, GMPO, CISPO, MCPO):"
+           " fraction of response tokens whose ratio was clipped (0 while π_θ = π_old, i.e."
+           " with optim.mini_batches = 1).",
            "fraction", "clipfrac", logged_by="objective", color="accent2"),
     Metric(SAPO_GATE_WEIGHT, "gate weight",
            "SAPO: token-mean of the gate's gradient weight 4σ(1−σ)ρ (1 on-policy; smaller as"
