@@ -443,7 +443,7 @@ def test_mcpo_hinge_has_no_gradient_on_policy() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# Every baseline trains through train() with ratios ≠ 1
+# Every baseline: padding, separation view, labels
 # ------------------------------------------------------------------------------------------
 
 BASELINES = [n for n in objective_names() if get_objective(n).fn.__module__ == baselines.__name__]
@@ -452,6 +452,54 @@ BASELINES = [n for n in objective_names() if get_objective(n).fn.__module__ == b
 def test_the_baselines_are_registered() -> None:
     expected = {"rloo", "gspo", "cispo", "gmpo", "sapo", "disco", "reinforce_pp", "mcpo"}
     assert expected <= set(BASELINES)
+    assert "designed from the abstract" in get_objective("mcpo").description
+
+
+@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_padding_changes_neither_loss_nor_gradient(name: str, off_policy: bool) -> None:
+    """Garbage (±large, −inf) at padded positions must not reach the value or the gradient."""
+    batch = small_batch(off_policy)
+    batch.ref_logprobs = batch.logprobs.detach() - 0.2
+    fn, params = get_objective(name).fn, get_objective(name).params(beta=0.1)
+    out = fn(batch, params)
+    grad = grad_of(out.loss, batch)
+    pad = batch.mask == 0
+    garbage = batch.logprobs.detach().clone()
+    garbage[pad] = torch.tensor([50.0, -1e4, -math.inf, 7.0], dtype=DT)
+    batch.logprobs = garbage.requires_grad_()
+    if batch.old_logprobs is not None:
+        batch.old_logprobs = batch.old_logprobs.clone()
+        batch.old_logprobs[pad] = -math.inf
+    out2 = fn(batch, params)
+    grad2 = grad_of(out2.loss, batch)
+    assert out2.loss.item() == pytest.approx(out.loss.item(), rel=1e-12, abs=1e-15)
+    torch.testing.assert_close(grad2, grad, rtol=1e-10, atol=1e-14)
+    assert torch.all(grad2[pad] == 0)
+
+
+def test_separation_views() -> None:
+    """τ and ε of the §4 statistics: each baseline's own where it has one, else the paper's."""
+    views = {
+        "rloo": (RLOOParams(clip_high=0.3), 10.0, 0.3),
+        "reinforce_pp": (ReinforcePPParams(clip_high=0.25), 10.0, 0.25),
+        "cispo": (CISPOParams(clip_high=0.5), 10.0, 0.5),
+        "gmpo": (GMPOParams(clip_high=0.4), 10.0, math.exp(0.4) - 1),
+        "gspo": (GSPOParams(clip_high=0.01), 10.0, 0.2),
+        "sapo": (SAPOParams(tau_pos=3.0), 10.0, 0.2),
+        "disco": (DisCOParams(tau=2.0), 2.0, 0.2),
+        "mcpo": (MCPOParams(clip_high=0.28), 10.0, 0.28),
+    }
+    assert set(views) == set(BASELINES)
+    for name, (params, tau, eps) in views.items():
+        view = params.separation_view(1.0)
+        assert (view.tau, view.margin) == (tau, 0.01), name  # the paper's m_t at the end
+        assert view.clip_eps == pytest.approx(eps, rel=1e-12), name
+
+
+# ------------------------------------------------------------------------------------------
+# Every baseline trains through train() with ratios ≠ 1
+# ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", BASELINES)
