@@ -352,10 +352,12 @@ METRICS: tuple[Metric, ...] = (
            "fraction", "constraint", logged_by="objective", color="neg"),
     Metric(MCPO_KL_MASTERED, "MCPO KL (mastered)",
            "MCPO: mean k3 estimate of KL(π_old ‖ π_θ) per token on the rollouts of mastered"
-           " (all-correct) groups.",
+           " (all-correct) groups (0 for a mini-batch without one; the step logs the mean over"
+           " its mini-batches).",
            "nats / token", "oldkl", logged_by="objective", color="pos"),
     Metric(MCPO_HINGE_ACTIVE, "MCPO hinge",
-           "MCPO: share of mastered-group rollouts whose KL exceeded δ (the hinge was active).",
+           "MCPO: share of mastered-group rollouts whose KL exceeded δ (the hinge was active;"
+           " 0 for a mini-batch without a mastered group).",
            "fraction", "constraint", logged_by="objective", color="pos"),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
