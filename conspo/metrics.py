@@ -29,6 +29,13 @@ ENTROPY = "policy/entropy"
 KL = "policy/kl"
 CLIP_FRAC = "grpo/clip_frac"
 
+# --- what single baselines (conspo/baselines.py) add --------------------------------------
+SAPO_GATE_WEIGHT = "sapo/gate_weight"
+DISCO_KL = "disco/kl"
+DISCO_CONSTRAINT_ACTIVE = "disco/constraint_active"
+MCPO_KL_MASTERED = "mcpo/kl_mastered"
+MCPO_HINGE_ACTIVE = "mcpo/hinge_active"
+
 # --- separation of positive and negative scores (valid groups only) --------------------------
 SEP_POS_SCORE = "sep/pos_score"
 SEP_NEG_SCORE = "sep/neg_score"
@@ -240,6 +247,11 @@ CHARTS: tuple[Chart, ...] = (
     Chart("kl", "KL to reference", "opt", "nats / token", y_range="zero"),
     Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero"),
     Chart("clipfrac", "Clip fraction", "opt", "fraction of tokens", y_range="unit"),
+    Chart("oldkl", "KL to the rollout policy π_old", "opt", "nats / token", y_range="zero",
+          help="How far the trained policy moved from the one that generated the batch, as the"
+          " objectives that constrain it measure it (0 with one update per rollout batch)."),
+    Chart("constraint", "Trust-region constraint active", "opt", "fraction", y_range="unit"),
+    Chart("gate", "SAPO's soft gate", "opt", "gradient weight per token", y_range="zero"),
     Chart("time", "Step time", "speed", "seconds", y_range="zero",
           help="Wall-clock seconds per step, and the part spent generating rollouts."),
     Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
@@ -325,9 +337,30 @@ METRICS: tuple[Metric, ...] = (
     Metric(LR, "lr", "Learning rate used for this step (warmup, then constant).",
            "learning rate", "lr", deterministic=True, color="reference"),
     Metric(CLIP_FRAC, "clip_frac",
-           "GRPO family: fraction of response tokens whose ratio was clipped (0 while π_θ ="
-           " π_old, i.e. with optim.mini_batches = 1).",
+           "GRPO family and the clipped baselines (RLOO, REINFORCE++, GSPO, GMPO, CISPO, MCPO):"
+           " fraction of response tokens whose ratio was clipped (0 while π_θ = π_old, i.e."
+           " with optim.mini_batches = 1).",
            "fraction", "clipfrac", logged_by="objective", color="accent2"),
+    Metric(SAPO_GATE_WEIGHT, "gate weight",
+           "SAPO: token-mean of the gate's gradient weight 4σ(1−σ)ρ (1 on-policy; smaller as"
+           " ratios leave 1).",
+           "weight", "gate", logged_by="objective", color="accent3"),
+    Metric(DISCO_KL, "DisCO KL",
+           "DisCO: k3 estimate of KL(π_old ‖ π_θ) per token over the mini-batch, the quantity"
+           " its constraint holds below δ.",
+           "nats / token", "oldkl", logged_by="objective", color="neg"),
+    Metric(DISCO_CONSTRAINT_ACTIVE, "DisCO constraint",
+           "DisCO: share of mini-batches whose KL exceeded δ (the squared hinge was active).",
+           "fraction", "constraint", logged_by="objective", color="neg"),
+    Metric(MCPO_KL_MASTERED, "MCPO KL (mastered)",
+           "MCPO: mean k3 estimate of KL(π_old ‖ π_θ) per token on the rollouts of mastered"
+           " (all-correct) groups (0 for a mini-batch without one; the step logs the mean over"
+           " its mini-batches).",
+           "nats / token", "oldkl", logged_by="objective", color="pos"),
+    Metric(MCPO_HINGE_ACTIVE, "MCPO hinge",
+           "MCPO: share of mastered-group rollouts whose KL exceeded δ (the hinge was active;"
+           " 0 for a mini-batch without a mastered group).",
+           "fraction", "constraint", logged_by="objective", color="pos"),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
            better="lower"),

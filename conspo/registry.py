@@ -77,12 +77,12 @@ class RegisteredTask:
 class Registry(Generic[E]):
     """Names of one kind (``"algorithm"``, ``"task"``) → entries.
 
-    ``builtins`` is the module or package whose import registers the built-in entries; a package
-    has every module in it imported, so a new built-in is a new file and nothing else. They are
-    loaded on first lookup, not on import, because those modules import this one.
+    ``builtins`` names the modules or packages whose import registers the built-in entries; a
+    package has every module in it imported, so a new built-in is a new file and nothing else.
+    They are loaded on first lookup, not on import, because those modules import this one.
     """
 
-    def __init__(self, kind: str, builtins: str) -> None:
+    def __init__(self, kind: str, *builtins: str) -> None:
         self.kind = kind
         self.builtins = builtins
         self._entries: dict[str, E] = {}
@@ -136,9 +136,10 @@ class Registry(Generic[E]):
     def _load_builtins(self) -> None:
         if self._loaded:
             return
-        package = importlib.import_module(self.builtins)  # runs its registrations
-        for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
-            importlib.import_module(f"{self.builtins}.{module.name}")
+        for name in self.builtins:
+            package = importlib.import_module(name)  # runs its registrations
+            for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
+                importlib.import_module(f"{name}.{module.name}")
         self._loaded = True
 
 
@@ -175,10 +176,12 @@ def relocated(exc: ValidationError, prefix: Loc) -> list[InitErrorDetails]:
 
 
 # --------------------------------------------------------------------------------------------
-# Objectives (conspo/objectives.py) and tasks (one module each under conspo/tasks/)
+# Objectives (conspo/objectives.py, conspo/baselines.py) and tasks (a module each, conspo/tasks/)
 # --------------------------------------------------------------------------------------------
 
-OBJECTIVES: Registry[RegisteredObjective] = Registry("algorithm", "conspo.objectives")
+OBJECTIVES: Registry[RegisteredObjective] = Registry(
+    "algorithm", "conspo.objectives", "conspo.baselines"
+)
 TASKS: Registry[RegisteredTask] = Registry("task", "conspo.tasks")
 
 F = TypeVar("F", bound=Callable[..., Any])
