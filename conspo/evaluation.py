@@ -32,7 +32,7 @@ from conspo.config import BenchmarkConfig
 from conspo.datasets import load_problems
 from conspo.engines import Engine
 from conspo.rollout import generate_and_verify, pass_at_k
-from conspo.tasks.answers import answers_match, extract_answer
+from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example
 
 BEST_DIR = "best"
@@ -73,8 +73,7 @@ class MathVerifier:
     name = "benchmark"
 
     def verify(self, completion: str, example: Example) -> float:
-        predicted = extract_answer(completion)
-        return float(predicted is not None and answers_match(example.answer, predicted))
+        return verify_math(completion, example)
 
 
 def score_benchmark(

@@ -1,5 +1,5 @@
 """Math answers: what a completion answers, what a dataset's reference answer is, and whether
-they match. Shared by the jsonl and math tasks.
+they match; ``FileProblems``, what the jsonl and math tasks share. Used by both and by benchmarks.
 
 The completion's answer is its last \\boxed{...} or, failing that, its last number. It matches
 the reference when both are equal numbers (fractions, decimals, integers) or when `math-verify`
@@ -9,9 +9,12 @@ finds them symbolically equivalent (1/2 vs 0.5 vs \\frac{1}{2}, x^2+2x vs 2x+x^2
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 from fractions import Fraction
+
+from conspo.tasks.base import Example
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 _GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
@@ -76,3 +79,26 @@ def _math_verify(gold: str, predicted: str) -> bool:
         return bool(g and p and verify(g, p, timeout_seconds=timeout))
     except Exception:  # a malformed answer is a wrong answer, never a crash
         return False
+
+
+def verify_math(completion: str, example: Example) -> float:
+    """1.0 when the completion's answer (``extract_answer``) matches ``example.answer``."""
+    predicted = extract_answer(completion)
+    return float(predicted is not None and answers_match(example.answer, predicted))
+
+
+class FileProblems:
+    """What the file-backed tasks share: a training list and a held-out list of problems, both
+    in memory, and the math check. A subclass's ``__init__`` fills ``train`` and ``held_out``."""
+
+    train: list[Example]
+    held_out: list[Example]
+
+    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
+        return [rng.choice(self.train) for _ in range(n)]
+
+    def eval_examples(self, n: int) -> list[Example]:
+        return self.held_out[:n]
+
+    def verify(self, completion: str, example: Example) -> float:
+        return verify_math(completion, example)

@@ -6,14 +6,13 @@ Answers are checked as in conspo.tasks.answers (a \\boxed{} answer or the last n
 from __future__ import annotations
 
 import json
-import random
 from typing import ClassVar
 
 from pydantic import Field
 
 from conspo.access import DataFiles
 from conspo.registry import register_task
-from conspo.tasks.answers import answers_match, extract_answer
+from conspo.tasks.answers import FileProblems, answers_match, extract_answer
 from conspo.tasks.base import HELD_OUT_FRACTION, Example, TaskParams, is_held_out
 
 __all__ = ["JsonlTask", "answers_match", "extract_answer", "load_jsonl", "split_rows"]
@@ -38,7 +37,7 @@ class JsonlParams(TaskParams):
     params=JsonlParams,
     description="Your own file of {prompt, answer} lines, verified as math answers.",
 )
-class JsonlTask:
+class JsonlTask(FileProblems):
     name = "jsonl"
 
     def __init__(self, params: JsonlParams, files: DataFiles) -> None:
@@ -49,16 +48,6 @@ class JsonlTask:
             self.train, self.held_out = split_rows(rows)
         if not self.train:
             raise ValueError(f"{params.path}: no training rows")
-
-    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
-        return [rng.choice(self.train) for _ in range(n)]
-
-    def eval_examples(self, n: int) -> list[Example]:
-        return self.held_out[:n]
-
-    def verify(self, completion: str, example: Example) -> float:
-        predicted = extract_answer(completion)
-        return float(predicted is not None and answers_match(example.answer, predicted))
 
 
 def load_jsonl(files: DataFiles, name: str) -> list[Example]:

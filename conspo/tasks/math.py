@@ -8,7 +8,6 @@ math-verify. The prompt is the bare question; ``RunConfig.prompt`` renders it (t
 
 from __future__ import annotations
 
-import random
 from typing import ClassVar
 
 from pydantic import Field
@@ -17,8 +16,8 @@ from conspo.access import DataFiles
 from conspo.config import DatasetFields
 from conspo.datasets import load_problems
 from conspo.registry import register_task
-from conspo.tasks.answers import answers_match, extract_answer
-from conspo.tasks.base import Example, TaskParams
+from conspo.tasks.answers import FileProblems
+from conspo.tasks.base import TaskParams
 from conspo.tasks.jsonl import split_rows
 
 
@@ -50,7 +49,7 @@ class MathParams(TaskParams):
     description="Math problems from a dataset file (GSM8K, MATH, DeepScaleR, DAPO style),"
     " verified on the \\boxed{} answer.",
 )
-class MathTask:
+class MathTask(FileProblems):
     name = "math"
 
     def __init__(self, params: MathParams, files: DataFiles) -> None:
@@ -62,13 +61,3 @@ class MathTask:
             self.train, self.held_out = split_rows(rows)
         if not self.train:
             raise ValueError(f"{params.path}: no training rows")
-
-    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
-        return [rng.choice(self.train) for _ in range(n)]
-
-    def eval_examples(self, n: int) -> list[Example]:
-        return self.held_out[:n]
-
-    def verify(self, completion: str, example: Example) -> float:
-        predicted = extract_answer(completion)
-        return float(predicted is not None and answers_match(example.answer, predicted))
