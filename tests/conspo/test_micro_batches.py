@@ -43,7 +43,7 @@ def step_gradients(cfg: RunConfig, store, rollouts=None, budget: int = 0):
         return step(optimizer, params, max_norm)
 
     state.precision.step = spy  # type: ignore[method-assign]
-    update(state, rollouts, 1)
+    update(state, rollouts, 1, state.cfg.optim.lr)
     return grads, rollouts
 
 
