@@ -253,7 +253,13 @@ class OptimConfig(_Section):
         description="AdamW learning rate (tiny models: 3e-5; the paper: 2e-6 at 1.5B+).",
     )
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="Gradient clipping norm.")
+    max_grad_norm: float = Field(
+        1.0,
+        gt=0,
+        le=1e6,
+        description="Gradient clipping norm. A tiny model's norms (5-12) are clipped at every"
+        " step by 1, which hides how gradient sizes change; raise it to clip only outliers.",
+    )
     mini_batches: int = Field(
         1,
         ge=1,
@@ -267,8 +273,9 @@ class OptimConfig(_Section):
         ge=1,
         le=64,
         description="Passes over each rollout batch: a step takes epochs × mini_batches optimiser"
-        " steps, π_old frozen once per rollout batch, mini-batches of whole groups reshuffled"
-        " each epoch. Above 1 update per batch the importance ratio leaves 1 and clipping acts.",
+        " steps, π_old frozen once per rollout batch, mini-batches of whole groups (sampled order"
+        " first, reshuffled each later epoch). Above 1 update per batch the importance ratio"
+        " leaves 1 and clipping acts.",
     )
     warmup_steps: int = Field(
         0, ge=0, le=1_000_000, description="Linear learning-rate warmup steps."

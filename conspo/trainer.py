@@ -526,11 +526,13 @@ def update(
 
 def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:
     """The group indices of each update of a step, in order: ``optim.epochs`` passes, each
-    split into ``optim.mini_batches`` of whole groups, reshuffled each epoch from (seed, step)."""
+    split into ``optim.mini_batches`` of whole groups. The first pass takes the groups in sampled
+    order (the prompts are already a random draw); each later one reshuffles them from
+    (seed, step, epoch)."""
     plan: list[torch.Tensor] = []
     for epoch in range(cfg.optim.epochs):
         order = torch.arange(n_groups)
-        if cfg.optim.mini_batches > 1:
+        if epoch > 0 and cfg.optim.mini_batches > 1:
             generator = torch.Generator().manual_seed(step_seed(cfg.seed, step, f"mb{epoch}"))
             order = torch.randperm(n_groups, generator=generator)
         plan += [c for c in order.tensor_split(cfg.optim.mini_batches) if len(c)]

@@ -184,8 +184,9 @@ def test_each_epoch_covers_every_group_once_in_a_fresh_order():
     plan = trainer.update_plan(cfg, 8, step=5)
     assert len(plan) == 6 and all(len(chunk) == 4 for chunk in plan)
     epochs = [torch.cat(plan[2 * e : 2 * e + 2]) for e in range(3)]
+    assert epochs[0].tolist() == list(range(8))  # the first pass in sampled order
     assert all(sorted(e.tolist()) == list(range(8)) for e in epochs)
-    assert len({tuple(e.tolist()) for e in epochs}) == 3  # reshuffled each epoch
+    assert len({tuple(e.tolist()) for e in epochs}) == 3  # reshuffled each later epoch
     assert all((a == b).all() for a, b in zip(plan, trainer.update_plan(cfg, 8, 5), strict=True))
     one = small_config(optim={"epochs": 2})  # one mini-batch: the whole batch, twice
     assert [c.tolist() for c in trainer.update_plan(one, 3, 1)] == [[0, 1, 2], [0, 1, 2]]
