@@ -324,7 +324,7 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
     t_rollout = time.perf_counter() - t0
     lr = lr_at(cfg, state.trained_steps + 1)  # the schedule ticks only on steps that updated
     stats, scores, updates = update(state, rollouts, step, lr)
-    state.trained_steps += updates > 0
+    state.trained_steps += int(updates > 0)
     state.engine.sync(state.model)
     t_step = time.perf_counter() - t0
     state.rollouts_seen += rollouts.generated
@@ -383,7 +383,7 @@ def collect_rollouts(
         merged = keep_groups(merged, torch.arange(len(merged.group_ids) // g) < want, g)
     merged.generated = generated
     merged.shortfall = max(0, want - n_kept)
-    merged.refill_rounds = r
+    merged.refill_rounds = r  # the last round drawn: round 0 is the regular one
     return merged
 
 
