@@ -447,12 +447,12 @@ def _group_log_mean_exp(
 
 
 def disco_score_objective(
-    scores: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, params: DisCOParams
+    scores: torch.Tensor, outcome: torch.Tensor, group_ids: torch.Tensor, params: DisCOParams
 ) -> torch.Tensor:
     """0-d DisCO J = (1/K) Σ_g [mean s⁺ − τ log mean_j e^{s_j⁻/τ}] over groups with both
     outcomes (§6.6); K = every group or only those, per ``group_average``. ``negatives="mean"``
-    replaces the log-mean-exp by mean s⁻ (DisCO-b)."""
-    c = _group_counts(rewards, group_ids, scores.dtype)
+    replaces the log-mean-exp by mean s⁻ (DisCO-b). Positives: verified ``outcome`` (§4.5)."""
+    c = _group_counts(outcome, group_ids, scores.dtype)
     n = scores.shape[0]
     if params.group_average == "all_groups":
         k = (segment_sum(torch.ones_like(scores), c.idx, n) > 0).sum().to(scores.dtype)
@@ -482,7 +482,7 @@ def disco_objective(batch: PolicyBatch, params: DisCOParams) -> ObjectiveOutput:
     disco/constraint_active (1 when KL̂ > δ).
     """
     scores = sequence_scores(batch.logprobs, batch.mask)
-    objective = disco_score_objective(scores, _float_rewards(batch), batch.group_ids, params)
+    objective = disco_score_objective(scores, batch.outcome, batch.group_ids, params)
     kl = aggregate_tokens(old_policy_kl(batch), batch.mask, "token-mean", 1)
     excess = (kl - params.delta).clamp_min(0)
     loss = -objective + 0.5 * params.penalty * excess**2
@@ -592,7 +592,7 @@ def mcpo_objective(batch: PolicyBatch, params: MCPOParams) -> ObjectiveOutput:
     The hinge has a gradient only once π_θ ≠ π_old (several updates per rollout batch).
     """
     rewards = _float_rewards(batch)
-    c = _group_counts(rewards, batch.group_ids, rewards.dtype)
+    c = _group_counts(batch.outcome, batch.group_ids, rewards.dtype)  # mastered: all verified
     size = (c.n_pos + c.n_neg).clamp_min(1)
     p_hat = c.n_pos / size
     boost = torch.where(

@@ -124,6 +124,26 @@ class TaskConfig(_Section):
 _FLAT_FORM_FIELDS = frozenset({"digits", "operators", "num_operands", "path", "eval_path"})
 
 
+def _overlong_buffer_fits(cfg: RunConfig) -> RunConfig:
+    """DAPO's overlong penalty starts at max_new_tokens − overlong_buffer: a buffer as long as
+    the response cap would penalise every answer, however short (a correct 2-token answer would
+    score 0.5 at max_new_tokens 6 and buffer 8), so the buffer must leave some length unpenalised.
+    """
+    buffer = cfg.params.get("overlong_buffer", 0)
+    limit = cfg.sampling.max_new_tokens
+    if buffer and buffer >= limit:
+        message = (
+            f"params.overlong_buffer ({buffer}) must be smaller than sampling.max_new_tokens"
+            f" ({limit}): the penalty zone would cover every response; lower it, or 0 to disable"
+        )
+        error = PydanticCustomError("value_error", message)
+        details: list[InitErrorDetails] = [
+            {"type": error, "loc": ("params", "overlong_buffer"), "input": buffer}
+        ]
+        raise ValidationError.from_exception_data("RunConfig", details)
+    return cfg
+
+
 def _params_from_flat_form(data: Any) -> Any:
     """``{name: arith, digits: 2}`` → ``{name: arith, params: {digits: 2}}``.
 
@@ -233,13 +253,29 @@ class OptimConfig(_Section):
         description="AdamW learning rate (tiny models: 3e-5; the paper: 2e-6 at 1.5B+).",
     )
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="Gradient clipping norm.")
+    max_grad_norm: float = Field(
+        1.0,
+        gt=0,
+        le=1e6,
+        description="Gradient clipping norm. A tiny model's norms (5-12) are clipped at every"
+        " step by 1, which hides how gradient sizes change; raise it to clip only outliers.",
+    )
     mini_batches: int = Field(
         1,
         ge=1,
         le=256,
         description="Optimiser mini-batches per rollout batch; each holds whole groups."
-        " With 1, old log-probs are the current ones detached (no extra forward pass).",
+        " With 1 (and epochs 1), old log-probs are the current ones detached (no extra forward"
+        " pass).",
+    )
+    epochs: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Passes over each rollout batch: a step takes epochs × mini_batches optimiser"
+        " steps, π_old frozen once per rollout batch, mini-batches of whole groups (sampled order"
+        " first, reshuffled each later epoch). Above 1 update per batch the importance ratio"
+        " leaves 1 and clipping acts.",
     )
     warmup_steps: int = Field(
         0, ge=0, le=1_000_000, description="Linear learning-rate warmup steps."
@@ -436,7 +472,8 @@ class RunConfig(_Section):
     def _validate_with_params(
         cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]
     ) -> RunConfig:
-        return _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
+        validated = _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
+        return _overlong_buffer_fits(validated)
 
     def objective_params(self) -> BaseModel:
         return get_objective(self.algorithm).params.model_validate(self.params)

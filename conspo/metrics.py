@@ -28,6 +28,15 @@ LR = "optim/lr"
 ENTROPY = "policy/entropy"
 KL = "policy/kl"
 CLIP_FRAC = "grpo/clip_frac"
+OPTIM_UPDATES = "optim/updates"
+OPTIM_SKIPPED = "optim/skipped"
+
+# --- how off-policy each update was (importance ratio π_θ / π_old over response tokens) -------
+OFFPOLICY_RATIO_MEAN = "offpolicy/ratio_mean"
+OFFPOLICY_RATIO_MAX = "offpolicy/ratio_max"
+OFFPOLICY_RATIO_MIN = "offpolicy/ratio_min"
+OFFPOLICY_CLIP_LOW = "offpolicy/clip_low"
+OFFPOLICY_CLIP_HIGH = "offpolicy/clip_high"
 
 # --- what single baselines (conspo/baselines.py) add --------------------------------------
 SAPO_GATE_WEIGHT = "sapo/gate_weight"
@@ -61,6 +70,8 @@ BATCH_ALL_POS_GROUPS = "batch/all_pos_groups"
 BATCH_ALL_NEG_GROUPS = "batch/all_neg_groups"
 LEN_POS = "len/pos"
 LEN_NEG = "len/neg"
+BATCH_SHORTFALL_GROUPS = "batch/shortfall_groups"
+BATCH_REFILL_ROUNDS = "batch/refill_rounds"
 
 # --- evaluation -----------------------------------------------------------------------------
 EVAL_ACCURACY = "eval/accuracy"
@@ -208,6 +219,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("batch", "Rewards and batch composition"),
     Section("eval", "Evaluation and lengths"),
     Section("opt", "Optimisation"),
+    Section("offpolicy", "How off-policy each update was"),
     Section("speed", "Speed"),
 )
 
@@ -239,6 +251,9 @@ CHARTS: tuple[Chart, ...] = (
           kind="stack", always=True,
           help="Per step: groups with all rollouts correct, mixed (the ones that train), all"
           " wrong."),
+    Chart("refill", "Dynamic sampling", "batch", "groups / rounds", y_range="zero",
+          help="Groups the batch lacked after the last refill round (params.max_refill_rounds),"
+          " and the extra rounds drawn."),
     Chart("evalc", "Held-out accuracy", "eval", "accuracy", y_range="unit", markers=True),
     Chart("len", "Response length: positive vs negative", "eval", "tokens (incl. EOS)"),
     Chart("loss", "Loss", "opt", "loss", zero_line=True),
@@ -252,6 +267,16 @@ CHARTS: tuple[Chart, ...] = (
           " objectives that constrain it measure it (0 with one update per rollout batch)."),
     Chart("constraint", "Trust-region constraint active", "opt", "fraction", y_range="unit"),
     Chart("gate", "SAPO's soft gate", "opt", "gradient weight per token", y_range="zero"),
+    Chart("updates", "Optimiser steps per step", "opt", "optimiser steps", y_range="zero",
+          help="optim.epochs × optim.mini_batches, less the updates without gradient (no signal);"
+          " skipped = 1 when the whole step took none."),
+    Chart("ratio", "Importance ratio π_θ / π_old", "offpolicy", "ratio", always=True,
+          help="Over the response tokens of each update: mean (over updates), largest and"
+          " smallest. 1 throughout with one update per rollout batch."),
+    Chart("clipside", "Tokens outside the trust region, per side", "offpolicy",
+          "fraction of tokens", y_range="unit", always=True,
+          help="Fraction of response tokens with ρ < 1 − ε_low and with ρ > 1 + ε_high (the"
+          " objective's own clip range; ConSPO's ε for objectives without one)."),
     Chart("time", "Step time", "speed", "seconds", y_range="zero",
           help="Wall-clock seconds per step, and the part spent generating rollouts."),
     Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
@@ -312,6 +337,13 @@ METRICS: tuple[Metric, ...] = (
     Metric(BATCH_ALL_NEG_GROUPS, "all wrong",
            "Groups whose rollouts were all wrong (no contrast).", "groups", "groups",
            color="neg"),
+    Metric(BATCH_SHORTFALL_GROUPS, "shortfall",
+           "Groups missing from sampling.prompts_per_step after the last refill round (dynamic"
+           " sampling found too few mixed groups); 0 without refill_groups.", "groups", "refill",
+           color="neg"),
+    Metric(BATCH_REFILL_ROUNDS, "extra rounds",
+           "Extra generation rounds dynamic sampling drew (at most params.max_refill_rounds).",
+           "rounds", "refill", color="accent3", dash=True),
     # evaluation and lengths
     Metric(EVAL_ACCURACY, "accuracy (greedy)", "Greedy accuracy on the held-out split.",
            "fraction", "evalc", when="every eval.every steps, at the end and at step 0",
@@ -361,6 +393,27 @@ METRICS: tuple[Metric, ...] = (
            "MCPO: share of mastered-group rollouts whose KL exceeded δ (the hinge was active;"
            " 0 for a mini-batch without a mastered group).",
            "fraction", "constraint", logged_by="objective", color="pos"),
+    Metric(OPTIM_UPDATES, "updates",
+           "Optimiser steps taken this step: one per (epoch, mini-batch) whose gradient is not"
+           " exactly zero.", "optimiser steps", "updates", color="accent"),
+    Metric(OPTIM_SKIPPED, "skipped",
+           "1 when the step took no optimiser step (no group carried signal): weights, AdamW's"
+           " moments and the learning-rate schedule did not move.", "flag", "updates",
+           color="neg", dash=True),
+    # off-policy
+    Metric(OFFPOLICY_RATIO_MEAN, "ratio mean",
+           "Mean importance ratio ρ = π_θ/π_old over response tokens (mean over the updates).",
+           "ratio", "ratio"),
+    Metric(OFFPOLICY_RATIO_MAX, "ratio max", "Largest token ratio over the step's updates.",
+           "ratio", "ratio", color="pos", dash=True),
+    Metric(OFFPOLICY_RATIO_MIN, "ratio min", "Smallest token ratio over the step's updates.",
+           "ratio", "ratio", color="neg", dash=True),
+    Metric(OFFPOLICY_CLIP_LOW, "below 1 − ε_low",
+           "Fraction of response tokens with ρ < 1 − ε_low (mean over the updates).",
+           "fraction", "clipside", color="neg"),
+    Metric(OFFPOLICY_CLIP_HIGH, "above 1 + ε_high",
+           "Fraction of response tokens with ρ > 1 + ε_high (mean over the updates).",
+           "fraction", "clipside", color="pos"),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
            better="lower"),

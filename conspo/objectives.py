@@ -6,8 +6,9 @@ branches on the algorithm. Objectives never call ``.item()``: the trainer syncs 
 
 Shapes: B rollouts, T response positions (right-padded), mask 1.0 on response tokens incl. EOS.
 Group ids are arbitrary integers (not necessarily contiguous or sorted). A rollout is *positive*
-when its reward exceeds ``POSITIVE_THRESHOLD`` (0.5): binary rewards are {0, 1}; with overlong
-shaping a correct answer pushed to <= 0.5 counts as negative for the contrastive objectives.
+exactly when its verified outcome is 1 (``PolicyBatch.outcome``, read by ``positive_mask``), in
+the objectives, the trainer's refill and the statistics alike: shaped rewards (overlong penalty)
+change advantages, never who is positive, so a correct answer stays a positive however long.
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ class SeparationView:
     """How the §4 separation statistics read a run at one point of training.
 
     tau: τ of conspo/p_pos and conspo/hard_neg_share; margin: m_t of conspo/margin and
-    sep/margin_acc; clip_eps: ε of the §1 clipped-ratio scores behind grpo/clip_gap.
+    sep/margin_acc; clip_eps: ε of the §1 clipped-ratio scores behind grpo/clip_gap and the upper
+    edge 1 + ε of the trust region of offpolicy/clip_high; clip_low: its lower edge 1 − ε_low
+    (offpolicy/clip_low).
     """
 
     tau: float
     margin: float
     clip_eps: float
+    clip_low: float = PAPER_CLIP
 
 
 class ObjectiveParams(BaseModel):
@@ -115,8 +119,9 @@ class GRPOParams(ObjectiveParams):
     )
 
     def separation_view(self, progress: float) -> SeparationView:
-        """The default view with ε = clip_high, the upper clip of the GRPO family's own ratio."""
-        return replace(super().separation_view(progress), clip_eps=self.clip_high)
+        """The default view with the GRPO family's own clip range [1 − ε_low, 1 + ε_high]."""
+        default = super().separation_view(progress)
+        return replace(default, clip_eps=self.clip_high, clip_low=self.clip_low)
 
 
 class DAPOParams(GRPOParams):
@@ -176,9 +181,8 @@ class ConSPOParams(ObjectiveParams):
 
     def separation_view(self, progress: float) -> SeparationView:
         """ConSPO's own τ, its effective m_t (``margin`` ablation switch) and its ε."""
-        return SeparationView(
-            tau=self.tau, margin=effective_margin(self, progress), clip_eps=self.clip
-        )
+        margin = effective_margin(self, progress)
+        return SeparationView(tau=self.tau, margin=margin, clip_eps=self.clip, clip_low=self.clip)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +199,10 @@ class PolicyBatch:
                    (then π_old = π_θ.detach() and ρ = 1 in value; no extra forward pass).
     ref_logprobs:  (B, T) log π_ref of a frozen reference, or None (beta = 0).
     mask:          (B, T) 1.0 on response tokens including EOS, 0.0 on padding.
-    rewards:       (B,) verified rewards, {0,1} (after any overlong shaping, maybe fractional).
+    rewards:       (B,) rewards the advantages see: the verified outcome after any shaping
+                   (overlong penalty), so maybe fractional.
+    correct:       (B,) verified outcome in {0,1}, or None when ``rewards`` are unshaped (then
+                   the outcome is ``rewards``). Decides who is positive (``outcome``).
     group_ids:     (B,) int64 prompt-group id; a group is never split across mini-batches.
     progress:      step / total_steps in [0, 1] (margin curriculum).
     max_response_len: the constant of seq-mean-token-sum-norm (max_new_tokens).
@@ -212,6 +219,12 @@ class PolicyBatch:
     # Batch-level reward std for scale_rewards="batch" when the mini-batch is part of a larger
     # rollout batch; None means "compute it from this batch".
     batch_reward_std: float | None = None
+    correct: torch.Tensor | None = None
+
+    @property
+    def outcome(self) -> torch.Tensor:
+        """(B,) the verified outcome, the only thing ``positive_mask`` is ever given."""
+        return self.rewards if self.correct is None else self.correct
 
 
 @dataclass
@@ -224,7 +237,7 @@ class ObjectiveOutput:
 # Building blocks (pure tensor functions; the objectives below are compositions of these)
 # --------------------------------------------------------------------------------------------
 
-# A rollout with reward above this is a positive (r = 1); binary rewards never sit near it.
+# A rollout whose verified outcome is above this is a positive (O = 1); outcomes are {0, 1}.
 POSITIVE_THRESHOLD = 0.5
 # A reward std at or below this counts as zero: the group (or batch) has no variance and its
 # advantages are 0. Without the guard, float noise in a constant group (e.g. shaped rewards of
@@ -233,9 +246,13 @@ POSITIVE_THRESHOLD = 0.5
 STD_EPS = 1e-6
 
 
-def positive_mask(rewards: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: which rollouts are positives (reward > POSITIVE_THRESHOLD)."""
-    return rewards > POSITIVE_THRESHOLD
+def positive_mask(outcome: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: which rollouts are positives, from their (B,) verified outcome in {0, 1}.
+
+    The one definition of "positive": objectives, the trainer's refill and the statistics all
+    call it on the verified outcome, never on a shaped reward (docs/objectives.md §0).
+    """
+    return outcome > POSITIVE_THRESHOLD
 
 
 def dense_group_index(group_ids: torch.Tensor) -> torch.Tensor:
@@ -299,16 +316,16 @@ def clipped_ratio_scores(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor | None,
     mask: torch.Tensor,
-    rewards: torch.Tensor,
+    outcome: torch.Tensor,
     eps: float,
 ) -> torch.Tensor:
     """(B,) GRPO's clipped-ratio scores of Proposition 1 (arXiv:2605.12969, §1 of the spec).
 
     Positives: s⁺(o) = mean_t min(ρ_t, 1+ε); negatives: s⁻(o) = mean_t max(ρ_t, 1−ε).
-    logprobs, old_logprobs, mask: (B, T); rewards: (B,). ``old_logprobs=None`` ⇒ ρ = 1 in value.
+    logprobs, old_logprobs, mask: (B, T); outcome: (B,) verified. ``old_logprobs=None`` ⇒ ρ = 1.
     """
     ratio = token_ratio(logprobs, old_logprobs, mask)
-    pos = positive_mask(rewards)[:, None]
+    pos = positive_mask(outcome)[:, None]
     clipped = torch.where(pos, ratio.clamp(max=1 + eps), ratio.clamp(min=1 - eps))
     return _masked_seq_mean(clipped, mask)
 
@@ -406,11 +423,11 @@ class _GroupCounts:
 
 
 def _group_counts(
-    rewards: torch.Tensor, group_ids: torch.Tensor, dtype: torch.dtype
+    outcome: torch.Tensor, group_ids: torch.Tensor, dtype: torch.dtype
 ) -> _GroupCounts:
-    n = rewards.shape[0]
+    n = outcome.shape[0]
     idx = dense_group_index(group_ids)
-    pos = positive_mask(rewards)
+    pos = positive_mask(outcome)
     n_pos = segment_sum(pos.to(dtype), idx, n)
     n_neg = segment_sum((~pos).to(dtype), idx, n)
     valid = (n_pos > 0) & (n_neg > 0)
@@ -419,7 +436,7 @@ def _group_counts(
 
 def conspo_score_loss(
     scores: torch.Tensor,
-    rewards: torch.Tensor,
+    outcome: torch.Tensor,
     group_ids: torch.Tensor,
     *,
     tau: float,
@@ -431,11 +448,12 @@ def conspo_score_loss(
 
         −J(q) = (τ/N⁺) Σ_i [ logsumexp({ŝ_i/τ} ∪ {s_j⁻/τ}_j) − ŝ_i/τ ]
 
-    Each positive competes only with the group's negatives. scores, rewards, group_ids: (B,);
-    group ids are arbitrary integers. All-positive / all-negative groups contribute 0; with no
-    valid group the result is a 0 that still depends on ``scores`` (backward works).
+    Each positive competes only with the group's negatives. scores, outcome (verified, {0, 1}),
+    group_ids: (B,); group ids are arbitrary integers. All-positive / all-negative groups
+    contribute 0; with no valid group the result is a 0 that still depends on ``scores``
+    (backward works).
     """
-    c = _group_counts(rewards, group_ids, scores.dtype)
+    c = _group_counts(outcome, group_ids, scores.dtype)
     n = scores.shape[0]
     logits = scores / tau
     # log Σ_j e^{s_j⁻/τ} per group, shifted by the group's (detached) max negative logit.
@@ -456,13 +474,14 @@ def conspo_score_loss(
 
 
 def linear_contrast_loss(
-    scores: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor
+    scores: torch.Tensor, outcome: torch.Tensor, group_ids: torch.Tensor
 ) -> torch.Tensor:
     """0-d loss −mean_groups(mean s⁺ − mean s⁻) over valid groups (the `contrast: linear` ablation).
 
-    scores, rewards, group_ids: (B,). All-positive / all-negative groups contribute 0.
+    scores, outcome (verified, {0, 1}), group_ids: (B,). All-positive / all-negative groups
+    contribute 0.
     """
-    c = _group_counts(rewards, group_ids, scores.dtype)
+    c = _group_counts(outcome, group_ids, scores.dtype)
     n_own = torch.where(c.pos, c.n_pos[c.idx], c.n_neg[c.idx]).clamp_min(1)
     sign = torch.where(c.pos, 1.0, -1.0).to(scores.dtype)
     weight = torch.where(c.valid[c.idx], sign / (n_own * c.n_valid), 0.0)
@@ -566,15 +585,15 @@ def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutpu
         scores = sequence_scores(batch.logprobs, batch.mask)
     else:
         scores = clipped_ratio_scores(
-            batch.logprobs, batch.old_logprobs, batch.mask, batch.rewards, params.clip
+            batch.logprobs, batch.old_logprobs, batch.mask, batch.outcome, params.clip
         )
     if params.contrast == "infonce":
         margin = effective_margin(params, batch.progress)
         loss = conspo_score_loss(
-            scores, batch.rewards, batch.group_ids, tau=params.tau, margin=margin
+            scores, batch.outcome, batch.group_ids, tau=params.tau, margin=margin
         )
     else:
-        loss = linear_contrast_loss(scores, batch.rewards, batch.group_ids)
+        loss = linear_contrast_loss(scores, batch.outcome, batch.group_ids)
     stats: dict[str, torch.Tensor] = {}
     loss = _with_kl(loss, stats, batch, params.beta, "token-mean")
     stats[metrics.LOSS] = loss.detach()

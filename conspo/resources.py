@@ -185,7 +185,7 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, t, b)
     batch = 16 * n * t * (2 if refill else 1)
     freeze_old = 0
-    if cfg.optim.mini_batches > 1:
+    if cfg.optim.mini_batches * cfg.optim.epochs > 1:  # π_old frozen before the first update
         freeze_old = _no_grad_forward(dims, min(n * t, budget or n * t), b) + 2 * n * t * FLOAT32
     layer = _layer_activations(dims)
     if m.lora.rank:

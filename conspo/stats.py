@@ -17,7 +17,7 @@ import math
 import torch
 
 from conspo import metrics
-from conspo.objectives import dense_group_index, positive_mask
+from conspo.objectives import dense_group_index, positive_mask, token_ratio
 
 
 def _padded(values: torch.Tensor, idx: torch.Tensor, n_groups: int, size: int) -> torch.Tensor:
@@ -127,3 +127,30 @@ def separation_stats(
     for key, values in per_group.items():
         out[key] = _mean_over_valid(values, valid)
     return {key: out[key] for key in metrics.SEPARATION_KEYS}
+
+
+def offpolicy_stats(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> dict[str, torch.Tensor]:
+    """How far one update's π_θ is from the π_old that sampled, as detached 0-d tensors.
+
+    logprobs, old_logprobs, mask: (B, T); ``old_logprobs=None`` is one update per rollout batch
+    (ρ = 1). Over response tokens: the mean, largest and smallest ratio ρ_t, and the fractions
+    below 1 − clip_low and above 1 + clip_high (outside the trust region, whatever the advantage's
+    sign: how off-policy the update was, not which clip was active; that is grpo/clip_frac).
+    """
+    ratio = token_ratio(logprobs.detach(), old_logprobs, mask).float()
+    tokens = mask > 0  # every rollout has one at least (its EOS or its truncated last token)
+    n = tokens.sum().clamp_min(1)
+    return {
+        metrics.OFFPOLICY_RATIO_MEAN: torch.where(tokens, ratio, 0.0).sum() / n,
+        metrics.OFFPOLICY_RATIO_MAX: torch.where(tokens, ratio, -math.inf).amax(),
+        metrics.OFFPOLICY_RATIO_MIN: torch.where(tokens, ratio, math.inf).amin(),
+        metrics.OFFPOLICY_CLIP_LOW: ((ratio < 1 - clip_low) & tokens).sum() / n,
+        metrics.OFFPOLICY_CLIP_HIGH: ((ratio > 1 + clip_high) & tokens).sum() / n,
+    }

@@ -4,13 +4,15 @@
                    workdir="out", model_store=ModelStore())
 
 One step samples ``prompts_per_step`` groups of ``group_size`` rollouts, verifies them, scores
-them under the current policy, and takes ``optim.mini_batches`` optimiser steps on the registered
-objective (``conspo.registry``). The loop never branches on the algorithm: the objective is a
-function of a ``PolicyBatch`` and its params, and what the §4 separation statistics need of the
-algorithm (τ, m_t, ε) comes from ``params.separation_view``. The forward passes (shared-prompt
-prefill, token log-probs) live in ``conspo.forward``. All randomness of a step (prompts,
-sampling, evaluation) is a function of (seed, step), so a run resumed from a checkpoint
-reproduces the uninterrupted run exactly on CPU.
+them under the current policy, and takes ``optim.epochs × optim.mini_batches`` optimiser steps on
+the registered objective (``conspo.registry``), each on a mini-batch of whole groups; an update
+whose gradient is exactly zero (no group carries signal) takes no optimiser step, and a step that
+took none does not tick the learning-rate schedule (``optim/skipped``). The loop never branches
+on the algorithm: the objective is a function of a ``PolicyBatch`` and its params, and what the
+§4 separation statistics need of the algorithm (τ, m_t, ε) comes from ``params.separation_view``.
+The forward passes (shared-prompt prefill, token log-probs) live in ``conspo.forward``. All
+randomness of a step (prompts, sampling, mini-batch order, evaluation) is a function of
+(seed, step), so a run resumed from a checkpoint reproduces the uninterrupted run exactly on CPU.
 
 Shapes: N = groups × G rollouts, P prompt positions, T response positions.
 """
@@ -23,6 +25,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,8 +61,10 @@ from conspo.objectives import (
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
+    SeparationView,
     clipped_ratio_scores,
     k3_kl,
+    positive_mask,
     sequence_scores,
 )
 from conspo.precision import Precision, make_precision
@@ -74,7 +79,7 @@ from conspo.resources import (
 )
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
-from conspo.stats import separation_stats
+from conspo.stats import offpolicy_stats, separation_stats
 from conspo.tasks import Example, Task, make_task
 
 
@@ -103,6 +108,7 @@ class TrainState:
     trainable: list[torch.nn.Parameter]  # what the optimiser updates (LoRA: the adapters)
     estimate: MemoryEstimate | None  # of conspo.resources; None for a model it cannot size
     rollouts_seen: int = 0
+    trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
     benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
 
 
@@ -115,6 +121,14 @@ class Rollouts:
     correct: torch.Tensor  # (N,) verified rewards in {0,1}
     group_ids: torch.Tensor  # (N,) 0..groups-1
     generated: int  # rollouts sampled this step, refill rounds included
+    shortfall: int = 0  # groups missing from prompts_per_step after the last refill round
+    refill_rounds: int = 0  # extra generation rounds dynamic sampling drew
+
+    @cached_property
+    def reward_std(self) -> float:
+        """Population std of the shaped rewards over the whole rollout batch: what
+        ``scale_rewards: batch`` divides by in every mini-batch (rewards live on the CPU)."""
+        return float(self.rewards.float().std(correction=0))
 
 
 def step_seed(seed: int, step: int, purpose: str) -> int:
@@ -261,6 +275,8 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
     step, path = found
     saved = load_checkpoint(path, state.model, state.optimizer)
     state.rollouts_seen = saved["counters"]["rollouts_seen"]
+    # Checkpoints from before skipped steps existed: every step had ticked the schedule.
+    state.trained_steps = saved["counters"].get("trained_steps", step)
     if state.precision.scaler is not None and "scaler" in saved["counters"]:
         state.precision.scaler.load_state_dict(saved["counters"]["scaler"])
     sink.log_event("resumed", {**info, "step": step, "path": str(path)})
@@ -279,7 +295,10 @@ def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
     # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
     # it must be stored before the checkpoint exists (a buffering sink may hold some back).
     flush_sink(sink)
-    counters: dict[str, Any] = {"rollouts_seen": state.rollouts_seen}
+    counters: dict[str, Any] = {
+        "rollouts_seen": state.rollouts_seen,
+        "trained_steps": state.trained_steps,
+    }
     if state.precision.scaler is not None:  # float16's loss scale is part of exact resume
         counters["scaler"] = state.precision.scaler.state_dict()
     path = save_checkpoint(
@@ -303,7 +322,9 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
     if rollouts is None:
         return None
     t_rollout = time.perf_counter() - t0
-    stats, scores = update(state, rollouts, step)
+    lr = lr_at(cfg, state.trained_steps + 1)  # the schedule ticks only on steps that updated
+    stats, scores, updates = update(state, rollouts, step, lr)
+    state.trained_steps += int(updates > 0)
     state.engine.sync(state.model)
     t_step = time.perf_counter() - t0
     state.rollouts_seen += rollouts.generated
@@ -312,7 +333,11 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         M.TIME_ROLLOUT_S: t_rollout,
         M.THROUGHPUT_ROLLOUTS_PER_S: rollouts.generated / t_step,
         M.ROLLOUTS_SEEN: float(state.rollouts_seen),
-        M.LR: lr_at(cfg, step),
+        M.LR: lr,
+        M.OPTIM_UPDATES: float(updates),
+        M.OPTIM_SKIPPED: float(updates == 0),
+        M.BATCH_SHORTFALL_GROUPS: float(rollouts.shortfall),
+        M.BATCH_REFILL_ROUNDS: float(rollouts.refill_rounds),
     }
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps:
         floats.update(run_eval(state, step))
@@ -327,7 +352,8 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
 def collect_rollouts(
     state: TrainState, step: int, should_stop: Callable[[], bool]
 ) -> Rollouts | None:
-    """Sample groups; with refill_groups keep only groups with both outcomes and top up.
+    """Sample groups; with refill_groups keep only groups with both outcomes and top up, for at
+    most params.max_refill_rounds extra rounds; what is still missing then is the shortfall.
 
     Round r of step s draws its prompts and sampling noise from (seed, s, r) alone.
     """
@@ -343,8 +369,7 @@ def collect_rollouts(
         last = sample_groups(state, prompts, step_seed(cfg.seed, step, f"s{r}"))
         generated += last.generated
         if not params.refill_groups:
-            kept = [last]
-            break
+            return last
         valid = mixed_groups(last.correct, g)
         if valid.any():
             kept.append(keep_groups(last, valid, g))
@@ -357,6 +382,8 @@ def collect_rollouts(
     if len(merged.group_ids) > want * g:
         merged = keep_groups(merged, torch.arange(len(merged.group_ids) // g) < want, g)
     merged.generated = generated
+    merged.shortfall = max(0, want - n_kept)
+    merged.refill_rounds = r  # the last round drawn: round 0 is the regular one
     return merged
 
 
@@ -404,8 +431,8 @@ def overlong_penalty(
 
 
 def mixed_groups(correct: torch.Tensor, g: int) -> torch.Tensor:
-    """(groups,) bool: groups with both correct and wrong rollouts."""
-    n_pos = correct.view(-1, g).gt(0.5).sum(-1)
+    """(groups,) bool: groups with both positives and negatives (``positive_mask``)."""
+    n_pos = positive_mask(correct.view(-1, g)).sum(-1)
     return (n_pos > 0) & (n_pos < g)
 
 
@@ -448,40 +475,42 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
 
 
 def update(
-    state: TrainState, r: Rollouts, step: int
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Optimiser steps on mini-batches of whole groups; returns (stats, (N,) scores s_θ).
+    state: TrainState, r: Rollouts, step: int, lr: float
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """Optimiser steps at ``lr`` on mini-batches of whole groups, ``optim.epochs`` passes over
+    the rollout batch; returns (stats, (N,) scores s_θ, optimiser steps taken).
 
-    Loss-side stats (loss, grad_norm, ...) are averaged over mini-batches; the §4 separation
-    statistics are computed once on the whole rollout batch, so group counts add up and one
-    mini-batch without a valid group cannot turn the step's curves into NaN.
+    Loss-side stats (loss, grad_norm, ...) are averaged over updates (the off-policy ratio's
+    extremes are the extremes over updates); the §4 separation statistics are computed once on
+    the whole rollout batch, so group counts add up and one mini-batch without a valid group
+    cannot turn the step's curves into NaN.
     """
     cfg, device = state.cfg, state.device
     logprob_mode(state.model)
-    g = cfg.sampling.group_size
-    n_groups = len(r.group_ids) // g
-    chunks = [c for c in torch.arange(n_groups).tensor_split(cfg.optim.mini_batches) if len(c)]
+    plan = update_plan(cfg, len(r.group_ids) // cfg.sampling.group_size, step)
     before_update = None
-    if len(chunks) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
+    if len(plan) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
         before_update = no_grad_logprobs(state, r.batch)
     for group in state.optimizer.param_groups:
-        group["lr"] = lr_at(cfg, step)
+        group["lr"] = lr
     view = state.params.separation_view(step / cfg.steps)
-    per_chunk: list[dict[str, torch.Tensor]] = []
+    per_update: list[dict[str, torch.Tensor]] = []
     scores = torch.empty(len(r.group_ids), device=device)
     clipped = torch.empty(len(r.group_ids), device=device)
-    for i, chunk in enumerate(chunks):
+    taken = 0
+    for i, chunk in enumerate(plan):
         rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
         # The first mini-batch's π_θ is still π_old: its no-grad pass is already done.
         known = None
         if before_update is not None and i == 0:
             known = before_update[0][rows], before_update[1][rows]
         old_logprobs = None if before_update is None else before_update[0][rows]
-        stats, scores[rows], clipped[rows] = optimise_chunk(
-            state, r, rows, old_logprobs, step, view.clip_eps, known
+        # Behaviour scores are π_old's in every epoch; clipped-ratio scores end as the last's.
+        stats, scores[rows], clipped[rows], stepped = optimise_chunk(
+            state, r, rows, old_logprobs, step, view, known
         )
-        per_chunk.append(stats)
-    stats = {k: torch.stack([s[k] for s in per_chunk]).mean() for k in per_chunk[0]}
+        per_update.append(stats)
+        taken += stepped
     # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
     sep = separation_stats(
         scores,
@@ -492,7 +521,34 @@ def update(
         tau=view.tau,
         clipped_scores=clipped,
     )
-    return {**stats, **sep}, scores
+    return {**combined(per_update), **sep}, scores, taken
+
+
+def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:
+    """The group indices of each update of a step, in order: ``optim.epochs`` passes, each
+    split into ``optim.mini_batches`` of whole groups. The first pass takes the groups in sampled
+    order (the prompts are already a random draw); each later one reshuffles them from
+    (seed, step, epoch)."""
+    plan: list[torch.Tensor] = []
+    for epoch in range(cfg.optim.epochs):
+        order = torch.arange(n_groups)
+        if epoch > 0 and cfg.optim.mini_batches > 1:
+            generator = torch.Generator().manual_seed(step_seed(cfg.seed, step, f"mb{epoch}"))
+            order = torch.randperm(n_groups, generator=generator)
+        plan += [c for c in order.tensor_split(cfg.optim.mini_batches) if len(c)]
+    return plan
+
+
+# How one step's per-update statistics combine: the mean, except the ratio's extremes.
+EXTREMES = {M.OFFPOLICY_RATIO_MAX: torch.amax, M.OFFPOLICY_RATIO_MIN: torch.amin}
+
+
+def combined(per_update: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One value per key over the step's updates (``EXTREMES``, else the mean)."""
+    return {
+        k: EXTREMES.get(k, torch.mean)(torch.stack([s[k] for s in per_update]))
+        for k in per_update[0]
+    }
 
 
 def optimise_chunk(
@@ -501,28 +557,36 @@ def optimise_chunk(
     rows: torch.Tensor,
     old_logprobs: torch.Tensor | None,
     step: int,
-    clip_eps: float,
+    view: SeparationView,
     known: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, bool]:
     """Score, objective, backward, clip, step on the rollouts in ``rows`` (N,) bool.
 
     ``known``: their (log-probs, entropy) under the current π_θ when already computed.
-    Returns (loss-side stats, behaviour-policy scores s_θ, clipped-ratio scores of §1 at
-    ``clip_eps``), the scores (B,) for the B rollouts of ``rows``.
+    Returns (loss-side and off-policy stats, behaviour-policy scores s_θ, clipped-ratio scores of
+    §1 at ``view.clip_eps``, whether an optimiser step was taken), the scores (B,) for the B
+    rollouts of ``rows``.
     """
     state.optimizer.zero_grad(set_to_none=True)
     batch, entropy, out = backward_chunk(state, r, rows, old_logprobs, step, known)
-    grad_norm = state.precision.step(
-        state.optimizer, state.trainable, state.cfg.optim.max_grad_norm
-    )
+    stepped = has_gradient(state.trainable)
+    if stepped:
+        grad_norm = state.precision.step(
+            state.optimizer, state.trainable, state.cfg.optim.max_grad_norm
+        )
+    else:  # AdamW would still move the weights (momentum, decay) on a zero gradient
+        grad_norm = torch.zeros((), device=state.device)
     logprobs, mask = batch.logprobs.detach(), batch.mask
     # Scores of the policy that sampled (π_old): before this chunk's update.
     behaviour = logprobs if batch.old_logprobs is None else batch.old_logprobs
     scores = sequence_scores(behaviour, mask)
     # π_θ here may already have moved (earlier mini-batches), which is what grpo/clip_gap shows.
-    clipped = clipped_ratio_scores(logprobs, batch.old_logprobs, mask, batch.rewards, clip_eps)
+    clipped = clipped_ratio_scores(logprobs, batch.old_logprobs, mask, batch.outcome, view.clip_eps)
     stats = {
         **out.stats,
+        **offpolicy_stats(
+            logprobs, batch.old_logprobs, mask, clip_low=view.clip_low, clip_high=view.clip_eps
+        ),
         M.LOSS: out.loss.detach(),
         M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
         M.GRAD_NORM: grad_norm.detach(),
@@ -530,7 +594,14 @@ def optimise_chunk(
     ref = batch.ref_logprobs
     if ref is not None and M.KL not in stats:
         stats[M.KL] = (k3_kl(logprobs, ref, mask) * mask).sum() / mask.sum().clamp(min=1)
-    return {k: v.float() for k, v in stats.items()}, scores, clipped
+    return {k: v.float() for k, v in stats.items()}, scores, clipped, stepped
+
+
+def has_gradient(params: list[torch.nn.Parameter]) -> bool:
+    """Whether any trainable parameter got a non-zero gradient: an objective without signal (no
+    valid group, zero advantages, no KL term) gives exactly 0. One host sync per update."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return bool(grads) and bool(torch.nn.utils.get_total_norm(grads, math.inf) > 0)
 
 
 def backward_chunk(
@@ -670,11 +741,14 @@ def policy_batch(
         max_response_len=cfg.sampling.max_new_tokens,
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
+        batch_reward_std=r.reward_std,  # the whole rollout batch's, not this mini-batch's
+        correct=r.correct[rows_cpu].to(device),
     )
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
-    """Linear warmup over optim.warmup_steps, then constant."""
+    """Linear warmup over optim.warmup_steps, then constant; ``step`` counts the steps that
+    updated (a skipped step does not tick it)."""
     warm = cfg.optim.warmup_steps
     return cfg.optim.lr * (min(1.0, step / warm) if warm else 1.0)
 

@@ -242,3 +242,23 @@ def test_every_number_of_the_config_is_bounded_on_both_sides():
 )
 def test_what_json_or_a_database_cannot_hold_is_refused_at_its_field(data, loc):
     assert loc in error_locs(data)
+
+
+@pytest.mark.parametrize("buffer,max_new_tokens", [(8, 6), (6, 6)])
+def test_an_overlong_buffer_as_long_as_the_response_cap_is_refused(buffer, max_new_tokens):
+    """A buffer >= max_new_tokens would penalise every answer, a correct 2-token one too."""
+    data = {
+        "algorithm": "dapo",
+        "params": {"overlong_buffer": buffer},
+        "sampling": {"max_new_tokens": max_new_tokens},
+    }
+    with pytest.raises(ValidationError) as info:
+        RunConfig.model_validate(data)
+    [error] = info.value.errors()
+    assert error["loc"] == ("params", "overlong_buffer")
+    assert "sampling.max_new_tokens" in error["msg"] and "params.overlong_buffer" in error["msg"]
+    # DAPO's default buffer (8) needs responses longer than 8 tokens; 0 turns shaping off.
+    with pytest.raises(ValidationError):
+        RunConfig.model_validate({"algorithm": "dapo", "sampling": {"max_new_tokens": 8}})
+    RunConfig.model_validate({**data, "params": {"overlong_buffer": 0}})
+    RunConfig.model_validate({**data, "params": {"overlong_buffer": max_new_tokens - 1}})

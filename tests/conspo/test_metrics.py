@@ -41,7 +41,8 @@ def _logged_keys(algorithm: str, params: dict, model_store, tmp_path) -> set[str
         "steps": 2,
         "model": {"name": "tiny"},
         "task": {"name": "arith", "eval_size": 4},
-        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
+        # Longer than DAPO's default overlong buffer (8), which must leave some length unpenalised.
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 10},
         "optim": {"mini_batches": 2},
         "eval": {"every": 0, "pass_k": 2},
         "checkpoint": {"every": 0},

@@ -16,6 +16,8 @@ from conspo.trainer import collect_rollouts, setup, update
 def config(algorithm: str, mini_batches: int, **model) -> RunConfig:
     return RunConfig.model_validate({
         "algorithm": algorithm,
+        # DAPO's default overlong buffer (8) would cover these 6-token responses whole.
+        "params": {"overlong_buffer": 2} if algorithm == "dapo" else {},
         "steps": 4,
         "seed": 1,
         "task": {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 4},
@@ -43,7 +45,7 @@ def step_gradients(cfg: RunConfig, store, rollouts=None, budget: int = 0):
         return step(optimizer, params, max_norm)
 
     state.precision.step = spy  # type: ignore[method-assign]
-    update(state, rollouts, 1)
+    update(state, rollouts, 1, state.cfg.optim.lr)
     return grads, rollouts
 
 

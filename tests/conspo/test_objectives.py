@@ -553,10 +553,10 @@ def test_every_registered_objective_shares_the_paper_axis_by_default(name: str) 
 
 
 @pytest.mark.parametrize("params_type", [GRPOParams, DAPOParams, DrGRPOParams])
-def test_grpo_family_separation_view_uses_clip_high(params_type: type[GRPOParams]) -> None:
+def test_grpo_family_separation_view_uses_its_clip_range(params_type: type[GRPOParams]) -> None:
     params = params_type(clip_low=0.1, clip_high=0.35)
     for p in PROGRESS:
-        assert params.separation_view(p) == SeparationView(10.0, paper_margin(p), 0.35)
+        assert params.separation_view(p) == SeparationView(10.0, paper_margin(p), 0.35, 0.1)
 
 
 @pytest.mark.parametrize("margin", ["cosine", "fixed", "none"])
@@ -568,4 +568,31 @@ def test_conspo_separation_view_uses_its_own_tau_margin_and_clip(margin: str) ->
         "none": lambda p: 0.0,
     }[margin]
     for p in PROGRESS:
-        assert params.separation_view(p) == SeparationView(3.0, expected(p), 0.1)
+        assert params.separation_view(p) == SeparationView(3.0, expected(p), 0.1, 0.1)
+
+
+# ------------------------------------------------------------------------------------------
+# One definition of "positive": the verified outcome, whatever the shaped reward
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params", [ConSPOParams(), ConSPOParams(contrast="linear"), ConSPOParams(score="clipped_ratio")]
+)
+def test_a_correct_answer_with_a_shaped_reward_below_half_stays_positive(params) -> None:
+    """Overlong shaping took a correct answer to 0.4: the contrast still pulls it up."""
+    logprobs = torch.tensor([[-0.5, -1.0], [-0.7, -0.2]], dtype=DT, requires_grad=True)
+    common = {"mask": torch.ones(2, 2, dtype=DT), "group_ids": torch.tensor([0, 0])}
+    shaped = PolicyBatch(
+        logprobs=logprobs,
+        rewards=torch.tensor([0.4, 0.0], dtype=DT),
+        correct=torch.tensor([1.0, 0.0], dtype=DT),
+        **common,
+    )
+    binary = PolicyBatch(logprobs=logprobs, rewards=torch.tensor([1.0, 0.0], dtype=DT), **common)
+    assert shaped.outcome.tolist() == [1.0, 0.0]
+    got, want = conspo_objective(shaped, params).loss, conspo_objective(binary, params).loss
+    assert got.item() == pytest.approx(want.item())
+    if params.score == "logprob":  # the group has a positive and a negative: it trains
+        (grad,) = torch.autograd.grad(got, logprobs)
+        assert grad[0].sum() < 0 < grad[1].sum()  # minimising pulls the correct one up

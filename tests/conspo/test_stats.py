@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conspo import metrics as M
-from conspo.stats import separation_stats
+from conspo.stats import offpolicy_stats, separation_stats
 
 DT = torch.float64
 TAU = 1.0
@@ -161,3 +161,20 @@ def test_ties_are_not_ordered() -> None:
     assert got[M.SEP_ORDER_ACC].item() == pytest.approx(2 / 3)  # beats -0.75 and -1.0 only
     assert got[M.SEP_MARGIN_ACC].item() == pytest.approx(1 / 3)  # -0.75 beats -1.0 only
     assert got[M.SEP_GAP_MIN].item() == 0.0
+
+
+def test_offpolicy_stats_by_hand() -> None:
+    """Ratios e^{lp − old} of the response tokens; padding (ratio e^5 here) is never counted."""
+    old = torch.zeros(2, 3, dtype=DT)
+    ratios = [[1.0, 1.5, 0.7], [0.9, 1.25, 99.0]]
+    logprobs = torch.tensor(ratios, dtype=DT).log()
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=DT)
+    out = offpolicy_stats(logprobs, old, mask, clip_low=0.2, clip_high=0.28)
+    assert out[M.OFFPOLICY_RATIO_MEAN].item() == pytest.approx((1 + 1.5 + 0.7 + 0.9 + 1.25) / 5)
+    assert out[M.OFFPOLICY_RATIO_MAX].item() == pytest.approx(1.5)
+    assert out[M.OFFPOLICY_RATIO_MIN].item() == pytest.approx(0.7)
+    assert out[M.OFFPOLICY_CLIP_LOW].item() == pytest.approx(1 / 5)  # 0.7 < 0.8
+    assert out[M.OFFPOLICY_CLIP_HIGH].item() == pytest.approx(1 / 5)  # 1.5 > 1.28; 1.25 is not
+    # One update per rollout batch (no π_old): every ratio is 1, nothing outside the region.
+    on_policy = offpolicy_stats(logprobs, None, mask, clip_low=0.2, clip_high=0.28)
+    assert [on_policy[k].item() for k in on_policy] == [1.0, 1.0, 1.0, 0.0, 0.0]

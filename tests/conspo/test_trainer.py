@@ -7,7 +7,7 @@ from conspo import metrics as M
 from conspo import trainer
 from conspo.config import RunConfig, TaskConfig
 from conspo.models import load_pretrained
-from conspo.objectives import clipped_ratio_scores
+from conspo.objectives import clipped_ratio_scores, group_advantages
 from conspo.rollout import evaluate
 from conspo.sink import MemorySink
 from conspo.stats import separation_stats
@@ -170,3 +170,103 @@ def test_separation_statistics_use_the_objectives_tau_margin_and_clip(
         logged = sink.steps[step].metrics
         for key, value in by_hand.items():
             assert logged[key] == value.item() or math.isnan(logged[key]) and value.isnan(), key
+
+
+# --------------------------------------------------------------------------------------------
+# Regimes: epochs × mini-batches, and how off-policy each update was
+# --------------------------------------------------------------------------------------------
+
+QUIET = {"eval": {"every": 0, "at_start": False}, "checkpoint": {"every": 0}}
+
+
+def test_each_epoch_covers_every_group_once_in_a_fresh_order():
+    cfg = small_config(optim={"epochs": 3, "mini_batches": 2})
+    plan = trainer.update_plan(cfg, 8, step=5)
+    assert len(plan) == 6 and all(len(chunk) == 4 for chunk in plan)
+    epochs = [torch.cat(plan[2 * e : 2 * e + 2]) for e in range(3)]
+    assert epochs[0].tolist() == list(range(8))  # the first pass in sampled order
+    assert all(sorted(e.tolist()) == list(range(8)) for e in epochs)
+    assert len({tuple(e.tolist()) for e in epochs}) == 3  # reshuffled each later epoch
+    assert all((a == b).all() for a, b in zip(plan, trainer.update_plan(cfg, 8, 5), strict=True))
+    one = small_config(optim={"epochs": 2})  # one mini-batch: the whole batch, twice
+    assert [c.tolist() for c in trainer.update_plan(one, 3, 1)] == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_several_updates_per_rollout_batch_move_the_ratio_and_clip(model_store, arith_base,
+                                                                    tmp_path):  # fmt: skip
+    cfg = small_config(algorithm="grpo", steps=1, optim={"epochs": 2, "mini_batches": 2,
+                                                         "lr": 1e-3}, **QUIET)  # fmt: skip
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    m = sink.steps[1].metrics
+    assert m[M.OPTIM_UPDATES] == 4 and m[M.OPTIM_SKIPPED] == 0
+    assert m[M.OFFPOLICY_RATIO_MIN] < 1 < m[M.OFFPOLICY_RATIO_MAX]
+    assert m[M.OFFPOLICY_CLIP_LOW] + m[M.OFFPOLICY_CLIP_HIGH] > 0
+    assert m[M.CLIP_FRAC] > 0  # GRPO's clip acts, which it never does on-policy
+    on_policy = small_config(algorithm="grpo", steps=1, **QUIET)
+    sink = MemorySink()
+    train(on_policy, sink, workdir=tmp_path / "on", model_store=model_store)
+    m = sink.steps[1].metrics
+    assert m[M.OPTIM_UPDATES] == 1 and m[M.CLIP_FRAC] == 0
+    assert m[M.OFFPOLICY_RATIO_MIN] == m[M.OFFPOLICY_RATIO_MAX] == m[M.OFFPOLICY_RATIO_MEAN] == 1
+    assert m[M.OFFPOLICY_CLIP_LOW] == m[M.OFFPOLICY_CLIP_HIGH] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Fixes
+# --------------------------------------------------------------------------------------------
+
+
+def test_dynamic_sampling_logs_the_groups_it_could_not_find(model_store, arith_base, tmp_path):
+    params = {"max_refill_rounds": 0, "overlong_buffer": 0}
+    cfg = small_config(algorithm="dapo", steps=1, params=params, **QUIET)
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    m = sink.steps[1].metrics
+    assert m[M.BATCH_REFILL_ROUNDS] == 0
+    assert 0 < m[M.BATCH_VALID_GROUPS] < 8  # the base model gets some groups all right or wrong
+    assert m[M.BATCH_SHORTFALL_GROUPS] == 8 - m[M.BATCH_VALID_GROUPS]
+    assert m[M.ROLLOUTS_SEEN] == 32
+    # Without refill the batch is whatever was sampled: nothing is missing.
+    sink = MemorySink()
+    train(small_config(steps=1, **QUIET), sink, workdir=tmp_path / "plain", model_store=model_store)
+    assert sink.steps[1].metrics[M.BATCH_SHORTFALL_GROUPS] == 0
+
+
+def test_batch_scaled_advantages_divide_by_the_whole_rollout_batchs_std(model_store, arith_base):
+    cfg = small_config(algorithm="grpo", params={"scale_rewards": "batch"},
+                       optim={"mini_batches": 2})  # fmt: skip
+    state = trainer.setup(cfg, model_store)
+    r = trainer.collect_rollouts(state, 1, lambda: False)
+    rows = r.group_ids < 4  # the first mini-batch's groups
+    logprobs = torch.zeros(int(rows.sum()), r.batch.response_ids.shape[1])
+    batch = trainer.policy_batch(state, r, rows, logprobs, None, None, 1)
+    whole_std = r.rewards.std(correction=0)
+    assert not torch.isclose(r.rewards[rows].std(correction=0), whole_std)  # the test can tell
+    adv = group_advantages(
+        batch.rewards, batch.group_ids, "batch", batch_std=batch.batch_reward_std
+    )
+    rewards = r.rewards[rows].view(-1, 4)
+    want = (rewards - rewards.mean(-1, keepdim=True)).flatten() / whole_std
+    assert torch.allclose(adv.float(), want.float(), atol=1e-6)
+    assert torch.equal(batch.outcome, r.correct[rows])  # who is positive: the verified outcome
+
+
+def test_a_step_without_signal_takes_no_optimiser_step(model_store, arith_base, tmp_path):
+    """Near-greedy sampling makes every group's rollouts identical: no group has both outcomes,
+    every advantage and contrast is 0. AdamW's decay would still shrink the weights."""
+    sampling = {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 6, "temperature": 0.01}
+    optim = {"lr": 1e-3, "weight_decay": 0.1, "warmup_steps": 4}
+    cfg = small_config(algorithm="grpo", steps=2, sampling=sampling, optim=optim, **QUIET)
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    assert all(sink.steps[step].metrics[M.BATCH_VALID_GROUPS] == 0 for step in (1, 2))
+    before, _ = load_pretrained(arith_base, torch.device("cpu"), torch.float32)
+    after, _ = load_pretrained(tmp_path / "checkpoints" / "step_000002", torch.device("cpu"),
+                               torch.float32)  # fmt: skip
+    for (name, p), q in zip(before.named_parameters(), after.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    for step in (1, 2):
+        m = sink.steps[step].metrics
+        assert m[M.OPTIM_SKIPPED] == 1 and m[M.OPTIM_UPDATES] == 0 and m[M.GRAD_NORM] == 0
+        assert m[M.LR] == pytest.approx(1e-3 / 4)  # the warmup did not tick
