@@ -2,9 +2,9 @@
 
 The CLI (YAML/JSON files), the REST API, the web form and the worker all validate against
 ``RunConfig``; its field descriptions are the help text everywhere (form, OpenAPI, README).
-The algorithm's hyperparameters (``params``) and the task's (``task.params``) are validated
-against the parameter model the algorithm or task registered (``conspo.registry``), so adding an
-algorithm or a task touches no schema.
+The algorithm's hyperparameters (``params``), the task's (``task.params``) and each reward's
+(``rewards[i].params``) are validated against the parameter model the algorithm, task or reward
+function registered (``conspo.registry``), so adding one touches no schema.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K, benchmark_keys
 from conspo.model_catalog import BUILTIN_MODELS
-from conspo.registry import OBJECTIVES, TASKS, Registry, get_objective, relocated
+from conspo.registry import OBJECTIVES, REWARDS, TASKS, Registry, get_objective, relocated
 
 
 class _WithParams(Protocol):
@@ -122,26 +122,6 @@ class TaskConfig(_Section):
 # The task section's form before tasks had a registry: every task's parameters side by side.
 # Frozen history, not a list to extend.
 _FLAT_FORM_FIELDS = frozenset({"digits", "operators", "num_operands", "path", "eval_path"})
-
-
-def _overlong_buffer_fits(cfg: RunConfig) -> RunConfig:
-    """DAPO's overlong penalty starts at max_new_tokens − overlong_buffer: a buffer as long as
-    the response cap would penalise every answer, however short (a correct 2-token answer would
-    score 0.5 at max_new_tokens 6 and buffer 8), so the buffer must leave some length unpenalised.
-    """
-    buffer = cfg.params.get("overlong_buffer", 0)
-    limit = cfg.sampling.max_new_tokens
-    if buffer and buffer >= limit:
-        message = (
-            f"params.overlong_buffer ({buffer}) must be smaller than sampling.max_new_tokens"
-            f" ({limit}): the penalty zone would cover every response; lower it, or 0 to disable"
-        )
-        error = PydanticCustomError("value_error", message)
-        details: list[InitErrorDetails] = [
-            {"type": error, "loc": ("params", "overlong_buffer"), "input": buffer}
-        ]
-        raise ValidationError.from_exception_data("RunConfig", details)
-    return cfg
 
 
 def _params_from_flat_form(data: Any) -> Any:
@@ -441,6 +421,110 @@ class PromptConfig(_Section):
         return PROMPT_TEMPLATES.get(self.template, self.template)
 
 
+class RewardConfig(_Section):
+    """One reward function of the shaped reward R = Σ weight · reward (``conspo.rewards``)."""
+
+    name: str = Field(
+        "verifier",
+        description="A registered reward function: verifier, format, length or process (see"
+        " 'Reward functions' below).",
+    )
+    weight: float | None = Field(
+        None,
+        description="Its weight in the shaped reward Σ weight · reward (null: the reward's own"
+        " default, 1; process: 0.2, RLVP's β). Weights never change who is positive.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The reward's parameters; unspecified ones take its defaults.",
+    )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate_with_params(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RewardConfig]
+    ) -> RewardConfig:
+        validated = _with_registered_params(cls, data, handler, REWARDS, "name")
+        if validated.weight is None:
+            validated.weight = REWARDS.get(validated.name).default_weight
+        return validated
+
+
+def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
+    """``cfg.rewards`` made whole and checked against the rest of the run: each reward listed
+    once (each is logged as reward/<name>), the verifier always there (added first, weight 1),
+    a reward that needs a task method only with a task that has it, the objective's overlong
+    params moved onto the length reward, and its penalty zone shorter than the response cap."""
+    details = _overlong_alias(cfg, data)
+    names = [r.name for r in cfg.rewards]
+    task, limit = TASKS.get(cfg.task.name), cfg.sampling.max_new_tokens
+    for i, reward in enumerate(cfg.rewards):
+        if reward.name in names[:i]:
+            first = names.index(reward.name)
+            message = f"reward {reward.name!r} is listed twice (also rewards.{first}); list it once"
+            details.append(_error(("rewards", i, "name"), message, reward.name))
+        method = REWARDS.get(reward.name).task_method
+        if method and not hasattr(task.cls, method):
+            message = (
+                f"reward {reward.name!r} needs a task that provides {method}(); task"
+                f" {cfg.task.name!r} does not"
+            )
+            details.append(_error(("rewards", i, "name"), message, reward.name))
+        buffer = reward.params.get("buffer", 0) if reward.name == "length" else 0
+        if buffer >= limit:
+            loc = ("rewards", i, "params", "buffer")
+            message = _buffer_too_long(f"rewards.{i}.params.buffer", buffer, limit)
+            details.append(_error(loc, message, buffer))
+    if details:
+        raise ValidationError.from_exception_data("RunConfig", details)
+    if "verifier" not in names:
+        cfg.rewards.insert(0, RewardConfig())
+    return cfg
+
+
+def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
+    """Every objective's params.overlong_buffer / overlong_penalty (DAPO's default buffer: 8) are
+    the length reward under their old names: moved onto a ``length`` reward (buffer, and weight =
+    overlong_penalty) and set to 0 in the resolved params, so the saved config says it once.
+    A length reward listed in ``rewards`` takes precedence over a default buffer; one given
+    explicitly beside it is an error (which of the two was meant?)."""
+    buffer = cfg.params.get("overlong_buffer", 0)
+    if not buffer:
+        return []
+    listed = [i for i, r in enumerate(cfg.rewards) if r.name == "length"]
+    given = data.get("params") if isinstance(data, dict) else None
+    loc = ("params", "overlong_buffer")
+    if listed and isinstance(given, dict) and given.get("overlong_buffer"):
+        message = (
+            f"rewards.{listed[0]} (length) replaces params.overlong_buffer: set its"
+            " params.buffer and weight instead, and drop this one"
+        )
+        return [_error(loc, message, buffer)]
+    if not listed:
+        limit = cfg.sampling.max_new_tokens
+        if buffer >= limit:
+            message = _buffer_too_long("params.overlong_buffer", buffer, limit)
+            return [_error(loc, message, buffer)]
+        weight = cfg.params.get("overlong_penalty", 1.0)
+        cfg.rewards.append(RewardConfig(name="length", weight=weight, params={"buffer": buffer}))
+    cfg.params["overlong_buffer"] = 0
+    return []
+
+
+def _buffer_too_long(field: str, buffer: int, limit: int) -> str:
+    """DAPO's overlong penalty starts at max_new_tokens − buffer: a buffer as long as the
+    response cap would penalise every answer, however short (a correct 2-token answer would
+    score 0.5 at max_new_tokens 6 and buffer 8), so it must leave some length unpenalised."""
+    return (
+        f"{field} ({buffer}) must be smaller than sampling.max_new_tokens ({limit}): the penalty"
+        " zone would cover every response; lower it, or drop the length penalty"
+    )
+
+
+def _error(loc: tuple[str | int, ...], message: str, value: object) -> InitErrorDetails:
+    return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
+
+
 class RunConfig(_Section):
     name: str | None = Field(None, max_length=200, description="Display name of the run.")
     algorithm: str = Field(
@@ -461,6 +545,14 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    rewards: list[RewardConfig] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Reward functions, each {name, weight, params}; the objective sees the shaped"
+        " reward Σ weight · reward, and each is logged as reward/<name>. The verifier (the"
+        " verified outcome) is always one of them, added first with weight 1 when not listed;"
+        " positives are the verified-correct rollouts whatever the shaping.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -473,7 +565,7 @@ class RunConfig(_Section):
         cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]
     ) -> RunConfig:
         validated = _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
-        return _overlong_buffer_fits(validated)
+        return _resolved_rewards(validated, data)
 
     def objective_params(self) -> BaseModel:
         return get_objective(self.algorithm).params.model_validate(self.params)

@@ -445,6 +445,20 @@ BENCHMARK_PATTERNS: tuple[MetricPattern, ...] = (
 )  # fmt: skip
 
 
+# Reward keys (conspo.rewards): one per reward function in the run's config.rewards.
+REWARD_PATTERNS: tuple[MetricPattern, ...] = (
+    MetricPattern(
+        "reward/<name>", r"^reward/[\w.-]+$", "reward",
+        "Mean over the step's training rollouts of one reward function of config.rewards,"
+        " before its weight (reward/verifier: the verified outcome, i.e. the pass rate; the"
+        " objective sees Σ weight · reward).",
+        "reward", when="every step, one key per configured reward", section="batch",
+    ),
+)  # fmt: skip
+
+PATTERNS: tuple[MetricPattern, ...] = BENCHMARK_PATTERNS + REWARD_PATTERNS
+
+
 @cache
 def catalogue() -> Catalogue:
     """The whole catalogue as one value (what the API serves and the pages render)."""
@@ -458,7 +472,7 @@ def catalogue() -> Catalogue:
         rollouts_axis=ROLLOUTS_SEEN,
         objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
         legacy_keys=dict(LEGACY_KEYS),
-        patterns=list(BENCHMARK_PATTERNS),
+        patterns=list(PATTERNS),
     )
 
 
@@ -472,9 +486,14 @@ def benchmark_keys(name: str, k: int) -> tuple[str, str]:
     return f"eval/{name}/avg@{k}", f"eval/{name}/pass@{k}"
 
 
+def reward_key(name: str) -> str:
+    """The key of the reward function ``name`` (conspo.rewards)."""
+    return f"reward/{name}"
+
+
 def pattern(key: str) -> MetricPattern | None:
-    """The pattern entry that describes ``key`` (a benchmark key), if any."""
-    return next((p for p in BENCHMARK_PATTERNS if re.match(p.regex, key)), None)
+    """The pattern entry that describes ``key`` (a benchmark or reward key), if any."""
+    return next((p for p in PATTERNS if re.match(p.regex, key)), None)
 
 
 _BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}

@@ -69,6 +69,11 @@ class PromptedTask:
     def verify(self, completion: str, example: Example) -> float:
         return self.task.verify(completion, example.data["_original"])
 
+    def process_reward(self, completion: str, example: Example) -> float:
+        """The wrapped task's process signal (conspo.rewards); the config lets only a task that
+        has one be given the ``process`` reward."""
+        return float(self.task.process_reward(completion, example.data["_original"]))  # type: ignore[attr-defined]
+
     def rendered(self, example: Example) -> Example:
         data = {**example.data, "_original": example}
         return replace(example, prompt=self.render(example.prompt), data=data)

@@ -1,4 +1,4 @@
-"""Registries: each objective and each task is its code plus one registration.
+"""Registries: each objective, task and reward function is its code plus one registration.
 
     @register_objective("conspo", params=ConSPOParams, description="...")
     def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutput: ...
@@ -6,11 +6,15 @@
     @register_task("arith", params=ArithParams, description="...")
     class ArithTask(ProceduralTask): ...
 
+    @register_reward("format", params=FormatParams, description="...")
+    def format_reward(completion, example, context, params: FormatParams) -> float: ...
+
 An entry holds the code (a function, a class), its pydantic parameter model (defaults, help text,
 validation) and a one-line description. The config model, the trainer, the REST presets
 endpoint, the web form and docs/config.md all read the registries, so adding an algorithm or a
 task is one file (and its test) and nothing else. One generic ``Registry`` serves every kind;
-``register_objective`` / ``register_task`` and their getters are its typed faces.
+``register_objective`` / ``register_task`` / ``register_reward`` and their getters are its typed
+faces.
 """
 
 from __future__ import annotations
@@ -72,6 +76,23 @@ class RegisteredTask:
     @property
     def code(self) -> object:
         return self.cls
+
+
+@dataclass(frozen=True)
+class RegisteredReward:
+    name: str
+    # fn(completion, example, context, params) -> float (conspo.rewards.RewardFn).
+    fn: Callable[..., float]
+    params: type[BaseModel]
+    description: str
+    # The weight a run gets when its config names none (RLVP's β = 0.2 for the process signal).
+    default_weight: float = 1.0
+    # A method the task must have for this reward (e.g. "process_reward"), checked by the config.
+    task_method: str | None = None
+
+    @property
+    def code(self) -> object:
+        return self.fn
 
 
 class Registry(Generic[E]):
@@ -226,3 +247,38 @@ def get_task(name: str) -> RegisteredTask:
 
 def task_names() -> list[str]:
     return TASKS.names()
+
+
+# --------------------------------------------------------------------------------------------
+# Reward functions (conspo/rewards.py)
+# --------------------------------------------------------------------------------------------
+
+REWARDS: Registry[RegisteredReward] = Registry("reward", "conspo.rewards")
+
+R = TypeVar("R", bound=Callable[..., float])
+
+
+def register_reward(
+    name: str,
+    *,
+    params: type[BaseModel],
+    description: str,
+    default_weight: float = 1.0,
+    task_method: str | None = None,
+) -> Callable[[R], R]:
+    """Register the reward function ``fn(completion, example, context, params) -> float`` under
+    ``name`` (logged as reward/<name>); ``task_method``: a method the task must provide for it."""
+
+    def decorator(fn: R) -> R:
+        REWARDS.add(RegisteredReward(name, fn, params, description, default_weight, task_method))
+        return fn
+
+    return decorator
+
+
+def get_reward(name: str) -> RegisteredReward:
+    return REWARDS.get(name)
+
+
+def reward_names() -> list[str]:
+    return REWARDS.names()

@@ -3,9 +3,11 @@
     result = train(RunConfig.from_file("run.yaml"), JsonlSink("out/metrics.jsonl"),
                    workdir="out", model_store=ModelStore())
 
-One step samples ``prompts_per_step`` groups of ``group_size`` rollouts, verifies them, scores
-them under the current policy, and takes ``optim.epochs × optim.mini_batches`` optimiser steps on
-the registered objective (``conspo.registry``), each on a mini-batch of whole groups; an update
+One step samples ``prompts_per_step`` groups of ``group_size`` rollouts, rewards them (the
+configured reward functions, ``conspo.rewards``: the verifier's outcome decides who is positive,
+their weighted sum is the reward the objective sees), scores them under the current policy, and
+takes ``optim.epochs × optim.mini_batches`` optimiser steps on the registered objective
+(``conspo.registry``), each on a mini-batch of whole groups; an update
 whose gradient is exactly zero (no group carries signal) takes no optimiser step, and a step that
 took none does not tick the learning-rate schedule (``optim/skipped``). The loop never branches
 on the algorithm: the objective is a function of a ``PolicyBatch`` and its params, and what the
@@ -77,6 +79,7 @@ from conspo.resources import (
     estimate_memory,
     out_of_memory_message,
 )
+from conspo.rewards import RewardContext, WeightedReward, build_rewards, score_rollouts
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
 from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
 from conspo.stats import offpolicy_stats, separation_stats
@@ -107,6 +110,7 @@ class TrainState:
     precision: Precision
     trainable: list[torch.nn.Parameter]  # what the optimiser updates (LoRA: the adapters)
     estimate: MemoryEstimate | None  # of conspo.resources; None for a model it cannot size
+    rewards: list[WeightedReward]  # the configured reward functions (the verifier among them)
     rollouts_seen: int = 0
     trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
     benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
@@ -117,12 +121,13 @@ class Rollouts:
     """The step's training batch: whole groups, rollouts of a group contiguous."""
 
     batch: RolloutBatch
-    rewards: torch.Tensor  # (N,) shaped rewards the objective sees
+    rewards: torch.Tensor  # (N,) shaped rewards the objective sees: Σ weight · reward
     correct: torch.Tensor  # (N,) verified rewards in {0,1}
     group_ids: torch.Tensor  # (N,) 0..groups-1
     generated: int  # rollouts sampled this step, refill rounds included
     shortfall: int = 0  # groups missing from prompts_per_step after the last refill round
     refill_rounds: int = 0  # extra generation rounds dynamic sampling drew
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name → (N,) unweighted
 
     @cached_property
     def reward_std(self) -> float:
@@ -251,6 +256,7 @@ def setup(
         precision=precision,
         trainable=trainable,
         estimate=estimate,
+        rewards=build_rewards(cfg.rewards),
     )
 
 
@@ -338,6 +344,7 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         M.OPTIM_SKIPPED: float(updates == 0),
         M.BATCH_SHORTFALL_GROUPS: float(rollouts.shortfall),
         M.BATCH_REFILL_ROUNDS: float(rollouts.refill_rounds),
+        **{M.reward_key(k): float(v.mean()) for k, v in rollouts.reward_parts.items()},
     }
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps:
         floats.update(run_eval(state, step))
@@ -408,26 +415,19 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
         group_size=g,
     )
     texts = decode_responses(state.tokenizer, batch)
-    correct = torch.tensor(
-        [state.task.verify(t, ex) for t, ex in zip(texts, expanded, strict=True)]
-    )
-    rewards = correct + overlong_penalty(batch.lengths.cpu(), cfg, state.params)
+    context = RewardContext(state.task, cfg.sampling.max_new_tokens)
+    lengths = batch.lengths.tolist()
+    scored = score_rollouts(state.rewards, texts, expanded, lengths, context)
+    parts = {name: torch.tensor(values) for name, values in scored.parts.items()}
     group_ids = torch.arange(len(prompts)).repeat_interleave(g)
-    return Rollouts(batch, rewards, correct, group_ids, generated=len(expanded))
-
-
-def overlong_penalty(
-    lengths: torch.Tensor, cfg: RunConfig, params: ObjectiveParams
-) -> torch.Tensor:
-    """DAPO's soft overlong shaping: 0 up to L_max − L_cache, then linear down to −penalty.
-
-    lengths: (N,) response tokens; L_max = max_new_tokens, L_cache = params.overlong_buffer.
-    """
-    if params.overlong_buffer <= 0:
-        return torch.zeros(lengths.shape)
-    start = cfg.sampling.max_new_tokens - params.overlong_buffer
-    over = (lengths.float() - start).clamp(min=0) / params.overlong_buffer
-    return -params.overlong_penalty * over.clamp(max=1.0)
+    return Rollouts(
+        batch,
+        torch.tensor(scored.shaped),
+        torch.tensor(scored.outcome),
+        group_ids,
+        generated=len(expanded),
+        reward_parts=parts,
+    )
 
 
 def mixed_groups(correct: torch.Tensor, g: int) -> torch.Tensor:
@@ -441,7 +441,10 @@ def keep_groups(r: Rollouts, keep: torch.Tensor, g: int) -> Rollouts:
     rows = keep.repeat_interleave(g)
     batch = r.batch.select(rows.to(r.batch.response_ids.device))
     group_ids = torch.arange(int(keep.sum())).repeat_interleave(g)
-    return Rollouts(batch, r.rewards[rows], r.correct[rows], group_ids, r.generated)
+    parts = {name: values[rows] for name, values in r.reward_parts.items()}
+    return Rollouts(
+        batch, r.rewards[rows], r.correct[rows], group_ids, r.generated, reward_parts=parts
+    )
 
 
 def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
@@ -466,7 +469,15 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
     rewards = torch.cat([x.rewards for x in parts])
     correct = torch.cat([x.correct for x in parts])
     group_ids = torch.arange(len(rewards) // g).repeat_interleave(g)
-    return Rollouts(batch, rewards, correct, group_ids, sum(x.generated for x in parts))
+    reward_parts = {k: torch.cat([x.reward_parts[k] for x in parts]) for k in parts[0].reward_parts}
+    return Rollouts(
+        batch,
+        rewards,
+        correct,
+        group_ids,
+        sum(x.generated for x in parts),
+        reward_parts=reward_parts,
+    )
 
 
 # --------------------------------------------------------------------------------------------

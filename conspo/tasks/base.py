@@ -55,6 +55,9 @@ class Task(Protocol):
         """1.0 when the completion (decoded text after the prompt, EOS removed) is correct."""
         ...
 
+    # Optional: ``process_reward(completion, example) -> float``, a process signal Φ ∈ [0, 1]
+    # (partial credit) for the ``process`` reward (conspo.rewards.ProcessSignalTask).
+
 
 def is_held_out(key: str, fraction: float = HELD_OUT_FRACTION) -> bool:
     digest = hashlib.sha1(f"{HELD_OUT_SALT}:{key}".encode()).digest()

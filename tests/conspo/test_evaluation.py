@@ -102,6 +102,7 @@ def test_benchmark_keys_are_described_by_a_catalogue_pattern():
     assert [p.pattern for p in M.catalogue().patterns] == [
         "eval/<benchmark>/avg@<k>",
         "eval/<benchmark>/pass@<k>",
+        "reward/<name>",
     ]
 
 
