@@ -76,12 +76,14 @@ class ObjectiveParams(BaseModel):
         0,
         ge=0,
         description="DAPO overlong shaping: length of the soft penalty zone (L_cache tokens) before"
-        " max_new_tokens. 0 disables it.",
+        " max_new_tokens. 0 disables it. Moved onto a `length` reward (rewards) when the run"
+        " lists none, and then saved as 0.",
     )
     overlong_penalty: float = Field(
         1.0,
         ge=0,
-        description="Reward subtracted at max_new_tokens when overlong shaping is on.",
+        description="Reward subtracted at max_new_tokens when overlong shaping is on (the weight"
+        " of the `length` reward it becomes).",
     )
     beta: float = Field(
         0.0,
@@ -134,7 +136,8 @@ class DAPOParams(GRPOParams):
     overlong_buffer: int = Field(
         8,
         ge=0,
-        description="Soft overlong penalty zone (L_cache tokens) before max_new_tokens.",
+        description="Soft overlong penalty zone (L_cache tokens) before max_new_tokens; moved onto"
+        " a `length` reward (rewards) unless the run lists one.",
     )
 
 
@@ -250,7 +253,8 @@ def positive_mask(outcome: torch.Tensor) -> torch.Tensor:
     """(B,) bool: which rollouts are positives, from their (B,) verified outcome in {0, 1}.
 
     The one definition of "positive": objectives, the trainer's refill and the statistics all
-    call it on the verified outcome, never on a shaped reward (docs/objectives.md §0).
+    call it on the verified outcome, never on a shaped reward (docs/objectives.md, "Positive
+    means verified correct").
     """
     return outcome > POSITIVE_THRESHOLD
 

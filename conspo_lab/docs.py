@@ -4,9 +4,9 @@
     python -m conspo_lab.docs --check    # exit 1 if docs/config.md is out of date
 
 Every row comes from ``conspo.config.RunConfig`` (and its sections) or from the parameter model an
-algorithm or a task registered (``conspo.registry``): name, type and bounds, default,
-description. A test compares the committed file with a fresh render, so the reference cannot
-drift from the code.
+algorithm, a task or a reward function registered (``conspo.registry``): name, type and bounds,
+default, description. A test compares the committed file with a fresh render, so the reference
+cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from conspo.config import RunConfig
-from conspo.registry import OBJECTIVES, TASKS, Registry
+from conspo.config import RewardConfig, RunConfig
+from conspo.registry import OBJECTIVES, REWARDS, TASKS, Registry
 
 DEFAULT_OUT = Path("docs") / "config.md"
 
@@ -68,6 +68,14 @@ def render() -> str:
         ' A parameter whose default reads "required" must be given.\n'
     )
     parts.extend(_registered(TASKS, prefix="task.params."))
+    parts.append("## Reward functions (`rewards`)\n")
+    parts.append(
+        "Each entry of `rewards` names one of the functions below, with a `weight` and its"
+        " parameters under `params`; the objective sees Σ weight · reward, and each is logged"
+        " as `reward/<name>`. Positives are always the verified-correct rollouts.\n"
+    )
+    parts.append(_table(RewardConfig, prefix="rewards[]."))
+    parts.extend(_registered(REWARDS, prefix="rewards[].params."))
     parts.append("## Defaults as YAML\n")
     parts.append("The default run (`algorithm: conspo`), every field spelled out:\n")
     defaults = yaml.safe_dump(RunConfig.model_validate({}).model_dump(mode="json"), sort_keys=False)
@@ -82,7 +90,8 @@ def _registered(registry: Registry[Any], prefix: str) -> list[str]:
         registered = registry.get(name)
         parts.append(f"### `{name}`\n")
         parts.append(registered.description.strip() + "\n")
-        parts.append(_table(registered.params, prefix=prefix))
+        fields = registered.params.model_fields
+        parts.append(_table(registered.params, prefix=prefix) if fields else "No parameters.\n")
     return parts
 
 
