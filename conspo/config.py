@@ -484,29 +484,34 @@ def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
 
 def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     """Every objective's params.overlong_buffer / overlong_penalty (DAPO's default buffer: 8) are
-    the length reward under their old names: moved onto a ``length`` reward (buffer, and weight =
-    overlong_penalty) and set to 0 in the resolved params, so the saved config says it once.
-    A length reward listed in ``rewards`` takes precedence over a default buffer; one given
-    explicitly beside it is an error (which of the two was meant?)."""
+    the length reward under their old names: a run that lists no ``length`` reward gets one
+    (buffer, and weight = overlong_penalty). The params keep their values, so a config that
+    lacks the rewards list (the web form has none) derives the same reward again.
+
+    A listed length reward takes precedence over a default buffer, which is then saved as 0;
+    a different buffer or penalty given explicitly beside it is an error (which was meant?)."""
     buffer = cfg.params.get("overlong_buffer", 0)
     if not buffer:
         return []
+    penalty = cfg.params.get("overlong_penalty", 1.0)
     listed = [i for i, r in enumerate(cfg.rewards) if r.name == "length"]
-    given = data.get("params") if isinstance(data, dict) else None
     loc = ("params", "overlong_buffer")
-    if listed and isinstance(given, dict) and given.get("overlong_buffer"):
+    if not listed:
+        limit = cfg.sampling.max_new_tokens
+        if buffer >= limit:
+            return [_error(loc, _buffer_too_long("params.overlong_buffer", buffer, limit), buffer)]
+        cfg.rewards.append(RewardConfig(name="length", weight=penalty, params={"buffer": buffer}))
+        return []
+    length = cfg.rewards[listed[0]]
+    if (length.params.get("buffer"), length.weight) == (buffer, penalty):
+        return []
+    given = data.get("params") if isinstance(data, dict) else None
+    if isinstance(given, dict) and given.get("overlong_buffer"):
         message = (
             f"rewards.{listed[0]} (length) replaces params.overlong_buffer: set its"
             " params.buffer and weight instead, and drop this one"
         )
         return [_error(loc, message, buffer)]
-    if not listed:
-        limit = cfg.sampling.max_new_tokens
-        if buffer >= limit:
-            message = _buffer_too_long("params.overlong_buffer", buffer, limit)
-            return [_error(loc, message, buffer)]
-        weight = cfg.params.get("overlong_penalty", 1.0)
-        cfg.rewards.append(RewardConfig(name="length", weight=weight, params={"buffer": buffer}))
     cfg.params["overlong_buffer"] = 0
     return []
 

@@ -76,8 +76,8 @@ class ObjectiveParams(BaseModel):
         0,
         ge=0,
         description="DAPO overlong shaping: length of the soft penalty zone (L_cache tokens) before"
-        " max_new_tokens. 0 disables it. Moved onto a `length` reward (rewards) when the run"
-        " lists none, and then saved as 0.",
+        " max_new_tokens. 0 disables it. Becomes a `length` reward (rewards) when the run lists"
+        " none; a listed one takes precedence.",
     )
     overlong_penalty: float = Field(
         1.0,

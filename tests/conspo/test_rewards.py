@@ -148,14 +148,18 @@ def test_the_objectives_overlong_params_are_the_length_reward():
         ("verifier", 1.0, {}),
         ("length", 0.5, {"buffer": 4}),
     ]
-    assert cfg.params["overlong_buffer"] == 0  # said once in the resolved config
     assert RunConfig.model_validate(cfg.model_dump()) == cfg  # a stored config round-trips
+    # The params stay: a config without the rewards list (the web form's) derives it again.
+    without_rewards = {k: v for k, v in cfg.model_dump().items() if k != "rewards"}
+    assert RunConfig.model_validate(without_rewards) == cfg
     dapo = RunConfig.model_validate({"algorithm": "dapo"})  # DAPO's default buffer, 8
     assert [(r.name, r.params) for r in dapo.rewards][1] == ("length", {"buffer": 8})
-    # A listed length reward takes precedence over DAPO's default buffer ...
+    # A listed length reward takes precedence over DAPO's default buffer, saved as 0 ...
     listed = [{"name": "length", "params": {"buffer": 3}}]
     own = RunConfig.model_validate({"algorithm": "dapo", "rewards": listed})
     assert [(r.name, r.params) for r in own.rewards][1] == ("length", {"buffer": 3})
+    assert own.params["overlong_buffer"] == 0
+    assert RunConfig.model_validate(own.model_dump()) == own
     # ... and beside an explicit buffer it is an error: which one was meant?
     loc, message = error_of({"algorithm": "dapo", "params": {"overlong_buffer": 4},
                              "rewards": listed})  # fmt: skip
