@@ -421,6 +421,10 @@ class PromptConfig(_Section):
         return PROMPT_TEMPLATES.get(self.template, self.template)
 
 
+# Bounds of a reward's weight: a stored number needs both, and rewards live near [-1, 1].
+MAX_REWARD_WEIGHT = 1000.0
+
+
 class RewardConfig(_Section):
     """One reward function of the shaped reward R = Σ weight · reward (``conspo.rewards``)."""
 
@@ -431,6 +435,8 @@ class RewardConfig(_Section):
     )
     weight: float | None = Field(
         None,
+        ge=-MAX_REWARD_WEIGHT,
+        le=MAX_REWARD_WEIGHT,
         description="Its weight in the shaped reward Σ weight · reward (null: the reward's own"
         " default, 1; process: 0.2, RLVP's β). Weights never change who is positive.",
     )
@@ -500,6 +506,9 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
         limit = cfg.sampling.max_new_tokens
         if buffer >= limit:
             return [_error(loc, _buffer_too_long("params.overlong_buffer", buffer, limit), buffer)]
+        if penalty > MAX_REWARD_WEIGHT:
+            message = f"the overlong penalty becomes a reward weight, at most {MAX_REWARD_WEIGHT}"
+            return [_error(("params", "overlong_penalty"), message, penalty)]
         cfg.rewards.append(RewardConfig(name="length", weight=penalty, params={"buffer": buffer}))
         return []
     length = cfg.rewards[listed[0]]

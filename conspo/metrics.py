@@ -44,6 +44,7 @@ DISCO_KL = "disco/kl"
 DISCO_CONSTRAINT_ACTIVE = "disco/constraint_active"
 MCPO_KL_MASTERED = "mcpo/kl_mastered"
 MCPO_HINGE_ACTIVE = "mcpo/hinge_active"
+ISPO_HINGE_ACTIVE = "ispo/hinge_active"
 
 # --- separation of positive and negative scores (valid groups only) --------------------------
 SEP_POS_SCORE = "sep/pos_score"
@@ -393,6 +394,10 @@ METRICS: tuple[Metric, ...] = (
            "MCPO: share of mastered-group rollouts whose KL exceeded δ (the hinge was active;"
            " 0 for a mini-batch without a mastered group).",
            "fraction", "constraint", logged_by="objective", color="pos"),
+    Metric(ISPO_HINGE_ACTIVE, "ISPO hinge",
+           "ISPO (designed from the abstract): share of the wrong rollouts' decision tokens"
+           " (highest entropy) chosen with probability above c, the ones the hinge pushes down.",
+           "fraction", "constraint", logged_by="objective", color="neg", dash=True),
     Metric(OPTIM_UPDATES, "updates",
            "Optimiser steps taken this step: one per (epoch, mini-batch) whose gradient is not"
            " exactly zero.", "optimiser steps", "updates", color="accent"),

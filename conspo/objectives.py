@@ -206,6 +206,8 @@ class PolicyBatch:
                    (overlong penalty), so maybe fractional.
     correct:       (B,) verified outcome in {0,1}, or None when ``rewards`` are unshaped (then
                    the outcome is ``rewards``). Decides who is positive (``outcome``).
+    entropy:       (B, T) per-token entropy of π_θ (detached), or None; ISPO's token hinge
+                   picks the decision tokens by it.
     group_ids:     (B,) int64 prompt-group id; a group is never split across mini-batches.
     progress:      step / total_steps in [0, 1] (margin curriculum).
     max_response_len: the constant of seq-mean-token-sum-norm (max_new_tokens).
@@ -223,6 +225,7 @@ class PolicyBatch:
     # rollout batch; None means "compute it from this batch".
     batch_reward_std: float | None = None
     correct: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
     @property
     def outcome(self) -> torch.Tensor:

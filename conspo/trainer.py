@@ -645,13 +645,13 @@ def backward_chunk(
                 state.model, sub, cfg.sampling.temperature, with_entropy=True, group_size=g
             )
         assert entropy is not None
-        batch = policy_batch(state, r, rows, logprobs, old_logprobs, ref, step)
+        batch = policy_batch(state, r, rows, logprobs, old_logprobs, ref, step, entropy.detach())
         out = state.objective(batch, state.params)
         state.precision.backward(out.loss)
         return batch, entropy, out
     values, entropy = known if known is not None else no_grad_logprobs(state, sub, pieces)
     leaf = values.detach().requires_grad_()
-    batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step)
+    batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step, entropy)
     out = state.objective(batch, state.params)
     (dloss_dlogprobs,) = torch.autograd.grad(out.loss, leaf)
     for idx in pieces:
@@ -738,9 +738,10 @@ def policy_batch(
     old_logprobs: torch.Tensor | None,
     ref_logprobs: torch.Tensor | None,
     step: int,
+    entropy: torch.Tensor,
 ) -> PolicyBatch:
     """The objective's input for the rollouts in ``rows`` (N,) bool, whose π_θ log-probs are
-    ``logprobs`` (B, T) (with grad)."""
+    ``logprobs`` (B, T) (with grad) and per-token entropy ``entropy`` (B, T) (no grad)."""
     cfg, device = state.cfg, state.device
     rows_cpu = rows.cpu()
     return PolicyBatch(
@@ -754,6 +755,7 @@ def policy_batch(
         ref_logprobs=ref_logprobs,
         batch_reward_std=r.reward_std,  # the whole rollout batch's, not this mini-batch's
         correct=r.correct[rows_cpu].to(device),
+        entropy=entropy,
     )
 
 

@@ -20,6 +20,7 @@ from conspo.baselines import (
     DisCOParams,
     GMPOParams,
     GSPOParams,
+    ISPOParams,
     MCPOParams,
     ReinforcePPParams,
     RLOOParams,
@@ -28,6 +29,7 @@ from conspo.baselines import (
     disco_objective,
     gmpo_objective,
     gspo_objective,
+    ispo_objective,
     leave_one_out_advantages,
     mcpo_objective,
     reinforce_pp_advantages,
@@ -36,7 +38,7 @@ from conspo.baselines import (
     sapo_objective,
 )
 from conspo.config import RunConfig
-from conspo.objectives import PolicyBatch
+from conspo.objectives import GRPOParams, PolicyBatch
 from conspo.registry import get_objective, objective_names
 from conspo.sink import MemorySink
 from conspo.trainer import train
@@ -60,6 +62,14 @@ LOG_RATIO = [
     [0.15, -0.05, 0.0],
     [-0.35, 0.0, 0.0],
 ]
+# Per-token entropy (ISPO's decision tokens); padded positions hold values that must be ignored.
+ENTROPY = [
+    [0.1, 0.9, 0.5],
+    [0.2, 0.8, 5.0],
+    [0.7, 0.3, 0.6],
+    [0.4, 0.2, 9.0],
+    [0.4, 9.0, 9.0],
+]
 REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0]
 GROUPS = [[0, 1, 2], [3, 4]]
 # GRPO's group-normalised advantages, by hand: group 5 = [1, 0, 0] has mean 1/3 and population
@@ -78,6 +88,7 @@ def small_batch(off_policy: bool = True) -> PolicyBatch:
         group_ids=torch.tensor([5, 5, 5, 9, 9]),
         old_logprobs=old,
         max_response_len=3,
+        entropy=torch.tensor(ENTROPY, dtype=DT),
     )
 
 
@@ -449,10 +460,41 @@ def test_mcpo_hinge_has_no_gradient_on_policy() -> None:
 BASELINES = [n for n in objective_names() if get_objective(n).fn.__module__ == baselines.__name__]
 
 
+# ------------------------------------------------------------------------------------------
+# ISPO (designed from the abstract, §5.2): GRPO + the confidence hinge on decision tokens
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_ispo_hinge_by_hand(off_policy: bool) -> None:
+    """k = 1/2, c = 1/2. Wrong rollouts 1, 2, 4 (lengths 2, 3, 1) keep ⌈k·|o|⌉ = 1, 2, 1 tokens
+    of highest entropy: (1, 1) at 0.8, (2, 0) at 0.7 and (2, 2) at 0.6, (4, 0) (its only one).
+    Their log-probs −0.4, −0.9, −1.1, −0.7 against log ½ = −0.693: only (1, 1) is above."""
+    batch = small_batch(off_policy)
+    params = ISPOParams(hinge_top_frac=0.5, hinge_confidence=0.5, hinge_weight=0.3)
+    out = ispo_objective(batch, params)
+    grpo = get_objective("grpo").fn(batch, GRPOParams())
+    hinge = (-0.4 - math.log(0.5)) / 4  # one active token over the four chosen
+    assert out.loss.item() == pytest.approx(grpo.loss.item() + 0.3 * hinge, rel=1e-12)
+    assert out.stats[M.ISPO_HINGE_ACTIVE].item() == pytest.approx(1 / 4)
+    extra = grad_of(out.loss, batch) - grad_of(grpo.loss, batch)
+    expected = torch.zeros_like(extra)
+    expected[1, 1] = 0.3 / 4
+    torch.testing.assert_close(extra, expected, rtol=1e-10, atol=1e-14)
+
+
+def test_ispo_needs_the_entropy() -> None:
+    batch = small_batch()
+    batch.entropy = None
+    with pytest.raises(ValueError, match="entropy"):
+        ispo_objective(batch, ISPOParams())
+
+
 def test_the_baselines_are_registered() -> None:
     expected = {"rloo", "gspo", "cispo", "gmpo", "sapo", "disco", "reinforce_pp", "mcpo"}
     assert expected <= set(BASELINES)
     assert "designed from the abstract" in get_objective("mcpo").description
+    assert "designed from the abstract" in get_objective("ispo").description
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -489,6 +531,7 @@ def test_separation_views() -> None:
         "sapo": (SAPOParams(tau_pos=3.0), 10.0, 0.2),
         "disco": (DisCOParams(tau=2.0), 2.0, 0.2),
         "mcpo": (MCPOParams(clip_high=0.28), 10.0, 0.28),
+        "ispo": (ISPOParams(clip_high=0.3), 10.0, 0.3),
     }
     assert set(views) == set(BASELINES)
     for name, (params, tau, eps) in views.items():

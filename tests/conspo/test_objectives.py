@@ -93,6 +93,7 @@ def random_batch(gen: torch.Generator, t: int = 7) -> PolicyBatch:
         group_ids=ids,
         progress=0.4,
         max_response_len=t,
+        entropy=-logprobs.detach(),  # ISPO's token hinge reads it; no draw from ``gen``
     )
 
 

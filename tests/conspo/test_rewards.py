@@ -123,6 +123,7 @@ def error_of(data: dict) -> tuple[tuple, str]:
          "smaller than sampling.max_new_tokens"),
         ([{"name": "format"}, {"name": "format"}], ("rewards", 1, "name"), "listed twice"),
         ([{"name": "format", "weight": float("nan")}], ("rewards", 0, "weight"), "finite"),
+        ([{"name": "format", "weight": 1e300}], ("rewards", 0, "weight"), "less than or equal"),
     ],
 )  # fmt: skip
 def test_a_bad_reward_is_refused_at_its_field(rewards, loc, words):
