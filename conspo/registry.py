@@ -81,14 +81,16 @@ class RegisteredTask:
 @dataclass(frozen=True)
 class RegisteredReward:
     name: str
-    # fn(completion, example, context, params) -> float (conspo.rewards.RewardFn).
-    fn: Callable[..., float]
+    # fn(completion, example, context, params) -> float, or the batched form (``batched``).
+    fn: Callable[..., Any]
     params: type[BaseModel]
     description: str
     # The weight a run gets when its config names none (RLVP's β = 0.2 for the process signal).
     default_weight: float = 1.0
     # A method the task must have for this reward (e.g. "process_reward"), checked by the config.
     task_method: str | None = None
+    # Scores a whole batch at once: fn(completions, examples, lengths, context, params) -> list.
+    batched: bool = False
 
     @property
     def code(self) -> object:
@@ -255,7 +257,7 @@ def task_names() -> list[str]:
 
 REWARDS: Registry[RegisteredReward] = Registry("reward", "conspo.rewards")
 
-R = TypeVar("R", bound=Callable[..., float])
+R = TypeVar("R", bound=Callable[..., Any])
 
 
 def register_reward(
@@ -265,12 +267,17 @@ def register_reward(
     description: str,
     default_weight: float = 1.0,
     task_method: str | None = None,
+    batched: bool = False,
 ) -> Callable[[R], R]:
     """Register the reward function ``fn(completion, example, context, params) -> float`` under
-    ``name`` (logged as reward/<name>); ``task_method``: a method the task must provide for it."""
+    ``name`` (logged as reward/<name>); ``task_method``: a method the task must provide for it;
+    ``batched``: fn scores the whole batch, ``fn(completions, examples, lengths, context,
+    params) -> list[float]`` (a reward that reads the policy, or normalises within groups)."""
 
     def decorator(fn: R) -> R:
-        REWARDS.add(RegisteredReward(name, fn, params, description, default_weight, task_method))
+        REWARDS.add(
+            RegisteredReward(name, fn, params, description, default_weight, task_method, batched)
+        )
         return fn
 
     return decorator

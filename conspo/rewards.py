@@ -13,16 +13,19 @@ verify, the verified outcome O: every run has it (the config adds it with weight
 listed), and O alone decides who is positive, whatever the other rewards and the weights are.
 
 Built-ins: ``verifier``, ``format`` (one \\boxed{} answer, or a regex), ``length`` (DAPO's soft
-overlong penalty) and ``process`` (a process signal Φ the task provides: RLVP's R = O + βΦ).
+overlong penalty), ``process`` (a process signal Φ the task provides: RLVP's R = O + βΦ) and
+``info_gain`` (ISPO's sequence signal, a batched reward that reads the policy through the
+context's ``continuation_logprob``, which the trainer supplies).
 Pure Python on strings, no torch: the API validates configs against these parameter models.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,16 +41,20 @@ PROCESS = "process"
 BOXED = "\\boxed{"
 
 
+# (rows, contexts, continuations) → for each row, the mean log π(continuation | the row's prompt
+# followed by context), at the sampling temperature, without grad.
+ContinuationScorer = Callable[[Sequence[int], Sequence[str], Sequence[str]], list[float]]
+
+
 @dataclass(frozen=True)
 class RewardContext:
     """What a reward may need beyond the completion and its example."""
 
     task: Task
     max_new_tokens: int  # the response cap L_max
-    length: int = 0  # this rollout's response tokens, EOS included
-
-
-RewardFn = Callable[[str, Example, RewardContext, BaseModel], float]
+    length: int = 0  # this rollout's response tokens, EOS included (per-rollout rewards)
+    group_size: int = 1  # rows [i*G, (i+1)*G) share a prompt (batched rewards)
+    continuation_logprob: ContinuationScorer | None = None  # the policy, for batched rewards
 
 
 class ProcessSignalTask(Task, Protocol):
@@ -169,6 +176,81 @@ def process_reward(
 
 
 # --------------------------------------------------------------------------------------------
+# ISPO's sequence signal (designed from the abstract: docs/objectives.md §5.2)
+# --------------------------------------------------------------------------------------------
+
+# A reward std at or below this counts as zero (a group whose signals are all equal gets 0).
+STD_EPS = 1e-6
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class InfoGainParams(RewardParams):
+    normalise: Literal["group", "none"] = Field(
+        "group",
+        description="Normalise the information gain within each group ((I − mean) / std, 0 for"
+        " a group whose gains are equal), or use it raw. Designed from the abstract.",
+    )
+
+
+@register_reward(
+    "info_gain",
+    params=InfoGainParams,
+    default_weight=0.1,
+    batched=True,
+    description="ISPO's sequence signal (designed from the abstract): how much the reasoning z"
+    " raises the answer a's log-prob, I = mean log π(a | q, z) − mean log π(a | q), normalised"
+    " within the group; weight β_seq (default 0.1). 0 for a rollout without reasoning before its"
+    " answer (a bare answer, as in arith). Costs two no-grad forward passes per step.",
+)
+def info_gain_reward(
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    lengths: Sequence[int],
+    context: RewardContext,
+    params: BaseModel,
+) -> list[float]:
+    assert isinstance(params, InfoGainParams)
+    if context.continuation_logprob is None:
+        raise ValueError("the info_gain reward reads the policy: its context needs a scorer")
+    spans = [answer_span(text) for text in completions]
+    rows = [i for i, span in enumerate(spans) if span and completions[i][: span[0]].strip()]
+    reasoning = [completions[i][: spans[i][0]] for i in rows]  # type: ignore[index]
+    answers = [completions[i][slice(*spans[i])] for i in rows]  # type: ignore[misc]
+    after = context.continuation_logprob(rows, reasoning, answers)
+    direct = context.continuation_logprob(rows, [""] * len(rows), answers)
+    info = [0.0] * len(completions)
+    for i, a, d in zip(rows, after, direct, strict=True):
+        info[i] = a - d
+    return group_normalised(info, context.group_size) if params.normalise == "group" else info
+
+
+def answer_span(text: str) -> tuple[int, int] | None:
+    """(start, end) of the final answer in ``text``: the content of its last complete
+    \\boxed{...}, else its last number; None when there is neither (or the box is empty)."""
+    start = text.rfind(BOXED)
+    if start >= 0:
+        depth, begin = 1, start + len(BOXED)
+        for end in range(begin, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                return (begin, end) if end > begin else None
+    numbers = list(NUMBER.finditer(text))
+    return numbers[-1].span() if numbers else None
+
+
+def group_normalised(values: Sequence[float], group_size: int) -> list[float]:
+    """(v − group mean) / group population std per group of ``group_size`` consecutive values;
+    0 for a group whose std is at most STD_EPS."""
+    out: list[float] = []
+    for g in range(0, len(values), group_size):
+        group = values[g : g + group_size]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((v - mean) ** 2 for v in group) / len(group))
+        out += [(v - mean) / std if std > STD_EPS else 0.0 for v in group]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Scoring a batch of rollouts
 # --------------------------------------------------------------------------------------------
 
@@ -177,8 +259,9 @@ def process_reward(
 class WeightedReward:
     name: str
     weight: float
-    fn: RewardFn
+    fn: Callable[..., Any]  # per rollout, or batched (``batched``)
     params: BaseModel
+    batched: bool = False
 
 
 def build_rewards(specs: Sequence[RewardConfig]) -> list[WeightedReward]:
@@ -188,7 +271,7 @@ def build_rewards(specs: Sequence[RewardConfig]) -> list[WeightedReward]:
         registered = get_reward(spec.name)
         params = registered.params.model_validate(spec.params)
         weight = registered.default_weight if spec.weight is None else spec.weight
-        built.append(WeightedReward(spec.name, weight, registered.fn, params))
+        built.append(WeightedReward(spec.name, weight, registered.fn, params, registered.batched))
     return built
 
 
@@ -211,13 +294,13 @@ def score_rollouts(
     """Every reward of every rollout; ``rewards`` must hold the verifier (the config adds it)."""
     parts: dict[str, list[float]] = {}
     for reward in rewards:
+        if reward.batched:
+            values = reward.fn(completions, examples, lengths, context, reward.params)
+            parts[reward.name] = [float(v) for v in values]
+            continue
         parts[reward.name] = [
-            reward.fn(text, example, _with_length(context, n), reward.params)
+            reward.fn(text, example, replace(context, length=n), reward.params)
             for text, example, n in zip(completions, examples, lengths, strict=True)
         ]
     shaped = [sum(r.weight * parts[r.name][i] for r in rewards) for i in range(len(completions))]
     return RewardScores(outcome=parts[VERIFIER], parts=parts, shaped=shaped)
-
-
-def _with_length(context: RewardContext, length: int) -> RewardContext:
-    return RewardContext(context.task, context.max_new_tokens, length)

@@ -25,9 +25,9 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -415,7 +415,8 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
         group_size=g,
     )
     texts = decode_responses(state.tokenizer, batch)
-    context = RewardContext(state.task, cfg.sampling.max_new_tokens)
+    scorer = partial(continuation_logprobs, state, ids, mask)
+    context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)
     lengths = batch.lengths.tolist()
     scored = score_rollouts(state.rewards, texts, expanded, lengths, context)
     parts = {name: torch.tensor(values) for name, values in scored.parts.items()}
@@ -428,6 +429,45 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
         generated=len(expanded),
         reward_parts=parts,
     )
+
+
+def continuation_logprobs(
+    state: TrainState,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    rows: Sequence[int],
+    contexts: Sequence[str],
+    continuations: Sequence[str],
+) -> list[float]:
+    """For each of ``rows`` (indices into the (N, P) prompts), the mean log π(continuation |
+    prompt, context) at the sampling temperature, without grad: what batched rewards read the
+    policy through (``RewardContext.continuation_logprob``). Context and continuation are
+    tokenised apart, so a continuation is scored as the same tokens after any context."""
+    if not rows:
+        return []
+    encode = state.tokenizer(list(contexts) + list(continuations), add_special_tokens=False)
+    heads, tails = encode.input_ids[: len(rows)], encode.input_ids[len(rows) :]
+    width = max(len(h) + len(t) for h, t in zip(heads, tails, strict=True))
+    ids = torch.full((len(rows), width), state.tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros(len(rows), width)
+    tail_mask = torch.zeros(len(rows), width)
+    for i, (head, tail) in enumerate(zip(heads, tails, strict=True)):
+        ids[i, : len(head) + len(tail)] = torch.tensor(head + tail, dtype=torch.long)
+        response_mask[i, : len(head) + len(tail)] = 1
+        tail_mask[i, len(head) : len(head) + len(tail)] = 1
+    index = torch.tensor(list(rows), device=prompt_ids.device)
+    lengths = response_mask.sum(-1).long()
+    batch = RolloutBatch(
+        prompt_ids[index],
+        prompt_mask[index],
+        ids.to(state.device),
+        response_mask.to(state.device),
+        lengths.to(state.device),
+        torch.zeros(len(rows), dtype=torch.bool, device=state.device),
+    )
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(state.model, batch, state.cfg.sampling.temperature)
+    return sequence_scores(logprobs.float(), tail_mask.to(state.device)).tolist()
 
 
 def mixed_groups(correct: torch.Tensor, g: int) -> torch.Tensor:

@@ -3,6 +3,7 @@ checks, and a short run that logs reward/<name> while positives stay the verifie
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -13,9 +14,13 @@ from conspo import metrics as M
 from conspo import trainer
 from conspo.config import RunConfig
 from conspo.rewards import (
+    InfoGainParams,
     RewardContext,
+    answer_span,
     build_rewards,
+    group_normalised,
     has_one_boxed_answer,
+    info_gain_reward,
     score_rollouts,
 )
 from conspo.sink import MemorySink
@@ -223,3 +228,88 @@ def test_a_shaped_run_logs_each_reward_and_keeps_its_positives(model_store, arit
         assert a[key] == pytest.approx(b[key], nan_ok=True), key
     assert a[M.LOSS] != pytest.approx(b[M.LOSS])
     assert [r.reward for r in shaped[1].rollouts] == [r.reward for r in plain[1].rollouts]
+
+
+# ------------------------------------------------------------------------------------------
+# ISPO's sequence signal: the info_gain reward (designed from the abstract, §5.2)
+# ------------------------------------------------------------------------------------------
+
+
+def test_answer_span_and_group_normalisation_by_hand():
+    assert answer_span("so 3+4 = \\boxed{7}.") == (16, 17)
+    assert answer_span("\\boxed{\\frac{1}{2}} x") == (7, 18)
+    assert answer_span("3+4 gives 7, then 8") == (18, 19)  # the last number
+    assert answer_span("\\boxed{}") is None and answer_span("none") is None
+    # Groups of 2: [1, 3] → mean 2, std 1; [5, 5] has no spread → 0.
+    assert group_normalised([1.0, 3.0, 5.0, 5.0], 2) == [-1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def arith_state(model_store, arith_base):
+    cfg = RunConfig.model_validate({
+        "algorithm": "ispo",
+        "task": TASK,
+        "model": {"name": "tiny-arith"},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
+        "rewards": [{"name": "info_gain"}],
+    })  # fmt: skip
+    return trainer.setup(cfg, model_store)
+
+
+def manual_mean_logprob(state, prompt: str, context: str, answer: str) -> float:
+    """log π(answer | prompt + context) from one plain forward over the concatenated ids."""
+    tok, model = state.tokenizer, state.model
+    encode = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+    head, tail = encode(prompt) + encode(context), encode(answer)
+    with torch.no_grad():
+        logits = model(torch.tensor([head + tail])).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)  # sampling temperature 1
+    picked = [logprobs[len(head) + j - 1, t] for j, t in enumerate(tail)]
+    return float(sum(picked) / len(picked))
+
+
+def test_info_gain_is_the_answers_log_prob_gain_from_the_reasoning(arith_state):
+    state = arith_state
+    prompts = ["3+4=", "3+4=", "2+2=", "2+2="]
+    ids, mask = trainer.encode_prompts(state.tokenizer, prompts, state.device)
+    completions = ["3+4 makes \\boxed{7}", "7", "2+2=4 so 4", "1+1=2 so 5"]
+    examples = [Example(p, "") for p in prompts]
+    score = functools.partial(trainer.continuation_logprobs, state, ids, mask)
+    got = score([0, 2], ["3+4 makes \\boxed{", "2+2=4 so "], ["7", "4"])
+    expected = [manual_mean_logprob(state, "3+4=", "3+4 makes \\boxed{", "7"),
+                manual_mean_logprob(state, "2+2=", "2+2=4 so ", "4")]  # fmt: skip
+    assert got == pytest.approx(expected, abs=1e-5)
+    context = RewardContext(state.task, 6, group_size=2, continuation_logprob=score)
+    raw = info_gain_reward(
+        completions, examples, [1] * 4, context, InfoGainParams(normalise="none")
+    )
+    gains = [
+        manual_mean_logprob(state, p, c[: answer_span(c)[0]], c[slice(*answer_span(c))])
+        - manual_mean_logprob(state, p, "", c[slice(*answer_span(c))])
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+    gains[1] = 0.0  # a bare answer: no reasoning, no signal
+    assert raw == pytest.approx(gains, abs=1e-5)
+    normalised = info_gain_reward(completions, examples, [1] * 4, context, InfoGainParams())
+    assert normalised == pytest.approx(group_normalised(raw, 2))
+
+
+def test_ispo_with_its_sequence_signal_trains(model_store, arith_base, tmp_path):
+    cfg = RunConfig.model_validate({
+        "algorithm": "ispo",
+        "steps": 2,
+        "task": TASK,
+        "model": {"name": "tiny-arith"},
+        "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
+        "optim": {"mini_batches": 2},
+        "eval": {"every": 0, "at_start": False, "pass_k": 1},
+        "checkpoint": {"every": 0},
+        "rewards": [{"name": "info_gain"}],
+    })  # fmt: skip
+    sink = MemorySink()
+    trainer.train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    for step in (1, 2):
+        m = sink.steps[step].metrics
+        # arith's completions are bare answers: no reasoning, so no information gain.
+        assert m[M.reward_key("info_gain")] == 0.0
+        assert 0 <= m[M.ISPO_HINGE_ACTIVE] <= 1 and m[M.OPTIM_UPDATES] >= 1
