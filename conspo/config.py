@@ -430,8 +430,8 @@ class RewardConfig(_Section):
 
     name: str = Field(
         "verifier",
-        description="A registered reward function: verifier, format, length or process (see"
-        " 'Reward functions' below).",
+        description="A registered reward function (verifier, format, length, process, info_gain:"
+        " docs/config.md, 'Reward functions').",
     )
     weight: float | None = Field(
         None,

@@ -7,7 +7,7 @@
     scores = score_rollouts(rewards, texts, examples, lengths, RewardContext(task, 16))
 
 A run lists its rewards in ``RunConfig.rewards`` (``[{name, weight, params}]``); the reward the
-objective sees is the shaped reward R = Σ weight · reward (docs/objectives.md §5.3), and each
+objective sees is the shaped reward R = Σ weight · reward (docs/objectives.md §7), and each
 reward's mean over the step's rollouts is logged as ``reward/<name>``. ``verifier`` is the task's
 verify, the verified outcome O: every run has it (the config adds it with weight 1 when it is not
 listed), and O alone decides who is positive, whatever the other rewards and the weights are.
