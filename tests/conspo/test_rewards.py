@@ -119,7 +119,7 @@ def error_of(data: dict) -> tuple[tuple, str]:
 @pytest.mark.parametrize(
     ("rewards", "loc", "words"),
     [
-        ([{"name": "nope"}], ("rewards", 0, "name"), "valid rewards: format, length"),
+        ([{"name": "nope"}], ("rewards", 0, "name"), "valid rewards: format, info_gain, length"),
         ([{"name": "format", "params": {"pattern": "("}}], ("rewards", 0, "params", "pattern"),
          "not a regular expression"),
         ([{"name": "length", "params": {"bufer": 2}}], ("rewards", 0, "params", "bufer"),
