@@ -778,7 +778,7 @@ def policy_batch(
     old_logprobs: torch.Tensor | None,
     ref_logprobs: torch.Tensor | None,
     step: int,
-    entropy: torch.Tensor,
+    entropy: torch.Tensor | None = None,
 ) -> PolicyBatch:
     """The objective's input for the rollouts in ``rows`` (N,) bool, whose π_θ log-probs are
     ``logprobs`` (B, T) (with grad) and per-token entropy ``entropy`` (B, T) (no grad)."""
