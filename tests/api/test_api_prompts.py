@@ -12,8 +12,9 @@ from sqlalchemy import func, select
 from backend.config import Settings
 from backend.db import Database
 from backend.models import PromptStat
+from conspo import metrics as M
 from conspo.sink import PromptRecord
-from tests.api.conftest import Api
+from tests.api.conftest import Api, run_in_worker, tiny_config
 from tests.api.test_api_db_sink import new_run, record, stored
 from worker.db_sink import DbSink
 
@@ -149,3 +150,17 @@ def test_external_runs_send_at_most_10000_prompt_rows_per_call(api: Api) -> None
     with Database(api.settings).session() as s:
         count = s.scalar(select(func.count()).where(PromptStat.run_id == run["id"]))
     assert count == 0
+
+
+def test_a_worker_run_stores_every_prompt_of_every_step(own_api: Api) -> None:
+    config = tiny_config(2)
+    run = run_in_worker(own_api, config)
+    assert run["status"] == "succeeded", run["error"]
+    view = own_api.get(f"/api/runs/{run['id']}/prompts").json()
+    assert view["steps"] == [1, 2]
+    prompts_per_step = config["sampling"]["prompts_per_step"]
+    for i in range(2):  # each step's prompts fall in exactly one band (repeats count once)
+        in_bands = sum(view[band][i] for band in ("zero", "low", "high", "one"))
+        assert 1 <= in_bands <= prompts_per_step
+    keys = own_api.get(f"/api/runs/{run['id']}/metrics/keys").json()["keys"]
+    assert {M.ENTROPY_POS, M.ENTROPY_NEG} <= set(keys)
