@@ -50,7 +50,17 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.orm import Session
 
-from backend.models import FINISHED, Metric, MetricRollup, Rollout, Run, RunStatus, User, utcnow
+from backend.models import (
+    FINISHED,
+    Metric,
+    MetricRollup,
+    PromptStat,
+    Rollout,
+    Run,
+    RunStatus,
+    User,
+    utcnow,
+)
 from backend.queue import JobQueue
 from conspo.config import RunConfig
 
@@ -493,7 +503,7 @@ def delete_run(session: Session, run: Run) -> None:
     # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
     # key to cascade), so the deletes below catch every point.
     session.execute(delete(Run).where(Run.id == run.id))
-    for model in (Metric, MetricRollup, Rollout):
+    for model in (Metric, MetricRollup, Rollout, PromptStat):
         session.execute(delete(model).where(model.run_id == run.id))
     session.commit()
 

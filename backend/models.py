@@ -193,6 +193,22 @@ class Rollout(Base):
     truncated: Mapped[bool] = mapped_column(Boolean)
 
 
+class PromptStat(Base):
+    """How one prompt did at one step: its rollouts and how many were verified correct.
+
+    ``prompt_key`` is ``conspo.sink.prompt_key`` of the prompt text (16 hex digits), so the same
+    prompt has the same key at every step it is sampled; the per-prompt views are built from it.
+    """
+
+    __tablename__ = "prompt_stats"
+
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    correct: Mapped[int] = mapped_column(Integer)
+
+
 class MetricRollup(Base):
     """A cache of bucket aggregates for downsampled reads, filled lazily by readers.
 

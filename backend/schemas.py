@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 INT32_MAX = 2**31 - 1
 MAX_LOG_POINTS = 10_000
+MAX_LOG_PROMPTS = 10_000  # prompt rows per logging call
+PROMPT_KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"  # a hash in hex, or a task example's id
 NAME_MAX = 200  # runs.name
 
 
@@ -258,9 +260,29 @@ class RolloutRow(_Body):
     truncated: bool = False
 
 
+class PromptRow(_Body):
+    """One prompt at one step: ``n`` rollouts sampled from it, ``correct`` of them verified
+    correct. ``key`` names the prompt the same way at every step (``conspo.sink.prompt_key`` of
+    its text, or the example's id)."""
+
+    step: Step
+    key: Annotated[str, Field(pattern=PROMPT_KEY_PATTERN)]
+    n: Annotated[int, Field(ge=1, le=INT32_MAX)]
+    correct: Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+    @field_validator("correct")
+    @classmethod
+    def _at_most_n(cls, correct: int, info: ValidationInfo) -> int:
+        n = info.data.get("n")
+        if n is not None and correct > n:
+            raise ValueError(f"correct ({correct}) is more than n ({n})")
+        return correct
+
+
 class LogBatch(_Body):
     steps: list[LogStep] = Field(default_factory=list, max_length=MAX_LOG_POINTS)
     rollouts: list[RolloutRow] = Field(default_factory=list, max_length=MAX_LOG_POINTS)
+    prompts: list[PromptRow] = Field(default_factory=list, max_length=MAX_LOG_PROMPTS)
     status: Literal["running", "succeeded", "failed"] | None = None
     error: Annotated[str, Field(max_length=100_000), TEXT] | None = None
 
@@ -308,6 +330,23 @@ class RolloutOut(BaseModel):
 
 class RolloutList(BaseModel):
     items: list[RolloutOut]
+
+
+class PromptDifficulty(BaseModel):
+    """Per step with prompt data (``backend.storage.prompts`` defines each count): prompts
+    sampled by pass-rate band, and prompts seen so far by fate."""
+
+    steps: list[int]
+    zero: list[int]  # pass rate 0
+    low: list[int]  # (0, 0.5)
+    high: list[int]  # [0.5, 1)
+    one: list[int]  # 1
+    learned: list[int]
+    forgotten: list[int]
+    never_solved: list[int]
+    always_solved: list[int]
+    seen: list[int]  # distinct prompts sampled up to the step
+    next_step_min: int | None  # the next page's step_min; None: this is the last page
 
 
 class NamedPreset(BaseModel):

@@ -26,6 +26,8 @@ LOSS = "optim/loss"
 GRAD_NORM = "optim/grad_norm"
 LR = "optim/lr"
 ENTROPY = "policy/entropy"
+ENTROPY_POS = "policy/entropy_pos"
+ENTROPY_NEG = "policy/entropy_neg"
 KL = "policy/kl"
 CLIP_FRAC = "grpo/clip_frac"
 OPTIM_UPDATES = "optim/updates"
@@ -365,6 +367,14 @@ METRICS: tuple[Metric, ...] = (
            "norm", "gradnorm", color="accent2"),
     Metric(ENTROPY, "entropy", "Mean per-token entropy of the policy on the sampled responses.",
            "nats / token", "entropy", color="accent3"),
+    Metric(ENTROPY_POS, "entropy pos",
+           "Mean per-token entropy of the policy on the correct rollouts (mean over the updates"
+           " that had one).",
+           "nats / token", "entropy", color="pos", dash=True),
+    Metric(ENTROPY_NEG, "entropy neg",
+           "Mean per-token entropy of the policy on the wrong rollouts (mean over the updates"
+           " that had one).",
+           "nats / token", "entropy", color="neg", dash=True),
     Metric(KL, "kl", "k3 estimate of KL(π_θ ‖ π_ref) per token.", "nats / token", "kl",
            when="a reference model is loaded (params.beta > 0)", better="lower", color="neg"),
     Metric(LR, "lr", "Learning rate used for this step (warmup, then constant).",

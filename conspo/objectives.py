@@ -256,8 +256,8 @@ def positive_mask(outcome: torch.Tensor) -> torch.Tensor:
     """(B,) bool: which rollouts are positives, from their (B,) verified outcome in {0, 1}.
 
     The one definition of "positive": objectives, the trainer's refill and the statistics all
-    call it on the verified outcome, never on a shaped reward (docs/objectives.md, "Positive
-    means verified correct").
+    call it on the verified outcome, never on a shaped reward (docs/objectives.md, notation:
+    "Positive means verified correct").
     """
     return outcome > POSITIVE_THRESHOLD
 

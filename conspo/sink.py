@@ -14,6 +14,7 @@ without one); a sink that writes each step at once needs none.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +34,35 @@ class RolloutRecord:
 
 
 @dataclass
+class PromptRecord:
+    """One prompt of a step: how many of its rollouts were sampled and verified correct.
+
+    ``key`` identifies the prompt across steps (and across runs of the same task and prompt
+    template): ``prompt_key`` of the prompt text the policy saw. A prompt drawn twice in one
+    step (two groups, or a refill round) is one record with the counts added up.
+    """
+
+    key: str
+    n: int  # rollouts sampled (the group size, times the groups it had)
+    correct: int  # of them verified correct
+
+
+PROMPT_KEY_CHARS = 16  # hex digits of the hash: 64 bits, no collision in any realistic task
+
+
+def prompt_key(text: str) -> str:
+    """The stable key of a prompt: the first 64 bits of the SHA-256 of its text, in hex."""
+    return hashlib.sha256(text.encode()).hexdigest()[:PROMPT_KEY_CHARS]
+
+
+@dataclass
 class StepRecord:
     step: int  # 1-based; the last step equals config.steps
     total_steps: int
     wall_time: float  # unix time the step finished
     metrics: dict[str, float]  # slash-namespaced keys of conspo.metrics (sep/gap, ...)
     rollouts: list[RolloutRecord] = field(default_factory=list)
+    prompts: list[PromptRecord] = field(default_factory=list)  # every prompt of the step
 
 
 class Sink(Protocol):

@@ -81,7 +81,7 @@ from conspo.resources import (
 )
 from conspo.rewards import RewardContext, WeightedReward, build_rewards, score_rollouts
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
-from conspo.sink import RolloutRecord, Sink, StepRecord, flush_sink
+from conspo.sink import PromptRecord, RolloutRecord, Sink, StepRecord, flush_sink, prompt_key
 from conspo.stats import offpolicy_stats, separation_stats
 from conspo.tasks import Example, Task, make_task
 
@@ -590,14 +590,20 @@ def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:
     return plan
 
 
-# How one step's per-update statistics combine: the mean, except the ratio's extremes.
-EXTREMES = {M.OFFPOLICY_RATIO_MAX: torch.amax, M.OFFPOLICY_RATIO_MIN: torch.amin}
+# How one step's per-update statistics combine: the mean, except the ratio's extremes and the
+# split entropies (NaN for an update without correct, or without wrong, rollouts).
+COMBINE = {
+    M.OFFPOLICY_RATIO_MAX: torch.amax,
+    M.OFFPOLICY_RATIO_MIN: torch.amin,
+    M.ENTROPY_POS: torch.nanmean,
+    M.ENTROPY_NEG: torch.nanmean,
+}
 
 
 def combined(per_update: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """One value per key over the step's updates (``EXTREMES``, else the mean)."""
+    """One value per key over the step's updates (``COMBINE``, else the mean)."""
     return {
-        k: EXTREMES.get(k, torch.mean)(torch.stack([s[k] for s in per_update]))
+        k: COMBINE.get(k, torch.mean)(torch.stack([s[k] for s in per_update]))
         for k in per_update[0]
     }
 
@@ -640,12 +646,26 @@ def optimise_chunk(
         ),
         M.LOSS: out.loss.detach(),
         M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
+        **entropy_by_outcome(entropy, mask, batch.outcome),
         M.GRAD_NORM: grad_norm.detach(),
     }
     ref = batch.ref_logprobs
     if ref is not None and M.KL not in stats:
         stats[M.KL] = (k3_kl(logprobs, ref, mask) * mask).sum() / mask.sum().clamp(min=1)
     return {k: v.float() for k, v in stats.items()}, scores, clipped, stepped
+
+
+def entropy_by_outcome(
+    entropy: torch.Tensor, mask: torch.Tensor, outcome: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Token-mean entropy (B, T) over the correct and over the wrong rollouts ((B,) verified
+    outcome); NaN for a side without a token, so the step's value averages the updates with one."""
+    pos = positive_mask(outcome)[:, None]
+    out = {}
+    for key, rows in ((M.ENTROPY_POS, pos), (M.ENTROPY_NEG, ~pos)):
+        tokens = mask * rows
+        out[key] = (entropy * tokens).sum() / tokens.sum()  # 0/0 = NaN: no such rollout
+    return out
 
 
 def has_gradient(params: list[torch.nn.Parameter]) -> bool:
@@ -903,4 +923,27 @@ def make_record(
         for i, s, n_tok, tr in zip(idx.tolist(), sample_scores, lengths, truncated, strict=True)
     ]
     metrics = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
-    return StepRecord(step, state.cfg.steps, time.time(), metrics, records)
+    prompts = prompt_records(state, r)
+    return StepRecord(step, state.cfg.steps, time.time(), metrics, records, prompts)
+
+
+def prompt_records(state: TrainState, r: Rollouts) -> list[PromptRecord]:
+    """One record per distinct prompt of the step: its rollouts and how many were correct.
+
+    The key hashes the prompt text the policy saw (the group's first row, padding dropped);
+    a prompt drawn in two groups adds up. ``correct`` lives on the CPU, the prompt ids are a few
+    hundred integers: no work that shows next to a step.
+    """
+    g = state.cfg.sampling.group_size
+    firsts = r.batch.prompt_ids[::g].cpu()
+    masks = r.batch.prompt_mask[::g].cpu().bool()
+    tokens = [ids[m].tolist() for ids, m in zip(firsts, masks, strict=True)]
+    texts = state.tokenizer.batch_decode(tokens)
+    correct = positive_mask(r.correct).view(-1, g).sum(-1).tolist()
+    by_key: dict[str, PromptRecord] = {}
+    for text, c in zip(texts, correct, strict=True):
+        key = prompt_key(text)
+        rec = by_key.setdefault(key, PromptRecord(key, 0, 0))
+        rec.n += g
+        rec.correct += int(c)
+    return list(by_key.values())

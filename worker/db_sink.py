@@ -1,10 +1,10 @@
 """A ``conspo.sink.Sink`` that buffers steps and writes them to the database in batches.
 
-One transaction per batch (``backend.storage.writes.write_points``): every buffered metric and
-rollout in bulk, plus one update of the run row (step, summary, heartbeat; only while this
-attempt still owns the run). A batch is written when ``flush()`` is called, when the buffer holds
-``max_points`` metric points and rollout rows, or when a step arrives ``max_delay_s`` after the
-last write (so dashboards stay live whatever the step rate).
+One transaction per batch (``backend.storage.writes.write_points``): every buffered metric,
+rollout and prompt pass rate in bulk, plus one update of the run row (step, summary, heartbeat;
+only while this attempt still owns the run). A batch is written when ``flush()`` is called, when
+the buffer holds ``max_points`` metric points, rollout rows and prompt rows, or when a step
+arrives ``max_delay_s`` after the last write (so dashboards stay live whatever the step rate).
 
 Database outages: with an ``Outage`` the write is retried with backoff (see ``worker.retry``).
 Past its limit ``DatabaseUnavailable`` propagates through the trainer (so no checkpoint is saved
@@ -13,8 +13,8 @@ that covers steps the database lacks) and the worker hands the run back without 
 Crash safety: the trainer calls ``flush()`` before it saves each checkpoint and before it ends,
 so a checkpoint never covers a step the database lacks. A crash loses at most the buffered
 steps after the last checkpoint, which the resumed attempt re-emits; the upserts on
-(run_id, key, step) make a re-emitted step that was already stored an overwrite, not a
-duplicate.
+(run_id, key, step), (run_id, step, group, index) and (run_id, step, prompt_key) make a
+re-emitted step that was already stored an overwrite, not a duplicate.
 """
 
 from __future__ import annotations
@@ -58,16 +58,16 @@ class DbSink:
         self.clock = clock
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._buffer: dict[int, StepRecord] = {}  # by step: a re-emitted step replaces its twin
-        self._buffered = 0  # metric points + rollout rows in the buffer
+        self._buffered = 0  # metric points + rollout and prompt rows in the buffer
         self._last_write = clock()
 
     def log_step(self, record: StepRecord) -> None:
         """Buffer the step; write the buffer when it is full or the last write is old."""
         old = self._buffer.pop(record.step, None)
         if old is not None:
-            self._buffered -= len(old.metrics) + len(old.rollouts)
+            self._buffered -= _rows(old)
         self._buffer[record.step] = record
-        self._buffered += len(record.metrics) + len(record.rollouts)
+        self._buffered += _rows(record)
         if self._buffered >= self.max_points or self.clock() - self._last_write >= self.max_delay_s:
             self.flush()
 
@@ -90,7 +90,7 @@ class DbSink:
     def _write(self) -> bool:
         """One transaction for the whole buffer; False when the attempt no longer owns the run."""
         records = list(self._buffer.values())
-        steps = [StepPoints(r.step, r.metrics, r.wall_time, r.rollouts) for r in records]
+        steps = [StepPoints(r.step, r.metrics, r.wall_time, r.rollouts, r.prompts) for r in records]
         latest = max(records, key=lambda r: r.step)
         with self.db.session() as session:
             written = write_points(
@@ -113,3 +113,8 @@ class DbSink:
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
         self.events.append((kind, data))
         log.info("run %s: %s %s", self.run_id, kind, data)
+
+
+def _rows(record: StepRecord) -> int:
+    """The rows a step adds to a write: metric points, sampled rollouts and prompts."""
+    return len(record.metrics) + len(record.rollouts) + len(record.prompts)

@@ -6,6 +6,8 @@
   bucket) and the ``metric_rollups`` cache it reads and fills; ``metric_keys``.
 * ``stream``: ``StreamCursor`` and ``query_new_points``, the live stream's write-sequence cursor.
 * ``rollouts``: ``query_rollouts``.
+* ``prompts``: per-prompt pass rates, written with their step by ``write_points`` and read as
+  ``prompt_difficulty`` (pass-rate bands and learned / forgotten counts per step).
 * ``dialect``: the strategy behind every statement whose SQL differs between dialects, one
   object per engine: ``sqlite.SqliteDialect`` and ``postgresql.PostgresDialect`` (which sends
   columns as the binary arrays of ``pg_arrays``).

@@ -1,9 +1,11 @@
-"""Idempotent bulk writes of metrics and rollouts, plus the run's step, summary and write_seq.
+"""Idempotent bulk writes of metrics, rollouts and per-prompt pass rates, plus the run's step,
+summary and write_seq.
 
-Writes are ``INSERT … ON CONFLICT DO UPDATE`` on (run_id, key, step) and (run_id, step, group,
-index), so a redelivered job or a retried client batch overwrites instead of duplicating. A
-batch becomes numpy columns first (sorted, one row per key, non-finite values as NaN); the
-dialect strategy (``backend.storage.dialect``) sends them in bulk.
+Writes are ``INSERT … ON CONFLICT DO UPDATE`` on (run_id, key, step), (run_id, step, group,
+index) and (run_id, step, prompt_key), so a redelivered job or a retried client batch
+overwrites instead of duplicating. A batch becomes numpy columns first (sorted, one row per key,
+non-finite values as NaN); the dialect strategy (``backend.storage.dialect``) sends them in
+bulk.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy.orm import Session
 from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, Run, finite, utcnow
 from backend.storage.dialect import Dialect, dialect_of
+from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 
 
 @dataclass
@@ -29,12 +32,15 @@ class StepPoints:
 
     ``rollouts``: that step's sampled rollouts, any objects with ``group``, ``index``,
     ``reward``, ``score``, ``length`` and ``truncated`` (``conspo.sink.RolloutRecord`` is one).
+    ``prompts``: every prompt of the step, objects with ``key``, ``n`` and ``correct``
+    (``conspo.sink.PromptRecord``).
     """
 
     step: int
     metrics: Mapping[str, float | None]
     wall_time: float | None = None
     rollouts: Sequence[Any] = ()
+    prompts: Sequence[Any] = ()
 
 
 @dataclass
@@ -52,6 +58,7 @@ class RolloutPoint:
 class Written:
     points: int = 0
     rollouts: int = 0
+    prompts: int = 0
     last_step: int | None = None
     last_values: dict[str, float | None] = field(default_factory=dict)
     owned: bool = True
@@ -64,10 +71,12 @@ def write_points(
     steps: Sequence[StepPoints],
     rollouts: Iterable[RolloutPoint] = (),
     *,
+    prompts: Iterable[PromptPoint] = (),
     owner_attempt: int | None = None,
     run_values: dict[str, Any] | None = None,
 ) -> Written:
-    """Upsert metrics and rollouts; move the run's step, summary and ``run_values`` along.
+    """Upsert metrics, rollouts and prompt pass rates; move the run's step, summary and
+    ``run_values`` along.
 
     A handful of statements whatever the batch size (the caller commits):
 
@@ -79,7 +88,8 @@ def write_points(
     2. one DELETE of the rollup-cache rows the new points fall into;
     3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
        for their key (every row, in a run that only moves forward) go in with a plain INSERT,
-       the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays.
+       the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays;
+    4. the prompt rows (``backend.storage.prompts``), one upsert.
 
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
     with numpy: the per-point Python work is a list extend.
@@ -88,6 +98,7 @@ def write_points(
     out = Written()
     m = _metric_columns(steps)
     r = _rollout_columns(steps, rollouts)
+    p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
     if steps:
         out.last_step = max(s.step for s in steps)
     if len(m.step):
@@ -110,6 +121,8 @@ def write_points(
         out.points = dialect.write_metrics(session, run_id, seq, m)
     if len(r.step):
         out.rollouts = dialect.write_rollouts(session, run_id, r)
+    if p:
+        out.prompts = write_prompts(session, dialect, p)
     return out
 
 

@@ -27,6 +27,7 @@ import {
   withNotes,
   X_TITLES,
 } from "/static/charts.js";
+import { promptView } from "/static/prompts.js";
 import {
   $,
   $$,
@@ -47,6 +48,7 @@ import {
 
 const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
 const runId = Number($("#run-root").dataset.runId);
+const PROMPTS = promptView(runId, $("#chart-sections"));
 const POS = ROLE_COLORS.pos;
 const NEG = ROLE_COLORS.neg;
 
@@ -630,6 +632,17 @@ function fetchNewRollouts() {
     rolloutTimer = null;
     scheduleDraw();
   }, 1500);
+  fetchPrompts();
+}
+
+// The prompt view is recomputed server-side over the whole run: refreshed at most every 10 s.
+let promptTimer = null;
+function fetchPrompts() {
+  if (promptTimer) return;
+  promptTimer = setTimeout(async () => {
+    await PROMPTS.refresh();
+    promptTimer = null;
+  }, 10000);
 }
 
 function onMetrics(data) {
@@ -753,6 +766,7 @@ async function init() {
   }
   await loadRollouts(false);
   drawAll();
+  await PROMPTS.refresh();
   if (FINISHED.has(S.run.status)) setConn("done");
   else openStream();
 }

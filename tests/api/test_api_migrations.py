@@ -16,7 +16,10 @@ from backend.models import Base
 from conspo import metrics as M
 from tests.api.conftest import create_pg_database, drop_pg_database
 
-TABLES = {"users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts", "workers"}
+TABLES = {
+    "users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts", "workers",
+    "prompt_stats",
+}  # fmt: skip
 
 
 def tables(url: str) -> set[str]:
@@ -35,8 +38,10 @@ def test_upgrade_downgrade_roundtrip(dialect: str, tmp_path: Path) -> None:
         assert tables(url) == TABLES == set(Base.metadata.tables)
         engine = make_engine(url)
         pk = inspect(engine).get_pk_constraint("metrics")["constrained_columns"]
+        prompt_pk = inspect(engine).get_pk_constraint("prompt_stats")["constrained_columns"]
         engine.dispose()
         assert pk == ["run_id", "key", "step"]
+        assert prompt_pk == ["run_id", "step", "prompt_key"]
         migrate(url, "base")
         assert tables(url) == set()
         migrate(url, "head")  # and up again

@@ -1,4 +1,6 @@
 import math
+import random
+from collections import Counter
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from conspo.config import RunConfig, TaskConfig
 from conspo.models import load_pretrained
 from conspo.objectives import clipped_ratio_scores, group_advantages
 from conspo.rollout import evaluate
-from conspo.sink import MemorySink
+from conspo.sink import MemorySink, prompt_key
 from conspo.stats import separation_stats
 from conspo.tasks import make_task
 from conspo.trainer import train
@@ -87,6 +89,26 @@ def test_a_step_logs_every_metric_once(model_store, arith_base, tmp_path):
     kinds = [kind for kind, _ in sink.events]
     assert kinds[0] == "started" and kinds[-1] == "finished" and "checkpoint" in kinds
     assert (tmp_path / "checkpoints" / "step_000003" / "config.json").exists()
+
+
+def test_each_step_records_every_prompt_with_its_correct_count(model_store, arith_base, tmp_path):
+    cfg = small_config(steps=2, eval={"every": 0, "at_start": False})
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    task = make_task(TaskConfig(**TASK))
+    for step in (1, 2):
+        record = sink.steps[step]
+        drawn = task.train_prompts(random.Random(trainer.step_seed(cfg.seed, step, "p0")), 8)
+        expected = Counter(prompt_key(ex.prompt) for ex in drawn)
+        assert {p.key: p.n for p in record.prompts} == {k: 4 * c for k, c in expected.items()}
+        correct = sum(p.correct for p in record.prompts)
+        assert correct == round(record.metrics[M.BATCH_PASS_RATE] * 32)
+        assert all(0 <= p.correct <= p.n for p in record.prompts)
+        m = record.metrics
+        # The token-mean entropy lies between its correct-only and wrong-only parts.
+        if 0 < correct < 32:
+            lo, hi = sorted((m[M.ENTROPY_POS], m[M.ENTROPY_NEG]))
+            assert lo - 1e-5 <= m[M.ENTROPY] <= hi + 1e-5
 
 
 def test_mini_batches_refill_and_overlong_shaping(model_store, arith_base, tmp_path):

@@ -200,6 +200,48 @@ def test_run_page_shows_separation_dashboards(
     shot(page, "run")
 
 
+def test_run_page_shows_prompt_difficulty_only_with_prompt_data(
+    page: Any, shot: Any, ui_server: Any, two_runs: Any
+) -> None:
+    run = ui_server.external_run("ui-prompts", {"algorithm": "grpo", "steps": 20}, total_steps=20)
+    # 8 prompts per step; prompt i is solved once the step passes 2 * i: learned one by one.
+    prompts = [
+        {"step": s, "key": f"p{i}", "n": 4, "correct": 4 if s > 2 * i else min(i, 3) % 2}
+        for s in range(1, 21)
+        for i in range(8)
+    ]
+    ui_server.api("POST", f"/api/runs/{run['id']}/log", json={"prompts": prompts})
+    ui_server.log(run["id"], range(1, 21), status="succeeded")
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    wait_until(
+        page,
+        lambda: trace_points(page, "plot-prompt-bands", "pass rate 1") == 20,
+        what="20 steps of prompt bands",
+    )
+    title = page.locator('[data-section="prompts"] .section-title').inner_text()
+    assert title.lower() == "prompt difficulty over time"  # the CSS sets it in capitals
+    fates = page.evaluate(
+        "Object.fromEntries(document.getElementById('plot-prompt-fates').data"
+        ".map(t => [t.name, t.y[t.y.length - 1]]))"
+    )
+    # p0 solved from the start; p1..p7 below 0.5 at first, all solved by step 20.
+    assert fates == {
+        "learned": 7, "forgotten": 0, "never solved": 0, "always solved": 1, "seen": 8,
+    }  # fmt: skip
+    shot(page, "run-prompts")
+    # A run that logged no prompt data has no such section.
+    a, _ = two_runs
+    page.goto(f"{ui_server.url}/runs/{a['id']}")
+    wait_until(
+        page,
+        lambda: (
+            page.evaluate("document.getElementById('chart-sections').dataset.promptSteps") == "0"
+        ),
+        what="the prompt view loaded (empty)",
+    )
+    assert page.locator('[data-section="prompts"]').count() == 0
+
+
 def test_compare_page_loads(page: Any, shot: Any, ui_server: Any, two_runs: Any) -> None:
     a, b = two_runs
     page.goto(f"{ui_server.url}/compare?runs={a['id']},{b['id']}")

@@ -18,6 +18,7 @@ from backend.schemas import (
     RunOut,
     run_out,
 )
+from backend.storage.prompts import PromptPoint
 from backend.storage.writes import RolloutPoint, StepPoints, write_points
 
 router = APIRouter(prefix="/runs", tags=["external logging"], route_class=JSONBodyRoute)
@@ -44,7 +45,9 @@ def create_external(
 
 @router.post("/{run_id}/log", response_model=LogResult)
 def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> dict[str, int]:
-    """Idempotent upsert of points on (run, key, step); at most 10,000 points per call."""
+    """Idempotent upsert of points on (run, key, step), rollouts on (run, step, group, index)
+    and prompt pass rates on (run, step, key); at most 10,000 points and 10,000 prompts per
+    call."""
     lifecycle.check_accepts_points(run)
     points = sum(len(s.metrics) for s in body.steps)
     if points > MAX_LOG_POINTS:
@@ -63,11 +66,12 @@ def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> dict[str
         RolloutPoint(r.step, r.group, r.index, r.reward, r.score, r.length, r.truncated)
         for r in body.rollouts
     ]
+    prompts = [PromptPoint(p.step, p.key, p.n, p.correct) for p in body.prompts]
     values: dict[str, Any] = {"heartbeat_at": utcnow()}
     if body.error is not None:
         values["error"] = body.error
-    written = write_points(session, run.id, steps, rollouts, run_values=values)
+    written = write_points(session, run.id, steps, rollouts, prompts=prompts, run_values=values)
     if body.status in ("succeeded", "failed"):  # in the same transaction as the last points
         lifecycle.close_external(session, run.id, RunStatus(body.status), body.error)
     session.commit()
-    return {"written": written.points + written.rollouts}
+    return {"written": written.points + written.rollouts + written.prompts}
