@@ -162,7 +162,7 @@ class LoraConfig(_Section):
         " policy that sampled.",
     )
     target_modules: list[Annotated[Label, Field(min_length=1, max_length=200)]] = Field(
-        default_factory=lambda: ["all-linear"],
+        default=["all-linear"],  # pydantic copies it for each instance
         min_length=1,
         max_length=64,
         description='Module names that get adapters (e.g. q_proj, v_proj), or ["all-linear"]:'

@@ -46,6 +46,7 @@ const ADVANCED = [
   { key: "eval", title: "Evaluation and benchmarks" },
   { key: "checkpoint", title: "Checkpoints" },
   { key: "logging", title: "Logging" },
+  { list: "rewards", title: "Reward functions" }, // a list of {name, weight, params} rows
 ];
 // Fields of the open sections that are rarely changed: shown under Advanced instead.
 const ADVANCED_FIELDS = new Set([
@@ -188,6 +189,8 @@ function anyField(path, rawProp, value) {
   if (path === "config.prompt.template") return templateField(path, p, value);
   if (p.type === "object" && p.properties) return subObject(path, p, value);
   if (items?.type === "object") return objectList(path, p, items, value);
+  // A free-form mapping (a reward's params): JSON text, parsed on submit.
+  if (p.type === "object") return field(path, { ...p, type: "json" }, JSON.stringify(value ?? {}));
   if (items) return field(path, { ...p, type: "list" }, (value || []).join(", "));
   return field(path, rawProp, value);
 }
@@ -257,6 +260,20 @@ function objectList(path, p, items, value) {
   renderRows(value || []);
   box.append(groupHead(path, p), rows, add);
   return box;
+}
+
+/** ``config`` with every key it lacks, at any depth, taken from ``defaults`` (a run stored
+ * before a section existed, or an external run's partial config, prefills the form whole). */
+function withDefaults(defaults, config) {
+  const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+  if (!isObject(defaults) || !isObject(config)) return structuredClone(config ?? defaults);
+  const out = structuredClone(defaults);
+  // `params` belong to the entry the config names (its algorithm, its task), not the default one.
+  delete out.params;
+  for (const [k, v] of Object.entries(config)) {
+    out[k] = k in defaults && k !== "params" ? withDefaults(defaults[k], v) : structuredClone(v);
+  }
+  return out;
 }
 
 // A new list row (or a nested object the config lacks) starts from the schema's defaults.
@@ -402,7 +419,7 @@ function render(config, extra = {}) {
   const adv = h(
     "details.adv",
     { open: extra.openAdvanced || null },
-    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, checkpoints, logging"),
+    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, checkpoints, logging, rewards"),
     ADVANCED.map((s) =>
       h(
         "div.form-section",
@@ -411,7 +428,9 @@ function render(config, extra = {}) {
         h(
           "div.fields",
           {},
-          (s.keys || [s.key]).flatMap((k) => sectionFields(k, config[k], Boolean(s.advanced))),
+          s.list
+            ? anyField(`config.${s.list}`, schema.properties[s.list], config[s.list])
+            : (s.keys || [s.key]).flatMap((k) => sectionFields(k, config[k], Boolean(s.advanced))),
         ),
       ),
     ),
@@ -452,6 +471,13 @@ function readValue(el) {
       .map((t) => t.trim())
       .filter(Boolean);
   if (text === "") return el.dataset.nullable ? null : undefined;
+  if (type === "json") {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return text; // not JSON: the server's 422 says so next to the field
+    }
+  }
   if (type === "integer" && /^[+-]?\d+$/.test(text)) return Number(text);
   if (type === "number" && text !== "" && Number.isFinite(Number(text))) return Number(text);
   return text;
@@ -644,7 +670,7 @@ async function init() {
       $("#form-title").textContent = `New run from #${run.id}`;
       $("#form-sub").textContent =
         `Prefilled with the config of ${run.name || `run ${run.id}`}; change anything and start.`;
-      render(structuredClone({ ...presets.defaults, ...run.config }), {
+      render(withDefaults(presets.defaults, run.config), {
         name: run.name ? `${run.name}-copy` : null,
         seeds: String(run.seed ?? run.config.seed ?? 0),
         tags: (run.tags || []).join(", "),

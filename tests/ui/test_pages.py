@@ -154,6 +154,25 @@ def test_form_prefills_a_run_stored_with_the_flat_task_form(page: Any, ui_server
     assert page.locator('[name="config.task.params.operators"]').count() == 0
 
 
+def test_edit_and_rerun_keeps_the_reward_functions(page: Any, ui_server: Any) -> None:
+    rewards = [
+        {"name": "verifier", "weight": 1.0, "params": {}},
+        {"name": "format", "weight": 0.5, "params": {"pattern": "\\d+"}},
+    ]
+    config = {"algorithm": "grpo", "steps": 1, "model": {"name": "tiny"}, "rewards": rewards}
+    old = ui_server.external_run("ui-rewards", config)
+    page.goto(f"{ui_server.url}/runs/new?from={old['id']}")
+    page.wait_for_selector('[name="config.rewards.1.name"]', state="attached")
+    page.click("details.adv > summary")  # the rewards are under Advanced
+    assert page.input_value('[name="config.rewards.1.weight"]') == "0.5"
+    page.fill('[name="config.rewards.1.weight"]', "0.25")
+    page.click("#submit-btn")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
+    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+    assert run["config"]["rewards"] == [rewards[0], {**rewards[1], "weight": 0.25}]
+
+
 def test_run_page_shows_separation_dashboards(
     page: Any, shot: Any, ui_server: Any, two_runs: Any
 ) -> None:
