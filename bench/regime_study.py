@@ -186,6 +186,8 @@ def summarise(results: list[dict[str, Any]], arms: list[str]) -> list[dict[str, 
             "wall_s": statistics.fmean(by[arm, s]["wall_s"] for s in seeds),
             "cpu_s": statistics.fmean(by[arm, s]["cpu_s"] for s in seeds),
         }  # fmt: skip
+        clip = [by[arm, s]["mean_clip_frac"] for s in seeds]
+        row["clip_frac"] = None if None in clip else statistics.fmean(clip)
         both = [s for s in seeds if (BASELINE, s) in by]
         if arm != BASELINE and len(both) > 1:
             base = [by[BASELINE, s]["final_accuracy"] for s in both]
@@ -196,8 +198,11 @@ def summarise(results: list[dict[str, Any]], arms: list[str]) -> list[dict[str, 
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
+    """clip: the objective's clip fraction (``grpo/clip_frac``: tokens for the GRPO family,
+    sequences for GSPO) averaged over steps and seeds; "-" for objectives that log none."""
+    print(f"start accuracy (step 0, every run): {rows[0]['start_accuracy']:.4f}")
     print(f"{'arm':<14}{'n':>3}  {'accuracy ± 95% CI':<19}{'Δ vs grpo ± CI':<18}"
-          f"{'t':>7}{'p':>8}  {'W/T/L':<8}{'wall s':>8}{'cpu s':>8}")  # fmt: skip
+          f"{'t':>7}{'p':>8}  {'W/T/L':<8}{'clip':>7}{'wall s':>8}{'cpu s':>8}")  # fmt: skip
     for r in rows:
         vs = r.get("vs_grpo")
         diff = (
@@ -206,8 +211,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             if vs
             else f"{'':<18}{'':>7}{'':>8}  {'':<8}"
         )
+        clip = "-" if r["clip_frac"] is None else f"{r['clip_frac']:.3f}"
         print(f"{r['arm']:<14}{r['n']:>3}  {r['accuracy']:.4f} ± {r['accuracy_ci']:.4f}   {diff}"
-              f"{r['wall_s']:>8.0f}{r['cpu_s']:>8.0f}")  # fmt: skip
+              f"{clip:>7}{r['wall_s']:>8.0f}{r['cpu_s']:>8.0f}")  # fmt: skip
 
 
 def main() -> None:
