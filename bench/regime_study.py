@@ -199,7 +199,7 @@ def summarise(results: list[dict[str, Any]], arms: list[str]) -> list[dict[str, 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """clip: the objective's clip fraction (``grpo/clip_frac``: tokens for the GRPO family,
-    sequences for GSPO) averaged over steps and seeds; "-" for objectives that log none."""
+    for GSPO the tokens of clipped sequences) averaged over steps and seeds; "-": none logged."""
     print(f"start accuracy (step 0, every run): {rows[0]['start_accuracy']:.4f}")
     print(f"{'arm':<14}{'n':>3}  {'accuracy ± 95% CI':<19}{'Δ vs grpo ± CI':<18}"
           f"{'t':>7}{'p':>8}  {'W/T/L':<8}{'clip':>7}{'wall s':>8}{'cpu s':>8}")  # fmt: skip
