@@ -128,6 +128,9 @@ class Rollouts:
     shortfall: int = 0  # groups missing from prompts_per_step after the last refill round
     refill_rounds: int = 0  # extra generation rounds dynamic sampling drew
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name → (N,) unweighted
+    # Every prompt sampled this step, refill rounds and dropped groups included (None: the
+    # batch's own groups are all there were).
+    prompts: list[PromptRecord] | None = None
 
     @cached_property
     def reward_std(self) -> float:
@@ -368,6 +371,7 @@ def collect_rollouts(
     want, g = cfg.sampling.prompts_per_step, cfg.sampling.group_size
     rounds = 1 + (params.max_refill_rounds if params.refill_groups else 0)
     kept: list[Rollouts] = []
+    drawn: list[PromptRecord] = []  # every group sampled, kept or not: the per-prompt history
     n_kept, generated = 0, 0
     for r in range(rounds):
         if r > 0 and should_stop():
@@ -377,6 +381,7 @@ def collect_rollouts(
         generated += last.generated
         if not params.refill_groups:
             return last
+        drawn += prompt_records(state, last)
         valid = mixed_groups(last.correct, g)
         if valid.any():
             kept.append(keep_groups(last, valid, g))
@@ -391,6 +396,7 @@ def collect_rollouts(
     merged.generated = generated
     merged.shortfall = max(0, want - n_kept)
     merged.refill_rounds = r  # the last round drawn: round 0 is the regular one
+    merged.prompts = merge_prompt_records(drawn)
     return merged
 
 
@@ -923,7 +929,7 @@ def make_record(
         for i, s, n_tok, tr in zip(idx.tolist(), sample_scores, lengths, truncated, strict=True)
     ]
     metrics = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
-    prompts = prompt_records(state, r)
+    prompts = r.prompts if r.prompts is not None else prompt_records(state, r)
     return StepRecord(step, state.cfg.steps, time.time(), metrics, records, prompts)
 
 
@@ -940,10 +946,16 @@ def prompt_records(state: TrainState, r: Rollouts) -> list[PromptRecord]:
     tokens = [ids[m].tolist() for ids, m in zip(firsts, masks, strict=True)]
     texts = state.tokenizer.batch_decode(tokens)
     correct = positive_mask(r.correct).view(-1, g).sum(-1).tolist()
+    return merge_prompt_records(
+        [PromptRecord(prompt_key(text), g, int(c)) for text, c in zip(texts, correct, strict=True)]
+    )
+
+
+def merge_prompt_records(records: list[PromptRecord]) -> list[PromptRecord]:
+    """One record per key, rollouts and correct counts added (a prompt drawn twice in a step)."""
     by_key: dict[str, PromptRecord] = {}
-    for text, c in zip(texts, correct, strict=True):
-        key = prompt_key(text)
-        rec = by_key.setdefault(key, PromptRecord(key, 0, 0))
-        rec.n += g
-        rec.correct += int(c)
+    for rec in records:
+        total = by_key.setdefault(rec.key, PromptRecord(rec.key, 0, 0))
+        total.n += rec.n
+        total.correct += rec.correct
     return list(by_key.values())

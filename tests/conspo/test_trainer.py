@@ -249,6 +249,14 @@ def test_dynamic_sampling_logs_the_groups_it_could_not_find(model_store, arith_b
     assert 0 < m[M.BATCH_VALID_GROUPS] < 8  # the base model gets some groups all right or wrong
     assert m[M.BATCH_SHORTFALL_GROUPS] == 8 - m[M.BATCH_VALID_GROUPS]
     assert m[M.ROLLOUTS_SEEN] == 32
+    # Groups dropped for having one outcome are still in the per-prompt history.
+    record = sink.steps[1]
+    assert len(record.rollouts) == 4 * m[M.BATCH_VALID_GROUPS] < 32  # what was trained on
+    drawn = make_task(TaskConfig(**TASK)).train_prompts(
+        random.Random(trainer.step_seed(cfg.seed, 1, "p0")), 8
+    )
+    expected = Counter(prompt_key(ex.prompt) for ex in drawn)
+    assert {p.key: p.n for p in record.prompts} == {k: 4 * c for k, c in expected.items()}
     # Without refill the batch is whatever was sampled: nothing is missing.
     sink = MemorySink()
     train(small_config(steps=1, **QUIET), sink, workdir=tmp_path / "plain", model_store=model_store)
