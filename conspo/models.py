@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -97,14 +98,17 @@ def build_char_tokenizer() -> Qwen2Tokenizer:
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 decoder (~0.6M parameters) sized for CPU experiments."""
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, seed: int = 0, dims: dict[str, Any] | None = None
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 decoder for ``tokenizer``, of ``dims`` (Qwen2Config fields;
+    default TINY_CONFIG, ~0.6M parameters) sized for CPU experiments."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
-        **TINY_CONFIG,
+        **(TINY_CONFIG if dims is None else dims),
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers import Qwen2ForCausalLM, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from conspo.config import PROMPT_TEMPLATES, PromptConfig, TaskConfig
@@ -35,6 +35,7 @@ from conspo.model_catalog import (
     IM_END,
     IM_START,
 )
+from conspo.models import build_tiny_model
 
 # The warm start: the prompt format tiny-chat-math is trained on (and expects in RL).
 WARM_START_PROMPT = PromptConfig(template="boxed", chat_template="on")
@@ -84,18 +85,7 @@ def build_chat_tokenizer() -> Qwen2Tokenizer:
 
 
 def build_chat_model(tokenizer: Qwen2Tokenizer, seed: int = 0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        **CHAT_CONFIG,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return build_tiny_model(tokenizer, seed, CHAT_CONFIG)
 
 
 def save_tiny_chat(out: Path, seed: int = 0) -> None:
