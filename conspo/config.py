@@ -363,6 +363,35 @@ class CheckpointConfig(_Section):
     keep: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
 
 
+class ResourcesConfig(_Section):
+    """What one run occupies: ``gpus`` processes per node (one per device; on a CPU-only host,
+    that many gloo processes), over ``nodes`` machines (``nodes > 1`` runs on a Ray cluster)."""
+
+    gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Devices per node: the run trains data-parallel on this many processes, each"
+        " rollout group whole on one of them.",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Machines: more than 1 submits the run to the Ray cluster named in the"
+        " worker's settings.",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="How gradients are shared across processes: ddp (a full model copy per"
+        " device) or fsdp (parameters sharded, for models that do not fit one device).",
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+
 class LoggingConfig(_Section):
     rollout_sample: int = Field(
         64,
@@ -559,6 +588,7 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     rewards: list[RewardConfig] = Field(
         default_factory=list,
         max_length=16,
