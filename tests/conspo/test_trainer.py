@@ -285,7 +285,7 @@ def test_batch_scaled_advantages_divide_by_the_whole_rollout_batchs_std(model_st
 def test_a_step_without_signal_takes_no_optimiser_step(model_store, arith_base, tmp_path):
     """Near-greedy sampling makes every group's rollouts identical: no group has both outcomes,
     every advantage and contrast is 0. AdamW's decay would still shrink the weights."""
-    sampling = {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 6, "temperature": 0.01}
+    sampling = {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 6, "temperature": 1e-4}
     optim = {"lr": 1e-3, "weight_decay": 0.1, "warmup_steps": 4}
     cfg = small_config(algorithm="grpo", steps=2, sampling=sampling, optim=optim, **QUIET)
     sink = MemorySink()
