@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 try:
-    from trl import GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import (
         split_pixel_values_by_grid,
         split_tensor_dict,
@@ -69,8 +69,10 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in CI
 
 from conspo import metrics as M
 from conspo.objectives import (
+    ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
+    SeparationView,
     clipped_ratio_scores,
     sequence_scores,
 )
@@ -132,6 +134,19 @@ class ConSPOTrainer(GRPOTrainer):
     Every other argument is ``GRPOTrainer``'s.
     """
 
+    # What GRPOTrainer sets, with the types it guarantees after its __init__.
+    args: GRPOConfig
+    model: Any
+    num_generations: int
+    num_generations_eval: int
+    max_completion_length: int
+    _buffered_inputs: Any  # TRL declares it None; it holds the micro-batches
+
+    @property
+    def _per_generation(self) -> int:
+        """Micro-batches per generation batch (GRPOConfig resolves None in __post_init__)."""
+        return int(cast(int, self.args.steps_per_generation))
+
     def __init__(
         self,
         *args: Any,
@@ -147,9 +162,9 @@ class ConSPOTrainer(GRPOTrainer):
             raise ValueError(exc.args[0]) from None
         super().__init__(*args, **kwargs)
         self.algorithm = algorithm
-        self.objective = entry.fn
-        self.objective_params: ObjectiveParams = entry.params.model_validate(
-            self._with_trl_beta(dict(params or {}))
+        self.objective_fn: Callable[..., ObjectiveOutput] = entry.fn
+        self.objective_params = cast(
+            ObjectiveParams, entry.params.model_validate(self._with_trl_beta(dict(params or {})))
         )
         if verifier is not None and verifier not in self.reward_func_names:
             raise ValueError(
@@ -204,7 +219,7 @@ class ConSPOTrainer(GRPOTrainer):
 
     # --- generation batch: rewards, outcome, group ids; whole-group shuffle -----------------
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # (N_global, n_funcs), gathered over processes by TRL; kept for the outcome below.
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
@@ -212,7 +227,7 @@ class ConSPOTrainer(GRPOTrainer):
         self._last_rewards_per_func = rewards_per_func
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+    def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         per_func = self._last_rewards_per_func
         assert per_func is not None
@@ -241,11 +256,11 @@ class ConSPOTrainer(GRPOTrainer):
         output[REWARD_STD] = rewards.std(correction=0)  # scale_rewards="batch": the whole batch's
         return output
 
-    def _prepare_inputs(self, generation_batch):  # type: ignore[no-untyped-def]
+    def _prepare_inputs(self, generation_batch):
         """TRL's ``_prepare_inputs`` with whole groups shuffled instead of rows."""
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
-        per_generation = self.args.steps_per_generation
+        per_generation = self._per_generation
         if (
             self._step % (per_generation * self.num_iterations) == 0
             or self._buffered_inputs is None
@@ -253,7 +268,8 @@ class ConSPOTrainer(GRPOTrainer):
             batch = self._generate_and_score_completions(generation_batch)
             batch = shuffle_groups(split_pixel_values_by_grid(batch), self.num_generations)
             self._buffered_inputs = [
-                unsplit_pixel_values_by_grid(b) for b in split_tensor_dict(batch, per_generation)
+                unsplit_pixel_values_by_grid(cast(Any, b))
+                for b in split_tensor_dict(batch, per_generation)
             ]
             self._pending_rollouts = []
         return self._buffered_inputs[self._step % per_generation]
@@ -281,7 +297,7 @@ class ConSPOTrainer(GRPOTrainer):
             entropy=entropy,
         )
 
-    def _compute_loss(self, model, inputs):  # type: ignore[no-untyped-def]
+    def _compute_loss(self, model, inputs):
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         logprobs, entropy, _ = self._get_per_token_logps_and_entropies(
@@ -293,20 +309,17 @@ class ConSPOTrainer(GRPOTrainer):
             **{k: inputs.get(k) for k in _FORWARD_KEYS},
         )
         batch = self.policy_batch(inputs, logprobs, entropy.detach())
-        out = self.objective(batch, self.objective_params)
+        out = self.objective_fn(batch, self.objective_params)
         mode = "train" if self.model.training else "eval"
         self._log_micro_batch(mode, batch, out.stats)
-        if (
-            mode == "train"
-            and (self._step // self.args.steps_per_generation) % self.num_iterations == 0
-        ):
+        if mode == "train" and (self._step // self._per_generation) % self.num_iterations == 0:
             self._keep_for_statistics(batch, completion_ids)
         normaliser = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         return out.loss / normaliser
 
     # --- statistics -------------------------------------------------------------------------
 
-    def _view(self):  # type: ignore[no-untyped-def]
+    def _view(self) -> SeparationView:
         return self.objective_params.separation_view(
             self.state.global_step / max(self.state.max_steps, 1)
         )
@@ -356,11 +369,11 @@ class ConSPOTrainer(GRPOTrainer):
                 "truncated": (~(ended & (mask > 0)).any(-1)).float(),
             }
         )
-        if len(self._pending_rollouts) == self.args.steps_per_generation:
+        if len(self._pending_rollouts) == self._per_generation:
             self._log_generation_batch(view)
             self._pending_rollouts = []
 
-    def _log_generation_batch(self, view) -> None:  # type: ignore[no-untyped-def]
+    def _log_generation_batch(self, view: SeparationView) -> None:
         """§4 statistics of the whole generation batch (every process) into ``_metrics``, and
         a sample of its rollouts to the ``on_rollouts`` callbacks."""
         local = {
