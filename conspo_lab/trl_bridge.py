@@ -10,6 +10,13 @@ call's numeric values are buffered under the trainer's global step and sent in s
 (``POST /api/runs/{id}/log``); ``on_train_end`` flushes and marks the run succeeded. Set TRL's
 ``logging_steps=1``: its default of 10 logs the mean of 10 steps, not per-step curves.
 
+With ``conspo.integrations.trl.ConSPOTrainer`` the logs also carry the §4 separation statistics
+under the catalogue's own keys (``sep/gap``, ``conspo/p_pos``, ...), which pass through
+unchanged, and the trainer hands each step's sample of per-rollout scores to ``on_rollouts``;
+they are sent with the step's points, so the run page draws the same separation views and score
+distributions as a native run's. Under ``accelerate launch`` only the main process logs (the
+trainer has already gathered the statistics of every process).
+
 The server is never allowed to break training: every request is retried a few times, a failed
 flush keeps its points for the next one, and after that everything is a warning. A training
 crash marks the run failed (an uncaught exception seen at interpreter exit, or ``fail(exc)``).
@@ -20,15 +27,18 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from conspo import metrics as M
+from conspo.sink import RolloutRecord
 from conspo_lab.client import ApiError, Client
 
 log = logging.getLogger(__name__)
@@ -48,22 +58,34 @@ KEY_MAP: dict[str, str] = {
 REWARD_KEY = "reward"
 PASS_RATE_KEY = M.BATCH_PASS_RATE
 TRL_PREFIX = "trl/"
+# Steps of rollout samples kept while the server is away (64 rollouts each stay well under the
+# 10,000 rollouts one log call takes).
+MAX_ROLLOUT_STEPS = 100
+# TRL's mean of one reward function, rewards/<name>/mean, is the catalogue's reward/<name>.
+REWARD_FUNC_KEY = re.compile(r"^rewards/([\w.-]+)/mean$")
 
 
 def map_logs(logs: Mapping[str, Any], binary_reward: bool = True) -> dict[str, float]:
     """The lab metrics for one ``on_log`` dict: numeric values only, originals under ``trl/``.
 
     NaN/Inf are kept (the client sends them as null; the server stores null). With
-    ``binary_reward`` (verifiable 0/1 rewards), the mean ``reward`` is the pass rate.
+    ``binary_reward`` (verifiable 0/1 rewards), the mean ``reward`` is the pass rate. Keys of the
+    catalogue (what ``ConSPOTrainer`` logs) are kept as they are, once.
     """
     out: dict[str, float] = {}
     for key, value in logs.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue  # strings, None (TRL logs None when no reward was valid), tensors...
         value = float(value)
+        if M.metric(key) is not None:
+            out[key] = value
+            continue
         out[TRL_PREFIX + key] = value
+        reward_func = REWARD_FUNC_KEY.match(key)
         if key in KEY_MAP:
             out[KEY_MAP[key]] = value
+        elif reward_func is not None:
+            out[M.reward_key(reward_func.group(1))] = value
         elif key == REWARD_KEY and binary_reward and (not math.isfinite(value) or 0 <= value <= 1):
             out[PASS_RATE_KEY] = value
     return out
@@ -114,9 +136,11 @@ class ConSPOLabCallback(TrainerCallback):
         self.run_id: int | None = None
         self.total_steps: int | None = None
         self._pending: dict[int, dict[str, Any]] = {}
+        self._rollouts: dict[int, list[dict[str, Any]]] = {}
         self._last_flush = time.monotonic()
         self._finished = False
         self._active = False
+        self._other_process = False
         self._crash: str | None = None
         self._prev_excepthook: Callable[..., Any] | None = None
         self._hook: Callable[..., Any] | None = None
@@ -127,7 +151,8 @@ class ConSPOLabCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if not state.is_world_process_zero:
-            return  # one process logs for all of them
+            self._other_process = True  # one process logs for all of them; this one never
+            return
         self.total_steps = state.max_steps or None
         if self.model is None:
             model = kwargs.get("model")
@@ -165,6 +190,20 @@ class ConSPOLabCallback(TrainerCallback):
         if len(self._pending) >= self.flush_steps or due:
             self.flush()
 
+    def on_rollouts(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        step: int,
+        rollouts: Sequence[RolloutRecord],
+        **kwargs: Any,
+    ) -> None:
+        """A step's sample of per-rollout scores (``ConSPOTrainer``), sent with its points."""
+        if not self._active:
+            return
+        self._rollouts[step] = [{"step": step, **asdict(r)} for r in rollouts]
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
@@ -181,24 +220,32 @@ class ConSPOLabCallback(TrainerCallback):
         run_id = self.run_id
         assert run_id is not None
         steps = [self._pending[s] for s in sorted(self._pending)]
-        if not steps and status is None:
+        rollout_steps = sorted(self._rollouts)
+        rollouts = [row for s in rollout_steps for row in self._rollouts[s]]
+        if not steps and not rollouts and status is None:
             return True
         sent = self._call(
             "log",
-            lambda: self.client.log_steps(run_id, steps, status=status, error=error),
+            lambda: self.client.log_steps(
+                run_id, steps, rollouts=rollouts, status=status, error=error
+            ),
         )
         if sent is not None:
             for row in steps:
                 self._pending.pop(row["step"], None)
+            for step in rollout_steps:
+                self._rollouts.pop(step, None)
             return True
         if len(self._pending) > 100_000:  # a long outage: keep memory bounded, newest win
             for step in sorted(self._pending)[:-100_000]:
                 del self._pending[step]
+        for step in rollout_steps[:-MAX_ROLLOUT_STEPS]:  # and within one call's rollout limit
+            del self._rollouts[step]
         return False
 
     def finish(self, status: str = "succeeded", error: str | None = None) -> None:
         """Flush and mark the run finished (succeeded or failed). Called once."""
-        if self._finished:
+        if self._finished or self._other_process:
             return
         self._finished = True
         self._active = False

@@ -42,10 +42,25 @@ def test_map_logs_keeps_originals_and_maps_known_keys():
     assert "batch/pass_rate" not in map_logs({"reward": 0.25}, binary_reward=False)
     assert "batch/pass_rate" not in map_logs({"reward": 3.0})  # not a 0/1 mean
     assert math.isnan(map_logs({"loss": math.nan})[M.LOSS])
+    # ConSPOTrainer's statistics are catalogue keys already: kept as they are, once.
+    assert map_logs({M.SEP_GAP: 0.1, "rewards/verify/mean": 0.5}) == {
+        M.SEP_GAP: 0.1,
+        M.reward_key("verify"): 0.5,
+        "trl/rewards/verify/mean": 0.5,
+    }
 
 
 def fake_state(step: int, max_steps: int = 3):
     return SimpleNamespace(global_step=step, max_steps=max_steps, is_world_process_zero=True)
+
+
+def test_only_the_main_process_logs_even_a_failure():
+    cb = ConSPOLabCallback(Client("http://127.0.0.1:18399", "t", timeout=1), retries=1)
+    state = SimpleNamespace(global_step=0, max_steps=3, is_world_process_zero=False)
+    cb.on_train_begin(SimpleNamespace(logging_steps=1), state, None)
+    cb.on_rollouts(None, state, None, step=1, rollouts=[])
+    cb.fail(RuntimeError("boom"))  # would try to create a run if this process logged
+    assert cb.run_id is None and not cb._rollouts and not cb._finished
 
 
 def test_a_dead_server_never_breaks_training():
