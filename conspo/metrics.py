@@ -236,6 +236,8 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 SCORE = "log-prob / token"
+# Why the off-policy diagnostics sit still: said on their panels when they are constant.
+ON_POLICY = "no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"
 
 CHARTS: tuple[Chart, ...] = (
     Chart("scores", "Mean score: positive vs negative", "sep", f"score s_θ ({SCORE})",
@@ -433,17 +435,17 @@ METRICS: tuple[Metric, ...] = (
     # off-policy
     Metric(OFFPOLICY_RATIO_MEAN, "ratio mean",
            "Mean importance ratio ρ = π_θ/π_old over response tokens (mean over the updates).",
-           "ratio", "ratio", constant_note="no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"),
+           "ratio", "ratio", constant_note=ON_POLICY),
     Metric(OFFPOLICY_RATIO_MAX, "ratio max", "Largest token ratio over the step's updates.",
-           "ratio", "ratio", color="pos", dash=True, constant_note="no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"),
+           "ratio", "ratio", color="pos", dash=True, constant_note=ON_POLICY),
     Metric(OFFPOLICY_RATIO_MIN, "ratio min", "Smallest token ratio over the step's updates.",
-           "ratio", "ratio", color="neg", dash=True, constant_note="no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"),
+           "ratio", "ratio", color="neg", dash=True, constant_note=ON_POLICY),
     Metric(OFFPOLICY_CLIP_LOW, "below 1 − ε_low",
            "Fraction of response tokens with ρ < 1 − ε_low (mean over the updates).",
-           "fraction", "clipside", color="neg", constant_note="no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"),
+           "fraction", "clipside", color="neg", constant_note=ON_POLICY),
     Metric(OFFPOLICY_CLIP_HIGH, "above 1 + ε_high",
            "Fraction of response tokens with ρ > 1 + ε_high (mean over the updates).",
-           "fraction", "clipside", color="pos", constant_note="no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"),
+           "fraction", "clipside", color="pos", constant_note=ON_POLICY),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
            better="lower"),

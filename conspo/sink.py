@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-
 # The text a rollout record keeps of its prompt and of its completion, at most (characters; the
 # rest is cut and marked with "…"): enough to read an answer, bounded so the sample stays small.
 ROLLOUT_TEXT_CHARS = 2000

@@ -21,7 +21,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
 from backend.lifecycle import owned_by
-from backend.models import MAX_ABS_VALUE, MetricRollup, Run, RolloutText, finite, utcnow
+from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
 from backend.storage.dialect import Dialect, dialect_of
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 from conspo.sink import clip_text

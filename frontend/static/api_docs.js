@@ -27,7 +27,15 @@ function operation(path, method, op) {
   return h(
     "details.api-op",
     { id: op.operationId || `${method}-${path}` },
-    h("summary", {}, h(`span.api-method.m-${method}`, {}, method.toUpperCase()), " ", h("code", {}, path), " ", h("span.muted", {}, op.summary || "")),
+    h(
+      "summary",
+      {},
+      h(`span.api-method.m-${method}`, {}, method.toUpperCase()),
+      " ",
+      h("code", {}, path),
+      " ",
+      h("span.muted", {}, op.summary || ""),
+    ),
     op.description ? h("p.api-desc", {}, op.description) : null,
     params.length ? h("table.grid", {}, h("tbody", {}, params)) : null,
     body ? h("p.small", {}, "body: ", h("code", {}, body)) : null,

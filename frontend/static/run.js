@@ -547,7 +547,8 @@ function lineFigure(def, entry) {
       mode: marked ? "lines+markers" : "lines",
     });
     const main = lines[lines.length - 1];
-    if (marked) main.marker = { size: 6, color: k.color, symbol: MARKER_SYMBOLS[i % MARKER_SYMBOLS.length], maxdisplayed: 24 };
+    if (marked)
+      main.marker = { size: 6, color: k.color, symbol: MARKER_SYMBOLS[i % MARKER_SYMBOLS.length], maxdisplayed: 24 };
     main.meta = { key: k.key, smoothed: smooth > 0 };
     traces.push(...lines);
   });
@@ -579,7 +580,8 @@ function lineFigure(def, entry) {
   if (flat !== null && def.y_range !== "unit" && !stack) {
     // Plotly pads a flat line by ±1, which makes e.g. a constant 1e-3 read as 0.
     const pad = Math.abs(flat) * 0.5 || 1;
-    layout.yaxis.range = def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat + pad)] : [flat - pad, flat + pad];
+    layout.yaxis.range =
+      def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat + pad)] : [flat - pad, flat + pad];
   }
   // A handful of integer ticks whatever the run's length (early on, Plotly would label every
   // fraction of a step).
@@ -604,7 +606,9 @@ function constantNotes(def) {
     if (Math.abs(hi - v) > 1e-12 * Math.max(1, Math.abs(v)) || Math.abs(lo - v) > 1e-12 * Math.max(1, Math.abs(v)))
       continue;
     const why = constantNoteOf(k.key);
-    notes.push(`${k.name}: constant ${fmtNum(v)} over ${s.total_points.toLocaleString()} steps${why ? `: ${why}` : ""}`);
+    notes.push(
+      `${k.name}: constant ${fmtNum(v)} over ${s.total_points.toLocaleString()} steps${why ? `: ${why}` : ""}`,
+    );
   }
   return notes;
 }
@@ -770,7 +774,9 @@ function heatmapFigure() {
           n += 1;
         }
       counts[side].push(n);
-      hist.forEach((c, b) => z[side][b].push(n ? c / n : null));
+      hist.forEach((c, b) => {
+        z[side][b].push(n ? c / n : null);
+      });
     }
   }
   steps = columns.map((c) => c[c.length - 1]);
