@@ -40,6 +40,7 @@ conditional on (status running, attempt).
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.models import (
@@ -56,6 +58,7 @@ from backend.models import (
     MetricRollup,
     PromptStat,
     Rollout,
+    RolloutText,
     Run,
     RunStatus,
     User,
@@ -102,6 +105,54 @@ def default_name(config: RunConfig) -> str:
     return config.name or f"{config.algorithm}-{config.task.name}-s{config.seed}"
 
 
+NAME_CHARS = 200  # runs.name
+_SUFFIX = re.compile(r"-(\d{1,3})$")
+
+
+def name_base(name: str) -> str:
+    """``name`` without the ``-N`` suffix ``unique_names`` adds (a clone of ``x-2`` is ``x-3``)."""
+    return _SUFFIX.sub("", name) or name
+
+
+def unique_names(session: Session, wanted: Sequence[str]) -> list[str]:
+    """Each wanted name as it is when free, else with the smallest free suffix ``-2``, ``-3``, …
+    (free of stored runs and of the names picked before it in ``wanted``).
+
+    Two sessions can pick the same free name at once: the unique index ``ux_runs_name`` makes
+    the second commit fail, and ``_commit_named`` picks again.
+    """
+    out: list[str] = []
+    taken: dict[str, set[str]] = {}
+    for name in wanted:
+        base = name[: NAME_CHARS - 8]
+        if base not in taken:
+            like = Run.name.startswith(f"{base}-", autoescape=True)
+            taken[base] = set(session.scalars(select(Run.name).where((Run.name == base) | like)))
+        used = taken[base]
+        pick, k = base, 2
+        while pick in used:
+            pick, k = f"{base}-{k}", k + 1
+        used.add(pick)
+        out.append(pick)
+    return out
+
+
+def _commit_named(session: Session, runs: Sequence[Run], attempts: int = 5) -> None:
+    """Add and commit ``runs`` under unique names (their ``name`` is the wanted one)."""
+    wanted = [r.name for r in runs]
+    for attempt in range(attempts):
+        for run, name in zip(runs, unique_names(session, wanted), strict=True):
+            run.name = name
+        session.add_all(runs)
+        try:
+            session.commit()
+            return
+        except IntegrityError:  # a concurrent submission took one of the names: pick again
+            session.rollback()
+            if attempt == attempts - 1:
+                raise
+
+
 def queue_runs(
     session: Session,
     jobs: JobQueue,
@@ -111,6 +162,7 @@ def queue_runs(
     seeds: Sequence[int] | None = None,
     tags: Sequence[str] | None = None,
     name: str | None = None,
+    cloned_from: int | None = None,
 ) -> tuple[str | None, list[Run]]:
     """(none) → queued, one run per seed; returns (group id of 2+ seeds, the runs).
 
@@ -124,8 +176,9 @@ def queue_runs(
     runs = [
         _new_run(owner, config, seed, group_id, tags, name, len(seed_list)) for seed in seed_list
     ]
-    session.add_all(runs)
-    session.commit()
+    for run in runs:
+        run.cloned_from = cloned_from
+    _commit_named(session, runs)
     pending = list(runs)
     try:
         while pending:
@@ -503,7 +556,7 @@ def delete_run(session: Session, run: Run) -> None:
     # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
     # key to cascade), so the deletes below catch every point.
     session.execute(delete(Run).where(Run.id == run.id))
-    for model in (Metric, MetricRollup, Rollout, PromptStat):
+    for model in (Metric, MetricRollup, Rollout, RolloutText, PromptStat):
         session.execute(delete(model).where(model.run_id == run.id))
     session.commit()
 
@@ -544,8 +597,7 @@ def open_external(
         external=True,
         summary={},
     )
-    session.add(run)
-    session.commit()
+    _commit_named(session, [run])
     session.refresh(run)
     return run
 

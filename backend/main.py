@@ -11,10 +11,12 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api import errors
@@ -147,6 +149,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=VERSION,
         description="Self-hosted RLVR experiment platform (docs/api.md is the contract).",
         lifespan=lifespan,
+        # /docs is backend.pages' own offline reference: Swagger UI loads from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = Database(settings, serving=True)
@@ -171,7 +176,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pages = None  # type: ignore[assignment]
     if pages is not None:
         app.include_router(pages.router)
+        _install_not_found_page(app, pages)
     return app
+
+
+def _install_not_found_page(app: FastAPI, pages: Any) -> None:
+    """Browsers get an HTML 404 page for unknown URLs; /api and every non-HTML client keep the
+    JSON error."""
+
+    async def not_found(request: Request, exc: Exception) -> Any:
+        if getattr(exc, "status_code", None) == 404 and pages.wants_html(request):
+            return pages.not_found_page(request)
+        return await http_exception_handler(request, exc)  # type: ignore[arg-type]
+
+    app.add_exception_handler(StarletteHTTPException, not_found)
 
 
 # Refused lifecycle transitions (backend.lifecycle) as HTTP statuses: the one place they map.

@@ -125,6 +125,9 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_status_heartbeat", "status", "heartbeat_at"),
         Index("ix_runs_created_at", "created_at"),
+        # No two runs share a name (lifecycle.unique_names picks a free suffix; this index makes
+        # two concurrent submissions of one name collide instead of both succeeding).
+        Index("ux_runs_name", "name", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -164,6 +167,7 @@ class Run(Base):
     # outage) hands the run back without counting one.
     worker_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_worker_death: Mapped[str | None] = mapped_column(Text)  # what the reaper found
+    cloned_from: Mapped[int | None] = mapped_column(Integer)  # the run this one was cloned from
 
     owner: Mapped[User | None] = relationship(lazy="joined")
 
@@ -191,6 +195,21 @@ class Rollout(Base):
     score: Mapped[float | None] = mapped_column(Float)
     length: Mapped[int] = mapped_column(Integer)
     truncated: Mapped[bool] = mapped_column(Boolean)
+
+
+class RolloutText(Base):
+    """The text of a sampled rollout (``conspo.sink.RolloutRecord``'s prompt and completion,
+    each at most ``ROLLOUT_TEXT_CHARS``), beside its numbers in ``rollouts``: a table of its own
+    so the numeric writes and the distribution reads never carry text."""
+
+    __tablename__ = "rollout_texts"
+
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group: Mapped[int] = mapped_column(Integer, primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt: Mapped[str] = mapped_column(Text)
+    completion: Mapped[str] = mapped_column(Text)
 
 
 class PromptStat(Base):

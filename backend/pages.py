@@ -127,6 +127,27 @@ def compare_page(request: Request) -> HTMLResponse:
     return _render(request, "compare.html", "compare", title="Compare runs")
 
 
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs_page(request: Request) -> HTMLResponse:
+    """The API reference, rendered from /openapi.json by our own script: works offline."""
+    return _render(request, "api_docs.html", "docs", title="API reference")
+
+
+def not_found_page(request: Request) -> HTMLResponse:
+    """The HTML 404 a browser gets for an unknown page (API clients keep their JSON 404)."""
+    response = _render(request, "not_found.html", "404", title="Not found", path=request.url.path)
+    response.status_code = 404
+    return response
+
+
+def wants_html(request: Request) -> bool:
+    """A browser asking for a page: not under /api, and HTML accepted."""
+    path = request.url.path
+    if path.startswith(("/api/", "/static/")) or path == "/api":
+        return False
+    return "text/html" in request.headers.get("accept", "")
+
+
 @router.get("/favicon.ico")
 def favicon() -> Response:
     return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")

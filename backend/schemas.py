@@ -138,6 +138,10 @@ class RunOut(BaseModel):
         description="Attempts that ended with their worker gone (killed, out of memory, ...)."
     )
     last_worker_death: str | None = Field(description="What the reaper found the last time.")
+    cloned_from: int | None = Field(None, description="The run this one was cloned from.")
+    queue_position: int | None = Field(
+        None, description="Queued runs: 1 for the next to start, in the order they were sent."
+    )
 
 
 # Deeper than anything validation accepts, and well inside the ~250 levels JSON encoders allow.
@@ -216,6 +220,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "seed": run.seed,
         "group_id": run.group_id,
         "tags": list(run.tags or []),
+        "cloned_from": run.cloned_from,
         "step": run.step,
         "total_steps": run.total_steps,
         "created_at": _ts(run.created_at),
@@ -258,6 +263,9 @@ class RolloutRow(_Body):
     score: DataFloat | None = None
     length: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
     truncated: bool = False
+    # Stored at most ROLLOUT_TEXT_CHARS characters each (longer text is cut, not refused).
+    prompt: Annotated[str, Field(max_length=100_000)] = ""
+    completion: Annotated[str, Field(max_length=100_000)] = ""
 
 
 class PromptRow(_Body):
@@ -326,6 +334,8 @@ class RolloutOut(BaseModel):
     score: float | None
     length: int
     truncated: bool
+    prompt: str | None = Field(None, description="With text=true: the prompt, ≤ 2,000 chars.")
+    completion: str | None = Field(None, description="With text=true: the response, ≤ 2,000.")
 
 
 class RolloutList(BaseModel):

@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -122,7 +123,7 @@ def fill(db: Database, rows: int) -> None:
         session.flush()
         session.add_all(
             Run(
-                name=f"run-{i}",
+                name=f"run-{i}-{uuid.uuid4().hex[:6]}",
                 owner_id=owner.id,
                 status=RunStatus.succeeded,
                 algorithm="conspo",

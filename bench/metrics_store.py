@@ -54,7 +54,7 @@ def make_runs(db: Database, n: int, status: str) -> list[int]:
         s.flush()
         runs = [
             Run(
-                name=f"bench-{i}",
+                name=f"bench-{i}-{uuid.uuid4().hex[:6]}",
                 owner_id=user.id,
                 status=status,
                 algorithm="grpo",

@@ -148,17 +148,22 @@ class Chart:
     """One panel. Its lines are the metrics whose ``chart`` is this id, in catalogue order.
 
     kind: line (one line per metric), stack (stacked areas of counts), or a view of the sampled
-    rollouts rather than of metrics (rollout_box: score distribution per step, split by reward;
-    rollout_hist: the latest step's scores). y_range: auto, unit ([0, 1] for fractions) or zero
-    (auto, but always including 0). always: drawn (with a placeholder) before any data arrives.
+    rollouts rather than of metrics (rollout_heatmap: steps × score bins, one panel per class,
+    on shared bins). y_range: auto, unit (exactly [0, 1], for fractions) or zero (auto, but
+    always including 0). y_format: a d3 tick format for values whose SI prefix reads badly
+    (the learning rate: "3e-5", not "30μ"). always: drawn (with a placeholder) before any data
+    arrives. algorithms: the runs the panel applies to (empty: every run); a panel whose view
+    belongs to one objective (ConSPO's margin schedule) is hidden on other runs' pages.
     """
 
     id: str
     title: str
     section: str
     y_title: str
-    kind: Literal["line", "stack", "rollout_box", "rollout_hist"] = "line"
+    kind: Literal["line", "stack", "rollout_heatmap"] = "line"
     y_range: Literal["auto", "unit", "zero"] = "auto"
+    y_format: str = ""
+    algorithms: tuple[str, ...] = ()
     zero_line: bool = False
     always: bool = False
     markers: bool = False  # eval points are sparse: show them
@@ -171,7 +176,9 @@ class Metric:
     """One key. ``logged_by``: "every run" (the trainer or the separation statistics log it
     whatever the objective) or "objective" (only objectives that return it, e.g. GRPO's clip
     fraction). ``when``: a further condition, said in words. ``better``: which direction is an
-    improvement, when there is one ("" for descriptive keys such as the score means)."""
+    improvement, when there is one ("" for descriptive keys such as the score means).
+    ``constant_note``: why the series may be constant, said on its panel when it is (e.g. GRPO's
+    clip fraction is exactly 0 while every update is on-policy)."""
 
     key: str
     label: str
@@ -184,6 +191,7 @@ class Metric:
     better: Literal["higher", "lower", ""] = ""
     color: ColorRole = "accent"
     dash: bool = False
+    constant_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,7 @@ class Catalogue:
     metrics: list[Metric]
     key_metrics: list[str]  # watch / compare defaults
     rollouts_axis: str  # the key giving rollouts seen, for the "rollouts seen" x axis
+    step_time: str  # the key giving seconds per step, for ETAs from the recent pace
     # algorithm → the keys logged by "objective" that it logs (its registration declares them);
     # every algorithm also logs the "every run" keys.
     objective_metrics: dict[str, list[str]] = field(default_factory=dict)
@@ -227,6 +236,8 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 SCORE = "log-prob / token"
+# Why the off-policy diagnostics sit still: said on their panels when they are constant.
+ON_POLICY = "no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"
 
 CHARTS: tuple[Chart, ...] = (
     Chart("scores", "Mean score: positive vs negative", "sep", f"score s_θ ({SCORE})",
@@ -238,17 +249,17 @@ CHARTS: tuple[Chart, ...] = (
           " ordered)."),
     Chart("acc", "Ordering accuracy", "sep", "fraction of pairs", always=True, y_range="unit",
           help="Fraction of (positive, negative) pairs with s⁺ > s⁻, and with s⁺ − m_t > s⁻."),
-    Chart("margin", "Margin m_t", "sep", f"m_t ({SCORE})", y_range="zero"),
-    Chart("ppos", "Softmax P⁺ vs uniform reference", "sep", "probability", y_range="unit"),
+    Chart("margin", "ConSPO margin m_t (schedule)", "sep", f"m_t ({SCORE})", y_range="zero",
+          algorithms=("conspo",),
+          help="The margin curriculum of the run's own ConSPO schedule (drawn unsmoothed)."),
+    Chart("ppos", "Softmax P⁺ vs uniform reference", "sep", "probability P⁺", y_range="unit"),
     Chart("hardneg", "Hard-negative share", "sep", "share of push-down", y_range="unit"),
-    Chart("grpo", "GRPO's discriminative view", "sep", "weight / score gap"),
-    Chart("boxes", "Score distribution per step, split by reward", "dist", f"score s_θ ({SCORE})",
-          kind="rollout_box", always=True,
-          help="Box per step (binned when there are many steps) of the sampled rollouts'"
-          " scores: correct vs wrong."),
-    Chart("hist", "Score histogram at the latest step", "dist", "rollouts",
-          kind="rollout_hist", always=True,
-          help="Histograms of the latest step's sampled rollout scores, on shared bins."),
+    Chart("grpo", "GRPO's discriminative view", "sep", "weight / clipped-score gap"),
+    Chart("dist", "Score distribution over steps: correct vs wrong", "dist",
+          f"score s_θ ({SCORE})", kind="rollout_heatmap", always=True,
+          help="Share of each class's sampled rollouts per score bin at each step (columns sum"
+          " to 1), correct above and wrong below, on the same bins: the separation shows as the"
+          " two bright bands moving apart."),
     Chart("reward", "Pass rate", "batch", "fraction of rollouts", always=True, y_range="unit"),
     Chart("groups", "Group mix: all-correct / mixed / all-wrong", "batch", "groups",
           kind="stack", always=True,
@@ -257,13 +268,14 @@ CHARTS: tuple[Chart, ...] = (
     Chart("refill", "Dynamic sampling", "batch", "groups / rounds", y_range="zero",
           help="Groups the batch lacked after the last refill round (params.max_refill_rounds),"
           " and the extra rounds drawn."),
-    Chart("evalc", "Held-out accuracy", "eval", "accuracy", y_range="unit", markers=True),
+    Chart("evalc", "Held-out accuracy", "eval", "accuracy (fraction)", y_range="unit",
+          markers=True),
     Chart("len", "Response length: positive vs negative", "eval", "tokens (incl. EOS)"),
-    Chart("loss", "Loss", "opt", "loss", zero_line=True),
+    Chart("loss", "Loss", "opt", "objective value", zero_line=True),
     Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero"),
     Chart("entropy", "Entropy", "opt", "nats / token", y_range="zero"),
     Chart("kl", "KL to reference", "opt", "nats / token", y_range="zero"),
-    Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero"),
+    Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero", y_format="~e"),
     Chart("clipfrac", "Clip fraction", "opt", "fraction of tokens", y_range="unit"),
     Chart("oldkl", "KL to the rollout policy π_old", "opt", "nats / token", y_range="zero",
           help="How far the trained policy moved from the one that generated the batch, as the"
@@ -280,7 +292,7 @@ CHARTS: tuple[Chart, ...] = (
           "fraction of tokens", y_range="unit", always=True,
           help="Fraction of response tokens with ρ < 1 − ε_low and with ρ > 1 + ε_high (the"
           " objective's own clip range; ConSPO's ε for objectives without one)."),
-    Chart("time", "Step time", "speed", "seconds", y_range="zero",
+    Chart("time", "Step time", "speed", "seconds (s)", y_range="zero",
           help="Wall-clock seconds per step, and the part spent generating rollouts."),
     Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
 )  # fmt: skip
@@ -326,7 +338,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(GRPO_CLIP_GAP, "grpo/clip_gap",
            "Gap of GRPO's clipped-ratio scores, mean s⁺_clip − mean s⁻_clip (0 while π_θ = π_old,"
            " i.e. with one optimiser pass per rollout batch).",
-           "ratio", "grpo", color="accent2"),
+           "ratio", "grpo", color="accent2",
+           constant_note="the clipped scores equal the plain ones: π_θ = π_old (on-policy, one"
+           " optimiser update per rollout batch)"),
     # batch
     Metric(BATCH_PASS_RATE, "pass rate",
            "Fraction of all rollouts of the step that were verified correct.",
@@ -383,7 +397,9 @@ METRICS: tuple[Metric, ...] = (
            "GRPO family and the clipped baselines (RLOO, REINFORCE++, GSPO, GMPO, CISPO, MCPO):"
            " fraction of response tokens whose ratio was clipped (0 while π_θ = π_old, i.e."
            " with optim.mini_batches = 1).",
-           "fraction", "clipfrac", logged_by="objective", color="accent2"),
+           "fraction", "clipfrac", logged_by="objective", color="accent2",
+           constant_note="no ratio was clipped: π_θ = π_old (on-policy, one optimiser update per"
+           " rollout batch)"),
     Metric(SAPO_GATE_WEIGHT, "gate weight",
            "SAPO: token-mean of the gate's gradient weight 4σ(1−σ)ρ (1 on-policy; smaller as"
            " ratios leave 1).",
@@ -410,25 +426,26 @@ METRICS: tuple[Metric, ...] = (
            "fraction", "constraint", logged_by="objective", color="neg", dash=True),
     Metric(OPTIM_UPDATES, "updates",
            "Optimiser steps taken this step: one per (epoch, mini-batch) whose gradient is not"
-           " exactly zero.", "optimiser steps", "updates", color="accent"),
+           " exactly zero.", "optimiser steps", "updates", color="accent", deterministic=True,
+           constant_note="optim.epochs × optim.mini_batches every step"),
     Metric(OPTIM_SKIPPED, "skipped",
            "1 when the step took no optimiser step (no group carried signal): weights, AdamW's"
            " moments and the learning-rate schedule did not move.", "flag", "updates",
-           color="neg", dash=True),
+           color="neg", dash=True, deterministic=True),
     # off-policy
     Metric(OFFPOLICY_RATIO_MEAN, "ratio mean",
            "Mean importance ratio ρ = π_θ/π_old over response tokens (mean over the updates).",
-           "ratio", "ratio"),
+           "ratio", "ratio", constant_note=ON_POLICY),
     Metric(OFFPOLICY_RATIO_MAX, "ratio max", "Largest token ratio over the step's updates.",
-           "ratio", "ratio", color="pos", dash=True),
+           "ratio", "ratio", color="pos", dash=True, constant_note=ON_POLICY),
     Metric(OFFPOLICY_RATIO_MIN, "ratio min", "Smallest token ratio over the step's updates.",
-           "ratio", "ratio", color="neg", dash=True),
+           "ratio", "ratio", color="neg", dash=True, constant_note=ON_POLICY),
     Metric(OFFPOLICY_CLIP_LOW, "below 1 − ε_low",
            "Fraction of response tokens with ρ < 1 − ε_low (mean over the updates).",
-           "fraction", "clipside", color="neg"),
+           "fraction", "clipside", color="neg", constant_note=ON_POLICY),
     Metric(OFFPOLICY_CLIP_HIGH, "above 1 + ε_high",
            "Fraction of response tokens with ρ > 1 + ε_high (mean over the updates).",
-           "fraction", "clipside", color="pos"),
+           "fraction", "clipside", color="pos", constant_note=ON_POLICY),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
            better="lower"),
@@ -485,6 +502,7 @@ def catalogue() -> Catalogue:
         metrics=list(METRICS),
         key_metrics=list(KEY_METRICS),
         rollouts_axis=ROLLOUTS_SEEN,
+        step_time=TIME_STEP_S,
         objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
         legacy_keys=dict(LEGACY_KEYS),
         patterns=list(PATTERNS),

@@ -20,10 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# The text a rollout record keeps of its prompt and of its completion, at most (characters; the
+# rest is cut and marked with "…"): enough to read an answer, bounded so the sample stays small.
+ROLLOUT_TEXT_CHARS = 2000
+
+
+def clip_text(text: str, limit: int = ROLLOUT_TEXT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with a trailing "…"."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 @dataclass
 class RolloutRecord:
-    """One sampled rollout of a step, for the positive/negative score distributions."""
+    """One sampled rollout of a step: its score and reward (the positive/negative score
+    distributions) and its text (the run page's rollout table), each text at most
+    ``ROLLOUT_TEXT_CHARS`` characters ("" when the producer kept none)."""
 
     group: int  # index of the prompt group within the step
     index: int  # index of the rollout within its group
@@ -31,6 +42,8 @@ class RolloutRecord:
     score: float  # length-normalised log-prob s_θ(o) under the policy that sampled it
     length: int  # response tokens incl. EOS
     truncated: bool  # hit max_new_tokens without EOS
+    prompt: str = ""  # the prompt the policy saw (chat template applied), clipped
+    completion: str = ""  # the sampled response, special tokens dropped, clipped
 
 
 @dataclass

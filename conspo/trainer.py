@@ -81,7 +81,15 @@ from conspo.resources import (
 )
 from conspo.rewards import RewardContext, WeightedReward, build_rewards, score_rollouts
 from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
-from conspo.sink import PromptRecord, RolloutRecord, Sink, StepRecord, flush_sink, prompt_key
+from conspo.sink import (
+    PromptRecord,
+    RolloutRecord,
+    Sink,
+    StepRecord,
+    clip_text,
+    flush_sink,
+    prompt_key,
+)
 from conspo.stats import offpolicy_stats, separation_stats
 from conspo.tasks import Example, Task, make_task
 
@@ -917,6 +925,7 @@ def make_record(
     sample_scores, lengths, truncated = (
         values[len(keys) + j * keep : len(keys) + (j + 1) * keep] for j in range(3)
     )
+    prompts_text, completions = sampled_texts(state, r, idx.tolist())
     records = [
         RolloutRecord(
             group=i // g,
@@ -925,12 +934,33 @@ def make_record(
             score=s,
             length=int(n_tok),
             truncated=bool(tr),
+            prompt=p_text,
+            completion=c_text,
         )
-        for i, s, n_tok, tr in zip(idx.tolist(), sample_scores, lengths, truncated, strict=True)
+        for i, s, n_tok, tr, p_text, c_text in zip(
+            idx.tolist(), sample_scores, lengths, truncated, prompts_text, completions, strict=True
+        )
     ]
     metrics = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
     prompts = r.prompts if r.prompts is not None else prompt_records(state, r)
     return StepRecord(step, state.cfg.steps, time.time(), metrics, records, prompts)
+
+
+def sampled_texts(state: TrainState, r: Rollouts, rows: list[int]) -> tuple[list[str], list[str]]:
+    """(prompt, completion) texts of the sampled rollout ``rows``, clipped to
+    ``ROLLOUT_TEXT_CHARS``: a few dozen rows decoded once per step, for the rollout table."""
+    if not rows:
+        return [], []
+    b = r.batch
+    at = torch.tensor(rows, dtype=torch.long)
+    p_ids, p_mask = b.prompt_ids[at.to(b.prompt_ids.device)].cpu(), b.prompt_mask.cpu()[at]
+    prompts = state.tokenizer.batch_decode(
+        [ids[m.bool()].tolist() for ids, m in zip(p_ids, p_mask, strict=True)]
+    )
+    completions = state.tokenizer.batch_decode(
+        b.response_ids[at.to(b.response_ids.device)].cpu().tolist(), skip_special_tokens=True
+    )
+    return [clip_text(t) for t in prompts], [clip_text(t) for t in completions]
 
 
 def prompt_records(state: TrainState, r: Rollouts) -> list[PromptRecord]:

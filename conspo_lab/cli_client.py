@@ -12,6 +12,7 @@ import io
 import json
 import math
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
@@ -22,7 +23,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from conspo import metrics as M
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
     app.command()(submit)
     app.command()(runs)
     app.command()(watch)
+    app.command()(cancel)
     app.command()(compare)
     app.command()(export)
 
@@ -101,6 +103,8 @@ def submit(
         ids = ", ".join(str(r.id) for r in sub.runs)
         group = f" (group {sub.group_id})" if sub.group_id else ""
         console.print(f"queued run{'s' if len(sub.runs) > 1 else ''} {ids}{group}")
+        for r in sub.runs:
+            console.print(f"  {lab.base_url}/runs/{r.id}", soft_wrap=True, highlight=False)
         if watch_run and sub.runs:
             _follow(lab, sub.runs[0].id)
 
@@ -146,7 +150,25 @@ def runs(
             ",".join(run.tags),
             *(_fmt(run.summary.get(key)) for key in LIST_METRICS),
         )
-    console.print(table)
+    # Piped or redirected: every column in full (a terminal's width does not apply to a file).
+    (console if console.is_terminal else Console(width=1000)).print(table)
+
+
+def cancel(
+    run: Annotated[int, typer.Argument(help="Run id.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Cancel a run: a queued one at once, a running one within seconds (its worker stops)."""
+    with _client(url, token) as lab:
+        before = lab.get_run(run)
+        if before.finished:
+            _fail(f"run {run} is already {before.status}; nothing to cancel", code=1)
+        after = lab.cancel(run)
+    state = (
+        "cancelled" if after.status == "cancelled" else "cancel requested (stops within seconds)"
+    )
+    console.print(f"run {after.id} {after.name or ''}: {state}", highlight=False)
 
 
 def watch(
@@ -226,6 +248,9 @@ def export(
     rows, columns = (
         _wide_rows(series, key_list) if layout is Layout.wide else _long_rows(run, series)
     )
+    if not rows:
+        _fail(f"run {run} has no metric points{' for those keys' if keys else ''}: nothing to"
+              " export", code=1)  # fmt: skip
     target = out or Path(f"run-{run}.{fmt.value}")
     if str(target) == "-" and fmt is ExportFormat.parquet:
         _fail("parquet cannot go to stdout; give --out FILE", code=2)
@@ -247,50 +272,120 @@ def export(
 
 
 def _follow(lab: Client, run_id: int, since_step: int | None = None) -> Run:
-    """Render a run's stream until its ``end`` event; returns the final Run."""
+    """Render a run's stream until its ``end`` event; returns the final Run.
+
+    On a terminal: a live progress bar and table. Piped (logs, CI): one line per step and per
+    status change, flushed as it comes. Either way the clock is the run's own elapsed time
+    (since it started), and an evaluation value says the step it was measured at.
+    """
     run = lab.get_run(run_id)
-    latest: dict[str, float | None] = {k: run.summary.get(k) for k in KEY_METRICS}
+    view = _WatchView(run)
+    if not console.is_terminal:
+        print(view.line(f"run {run.id} {run.name or ''}: {run.status},"), flush=True)
+        for event in lab.watch(run_id, since_step=since_step):
+            for line in view.apply(event):
+                print(line, flush=True)
+        return _final(lab, run_id)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TimeElapsedColumn(),
+        TextColumn("{task.fields[elapsed]}"),
         console=console,
     )
-    task = progress.add_task(_describe(run), total=run.total_steps or None, completed=run.step)
+    task = progress.add_task(
+        _describe(run), total=run.total_steps or None, completed=run.step, elapsed=view.elapsed()
+    )
 
     def render() -> Group:
         table = Table(show_header=True, box=None, pad_edge=False)
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key in KEY_METRICS:
-            table.add_row(key, _fmt(latest.get(key)))
+            table.add_row(key, view.value_text(key))
         return Group(progress, table)
 
     with Live(render(), console=console, refresh_per_second=4) as live:
         for event in lab.watch(run_id, since_step=since_step):
-            if event.event == "metrics" and isinstance(event.data, dict):
-                for key, s in (event.data.get("series") or {}).items():
-                    values = [v for v in s.get("values", []) if v is not None]
-                    if key in latest and values:
-                        latest[key] = values[-1]
-                step_max = event.data.get("step_max")
-                if isinstance(step_max, int):
-                    progress.update(task, completed=max(step_max, run.step))
-            elif event.event == "status" and event.run is not None:
-                run = event.run
-                progress.update(
-                    task,
-                    description=_describe(run),
-                    total=run.total_steps or None,
-                    completed=run.step,
-                )
+            view.apply(event)
+            progress.update(
+                task,
+                description=_describe(view.run),
+                total=view.run.total_steps or None,
+                completed=max(view.step, view.run.step),
+                elapsed=view.elapsed(),
+            )
             live.update(render())
-    if not console.is_terminal:
-        console.line()  # a non-terminal Live leaves its last frame without a newline
+    return _final(lab, run_id)
+
+
+def _final(lab: Client, run_id: int) -> Run:
     run = lab.get_run(run_id)
     console.print(f"run {run.id}: {_status_text(run)}" + (f" ({run.error})" if run.error else ""))
     return run
+
+
+class _WatchView:
+    """What ``watch`` shows: the latest value of each key metric with the step it came from."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.step = run.step
+        self.latest: dict[str, tuple[float | None, int | None]] = {
+            k: (run.summary.get(k), None) for k in KEY_METRICS
+        }
+
+    def elapsed(self) -> str:
+        if self.run.started_at is None:
+            return "not started"
+        end = self.run.finished_at or time.time()
+        return _duration(end - self.run.started_at)
+
+    def value_text(self, key: str) -> str:
+        value, step = self.latest.get(key, (None, None))
+        # Evaluation runs every eval.every steps: say which step a value is from.
+        at = f" @{step}" if key.startswith("eval/") and step is not None else ""
+        return _fmt(value) + at
+
+    def apply(self, event: Any) -> list[str]:
+        """Take one stream event; the lines a piped watch prints for it."""
+        if event.event == "status" and event.run is not None:
+            changed = event.run.status != self.run.status
+            self.run = event.run
+            self.step = max(self.step, event.run.step)
+            return [f"[{self.elapsed()}] run {self.run.id}: {self.run.status}"] if changed else []
+        if event.event != "metrics" or not isinstance(event.data, dict):
+            return []
+        fresh = False
+        for key, s in (event.data.get("series") or {}).items():
+            points = [
+                (st, v)
+                for st, v in zip(s.get("steps", []), s.get("values", []), strict=False)
+                if v is not None
+            ]
+            if key in self.latest and points:
+                self.latest[key] = (points[-1][1], points[-1][0])
+                fresh = True
+        step_max = event.data.get("step_max")
+        if isinstance(step_max, int) and step_max > self.step:
+            self.step, fresh = step_max, True
+        # One line per step: a late write of an older step (an eval) updates quietly.
+        fresh = fresh and (not isinstance(step_max, int) or step_max >= self.step)
+        if not fresh:
+            return []
+        return [self.line()]
+
+    def line(self, prefix: str = "") -> str:
+        values = " ".join(f"{k}={self.value_text(k)}" for k in KEY_METRICS)
+        total = self.run.total_steps or "?"
+        return (
+            f"[{self.elapsed()}] {prefix}{' ' if prefix else ''}step {self.step}/{total} {values}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def _describe(run: Run) -> str:

@@ -21,9 +21,10 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
 from backend.lifecycle import owned_by
-from backend.models import MAX_ABS_VALUE, MetricRollup, Run, finite, utcnow
+from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
 from backend.storage.dialect import Dialect, dialect_of
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
+from conspo.sink import clip_text
 
 
 @dataclass
@@ -52,6 +53,28 @@ class RolloutPoint:
     score: float | None
     length: int
     truncated: bool
+    prompt: str = ""
+    completion: str = ""
+
+
+ROLLOUT_TEXTS = RolloutText.__table__
+ROLLOUT_TEXT_KEY = ("run_id", "step", "group", "index")
+
+
+def _text_rows(
+    run_id: int, steps: Sequence[StepPoints], extra: Sequence[RolloutPoint]
+) -> list[dict[str, Any]]:
+    """``rollout_texts`` rows of the rollouts that carry text (a later row of a key wins)."""
+    rows: dict[tuple[int, int, int], dict[str, Any]] = {}
+    points = [(s.step, r) for s in steps for r in s.rollouts] + [(r.step, r) for r in extra]
+    for step, r in points:
+        prompt, completion = getattr(r, "prompt", ""), getattr(r, "completion", "")
+        if prompt or completion:
+            rows[(step, r.group, r.index)] = {
+                "run_id": run_id, "step": step, "group": r.group, "index": r.index,
+                "prompt": clip_text(prompt), "completion": clip_text(completion),
+            }  # fmt: skip
+    return list(rows.values())
 
 
 @dataclass
@@ -97,7 +120,9 @@ def write_points(
     dialect = dialect_of(session)
     out = Written()
     m = _metric_columns(steps)
+    rollouts = list(rollouts)
     r = _rollout_columns(steps, rollouts)
+    texts = _text_rows(run_id, steps, rollouts)
     p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
     if steps:
         out.last_step = max(s.step for s in steps)
@@ -121,6 +146,8 @@ def write_points(
         out.points = dialect.write_metrics(session, run_id, seq, m)
     if len(r.step):
         out.rollouts = dialect.write_rollouts(session, run_id, r)
+    if texts:
+        dialect.upsert(session, ROLLOUT_TEXTS, texts, ROLLOUT_TEXT_KEY)  # type: ignore[arg-type]
     if p:
         out.prompts = write_prompts(session, dialect, p)
     return out

@@ -25,6 +25,7 @@ export const SECTIONS = RAW.sections;
 export const METRICS = RAW.metrics;
 export const KEY_METRICS = RAW.key_metrics;
 export const ROLLOUTS_AXIS = RAW.rollouts_axis;
+export const STEP_TIME = RAW.step_time;
 const BY_KEY = new Map(METRICS.map((m) => [m.key, m]));
 // Families of keys a config names (eval/<benchmark>/avg@<k>): described once, matched by regex.
 const PATTERNS = (RAW.patterns || []).map((p) => ({ ...p, re: new RegExp(p.regex) }));
@@ -50,6 +51,14 @@ export const CHARTS = RAW.charts.map((chart) => ({
     colorValue: ROLE_COLORS[m.color] || ROLE_COLORS.accent,
   })),
 }));
+
+/** Whether a chart applies to a run of `algorithm` (the catalogue's `algorithms`; empty = every
+ * run). A panel that does not apply is hidden rather than drawn as if it meant something. */
+export const chartApplies = (chart, algorithm) =>
+  !chart.algorithms?.length || !algorithm || chart.algorithms.includes(algorithm);
+
+/** Why a key's series may be constant (said on its panel when it is), or "". */
+export const constantNoteOf = (key) => metricInfo(key)?.constant_note || "";
 
 /** Charted keys in display order (section, chart, then catalogue order). */
 export const CHARTED_KEYS = SECTIONS.flatMap((s) =>

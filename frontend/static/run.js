@@ -5,12 +5,15 @@
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import {
   CHARTS,
+  chartApplies,
+  constantNoteOf,
   helpOf,
   isDeterministic,
   metricInfo,
   ROLE_COLORS,
   ROLLOUTS_AXIS,
   SECTIONS,
+  STEP_TIME,
   unitOf,
 } from "/static/catalogue.js";
 import {
@@ -66,6 +69,8 @@ const S = {
   cards: new Map(), // chart id → {def, card, plot}
   lastUpdate: null,
   rev: 0, // bumped on every data change: layout.datarevision makes Plotly.react recompute
+  rolloutStep: null, // the step the rollout table shows (null: the latest)
+  liveSettled: false,
 };
 
 // ---- chart definitions: the catalogue's sections and charts, plus one chart per key it lacks ----
@@ -249,6 +254,65 @@ function addRollouts(items) {
 }
 
 // ---- header ------------------------------------------------------------------------------------
+/** Median seconds of the last 10 steps (the catalogue's step-time key), for an ETA that follows
+ * the run's current pace rather than its since-start average; null without data. */
+function recentStepSeconds() {
+  const s = S.series[STEP_TIME];
+  if (!s) return null;
+  const last = s.values.slice(-10).filter((v) => v !== null && Number.isFinite(v));
+  if (!last.length) return null;
+  return quantile(
+    last.sort((a, b) => a - b),
+    0.5,
+  );
+}
+
+/** "3rd in the queue · <why it waits>" for a queued run. */
+function queueText(run) {
+  const parts = [];
+  if (run.queue_position) parts.push(`#${run.queue_position} in the queue`);
+  if (run.waiting_reason) parts.push(run.waiting_reason); // issue 11 fills it in when known
+  return parts.join(" · ");
+}
+
+// ---- rollout table: the sampled rollouts of one step, with their text ----------------------------
+async function loadRolloutTable(step) {
+  const input = $("#rollout-step");
+  const latest = S.rolloutMaxStep || S.maxStep || 0;
+  if (!latest) {
+    $("#rollout-body").replaceChildren(h("tr", {}, h("td", { colspan: 7 }, "no rollouts yet")));
+    return;
+  }
+  input.max = latest;
+  const at = Math.min(latest, Math.max(0, step ?? S.rolloutStep ?? latest));
+  input.value = at;
+  try {
+    const data = await get(`/api/runs/${runId}/rollouts${qs({ step_min: at, step_max: at, text: true, limit: 512 })}`);
+    const rows = data.items.map((r) =>
+      h(
+        `tr.${r.reward > 0 ? "pos" : "neg"}`,
+        {},
+        h("td.num", {}, r.group),
+        h("td.num", {}, r.index),
+        h("td.text", {}, r.prompt || "–"),
+        h("td.text", {}, r.completion || (r.prompt ? "" : "–")),
+        h("td.num", {}, fmtNum(r.reward)),
+        h("td.num", {}, fmtNum(r.score)),
+        h("td", {}, r.reward > 0 ? "✓ correct" : "✗ wrong"),
+      ),
+    );
+    $("#rollout-body").replaceChildren(
+      ...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 7 }, `no sampled rollouts at step ${at}`))]),
+    );
+  } catch (err) {
+    toast(`Could not load rollouts: ${errorText(err)}`, "error");
+  }
+}
+
+$("#rollout-step").addEventListener("change", (ev) => {
+  S.rolloutStep = Number(ev.target.value);
+  loadRolloutTable(S.rolloutStep);
+});
 function metaItem(k, v, title) {
   return h("div", {}, h("div.k", {}, k), h("div.v", { title: title || (typeof v === "string" ? v : null) }, v ?? "–"));
 }
@@ -258,9 +322,22 @@ function renderRun() {
   document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
   $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
   $("#run-status").replaceChildren(statusBadge(run));
-  $("#run-progress").replaceChildren(progressBar(run));
-  const p = progress(run);
+  $("#run-progress").replaceChildren(progressBar(run, recentStepSeconds()));
+  $("#run-lineage").replaceChildren(
+    run.cloned_from ? h("a", { href: `/runs/${run.cloned_from}` }, `cloned from #${run.cloned_from}`) : "",
+  );
+  const waiting = run.status === "queued" ? queueText(run) : "";
+  $("#run-queue").textContent = waiting;
+  const p = progress(run, recentStepSeconds());
   const finished = FINISHED.has(run.status);
+  if (finished && !S.liveSettled) {
+    // A finished run has nothing more to stream: "live" is unticked, and says why.
+    S.liveSettled = true;
+    const live = $("#live-toggle");
+    live.checked = false;
+    live.disabled = true;
+    live.parentElement.title = `run ${run.status}: no live updates`;
+  }
   const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
   $("#run-meta").replaceChildren(
     metaItem("algorithm", run.algorithm),
@@ -342,7 +419,9 @@ function ensureCards() {
     }),
   ];
   for (const sec of SECTIONS_SHOWN) {
-    const wanted = defs.filter((d) => d.section === sec.id && (d.always || hasData(d)));
+    const wanted = defs.filter(
+      (d) => d.section === sec.id && chartApplies(d, S.run?.algorithm) && (d.always || hasData(d)),
+    );
     if (!wanted.length) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);
     if (!secEl) {
@@ -357,15 +436,17 @@ function ensureCards() {
     for (const def of wanted) {
       if (S.cards.has(def.id)) continue;
       const help = def.help || (def.metrics || []).map((m) => `${m.label}: ${m.help}`).join(" ");
-      const { card, plot } = chartCard(def.id, def.title, help, { wide: def.kind === "rollout_box" });
+      const { card, plot } = chartCard(def.id, def.title, help, { wide: def.kind === "rollout_heatmap" });
       grid.append(card);
-      S.cards.set(def.id, { def, card, plot });
+      const entry = { def, card, plot, detail: null };
+      S.cards.set(def.id, entry);
+      if (def.kind !== "rollout_heatmap") bindZoom(entry);
     }
   }
 }
 
 function hasData(def) {
-  if (def.kind === "rollout_box" || def.kind === "rollout_hist") return S.rollouts.length > 0;
+  if (def.kind === "rollout_heatmap") return S.rollouts.length > 0;
   return chartKeys(def).some((k) => hasFinite(S.series[k.key]));
 }
 
@@ -380,7 +461,8 @@ function placeholder(entry, text) {
 
 function drawChart(entry) {
   const { def } = entry;
-  const built = def.kind === "rollout_box" ? boxFigure() : def.kind === "rollout_hist" ? histFigure() : lineFigure(def);
+  const built = def.kind === "rollout_heatmap" ? heatmapFigure() : lineFigure(def, entry);
+  setConstantNote(entry);
   if (!built) {
     let text = "no data yet";
     if (S.run && S.run.status === "queued") text = "waiting for the run to start…";
@@ -400,16 +482,45 @@ function drawChart(entry) {
   }
   built.layout.datarevision = `${S.rev}:${S.smooth}:${S.xmode}`;
   react(entry.plot, built.traces, built.layout);
+  entry.attachZoom?.();
 }
 
-function lineFigure(def) {
+// Lines of one panel that overlap (order_acc and margin_acc early in a run) stay distinguishable:
+// each line after the first gets its own marker symbol, drawn at a bounded number of points.
+const MARKER_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross"];
+
+/** A series with the zoomed panel's full-resolution points spliced in over [lo, hi]. */
+function withDetail(key, s, detail) {
+  const d = detail?.series?.[key];
+  if (!d) return s;
+  const out = { ...s, steps: [], values: [], min: [], max: [], wall_time: [] };
+  const put = (src, i) => {
+    out.steps.push(src.steps[i]);
+    out.values.push(src.values[i]);
+    out.min.push(src.min ? src.min[i] : src.values[i]);
+    out.max.push(src.max ? src.max[i] : src.values[i]);
+    out.wall_time.push(src.wall_time?.[i] ?? null);
+  };
+  let j = 0;
+  for (let i = 0; i < s.steps.length; i++) {
+    if (s.steps[i] < detail.lo) put(s, i);
+    else if (s.steps[i] > detail.hi) {
+      for (; j < d.steps.length; j++) put(d, j);
+      put(s, i);
+    }
+  }
+  for (; j < d.steps.length; j++) put(d, j);
+  return out;
+}
+
+function lineFigure(def, entry) {
   const keys = chartKeys(def).filter((k) => hasFinite(S.series[k.key]));
   if (!keys.length) return null;
   const traces = [];
   const used = [];
   const stack = def.kind === "stack";
-  for (const k of keys) {
-    const s = S.series[k.key];
+  keys.forEach((k, i) => {
+    const s = withDetail(k.key, S.series[k.key], entry?.detail);
     used.push(s);
     const xs = xOfSteps(s.steps, s.wall_time);
     if (stack) {
@@ -423,20 +534,24 @@ function lineFigure(def) {
         line: { width: 0.5, color: k.color },
         fillcolor: alpha(k.color, 0.75),
       });
-    } else {
-      const markers = def.markers && s.steps.length <= 80;
-      const smooth = k.deterministic ? 0 : S.smooth; // a schedule is exact: smoothing would make it lag
-      traces.push(
-        ...lineTraces(xs, s, {
-          name: k.name,
-          color: k.color,
-          dash: k.dash,
-          smooth,
-          mode: markers ? "lines+markers" : "lines",
-        }),
-      );
+      return;
     }
-  }
+    const sparse = def.markers && s.steps.length <= 80;
+    const marked = sparse || (i > 0 && keys.length > 1);
+    const smooth = k.deterministic ? 0 : S.smooth; // a schedule is exact: smoothing would make it lag
+    const lines = lineTraces(xs, s, {
+      name: k.name,
+      color: k.color,
+      dash: k.dash,
+      smooth,
+      mode: marked ? "lines+markers" : "lines",
+    });
+    const main = lines[lines.length - 1];
+    if (marked)
+      main.marker = { size: 6, color: k.color, symbol: MARKER_SYMBOLS[i % MARKER_SYMBOLS.length], maxdisplayed: 24 };
+    main.meta = { key: k.key, smoothed: smooth > 0 };
+    traces.push(...lines);
+  });
   const shapes = [];
   if (def.rollout_iqr) traces.unshift(...iqrBands());
   if (def.zero_line)
@@ -452,16 +567,128 @@ function lineFigure(def) {
   const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: def.y_title || "" });
   withNotes(layout, sampledAnnotation(used));
   layout.shapes = shapes;
-  if (def.y_range === "unit" || def.y_range === "zero") layout.yaxis.rangemode = "tozero";
+  if (def.y_range === "unit") {
+    // Fractions always on [0, 1] (a little room for the line at 1): panels compare at a glance.
+    layout.yaxis.range = [-0.03, 1.03];
+    layout.yaxis.autorange = false;
+  } else if (def.y_range === "zero") layout.yaxis.rangemode = "tozero";
+  if (def.y_format) {
+    layout.yaxis.tickformat = def.y_format;
+    layout.yaxis.hoverformat = ".3~e";
+  }
   const flat = constantValue(traces);
-  if (flat !== null && def.y_range === "auto" && !stack) {
+  if (flat !== null && def.y_range !== "unit" && !stack) {
     // Plotly pads a flat line by ±1, which makes e.g. a constant 1e-3 read as 0.
     const pad = Math.abs(flat) * 0.5 || 1;
-    layout.yaxis.range = [flat - pad, flat + pad];
+    layout.yaxis.range =
+      def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat + pad)] : [flat - pad, flat + pad];
   }
-  if (S.xmode === "step" && S.maxStep <= 12) layout.xaxis.dtick = 1;
+  // A handful of integer ticks whatever the run's length (early on, Plotly would label every
+  // fraction of a step).
+  layout.xaxis.nticks = 8;
+  if (S.xmode === "step") layout.xaxis.tickformat = "d";
+  if (S.xmode === "step" && S.maxStep <= 8) layout.xaxis.dtick = 1;
   if (stack) layout.hovermode = "x unified";
   return { traces, layout };
+}
+
+/** "constant 0 over 300 steps: no ratio was clipped (…)" for each charted series that is. */
+function constantNotes(def) {
+  if (def.kind !== "line" && def.kind !== undefined) return [];
+  const notes = [];
+  for (const k of chartKeys(def)) {
+    const s = S.series[k.key];
+    const finite = s.values.filter((v) => v !== null && Number.isFinite(v));
+    if (finite.length < 3) continue;
+    const v = finite[0];
+    const lo = Math.min(...(s.min || s.values).filter(Number.isFinite));
+    const hi = Math.max(...(s.max || s.values).filter(Number.isFinite));
+    if (Math.abs(hi - v) > 1e-12 * Math.max(1, Math.abs(v)) || Math.abs(lo - v) > 1e-12 * Math.max(1, Math.abs(v)))
+      continue;
+    const why = constantNoteOf(k.key);
+    notes.push(
+      `${k.name}: constant ${fmtNum(v)} over ${s.total_points.toLocaleString()} steps${why ? `: ${why}` : ""}`,
+    );
+  }
+  return notes;
+}
+
+function setConstantNote(entry) {
+  const notes = entry.def.kind === "rollout_heatmap" ? [] : constantNotes(entry.def);
+  let el = entry.card.querySelector(".chart-note");
+  if (!notes.length) {
+    if (el) el.remove();
+    return;
+  }
+  if (!el) {
+    el = h("div.chart-note");
+    entry.plot.before(el);
+  }
+  el.textContent = notes.join(" · ");
+}
+
+// ---- zoom: full resolution for the zoomed range, and keys to drive it --------------------------
+/** Fetch the zoomed step range at full resolution (the API buckets long series). */
+async function fetchDetail(entry, lo, hi) {
+  const keys = chartKeys(entry.def)
+    .map((k) => k.key)
+    .filter((k) => S.series[k].sampled);
+  if (!keys.length || S.xmode !== "step") return;
+  const from = Math.max(0, Math.floor(lo));
+  const to = Math.ceil(hi);
+  const data = await get(
+    `/api/runs/${runId}/metrics${qs({ keys, since_step: Math.max(0, from - 1), step_max: to, max_points: Math.max(1000, to - from + 1) })}`,
+  );
+  entry.detail = { lo: from, hi: to, series: data.series };
+  entry.plot.dataset.detail = `${from}-${to}`;
+  S.rev += 1;
+  drawChart(entry);
+}
+
+function bindZoom(entry) {
+  const { plot } = entry;
+  plot.tabIndex = 0;
+  plot.setAttribute("aria-label", `${entry.def.title}: + / − zoom, ← → pan, 0 resets`);
+  plot.addEventListener("keydown", (ev) => {
+    if (plot.dataset.state !== "plotted" || !plot.layout) return;
+    const [a, b] = plot.layout.xaxis.range || [];
+    if (a === undefined) return;
+    const w = b - a,
+      mid = (a + b) / 2;
+    let range = null;
+    if (ev.key === "+" || ev.key === "=") range = [mid - w / 4, mid + w / 4];
+    else if (ev.key === "-" || ev.key === "_") range = [mid - w, mid + w];
+    else if (ev.key === "ArrowLeft") range = [a - w / 4, b - w / 4];
+    else if (ev.key === "ArrowRight") range = [a + w / 4, b + w / 4];
+    else if (ev.key === "0" || ev.key === "Escape") {
+      window.Plotly.relayout(plot, { "xaxis.autorange": true, "yaxis.autorange": entry.def.y_range !== "unit" });
+      ev.preventDefault();
+      return;
+    }
+    if (!range) return;
+    ev.preventDefault();
+    window.Plotly.relayout(plot, { "xaxis.range": range });
+  });
+  let bound = false;
+  const attach = () => {
+    if (bound || !plot.on) return;
+    bound = true;
+    plot.on("plotly_relayout", (ev) => {
+      if (ev["xaxis.autorange"]) {
+        if (entry.detail) {
+          entry.detail = null;
+          delete plot.dataset.detail;
+          drawChart(entry);
+        }
+        return;
+      }
+      const lo = ev["xaxis.range[0]"] ?? ev["xaxis.range"]?.[0];
+      const hi = ev["xaxis.range[1]"] ?? ev["xaxis.range"]?.[1];
+      if (lo === undefined || hi === undefined) return;
+      fetchDetail(entry, lo, hi).catch((err) => console.warn("zoom", errorText(err)));
+    });
+  };
+  entry.attachZoom = attach;
 }
 
 /** The single value every finite y of `traces` shares, or null. */
@@ -512,93 +739,85 @@ function iqrBands() {
   return out;
 }
 
-function boxFigure() {
+// Score distribution over steps: one heatmap per class (correct above, wrong below) on the same
+// score bins and the same steps, each column the share of that class's rollouts in each bin (so
+// a step with few correct rollouts is as readable as one with many).
+const HEAT_BINS = 30;
+const HEAT_MAX_COLUMNS = 200;
+
+function heatmapFigure() {
   const by = rolloutsByStep();
   if (!by.size) return null;
-  const steps = [...by.keys()].sort((a, b) => a - b);
-  // At most ~50 boxes per side: bin consecutive steps when there are more.
-  const nb = Math.min(50, steps.length);
-  const binOf = (i) => Math.floor((i * nb) / steps.length);
-  const bins = Array.from({ length: nb }, () => ({ steps: [], pos: [], neg: [] }));
-  steps.forEach((st, i) => {
-    const b = bins[binOf(i)];
-    b.steps.push(st);
-    b.pos.push(...by.get(st).pos);
-    b.neg.push(...by.get(st).neg);
-  });
-  const traces = [];
-  for (const [side, color, name] of [
-    ["pos", POS, "correct (reward > 0)"],
-    ["neg", NEG, "wrong"],
-  ]) {
-    const x = [],
-      y = [];
-    for (const b of bins) {
-      const label = b.steps[b.steps.length - 1];
-      for (const v of b[side]) {
-        x.push(label);
-        y.push(v);
-      }
-    }
-    traces.push({
-      type: "box",
-      x: xOfSteps(x),
-      y,
-      name,
-      marker: { color, size: 2 },
-      line: { width: 1, color },
-      fillcolor: alpha(color, 0.2),
-      boxpoints: false,
-      hoverinfo: "y+name",
-      offsetgroup: side,
-    });
+  let steps = [...by.keys()].sort((a, b) => a - b);
+  const all = steps.flatMap((st) => [...by.get(st).pos, ...by.get(st).neg]);
+  let lo = Infinity,
+    hi = -Infinity;
+  for (const v of all) {
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
   }
-  const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: CHART_BY_ID.boxes.y_title });
-  layout.boxmode = "group";
+  const size = (hi - lo) / HEAT_BINS || 0.01;
+  const centres = Array.from({ length: HEAT_BINS }, (_, i) => lo + (i + 0.5) * size);
+  // Too many steps for the width: merge consecutive ones (the column is labelled by its last).
+  const per = Math.ceil(steps.length / HEAT_MAX_COLUMNS);
+  const columns = [];
+  for (let i = 0; i < steps.length; i += per) columns.push(steps.slice(i, i + per));
+  const z = { pos: centres.map(() => []), neg: centres.map(() => []) };
+  const counts = { pos: [], neg: [] };
+  for (const col of columns) {
+    for (const side of ["pos", "neg"]) {
+      const hist = new Array(HEAT_BINS).fill(0);
+      let n = 0;
+      for (const st of col)
+        for (const v of by.get(st)[side]) {
+          hist[Math.min(HEAT_BINS - 1, Math.floor((v - lo) / size))] += 1;
+          n += 1;
+        }
+      counts[side].push(n);
+      hist.forEach((c, b) => {
+        z[side][b].push(n ? c / n : null);
+      });
+    }
+  }
+  steps = columns.map((c) => c[c.length - 1]);
+  const xs = xOfSteps(steps);
+  const trace = (side, color, name, yaxis, showscale) => ({
+    type: "heatmap",
+    x: xs.slice(),
+    y: centres,
+    z: z[side],
+    customdata: z[side].map(() => counts[side]),
+    name,
+    yaxis,
+    zmin: 0,
+    zmax: 1,
+    colorscale: [
+      [0, "rgba(255,255,255,0)"],
+      [0.02, alpha(color, 0.12)],
+      [1, color],
+    ],
+    showscale,
+    colorbar: showscale ? { title: { text: "share", side: "right" }, thickness: 10, len: 0.9 } : undefined,
+    hovertemplate: `${name}<br>step %{x}<br>score %{y:.3f}<br>share %{z:.2f} of %{customdata} rollouts<extra></extra>`,
+  });
+  const traces = [trace("pos", POS, "correct", "y", false), trace("neg", NEG, "wrong", "y2", true)];
+  const layout = baseLayout({ uirevision: `heat:${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: "" });
+  const yTitle = CHART_BY_ID.dist.y_title;
+  layout.yaxis = { ...layout.yaxis, domain: [0.54, 1], title: { text: `correct: ${yTitle}`, font: { size: 10.5 } } };
+  layout.yaxis2 = {
+    ...layout.yaxis,
+    domain: [0, 0.46],
+    anchor: "x",
+    title: { text: `wrong: ${yTitle}`, font: { size: 10.5 } },
+  };
+  layout.showlegend = false;
   layout.hovermode = "closest";
+  layout.xaxis.nticks = 10;
+  if (S.xmode === "step") layout.xaxis.tickformat = "d";
   const notes = [];
   if (S.rolloutNote) notes.push(S.rolloutNote);
-  if (nb < steps.length) notes.push(`${steps.length} steps binned into ${nb}`);
+  if (per > 1) notes.push(`${by.size} steps merged into ${columns.length} columns`);
   withNotes(layout, notes.length ? [noteAnnotation(notes.join(" · "))] : []);
-  return { traces, layout };
-}
-
-function histFigure() {
-  const by = rolloutsByStep();
-  if (!by.size) return null;
-  const last = Math.max(...by.keys());
-  const e = by.get(last);
-  // One set of bins for both sides, so the bars line up and compare.
-  const all = [...e.pos, ...e.neg];
-  const lo = Math.min(...all),
-    hi = Math.max(...all);
-  const size = (hi - lo) / 24 || 0.01;
-  const xbins = { start: lo - size / 2, end: hi + size / 2, size };
-  const traces = [
-    {
-      type: "histogram",
-      x: e.pos,
-      name: `correct (${e.pos.length})`,
-      marker: { color: alpha(POS, 0.6) },
-      xbins,
-      autobinx: false,
-    },
-    {
-      type: "histogram",
-      x: e.neg,
-      name: `wrong (${e.neg.length})`,
-      marker: { color: alpha(NEG, 0.6) },
-      xbins,
-      autobinx: false,
-    },
-  ];
-  const layout = baseLayout({
-    uirevision: "hist",
-    xTitle: `score s_θ at step ${last}`,
-    yTitle: CHART_BY_ID.hist.y_title,
-  });
-  layout.barmode = "overlay";
-  layout.hovermode = "closest";
   return { traces, layout };
 }
 
@@ -631,6 +850,7 @@ function fetchNewRollouts() {
     await loadRollouts(true);
     rolloutTimer = null;
     scheduleDraw();
+    if (S.rolloutStep === null) loadRolloutTable(); // following the latest step
   }, 1500);
   fetchPrompts();
 }
@@ -650,7 +870,7 @@ function onMetrics(data) {
   for (const [key, pts] of Object.entries(data.series)) mergePoints(key, pts);
   if (S.run && data.step_max !== undefined && data.step_max > (S.run.step || 0)) {
     S.run.step = data.step_max;
-    $("#run-progress").replaceChildren(progressBar(S.run));
+    $("#run-progress").replaceChildren(progressBar(S.run, recentStepSeconds()));
   }
   if (S.live) {
     scheduleDraw();
@@ -696,6 +916,8 @@ function closeStream() {
 
 // ---- actions and controls ------------------------------------------------------------------------
 $("#cancel-btn").addEventListener("click", async () => {
+  const name = S.run?.name || `run ${runId}`;
+  if (!confirm(`Cancel ${name} (#${runId})? A running run stops within seconds; this cannot be undone.`)) return;
   try {
     onStatus(await post(`/api/runs/${runId}/cancel`));
     toast("Cancel requested", "ok");
@@ -766,6 +988,7 @@ async function init() {
   }
   await loadRollouts(false);
   drawAll();
+  loadRolloutTable();
   await PROMPTS.refresh();
   if (FINISHED.has(S.run.status)) setConn("done");
   else openStream();

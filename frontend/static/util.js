@@ -74,22 +74,24 @@ export function statusBadge(run) {
 
 export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 
-/** Progress fraction and ETA (seconds) of a run, from its step counters and timestamps. */
-export function progress(run) {
+/** Progress fraction and ETA (seconds) of a run. The ETA follows the recent pace: `stepSeconds`
+ * (seconds per step lately, e.g. the last steps' median step time) when known, else the since-
+ * start average (which counts model loading and the first, slow steps). */
+export function progress(run, stepSeconds = null) {
   const total = run.total_steps || run.config?.steps || 0;
   const step = run.step || 0;
   const frac = total > 0 ? Math.min(1, step / total) : 0;
   let eta = null;
   if (run.status === "running" && run.started_at && step > 0 && total > step) {
     const now = Math.max(run.heartbeat_at || 0, Date.now() / 1000);
-    const perStep = (now - run.started_at) / step;
+    const perStep = stepSeconds > 0 ? stepSeconds : (now - run.started_at) / step;
     eta = perStep * (total - step);
   }
   return { step, total, frac, eta };
 }
 
-export function progressBar(run) {
-  const p = progress(run);
+export function progressBar(run, stepSeconds = null) {
+  const p = progress(run, stepSeconds);
   const label = `${p.step}/${p.total || "?"}`;
   const etaText = p.eta !== null ? ` · ETA ${fmtDuration(p.eta)}` : "";
   const finished = FINISHED.has(run.status);

@@ -7,6 +7,7 @@ is full, or a second after the last write); the trainer flushes before each chec
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -34,7 +35,8 @@ def new_run(db: Database, attempt: int = 1) -> int:
     with db.session() as s:
         user = s.scalar(select(User).limit(1))
         run = Run(
-            name="sink", owner_id=user.id if user else None, status=RunStatus.running,
+            name=f"sink-{uuid.uuid4().hex[:8]}", owner_id=user.id if user else None,
+            status=RunStatus.running,
             algorithm="grpo", task="arith", model="tiny", config={}, tags=[], summary={},
             attempt=attempt, heartbeat_at=utcnow(),
         )  # fmt: skip

@@ -43,6 +43,20 @@ def test_create_one_run_per_seed_and_read_back(api: Api) -> None:
     assert [x["id"] for x in by_ids.json()["items"]] == sorted(picked)
 
 
+def test_names_are_unique_and_a_plain_clone_keeps_the_base(api: Api) -> None:
+    name = f"uniq-{uuid.uuid4().hex[:6]}"
+    first = api.post("/api/runs", json={"config": tiny_config(4), "name": name}).json()["runs"]
+    again = api.post("/api/runs", json={"config": tiny_config(4), "name": name}).json()["runs"]
+    seeds = api.post(
+        "/api/runs", json={"config": tiny_config(4), "name": name, "seeds": [0, 1]}
+    ).json()["runs"]
+    assert [r["name"] for r in first + again] == [name, f"{name}-2"]
+    assert [r["name"] for r in seeds] == [f"{name}-s0", f"{name}-s1"]
+    copy = api.post(f"/api/runs/{again[0]['id']}/clone", json={"overrides": {}}).json()["runs"][0]
+    assert copy["name"] == f"{name}-3" and copy["cloned_from"] == again[0]["id"]
+    assert api.get(f"/api/runs/{copy['id']}").json()["cloned_from"] == again[0]["id"]
+
+
 def test_clone_deep_merges_overrides(api: Api) -> None:
     src = api.post("/api/runs", json={"config": tiny_config(4), "tags": ["a"]}).json()["runs"][0]
     r = api.post(
@@ -54,7 +68,9 @@ def test_clone_deep_merges_overrides(api: Api) -> None:
     run = r.json()["runs"][0]
     assert run["algorithm"] == "conspo" and run["config"]["params"]["tau"] == 10.0
     assert run["config"]["sampling"] == {**src["config"]["sampling"], "group_size": 6}
-    assert run["seed"] == 7 and run["tags"] == ["a"] and run["owner"].startswith("bob")
+    # Tags label the source run; the copy records its lineage instead (issue 14).
+    assert run["seed"] == 7 and run["tags"] == [] and run["owner"].startswith("bob")
+    assert run["cloned_from"] == src["id"]
     bad = api.post(f"/api/runs/{src['id']}/clone", json={"overrides": {"params": {"clip_low": 2}}})
     assert bad.status_code == 422 and ["body", "overrides", "params", "clip_low"] in locs(bad)
     bad = api.post(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +57,8 @@ class WriteLock:
 def new_run(db: Database) -> int:
     with db.session() as s:
         run = Run(
-            name="retry", status=RunStatus.running, algorithm="grpo", task="arith", model="tiny",
+            name=f"retry-{uuid.uuid4().hex[:8]}", status=RunStatus.running, algorithm="grpo",
+            task="arith", model="tiny",
             config={}, tags=[], summary={}, attempt=1, heartbeat_at=utcnow(),
         )  # fmt: skip
         s.add(run)
@@ -67,7 +69,17 @@ def new_run(db: Database) -> int:
 def count_runs(db: Database) -> int:
     """Write a run (a write the lock blocks), then count the runs."""
     with db.session() as s:
-        s.add(Run(name="w", algorithm="a", task="t", model="m", config={}, tags=[], summary={}))
+        s.add(
+            Run(
+                name=f"w-{uuid.uuid4().hex[:8]}",
+                algorithm="a",
+                task="t",
+                model="m",
+                config={},
+                tags=[],
+                summary={},
+            )
+        )
         s.commit()
         return s.scalar(select(func.count()).select_from(Run)) or 0
 

@@ -176,3 +176,67 @@ def test_export_pages_through_raw_points_beyond_10000(lab_server, lab, tmp_path)
     steps = [s for p in pages for s in p["eval/accuracy"].steps]
     assert steps == evals and not any(p["eval/accuracy"].sampled for p in pages)
     assert len(pages) < 125 // 2
+
+
+def test_cancel_cancels_a_queued_run_and_refuses_a_finished_one(lab_server, lab, logged_run):
+    from conspo.config import RunConfig
+
+    sub = lab.create_runs(RunConfig.model_validate({"algorithm": "grpo", "steps": 2}))
+    queued = sub.runs[0]  # no worker serves this server: it stays queued
+    result = invoke(lab_server, "cancel", str(queued.id))
+    assert result.exit_code == 0, result.output
+    assert "cancelled" in result.output and lab.get_run(queued.id).status == "cancelled"
+    again = invoke(lab_server, "cancel", str(logged_run.id))
+    assert again.exit_code == 1 and "already succeeded" in again.output
+
+
+def test_piped_watch_prints_each_step_as_it_comes(lab_server, lab):
+    """`watch | tee log`: a line per step reaches the pipe while the run is still going."""
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    run = lab.create_external_run("cli-pipe", {}, "conspo", "arith", "tiny", [], 3)
+    lab.log_steps(run.id, [{"step": 1, "metrics": {"sep/gap": 0.1, "eval/accuracy": 0.5}}])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conspo_lab.cli", "watch", str(run.id),
+         "--url", lab_server.url, "--token", lab_server.token],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+
+    def next_line_with(text: str, timeout: float = 60.0) -> str:
+        while True:
+            line = lines.get(timeout=timeout)
+            if text in line:
+                return line
+
+    try:
+        # The stream's step 1, before the run ends: flushed, not buffered.
+        first = next_line_with("eval/accuracy=0.5 @1")
+        assert "step 1/3" in first and "sep/gap=0.1" in first
+        assert first.startswith("[0:")  # the run's elapsed time, h:mm:ss
+        lab.log_steps(run.id, [{"step": 2, "metrics": {"sep/gap": 0.2}}])
+        second = next_line_with("step 2/3")
+        assert "sep/gap=0.2" in second and "eval/accuracy=0.5 @1" in second  # eval keeps its step
+        lab.log_steps(run.id, [{"step": 3, "metrics": {"sep/gap": 0.3}}], status="succeeded")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_export_of_a_run_without_points_exits_1(lab_server, lab):
+    run = lab.create_external_run("cli-empty", {}, "conspo", "arith", "tiny", [], 3)
+    result = invoke(lab_server, "export", str(run.id), "--out", "-")
+    assert result.exit_code == 1 and "no metric points" in result.output
+
+
+def test_submit_prints_each_runs_url(lab_server, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("algorithm: grpo\nsteps: 2\n")
+    result = invoke(lab_server, "submit", str(good))
+    assert result.exit_code == 0, result.output
+    assert f"{lab_server.url}/runs/" in result.output

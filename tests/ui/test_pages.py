@@ -183,8 +183,7 @@ def test_run_page_shows_separation_dashboards(
         "plot-scores",
         "plot-acc",
         "plot-margin",
-        "plot-boxes",
-        "plot-hist",
+        "plot-dist",
         "plot-reward",
         "plot-groups",
         "plot-evalc",
@@ -210,9 +209,9 @@ def test_run_page_shows_separation_dashboards(
     )
     names = page.evaluate("document.getElementById('plot-margin').data.map(t => t.name)")
     assert names == ["m_t"], names
-    # positive and negative rollout scores are split in the distribution chart
-    box_names = page.evaluate("document.getElementById('plot-boxes').data.map(t => t.name)")
-    assert any("correct" in n for n in box_names) and any("wrong" in n for n in box_names)
+    # positive and negative rollout scores are split in the distribution heatmap
+    heat_names = page.evaluate("document.getElementById('plot-dist').data.map(t => t.name)")
+    assert heat_names == ["correct", "wrong"], heat_names
     page.click('.tabs button[data-tab="config"]')
     assert "params.tau" in page.locator("#config-table").inner_text()
     page.click('.tabs button[data-tab="charts"]')
@@ -501,6 +500,7 @@ def test_clone_and_cancel_from_run_page(page: Any, ui_server: Any) -> None:
     clone = ui_server.api("GET", f"/api/runs/{clone_id}")
     assert clone["config"]["steps"] == 400 and clone["status"] == "queued"  # worker is busy
     page.wait_for_selector("#cancel-btn:not([hidden])")
+    page.once("dialog", lambda d: d.accept())  # cancel asks first
     page.click("#cancel-btn")  # queued → cancelled at once
     wait_until(
         page,
@@ -511,6 +511,7 @@ def test_clone_and_cancel_from_run_page(page: Any, ui_server: Any) -> None:
     # the running original: cancel requested, the worker stops it within seconds
     page.goto(f"{ui_server.url}/runs/{long_id}")
     page.wait_for_selector("#cancel-btn:not([hidden])")
+    page.once("dialog", lambda d: d.accept())
     page.click("#cancel-btn")
     wait_until(
         page,

@@ -63,7 +63,17 @@ def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> dict[str
         )
     steps = [StepPoints(s.step, dict(s.metrics), s.wall_time) for s in body.steps]
     rollouts = [
-        RolloutPoint(r.step, r.group, r.index, r.reward, r.score, r.length, r.truncated)
+        RolloutPoint(
+            r.step,
+            r.group,
+            r.index,
+            r.reward,
+            r.score,
+            r.length,
+            r.truncated,
+            r.prompt,
+            r.completion,
+        )  # fmt: skip
         for r in body.rollouts
     ]
     prompts = [PromptPoint(p.step, p.key, p.n, p.correct) for p in body.prompts]

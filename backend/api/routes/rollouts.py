@@ -14,12 +14,21 @@ router = APIRouter(tags=["rollouts"])
 StepQ = Annotated[int | None, Query(ge=0, le=INT32_MAX)]
 
 
-@router.get("/runs/{run_id}/rollouts", response_model=RolloutList)
+@router.get(
+    "/runs/{run_id}/rollouts", response_model=RolloutList, response_model_exclude_unset=True
+)
 def rollouts(
     run: RunDep,
     session: SessionDep,
     step_min: StepQ = None,
     step_max: StepQ = None,
     limit: Annotated[int, Query(ge=1, le=50_000)] = 5_000,
+    text: Annotated[
+        bool,
+        Query(
+            description="Include each rollout's prompt and completion text (at most 2,000"
+            ' characters each; "" when none was stored).'
+        ),
+    ] = False,
 ) -> dict[str, Any]:
-    return {"items": query_rollouts(session, run.id, step_min, step_max, limit)}
+    return {"items": query_rollouts(session, run.id, step_min, step_max, limit, text)}

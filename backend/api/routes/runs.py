@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import String, cast, func, select
+from sqlalchemy.orm import Session
 
 from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
@@ -129,12 +130,28 @@ def list_runs(
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
     rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
-    return {"items": [run_out(r) for r in rows], "total": total}
+    places = queue_positions(session)
+    return {"items": [with_place(run_out(r), places) for r in rows], "total": total}
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def read(run: RunDep) -> dict[str, Any]:
-    return run_out(run)
+def read(run: RunDep, session: SessionDep) -> dict[str, Any]:
+    return with_place(run_out(run), queue_positions(session))
+
+
+def queue_positions(session: Session) -> dict[int, int]:
+    """Queued run id → its place in the queue (1 = next), in the order runs were sent."""
+    ids = session.scalars(
+        select(Run.id)
+        .where(Run.status == "queued", Run.cancel_requested.is_(False))
+        .order_by(Run.enqueued_at.is_(None), Run.enqueued_at, Run.id)
+    )
+    return {rid: i for i, rid in enumerate(ids, 1)}
+
+
+def with_place(out: dict[str, Any], places: dict[int, int]) -> dict[str, Any]:
+    out["queue_position"] = places.get(out["id"])
+    return out
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
@@ -159,14 +176,20 @@ def clone(
     jobs: JobsDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:
-    """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
+    """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies).
+
+    A plain clone keeps the source's name with a new suffix (``x-s0`` → ``x-s0-2``); a clone
+    with overrides is named from its own config, so its name does not claim the source's
+    settings. Tags label the source run (``best``, ``baseline``): the copies get only the ones
+    the body gives. Each copy records ``cloned_from``."""
     config = cloned_config(run, body.overrides)
     run_inputs.refuse_missing_software(config, session, settings, ("body", "overrides"))
     run_inputs.refuse_unavailable(config, settings, ("body", "overrides"))
-    tags = body.tags if body.tags is not None else list(run.tags or [])
+    name = body.name or (None if body.overrides else lifecycle.name_base(run.name))
     group_id, runs = lifecycle.queue_runs(
-        session, jobs, user, config, seeds=body.seeds, tags=tags, name=body.name
-    )
+        session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,
+        cloned_from=run.id,
+    )  # fmt: skip
     return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
 
 
