@@ -13,7 +13,15 @@ from sqlalchemy import String, cast, func, select
 
 from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionDep, SettingsDep
+from backend.api.deps import (
+    ClusterDep,
+    CurrentUser,
+    JobsDep,
+    OwnedRunDep,
+    RunDep,
+    SessionDep,
+    SettingsDep,
+)
 from backend.api.query import parse_ids
 from backend.models import Run
 from backend.schemas import (
@@ -44,7 +52,12 @@ ShortText = Annotated[Label, Query()]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
 def create(
-    body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
+    body: RunCreate,
+    user: CurrentUser,
+    session: SessionDep,
+    jobs: JobsDep,
+    settings: SettingsDep,
+    cluster: ClusterDep,
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
     run_inputs.refuse_missing_software(body.config, session, settings, ("body", "config"))
@@ -52,7 +65,7 @@ def create(
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
-    return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs]}
 
 
 class EstimateRequest(BaseModel):
@@ -97,6 +110,7 @@ def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
 @router.get("", response_model=RunList)
 def list_runs(
     session: SessionDep,
+    cluster: ClusterDep,
     status_: Annotated[RunStatusName | None, Query(alias="status")] = None,
     algorithm: ShortText | None = None,
     task: ShortText | None = None,
@@ -129,12 +143,12 @@ def list_runs(
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
     rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
-    return {"items": [run_out(r) for r in rows], "total": total}
+    return {"items": [run_out(r, cluster) for r in rows], "total": total}
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def read(run: RunDep) -> dict[str, Any]:
-    return run_out(run)
+def read(run: RunDep, cluster: ClusterDep) -> dict[str, Any]:
+    return run_out(run, cluster)
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
@@ -158,6 +172,7 @@ def clone(
     session: SessionDep,
     jobs: JobsDep,
     settings: SettingsDep,
+    cluster: ClusterDep,
 ) -> dict[str, Any]:
     """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies)."""
     config = cloned_config(run, body.overrides)
@@ -167,7 +182,7 @@ def clone(
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=tags, name=body.name
     )
-    return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs]}
 
 
 def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
