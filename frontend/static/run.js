@@ -41,9 +41,11 @@ import {
   h,
   progress,
   progressBar,
+  resourcesText,
   setConn,
   statusBadge,
   toast,
+  waitingNote,
 } from "/static/util.js";
 
 const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
@@ -257,15 +259,16 @@ function renderRun() {
   const run = S.run;
   document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
   $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
-  $("#run-status").replaceChildren(statusBadge(run));
+  $("#run-status").replaceChildren(...[statusBadge(run), waitingNote(run)].filter(Boolean));
   $("#run-progress").replaceChildren(progressBar(run));
   const p = progress(run);
   const finished = FINISHED.has(run.status);
   const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
-  $("#run-meta").replaceChildren(
+  const meta = [
     metaItem("algorithm", run.algorithm),
     metaItem("task", run.task),
     metaItem("model", run.model),
+    metaItem("resources", resourcesText(run), `strategy ${run.config?.resources?.strategy || "ddp"}`),
     metaItem("owner", run.owner),
     metaItem("seed", String(run.seed ?? "–")),
     metaItem(
@@ -297,8 +300,10 @@ function renderRun() {
     metaItem("worker host", run.worker_host || "–"),
     metaItem("device", run.device || "–"),
     metaItem("dtype", run.dtype || "–"),
+    run.ray_job_id ? metaItem("Ray job", run.ray_job_id) : null,
     metaItem("kind", run.external ? "external (logged over HTTP)" : "queued job"),
-  );
+  ];
+  $("#run-meta").replaceChildren(...meta.filter(Boolean));
   const err = $("#run-error");
   err.hidden = !run.error;
   err.textContent = run.error ? `Error: ${run.error}` : "";
