@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -176,7 +177,7 @@ def train_on_ray(
     import ray
 
     workdir = Path(workdir).resolve()
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    _connect(address)
     try:
         relay = ray.remote(num_cpus=0)(Relay).remote()
         trainer = _trainer(config, relay, workdir, name, model_store, files, memory_limit)
@@ -190,6 +191,29 @@ def train_on_ray(
             raise RuntimeError(f"the Ray run {name} failed: {fit.error}") from fit.error
         return TrainResult("cancelled", 0)  # torn down after a cancel
     return result
+
+
+def _connect(address: str) -> None:
+    """``ray.init`` as the driver. Ray enables ``faulthandler`` on ``sys.stderr``, which a
+    Celery worker has replaced by a logging proxy without a file descriptor: the process's
+    real stderr stands in while Ray connects."""
+    import ray
+
+    stderr = sys.stderr
+    if not _has_fd(stderr):
+        sys.stderr = sys.__stderr__
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    finally:
+        sys.stderr = stderr
+
+
+def _has_fd(stream: Any) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True
 
 
 def _trainer(

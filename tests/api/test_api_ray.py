@@ -40,19 +40,23 @@ def ray_head() -> Iterator[str]:
     port = free_port()
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's sockets live under it
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # No token authentication on this throwaway head (a real cluster keeps it: README, Cluster).
+    env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     log = Path(temp) / "head.log"
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block"]
     cmd += [f"--port={port}", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp}"]
-    cmd += ["--include-dashboard=false", "--disable-usage-stats"]
+    cmd += ["--include-dashboard=false", "--disable-usage-stats", f"--object-store-memory={10**8}"]
     with log.open("wb") as out:
         head = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     address = f"127.0.0.1:{port}"
     try:
-        wait_for(lambda: head.poll() is None and "Ray runtime started" in log.read_text(), 60,
-                 "the Ray head")
+        wait_for(
+            lambda: head.poll() is None and "Ray runtime started" in log.read_text(),
+            60,
+            "the Ray head",
+        )
         yield address
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -61,7 +65,7 @@ def ray_head() -> Iterator[str]:
             except ProcessLookupError:
                 break
             try:
-                head.wait(timeout=10)
+                head.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 continue
         # Processes the head started outside its group (workers it spawned) end with it; the
@@ -87,7 +91,7 @@ def test_a_two_node_run_trains_on_ray_and_cancels(
     # The run needing 4 processes never reached this worker, and says why.
     waiting = run_state(api, too_big)
     assert waiting["status"] == "queued" and waiting["attempt"] == 0
-    assert waiting["waiting_reason"] == "needs 4 GPUs; largest idle worker has 2 CPU processes"
+    assert waiting["waiting_reason"] == "needs 4 GPUs; largest live worker has 2 CPU processes"
 
     long_id = submit(api, tiny_config(400, resources={"nodes": 2}))
     wait_for(lambda: run_state(api, long_id)["step"] >= 1, 240, "a step on Ray")
