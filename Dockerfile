@@ -34,6 +34,15 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 
+# 2b. Optional extras, e.g. --build-arg LAB_EXTRAS=ray for the Ray nodes and the workers that
+#     submit multi-node runs to them (docker-compose.yml, profile ray).
+ARG LAB_EXTRAS=""
+RUN if [ -n "$LAB_EXTRAS" ]; then \
+        python -c "import sys, tomllib; x = tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies']; print('\n'.join(d for e in sys.argv[1].split(',') for d in x[e]))" "$LAB_EXTRAS" \
+            > /tmp/extras.txt \
+        && pip install -r /tmp/extras.txt; \
+    fi
+
 # 3. The project. Installed editable from /app, so migrations/ and frontend/ resolve beside it.
 COPY . .
 RUN pip install --no-deps -e . \

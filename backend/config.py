@@ -123,6 +123,18 @@ class Settings(BaseSettings):
         description="A GET whose response has not started after this long gets 503 (queued work "
         "is dropped, not run late); streams start at once and are not cut. 0: no limit.",
     )
+    worker_cpu_processes: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="On a worker without GPUs: how many gloo processes one run may use there, so"
+        " runs with resources.gpus up to this count are routed to it.",
+    )
+    ray_address: str = Field(
+        "",
+        description="Ray cluster this worker submits multi-node runs (resources.nodes > 1) to,"
+        " e.g. auto or ray://head:10001; empty: this worker takes no such run.",
+    )
     worker_pool: Literal["solo", "prefork", "threads"] = Field(
         "solo", description="Celery pool of `conspo-lab worker` (concurrency is always 1)."
     )

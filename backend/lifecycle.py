@@ -65,6 +65,7 @@ from backend.models import (
     utcnow,
 )
 from backend.queue import JobQueue
+from backend.scheduling import resources_of
 from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,8 @@ def _new_run(
 
 
 def send(session: Session, jobs: JobQueue, run_id: int) -> bool:
-    """Hand a queued run to the broker and stamp ``enqueued_at``; False if it is not queued.
+    """Hand a queued run to the broker, on the queue of workers that can hold it
+    (``backend.scheduling``), and stamp ``enqueued_at``; False if it is not queued.
 
     The stamp is written first, inside a transaction that stays open while the job is
     published: the UPDATE holds the run row, so a second sender (another worker's reaper)
@@ -230,18 +232,17 @@ def send(session: Session, jobs: JobQueue, run_id: int) -> bool:
     after publishing but before the commit leaves the run unstamped and it is sent again later:
     a duplicate message is harmless (``claim`` takes a run once).
     """
-    stamped = _rows(
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.status == RunStatus.queued)
-            .values(enqueued_at=utcnow())
-        )
-    )
-    if not stamped:
+    stamped = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == RunStatus.queued)
+        .values(enqueued_at=utcnow())
+        .returning(Run.config)
+    ).first()
+    if stamped is None:
         session.rollback()
         return False
     try:
-        jobs.publish(run_id)
+        jobs.publish(run_id, resources_of(stamped[0]))
     except Exception as exc:
         session.rollback()
         log.warning("run %s: the broker refused the job (%s)", run_id, type(exc).__name__)
@@ -347,6 +348,16 @@ def describe_attempt(
         update(Run)
         .where(*owned_by(run_id, attempt))
         .values(device=device, dtype=dtype, total_steps=total_steps, updated_at=utcnow())
+    )
+    session.commit()
+    return _rows(done) > 0
+
+
+def record_ray_job(session: Session, run_id: int, attempt: int, ray_job_id: str) -> bool:
+    """Record the Ray job a multi-node attempt trains in, no status change; False when the
+    attempt no longer owns the run."""
+    done = session.execute(
+        update(Run).where(*owned_by(run_id, attempt)).values(ray_job_id=ray_job_id)
     )
     session.commit()
     return _rows(done) > 0
@@ -509,13 +520,18 @@ def stranded(session: Session, jobs: JobQueue, sent_before: datetime) -> list[in
     strands nothing however long its runs wait. Raises when the broker is unreachable.
     """
     waiting = session.execute(
-        select(Run.id, Run.enqueued_at).where(
+        select(Run.id, Run.enqueued_at, Run.config).where(
             Run.status == RunStatus.queued, Run.enqueued_at.is_not(None)
         )
     ).all()
-    if not waiting or jobs.waiting() >= len(waiting):
-        return []
-    return [run_id for run_id, sent_at in waiting if sent_at is not None and sent_at < sent_before]
+    by_queue: dict[str, list[tuple[int, datetime | None]]] = {}
+    for run_id, sent_at, config in waiting:
+        by_queue.setdefault(jobs.queue_for(resources_of(config)), []).append((run_id, sent_at))
+    lost = []
+    for queue, runs in by_queue.items():  # each capacity class has its own queue to count
+        if jobs.waiting(queue) < len(runs):
+            lost += [run_id for run_id, sent_at in runs if sent_at and sent_at < sent_before]
+    return lost
 
 
 # --------------------------------------------------------------------------------------------

@@ -155,6 +155,8 @@ class Run(Base):
     worker_host: Mapped[str | None] = mapped_column(String(200))
     device: Mapped[str | None] = mapped_column(String(100))  # e.g. "cuda:0 (NVIDIA H200)", "cpu"
     dtype: Mapped[str | None] = mapped_column(String(20))  # the compute dtype, e.g. "bfloat16"
+    # Multi-node runs: the Ray job / Ray Train run of the latest attempt ("<job id>/<run name>").
+    ray_job_id: Mapped[str | None] = mapped_column(String(200))
     error: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     external: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -1,8 +1,10 @@
 """Handing runs to the Celery queue (the backend only sends; worker/ consumes).
 
 ``JobQueue.publish`` is the only place a training job is sent; ``backend.lifecycle.send`` calls
-it as part of the queued run's hand-over. ``JobQueue.waiting`` counts the jobs in the queue, so
-the reaper and ``/api/health`` can tell when the broker lost some (``lifecycle.stranded``).
+it as part of the queued run's hand-over, to the queue of the run's capacity class
+(``backend.scheduling``: ``gpu``, ``gpu-N``, ``gpu-ray``). ``JobQueue.waiting`` counts the jobs
+in one queue, so the reaper and ``/api/health`` can tell when the broker lost some
+(``lifecycle.stranded``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 from celery import Celery
 
 from backend.config import Settings
+from backend.scheduling import queue_for
+from conspo.config import ResourcesConfig
 
 TASK_NAME = "worker.tasks.run_training"
 
@@ -53,7 +57,8 @@ def make_celery(settings: Settings) -> Celery:
 
 @dataclass(frozen=True)
 class JobQueue:
-    """Where training jobs go: a Celery app and the queue its GPU workers consume."""
+    """Where training jobs go: a Celery app and the base queue its GPU workers consume (runs
+    needing more than one process go to queues named after it, ``backend.scheduling``)."""
 
     celery: Celery
     queue: str
@@ -62,16 +67,23 @@ class JobQueue:
     def from_settings(cls, settings: Settings, celery: Celery | None = None) -> JobQueue:
         return cls(celery or make_celery(settings), settings.queue)
 
-    def publish(self, run_id: int) -> None:
-        """Send the job for ``run_id`` (raises when the broker is down)."""
-        self.celery.send_task(TASK_NAME, args=[run_id], queue=self.queue)
+    def queue_for(self, resources: ResourcesConfig) -> str:
+        return queue_for(resources, self.queue)
 
-    def waiting(self) -> int:
-        """Jobs in the queue not yet delivered to a worker (raises when the broker is down).
+    def publish(self, run_id: int, resources: ResourcesConfig | None = None) -> None:
+        """Send the job for ``run_id`` to the queue of workers that can hold ``resources``
+        (raises when the broker is down)."""
+        self.celery.send_task(
+            TASK_NAME, args=[run_id], queue=self.queue_for(resources or ResourcesConfig())
+        )
+
+    def waiting(self, queue: str | None = None) -> int:
+        """Jobs in ``queue`` (default: the base queue) not yet delivered to a worker (raises
+        when the broker is down).
 
         Both transports count the same thing: Redis the queue's lists, kombu's SQLAlchemy
         transport its visible message rows; a job a worker holds unacknowledged is not counted.
         """
         with self.celery.connection_for_read() as conn:
-            declared = conn.default_channel.queue_declare(queue=self.queue, passive=False)
+            declared = conn.default_channel.queue_declare(queue=queue or self.queue, passive=False)
             return int(declared.message_count)

@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, to_json
 
+from backend.scheduling import Cluster, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
 
@@ -142,6 +143,15 @@ class RunOut(BaseModel):
     queue_position: int | None = Field(
         None, description="Queued runs: 1 for the next to start, in the order they were sent."
     )
+    ray_job_id: str | None = Field(
+        None,
+        description="Multi-node runs: the Ray job and Ray Train run of the latest attempt.",
+    )
+    waiting_reason: str | None = Field(
+        None,
+        description="Queued runs: why no worker has taken it yet, from the live workers (e.g."
+        ' "needs 8 GPUs; largest idle worker has 4 GPUs"); None when one is about to.',
+    )
 
 
 # Deeper than anything validation accepts, and well inside the ~250 levels JSON encoders allow.
@@ -181,10 +191,13 @@ def _ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def run_out(run: Run) -> dict[str, Any]:
+def run_out(run: Run, cluster: Cluster | None = None) -> dict[str, Any]:
     """A ``runs`` row as the API's ``RunOut`` (times as unix seconds, the owner by name),
-    always renderable: one bad row never breaks a list or a stream."""
+    always renderable: one bad row never breaks a list or a stream. With ``cluster`` (the live
+    workers), a queued run says why it waits."""
     out = _run_fields(run)
+    if cluster is not None and run.status == "queued" and not run.external:
+        out["waiting_reason"] = cluster.why_waiting(resources_of(run.config))
     return out if _renders(out) else renderable(out)
 
 
@@ -236,6 +249,8 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "attempt": run.attempt,
         "worker_deaths": run.worker_deaths,
         "last_worker_death": run.last_worker_death,
+        "ray_job_id": run.ray_job_id,
+        "waiting_reason": None,
     }
 
 

@@ -1,16 +1,21 @@
-"""What this worker can run: its GPUs and the optional packages some configs need.
+"""What this worker can run: its GPUs, its CPU slots, Ray, and the optional packages some
+configs need.
 
 Probed once at start, logged, and stored in the worker's ``workers`` row
-(``backend.liveness``): ``/api/health`` lists it, and the API accepts a config that needs
+(``backend.liveness``): ``/api/health`` lists it, the API accepts a config that needs
 vLLM or flash-attn when a live worker advertises it (``backend.run_inputs``), even though the
-API process itself has neither.
+API process itself has neither, and says why a queued run waits (``backend.scheduling``). The
+queues the worker consumes follow from the same probe (``capacity``, ``queues``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 from typing import Any
 
+from backend.config import Settings
+from backend.scheduling import Capacity, queues_served
 from conspo.engines import ENGINES
 
 # Engines that need a package beyond the training stack, and the module that provides it.
@@ -21,8 +26,25 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def probe() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(gpus [{index, name, memory_bytes}], {engines, flash_attn, torch, cuda})."""
+def probe(settings: Settings | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(gpus [{index, name, memory_bytes}], {engines, flash_attn, torch, cuda, cpu_processes,
+    ray}); ``ray`` is the cluster address when Ray is installed and ``ray_address`` is set."""
+    from backend.config import get_settings
+
+    settings = settings or get_settings()
+    gpus, found = _probe_machine()
+    capabilities = {
+        **found,
+        "cpu_processes": settings.worker_cpu_processes,
+        "ray": settings.ray_address if settings.ray_address and installed("ray") else None,
+    }
+    return list(gpus), capabilities
+
+
+@lru_cache(maxsize=1)
+def _probe_machine() -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
+    """The devices and packages, probed once per process (the CLI chooses the queues from it
+    before Celery starts, and the worker stores it once Celery is ready)."""
     import torch
 
     gpus = []
@@ -40,4 +62,14 @@ def probe() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda if gpus else None,
     }
-    return gpus, capabilities
+    return tuple(gpus), capabilities
+
+
+def capacity(settings: Settings | None = None) -> Capacity:
+    """What runs this worker can hold (``backend.scheduling``)."""
+    return Capacity.advertised(*probe(settings))
+
+
+def queues(settings: Settings) -> list[str]:
+    """The Celery queues this worker consumes: one per capacity class it can hold."""
+    return queues_served(capacity(settings), settings.queue)

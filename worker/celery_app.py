@@ -1,7 +1,8 @@
 """The worker's Celery app (settings from CONSPO_* env vars) and its reaper thread.
 
-Start it with ``conspo-lab worker`` (queue ``gpu``, concurrency 1, prefetch 1) or
-``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
+Start it with ``conspo-lab worker`` (concurrency 1, prefetch 1, the queues of every capacity
+class this machine can hold: ``gpu``, ``gpu-2`` … ``gpu-N``, ``gpu-ray``; see
+``backend.scheduling``) or ``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
 
 Stale runs are recovered by a thread in every worker instead of celery beat: there is no extra
 process to deploy (embedded mode has exactly one worker), a restarted worker recovers the runs
@@ -43,7 +44,7 @@ def _start_reaper(**_: Any) -> None:
     from worker.reaper import ReaperThread
     from worker.tasks import database
 
-    gpus, capabilities = probe()
+    gpus, capabilities = probe(settings)
     log.info("worker capabilities: gpus=%s %s", gpus or "none", capabilities)
     me = WorkerIdentity(gpus=gpus, capabilities=capabilities)
     _reaper = ReaperThread(database(), JobQueue(celery_app, settings.queue), settings, me)

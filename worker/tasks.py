@@ -28,16 +28,18 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from celery.exceptions import Reject
+from sqlalchemy import select
 
 from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
 from backend.queue import TASK_NAME, JobQueue
+from backend.scheduling import resources_of
 from worker.celery_app import celery_app
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
@@ -59,6 +61,25 @@ def run_training(run_id: int) -> str:
         raise Reject("the worker is shutting down; the job goes back to the queue", requeue=True)
     settings = get_settings()
     return execute_run(database(), JobQueue(celery_app, settings.queue), settings, run_id)
+
+
+def rerouted(db: Database, jobs: JobQueue, settings: Settings, run_id: int) -> bool:
+    """True when this worker cannot hold the run (its job came on a queue this worker should
+    not serve: sent before the run's queue existed, or a hand-started worker with the wrong
+    ``-Q``): the job is sent on to the run's own queue, which this worker does not consume, so
+    it never comes back here."""
+    from worker.capabilities import capacity
+
+    with db.session() as session:
+        config = session.scalar(select(Run.config).where(Run.id == run_id))
+    resources = resources_of(config)
+    if config is None or capacity(settings).holds(resources):
+        return False
+    log.warning(
+        "run %s needs %s: not here; sent to %s", run_id, resources, jobs.queue_for(resources)
+    )
+    jobs.publish(run_id, resources)
+    return True
 
 
 def claim(db: Database, settings: Settings, run_id: int) -> Run | None:
@@ -197,6 +218,8 @@ def execute_run(
 ) -> str:
     outage = Outage(settings.db_retry_limit_s, interrupt=shutdown)
     try:
+        if outage.call(f"run {run_id}: route", lambda: rerouted(db, jobs, settings, run_id)):
+            return "rerouted"
         run = outage.call(f"run {run_id}: claim", lambda: claim(db, settings, run_id))
     except DatabaseUnavailable as exc:  # still queued: the reaper re-sends it (stranded)
         log.error("%s; leaving the run queued", exc)
@@ -237,7 +260,10 @@ def train_attempt(
         )
         workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
-        result = train(
+        trainer: Any = train
+        if config.resources.nodes > 1:  # the Ray cluster trains it, through this same sink
+            trainer = on_ray(db, settings, run, outage)
+        result = trainer(
             config,
             sink,
             lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
@@ -265,6 +291,27 @@ def train_attempt(
     if result.status == "succeeded":
         return Outcome(Ending.FINISH, RunStatus.succeeded)
     return _why_stopped(heartbeat, shutdown)
+
+
+def on_ray(db: Database, settings: Settings, run: Run, outage: Outage) -> Any:
+    """``train`` for a multi-node run: submitted to the Ray cluster at ``ray_address``
+    (``conspo.ray_train``), its Ray job recorded on the run. ``workdir`` must be on storage
+    every Ray node shares; a later attempt resubmits and resumes from its checkpoint."""
+    from conspo.ray_train import train_on_ray
+
+    def submitted(ray_job_id: str) -> None:
+        def write() -> None:
+            with db.session() as session:
+                lifecycle.record_ray_job(session, run.id, run.attempt, ray_job_id)
+
+        outage.call(f"run {run.id}: record the Ray job", write)
+
+    return partial(
+        train_on_ray,
+        address=settings.ray_address,
+        name=f"conspo-run-{run.id}-a{run.attempt}",
+        on_submitted=submitted,
+    )
 
 
 def _why_stopped(heartbeat: Heartbeat, shutdown: Interrupt) -> Outcome:

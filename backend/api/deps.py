@@ -27,6 +27,7 @@ from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, User
 from backend.queue import JobQueue
+from backend.scheduling import Cluster
 from backend.schemas import INT32_MAX
 from backend.security import user_for_token
 
@@ -184,6 +185,14 @@ def get_owned_run(run: RunDep, user: CurrentUser) -> Run:
 
 
 OwnedRunDep = Annotated[Run, Depends(get_owned_run)]
+
+
+def get_cluster(session: SessionDep, settings: SettingsDep) -> Cluster:
+    """The live workers, read once per request: queued runs say why they wait."""
+    return Cluster.load(session, settings)
+
+
+ClusterDep = Annotated[Cluster, Depends(get_cluster)]
 
 
 @dataclass(frozen=True)

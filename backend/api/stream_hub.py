@@ -38,6 +38,7 @@ from sse_starlette import ServerSentEvent
 from backend.config import Settings
 from backend.db import Database
 from backend.models import FINISHED, Run, utcnow
+from backend.scheduling import Cluster
 from backend.schemas import run_out
 from backend.storage.stream import StreamChunk, StreamCursor, query_new_points
 
@@ -327,7 +328,7 @@ class StreamHub:
         since = self._runs_window_start() if self.runs_listeners else None
         started = utcnow()
         try:
-            rows, changed = await self._in_thread(_read_runs, self._db, ids, since)
+            rows, changed = await self._in_thread(_read_runs, self._db, self._settings, ids, since)
         except SQLAlchemyError as exc:
             log.warning("live streams: poll failed, retrying next period: %s", exc)
             return
@@ -387,18 +388,19 @@ def _read_points(db: Database, run_id: int, cursor: StreamCursor) -> SharedChunk
 
 
 def _read_runs(
-    db: Database, ids: Sequence[int], since: datetime | None
+    db: Database, settings: Settings, ids: Sequence[int], since: datetime | None
 ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
     """The watched runs by id (with their ``write_seq``), and the runs updated since ``since``
     (none when it is None), in one short session."""
     rows: dict[int, dict[str, Any]] = {}
     with db.session() as session:
+        cluster = Cluster.load(session, settings)  # queued runs say why they wait
         for start in range(0, len(ids), IDS_PER_QUERY):
             batch = ids[start : start + IDS_PER_QUERY]
             for run in session.scalars(select(Run).where(Run.id.in_(batch))).unique():
-                rows[run.id] = {**run_out(run), "write_seq": run.write_seq}
+                rows[run.id] = {**run_out(run, cluster), "write_seq": run.write_seq}
         changed: list[dict[str, Any]] = []
         if since is not None:
             query = select(Run).where(Run.updated_at >= since).order_by(Run.updated_at)
-            changed = [run_out(r) for r in session.scalars(query).unique()]
+            changed = [run_out(r, cluster) for r in session.scalars(query).unique()]
     return rows, changed

@@ -40,6 +40,7 @@ const SECTIONS = [
   { key: "model", title: "Model" },
   { key: "sampling", title: "Sampling" },
   { key: "optim", title: "Optimiser" },
+  { key: "resources", title: "Resources" }, // GPUs per node, nodes (Ray), ddp or fsdp
 ];
 const ADVANCED = [
   { title: "Precision and memory", keys: ["model", "sampling", "optim"], advanced: true },

@@ -44,9 +44,11 @@ import {
   h,
   progress,
   progressBar,
+  resourcesText,
   setConn,
   statusBadge,
   toast,
+  waitingNote,
 } from "/static/util.js";
 
 const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
@@ -271,7 +273,6 @@ function recentStepSeconds() {
 function queueText(run) {
   const parts = [];
   if (run.queue_position) parts.push(`#${run.queue_position} in the queue`);
-  if (run.waiting_reason) parts.push(run.waiting_reason); // issue 11 fills it in when known
   return parts.join(" · ");
 }
 
@@ -321,7 +322,7 @@ function renderRun() {
   const run = S.run;
   document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
   $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
-  $("#run-status").replaceChildren(statusBadge(run));
+  $("#run-status").replaceChildren(...[statusBadge(run), waitingNote(run)].filter(Boolean));
   $("#run-progress").replaceChildren(progressBar(run, recentStepSeconds()));
   $("#run-lineage").replaceChildren(
     run.cloned_from ? h("a", { href: `/runs/${run.cloned_from}` }, `cloned from #${run.cloned_from}`) : "",
@@ -339,10 +340,11 @@ function renderRun() {
     live.parentElement.title = `run ${run.status}: no live updates`;
   }
   const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
-  $("#run-meta").replaceChildren(
+  const meta = [
     metaItem("algorithm", run.algorithm),
     metaItem("task", run.task),
     metaItem("model", run.model),
+    metaItem("resources", resourcesText(run), `strategy ${run.config?.resources?.strategy || "ddp"}`),
     metaItem("owner", run.owner),
     metaItem("seed", String(run.seed ?? "–")),
     metaItem(
@@ -374,8 +376,10 @@ function renderRun() {
     metaItem("worker host", run.worker_host || "–"),
     metaItem("device", run.device || "–"),
     metaItem("dtype", run.dtype || "–"),
+    run.ray_job_id ? metaItem("Ray job", run.ray_job_id) : null,
     metaItem("kind", run.external ? "external (logged over HTTP)" : "queued job"),
-  );
+  ];
+  $("#run-meta").replaceChildren(...meta.filter(Boolean));
   const err = $("#run-error");
   err.hidden = !run.error;
   err.textContent = run.error ? `Error: ${run.error}` : "";

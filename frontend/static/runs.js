@@ -10,10 +10,12 @@ import {
   fmtTime,
   h,
   progressBar,
+  resourcesText,
   setConn,
   sparkline,
   statusBadge,
   toast,
+  waitingNote,
 } from "/static/util.js";
 
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
@@ -135,10 +137,11 @@ function rowFor(run) {
       h("span.muted.small", {}, `#${run.id}`),
       run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
     ),
-    h("td", {}, statusBadge(run)),
+    h("td", {}, statusBadge(run), waitingNote(run)),
     h("td", {}, run.algorithm || "–"),
     h("td", {}, run.task || "–"),
     h("td.mono", {}, run.model || "–"),
+    h("td.resources", { title: "config.resources: GPUs per node × nodes" }, resourcesText(run)),
     h("td", {}, run.owner || "–"),
     h(
       "td",

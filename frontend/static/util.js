@@ -72,6 +72,21 @@ export function statusBadge(run) {
   return h(`span.badge.st-${status}`, { title: run.error || status }, status);
 }
 
+/** What a run occupies, compactly: "1 GPU", "2×GPU", "2 nodes × 8" (config.resources). */
+export function resourcesText(run) {
+  const r = run.config?.resources || {};
+  const gpus = r.gpus || 1;
+  const nodes = r.nodes || 1;
+  if (nodes > 1) return `${nodes} nodes × ${gpus}`;
+  return gpus > 1 ? `${gpus}×GPU` : "1 GPU";
+}
+
+/** Why a queued run waits (computed by the API from the live workers), as a muted note. */
+export function waitingNote(run) {
+  if (run.status !== "queued" || !run.waiting_reason) return null;
+  return h("div.muted.small.waiting", { title: "why no worker has taken this run yet" }, run.waiting_reason);
+}
+
 export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 
 /** Progress fraction and ETA (seconds) of a run. The ETA follows the recent pace: `stepSeconds`

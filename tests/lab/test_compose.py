@@ -204,3 +204,25 @@ def test_workers_load_no_hub_model_and_stay_offline_unless_the_operator_says(com
     for name in ("api", "worker"):
         mounts = [interpolate(v, {}).split(":")[1] for v in services[name]["volumes"]]
         assert "/models" in mounts and "/data" in mounts, name
+
+
+def test_an_8_gpu_node_and_an_optional_ray_cluster(compose):
+    """The 8-GPU worker reserves 8 GPUs and sets the settings scheduling reads; the Ray head and
+    worker come only with profile ray, built with the ray extra the multi-node path imports."""
+    services = compose["services"]
+    node8 = services["worker-node8"]
+    devices = node8["deploy"]["resources"]["reservations"]["devices"]
+    assert [(d["driver"], d["count"]) for d in devices] == [("nvidia", 8)]
+    env = service_env(node8)
+    assert interpolate(env["CONSPO_QUEUE"], env_example()) == "gpu"  # gpu, gpu-2 … gpu-8
+    assert {"CONSPO_WORKER_CPU_PROCESSES", "CONSPO_RAY_ADDRESS"} <= set(env)
+    assert "conspo-lab worker" in " ".join(node8["command"])
+    assert services["ray-head"]["profiles"] == ["ray"] == services["ray-worker"]["profiles"]
+    assert "--head" in services["ray-head"]["command"]
+    assert services["ray-worker"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 8
+    for name in ("worker-node8", "ray-head", "ray-worker"):
+        assert services[name]["build"]["args"]["LAB_EXTRAS"] == "ray"
+        assert "labdata:/data" in services[name]["volumes"]  # the run workdirs, shared
+    assert "LAB_EXTRAS" in DOCKERFILE.read_text()
+    # Plain `docker compose up` starts neither (they would compete with `worker` for GPUs).
+    assert "profiles" not in services["worker"] and node8["profiles"] == ["node8"]

@@ -14,7 +14,15 @@ from sqlalchemy.orm import Session
 
 from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import CurrentUser, JobsDep, OwnedRunDep, RunDep, SessionDep, SettingsDep
+from backend.api.deps import (
+    ClusterDep,
+    CurrentUser,
+    JobsDep,
+    OwnedRunDep,
+    RunDep,
+    SessionDep,
+    SettingsDep,
+)
 from backend.api.query import parse_ids
 from backend.models import Run
 from backend.schemas import (
@@ -45,7 +53,12 @@ ShortText = Annotated[Label, Query()]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
 def create(
-    body: RunCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
+    body: RunCreate,
+    user: CurrentUser,
+    session: SessionDep,
+    jobs: JobsDep,
+    settings: SettingsDep,
+    cluster: ClusterDep,
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
     run_inputs.refuse_missing_software(body.config, session, settings, ("body", "config"))
@@ -53,7 +66,7 @@ def create(
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
-    return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs]}
 
 
 class EstimateRequest(BaseModel):
@@ -98,6 +111,7 @@ def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
 @router.get("", response_model=RunList)
 def list_runs(
     session: SessionDep,
+    cluster: ClusterDep,
     status_: Annotated[RunStatusName | None, Query(alias="status")] = None,
     algorithm: ShortText | None = None,
     task: ShortText | None = None,
@@ -131,12 +145,12 @@ def list_runs(
     order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
     rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
     places = queue_positions(session)
-    return {"items": [with_place(run_out(r), places) for r in rows], "total": total}
+    return {"items": [with_place(run_out(r, cluster), places) for r in rows], "total": total}
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def read(run: RunDep, session: SessionDep) -> dict[str, Any]:
-    return with_place(run_out(run), queue_positions(session))
+def read(run: RunDep, session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
+    return with_place(run_out(run, cluster), queue_positions(session))
 
 
 def queue_positions(session: Session) -> dict[int, int]:
@@ -175,6 +189,7 @@ def clone(
     session: SessionDep,
     jobs: JobsDep,
     settings: SettingsDep,
+    cluster: ClusterDep,
 ) -> dict[str, Any]:
     """Re-queue a run's config with ``overrides`` deep-merged in (the caller owns the copies).
 
@@ -190,7 +205,7 @@ def clone(
         session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,
         cloned_from=run.id,
     )  # fmt: skip
-    return {"group_id": group_id, "runs": [run_out(r) for r in runs]}
+    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs]}
 
 
 def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
