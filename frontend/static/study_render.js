@@ -215,7 +215,7 @@ function searchCharts(view, Plotly, root) {
   }
   const imp = Object.entries(s.importances || {});
   const div = h("div.chart#importances");
-  root.append(h("div.panel.chart-card", {}, h("h4", {}, "parameter importances (optuna.importance, fANOVA)"), imp.length ? div : h("p.muted", {}, s.importance_note || "needs 2+ finished trials")));
+  root.append(h("div.panel.chart-card", {}, h("h4", {}, "parameter importances (optuna.importance, its default evaluator)"), imp.length ? div : h("p.muted", {}, s.importance_note || "needs 2+ finished trials")));
   if (imp.length) {
     Plotly.newPlot(div, [{ type: "bar", orientation: "h", x: imp.map((e) => e[1]), y: imp.map((e) => e[0]) }], { height: 60 + 30 * imp.length, margin: { l: 140, r: 20, t: 10, b: 30 } }, CHART_CONFIG);
   }
