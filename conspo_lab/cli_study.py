@@ -43,7 +43,9 @@ def _load(path: Path) -> dict[str, Any]:
 @study_app.command("run")
 def run(
     file: Annotated[Path, typer.Argument(help="Study file, YAML or JSON.")],
-    wait: Annotated[bool, typer.Option("--wait", help="Follow until done; print the verdict.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow until done; print the verdict.")
+    ] = False,
     poll_s: Annotated[float, typer.Option(help="Seconds between polls with --wait.")] = 5.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -61,7 +63,9 @@ def run(
         while study["status"] == "active":
             time.sleep(poll_s)
             study = lab.get_study(study["id"])
-            done = sum(1 for r in study["runs"] if r["status"] in ("succeeded", "failed", "cancelled"))
+            done = sum(
+                1 for r in study["runs"] if r["status"] in ("succeeded", "failed", "cancelled")
+            )
             console.print(f"  {done} of {len(study['runs'])} runs finished", highlight=False)
         _print_study(study)
 
@@ -81,7 +85,9 @@ def show(
 def report(
     study_id: Annotated[int, typer.Argument(help="Study id.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="File to write.")],
-    csv: Annotated[bool, typer.Option("--csv", help="The per-seed objective as CSV instead.")] = False,
+    csv: Annotated[
+        bool, typer.Option("--csv", help="The per-seed objective as CSV instead.")
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -116,10 +122,25 @@ def _print_study(study: dict[str, Any]) -> None:
     arms = Table("arm", "n", "mean", "95% CI (t)", "95% CI (bootstrap)", title="objective by arm")
     for a in study["arms"]:
         mean = "–" if a["mean"] is None else f"{a['mean'] * scale:.4g}"
-        arms.add_row(a["name"], f"{a['n']} of {a['planned']}", mean, _ci(a["ci_t"], scale), _ci(a["ci_boot"], scale))
+        arms.add_row(
+            a["name"],
+            f"{a['n']} of {a['planned']}",
+            mean,
+            _ci(a["ci_t"], scale),
+            _ci(a["ci_boot"], scale),
+        )
     console.print(arms)
     if study["pairs"]:
-        pairs = Table("arm − baseline", "n", "mean d", "95% CI", "p (t)", "p (Wilcoxon)", "wins/ties/losses", "dropped seeds")
+        pairs = Table(
+            "arm − baseline",
+            "n",
+            "mean d",
+            "95% CI",
+            "p (t)",
+            "p (Wilcoxon)",
+            "wins/ties/losses",
+            "dropped seeds",
+        )
         for p in study["pairs"]:
             mean = "–" if p["mean_d"] is None else f"{p['mean_d'] * scale:+.3g}"
             pairs.add_row(

@@ -487,7 +487,9 @@ class Client:
         try:
             response = self._http.request(method, path)
         except httpx.TransportError as exc:
-            raise ServerUnavailable(0, f"cannot reach {self.base_url}: {exc}", method, path) from exc
+            raise ServerUnavailable(
+                0, f"cannot reach {self.base_url}: {exc}", method, path
+            ) from exc
         if response.status_code >= 400:
             raise ApiError(response.status_code, _detail(response), method, path)
         return response.text

@@ -15,6 +15,11 @@ from typing import Any
 
 from backend.pages import STATIC_DIR, plotly_js_path
 
+# Belt and braces: even a browser that follows a stray URL in Plotly's bundle may fetch nothing.
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; "
+    "style-src 'unsafe-inline'; img-src data:; font-src data:"
+)
 _IMPORT = re.compile(r"^import .*?;\s*$", re.M)
 _EXPORT = re.compile(r"^export ", re.M)
 
@@ -37,7 +42,7 @@ def study_report(view: dict[str, Any]) -> str:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
 <title>Study {view["id"]}: {escape(view["name"])} · ConSPO Lab report</title>
 <style>{(STATIC_DIR / "app.css").read_text()}</style>
 <script>{_script(plotly_js_path().read_text())}</script>

@@ -21,12 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 from backend import lifecycle
 from backend.config import Settings
-from backend.models import FINISHED, Run, RunStatus, Study, StudyRun, StudyRunState, StudyStatus, User
+from backend.models import (
+    FINISHED,
+    Run,
+    RunStatus,
+    Study,
+    StudyRun,
+    StudyRunState,
+    StudyStatus,
+    User,
+)
 from backend.queue import JobQueue
 from backend.studies import service
 from backend.studies.spec import Search, SearchParam, StudyCreate, validate_arm
@@ -59,7 +68,9 @@ def storage(url: str) -> Any:
 
 
 def _url(session: Session) -> str:
-    return session.get_bind().url.render_as_string(hide_password=False)
+    bind = session.get_bind()
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    return engine.url.render_as_string(hide_password=False)
 
 
 def optuna_name(study_id: int) -> str:
@@ -73,9 +84,13 @@ def distributions(search: Search) -> dict[str, Any]:
         if p.type == "categorical":
             out[path] = d.CategoricalDistribution(p.choices)
         elif p.type == "int":
-            out[path] = d.IntDistribution(int(p.low or 0), int(p.high or 0), log=p.log, step=int(p.step or 1))
+            out[path] = d.IntDistribution(
+                int(p.low or 0), int(p.high or 0), log=p.log, step=int(p.step or 1)
+            )
         else:
-            out[path] = d.FloatDistribution(float(p.low or 0), float(p.high or 0), log=p.log, step=p.step)
+            out[path] = d.FloatDistribution(
+                float(p.low or 0), float(p.high or 0), log=p.log, step=p.step
+            )
     return out
 
 
@@ -128,7 +143,13 @@ def _check_space(body: StudyCreate) -> None:
             try:
                 _grid(p, path)
             except ValueError as exc:
-                errors.append({"type": "value_error", "loc": ("body", "search", "space", path, "step"), "msg": str(exc)})
+                errors.append(
+                    {
+                        "type": "value_error",
+                        "loc": ("body", "search", "space", path, "step"),
+                        "msg": str(exc),
+                    }
+                )
     _, base_errors = validate_arm(body.config, {}, ("body", "config"))
     errors += base_errors
     if errors:
@@ -172,7 +193,9 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
     for row in rows:
         if row.trial is not None:
             by_trial.setdefault(row.trial, []).append(row)
-    runs = {r.id: r for r in session.query(Run).filter(Run.id.in_([r.run_id for r in rows if r.run_id]))}
+    runs = {
+        r.id: r for r in session.query(Run).filter(Run.id.in_([r.run_id for r in rows if r.run_id]))
+    }
     trial_state = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
     TrialState = _optuna().trial.TrialState
     for number, mine in by_trial.items():
@@ -184,10 +207,14 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
             r is not None and r.status in FINISHED for r in mine_runs
         )
         if done:
-            values = [_objective(session, r, spec) for r in mine_runs if r is not None and r.status == RunStatus.succeeded]
-            values = [v for v in values if v is not None]
-            if values:
-                ostudy.tell(number, sum(values) / len(values))
+            values = [
+                _objective(session, r, spec)
+                for r in mine_runs
+                if r is not None and r.status == RunStatus.succeeded
+            ]
+            finite = [v for v in values if v is not None]
+            if finite:
+                ostudy.tell(number, sum(finite) / len(finite))
             else:
                 ostudy.tell(number, state=TrialState.FAIL)
         elif search.prune and _prune(session, ostudy, trial, mine, mine_runs, spec):
@@ -209,7 +236,9 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
             log.info("study %s: trial %s refused: %s", study.id, trial.number, problems[:1])
             ostudy.tell(trial.number, state=TrialState.FAIL)
             continue
-        service.add_arms(session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number])
+        service.add_arms(
+            session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number]
+        )
         session.flush()
         free -= len(spec.seeds)
         pending = True
@@ -222,7 +251,12 @@ def _objective(session: Session, run: Run, spec: StudyCreate) -> float | None:
 
 
 def _prune(
-    session: Session, ostudy: Any, trial: Any, mine: list[StudyRun], runs: list[Run | None], spec: StudyCreate
+    session: Session,
+    ostudy: Any,
+    trial: Any,
+    mine: list[StudyRun],
+    runs: list[Run | None],
+    spec: StudyCreate,
 ) -> bool:
     """Report the mean over the trial's seeds at each step all of them have logged; ask the
     pruner. A trial with seeds not yet released is not judged (its mean would lack them)."""

@@ -243,7 +243,9 @@ def _runs(session: Session, study_id: int) -> list[Run]:
 # --------------------------------------------------------------------------------------------
 
 
-def reduce_series(steps: Sequence[int], values: Sequence[float], how: str, k: int) -> float | None:
+def reduce_series(
+    steps: Sequence[int], values: Sequence[float | None], how: str, k: int
+) -> float | None:
     """One number from a run's series (NULL points skipped): ``last``, ``mean_last_k``, ``auc``
     (the trapezoid area divided by the step span: the curve's mean height)."""
     pts = [(s, v) for s, v in zip(steps, values, strict=True) if v is not None and math.isfinite(v)]
@@ -272,8 +274,8 @@ def window_start(steps: Sequence[int], how: str, k: int) -> int:
 
 def _series(
     session: Session, run_ids: Iterable[int], keys: Iterable[str]
-) -> dict[tuple[int, str], tuple[list[int], list[float]]]:
-    out: dict[tuple[int, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+) -> dict[tuple[int, str], tuple[list[int], list[float | None]]]:
+    out: dict[tuple[int, str], tuple[list[int], list[float | None]]] = defaultdict(lambda: ([], []))
     ids, key_list = list(run_ids), list(keys)
     if not ids:
         return out
@@ -349,9 +351,9 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         unit=objective.unit or "",
         effect=objective.effect,
     )
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     for r in run_rows:
-        counts[r["status"]] += 1
+        counts[str(r["status"])] += 1
     out: dict[str, Any] = {
         "id": study.id,
         "name": study.name,
@@ -379,14 +381,18 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
     return out
 
 
-def _arm_out(arm: stats.ArmSummary, study: Study, rows: list[StudyRun], name: str) -> dict[str, Any]:
+def _arm_out(
+    arm: stats.ArmSummary, study: Study, rows: list[StudyRun], name: str
+) -> dict[str, Any]:
     mine = [r for r in rows if r.arm == name]
     out = _jsonable(vars(arm))
     out["overrides"] = next(
         (a["overrides"] for a in study.spec.get("arms", []) if a["name"] == name), None
     )
     out["trial"] = mine[0].trial if mine else None
-    out["params"] = _trial_params(mine[0].config, study.spec) if mine and mine[0].trial is not None else None
+    out["params"] = (
+        _trial_params(mine[0].config, study.spec) if mine and mine[0].trial is not None else None
+    )
     out["planned"] = len(mine)
     return out
 

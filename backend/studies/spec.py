@@ -193,7 +193,9 @@ def arm_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
         and new_task.get("name", task.get("name")) != task.get("name")
         and "params" not in new_task
     ):
-        start["task"] = {k: v for k, v in task.items() if k in TaskConfig.model_fields and k != "params"}
+        start["task"] = {
+            k: v for k, v in task.items() if k in TaskConfig.model_fields and k != "params"
+        }
     start.pop("name", None)
     return deep_merge(start, nested)
 

@@ -215,6 +215,8 @@ def verdict_line(
     if pair.mean_d is None:
         return f"{head}: no seed finished by both arms yet{dropped}"
     mean = _signed(pair.mean_d * scale, digits)
+    if pair.n >= 2 and pair.sd_d == 0 and pair.mean_d == 0:
+        return f"{head} = {mean}{unit_text}: identical on all {pair.n} seeds{dropped}"
     if pair.ci_t is None:
         return f"{head} = {mean}{unit_text} at n = {pair.n}: too few seeds for an interval{dropped}"
     lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)

@@ -335,5 +335,11 @@ setInterval(() => {
 /** A study's runs share the group id "study-<id>" (backend/studies/spec.py): link the study. */
 function studyLink(run) {
   const m = /^study-(\d+)$/.exec(run.group_id || "");
-  return m ? h("a.small", { href: `/studies/${m[1]}`, title: "Open the study: verdict and paired differences" }, ` · study ${m[1]}`) : null;
+  return m
+    ? h(
+        "a.small",
+        { href: `/studies/${m[1]}`, title: "Open the study: verdict and paired differences" },
+        ` · study ${m[1]}`,
+      )
+    : null;
 }

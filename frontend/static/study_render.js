@@ -64,7 +64,18 @@ export function armTable(view, colors) {
 export function pairTable(view, colors) {
   return table(
     "pair-table",
-    ["arm − baseline", "n pairs", "mean d", "95% CI (t)", "95% CI (bootstrap)", "p (t)", "p (Wilcoxon)", "wins / ties / losses", "P(improvement)", "seeds dropped"],
+    [
+      "arm − baseline",
+      "n pairs",
+      "mean d",
+      "95% CI (t)",
+      "95% CI (bootstrap)",
+      "p (t)",
+      "p (Wilcoxon)",
+      "wins / ties / losses",
+      "P(improvement)",
+      "seeds dropped",
+    ],
     view.pairs.map((p) => [
       swatch(colors[p.arm], `${p.arm} − ${p.baseline}`),
       String(p.n),
@@ -74,7 +85,9 @@ export function pairTable(view, colors) {
       fmtP(p.p_t),
       fmtP(p.p_wilcoxon),
       `${p.wins} / ${p.ties} / ${p.losses}`,
-      p.p_improvement === null ? "–" : `${fmtNum(p.p_improvement, 3)} [${(p.p_improvement_ci || []).map((v) => fmtNum(v, 2)).join(", ") || "–"}]`,
+      p.p_improvement === null
+        ? "–"
+        : `${fmtNum(p.p_improvement, 3)} [${(p.p_improvement_ci || []).map((v) => fmtNum(v, 2)).join(", ") || "–"}]`,
       p.dropped.length ? p.dropped.join(", ") : "none",
     ]),
   );
@@ -148,7 +161,7 @@ export function curveTraces(curve, arm, colorValue) {
     name: `${arm} (n = ${curve.seeds})`,
     legendgroup: arm,
     line: { color: colorValue, width: 2 },
-    hovertemplate: "%{y:.4g} · %{text}<extra>" + arm + "</extra>",
+    hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,
   });
   traces.push({
     x: curve.steps,
@@ -160,7 +173,7 @@ export function curveTraces(curve, arm, colorValue) {
     showlegend: false,
     line: { color: colorValue, width: 1.5, dash: "dot" },
     marker: { size: 4 },
-    hovertemplate: "%{y:.4g} · %{text}<extra>" + arm + "</extra>",
+    hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,
   });
   return traces;
 }
@@ -168,7 +181,9 @@ export function curveTraces(curve, arm, colorValue) {
 function curveCharts(view, colors, Plotly, root) {
   if (!view.curves) return;
   for (const [key, perArm] of Object.entries(view.curves)) {
-    const traces = view.arms.flatMap((a) => (perArm[a.name]?.steps.length ? curveTraces(perArm[a.name], a.name, colors[a.name]) : []));
+    const traces = view.arms.flatMap((a) =>
+      perArm[a.name]?.steps.length ? curveTraces(perArm[a.name], a.name, colors[a.name]) : [],
+    );
     if (!traces.length) continue;
     const sampled = Object.values(perArm).some((c) => c.sampled);
     const div = h("div.chart", { "data-key": key });
@@ -184,7 +199,18 @@ function curveCharts(view, colors, Plotly, root) {
         legend: { orientation: "h", x: 0, y: 1.12 },
         xaxis: { title: { text: "step" } },
         yaxis: { title: { text: key } },
-        annotations: [{ xref: "paper", yref: "paper", x: 1, y: -0.2, xanchor: "right", showarrow: false, text: note, font: { size: 10, color: "#667085" } }],
+        annotations: [
+          {
+            xref: "paper",
+            yref: "paper",
+            x: 1,
+            y: -0.2,
+            xanchor: "right",
+            showarrow: false,
+            text: note,
+            font: { size: 10, color: "#667085" },
+          },
+        ],
       },
       CHART_CONFIG,
     );
@@ -201,23 +227,53 @@ function searchCharts(view, Plotly, root) {
       const values = trials.map((t) => t.params[p]);
       if (values.every((v) => typeof v === "number")) return { label: p, values };
       const choices = [...new Set(values.map(String))];
-      return { label: p, values: values.map((v) => choices.indexOf(String(v))), tickvals: choices.map((_, i) => i), ticktext: choices };
+      return {
+        label: p,
+        values: values.map((v) => choices.indexOf(String(v))),
+        tickvals: choices.map((_, i) => i),
+        ticktext: choices,
+      };
     });
     dims.push({ label: `objective (${view.objective.metric})`, values: trials.map((t) => scaled(view, t.value)) });
     const div = h("div.chart#parcoords");
-    root.append(h("div.panel.chart-card", {}, h("h4", {}, "parallel coordinates (one line per trial, coloured by objective)"), div));
+    root.append(
+      h(
+        "div.panel.chart-card",
+        {},
+        h("h4", {}, "parallel coordinates (one line per trial, coloured by objective)"),
+        div,
+      ),
+    );
     Plotly.newPlot(
       div,
-      [{ type: "parcoords", line: { color: trials.map((t) => t.value), colorscale: "Viridis", showscale: true }, dimensions: dims }],
+      [
+        {
+          type: "parcoords",
+          line: { color: trials.map((t) => t.value), colorscale: "Viridis", showscale: true },
+          dimensions: dims,
+        },
+      ],
       { height: 320, margin: { l: 60, r: 40, t: 40, b: 20 } },
       CHART_CONFIG,
     );
   }
   const imp = Object.entries(s.importances || {});
   const div = h("div.chart#importances");
-  root.append(h("div.panel.chart-card", {}, h("h4", {}, "parameter importances (optuna.importance, its default evaluator)"), imp.length ? div : h("p.muted", {}, s.importance_note || "needs 2+ finished trials")));
+  root.append(
+    h(
+      "div.panel.chart-card",
+      {},
+      h("h4", {}, "parameter importances (optuna.importance, its default evaluator)"),
+      imp.length ? div : h("p.muted", {}, s.importance_note || "needs 2+ finished trials"),
+    ),
+  );
   if (imp.length) {
-    Plotly.newPlot(div, [{ type: "bar", orientation: "h", x: imp.map((e) => e[1]), y: imp.map((e) => e[0]) }], { height: 60 + 30 * imp.length, margin: { l: 140, r: 20, t: 10, b: 30 } }, CHART_CONFIG);
+    Plotly.newPlot(
+      div,
+      [{ type: "bar", orientation: "h", x: imp.map((e) => e[1]), y: imp.map((e) => e[0]) }],
+      { height: 60 + 30 * imp.length, margin: { l: 140, r: 20, t: 10, b: 30 } },
+      CHART_CONFIG,
+    );
   }
 }
 
@@ -228,13 +284,31 @@ export function renderStudy(view, root, Plotly) {
     .map(([k, v]) => `${v} ${k}`)
     .join(", ");
   root.append(
-    h("div.page-head", {}, h("h1", {}, `Study ${view.id}: ${view.name}`), h("span.badge", { id: "study-status" }, view.status), h("span.muted", {}, counts)),
-    h("div.panel#verdict", {}, ...(view.verdict.length ? view.verdict : ["no arm to compare yet"]).map((line) => h("p.verdict-line", {}, line))),
-    h("p.muted.small", {}, `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. Differences are paired by seed; values shown × ${view.objective.scale}.`),
+    h(
+      "div.page-head",
+      {},
+      h("h1", {}, `Study ${view.id}: ${view.name}`),
+      h("span.badge", { id: "study-status" }, view.status),
+      h("span.muted", {}, counts),
+    ),
+    h(
+      "div.panel#verdict",
+      {},
+      ...(view.verdict.length ? view.verdict : ["no arm to compare yet"]).map((line) => h("p.verdict-line", {}, line)),
+    ),
+    h(
+      "p.muted.small",
+      {},
+      `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. Differences are paired by seed; values shown × ${view.objective.scale}.`,
+    ),
     h("h3.section-title", {}, "Arms"),
     h("div.panel", { style: "overflow:auto" }, armTable(view, colors)),
     h("h3.section-title", {}, `Paired differences against ${view.baseline}`),
-    h("div.panel", { style: "overflow:auto" }, view.pairs.length ? pairTable(view, colors) : h("p.muted", {}, "one arm only")),
+    h(
+      "div.panel",
+      { style: "overflow:auto" },
+      view.pairs.length ? pairTable(view, colors) : h("p.muted", {}, "one arm only"),
+    ),
     h("h3.section-title", {}, "Separation statistics over the objective's window"),
     h("div.panel", { style: "overflow:auto" }, separationTable(view, colors)),
   );

@@ -103,6 +103,8 @@ def run_queued(api: Api, study_id: int) -> list[int]:
 
 @pytest.mark.slow
 def test_study_two_arms_three_seeds_end_to_end(api: Api) -> None:
+    if api.settings.mode == "embedded":  # CI time: tests/ui/test_study_page.py runs this study
+        pytest.skip("on SQLite through the Celery worker in tests/ui/test_study_page.py")
     r = api.post("/api/studies", json=study_body())
     assert r.status_code == 201, r.text
     study = r.json()
@@ -193,9 +195,17 @@ def test_search_study_through_optuna_storage(api: Api) -> None:
             "trials": 3,
         },
     )
-    bad = {**body, "search": {**body["search"], "space": {"optim.nope": {"type": "int", "low": 1, "high": 2}}}}
+    bad = {
+        **body,
+        "search": {**body["search"], "space": {"optim.nope": {"type": "int", "low": 1, "high": 2}}},
+    }
     r = api.post("/api/studies", json=bad)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:4] == ["body", "search", "space", "optim.nope"]
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:4] == [
+        "body",
+        "search",
+        "space",
+        "optim.nope",
+    ]
     r = api.post("/api/studies", json=body)
     assert r.status_code == 201, r.text
     sid = r.json()["id"]

@@ -93,5 +93,9 @@ def test_verdict_lines() -> None:
         f"p = {noisy.p_t:.3f}; about {need} seeds would be needed for a 1-point effect"
     )
     one = stats.paired("a", "b", {0: 1.0}, {0: 0.0, 1: 0.0})
-    assert "too few seeds" in stats.verdict_line(one) and "seed 1 dropped" in stats.verdict_line(one)
+    assert "too few seeds" in stats.verdict_line(one) and "seed 1 dropped" in stats.verdict_line(
+        one
+    )
+    same = stats.paired("a", "b", {0: 0.5, 1: 0.2}, {0: 0.5, 1: 0.2})
+    assert stats.verdict_line(same) == "a − b = +0.0: identical on all 2 seeds"
     assert "no seed finished" in stats.verdict_line(stats.paired("a", "b", {}, {0: 1.0}))

@@ -35,7 +35,9 @@ def wait_for_study(ui_server: Any, study_id: int, timeout: float = 400.0) -> dic
     raise AssertionError(f"study {study_id} still active after {timeout}s: {view.get('counts')}")
 
 
-def test_study_page_and_offline_report(page: Any, ui_server: Any, browser: Any, tmp_path: Path, shot: Any) -> None:
+def test_study_page_and_offline_report(
+    page: Any, ui_server: Any, browser: Any, tmp_path: Path, shot: Any
+) -> None:
     if not ui_server.has_worker:
         pytest.skip("needs the server's worker")
     body = {

@@ -51,7 +51,9 @@ def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
     """Every arm's validated RunConfig; all the arms' errors in one 422, nothing stored."""
     arms, errors = [], []
     for i, arm in enumerate(body.arms):
-        config, problems = validate_arm(body.config, arm.overrides, ("body", "arms", i, "overrides"))
+        config, problems = validate_arm(
+            body.config, arm.overrides, ("body", "arms", i, "overrides")
+        )
         errors += problems
         if config is not None:
             arms.append((arm.name, config))
