@@ -35,6 +35,7 @@ from conspo.config import RunConfig, TaskConfig
 ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}$"
 ArmName = Annotated[str, Field(pattern=ARM_NAME)]
 MAX_RUNS = 1_000  # arms × seeds of one study
+MAX_GRID = 10_000  # values of one stepped search parameter
 
 
 class Objective(_Body):
@@ -80,7 +81,9 @@ class SearchParam(_Body):
     high: float | None = None
     log: bool = False
     step: float | None = Field(None, gt=0, description="Grid step of a float/int range.")
-    choices: list[Any] | None = Field(None, min_length=1, max_length=100)
+    choices: list[str | bool | int | float | None] | None = Field(
+        None, min_length=1, max_length=100
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> SearchParam:
@@ -91,6 +94,10 @@ class SearchParam(_Body):
             raise ValueError(f"a {self.type} parameter needs low ≤ high")
         elif self.log and self.low <= 0:
             raise ValueError("a log-scaled range needs low > 0")
+        elif self.log and self.step is not None:
+            raise ValueError("a range is either log-scaled or stepped, not both")
+        elif self.step is not None and (self.high - self.low) / self.step > MAX_GRID:
+            raise ValueError(f"more than {MAX_GRID} steps between low and high")
         return self
 
 
