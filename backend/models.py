@@ -275,3 +275,60 @@ class Worker(Base):
     # and {engines, flash_attn, torch, cuda}.
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
     capabilities: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class StudyStatus(StrEnum):
+    active = "active"  # runs pending, queued or running
+    done = "done"  # every run finished
+    cancelled = "cancelled"
+
+
+class Study(Base):
+    """Arms × seeds of ordinary runs and the objective that turns each run into one number.
+
+    ``spec`` is the study as submitted (``backend.studies.spec.StudyCreate``). Its runs are
+    ``study_runs`` rows: ``pending`` ones wait for a free slot under ``concurrency`` and become
+    runs (``run_id`` set, ``released``) as earlier runs finish (``backend.studies.service``).
+    """
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), index=True
+    )
+    status: Mapped[str] = mapped_column(String(16), default=StudyStatus.active, index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    baseline: Mapped[str | None] = mapped_column(String(100))
+    concurrency: Mapped[int] = mapped_column(Integer, default=4)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    owner: Mapped[User | None] = relationship(lazy="joined")
+
+
+class StudyRunState(StrEnum):
+    pending = "pending"  # waiting for a slot; no run yet
+    released = "released"  # its run exists (queued, running or finished)
+    cancelled = "cancelled"  # the study was cancelled before it was released
+
+
+class StudyRun(Base):
+    __tablename__ = "study_runs"
+    __table_args__ = (
+        Index("ix_study_runs_study_state", "study_id", "state"),
+        Index("uq_study_runs_arm_seed", "study_id", "arm", "seed", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    arm: Mapped[str] = mapped_column(String(100))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    position: Mapped[int] = mapped_column(Integer)  # release order: seed-major, arms interleaved
+    state: Mapped[str] = mapped_column(String(16), default=StudyRunState.pending)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated RunConfig of this run
+    run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), index=True
+    )
+    trial: Mapped[int | None] = mapped_column(Integer)  # the Optuna trial number (search studies)

@@ -171,3 +171,8 @@ def static_file(name: str) -> FileResponse:
         raise HTTPException(status_code=404, detail=f"no static file {name!r}")
     media_type = _STATIC_TYPES.get(path.suffix, "application/octet-stream")
     return FileResponse(path, media_type=media_type, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/studies/{study_id}", response_class=HTMLResponse)
+def study_page(request: Request, study_id: int) -> HTMLResponse:
+    return _render(request, "study.html", "study", title=f"Study {study_id}", study_id=study_id)

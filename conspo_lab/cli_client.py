@@ -194,16 +194,21 @@ def compare(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Table of each key's last and best value per run (best: in the key's better direction)."""
+    """Table of each key's last value, mean of the last 3 and extreme per run.
+
+    The extreme (max, or min where lower is better) of a noisy series is not its "best": it is
+    the luckiest step. The mean of the last 3 values is the steadier summary (a study compares
+    runs by such an objective with a confidence interval: ``conspo-lab study``)."""
     key_list = _split(keys) if keys else list(KEY_METRICS)
     with _client(url, token) as lab:
         info = {rid: lab.get_run(rid) for rid in run_ids}
         series = lab.compare(run_ids, key_list, max_points=10_000)
     table = Table(
-        title="compare (best: in each metric's better direction, none for descriptive keys;"
-        " keys the catalogue lacks: min for loss-like names, else max)"
+        title="compare (extreme: max, or min where lower is better; none for descriptive keys;"
+        " keys the catalogue lacks: min for loss-like names. A noisy series' extreme is its"
+        " luckiest step, not its best: compare last-3 means, or run a study)"
     )
-    for col in ("key", "run", "status", "last", "best", "best at step", "points"):
+    for col in ("key", "run", "status", "last", "last-3 mean", "extreme", "at step", "points"):
         table.add_column(col, justify="left" if col in {"key", "run", "status"} else "right")
     for key in key_list:
         for i, rid in enumerate(run_ids):
@@ -215,6 +220,7 @@ def compare(
                 f"{rid} {run.name or ''}".strip(),
                 _status_text(run),
                 _fmt(last),
+                _fmt(_mean_last(s, 3)),
                 _fmt(best),
                 "" if best_step is None else str(best_step),
                 str(points),
@@ -406,6 +412,11 @@ def better_direction(key: str) -> str:
         return known.better
     base = key.rsplit("/", 1)[-1]
     return "lower" if base in {"loss", "kl", "grad_norm"} or base.endswith("_loss") else "higher"
+
+
+def _mean_last(s: Series | None, k: int) -> float | None:
+    values = [v for v in (s.values if s is not None else []) if v is not None]
+    return sum(values[-k:]) / len(values[-k:]) if values else None
 
 
 def _last_best(

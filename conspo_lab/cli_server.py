@@ -15,7 +15,7 @@ import typer
 if TYPE_CHECKING:
     from backend.config import Settings
 
-DEMO_SEEDS = [0, 1]
+DEMO_SEEDS = [0, 1, 2, 3, 4]
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 60.0)  # waits before successive restarts
 STABLE_AFTER_S = 60.0  # a worker that lived this long restarts with the first wait again
 
@@ -37,7 +37,8 @@ def serve(
         ),
     ] = False,
     demo: Annotated[
-        bool, typer.Option(help="Queue a small GRPO vs ConSPO comparison when there are no runs.")
+        bool,
+        typer.Option(help="Queue the demo study (GRPO vs ConSPO, 5 seeds) when there are no runs."),
     ] = False,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -227,21 +228,61 @@ def _ensure_local_token(settings: Settings) -> str:
 
 
 def _queue_demo(settings: Settings) -> None:
-    """GRPO vs ConSPO, two seeds each, on 1-digit a±b±c from the tiny-arith model.
+    """A study: GRPO vs ConSPO and its linear-contrast ablation, five seeds each, on 1-digit
+    a±b±c from the tiny-arith model, two runs at a time (the embedded worker runs one).
 
     300 steps at the default lr (3e-5) take about 30 s a run on 2 CPU cores: held-out greedy
     accuracy climbs from 0.55 to about 0.7 and the separation curves move, so a newcomer sees
-    curves grow. Shorter or easier runs finish before anything visibly changes.
+    curves grow; five seeds paired across arms give the study page a verdict worth reading.
     """
     from sqlalchemy import func, select
 
     from backend.db import Database
-    from backend.lifecycle import LifecycleError, queue_runs
+    from backend.lifecycle import LifecycleError
     from backend.models import Run
     from backend.queue import JobQueue
     from backend.security import get_or_create_user
-    from conspo.config import RunConfig
+    from backend.studies.service import create_study
+    from backend.studies.spec import StudyCreate, validate_arm
 
+    spec = StudyCreate.model_validate(
+        {
+            "name": "demo: grpo vs conspo",
+            "config": {
+                "steps": 300,
+                "task": {
+                    "name": "arith",
+                    "params": {"digits": 1, "num_operands": 3},
+                    "eval_size": 256,
+                },
+                "model": {"name": "tiny-arith"},
+                "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
+                # warmup: without it AdamW's first steps cost ~10-15 points of accuracy at the
+                # first evaluation before RL recovers them.
+                "optim": {"warmup_steps": 20},
+                "eval": {"every": 20, "pass_k": 4},
+                "checkpoint": {"every": 50},
+            },
+            "arms": [
+                {"name": "grpo", "overrides": {"algorithm": "grpo"}},
+                {"name": "conspo", "overrides": {"algorithm": "conspo"}},
+                {
+                    "name": "conspo-linear",
+                    "overrides": {"algorithm": "conspo", "params.contrast": "linear"},
+                },
+            ],
+            "seeds": DEMO_SEEDS,
+            "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 3},
+            "baseline": "grpo",
+            "concurrency": 2,
+            "tags": ["demo"],
+        }
+    )
+    arms = []
+    for arm in spec.arms:
+        config, problems = validate_arm(spec.config, arm.overrides, ("demo", arm.name))
+        assert config is not None, problems  # the demo's own config: a bug if it is refused
+        arms.append((arm.name, config))
     db = Database(settings)
     try:
         with db.session() as session:
@@ -249,40 +290,14 @@ def _queue_demo(settings: Settings) -> None:
                 return
             owner = get_or_create_user(session, "admin", admin=True)
             session.commit()
-            jobs = JobQueue.from_settings(settings)
-            for algorithm in ("grpo", "conspo"):
-                config = RunConfig.model_validate(
-                    {
-                        "name": f"demo-{algorithm}",
-                        "algorithm": algorithm,
-                        "steps": 300,
-                        "task": {
-                            "name": "arith",
-                            "params": {"digits": 1, "num_operands": 3},
-                            "eval_size": 256,
-                        },
-                        "model": {"name": "tiny-arith"},
-                        "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
-                        # warmup: without it AdamW's first steps cost ~10-15 points of accuracy
-                        # at the first evaluation before RL recovers them.
-                        "optim": {"warmup_steps": 20},
-                        "eval": {"every": 20, "pass_k": 4},
-                        "checkpoint": {"every": 50},
-                    }
-                )
-                try:
-                    queue_runs(
-                        session,
-                        jobs,
-                        owner,
-                        config,
-                        seeds=DEMO_SEEDS,
-                        tags=["demo"],
-                        name=f"demo-{algorithm}",
-                    )
-                except LifecycleError as exc:
-                    typer.echo(f"could not queue the demo: {exc}", err=True)
-                    return
-            typer.echo("queued the demo: GRPO vs ConSPO, 2 seeds each (tag: demo)")
+            try:
+                study = create_study(session, JobQueue.from_settings(settings), owner, spec, arms)
+            except LifecycleError as exc:
+                typer.echo(f"could not queue the demo: {exc}", err=True)
+                return
+            typer.echo(
+                f"queued the demo study {study.id}: GRPO vs ConSPO (+ linear ablation), "
+                f"{len(DEMO_SEEDS)} seeds each, 2 at a time (page: /studies/{study.id})"
+            )
     finally:
         db.dispose()

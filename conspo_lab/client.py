@@ -458,6 +458,42 @@ class Client:
 
     # --- presets and health -----------------------------------------------------------------
 
+    # --- studies (GET /api/studies/{id} answers a dict: docs/studies.md says what it holds) --
+
+    def create_study(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Submit a study (arms × seeds, or a search); its first runs are queued at once."""
+        return dict(self._request("POST", "/api/studies", json=dict(spec)))
+
+    def get_study(self, study_id: int, curves: bool = False) -> dict[str, Any]:
+        """Arms, runs, objective per run, statistics and the verdict lines."""
+        params = {"curves": str(curves).lower()}
+        return dict(self._request("GET", f"/api/studies/{study_id}", params=params))
+
+    def list_studies(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        params = {"limit": limit, "offset": offset}
+        return dict(self._request("GET", "/api/studies", params=params))
+
+    def cancel_study(self, study_id: int) -> dict[str, Any]:
+        return dict(self._request("POST", f"/api/studies/{study_id}/cancel"))
+
+    def study_report(self, study_id: int) -> str:
+        """The study as one self-contained HTML file."""
+        return self._text("GET", f"/api/studies/{study_id}/report.html")
+
+    def study_objective_csv(self, study_id: int) -> str:
+        return self._text("GET", f"/api/studies/{study_id}/objective.csv")
+
+    def _text(self, method: str, path: str) -> str:
+        try:
+            response = self._http.request(method, path)
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(
+                0, f"cannot reach {self.base_url}: {exc}", method, path
+            ) from exc
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _detail(response), method, path)
+        return response.text
+
     def presets(self) -> Presets:
         return Presets.model_validate(self._request("GET", "/api/presets"))
 

@@ -31,6 +31,7 @@ from backend.db import Database
 from backend.liveness import WorkerIdentity
 from backend.models import utcnow
 from backend.queue import JobQueue
+from backend.studies import service as studies
 from worker.retry import short
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,25 @@ def reap(
         requeued = _requeue_stale(session, settings, now) if requeue_stale else []
         unsent = lifecycle.unsent(session, now - timedelta(seconds=settings.unsent_grace_s))
         lost = _stranded(session, jobs, settings, now)
+        released = _release_studies(session, jobs)
         for run_id in dict.fromkeys([*requeued, *unsent, *lost]):
             try:
                 if lifecycle.send(session, jobs, run_id):
                     sent.append(run_id)
             except lifecycle.QueueUnavailable:  # retried on the next pass
                 log.warning("run %s: re-send failed; will retry", run_id)
-    return sent
+    return [*released, *sent]
+
+
+def _release_studies(session: Session, jobs: JobQueue) -> list[int]:
+    """Release the pending runs of studies with free slots (runs that failed, were cancelled
+    or whose worker died free slots too; ``studies.release`` is idempotent)."""
+    try:
+        return studies.release_all(session, jobs)
+    except Exception as exc:
+        session.rollback()
+        log.warning("releasing study runs failed (%s); will retry", short(exc))
+        return []
 
 
 def _requeue_stale(session: Session, settings: Settings, now: datetime) -> list[int]:

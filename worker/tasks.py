@@ -40,6 +40,7 @@ from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
+from backend.studies import service as studies
 from worker.celery_app import celery_app
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
@@ -353,6 +354,7 @@ def record(
             f"run {run.id}: record {status}",
             lambda: _finish(db, run, status, outcome.error),
         )
+        _release_study_runs(db, jobs, run.id)
         return str(status)
     except DatabaseUnavailable as exc:  # the heartbeat goes stale: the reaper takes over
         log.error("%s; the run is left to the reaper", exc)
@@ -362,6 +364,16 @@ def record(
 def _finish(db: Database, run: Run, status: RunStatus, error: str | None) -> None:
     with db.session() as session:
         lifecycle.finish(session, run.id, run.attempt, status, error=error)
+
+
+def _release_study_runs(db: Database, jobs: JobQueue, run_id: int) -> None:
+    """A finished run frees a slot of its study: release the next pending runs now (the
+    reapers' pass does it too, so a failure here only delays them)."""
+    try:
+        with db.session() as session:
+            studies.release_for_run(session, jobs, run_id)
+    except Exception as exc:
+        log.warning("run %s: releasing its study's next runs failed (%s)", run_id, short(exc))
 
 
 def release(db: Database, jobs: JobQueue, settings: Settings, run: Run, shutdown: Interrupt) -> str:

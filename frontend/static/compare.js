@@ -41,12 +41,15 @@ const list = (v) =>
         .map((s) => s.trim())
         .filter(Boolean)
     : [];
+const DEFAULT_SMOOTH = 0.5;
 const S = {
   runIds: list(url.get("runs")).map(Number).filter(Number.isFinite),
   keys: list(url.get("keys")),
   group: url.get("group") || "",
   x: url.get("x") || "step",
-  smooth: Number(url.get("smooth") || 0),
+  // Noisy series are smoothed by default (deterministic ones never: isDeterministic); "0" in
+  // the URL turns it off.
+  smooth: url.has("smooth") ? Number(url.get("smooth")) : DEFAULT_SMOOTH,
   diff: list(url.get("diff")).map(Number),
   diffKey: url.get("dkey") || "",
   showAll: url.get("all") === "1",
@@ -64,7 +67,7 @@ function syncUrl() {
     keys: S.keys,
     group: S.group,
     x: S.x === "step" ? "" : S.x,
-    smooth: S.smooth ? S.smooth.toFixed(2) : "",
+    smooth: S.smooth !== DEFAULT_SMOOTH ? S.smooth.toFixed(2) : "",
     diff: S.diff.length === 2 ? S.diff : "",
     dkey: S.diff.length === 2 ? diffKey() : "",
     all: S.showAll ? "1" : "",
@@ -72,7 +75,16 @@ function syncUrl() {
   history.replaceState(null, "", `/compare${q}`);
 }
 
-const runColor = (id) => color(S.runIds.indexOf(id));
+/** A run's colour: its group's when grouped (the same on charts, sidebar and config table). */
+function runColor(id) {
+  const grouped = groups();
+  if (grouped) {
+    const labels = [...grouped.keys()];
+    const at = labels.findIndex((label) => grouped.get(label).includes(id));
+    if (at >= 0) return color(at);
+  }
+  return color(S.runIds.indexOf(id));
+}
 const runName = (run) => `${run.name || `run ${run.id}`} #${run.id}`;
 
 // ---- loading ------------------------------------------------------------------------------------
@@ -255,15 +267,38 @@ function metricFigure(key) {
       if (agg.n > 1) {
         traces.push(...bandTraces(agg.xs, lo, hi, { color: c, name: `${label} ±std`, group: label, opacity: 0.16 }));
       }
+      // The mean is drawn solid only where every run of the group has reached the step; where
+      // fewer have, it is dotted and the hover says how many (a dropped seed is never silent).
+      const text = agg.counts.map((k) => `n = ${k} of ${agg.n}`);
+      const full = m.map((v, i) => (agg.counts[i] === agg.n ? v : null));
+      const short = m.map((v, i) =>
+        agg.counts[i] < agg.n || agg.counts[i - 1] < agg.n || agg.counts[i + 1] < agg.n ? v : null,
+      );
       traces.push({
         x: agg.xs,
-        y: m,
+        y: full,
+        text,
         type: "scatter",
         mode: "lines",
         line: { width: 2, color: c },
         name: `${label} (n=${agg.n})`,
         legendgroup: label,
+        hovertemplate: `%{y:.4g} · %{text}<extra>${label}</extra>`,
       });
+      if (short.some((v) => v !== null)) {
+        traces.push({
+          x: agg.xs,
+          y: short,
+          text,
+          type: "scatter",
+          mode: "lines",
+          line: { width: 1.5, color: c, dash: "dot" },
+          name: `${label}: fewer runs`,
+          legendgroup: label,
+          showlegend: false,
+          hovertemplate: `%{y:.4g} · %{text}<extra>${label}</extra>`,
+        });
+      }
     }
   } else {
     for (const id of S.runIds) {
@@ -285,9 +320,10 @@ function metricFigure(key) {
   const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
   const notes = sampledAnnotation(used);
   if (grouped && [...grouped.values()].some((ids) => ids.length > 1))
-    notes.push(noteAnnotation("line = mean across runs · band = ±1 std"));
+    notes.push(noteAnnotation("line = mean across runs (dotted: fewer runs) · band = ±1 std"));
+  if (smooth) notes.push(noteAnnotation(`EMA smoothing ${smooth.toFixed(2)}`));
   if (notes.length > 1) {
-    notes[0].text = `${notes[0].text} · ${notes[1].text}`;
+    notes[0].text = notes.map((n) => n.text).join(" · ");
     notes.length = 1;
   }
   withNotes(layout, notes);
@@ -367,11 +403,70 @@ function draw() {
     fig.layout.datarevision = `${S.rev}|${S.smooth}|${S.group}|${S.x}`;
     react(entry.plot, fig.traces, fig.layout);
   }
+  renderGroupSummary();
   $("#compare-empty").hidden = S.runIds.length > 0;
   const n = S.runIds.length;
   $("#compare-sub").textContent = n
     ? `${n} run${n === 1 ? "" : "s"} · ${S.keys.length} metric${S.keys.length === 1 ? "" : "s"}`
     : "";
+}
+
+// ---- per-group summary ---------------------------------------------------------------------------
+const SUMMARY_LAST_N = 3;
+// Student t quantiles t_{0.975, df} for df = 1..30 (beyond, the normal's 1.96 is within 4%).
+const T975 = [
+  12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.16, 2.145, 2.131, 2.12, 2.11,
+  2.101, 2.093, 2.086, 2.08, 2.074, 2.069, 2.064, 2.06, 2.056, 2.052, 2.048, 2.045, 2.042,
+];
+
+/** Mean of a run's last N logged values of `key` (its steady level, not one noisy step). */
+function lastMean(id, key) {
+  const values = (S.data[id]?.[key]?.values || []).filter((v) => v !== null && Number.isFinite(v));
+  const tail = values.slice(-SUMMARY_LAST_N);
+  return tail.length ? tail.reduce((a, b) => a + b, 0) / tail.length : null;
+}
+
+/** Per group and metric: the mean over runs of each run's last-N mean, its 95% t CI, and n. */
+function renderGroupSummary() {
+  const table = $("#group-summary");
+  if (!table) return;
+  const grouped = groups() || new Map(S.runIds.map((id) => [runName(S.runs.get(id) || { id }), [id]]));
+  const rows = [];
+  let gi = 0;
+  for (const [label, ids] of grouped) {
+    const c = groups() ? color(gi++) : runColor(ids[0]);
+    for (const key of S.keys) {
+      const values = ids.map((id) => lastMean(id, key)).filter((v) => v !== null);
+      if (!values.length) continue;
+      const n = values.length;
+      const mean = values.reduce((a, b) => a + b, 0) / n;
+      const sd = n > 1 ? Math.sqrt(values.reduce((a, b) => a + (b - mean) ** 2, 0) / (n - 1)) : null;
+      const half = sd === null ? null : ((T975[n - 2] ?? 1.96) * sd) / Math.sqrt(n);
+      rows.push(
+        h(
+          "tr",
+          {},
+          h("td", {}, h("span.swatch", { style: `background:${c}` }), " ", label),
+          h("td.mono", {}, key),
+          h("td.num", {}, `${n} of ${ids.length}`),
+          h("td.num", {}, fmtNum(mean)),
+          h("td.num", {}, half === null ? "–" : `± ${fmtNum(half, 3)}`),
+        ),
+      );
+    }
+  }
+  table.replaceChildren(
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        ...["group", "metric", "n", `mean of last ${SUMMARY_LAST_N}`, "95% CI (t)"].map((t) => h("th", {}, t)),
+      ),
+    ),
+    h("tbody", {}, ...rows),
+  );
 }
 
 // ---- config diff ---------------------------------------------------------------------------------

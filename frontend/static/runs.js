@@ -136,6 +136,7 @@ function rowFor(run) {
       " ",
       h("span.muted.small", {}, `#${run.id}`),
       run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
+      studyLink(run),
     ),
     h("td", {}, statusBadge(run), waitingNote(run)),
     h("td", {}, run.algorithm || "–"),
@@ -333,3 +334,15 @@ setInterval(() => {
     if (r && r.status === "running") updateRow(r);
   }
 }, 10000);
+
+/** A study's runs share the group id "study-<id>" (backend/studies/spec.py): link the study. */
+function studyLink(run) {
+  const m = /^study-(\d+)$/.exec(run.group_id || "");
+  return m
+    ? h(
+        "a.small",
+        { href: `/studies/${m[1]}`, title: "Open the study: verdict and paired differences" },
+        ` · study ${m[1]}`,
+      )
+    : null;
+}

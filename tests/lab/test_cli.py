@@ -114,7 +114,7 @@ def test_export_csv_jsonl_parquet(lab_server, logged_run, tmp_path):
     assert table["batch/pass_rate"] == [None, 0.5, None, None]
 
 
-def test_compare_shows_last_and_best(lab_server, lab, logged_run):
+def test_compare_shows_last_mean_and_extreme(lab_server, lab, logged_run):
     other = lab.create_external_run("cli-ext-2", {}, "trl-grpo", "arith", "tiny", [], 2)
     lab.log_steps(
         other.id,
@@ -127,7 +127,8 @@ def test_compare_shows_last_and_best(lab_server, lab, logged_run):
     assert result.exit_code == 0, result.output
     text = result.output
     assert "sep/gap" in text and "cli-ext-2" in text
-    # logged_run: last gap 0.4 (best, max), best loss 1 (min); other: last gap 0.7, best 0.8.
+    # logged_run: last gap 0.4 (its max), min loss 1; other: last gap 0.7, max 0.8, mean 0.75.
+    assert "┃ best" not in text and "extreme" in text and "0.75" in text
     assert "0.4" in text and "0.8" in text and "0.7" in text
 
 

@@ -1,7 +1,7 @@
 """`conspo-lab serve --embedded --demo`, the command behind `make run`, end to end.
 
 A real server process with its embedded Celery worker on SQLite (no services): it migrates, writes
-the local token, queues the GRPO-vs-ConSPO demo on an empty database and starts training it.
+the local token, queues the GRPO-vs-ConSPO demo study on an empty database and starts training it.
 """
 
 from __future__ import annotations
@@ -61,10 +61,14 @@ def test_embedded_serve_queues_the_demo_and_trains_it(tmp_path):  # type: ignore
             except httpx.HTTPError:
                 return None
 
-        demo = wait_for(lambda: (r := runs()) and len(r) == 4 and r, 120, "the demo runs")
-        assert sorted(r["algorithm"] for r in demo) == ["conspo", "conspo", "grpo", "grpo"]
+        # the demo is a study: 3 arms × 5 seeds, two runs at a time, the rest pending in it
+        demo = wait_for(lambda: (r := runs()) and len(r) == 2 and r, 120, "the demo runs")
+        study = httpx.get(f"{url}/api/studies/1?curves=false", timeout=5).json()
+        assert [a["name"] for a in study["arms"]] == ["grpo", "conspo", "conspo-linear"]
+        assert len(study["runs"]) == 15 and study["concurrency"] == 2
+        assert sorted(r["algorithm"] for r in demo) == ["conspo", "grpo"]
         assert all("demo" in r["tags"] and r["total_steps"] == 300 for r in demo)
-        assert len({r["group_id"] for r in demo}) == 2  # one seed group per algorithm
+        assert {r["group_id"] for r in demo} == {"study-1"}  # the runs page links the study
         token = (tmp_path / "token").read_text().strip()
         assert token and token in httpx.get(f"{url}/", timeout=5).text  # injected for the UI
         assert httpx.get(f"{url}/api/health", timeout=5).json()["mode"] == "embedded"

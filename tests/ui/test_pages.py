@@ -635,6 +635,9 @@ def test_compare_shows_config_diff_difference_and_shareable_state(
         ),
         what="grouped traces",
     )
+    # one summary row per group and metric: each run's last-3 mean, then mean and CI over runs
+    summary = page.inner_text("#group-summary")
+    assert "params.tau=5" in summary and "params.tau=10" in summary and "1 of 1" in summary
     shared = page.url
     page.goto(shared)
     page.wait_for_selector('#config-diff tr[data-key="params.tau"]')

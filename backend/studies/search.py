@@ -1,0 +1,316 @@
+"""Search studies: Optuna proposes the arms, every trial runs over every seed.
+
+A trial is an arm named ``t<number>`` whose overrides are the trial's parameters (config paths
+of ``search.space``); its value is the mean objective over the seeds it finished, told to
+Optuna when all of them have finished. Trials are asked while the study has free slots and no
+pending runs (``release`` calls ``advance``), so a TPE sampler sees every trial finished so far.
+With ``search.prune`` the mean intermediate eval of a trial's seeds is reported at each step and
+Optuna's MedianPruner may stop the trial: its runs are cancelled and it is told PRUNED.
+
+Optuna keeps its study in the platform's database, in its own namespace because its tables
+(``studies``, ``trials``, ``alembic_version`` …) would collide with ours: the PostgreSQL schema
+``optuna`` of the same database, or a SQLite file beside the platform's (``<name>-optuna.db``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+from backend import lifecycle
+from backend.config import Settings
+from backend.models import (
+    FINISHED,
+    Run,
+    RunStatus,
+    Study,
+    StudyRun,
+    StudyRunState,
+    StudyStatus,
+    User,
+)
+from backend.queue import JobQueue
+from backend.studies import service
+from backend.studies.spec import Search, SearchParam, StudyCreate, validate_arm
+
+log = logging.getLogger(__name__)
+SCHEMA = "optuna"
+
+
+def _optuna() -> Any:
+    import optuna  # lazily: only search studies need it
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+@lru_cache(maxsize=8)
+def storage(url: str) -> Any:
+    """Optuna's RDB storage for the platform database at ``url`` (see the module docstring)."""
+    optuna = _optuna()
+    if url.startswith("sqlite"):
+        path = Path(url.split(":///", 1)[1])
+        return optuna.storages.RDBStorage(f"sqlite:///{path.with_name(path.stem + '-optuna.db')}")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+    engine.dispose()
+    return optuna.storages.RDBStorage(
+        url, engine_kwargs={"connect_args": {"options": f"-csearch_path={SCHEMA}"}}
+    )
+
+
+def _url(session: Session) -> str:
+    bind = session.get_bind()
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    return engine.url.render_as_string(hide_password=False)
+
+
+def optuna_name(study_id: int) -> str:
+    return f"conspo-lab-study-{study_id}"
+
+
+def distributions(search: Search) -> dict[str, Any]:
+    d = _optuna().distributions
+    out: dict[str, Any] = {}
+    for path, p in search.space.items():
+        if p.type == "categorical":
+            out[path] = d.CategoricalDistribution(p.choices)
+        elif p.type == "int":
+            out[path] = d.IntDistribution(
+                int(p.low or 0), int(p.high or 0), log=p.log, step=int(p.step or 1)
+            )
+        else:
+            out[path] = d.FloatDistribution(
+                float(p.low or 0), float(p.high or 0), log=p.log, step=p.step
+            )
+    return out
+
+
+def _grid(p: SearchParam, path: str) -> list[Any]:
+    if p.type == "categorical":
+        return list(p.choices or [])
+    if p.step is None and p.type == "float":
+        raise ValueError(f"a grid over the float {path} needs a step")
+    step, low, high = p.step or 1, float(p.low or 0), float(p.high or 0)
+    n = int(math.floor((high - low) / step + 1e-9)) + 1
+    values = [low + i * step for i in range(n)]
+    return [int(v) for v in values] if p.type == "int" else values
+
+
+def sampler(search: Search, seed: int = 0) -> Any:
+    samplers = _optuna().samplers
+    if search.sampler == "grid":
+        return samplers.GridSampler({k: _grid(p, k) for k, p in search.space.items()}, seed=seed)
+    if search.sampler == "random":
+        return samplers.RandomSampler(seed=seed)
+    return samplers.TPESampler(seed=seed)
+
+
+def _load(session: Session, study: Study) -> Any:
+    search = Search.model_validate(study.spec["search"])
+    optuna = _optuna()
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=1) if search.prune else None
+    return optuna.load_study(
+        study_name=optuna_name(study.id),
+        storage=storage(_url(session)),
+        sampler=sampler(search),
+        pruner=pruner,
+    )
+
+
+def _check_space(body: StudyCreate) -> None:
+    """Each search path must be a config path whose low/high or choices validate: 422 at
+    body.search.space.<path> otherwise, before anything is stored."""
+    assert body.search is not None
+    errors: list[dict[str, Any]] = []
+    for path, p in body.search.space.items():
+        values = p.choices if p.type == "categorical" else [p.low, p.high]
+        for value in values or []:
+            cast = int(value) if p.type == "int" and value is not None else value
+            _, problems = validate_arm(body.config, {path: cast}, ("body", "search", "space", path))
+            errors += [{**e, "loc": ("body", "search", "space", path)} for e in problems[:1]]
+            if problems:
+                break
+        if body.search.sampler == "grid":
+            try:
+                _grid(p, path)
+            except ValueError as exc:
+                errors.append(
+                    {
+                        "type": "value_error",
+                        "loc": ("body", "search", "space", path, "step"),
+                        "msg": str(exc),
+                    }
+                )
+    _, base_errors = validate_arm(body.config, {}, ("body", "config"))
+    errors += base_errors
+    if errors:
+        raise RequestValidationError(errors)
+
+
+def create_search_study(
+    session: Session, jobs: JobQueue, owner: User, body: StudyCreate, settings: Settings
+) -> Study:
+    """Validate the space, store the study, create its Optuna study, release the first trials."""
+    assert body.search is not None
+    _check_space(body)
+    spec = body.model_copy(update={"arms": [], "baseline": None})
+    study = Study(
+        name=spec.name,
+        owner_id=owner.id,
+        status=StudyStatus.active,
+        spec=spec.model_dump(mode="json"),
+        baseline=None,
+        concurrency=spec.concurrency,
+    )
+    session.add(study)
+    session.flush()
+    direction = "maximize" if body.objective.direction == "max" else "minimize"
+    _optuna().create_study(
+        study_name=optuna_name(study.id), storage=storage(_url(session)), direction=direction
+    )
+    session.commit()
+    service.release(session, jobs, study.id)
+    session.refresh(study)
+    return study
+
+
+def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
+    """Tell finished trials, prune hopeless ones, ask new ones while there are free slots."""
+    ostudy = _load(session, study)
+    search = Search.model_validate(study.spec["search"])
+    spec = StudyCreate.model_validate(study.spec)
+    rows = list(session.query(StudyRun).filter(StudyRun.study_id == study.id))
+    by_trial: dict[int, list[StudyRun]] = {}
+    for row in rows:
+        if row.trial is not None:
+            by_trial.setdefault(row.trial, []).append(row)
+    runs = {
+        r.id: r for r in session.query(Run).filter(Run.id.in_([r.run_id for r in rows if r.run_id]))
+    }
+    trial_state = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    TrialState = _optuna().trial.TrialState
+    for number, mine in by_trial.items():
+        trial = trial_state.get(number)
+        if trial is None or trial.state != TrialState.RUNNING:
+            continue
+        mine_runs = [runs.get(r.run_id) for r in mine if r.run_id is not None]
+        done = all(r.state == StudyRunState.released for r in mine) and all(
+            r is not None and r.status in FINISHED for r in mine_runs
+        )
+        if done:
+            values = [
+                _objective(session, r, spec)
+                for r in mine_runs
+                if r is not None and r.status == RunStatus.succeeded
+            ]
+            finite = [v for v in values if v is not None]
+            if finite:
+                ostudy.tell(number, sum(finite) / len(finite))
+            else:
+                ostudy.tell(number, state=TrialState.FAIL)
+        elif search.prune and _prune(session, ostudy, trial, mine, mine_runs, spec):
+            for row in mine:
+                if row.state == StudyRunState.pending:
+                    row.state = StudyRunState.cancelled
+            session.commit()
+            for run in mine_runs:
+                if run is not None and run.status not in FINISHED:
+                    lifecycle.request_cancel(session, run)
+            ostudy.tell(number, state=TrialState.PRUNED)
+    asked = len(by_trial)
+    pending = any(r.state == StudyRunState.pending for r in rows)
+    while free > 0 and not pending and asked < search.trials:
+        trial = ostudy.ask(distributions(search))
+        asked += 1
+        config, problems = validate_arm(spec.config, dict(trial.params), ("search",))
+        if config is None:  # a combination the config refuses (a cross-field rule)
+            log.info("study %s: trial %s refused: %s", study.id, trial.number, problems[:1])
+            ostudy.tell(trial.number, state=TrialState.FAIL)
+            continue
+        service.add_arms(
+            session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number]
+        )
+        session.flush()
+        free -= len(spec.seeds)
+        pending = True
+
+
+def _objective(session: Session, run: Run, spec: StudyCreate) -> float | None:
+    series = service._series(session, [run.id], [spec.objective.metric])
+    steps, values = series[(run.id, spec.objective.metric)]
+    return service.reduce_series(steps, values, spec.objective.reduce, spec.objective.k)
+
+
+def _prune(
+    session: Session,
+    ostudy: Any,
+    trial: Any,
+    mine: list[StudyRun],
+    runs: list[Run | None],
+    spec: StudyCreate,
+) -> bool:
+    """Report the mean over the trial's seeds at each step all of them have logged; ask the
+    pruner. A trial with seeds not yet released is not judged (its mean would lack them)."""
+    if any(r.state != StudyRunState.released for r in mine) or any(r is None for r in runs):
+        return False
+    ids = [r.id for r in runs if r is not None]
+    series = service._series(session, ids, [spec.objective.metric])
+    per_step: dict[int, list[float]] = {}
+    for run_id in ids:
+        for step, value in zip(*series[(run_id, spec.objective.metric)], strict=True):
+            if value is not None:
+                per_step.setdefault(step, []).append(value)
+    reported = set(trial.intermediate_values)
+    for step in sorted(per_step):
+        if len(per_step[step]) == len(ids) and step not in reported:
+            ostudy._storage.set_trial_intermediate_value(
+                trial._trial_id, step, sum(per_step[step]) / len(ids)
+            )
+    if not per_step:
+        return False
+    fresh = ostudy._storage.get_trial(trial._trial_id)
+    return bool(fresh.intermediate_values) and ostudy.pruner.prune(ostudy, fresh)
+
+
+def search_view(session: Session, study: Study) -> dict[str, Any]:
+    """Trials (parameters, value, state), and parameter importances once 2+ trials finished."""
+    search = Search.model_validate(study.spec["search"])
+    ostudy = _load(session, study)
+    trials = [
+        {
+            "number": t.number,
+            "arm": f"t{t.number}",
+            "params": t.params,
+            "value": t.value if t.values else None,
+            "state": t.state.name.lower(),
+        }
+        for t in ostudy.get_trials(deepcopy=False)
+    ]
+    importances: dict[str, float] = {}
+    note = None
+    complete = [t for t in trials if t["state"] == "complete"]
+    if len(complete) >= 2 and len(search.space) >= 1:
+        try:
+            raw = _optuna().importance.get_param_importances(ostudy)
+            importances = {k: float(v) for k, v in raw.items()}
+        except (ValueError, RuntimeError) as exc:
+            note = f"importances unavailable: {exc}"
+    else:
+        note = "importances need 2 or more finished trials"
+    return {
+        "sampler": search.sampler,
+        "n_trials": search.trials,
+        "params": list(search.space),
+        "trials": trials,
+        "importances": importances,
+        "importance_note": note,
+    }

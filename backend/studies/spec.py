@@ -1,0 +1,247 @@
+"""A study as submitted (``POST /api/studies``, ``conspo-lab study run study.yaml``).
+
+A study file, ten lines for the usual question::
+
+    name: conspo-vs-grpo
+    config: {task: {name: arith}, steps: 40}       # the base RunConfig every arm starts from
+    arms:
+      - {name: grpo, overrides: {algorithm: grpo}}
+      - {name: conspo, overrides: {algorithm: conspo, params.tau: 1.0}}
+    seeds: [0, 1, 2, 3, 4]
+    objective: {metric: eval/accuracy, reduce: mean_last_k, k: 3}
+    baseline: grpo
+    concurrency: 2
+
+Overrides are nested dicts or dotted paths (``params.tau: 1.0`` is ``{params: {tau: 1.0}}``).
+Each arm's config (base ⊕ overrides) is validated as a RunConfig here, so an unknown path or a
+bad value is a 422 located at ``body.arms.<i>.overrides.<path>`` before anything is stored.
+A search study gives ``search`` instead of ``arms``: Optuna proposes the arms (``backend.studies.
+search``), every trial run over every seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
+from conspo.config import RunConfig, TaskConfig
+
+# Arm names go into run names (study-<id>-<arm>-s<seed>) and tags: short, no spaces.
+ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}$"
+ArmName = Annotated[str, Field(pattern=ARM_NAME)]
+MAX_RUNS = 1_000  # arms × seeds of one study
+MAX_GRID = 10_000  # values of one stepped search parameter
+
+
+class Objective(_Body):
+    metric: Label = Field("eval/accuracy", description="The metric key reduced to one number.")
+    reduce: Literal["last", "mean_last_k", "auc"] = Field(
+        "mean_last_k",
+        description="last: the last logged value; mean_last_k: the mean of the last k values"
+        " (less noisy); auc: the mean height of the curve over its steps (trapezoids).",
+    )
+    k: int = Field(3, ge=1, le=10_000, description="The window of mean_last_k.")
+    direction: Literal["max", "min"] = Field("max", description="Which way is better.")
+    scale: float | None = Field(
+        None,
+        gt=0,
+        description="Display factor (100 turns an accuracy into points); default 100 for an"
+        " accuracy metric, else 1.",
+    )
+    unit: str | None = Field(
+        None, max_length=20, description="Display unit; default 'points' for an accuracy."
+    )
+    effect: float = Field(
+        1.0, gt=0, description="The smallest difference worth detecting, in display units."
+    )
+
+    @model_validator(mode="after")
+    def _accuracy_in_points(self) -> Objective:
+        accuracy = "accuracy" in self.metric or "avg@" in self.metric or "pass@" in self.metric
+        if self.scale is None:
+            self.scale = 100.0 if accuracy else 1.0
+        if self.unit is None:
+            self.unit = "points" if accuracy else ""
+        return self
+
+
+class Arm(_Body):
+    name: ArmName
+    overrides: FreeJSON = Field(default_factory=dict)
+
+
+class SearchParam(_Body):
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = Field(None, gt=0, description="Grid step of a float/int range.")
+    choices: list[str | bool | int | float | None] | None = Field(
+        None, min_length=1, max_length=100
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SearchParam:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs choices")
+        elif self.low is None or self.high is None or self.low > self.high:
+            raise ValueError(f"a {self.type} parameter needs low ≤ high")
+        elif self.log and self.low <= 0:
+            raise ValueError("a log-scaled range needs low > 0")
+        elif self.log and self.step is not None:
+            raise ValueError("a range is either log-scaled or stepped, not both")
+        elif self.step is not None and (self.high - self.low) / self.step > MAX_GRID:
+            raise ValueError(f"more than {MAX_GRID} steps between low and high")
+        return self
+
+
+class Search(_Body):
+    space: dict[Label, SearchParam] = Field(min_length=1, max_length=20)
+    sampler: Literal["grid", "random", "tpe"] = "tpe"
+    trials: int = Field(8, ge=1, le=200)
+    prune: bool = Field(
+        False,
+        description="Stop a trial early when its mean intermediate eval is below the median of"
+        " earlier trials at the same step (Optuna's MedianPruner).",
+    )
+
+
+class StudyCreate(_Body):
+    name: Label
+    config: FreeJSON = Field(default_factory=dict, description="The base RunConfig.")
+    arms: list[Arm] = Field(default_factory=list, max_length=100)
+    seeds: list[Seed] = Field(min_length=1, max_length=100)
+    objective: Objective = Field(default_factory=Objective)
+    baseline: ArmName | None = Field(None, description="The arm others are paired against.")
+    concurrency: int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
+    search: Search | None = None
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
+
+    @field_validator("arms")
+    @classmethod
+    def _distinct_arms(cls, arms: list[Arm]) -> list[Arm]:
+        seen: set[str] = set()
+        for arm in arms:
+            if arm.name in seen:
+                raise ValueError(f"duplicate arm name {arm.name!r}")
+            seen.add(arm.name)
+        return arms
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("seeds must be distinct")
+        return seeds
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline_is_an_arm(cls, baseline: str | None, info: ValidationInfo) -> str | None:
+        names = [a.name for a in info.data.get("arms") or []]
+        if baseline is not None and names and baseline not in names:
+            raise ValueError(f"baseline {baseline!r} is not an arm (arms: {', '.join(names)})")
+        return baseline
+
+    @model_validator(mode="after")
+    def _arms_or_search(self) -> StudyCreate:
+        if self.search is None and not self.arms:
+            raise PydanticCustomError("missing", "a study needs arms (or a search)")
+        if len(self.arms or [None]) * len(self.seeds) > MAX_RUNS:
+            raise ValueError(f"more than {MAX_RUNS} runs (arms × seeds)")
+        return self
+
+
+def expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``{"params.tau": 1, "optim": {"lr": 2e-6}}`` → ``{"params": {"tau": 1}, "optim": {...}}``."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {key!r} goes through a value that is not a section")
+        leaf = expand_dotted(value) if isinstance(value, dict) else value
+        if isinstance(leaf, dict) and isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]] = deep_merge(node[parts[-1]], leaf)
+        else:
+            node[parts[-1]] = leaf
+    return out
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def arm_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The arm's raw config: base with overrides merged. A new algorithm (or task) without its
+    own params starts from its defaults: the base's params were for another one."""
+    nested = expand_dotted(overrides)
+    start = copy.deepcopy(base)
+    algorithm = nested.get("algorithm")
+    if algorithm and algorithm != start.get("algorithm", "conspo") and "params" not in nested:
+        start.pop("params", None)
+    task, new_task = start.get("task"), nested.get("task")
+    if (
+        isinstance(task, dict)
+        and isinstance(new_task, dict)
+        and new_task.get("name", task.get("name")) != task.get("name")
+        and "params" not in new_task
+    ):
+        start["task"] = {
+            k: v for k, v in task.items() if k in TaskConfig.model_fields and k != "params"
+        }
+    start.pop("name", None)
+    return deep_merge(start, nested)
+
+
+def validate_arm(
+    base: dict[str, Any], overrides: dict[str, Any], loc: tuple[str | int, ...]
+) -> tuple[RunConfig | None, list[dict[str, Any]]]:
+    """The arm's RunConfig, or the errors located under ``loc`` (e.g. body.arms.1.overrides)."""
+    try:
+        raw = arm_config(base, overrides)
+    except ValueError as exc:
+        return None, [_error(loc, str(exc))]
+    try:
+        return RunConfig.model_validate(raw), []
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        return None, [{**e, "loc": (*loc, *_dotted_loc(e["loc"], overrides))} for e in errors]
+
+
+def _dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
+    """Name an error by the override's own spelling when it used a dotted path."""
+    text = ".".join(str(p) for p in loc)
+    for key in overrides:
+        if "." in key and (text == key or text.startswith(key + ".")):
+            return (key, *loc[len(key.split(".")) :])
+    return loc
+
+
+def _error(loc: tuple[str | int, ...], message: str) -> dict[str, Any]:
+    return {"type": "value_error", "loc": loc, "msg": message}
+
+
+def run_name(study_id: int, arm: str, seed: int) -> str:
+    return f"study-{study_id}-{arm}-s{seed}"
+
+
+def group_of(study_id: int) -> str:
+    """The runs' group id: the runs list links a group spelled so to its study page."""
+    return f"study-{study_id}"
+
+
+STUDY_GROUP = re.compile(r"^study-(\d+)$")

@@ -1,0 +1,265 @@
+"""The statistics of a study verdict (docs/studies.md): pure functions on per-seed objectives.
+
+Use::
+
+    arms = {"grpo": {0: 0.41, 1: 0.38, 2: 0.44}, "conspo": {0: 0.45, 1: 0.40, 2: 0.47}}
+    summary = summarise(arms, baseline="grpo", direction="max", scale=100, unit="points")
+    summary.arms["conspo"].ci_t          # (lo, hi): Student t 95% CI of the arm's mean
+    summary.pairs["conspo"].p_wilcoxon   # paired by seed against the baseline
+    summary.verdict                      # one line per arm, e.g.
+    # "conspo − grpo = +2.8 points [+1.0, +4.6], 9 of 10 seeds, p = 0.007"
+
+Every arm maps seed → objective (one number per finished run). Differences are paired by
+seed: d_s = objective(arm, s) − objective(baseline, s) over the seeds both arms finished; the
+seeds only one of them finished are named in ``PairedComparison.dropped`` and in the verdict.
+``scale`` multiplies values for display only (accuracy 0.028 → 2.8 points); the statistics
+(p-values, wins) do not depend on it. Bootstraps are percentile bootstraps of 10,000 resamples
+with a fixed seed, so a page shows the same interval on every load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy import stats as sps
+
+Direction = Literal["max", "min"]
+LEVEL = 0.95
+N_BOOT = 10_000
+BOOT_SEED = 0
+POWER = 0.8  # the seeds-needed estimate: 80% power at a two-sided 5% level
+Interval = tuple[float, float] | None
+
+
+def t_interval(values: np.ndarray, level: float = LEVEL) -> Interval:
+    """Student t CI of the mean; None under two values (no spread to speak of)."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = float(np.mean(values))
+    half = float(sps.t.ppf(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+    return (mean - half, mean + half)
+
+
+def bootstrap_means(values: np.ndarray, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
+    """Means of ``n_boot`` resamples (with replacement, same size) of ``values``."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(values), size=(n_boot, len(values)))
+    return values[picks].mean(axis=1)
+
+
+def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> Interval:
+    if len(samples) == 0:
+        return None
+    lo, hi = np.quantile(samples, [0.5 - level / 2, 0.5 + level / 2])
+    return (float(lo), float(hi))
+
+
+def bootstrap_interval(values: np.ndarray, level: float = LEVEL) -> Interval:
+    """Percentile bootstrap CI of the mean; None under two values."""
+    if len(values) < 2:
+        return None
+    return percentile_interval(bootstrap_means(values), level)
+
+
+@dataclass
+class ArmSummary:
+    """One arm's objective over its finished seeds."""
+
+    name: str
+    seeds: list[int]
+    values: list[float]
+    n: int
+    mean: float | None
+    sd: float | None
+    ci_t: Interval
+    ci_boot: Interval
+
+
+def summarise_arm(name: str, by_seed: Mapping[int, float]) -> ArmSummary:
+    seeds = sorted(by_seed)
+    values = np.array([by_seed[s] for s in seeds], dtype=float)
+    n = len(values)
+    return ArmSummary(
+        name=name,
+        seeds=seeds,
+        values=values.tolist(),
+        n=n,
+        mean=float(values.mean()) if n else None,
+        sd=float(values.std(ddof=1)) if n >= 2 else None,
+        ci_t=t_interval(values),
+        ci_boot=bootstrap_interval(values),
+    )
+
+
+@dataclass
+class PairedComparison:
+    """``arm`` − ``baseline``, paired by seed."""
+
+    arm: str
+    baseline: str
+    seeds: list[int]  # seeds both finished, ascending
+    dropped: list[int]  # seeds only one of the two finished
+    d: list[float]  # arm − baseline per paired seed
+    n: int
+    mean_d: float | None
+    sd_d: float | None
+    ci_t: Interval
+    ci_boot: Interval
+    p_t: float | None  # paired t-test, two-sided
+    p_wilcoxon: float | None  # Wilcoxon signed-rank, two-sided (zero differences dropped)
+    wins: int  # seeds where the arm is better in the objective's direction
+    ties: int
+    losses: int
+    p_improvement: float | None  # share of seeds the arm wins, a tie counting half
+    p_improvement_ci: Interval
+    distinguishable: bool  # the t CI excludes 0
+
+
+def paired(
+    arm: str,
+    baseline: str,
+    arm_by_seed: Mapping[int, float],
+    base_by_seed: Mapping[int, float],
+    direction: Direction = "max",
+) -> PairedComparison:
+    seeds = sorted(set(arm_by_seed) & set(base_by_seed))
+    dropped = sorted(set(arm_by_seed) ^ set(base_by_seed))
+    d = np.array([arm_by_seed[s] - base_by_seed[s] for s in seeds], dtype=float)
+    n = len(d)
+    better = d if direction == "max" else -d
+    wins, ties = int((better > 0).sum()), int((better == 0).sum())
+    ci_t = t_interval(d)
+    score = np.where(better > 0, 1.0, np.where(better == 0, 0.5, 0.0))
+    return PairedComparison(
+        arm=arm,
+        baseline=baseline,
+        seeds=seeds,
+        dropped=dropped,
+        d=d.tolist(),
+        n=n,
+        mean_d=float(d.mean()) if n else None,
+        sd_d=float(d.std(ddof=1)) if n >= 2 else None,
+        ci_t=ci_t,
+        ci_boot=bootstrap_interval(d),
+        p_t=_p_paired_t(d),
+        p_wilcoxon=_p_wilcoxon(d),
+        wins=wins,
+        ties=ties,
+        losses=n - wins - ties,
+        p_improvement=float(score.mean()) if n else None,
+        p_improvement_ci=bootstrap_interval(score),
+        distinguishable=ci_t is not None and (ci_t[0] > 0 or ci_t[1] < 0),
+    )
+
+
+def _p_paired_t(d: np.ndarray) -> float | None:
+    if len(d) < 2:
+        return None
+    if np.std(d, ddof=1) == 0:  # identical differences: t is ±inf (or 0/0 when all are 0)
+        return 1.0 if np.all(d == 0) else 0.0
+    return float(sps.ttest_1samp(d, 0.0).pvalue)
+
+
+def _p_wilcoxon(d: np.ndarray) -> float | None:
+    if len(d) < 2 or np.all(d == 0):
+        return None
+    return float(sps.wilcoxon(d).pvalue)
+
+
+def seeds_needed(sd_d: float | None, effect: float, level: float = LEVEL) -> int | None:
+    """Seeds a paired comparison needs to detect ``effect`` (same units as ``sd_d``) with
+    80% power: n ≈ ((z_{1−α/2} + z_{0.8}) · sd(d) / δ)², at least 2."""
+    if sd_d is None or effect <= 0:
+        return None
+    z = sps.norm.ppf(0.5 + level / 2) + sps.norm.ppf(POWER)
+    return max(2, math.ceil((z * sd_d / effect) ** 2))
+
+
+def _signed(x: float, digits: int = 1) -> str:
+    text = f"{x:+.{digits}f}"
+    return text.replace("-", "−")
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "p n/a"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def verdict_line(
+    pair: PairedComparison,
+    *,
+    scale: float = 1.0,
+    unit: str = "",
+    effect: float = 1.0,
+    digits: int = 1,
+) -> str:
+    """The one line a study page leads with, for ``pair.arm`` against its baseline.
+
+    ``effect`` is the smallest difference worth detecting, in display units (after ``scale``):
+    a study that cannot tell the arms apart says how many seeds would tell that much.
+    """
+    unit_text = f" {unit}" if unit else ""
+    head = f"{pair.arm} − {pair.baseline}"
+    dropped = (
+        f" (seed{'s' if len(pair.dropped) > 1 else ''} {', '.join(map(str, pair.dropped))} "
+        "dropped: not finished by both arms)"
+        if pair.dropped
+        else ""
+    )
+    if pair.mean_d is None:
+        return f"{head}: no seed finished by both arms yet{dropped}"
+    mean = _signed(pair.mean_d * scale, digits)
+    if pair.n >= 2 and pair.sd_d == 0 and pair.mean_d == 0:
+        return f"{head} = {mean}{unit_text}: identical on all {pair.n} seeds{dropped}"
+    if pair.ci_t is None:
+        return f"{head} = {mean}{unit_text} at n = {pair.n}: too few seeds for an interval{dropped}"
+    lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)
+    stated = f"{head} = {mean}{unit_text} [{lo}, {hi}]"
+    if pair.distinguishable:
+        return f"{stated}, {pair.wins} of {pair.n} seeds, {_p(pair.p_t)}{dropped}"
+    need = seeds_needed(None if pair.sd_d is None else pair.sd_d * scale, effect)
+    effect_text = f"{effect:g}-{unit.rstrip('s') or 'unit'}" if unit else f"{effect:g}"
+    needed = (
+        f"; about {need} seeds would be needed for a {effect_text} effect"
+        if need is not None
+        else ""
+    )
+    return (
+        f"{stated}: not distinguishable from seed noise at n = {pair.n}, {_p(pair.p_t)}"
+        f"{needed}{dropped}"
+    )
+
+
+@dataclass
+class StudySummary:
+    arms: dict[str, ArmSummary]
+    pairs: dict[str, PairedComparison]  # by arm, every arm but the baseline
+    verdict: list[str] = field(default_factory=list)
+
+
+def summarise(
+    arms: Mapping[str, Mapping[int, float]],
+    baseline: str,
+    *,
+    direction: Direction = "max",
+    scale: float = 1.0,
+    unit: str = "",
+    effect: float = 1.0,
+) -> StudySummary:
+    """Every arm summarised, every other arm paired against ``baseline``, and the verdict."""
+    out = StudySummary(
+        arms={name: summarise_arm(name, by_seed) for name, by_seed in arms.items()}, pairs={}
+    )
+    for name, by_seed in arms.items():
+        if name == baseline:
+            continue
+        pair = paired(name, baseline, by_seed, arms.get(baseline, {}), direction)
+        out.pairs[name] = pair
+        out.verdict.append(verdict_line(pair, scale=scale, unit=unit, effect=effect))
+    return out

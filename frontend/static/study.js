@@ -1,0 +1,27 @@
+// The study page (/studies/{id}): renders GET /api/studies/{id} with study_render.js and
+// refreshes it every few seconds while the study is active (zoom is kept by re-rendering only
+// when something changed).
+import { errorText, get } from "/static/api.js";
+import { renderStudy } from "/static/study_render.js";
+import { toast } from "/static/util.js";
+
+const root = document.getElementById("study");
+const studyId = Number(root.dataset.studyId);
+let last = "";
+
+async function refresh() {
+  try {
+    const view = await get(`/api/studies/${studyId}`);
+    const text = JSON.stringify(view);
+    if (text !== last) {
+      last = text;
+      renderStudy(view, root, window.Plotly);
+    }
+    if (view.status === "active") setTimeout(refresh, 3000);
+  } catch (err) {
+    toast(errorText(err), "error");
+    setTimeout(refresh, 10000);
+  }
+}
+
+refresh();

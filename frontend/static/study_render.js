@@ -1,0 +1,322 @@
+// Renders a study (GET /api/studies/{id}) into a root element: the verdict, the per-arm and
+// paired tables, separation statistics, grouped curves with the real n at each step, and for a
+// search the parallel coordinates and parameter importances. Shared by the study page
+// (study.js) and the self-contained HTML report, which inlines this file and util.js with their
+// import/export lines stripped, so it must use nothing but util.js and a global Plotly.
+import { color, fmtNum, h } from "/static/util.js";
+
+const CHART_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+
+/** The arm's colour: its index among the study's arms, the same on every chart and table. */
+export function armColors(view) {
+  return Object.fromEntries(view.arms.map((a, i) => [a.name, color(i)]));
+}
+
+function scaled(view, v) {
+  return v === null || v === undefined ? null : v * (view.objective.scale || 1);
+}
+
+function fmtCi(view, ci, digits = 3) {
+  if (!ci) return "–";
+  return `[${fmtNum(scaled(view, ci[0]), digits)}, ${fmtNum(scaled(view, ci[1]), digits)}]`;
+}
+
+function fmtP(p) {
+  if (p === null || p === undefined) return "–";
+  return p < 0.001 ? "< 0.001" : p.toFixed(3);
+}
+
+function swatch(colorValue, name) {
+  return h("span.arm", {}, h("span.swatch", { style: `background:${colorValue}` }), name);
+}
+
+function table(id, head, rows) {
+  return h(
+    "table.grid",
+    { id },
+    h("thead", {}, h("tr", {}, ...head.map((c) => h("th", {}, c)))),
+    h("tbody", {}, ...rows.map((r) => h("tr", {}, ...r.map((c) => h("td", {}, c))))),
+  );
+}
+
+function unitText(view) {
+  const o = view.objective;
+  const reduce = o.reduce === "mean_last_k" ? `mean of the last ${o.k}` : o.reduce;
+  const unit = o.unit ? ` (${o.unit}${o.scale !== 1 ? `, × ${o.scale}` : ""})` : "";
+  return `${o.metric}, ${reduce}, ${o.direction === "max" ? "higher" : "lower"} is better${unit}`;
+}
+
+export function armTable(view, colors) {
+  return table(
+    "arm-table",
+    ["arm", "n", "mean", "95% CI (t)", "95% CI (bootstrap)", "sd"],
+    view.arms.map((a) => [
+      swatch(colors[a.name], a.name + (a.name === view.baseline ? " (baseline)" : "")),
+      `${a.n} of ${a.planned}`,
+      fmtNum(scaled(view, a.mean), 4),
+      fmtCi(view, a.ci_t),
+      fmtCi(view, a.ci_boot),
+      fmtNum(scaled(view, a.sd), 3),
+    ]),
+  );
+}
+
+export function pairTable(view, colors) {
+  return table(
+    "pair-table",
+    [
+      "arm − baseline",
+      "n pairs",
+      "mean d",
+      "95% CI (t)",
+      "95% CI (bootstrap)",
+      "p (t)",
+      "p (Wilcoxon)",
+      "wins / ties / losses",
+      "P(improvement)",
+      "seeds dropped",
+    ],
+    view.pairs.map((p) => [
+      swatch(colors[p.arm], `${p.arm} − ${p.baseline}`),
+      String(p.n),
+      fmtNum(scaled(view, p.mean_d), 4),
+      fmtCi(view, p.ci_t),
+      fmtCi(view, p.ci_boot),
+      fmtP(p.p_t),
+      fmtP(p.p_wilcoxon),
+      `${p.wins} / ${p.ties} / ${p.losses}`,
+      p.p_improvement === null
+        ? "–"
+        : `${fmtNum(p.p_improvement, 3)} [${(p.p_improvement_ci || []).map((v) => fmtNum(v, 2)).join(", ") || "–"}]`,
+      p.dropped.length ? p.dropped.join(", ") : "none",
+    ]),
+  );
+}
+
+function separationTable(view, colors) {
+  const keys = [...new Set(Object.values(view.separation).flatMap((s) => Object.keys(s)))].sort();
+  if (!keys.length) return h("p.muted", {}, "No separation statistics logged yet.");
+  return table(
+    "separation-table",
+    ["arm", ...keys.map((k) => `${k} mean [95% CI] (n)`)],
+    view.arms.map((a) => [
+      swatch(colors[a.name], a.name),
+      ...keys.map((k) => {
+        const s = view.separation[a.name]?.[k];
+        if (!s) return "–";
+        const ci = s.ci_t ? ` [${fmtNum(s.ci_t[0], 3)}, ${fmtNum(s.ci_t[1], 3)}]` : "";
+        return `${fmtNum(s.mean, 4)}${ci} (${s.n})`;
+      }),
+    ]),
+  );
+}
+
+function runsTable(view, colors) {
+  return table(
+    "runs-table",
+    ["arm", "seed", "run", "status", "step", "objective"],
+    view.runs.map((r) => [
+      swatch(colors[r.arm], r.arm),
+      String(r.seed),
+      r.run_id ? h("a", { href: `/runs/${r.run_id}` }, r.name) : h("span.muted", {}, "waiting for a slot"),
+      r.status,
+      `${r.step} / ${r.total_steps ?? "?"}`,
+      fmtNum(scaled(view, r.objective), 4),
+    ]),
+  );
+}
+
+/** Mean lines solid where every seed of the arm reached the step, dotted (with n in the hover)
+ * where fewer did; the band is the 95% t interval over the seeds at that step. */
+export function curveTraces(curve, arm, colorValue) {
+  const full = curve.mean.map((m, i) => (curve.n[i] >= curve.seeds ? m : null));
+  const partial = curve.mean.map((m, i) => {
+    const short = curve.n[i] < curve.seeds;
+    const edge = curve.n[i - 1] < curve.seeds || curve.n[i + 1] < curve.seeds;
+    return short || edge ? m : null;
+  });
+  const text = curve.n.map((n) => `n = ${n} of ${curve.seeds}`);
+  const traces = [];
+  if (curve.lo.some((v) => v !== null)) {
+    const xs = curve.steps.filter((_, i) => curve.lo[i] !== null);
+    const lo = curve.lo.filter((v) => v !== null);
+    const hi = curve.hi.filter((v) => v !== null);
+    traces.push({
+      x: [...xs, ...xs.slice().reverse()],
+      y: [...hi, ...lo.slice().reverse()],
+      fill: "toself",
+      fillcolor: `${colorValue}26`,
+      line: { width: 0 },
+      hoverinfo: "skip",
+      showlegend: false,
+      legendgroup: arm,
+      name: `${arm} 95% CI`,
+    });
+  }
+  traces.push({
+    x: curve.steps,
+    y: full,
+    text,
+    mode: "lines",
+    name: `${arm} (n = ${curve.seeds})`,
+    legendgroup: arm,
+    line: { color: colorValue, width: 2 },
+    hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,
+  });
+  traces.push({
+    x: curve.steps,
+    y: partial,
+    text,
+    mode: "lines+markers",
+    name: `${arm}: fewer seeds`,
+    legendgroup: arm,
+    showlegend: false,
+    line: { color: colorValue, width: 1.5, dash: "dot" },
+    marker: { size: 4 },
+    hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,
+  });
+  return traces;
+}
+
+function curveCharts(view, colors, Plotly, root) {
+  if (!view.curves) return;
+  for (const [key, perArm] of Object.entries(view.curves)) {
+    const traces = view.arms.flatMap((a) =>
+      perArm[a.name]?.steps.length ? curveTraces(perArm[a.name], a.name, colors[a.name]) : [],
+    );
+    if (!traces.length) continue;
+    const sampled = Object.values(perArm).some((c) => c.sampled);
+    const div = h("div.chart", { "data-key": key });
+    root.append(h("div.panel.chart-card", {}, h("h4", {}, key), div));
+    const note = `mean over seeds, band = 95% t CI; dotted = fewer seeds than the arm has (n in the hover); no smoothing${sampled ? "; sampled to 400 steps" : ""}`;
+    Plotly.newPlot(
+      div,
+      traces,
+      {
+        margin: { l: 52, r: 14, t: 40, b: 64 },
+        height: 330,
+        hovermode: "x unified",
+        legend: { orientation: "h", x: 0, y: 1.12 },
+        xaxis: { title: { text: "step" } },
+        yaxis: { title: { text: key } },
+        annotations: [
+          {
+            xref: "paper",
+            yref: "paper",
+            x: 1,
+            y: -0.3,
+            xanchor: "right",
+            showarrow: false,
+            text: note,
+            font: { size: 10, color: "#667085" },
+          },
+        ],
+      },
+      CHART_CONFIG,
+    );
+  }
+}
+
+function searchCharts(view, Plotly, root) {
+  const s = view.search;
+  if (!s) return;
+  const trials = s.trials.filter((t) => t.value !== null);
+  root.append(h("h3.section-title", {}, `Search: ${s.sampler} sampler, ${s.trials.length} of ${s.n_trials} trials`));
+  if (trials.length) {
+    const dims = s.params.map((p) => {
+      const values = trials.map((t) => t.params[p]);
+      if (values.every((v) => typeof v === "number")) return { label: p, values };
+      const choices = [...new Set(values.map(String))];
+      return {
+        label: p,
+        values: values.map((v) => choices.indexOf(String(v))),
+        tickvals: choices.map((_, i) => i),
+        ticktext: choices,
+      };
+    });
+    dims.push({ label: `objective (${view.objective.metric})`, values: trials.map((t) => scaled(view, t.value)) });
+    const div = h("div.chart#parcoords");
+    root.append(
+      h(
+        "div.panel.chart-card",
+        {},
+        h("h4", {}, "parallel coordinates (one line per trial, coloured by objective)"),
+        div,
+      ),
+    );
+    Plotly.newPlot(
+      div,
+      [
+        {
+          type: "parcoords",
+          line: { color: trials.map((t) => t.value), colorscale: "Viridis", showscale: true },
+          dimensions: dims,
+        },
+      ],
+      { height: 320, margin: { l: 60, r: 40, t: 40, b: 20 } },
+      CHART_CONFIG,
+    );
+  }
+  const imp = Object.entries(s.importances || {});
+  const div = h("div.chart#importances");
+  root.append(
+    h(
+      "div.panel.chart-card",
+      {},
+      h("h4", {}, "parameter importances (optuna.importance, its default evaluator)"),
+      imp.length ? div : h("p.muted", {}, s.importance_note || "needs 2+ finished trials"),
+    ),
+  );
+  if (imp.length) {
+    Plotly.newPlot(
+      div,
+      [{ type: "bar", orientation: "h", x: imp.map((e) => e[1]), y: imp.map((e) => e[0]) }],
+      { height: 60 + 30 * imp.length, margin: { l: 140, r: 20, t: 10, b: 30 } },
+      CHART_CONFIG,
+    );
+  }
+}
+
+export function renderStudy(view, root, Plotly) {
+  const colors = armColors(view);
+  root.replaceChildren();
+  const counts = Object.entries(view.counts)
+    .map(([k, v]) => `${v} ${k}`)
+    .join(", ");
+  root.append(
+    h(
+      "div.page-head",
+      {},
+      h("h1", {}, `Study ${view.id}: ${view.name}`),
+      h("span.badge", { id: "study-status" }, view.status),
+      h("span.muted", {}, counts),
+    ),
+    h(
+      "div.panel#verdict",
+      {},
+      ...(view.verdict.length ? view.verdict : ["no arm to compare yet"]).map((line) => h("p.verdict-line", {}, line)),
+    ),
+    h(
+      "p.muted.small",
+      {},
+      `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. Differences are paired by seed; values shown × ${view.objective.scale}.`,
+    ),
+    h("h3.section-title", {}, "Arms"),
+    h("div.panel", { style: "overflow:auto" }, armTable(view, colors)),
+    h("h3.section-title", {}, `Paired differences against ${view.baseline}`),
+    h(
+      "div.panel",
+      { style: "overflow:auto" },
+      view.pairs.length ? pairTable(view, colors) : h("p.muted", {}, "one arm only"),
+    ),
+    h("h3.section-title", {}, "Separation statistics over the objective's window"),
+    h("div.panel", { style: "overflow:auto" }, separationTable(view, colors)),
+  );
+  const charts = h("div.charts#study-charts");
+  root.append(h("h3.section-title", {}, "Curves"), charts);
+  if (Plotly) {
+    curveCharts(view, colors, Plotly, charts);
+    searchCharts(view, Plotly, root);
+  }
+  root.append(h("h3.section-title", {}, "Runs"), h("div.panel", { style: "overflow:auto" }, runsTable(view, colors)));
+}

@@ -1,0 +1,222 @@
+"""Studies through the API: validation (422 naming the field, nothing stored), the concurrency
+limit and the release of pending runs as runs finish (run by the worker's own code), the
+verdict, the CSV and report exports, and a search study through Optuna's storage."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from backend.db import Database
+from backend.models import Study, StudyRun
+from backend.queue import JobQueue, make_celery
+from tests.api.conftest import Api, tiny_config
+
+pytestmark = pytest.mark.services
+
+
+def study_body(**extra: Any) -> dict[str, Any]:
+    return {
+        "name": "grpo-vs-conspo",
+        "config": tiny_config(2, eval={"every": 1, "pass_k": 1}),
+        "arms": [
+            {"name": "grpo", "overrides": {"algorithm": "grpo"}},
+            {"name": "conspo", "overrides": {"algorithm": "conspo", "params.tau": 1.0}},
+        ],
+        "seeds": [0, 1, 2],
+        "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 2},
+        "baseline": "grpo",
+        "concurrency": 2,
+        **extra,
+    }
+
+
+def count_studies(api: Api) -> tuple[int, int]:
+    db = Database(api.settings)
+    try:
+        with db.session() as session:
+            return (
+                session.scalar(select(func.count()).select_from(Study)) or 0,
+                session.scalar(select(func.count()).select_from(StudyRun)) or 0,
+            )
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"seeds": []}, ["body", "seeds"]),
+        ({"seeds": [1, 1]}, ["body", "seeds"]),
+        ({"baseline": "ppo"}, ["body", "baseline"]),
+        ({"arms": [{"name": "a"}, {"name": "a"}]}, ["body", "arms"]),
+        ({"arms": []}, ["body"]),
+        (
+            {"arms": [{"name": "a", "overrides": {"params.nope": 1}}], "baseline": None},
+            ["body", "arms", 0, "overrides", "params.nope"],
+        ),
+        (
+            {"arms": [{"name": "a", "overrides": {"optim": {"lrr": 1}}}], "baseline": None},
+            ["body", "arms", 0, "overrides", "optim", "lrr"],
+        ),
+        ({"arms": [{"name": "has space"}], "baseline": None}, ["body", "arms", 0, "name"]),
+        ({"objective": {"reduce": "best"}}, ["body", "objective", "reduce"]),
+        ({"concurrency": 0}, ["body", "concurrency"]),
+    ],
+)
+def test_bad_study_is_a_422_naming_the_field_and_stores_nothing(
+    api: Api, change: dict[str, Any], loc: list[Any]
+) -> None:
+    before = count_studies(api)
+    r = api.post("/api/studies", json=study_body(**change))
+    assert r.status_code == 422, r.text
+    assert any(e["loc"][: len(loc)] == loc for e in r.json()["detail"]), r.json()
+    assert count_studies(api) == before
+
+
+def run_queued(api: Api, study_id: int) -> list[int]:
+    """Run every queued run of the study with the worker's own code, in this process, until
+    none is left (each finish releases the next pending runs); returns the order they ran."""
+    from worker.tasks import execute_run
+
+    settings = api.settings
+    db, jobs = Database(settings), JobQueue(make_celery(settings), settings.queue)
+    ran: list[int] = []
+    try:
+        for _ in range(20):
+            view = api.get(f"/api/studies/{study_id}?curves=false").json()
+            queued = [r["run_id"] for r in view["runs"] if r["status"] == "queued"]
+            active = [r for r in view["runs"] if r["status"] in ("queued", "running")]
+            assert len(active) <= view["concurrency"]
+            if not queued:
+                return ran
+            execute_run(db, jobs, settings, queued[0])
+            ran.append(queued[0])
+    finally:
+        db.dispose()
+    raise AssertionError("the study never finished")
+
+
+@pytest.mark.slow
+def test_study_two_arms_three_seeds_end_to_end(api: Api) -> None:
+    if api.settings.mode == "embedded":  # CI time: tests/ui/test_study_page.py runs this study
+        pytest.skip("on SQLite through the Celery worker in tests/ui/test_study_page.py")
+    r = api.post("/api/studies", json=study_body())
+    assert r.status_code == 201, r.text
+    study = r.json()
+    sid = study["id"]
+    states = [(x["arm"], x["seed"], x["status"]) for x in study["runs"]]
+    # seed-major, arms interleaved; the first `concurrency` queued, the rest wait in the study
+    assert states[:2] == [("grpo", 0, "queued"), ("conspo", 0, "queued")]
+    assert {s for *_, s in states[2:]} == {"pending"}
+    assert run_queued(api, sid)
+    view = api.get(f"/api/studies/{sid}").json()
+    assert view["status"] == "done"
+    assert {r["name"] for r in view["runs"]} == {
+        f"study-{sid}-{arm}-s{seed}" for arm in ("grpo", "conspo") for seed in (0, 1, 2)
+    }
+    assert all(r["status"] == "succeeded" and r["objective"] is not None for r in view["runs"])
+    arms = {a["name"]: a for a in view["arms"]}
+    assert arms["grpo"]["n"] == arms["conspo"]["n"] == 3
+    (pair,) = view["pairs"]
+    assert pair["arm"] == "conspo" and pair["baseline"] == "grpo" and pair["n"] == 3
+    assert pair["seeds"] == [0, 1, 2] and pair["dropped"] == []
+    assert view["verdict"][0].startswith("conspo − grpo = ")
+    # the objective is the mean of the last 2 evals of each run, and pairs are by seed
+    by = {(r["arm"], r["seed"]): r for r in view["runs"]}
+    run = by[("conspo", 1)]
+    points = api.get(f"/api/runs/{run['run_id']}/metrics?keys=eval/accuracy").json()
+    values = points["series"]["eval/accuracy"]["values"][-2:]
+    assert run["objective"] == pytest.approx(sum(values) / 2)
+    d1 = by[("conspo", 1)]["objective"] - by[("grpo", 1)]["objective"]
+    assert pair["d"][1] == pytest.approx(d1)
+    curve = view["curves"]["eval/accuracy"]["conspo"]
+    assert curve["n"] and max(curve["n"]) == 3 and curve["seeds"] == 3
+    # the runs list links them by group
+    runs = api.get(f"/api/runs?group_id=study-{sid}").json()
+    assert runs["total"] == 6
+    # exports
+    rows = list(csv.DictReader(io.StringIO(api.get(f"/api/studies/{sid}/objective.csv").text)))
+    assert len(rows) == 6 and {r["arm"] for r in rows} == {"grpo", "conspo"}
+    html = api.get(f"/api/studies/{sid}/report.html").text
+    assert "renderStudy(VIEW" in html and "src=" not in html.split("<body>")[1]
+    assert api.get("/api/studies").json()["items"][0]["id"] == sid
+
+
+def test_cancel_drops_pending_runs_and_cancels_queued_ones(api: Api) -> None:
+    sid = api.post("/api/studies", json=study_body(concurrency=1)).json()["id"]
+    assert api.post(f"/api/studies/{sid}/cancel", user="bob").status_code == 403
+    view = api.post(f"/api/studies/{sid}/cancel").json()
+    assert view["status"] == "cancelled"
+    assert [r["status"] for r in view["runs"]] == ["cancelled"] * 6
+    assert api.get("/api/studies/999999").status_code == 404
+
+
+def test_release_is_idempotent_and_keeps_the_limit(api: Api) -> None:
+    from backend.studies import service
+
+    sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    settings = api.settings
+    db, jobs = Database(settings), JobQueue(make_celery(settings), settings.queue)
+    try:
+        with db.session() as session:
+            assert service.release(session, jobs, sid) == []  # both slots taken
+            assert service.release(session, jobs, sid) == []
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+        assert view["counts"] == {"queued": 2, "pending": 4}
+        first = view["runs"][0]["run_id"]
+        api.post(f"/api/runs/{first}/cancel")  # a finished run frees one slot, once
+        with db.session() as session:
+            assert len(service.release(session, jobs, sid)) == 1
+            assert service.release(session, jobs, sid) == []
+    finally:
+        db.dispose()
+        api.post(f"/api/studies/{sid}/cancel")
+
+
+@pytest.mark.slow
+def test_search_study_through_optuna_storage(api: Api) -> None:
+    body = study_body(
+        arms=[],
+        baseline=None,
+        seeds=[0],
+        concurrency=2,
+        config={**tiny_config(1, eval={"every": 1, "pass_k": 1}), "algorithm": "conspo"},
+        search={
+            "space": {
+                "params.tau": {"type": "float", "low": 0.5, "high": 2.0, "log": True},
+                "optim.lr": {"type": "categorical", "choices": [1e-4, 1e-3]},
+            },
+            "sampler": "random",
+            "trials": 3,
+        },
+    )
+    bad = {
+        **body,
+        "search": {**body["search"], "space": {"optim.nope": {"type": "int", "low": 1, "high": 2}}},
+    }
+    r = api.post("/api/studies", json=bad)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:4] == [
+        "body",
+        "search",
+        "space",
+        "optim.nope",
+    ]
+    r = api.post("/api/studies", json=body)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert run_queued(api, sid)
+    view = api.get(f"/api/studies/{sid}").json()
+    assert view["status"] == "done"
+    trials = view["search"]["trials"]
+    assert len(trials) == 3 and all(t["state"] == "complete" for t in trials)
+    assert {a["name"] for a in view["arms"]} == {"t0", "t1", "t2"}
+    for t in trials:
+        arm = next(a for a in view["arms"] if a["name"] == t["arm"])
+        assert arm["mean"] == pytest.approx(t["value"])
+        assert arm["params"] == pytest.approx(t["params"])
+    assert set(view["search"]["importances"]) <= {"params.tau", "optim.lr"}

@@ -1,0 +1,53 @@
+"""`conspo-lab study run / show / report / cancel` against a real server (no worker: the runs
+stay queued, which is all the commands need)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from conspo_lab.cli import app
+
+runner = CliRunner()
+
+STUDY = """\
+name: cli-study
+config: {model: {name: tiny}, steps: 2, task: {eval_size: 4}}
+arms:
+  - {name: grpo, overrides: {algorithm: grpo}}
+  - {name: conspo, overrides: {params.tau: 1.0}}
+seeds: [0, 1]
+baseline: grpo
+concurrency: 1
+"""
+
+
+def invoke(server, *args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, [*args, "--url", server.url, "--token", server.token])
+
+
+def test_study_file_to_verdict_report_and_cancel(lab_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY)
+    result = invoke(lab_server, "study", "run", str(path))
+    assert result.exit_code == 0, result.output
+    assert "4 runs planned, 1 queued" in result.output
+    study_id = result.output.split("study ", 1)[1].split(" ", 1)[0]
+    shown = invoke(lab_server, "study", "show", study_id)
+    assert shown.exit_code == 0, shown.output
+    assert "no seed finished by both arms yet" in shown.output and "0 of 2" in shown.output
+    out = tmp_path / "r.html"
+    assert invoke(lab_server, "study", "report", study_id, "-o", str(out)).exit_code == 0
+    assert "renderStudy(VIEW" in out.read_text()
+    assert invoke(lab_server, "study", "report", study_id, "--csv", "-o", str(out)).exit_code == 0
+    assert out.read_text().startswith("study,arm,seed,run_id,status,objective\n")
+    cancelled = invoke(lab_server, "study", "cancel", study_id)
+    assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
+
+    path.write_text(STUDY.replace("baseline: grpo", "baseline: ppo"))
+    bad = invoke(lab_server, "study", "run", str(path))
+    text = " ".join(bad.output.split())  # rich wraps long lines
+    assert bad.exit_code == 2 and "baseline: " in text and "is not an arm" in text
+    path.write_text("- not a mapping")
+    assert invoke(lab_server, "study", "run", str(path)).exit_code == 2

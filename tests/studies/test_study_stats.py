@@ -1,0 +1,101 @@
+"""The verdict's statistics against hand-computed values, with scipy as the reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from backend.studies import stats
+
+BASE = {0: 10.0, 1: 20.0, 2: 30.0, 3: 40.0, 4: 50.0}
+ARM = {0: 11.0, 1: 22.0, 2: 33.0, 3: 44.0, 4: 55.0}  # d = 1, 2, 3, 4, 5
+
+
+def test_arm_mean_and_t_interval_by_hand() -> None:
+    arm = stats.summarise_arm("a", {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0})
+    # mean 3, sd sqrt(2.5), t_{0.975, 4} = 2.776445 → half-width 2.776445 · sqrt(2.5)/sqrt(5)
+    assert (arm.n, arm.mean, arm.sd) == (5, 3.0, pytest.approx(math.sqrt(2.5)))
+    half = 2.776445 * math.sqrt(2.5) / math.sqrt(5)
+    assert arm.ci_t == pytest.approx((3 - half, 3 + half), abs=1e-5)
+    lo, hi = arm.ci_boot  # the bootstrap is narrower than t at n = 5, and inside the data range
+    assert 1.0 <= lo < 3.0 < hi <= 5.0 and hi - lo < 2 * half
+
+
+def test_bootstrap_is_seeded_and_matches_a_direct_resample() -> None:
+    values = np.array([0.3, 0.1, 0.4, 0.15, 0.9, 0.26])
+    first = stats.bootstrap_interval(values)
+    assert first == stats.bootstrap_interval(values)  # same page, same interval
+    rng = np.random.default_rng(stats.BOOT_SEED)
+    means = values[rng.integers(0, 6, size=(stats.N_BOOT, 6))].mean(axis=1)
+    assert first == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+
+
+def test_paired_difference_by_hand_and_against_scipy() -> None:
+    pair = stats.paired("conspo", "grpo", ARM, BASE)
+    assert pair.d == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert (pair.mean_d, pair.n, pair.dropped) == (3.0, 5, [])
+    half = 2.776445 * math.sqrt(2.5) / math.sqrt(5)
+    assert pair.ci_t == pytest.approx((3 - half, 3 + half), abs=1e-5)
+    # t = 3 / (sqrt(2.5)/sqrt(5)) = 4.2426 on 4 df
+    assert pair.p_t == pytest.approx(2 * sps.t.sf(3 / math.sqrt(0.5), 4))
+    assert pair.p_t == pytest.approx(sps.ttest_rel(list(ARM.values()), list(BASE.values())).pvalue)
+    assert pair.p_wilcoxon == pytest.approx(2 / 32)  # exact: all 5 ranks positive, two-sided
+    assert (pair.wins, pair.ties, pair.losses) == (5, 0, 0)
+    assert pair.p_improvement == 1.0 and pair.distinguishable
+
+
+def test_pairing_is_by_seed_not_by_position() -> None:
+    # the same values listed in another order pair the same way
+    shuffled = {s: ARM[s] for s in (3, 0, 4, 1, 2)}
+    assert stats.paired("a", "b", shuffled, BASE).d == [1.0, 2.0, 3.0, 4.0, 5.0]
+    # unpaired means would call these equal; by seed the arm wins every seed by 1
+    base = {0: 1.0, 1: 5.0, 2: 9.0}
+    arm = {0: 2.0, 1: 6.0, 2: 10.0}
+    assert stats.paired("a", "b", arm, base).p_t == 0.0  # identical differences
+
+
+def test_a_seed_missing_from_one_arm_is_dropped_and_named() -> None:
+    arm = {s: v for s, v in ARM.items() if s != 2} | {7: 99.0}  # seed 2 unfinished, 7 extra
+    pair = stats.paired("conspo", "grpo", arm, BASE)
+    assert pair.seeds == [0, 1, 3, 4] and pair.dropped == [2, 7]
+    assert pair.d == [1.0, 2.0, 4.0, 5.0]
+    line = stats.verdict_line(pair)
+    assert "seeds 2, 7 dropped: not finished by both arms" in line
+    summary = stats.summarise({"grpo": BASE, "conspo": arm}, "grpo")
+    assert summary.arms["conspo"].n == 5 and summary.pairs["conspo"].n == 4
+
+
+def test_minimising_objective_counts_lower_as_a_win() -> None:
+    pair = stats.paired("a", "b", {0: 1.0, 1: 2.0, 2: 2.0}, {0: 2.0, 1: 3.0, 2: 2.0}, "min")
+    assert (pair.wins, pair.ties, pair.losses) == (2, 1, 0)
+    assert pair.p_improvement == pytest.approx((1 + 1 + 0.5) / 3)
+
+
+def test_seeds_needed_formula() -> None:
+    z = sps.norm.ppf(0.975) + sps.norm.ppf(0.8)  # 1.95996 + 0.84162
+    assert stats.seeds_needed(math.sqrt(2.5), 1.0) == math.ceil((z * math.sqrt(2.5)) ** 2) == 20
+    assert stats.seeds_needed(0.01, 1.0) == 2 and stats.seeds_needed(None, 1.0) is None
+
+
+def test_verdict_lines() -> None:
+    pair = stats.paired("conspo", "grpo", ARM, BASE)
+    assert stats.verdict_line(pair, unit="points") == (
+        "conspo − grpo = +3.0 points [+1.0, +5.0], 5 of 5 seeds, p = 0.013"
+    )
+    noisy = stats.paired("conspo", "grpo", {0: 0.012, 1: -0.01, 2: 0.03}, {0: 0, 1: 0, 2: 0})
+    line = stats.verdict_line(noisy, scale=100, unit="points", effect=1.0)
+    need = stats.seeds_needed(noisy.sd_d * 100, 1.0)
+    assert line == (
+        f"conspo − grpo = +1.1 points [−3.9, +6.0]: not distinguishable from seed noise at n = 3, "
+        f"p = {noisy.p_t:.3f}; about {need} seeds would be needed for a 1-point effect"
+    )
+    one = stats.paired("a", "b", {0: 1.0}, {0: 0.0, 1: 0.0})
+    assert "too few seeds" in stats.verdict_line(one) and "seed 1 dropped" in stats.verdict_line(
+        one
+    )
+    same = stats.paired("a", "b", {0: 0.5, 1: 0.2}, {0: 0.5, 1: 0.2})
+    assert stats.verdict_line(same) == "a − b = +0.0: identical on all 2 seeds"
+    assert "no seed finished" in stats.verdict_line(stats.paired("a", "b", {}, {0: 1.0}))

@@ -1,0 +1,92 @@
+"""A study of 2 arms × 3 seeds run by the real worker, its page in Chromium (the verdict line,
+the per-arm table with n = 3), and its HTML report opened from disk with every request
+recorded: it makes none."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = {
+    "model": {"name": "tiny"},
+    "steps": 2,
+    "task": {"eval_size": 4},
+    "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+    "eval": {"every": 1, "pass_k": 1},
+    "checkpoint": {"every": 0},
+}
+
+
+def wait_for_study(ui_server: Any, study_id: int, timeout: float = 400.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        view = ui_server.api("GET", f"/api/studies/{study_id}?curves=false")
+        if view["status"] != "active":
+            return view
+        time.sleep(1.0)
+    raise AssertionError(f"study {study_id} still active after {timeout}s: {view.get('counts')}")
+
+
+def test_study_page_and_offline_report(
+    page: Any, ui_server: Any, browser: Any, tmp_path: Path, shot: Any
+) -> None:
+    if not ui_server.has_worker:
+        pytest.skip("needs the server's worker")
+    body = {
+        "name": "ui-study",
+        "config": TINY,
+        "arms": [
+            {"name": "grpo", "overrides": {"algorithm": "grpo"}},
+            {"name": "conspo", "overrides": {"algorithm": "conspo", "params.tau": 1.0}},
+        ],
+        "seeds": [0, 1, 2],
+        "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 2},
+        "baseline": "grpo",
+        "concurrency": 2,
+    }
+    study = ui_server.api("POST", "/api/studies", json=body)
+    view = wait_for_study(ui_server, study["id"])
+    assert view["status"] == "done" and view["counts"] == {"succeeded": 6}
+
+    page.goto(f"{ui_server.url}/studies/{study['id']}")
+    verdict = page.wait_for_selector("#verdict .verdict-line").inner_text()
+    assert verdict == view["verdict"][0] and verdict.startswith("conspo − grpo = ")
+    rows = page.locator("#arm-table tbody tr")
+    assert rows.count() == 2
+    for i in range(2):
+        assert rows.nth(i).locator("td").nth(1).inner_text() == "3 of 3"
+    assert page.locator("#pair-table tbody tr").count() == 1
+    page.wait_for_selector('#study-charts .chart[data-key="eval/accuracy"] .main-svg')
+    shutil.copy(shot(page, "study"), ROOT / "docs" / "screenshot-study.png")
+
+    # the runs page links study runs to their study
+    page.goto(f"{ui_server.url}/?q=study-{study['id']}-")
+    link = page.wait_for_selector(f'a[href="/studies/{study["id"]}"]')
+    assert link is not None
+
+    report = tmp_path / "report.html"
+    report.write_text(ui_server.http.get(f"/api/studies/{study['id']}/report.html").text)
+    context = browser.new_context()
+    try:
+        offline = context.new_page()
+        requests: list[str] = []
+        errors: list[str] = []
+        offline.on("request", lambda r: requests.append(r.url))
+        offline.on("pageerror", lambda exc: errors.append(str(exc)))
+        offline.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        offline.goto(report.as_uri())
+        line = offline.wait_for_selector("#verdict .verdict-line").inner_text()
+        assert line == verdict
+        offline.wait_for_selector('.chart[data-key="eval/accuracy"] .main-svg')
+        assert [u for u in requests if u != report.as_uri()] == []
+        assert errors == []
+    finally:
+        context.close()
