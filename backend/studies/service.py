@@ -150,6 +150,11 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
         )
     )
     runs = [_new_run(study, row) for row in pending]
+    # Run names are unique (ux_runs_name): a user's run may already hold a study run's name.
+    for run, name in zip(
+        runs, lifecycle.unique_names(session, [r.name for r in runs]), strict=True
+    ):
+        run.name = name
     session.add_all(runs)
     session.flush()
     for row, run in zip(pending, runs, strict=True):
