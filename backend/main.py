@@ -21,7 +21,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api import errors
 from backend.api.deps import SessionGate, require_reader
-from backend.api.routes import external, health, metrics, presets, prompts, rollouts, runs, stream
+from backend.api.routes import (
+    external,
+    health,
+    metrics,
+    models,
+    pipelines,
+    presets,
+    prompts,
+    rollouts,
+    runs,
+    stream,
+)
 from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
@@ -163,7 +174,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ui_token = settings.token_file.read_text().strip() or None
 
     api = APIRouter(prefix="/api", dependencies=[Depends(require_reader)])
-    for module in (runs, external, metrics, rollouts, prompts, presets, stream):
+    for module in (runs, external, metrics, rollouts, prompts, presets, stream, pipelines, models):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(health.router, prefix="/api")  # health stays open
