@@ -37,7 +37,7 @@ def start_problems(
     config: RunConfig, session: Session, settings: Settings
 ) -> list[tuple[Loc, str, Any]]:
     """(where, message, value) of each run a config starts from that cannot be used."""
-    problems = []
+    problems: list[tuple[Loc, str, Any]] = []
     source = config.model.from_run
     if source is not None:
         message = _unusable(session, settings, source, config.model.step)
@@ -112,7 +112,8 @@ def model_entry(session: Session, settings: Settings, run: Run) -> dict[str, Any
         "task": run.task,
         "steps": run.step,
         "checkpoints": {
-            w: {"path": str(p), "lora": is_adapter(p), "step": _step_of(p)} for w, p in found.items()
+            w: {"path": str(p), "lora": is_adapter(p), "step": _step_of(p)}
+            for w, p in found.items()
         },
         "lineage": lineage(session, run),
         "eval": evals,
@@ -128,7 +129,8 @@ def _step_of(path: Path) -> int | None:
 
 def list_models(session: Session, settings: Settings) -> list[dict[str, Any]]:
     runs = session.scalars(
-        select(Run).where(Run.status == RunStatus.succeeded, Run.external.is_(False))
+        select(Run)
+        .where(Run.status == RunStatus.succeeded, Run.external.is_(False))
         .order_by(Run.id.desc())
     )
     return [e for run in runs if (e := model_entry(session, settings, run)) is not None]

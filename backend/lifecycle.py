@@ -176,8 +176,7 @@ def queue_runs(
     seed_list = list(dict.fromkeys(seeds)) if seeds else [config.seed]
     group_id = uuid.uuid4().hex if len(seed_list) >= 2 else None
     runs = [
-        _new_run(owner.id, config, seed, group_id, tags, name, len(seed_list))
-        for seed in seed_list
+        _new_run(owner.id, config, seed, group_id, tags, name, len(seed_list)) for seed in seed_list
     ]
     for run in runs:
         run.cloned_from = cloned_from

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from conspo.lineage import ADAPTER_CONFIG, step_checkpoints
+from conspo.lineage import step_checkpoints
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # What a checkpoint holds for resuming only: left out of an exported model.

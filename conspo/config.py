@@ -612,8 +612,7 @@ class RunConfig(_Section):
     )
     kind_params: dict[str, Any] = Field(
         default_factory=dict,
-        description="The job kind's parameters (none for rl); unspecified ones take its"
-        " defaults.",
+        description="The job kind's parameters (none for rl); unspecified ones take its defaults.",
     )
     algorithm: str = Field(
         "conspo",

@@ -4,10 +4,10 @@ checkpoints, evaluation and cancellation around a kind's own step.
     def train(config, sink, should_stop, *, workdir, **inputs):
         return run_job(config, sink, should_stop, workdir=workdir, start=my_start, **inputs)
 
-``start(state, files, store)`` returns ``step(step) -> metrics``: one optimiser step, its metrics keyed
-by ``conspo.metrics`` constants. The loop adds the learning rate, the step time and, every
-``eval.every`` steps, at the end and (fresh run, ``eval.at_start``) at step 0, the same held-out
-evaluation an RL run logs (``conspo.trainer.run_eval``), so an SFT run's final eval and the RL run
+``start(state, files, store)`` returns ``step(step) -> metrics``: one optimiser step, its
+metrics keyed by ``conspo.metrics`` constants. The loop adds the learning rate, the step time
+and, every ``eval.every`` steps, at the end and (fresh run, ``eval.at_start``) at step 0, the
+same held-out evaluation an RL run logs (``conspo.trainer.run_eval``), so an SFT run's final eval and the RL run
 chained after it are measured alike. Checkpoints are the trainer's (``checkpoint.every``, at the
 end, and at a cancel), so a resumed job continues from its last checkpoint and re-logs nothing
 before it; everything random in a step is a function of (seed, step).
@@ -60,7 +60,9 @@ def run_job(
     step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
     last_step = resume(state, workdir, sink)
     if last_step == 0 and config.eval.at_start:
-        evaluated(state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0)))
+        evaluated(
+            state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
+        )
     last_saved = last_step
     while last_step < config.steps and not should_stop():
         step = last_step + 1

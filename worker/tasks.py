@@ -361,9 +361,7 @@ def record(
         return "database unavailable"
 
 
-def _finish(
-    db: Database, jobs: JobQueue, run: Run, status: RunStatus, error: str | None
-) -> None:
+def _finish(db: Database, jobs: JobQueue, run: Run, status: RunStatus, error: str | None) -> None:
     with db.session() as session:
         lifecycle.finish(session, run.id, run.attempt, status, error=error)
         if status is RunStatus.succeeded:  # a pipeline's next stage, created by finish

@@ -4,7 +4,8 @@ lookup like the objectives.
 
 * ``rl``: the RLVR trainer (``conspo.trainer.train``) with the configured objective.
 * ``sft``: supervised fine-tuning on reference answers (``conspo.jobs.sft``).
-* ``distill``: on-policy distillation from a teacher, per-token reverse KL (``conspo.jobs.distill``).
+* ``distill``: on-policy distillation from a teacher, per-token reverse KL
+  (``conspo.jobs.distill``).
 * ``dpo``: direct preference optimisation on (chosen, rejected) pairs (``conspo.jobs.dpo``).
 
 Every kind's train function has ``conspo.trainer.train``'s signature, so the worker, the CLI and

@@ -56,7 +56,13 @@ class DistillParams(BaseModel):
     params=DistillParams,
     description="On-policy distillation: the student samples, the teacher scores every token,"
     " per-token reverse KL as the loss.",
-    metrics=(M.LOSS, M.GRAD_NORM, M.DISTILL_REVERSE_KL, M.DISTILL_TEACHER_LOGPROB, M.DISTILL_LENGTH),
+    metrics=(
+        M.LOSS,
+        M.GRAD_NORM,
+        M.DISTILL_REVERSE_KL,
+        M.DISTILL_TEACHER_LOGPROB,
+        M.DISTILL_LENGTH,
+    ),
 )
 def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.job_loop import run_job

@@ -67,7 +67,9 @@ class DPOParams(BaseModel):
     max_pairs_per_prompt: int = Field(
         4, ge=1, le=1000, description="from_run: pairs kept per prompt (each completion once)."
     )
-    beta: float = Field(0.1, gt=0, le=100, description="β: the strength of the KL to the reference.")
+    beta: float = Field(
+        0.1, gt=0, le=100, description="β: the strength of the KL to the reference."
+    )
     batch_size: int = Field(8, ge=1, le=4096, description="Pairs per step.")
 
     @model_validator(mode="after")
@@ -174,7 +176,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
         with torch.no_grad():
             if ref is not None:
                 return sequence_logprobs(ref, ids, mask, labels)[0]
-            with state.model.disable_adapter():
+            with state.model.disable_adapter():  # type: ignore[operator]  # a peft model
                 return sequence_logprobs(state.model, ids, mask, labels)[0]
 
     def step(step: int) -> dict[str, float]:

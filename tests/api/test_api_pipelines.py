@@ -48,7 +48,13 @@ def submit(api: Any, config: dict[str, Any]) -> int:
 
 
 def test_sft_then_rl_pipeline_starts_rl_from_the_sft_checkpoint(own_api: Any) -> None:
-    sft = {**BASE, "kind": "sft", "steps": 3, "optim": {"lr": 1e-3}, "kind_params": {"batch_size": 8}}
+    sft = {
+        **BASE,
+        "kind": "sft",
+        "steps": 3,
+        "optim": {"lr": 1e-3},
+        "kind_params": {"batch_size": 8},
+    }
     rl = {**BASE, "steps": 1}
     made = own_api.post("/api/pipelines", json={"name": "sft-then-rl", "stages": [sft, rl]})
     assert made.status_code == 201, made.text
@@ -105,7 +111,9 @@ def test_chat_sft_on_a_dataset_then_dpo_and_distill(own_api: Any, own_settings: 
         "eval": {**EVAL, "at_start": False},
     }
     sft_params = {"path": "easy.jsonl", "target": "\\boxed{{{answer}}}", "packing": True}
-    sft = execute(own_api, submit(own_api, {**chat, "kind": "sft", "steps": 2, "kind_params": sft_params}))
+    sft = execute(
+        own_api, submit(own_api, {**chat, "kind": "sft", "steps": 2, "kind_params": sft_params})
+    )
     assert sft["status"] == "succeeded", sft["error"]
 
     # the LoRA run exports merged, and the directory loads with from_pretrained
@@ -115,9 +123,17 @@ def test_chat_sft_on_a_dataset_then_dpo_and_distill(own_api: Any, own_settings: 
     assert not hasattr(model, "peft_config")
 
     # an RL run from the SFT model (LoRA merged, fresh adapters), then DPO on its rollouts
-    rl = execute(own_api, submit(own_api, {**chat, "steps": 2, "model": {**chat["model"], "from_run": sft["id"]}}))
+    rl = execute(
+        own_api,
+        submit(own_api, {**chat, "steps": 2, "model": {**chat["model"], "from_run": sft["id"]}}),
+    )
     assert rl["status"] == "succeeded", rl["error"]
-    dpo_config = {**chat, "kind": "dpo", "steps": 2, "kind_params": {"from_run": rl["id"], "batch_size": 2}}
+    dpo_config = {
+        **chat,
+        "kind": "dpo",
+        "steps": 2,
+        "kind_params": {"from_run": rl["id"], "batch_size": 2},
+    }
     dpo = execute(own_api, submit(own_api, dpo_config))
     pairs = own_settings.run_dir(dpo["id"]) / "dpo_pairs.jsonl"
     if dpo["status"] == "failed":  # no prompt held both outcomes in the sample: said so
@@ -127,8 +143,13 @@ def test_chat_sft_on_a_dataset_then_dpo_and_distill(own_api: Any, own_settings: 
         assert pairs.read_text().count("\n") >= 1
         assert series(own_api, dpo["id"], "dpo/accuracy")["dpo/accuracy"].keys() == {1, 2}
 
-    distill_config = {**chat, "kind": "distill", "steps": 2, "kind_params": {"teacher": "tiny-chat"},
-                      "model": {**chat["model"], "from_run": sft["id"]}}  # fmt: skip
+    distill_config = {
+        **chat,
+        "kind": "distill",
+        "steps": 2,
+        "kind_params": {"teacher": "tiny-chat"},
+        "model": {**chat["model"], "from_run": sft["id"]},
+    }
     distill = execute(own_api, submit(own_api, distill_config))
     assert distill["status"] == "succeeded", distill["error"]
     kl = series(own_api, distill["id"], "distill/reverse_kl")["distill/reverse_kl"]
