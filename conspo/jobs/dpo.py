@@ -196,9 +196,9 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
             M.LOSS: loss.item(),
             M.GRAD_NORM: grad_norm,
             M.DPO_ACCURACY: float((margin > 0).float().mean()),
-            M.DPO_MARGIN: float(margin.mean()),
-            M.DPO_CHOSEN: float(chosen.mean()),
-            M.DPO_REJECTED: float(rejected.mean()),
+            M.DPO_MARGIN: float(margin.detach().mean()),
+            M.DPO_CHOSEN: float(chosen.detach().mean()),
+            M.DPO_REJECTED: float(rejected.detach().mean()),
         }
 
     return step
