@@ -7,10 +7,11 @@ checkpoints, evaluation and cancellation around a kind's own step.
 ``start(state, files, store)`` returns ``step(step) -> metrics``: one optimiser step, its
 metrics keyed by ``conspo.metrics`` constants. The loop adds the learning rate, the step time
 and, every ``eval.every`` steps, at the end and (fresh run, ``eval.at_start``) at step 0, the
-same held-out evaluation an RL run logs (``conspo.trainer.run_eval``), so an SFT run's final eval and the RL run
-chained after it are measured alike. Checkpoints are the trainer's (``checkpoint.every``, at the
-end, and at a cancel), so a resumed job continues from its last checkpoint and re-logs nothing
-before it; everything random in a step is a function of (seed, step).
+same held-out evaluation an RL run logs (``conspo.trainer.run_eval``), so an SFT run's final
+eval and the RL run chained after it are measured alike. Checkpoints are the trainer's
+(``checkpoint.every``, at the end, and at a cancel), so a resumed job continues from its last
+checkpoint and re-logs nothing before it; everything random in a step is a function of
+(seed, step).
 """
 
 from __future__ import annotations
