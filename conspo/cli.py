@@ -81,7 +81,7 @@ def same_config(path: Path, cfg: RunConfig) -> bool:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from conspo.models import ModelStore
-    from conspo.trainer import train
+    from conspo.jobs import train_job as train  # dispatches on config.kind
 
     overrides = {"steps": args.steps} if args.steps else {}
     try:
