@@ -56,6 +56,7 @@ from backend.models import (
     FINISHED,
     Metric,
     MetricRollup,
+    Pipeline,
     PromptStat,
     Rollout,
     RolloutText,
@@ -175,7 +176,7 @@ def queue_runs(
     seed_list = list(dict.fromkeys(seeds)) if seeds else [config.seed]
     group_id = uuid.uuid4().hex if len(seed_list) >= 2 else None
     runs = [
-        _new_run(owner, config, seed, group_id, tags, name, len(seed_list)) for seed in seed_list
+        _new_run(owner.id, config, seed, group_id, tags, name, len(seed_list)) for seed in seed_list
     ]
     for run in runs:
         run.cloned_from = cloned_from
@@ -195,7 +196,7 @@ def queue_runs(
 
 
 def _new_run(
-    owner: User,
+    owner_id: int | None,
     config: RunConfig,
     seed: int,
     group_id: str | None,
@@ -208,9 +209,10 @@ def _new_run(
         cfg = cfg.model_copy(update={"name": name if n_seeds == 1 else f"{name}-s{seed}"})
     return Run(
         name=default_name(cfg),
-        owner_id=owner.id,
+        owner_id=owner_id,
         status=RunStatus.queued,
-        algorithm=cfg.algorithm,
+        # a job kind other than rl shows as its kind (its panels, its row in the runs list)
+        algorithm=cfg.algorithm if cfg.kind == "rl" else cfg.kind,
         task=cfg.task.name,
         model=cfg.model.name,
         config=cfg.model_dump(mode="json"),
@@ -384,6 +386,8 @@ def finish(
         .where(*owned_by(run_id, attempt))
         .values(status=status, error=error, finished_at=now, heartbeat_at=now, updated_at=now)
     )
+    if _rows(done) and status is RunStatus.succeeded:
+        release_next_stage(session, run_id)  # in the same transaction: both or neither
     session.commit()
     return _rows(done) > 0
 
@@ -419,6 +423,107 @@ def release(session: Session, run_id: int, attempt: int) -> RunStatus | None:
     )
     session.commit()
     return RunStatus.queued if released else None
+
+
+# --------------------------------------------------------------------------------------------
+# Pipelines: stage k+1's run is created when stage k's run succeeds
+# --------------------------------------------------------------------------------------------
+
+
+def queue_pipeline(
+    session: Session,
+    jobs: JobQueue,
+    owner: User,
+    name: str,
+    stages: Sequence[RunConfig],
+    tags: Sequence[str] | None = None,
+) -> tuple[Pipeline, Run]:
+    """(none) → a pipeline with stage 0's run queued; the later stages wait for their turn
+    (``release_next_stage``). Nothing is left behind if the broker refuses stage 0."""
+    pipeline = Pipeline(
+        name=name,
+        owner_id=owner.id,
+        stages=[{"config": c.model_dump(mode="json"), "tags": list(tags or [])} for c in stages],
+        released=1,
+    )
+    session.add(pipeline)
+    session.flush()
+    run = _stage_run(session, pipeline, 0, None)
+    _commit_named(session, [run])
+    try:
+        send(session, jobs, run.id)
+    except QueueUnavailable:
+        session.execute(delete(Run).where(Run.id == run.id))
+        session.execute(delete(Pipeline).where(Pipeline.id == pipeline.id))
+        session.commit()
+        raise
+    session.refresh(run)
+    return pipeline, run
+
+
+def _stage_run(session: Session, pipeline: Pipeline, stage: int, previous: int | None) -> Run:
+    """The run of ``stage``; after stage 0 it starts from the previous stage's run (its
+    ``model.step``, default the last checkpoint)."""
+    entry = pipeline.stages[stage]
+    data = dict(entry["config"])
+    if previous is not None:
+        data["model"] = {**data.get("model", {}), "from_run": previous}
+    config = RunConfig.model_validate(data)
+    wanted = config.name or f"{pipeline.name}-{stage + 1}-{config.kind}"
+    (name,) = unique_names(session, [wanted])  # a user's run may already hold the name
+    run = _new_run(pipeline.owner_id, config, config.seed, None, entry["tags"], name, 1)
+    run.pipeline_id, run.pipeline_stage = pipeline.id, stage
+    return run
+
+
+def release_next_stage(session: Session, run_id: int) -> int | None:
+    """Create the queued run of the stage after ``run_id``'s (which just succeeded), unless
+    there is none or it exists already; returns its id. Not committed, not sent: the caller
+    commits it with the finish, then sends it (``send_next_stage``; the reaper's ``unsent`` pass
+    sends it otherwise). Once only: the conditional update of ``pipelines.released`` lets one
+    caller through (PostgreSQL: the second waits on the row lock, then matches nothing; SQLite
+    writers are serial)."""
+    row = session.execute(
+        select(Run.pipeline_id, Run.pipeline_stage).where(Run.id == run_id)
+    ).first()
+    if row is None or row.pipeline_id is None:
+        return None
+    pipeline = session.get(Pipeline, row.pipeline_id)
+    following = row.pipeline_stage + 1
+    if pipeline is None or following >= len(pipeline.stages):
+        return None
+    won = session.execute(
+        update(Pipeline)
+        .where(Pipeline.id == pipeline.id, Pipeline.released == following)
+        .values(released=following + 1)
+    )
+    if not _rows(won):
+        return None
+    run = _stage_run(session, pipeline, following, run_id)
+    run.name = unique_names(session, [run.name])[0]
+    session.add(run)
+    session.flush()
+    return run.id
+
+
+def send_next_stage(session: Session, jobs: JobQueue, run_id: int) -> int | None:
+    """Send the next stage's run of ``run_id``'s pipeline if it is queued and unsent."""
+    row = session.execute(
+        select(Run.pipeline_id, Run.pipeline_stage).where(Run.id == run_id)
+    ).first()
+    if row is None or row.pipeline_id is None:
+        return None
+    following = session.scalar(
+        select(Run.id).where(
+            Run.pipeline_id == row.pipeline_id,
+            Run.pipeline_stage == row.pipeline_stage + 1,
+            Run.status == RunStatus.queued,
+            Run.enqueued_at.is_(None),
+        )
+    )
+    if following is not None:
+        send(session, jobs, following)
+    return following
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from backend.api.routes import (
     external,
     health,
     metrics,
+    models,
+    pipelines,
     presets,
     prompts,
     rollouts,
@@ -173,7 +175,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ui_token = settings.token_file.read_text().strip() or None
 
     api = APIRouter(prefix="/api", dependencies=[Depends(require_reader)])
-    for module in (runs, external, metrics, rollouts, prompts, presets, stream, studies):
+    for module in (
+        runs,
+        external,
+        metrics,
+        rollouts,
+        prompts,
+        presets,
+        stream,
+        studies,
+        pipelines,
+        models,
+    ):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(health.router, prefix="/api")  # health stays open

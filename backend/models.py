@@ -11,6 +11,7 @@
   ``lifecycle.delete_run`` deletes the run row before its points.
 * ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
+* ``pipelines``: ordered stage configs; ``runs.pipeline_id``/``pipeline_stage`` place a run in one.
 * ``workers``: one row per live worker process, renewed by its reaper (``backend.liveness``),
   with the GPUs and optional packages it has.
 """
@@ -170,8 +171,27 @@ class Run(Base):
     worker_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_worker_death: Mapped[str | None] = mapped_column(Text)  # what the reaper found
     cloned_from: Mapped[int | None] = mapped_column(Integer)  # the run this one was cloned from
+    # A pipeline's stage (0-based): created when the stage before it succeeded (lifecycle.finish).
+    pipeline_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    pipeline_stage: Mapped[int | None] = mapped_column(Integer)
 
     owner: Mapped[User | None] = relationship(lazy="joined")
+
+
+class Pipeline(Base):
+    """Stage configs submitted as one unit (``POST /api/pipelines``). Stage 0's run is queued at
+    once; stage k+1's run is created, starting from stage k's last checkpoint, when stage k's
+    run succeeds. ``released`` counts the stages that have a run: the conditional update on it
+    is what makes that release happen once, whoever finishes the run."""
+
+    __tablename__ = "pipelines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    stages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    released: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Metric(Base):

@@ -99,6 +99,18 @@ class RunClone(_Submission):
     tags: list[Tag] | None = Field(None, max_length=50)
 
 
+class PipelineCreate(_Body):
+    name: Name = Field(description="The pipeline's name; its stages' runs are named after it.")
+    stages: list[RunConfig] = Field(
+        min_length=1,
+        max_length=16,
+        description="Stage configs in order. Each stage after the first starts from the"
+        " previous stage's run (model.from_run is set for it; model.step chooses the"
+        " checkpoint, default last) and is queued when that run succeeds.",
+    )
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
+
+
 class ExternalRunCreate(_Body):
     name: Name
     config: FreeJSON = Field(default_factory=dict)
@@ -140,6 +152,8 @@ class RunOut(BaseModel):
     )
     last_worker_death: str | None = Field(description="What the reaper found the last time.")
     cloned_from: int | None = Field(None, description="The run this one was cloned from.")
+    pipeline_id: int | None = Field(None, description="The pipeline this run is a stage of.")
+    pipeline_stage: int | None = Field(None, description="Its stage in the pipeline (0-based).")
     queue_position: int | None = Field(
         None, description="Queued runs: 1 for the next to start, in the order they were sent."
     )
@@ -234,6 +248,8 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "group_id": run.group_id,
         "tags": list(run.tags or []),
         "cloned_from": run.cloned_from,
+        "pipeline_id": run.pipeline_id,
+        "pipeline_stage": run.pipeline_stage,
         "step": run.step,
         "total_steps": run.total_steps,
         "created_at": _ts(run.created_at),

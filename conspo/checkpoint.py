@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,9 +22,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+from conspo.lineage import step_checkpoints
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 # What a checkpoint holds for resuming only: left out of an exported model.
 TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")
 
@@ -36,15 +35,7 @@ def checkpoint_dir(workdir: str | Path) -> Path:
 
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, oldest first."""
-    root = checkpoint_dir(workdir)
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if match and (path / "trainer_state.pt").exists():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    return step_checkpoints(workdir)
 
 
 def latest_checkpoint(workdir: str | Path) -> tuple[int, Path] | None:

@@ -27,7 +27,15 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K, benchmark_keys
 from conspo.model_catalog import BUILTIN_MODELS
-from conspo.registry import OBJECTIVES, REWARDS, TASKS, Registry, get_objective, relocated
+from conspo.registry import (
+    JOB_KINDS,
+    OBJECTIVES,
+    REWARDS,
+    TASKS,
+    Registry,
+    get_objective,
+    relocated,
+)
 
 
 class _WithParams(Protocol):
@@ -202,6 +210,19 @@ class ModelConfig(_Section):
         " them: about a third more compute for a fraction of the activation memory.",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    from_run: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="Start from a checkpoint of this finished run instead of model.name's"
+        " weights (a chained run; model.name should be the run's own base). A LoRA checkpoint"
+        " is merged into its base first; this run's own adapters (if any) start fresh on it.",
+    )
+    step: Literal["best", "last"] | Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        "last",
+        description="Which checkpoint of model.from_run: last (its final step), best (its"
+        " checkpoints/best, eval.best_metric) or a step number whose checkpoint is kept.",
+    )
 
 
 class SamplingConfig(_Section):
@@ -554,6 +575,20 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     return []
 
 
+def _kind_params(data: Any) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+    """``kind_params`` resolved against the registered job kind that ``kind`` names (the same
+    check as an objective's ``params``: conspo.registry)."""
+    if not isinstance(data, dict):
+        return None, []
+    params = data.get("kind_params")
+    if isinstance(params, dict) and (problem := json_problem(params)) is not None:
+        loc, message = problem
+        return None, [_error(("kind_params", *loc[:1]), message, params)]
+    return JOB_KINDS.resolve_params(
+        data.get("kind", "rl"), params, name_loc=("kind",), params_loc=("kind_params",)
+    )
+
+
 def _buffer_too_long(field: str, buffer: int, limit: int) -> str:
     """DAPO's overlong penalty starts at max_new_tokens − buffer: a buffer as long as the
     response cap would penalise every answer, however short (a correct 2-token answer would
@@ -570,6 +605,15 @@ def _error(loc: tuple[str | int, ...], message: str, value: object) -> InitError
 
 class RunConfig(_Section):
     name: str | None = Field(None, max_length=200, description="Display name of the run.")
+    kind: str = Field(
+        "rl",
+        description="What the run trains: rl (the algorithm on verified rewards), sft, distill"
+        " or dpo (GET /api/presets lists them); each takes its own kind_params.",
+    )
+    kind_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The job kind's parameters (none for rl); unspecified ones take its defaults.",
+    )
     algorithm: str = Field(
         "conspo",
         description="Objective: conspo, grpo, dapo or dr_grpo (see /api/presets).",
@@ -608,7 +652,19 @@ class RunConfig(_Section):
     def _validate_with_params(
         cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]
     ) -> RunConfig:
-        validated = _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
+        try:
+            validated = _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
+        except ValidationError as exc:
+            # the job kind's params are checked too, so one response lists every bad field
+            _, kind_details = _kind_params(data)
+            raise ValidationError.from_exception_data(
+                cls.__name__, relocated(exc, ()) + kind_details
+            ) from None
+        resolved, kind_details = _kind_params(data)
+        if kind_details:
+            raise ValidationError.from_exception_data(cls.__name__, kind_details)
+        if resolved is not None:
+            validated.kind_params = resolved
         return _resolved_rewards(validated, data)
 
     def objective_params(self) -> BaseModel:

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from conspo.checkpoint import ADAPTER_CONFIG, TRAINING_FILES
+from conspo.checkpoint import TRAINING_FILES
+from conspo.lineage import ADAPTER_CONFIG
 
 
 def recorded_base(checkpoint_dir: str | Path) -> str:

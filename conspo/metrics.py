@@ -76,6 +76,17 @@ LEN_NEG = "len/neg"
 BATCH_SHORTFALL_GROUPS = "batch/shortfall_groups"
 BATCH_REFILL_ROUNDS = "batch/refill_rounds"
 
+# --- job kinds other than rl (conspo/jobs/) ----------------------------------------------------
+SFT_TOKEN_ACC = "sft/token_acc"
+SFT_TOKENS = "sft/answer_tokens"
+DISTILL_REVERSE_KL = "distill/reverse_kl"
+DISTILL_TEACHER_LOGPROB = "distill/teacher_logprob"
+DISTILL_LENGTH = "distill/length"
+DPO_ACCURACY = "dpo/accuracy"
+DPO_MARGIN = "dpo/margin"
+DPO_CHOSEN = "dpo/chosen_reward"
+DPO_REJECTED = "dpo/rejected_reward"
+
 # --- evaluation -----------------------------------------------------------------------------
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_PASS_AT_K = "eval/pass@k"
@@ -153,7 +164,8 @@ class Chart:
     always including 0). y_format: a d3 tick format for values whose SI prefix reads badly
     (the learning rate: "3e-5", not "30μ"). always: drawn (with a placeholder) before any data
     arrives. algorithms: the runs the panel applies to (empty: every run); a panel whose view
-    belongs to one objective (ConSPO's margin schedule) is hidden on other runs' pages.
+    belongs to one objective (ConSPO's margin schedule) is hidden on other runs' pages. kinds:
+    the job kinds it applies to (default rl; empty: every kind, e.g. the held-out eval).
     """
 
     id: str
@@ -164,6 +176,8 @@ class Chart:
     y_range: Literal["auto", "unit", "zero"] = "auto"
     y_format: str = ""
     algorithms: tuple[str, ...] = ()
+    # The job kinds (config.kind) whose runs the panel applies to; empty: every kind.
+    kinds: tuple[str, ...] = ("rl",)
     zero_line: bool = False
     always: bool = False
     markers: bool = False  # eval points are sparse: show them
@@ -221,6 +235,8 @@ class Catalogue:
     # algorithm → the keys logged by "objective" that it logs (its registration declares them);
     # every algorithm also logs the "every run" keys.
     objective_metrics: dict[str, list[str]] = field(default_factory=dict)
+    # job kind → the keys it logs (its registration declares them; conspo.jobs).
+    kind_metrics: dict[str, list[str]] = field(default_factory=dict)
     legacy_keys: dict[str, str] = field(default_factory=dict)
     patterns: list[MetricPattern] = field(default_factory=list)
 
@@ -232,6 +248,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("eval", "Evaluation and lengths"),
     Section("opt", "Optimisation"),
     Section("offpolicy", "How off-policy each update was"),
+    Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
 )
 
@@ -269,13 +286,14 @@ CHARTS: tuple[Chart, ...] = (
           help="Groups the batch lacked after the last refill round (params.max_refill_rounds),"
           " and the extra rounds drawn."),
     Chart("evalc", "Held-out accuracy", "eval", "accuracy (fraction)", y_range="unit",
-          markers=True),
+          markers=True, kinds=()),
     Chart("len", "Response length: positive vs negative", "eval", "tokens (incl. EOS)"),
-    Chart("loss", "Loss", "opt", "objective value", zero_line=True),
-    Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero"),
+    Chart("loss", "Loss", "opt", "objective value", zero_line=True, kinds=()),
+    Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero", kinds=()),
     Chart("entropy", "Entropy", "opt", "nats / token", y_range="zero"),
     Chart("kl", "KL to reference", "opt", "nats / token", y_range="zero"),
-    Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero", y_format="~e"),
+    Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero", y_format="~e",
+          kinds=()),
     Chart("clipfrac", "Clip fraction", "opt", "fraction of tokens", y_range="unit"),
     Chart("oldkl", "KL to the rollout policy π_old", "opt", "nats / token", y_range="zero",
           help="How far the trained policy moved from the one that generated the batch, as the"
@@ -292,7 +310,24 @@ CHARTS: tuple[Chart, ...] = (
           "fraction of tokens", y_range="unit", always=True,
           help="Fraction of response tokens with ρ < 1 − ε_low and with ρ > 1 + ε_high (the"
           " objective's own clip range; ConSPO's ε for objectives without one)."),
-    Chart("time", "Step time", "speed", "seconds (s)", y_range="zero",
+    Chart("sft", "SFT: answer-token accuracy", "job", "fraction of answer tokens",
+          y_range="unit", kinds=("sft",), always=True,
+          help="Share of the target's tokens the model predicts first (argmax), teacher-forced."),
+    Chart("sfttokens", "SFT: answer tokens per step", "job", "tokens", y_range="zero",
+          kinds=("sft",)),
+    Chart("distill", "Distillation: reverse KL to the teacher", "job", "nats / token",
+          y_range="zero", kinds=("distill",), always=True,
+          help="KL(π_θ ‖ π_teacher) at each response position of the student's own samples."),
+    Chart("distilllp", "Distillation: teacher log-prob of the student's tokens", "job",
+          "log-prob / token", kinds=("distill",)),
+    Chart("distilllen", "Distillation: response length", "job", "tokens (incl. EOS)",
+          y_range="zero", kinds=("distill",)),
+    Chart("dpoacc", "DPO: preference accuracy", "job", "fraction of pairs", y_range="unit",
+          kinds=("dpo",), always=True,
+          help="Share of the step's pairs whose implicit reward ranks chosen above rejected."),
+    Chart("dporeward", "DPO: implicit rewards β·log π_θ/π_ref", "job", "reward", zero_line=True,
+          kinds=("dpo",)),
+    Chart("time", "Step time", "speed", "seconds (s)", y_range="zero", kinds=(),
           help="Wall-clock seconds per step, and the part spent generating rollouts."),
     Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
 )  # fmt: skip
@@ -446,6 +481,33 @@ METRICS: tuple[Metric, ...] = (
     Metric(OFFPOLICY_CLIP_HIGH, "above 1 + ε_high",
            "Fraction of response tokens with ρ > 1 + ε_high (mean over the updates).",
            "fraction", "clipside", color="pos", constant_note=ON_POLICY),
+    # job kinds other than rl
+    Metric(SFT_TOKEN_ACC, "token accuracy",
+           "SFT: share of the target's tokens (answer + EOS) that are the model's argmax under"
+           " teacher forcing.", "fraction", "sft", logged_by="objective", better="higher"),
+    Metric(SFT_TOKENS, "answer tokens",
+           "SFT: target tokens the step's loss averaged over (prompt and padding excluded).",
+           "tokens", "sfttokens", logged_by="objective"),
+    Metric(DISTILL_REVERSE_KL, "reverse KL",
+           "Distillation: mean over the student's response tokens of KL(π_θ ‖ π_teacher) over"
+           " the vocabulary (the loss).", "nats / token", "distill", logged_by="objective",
+           better="lower"),
+    Metric(DISTILL_TEACHER_LOGPROB, "teacher log-prob",
+           "Distillation: mean teacher log-prob of the tokens the student sampled (higher: the"
+           " teacher would have said so too).", SCORE, "distilllp", logged_by="objective",
+           better="higher"),
+    Metric(DISTILL_LENGTH, "length", "Distillation: mean length of the student's samples.",
+           "tokens", "distilllen", logged_by="objective"),
+    Metric(DPO_ACCURACY, "pair accuracy",
+           "DPO: share of pairs with β·log π_θ/π_ref higher for chosen than for rejected.",
+           "fraction", "dpoacc", logged_by="objective", better="higher"),
+    Metric(DPO_MARGIN, "margin", "DPO: mean chosen − rejected implicit reward.", "reward",
+           "dporeward", logged_by="objective", better="higher"),
+    Metric(DPO_CHOSEN, "chosen", "DPO: mean implicit reward β·log π_θ/π_ref of chosen answers.",
+           "reward", "dporeward", logged_by="objective", color="pos"),
+    Metric(DPO_REJECTED, "rejected",
+           "DPO: mean implicit reward β·log π_θ/π_ref of rejected answers.", "reward",
+           "dporeward", logged_by="objective", color="neg"),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
            better="lower"),
@@ -494,7 +556,8 @@ PATTERNS: tuple[MetricPattern, ...] = BENCHMARK_PATTERNS + REWARD_PATTERNS
 @cache
 def catalogue() -> Catalogue:
     """The whole catalogue as one value (what the API serves and the pages render)."""
-    from conspo.registry import get_objective, objective_names  # they import this module
+    # they import this module
+    from conspo.registry import get_job_kind, get_objective, job_kind_names, objective_names
 
     return Catalogue(
         sections=list(SECTIONS),
@@ -504,6 +567,7 @@ def catalogue() -> Catalogue:
         rollouts_axis=ROLLOUTS_SEEN,
         step_time=TIME_STEP_S,
         objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
+        kind_metrics={k: list(get_job_kind(k).metrics) for k in job_kind_names()},
         legacy_keys=dict(LEGACY_KEYS),
         patterns=list(PATTERNS),
     )

@@ -289,3 +289,48 @@ def get_reward(name: str) -> RegisteredReward:
 
 def reward_names() -> list[str]:
     return REWARDS.names()
+
+
+# --------------------------------------------------------------------------------------------
+# Job kinds (conspo/jobs/): what a run trains, each a train function of the trainer's signature
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisteredJobKind:
+    name: str
+    # train(config, sink, should_stop, *, workdir, model_store, files, memory_limit) ->
+    # conspo.trainer.TrainResult: the same signature as conspo.trainer.train (the "rl" kind).
+    fn: Callable[..., Any]
+    params: type[BaseModel]  # validates config.kind_params
+    description: str
+    # Catalogue keys this kind logs besides the evaluation's (the run page draws their panels).
+    metrics: tuple[str, ...] = ()
+
+    @property
+    def code(self) -> object:
+        return self.fn
+
+
+JOB_KINDS: Registry[RegisteredJobKind] = Registry("kind", "conspo.jobs")
+
+
+def register_job_kind(
+    name: str, *, params: type[BaseModel], description: str, metrics: tuple[str, ...] = ()
+) -> Callable[[F], F]:
+    """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
+    module must stay torch-free at import (``conspo.lazy``): the API validates configs."""
+
+    def decorator(fn: F) -> F:
+        JOB_KINDS.add(RegisteredJobKind(name, fn, params, description, tuple(metrics)))
+        return fn
+
+    return decorator
+
+
+def get_job_kind(name: str) -> RegisteredJobKind:
+    return JOB_KINDS.get(name)
+
+
+def job_kind_names() -> list[str]:
+    return JOB_KINDS.names()

@@ -855,7 +855,10 @@ def run_eval(state: TrainState, step: int) -> dict[str, float]:
 def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
     cfg = state.cfg
     state.model.eval()
-    generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, step, "eval"))
+    # The same noise at every evaluation (common random numbers: two checkpoints differ by their
+    # policies, not their draws), and in every run of this seed, so a chained run's step-0 eval
+    # repeats the final eval of the run it starts from (an SFT → RL pipeline compares alike).
+    generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, 0, "eval"))
     metrics = evaluate(
         state.model,
         state.tokenizer,

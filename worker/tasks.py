@@ -248,8 +248,8 @@ def train_attempt(
 ) -> Outcome:
     """Train the claimed run; how the attempt ended (nothing is recorded yet)."""
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
-    from conspo.trainer import train
+    from conspo.registry import get_job_kind
+    from worker.job_inputs import prepare
 
     sink = DbSink(db, run.id, run.attempt, outage=outage)
     try:
@@ -261,7 +261,9 @@ def train_attempt(
         )
         workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
-        trainer: Any = train
+        # the job kind's train function (rl: conspo.trainer.train), on the prepared inputs
+        config, store = prepare(db, settings, config, workdir)
+        trainer: Any = get_job_kind(config.kind).fn
         if config.resources.nodes > 1:  # the Ray cluster trains it, through this same sink
             trainer = on_ray(db, settings, run, outage)
         result = trainer(
@@ -269,7 +271,7 @@ def train_attempt(
             sink,
             lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
             workdir=workdir,
-            model_store=ModelStore(settings.model_store, run_inputs.model_sources(settings)),
+            model_store=store,
             files=run_inputs.data_files(settings),
             memory_limit=run_inputs.memory_limit(settings),
         )
@@ -352,7 +354,7 @@ def record(
         status = outcome.status
         outage.call(
             f"run {run.id}: record {status}",
-            lambda: _finish(db, run, status, outcome.error),
+            lambda: _finish(db, jobs, run, status, outcome.error),
         )
         _release_study_runs(db, jobs, run.id)
         return str(status)
@@ -361,9 +363,14 @@ def record(
         return "database unavailable"
 
 
-def _finish(db: Database, run: Run, status: RunStatus, error: str | None) -> None:
+def _finish(db: Database, jobs: JobQueue, run: Run, status: RunStatus, error: str | None) -> None:
     with db.session() as session:
         lifecycle.finish(session, run.id, run.attempt, status, error=error)
+        if status is RunStatus.succeeded:  # a pipeline's next stage, created by finish
+            try:
+                lifecycle.send_next_stage(session, jobs, run.id)
+            except lifecycle.QueueUnavailable:
+                log.warning("run %s: next pipeline stage not sent; a reaper will send it", run.id)
 
 
 def _release_study_runs(db: Database, jobs: JobQueue, run_id: int) -> None:

@@ -52,10 +52,12 @@ export const CHARTS = RAW.charts.map((chart) => ({
   })),
 }));
 
-/** Whether a chart applies to a run of `algorithm` (the catalogue's `algorithms`; empty = every
- * run). A panel that does not apply is hidden rather than drawn as if it meant something. */
-export const chartApplies = (chart, algorithm) =>
-  !chart.algorithms?.length || !algorithm || chart.algorithms.includes(algorithm);
+/** Whether a chart applies to a run of `algorithm` and job `kind` (the catalogue's `algorithms`
+ * and `kinds`; empty = every run). A panel that does not apply is hidden rather than drawn as if
+ * it meant something. */
+export const chartApplies = (chart, algorithm, kind = "rl") =>
+  (!chart.kinds?.length || chart.kinds.includes(kind)) &&
+  (!chart.algorithms?.length || !algorithm || chart.algorithms.includes(algorithm));
 
 /** Why a key's series may be constant (said on its panel when it is), or "". */
 export const constantNoteOf = (key) => metricInfo(key)?.constant_note || "";

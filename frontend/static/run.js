@@ -424,7 +424,7 @@ function ensureCards() {
   ];
   for (const sec of SECTIONS_SHOWN) {
     const wanted = defs.filter(
-      (d) => d.section === sec.id && chartApplies(d, S.run?.algorithm) && (d.always || hasData(d)),
+      (d) => d.section === sec.id && chartApplies(d, S.run?.algorithm, S.run?.config?.kind) && (d.always || hasData(d)),
     );
     if (!wanted.length) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);

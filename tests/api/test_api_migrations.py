@@ -18,7 +18,7 @@ from tests.api.conftest import create_pg_database, drop_pg_database
 
 TABLES = {
     "users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts", "workers",
-    "prompt_stats", "rollout_texts", "studies", "study_runs",
+    "prompt_stats", "rollout_texts", "studies", "study_runs", "pipelines",
 }  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import String, cast, func, select
 from sqlalchemy.orm import Session
 
-from backend import lifecycle, run_inputs
+from backend import chaining, lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
@@ -63,6 +63,7 @@ def create(
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
     run_inputs.refuse_missing_software(body.config, session, settings, ("body", "config"))
     run_inputs.refuse_unavailable(body.config, settings, ("body", "config"))
+    chaining.refuse_bad_start(body.config, session, settings, ("body", "config"))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )

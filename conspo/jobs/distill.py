@@ -1,0 +1,146 @@
+"""The ``distill`` job kind: on-policy distillation, per-token reverse KL to a teacher.
+
+    kind: distill
+    kind_params: {teacher: tiny-arith}
+
+Each step the student samples ``sampling.group_size`` responses to each of
+``sampling.prompts_per_step`` training prompts at ``sampling.temperature`` (the trainer's own
+sampler and engine); the teacher (a model-store name, a local directory or a hub id, loaded on
+the student's device, frozen) scores the same tokens, and the loss is the reverse KL of the
+student from the teacher at every response position, over the whole vocabulary:
+
+    L = mean over response tokens t of  Σ_v π_θ(v | q, o_<t) · (log π_θ(v | ·) − log π_T(v | ·))
+
+exact at each visited prefix (the prefixes are the student's own: on-policy), differentiable in
+π_θ directly, so no policy-gradient estimator is needed for the per-token term. Teacher and
+student must share a tokenizer (the vocabularies are compared at start).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conspo import metrics as M
+from conspo.input_checks import Label
+from conspo.lazy import lazy_import
+from conspo.registry import register_job_kind
+
+if TYPE_CHECKING:
+    import torch
+
+    from conspo.access import DataFiles
+    from conspo.config import RunConfig
+    from conspo.models import ModelStore
+    from conspo.trainer import TrainResult, TrainState
+else:
+    torch = lazy_import("torch")
+
+
+class DistillParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    teacher: Label = Field(
+        "tiny-arith",
+        min_length=1,
+        max_length=300,
+        description="The teacher: a model-store name, a local model directory or a hub id (as"
+        " model.name), loaded on the student's device in its dtype; same tokenizer.",
+    )
+
+
+@register_job_kind(
+    "distill",
+    params=DistillParams,
+    description="On-policy distillation: the student samples, the teacher scores every token,"
+    " per-token reverse KL as the loss.",
+    metrics=(
+        M.LOSS,
+        M.GRAD_NORM,
+        M.DISTILL_REVERSE_KL,
+        M.DISTILL_TEACHER_LOGPROB,
+        M.DISTILL_LENGTH,
+    ),
+)
+def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
+    from conspo.job_loop import run_job
+
+    return run_job(config, *args, start=start, **kwargs)
+
+
+def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
+    from conspo.forward import logprob_mode
+    from conspo.job_loop import optimiser_step
+    from conspo.models import load_pretrained
+    from conspo.rollout import encode_prompts
+    from conspo.trainer import step_seed
+
+    cfg = state.cfg
+    params = DistillParams.model_validate(cfg.kind_params)
+    teacher, teacher_tok = load_pretrained(
+        store.resolve(params.teacher), state.device, state.precision.weights
+    )
+    if teacher_tok.get_vocab() != state.tokenizer.get_vocab():
+        raise ValueError(
+            f"kind_params.teacher {params.teacher!r} has another tokenizer than the student"
+            f" {cfg.model.name!r}; distillation compares their distributions token by token"
+        )
+    teacher.eval().requires_grad_(False)
+    g, temperature = cfg.sampling.group_size, cfg.sampling.temperature
+
+    def step(step: int) -> dict[str, float]:
+        rng = random.Random(step_seed(cfg.seed, step, "p0"))
+        prompts = state.task.train_prompts(rng, cfg.sampling.prompts_per_step)
+        ids, mask = encode_prompts(
+            state.tokenizer, [ex.prompt for ex in prompts for _ in range(g)], state.device
+        )
+        generator = torch.Generator(device=state.device).manual_seed(
+            step_seed(cfg.seed, step, "s0")
+        )
+        state.model.eval()
+        batch = state.engine.sample(
+            state.model,
+            ids,
+            mask,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            eos_id=state.tokenizer.eos_token_id,
+            pad_id=state.tokenizer.pad_token_id,
+            temperature=temperature,
+            top_p=cfg.sampling.top_p,
+            generator=generator,
+        )
+        logprob_mode(state.model)
+        seq = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+        attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
+        # left-padded prompts: positions count real tokens, as when the response was sampled
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        p, t = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+        inputs = {"input_ids": seq, "attention_mask": attn, "position_ids": pos}
+        # logits at positions p-1 .. p+t-2 predict the response tokens
+        student = state.model(**inputs).logits[:, p - 1 : p + t - 1]
+        with torch.no_grad():
+            teach = teacher(**inputs).logits[:, p - 1 : p + t - 1]
+        log_s = torch.log_softmax(student.float() / temperature, -1)
+        log_t = torch.log_softmax(teach.float() / temperature, -1)
+        kl = (log_s.exp() * (log_s - log_t)).sum(-1)  # (N, T) reverse KL per position
+        resp = batch.response_mask
+        loss = (kl * resp).sum() / resp.sum()
+        teacher_lp = log_t.gather(-1, batch.response_ids[..., None])[..., 0]
+        grad_norm = optimiser_step(state, loss)
+        engine_sync(state)
+        return {
+            M.LOSS: loss.item(),
+            M.GRAD_NORM: grad_norm,
+            M.DISTILL_REVERSE_KL: loss.item(),
+            M.DISTILL_TEACHER_LOGPROB: float((teacher_lp * resp).sum() / resp.sum()),
+            M.DISTILL_LENGTH: float(batch.lengths.float().mean()),
+        }
+
+    return step
+
+
+def engine_sync(state: TrainState) -> None:
+    """An engine with its own copy of the weights (vLLM) gets the updated ones."""
+    state.engine.sync(state.model)

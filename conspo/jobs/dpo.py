@@ -1,0 +1,204 @@
+"""The ``dpo`` job kind: direct preference optimisation on (prompt, chosen, rejected) pairs.
+
+    kind: dpo
+    kind_params: {path: data/prefs.jsonl}        # columns prompt (a question), chosen, rejected
+    kind_params: {from_run: 12}                  # pairs built from run 12's sampled rollouts
+
+The loss is DPO's (Rafailov et al., 2023, Eq. 7), with the starting policy as the reference:
+
+    L = −log σ(β · [(log π_θ(c|q) − log π_ref(c|q)) − (log π_θ(r|q) − log π_ref(r|q))])
+
+log-probs summed over the response's tokens (EOS included). With LoRA the reference is the base
+with the adapters disabled; otherwise a frozen copy of the starting weights.
+
+Pairs from a finished run (``from_run``): whoever launches the job writes them to
+``workdir/dpo_pairs.jsonl`` first (the worker does, from the run's stored rollouts:
+``build_pairs``). Only a sample of each step's rollouts is stored (``logging.rollout_sample``,
+spread evenly over the batch), so a prompt pairs only when its stored rollouts hold both a
+verified-correct and a wrong completion; prompts are the rendered text the policy saw, matched
+exactly across steps.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from conspo import metrics as M
+from conspo.input_checks import Label
+from conspo.lazy import lazy_import
+from conspo.registry import register_job_kind
+
+if TYPE_CHECKING:
+    import torch
+
+    from conspo.access import DataFiles
+    from conspo.config import RunConfig
+    from conspo.models import ModelStore
+    from conspo.trainer import TrainResult, TrainState
+else:
+    torch = lazy_import("torch")
+
+PAIRS_FILE = "dpo_pairs.jsonl"  # in the job's workdir, for kind_params.from_run
+
+
+class DPOParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: Label | None = Field(
+        None,
+        max_length=1000,
+        description="A local dataset of pairs (columns prompt, chosen, rejected; the prompt a"
+        " question, rendered like every prompt) inside the data roots.",
+    )
+    from_run: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="Build the pairs from this finished run's stored rollouts instead: a"
+        " verified-correct vs a wrong completion of the same prompt.",
+    )
+    max_pairs_per_prompt: int = Field(
+        4, ge=1, le=1000, description="from_run: pairs kept per prompt (each completion once)."
+    )
+    beta: float = Field(
+        0.1, gt=0, le=100, description="β: the strength of the KL to the reference."
+    )
+    batch_size: int = Field(8, ge=1, le=4096, description="Pairs per step.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DPOParams:
+        if (self.path is None) == (self.from_run is None):
+            raise ValueError("give exactly one of path (a pairs dataset) and from_run (a run id)")
+        return self
+
+
+@dataclass(frozen=True)
+class Pair:
+    prompt: str  # as the policy sees it (rendered)
+    chosen: str
+    rejected: str
+
+
+def build_pairs(
+    rollouts: Iterable[tuple[str, str, bool]], max_per_prompt: int
+) -> tuple[list[Pair], dict[str, int]]:
+    """Pairs from (prompt, completion, verified correct) rollouts, and counts for the report.
+
+    Per prompt, in the order given: the i-th distinct correct completion is paired with the i-th
+    distinct wrong one, up to ``max_per_prompt`` (each completion in one pair at most).
+    """
+    by_prompt: dict[str, tuple[list[str], list[str]]] = {}
+    n = 0
+    for prompt, completion, correct in rollouts:
+        n += 1
+        good, bad = by_prompt.setdefault(prompt, ([], []))
+        side = good if correct else bad
+        if completion not in side:
+            side.append(completion)
+    pairs = [
+        Pair(prompt, c, r)
+        for prompt, (good, bad) in by_prompt.items()
+        for c, r in list(zip(good, bad, strict=False))[:max_per_prompt]
+    ]
+    paired = len({p.prompt for p in pairs})
+    return pairs, {"rollouts": n, "prompts": len(by_prompt), "paired_prompts": paired}
+
+
+def write_pairs(pairs: list[Pair], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs))
+    tmp.replace(path)
+
+
+@register_job_kind(
+    "dpo",
+    params=DPOParams,
+    description="Direct preference optimisation on (chosen, rejected) pairs: a dataset, or a"
+    " finished run's correct vs wrong rollouts.",
+    metrics=(M.LOSS, M.GRAD_NORM, M.DPO_ACCURACY, M.DPO_MARGIN, M.DPO_CHOSEN, M.DPO_REJECTED),
+)
+def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
+    from conspo.job_loop import run_job
+
+    workdir = Path(kwargs["workdir"])
+    return run_job(config, *args, start=lambda s, f, m: start(s, f, m, workdir), **kwargs)
+
+
+def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) -> list[Pair]:
+    if params.from_run is not None:
+        path = workdir / PAIRS_FILE
+        if not path.is_file():
+            raise ValueError(
+                f"kind_params.from_run: the pairs of run {params.from_run} were not prepared"
+                f" ({path} is missing)"
+            )
+        pairs = [Pair(**json.loads(line)) for line in path.read_text().splitlines() if line]
+        where = f"run {params.from_run}'s stored rollouts"
+    else:
+        from conspo.datasets import load_dataset_file
+
+        assert params.path is not None
+        rows = load_dataset_file(files, params.path).to_list()
+        missing = {"prompt", "chosen", "rejected"} - set(rows[0] if rows else {})
+        if missing:
+            raise ValueError(f"kind_params.path: {params.path} lacks columns {sorted(missing)}")
+        pairs = [Pair(render(r["prompt"]), r["chosen"], r["rejected"]) for r in rows]
+        where = params.path
+    if not pairs:
+        raise ValueError(
+            f"no preference pairs in {where}: it needs prompts with both a correct and a wrong"
+            " completion"
+        )
+    return pairs
+
+
+def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:
+    import copy
+
+    from conspo.job_loop import optimiser_step, pack_rows, sequence_logprobs
+    from conspo.prompts import PromptRenderer
+    from conspo.trainer import step_seed
+
+    cfg = state.cfg
+    params = DPOParams.model_validate(cfg.kind_params)
+    pairs = load_pairs(params, files, workdir, PromptRenderer(cfg.prompt, state.tokenizer))
+    lora = cfg.model.lora.rank > 0
+    ref = None if lora else copy.deepcopy(state.model).eval().requires_grad_(False)
+
+    def reference(ids: Any, mask: Any, labels: Any) -> Any:
+        with torch.no_grad():
+            if ref is not None:
+                return sequence_logprobs(ref, ids, mask, labels)[0]
+            with state.model.disable_adapter():  # type: ignore[operator]  # a peft model
+                return sequence_logprobs(state.model, ids, mask, labels)[0]
+
+    def step(step: int) -> dict[str, float]:
+        rng = random.Random(step_seed(cfg.seed, step, "dpo"))
+        drawn = [pairs[rng.randrange(len(pairs))] for _ in range(params.batch_size)]
+        rows = [(p.prompt, p.chosen) for p in drawn] + [(p.prompt, p.rejected) for p in drawn]
+        ids, mask, labels = pack_rows(state.tokenizer, rows, state.device, 0)
+        state.model.eval()  # no dropout: π_θ and π_ref score the same way
+        policy = sequence_logprobs(state.model, ids, mask, labels)[0]
+        ratio = policy - reference(ids, mask, labels)  # (2B,) log π_θ/π_ref per response
+        b = len(drawn)
+        chosen, rejected = params.beta * ratio[:b], params.beta * ratio[b:]
+        margin = chosen - rejected
+        loss = -torch.nn.functional.logsigmoid(margin).mean()
+        grad_norm = optimiser_step(state, loss)
+        return {
+            M.LOSS: loss.item(),
+            M.GRAD_NORM: grad_norm,
+            M.DPO_ACCURACY: float((margin > 0).float().mean()),
+            M.DPO_MARGIN: float(margin.detach().mean()),
+            M.DPO_CHOSEN: float(chosen.detach().mean()),
+            M.DPO_REJECTED: float(rejected.detach().mean()),
+        }
+
+    return step
