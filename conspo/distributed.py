@@ -174,11 +174,11 @@ def reduce_gradients(params: Sequence[torch.nn.Parameter]) -> None:
         [p.grad is not None for p in params], dtype=torch.int32, device=_collective_device()
     )
     dist.all_reduce(present, op=dist.ReduceOp.MAX)
-    grads = []
+    grads: list[torch.Tensor] = []
     for p, has in zip(params, present.tolist(), strict=True):
         if has and p.grad is None:
             p.grad = torch.zeros_like(p)
-        if has:
+        if has and p.grad is not None:
             grads.append(p.grad)
     for bucket in _buckets(grads):
         flat = torch._utils._flatten_dense_tensors(bucket)

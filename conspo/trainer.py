@@ -469,7 +469,10 @@ def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
     """``r`` with its rollout batch on ``device`` (rewards and ids stay on the CPU)."""
     b = r.batch
     batch = RolloutBatch(
-        *(t.to(device) for t in (b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)),
+        b.prompt_ids.to(device),
+        b.prompt_mask.to(device),
+        b.response_ids.to(device),
+        b.response_mask.to(device),
         b.lengths.to(device),
         b.truncated.to(device),
     )
@@ -842,8 +845,8 @@ def backward_sharded(
         assert own_entropy is not None
         values, entropy = distributed.gather_rows(owners, [graph.detach(), own_entropy.detach()])
     else:
-        own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
-        values, entropy = distributed.gather_rows(owners, list(own))
+        computed = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
+        values, entropy = distributed.gather_rows(owners, list(computed))
     ref = None
     if state.params.beta > 0:
         own_ref = reference_logprobs(state, sub, pieces) if pieces else empty_rows(state, sub)

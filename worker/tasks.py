@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
 
@@ -42,6 +42,13 @@ from worker.celery_app import celery_app
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
 from worker.shutdown import SHUTDOWN, Interrupt
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conspo.config import RunConfig
+    from conspo.sink import Sink
+    from conspo.trainer import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +232,6 @@ def train_attempt(
     """Train the claimed run; how the attempt ended (nothing is recorded yet)."""
     from conspo.config import RunConfig
     from conspo.models import ModelStore
-    from conspo.trainer import train
 
     sink = DbSink(db, run.id, run.attempt, outage=outage)
     try:
@@ -237,7 +243,7 @@ def train_attempt(
         )
         workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
-        result = train(
+        result = train_run(
             config,
             sink,
             lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
@@ -265,6 +271,31 @@ def train_attempt(
     if result.status == "succeeded":
         return Outcome(Ending.FINISH, RunStatus.succeeded)
     return _why_stopped(heartbeat, shutdown)
+
+
+def train_run(
+    config: RunConfig,
+    sink: Sink,
+    should_stop: Callable[[], bool],
+    **where: Any,
+) -> TrainResult:
+    """Train ``config`` on the processes its ``resources`` ask for: one (``conspo.train``),
+    ``gpus`` on this machine (``conspo.distributed.launch_local``: rank 0 in this process, so
+    ``sink`` and ``should_stop`` work as for one), or several machines (``nodes > 1``: a Ray
+    cluster). ``where``: train's keyword arguments (workdir, model_store, files, memory_limit).
+    """
+    from conspo.distributed import launch_local
+    from conspo.trainer import train
+
+    resources = config.resources
+    if resources.nodes > 1:  # the multi-node path submits to Ray (issue 11, part B)
+        raise NotImplementedError(
+            f"resources.nodes is {resources.nodes}: multi-node runs go to a Ray cluster, which"
+            " this worker does not submit to"
+        )
+    if resources.gpus > 1:
+        return launch_local(config, sink, should_stop, nprocs=resources.gpus, **where)
+    return train(config, sink, should_stop, **where)
 
 
 def _why_stopped(heartbeat: Heartbeat, shutdown: Interrupt) -> Outcome:
