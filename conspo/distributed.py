@@ -304,6 +304,7 @@ def launch_local(
     (scratch / "spec.pkl").write_bytes(pickle.dumps(spec))
     children = [_spawn(r, scratch) for r in range(1, nprocs)]
     try:
+        _await_children(store, children, scratch)
         if cuda:
             torch.cuda.set_device(0)
         dist.init_process_group(
@@ -352,6 +353,24 @@ def _spawn(rank_: int, scratch: Path) -> subprocess.Popen[bytes]:
         preexec_fn=_die_with_parent,
         stdin=subprocess.DEVNULL,
     )
+
+
+def _await_children(
+    store: dist.TCPStore, children: list[subprocess.Popen[bytes]], scratch: Path
+) -> None:
+    """Wait until every child has reached the store, failing as soon as one has died:
+    ``init_process_group`` itself would wait for a dead child until its timeout."""
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    waiting = [f"joined/{r}" for r in range(1, len(children) + 1)]
+    while not store.check(waiting):
+        failure = _child_failure(children, scratch, grace=0.0)
+        if failure is not None:
+            raise RankFailed(failure)
+        if any(c.poll() is not None for c in children):
+            raise RankFailed("a rank exited before joining the group")
+        if time.monotonic() > deadline:
+            raise RankFailed(f"the ranks did not start within {JOIN_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
 
 
 def _die_with_parent() -> None:
@@ -405,6 +424,7 @@ def _child_main(scratch: Path, rank_: int) -> None:
             is_master=False,
             timeout=timedelta(seconds=JOIN_TIMEOUT_S),
         )
+        store.set(f"joined/{rank_}", "1")
         dist.init_process_group(
             spec["backend"],
             store=store,

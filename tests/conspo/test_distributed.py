@@ -14,6 +14,7 @@ rtol 1e-5 / atol 1e-6 too.
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import socket
 import tempfile
@@ -157,3 +158,32 @@ def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
         assert len(a.rollouts) == len(b.rollouts)
         assert a.metrics[M.ROLLOUTS_SEEN] == b.metrics[M.ROLLOUTS_SEEN]
     assert not dist.is_initialized()  # the caller (a worker) goes on to other runs
+
+
+class BrokenOnRankOne(ModelStore):
+    """A model store rank 1 cannot load from: a child that fails after joining the group."""
+
+    def resolve(self, name: str) -> Path | str:
+        if distributed.rank() == 1:
+            raise RuntimeError("rank 1 cannot load its model")
+        return super().resolve(name)
+
+
+def test_a_failing_child_fails_the_run_with_its_own_error(
+    model_store: ModelStore,
+    arith_base: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 waits in a collective for rank 1, which died: the run fails with rank 1's
+    traceback (not a hang, not only rank 0's 'connection closed'), and the group is gone."""
+    # The child unpickles BrokenOnRankOne from this module, imported by pytest from its folder.
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    cfg = scenario_config("grpo")
+    broken = BrokenOnRankOne(model_store.root)
+    with pytest.raises(distributed.RankFailed, match="rank 1 cannot load its model"):
+        distributed.launch_local(
+            cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120
+        )
+    assert not dist.is_initialized()
