@@ -47,6 +47,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "params": {"refill_groups": False, "scale_rewards": "batch", "overlong_buffer": 2},
         "optim": {"mini_batches": 2},
     },
+    # LoRA adapters (only they are reduced), the reference being the base without adapters.
+    "conspo-lora": {
+        "algorithm": "conspo",
+        "model": {"name": "tiny-arith", "lora": {"rank": 4}},
+        "params": {"beta": 0.05},
+    },
 }
 
 
@@ -129,28 +135,26 @@ def test_two_ranks_on_half_batches_equal_one_process(
 def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
     model_store: ModelStore, arith_base: Path, tmp_path: Path
 ) -> None:
-    """``launch_local`` with 2 ranks: stopped by rank 0's ``should_stop`` after step 2, resumed
-    to step 3 from rank 0's checkpoint. Rollouts differ from 1 process's (each rank draws its own
+    """``launch_local`` with 2 ranks: stopped by rank 0's ``should_stop`` after step 1, resumed
+    to step 2 from rank 0's checkpoint. Rollouts differ from 1 process's (each rank draws its own
     sampling noise); what must match: the prompts drawn, every metric key, rollouts counted."""
-    cfg = scenario_config("grpo").model_copy(update={"steps": 3})
+    cfg = scenario_config("grpo").model_copy(update={"steps": 2})
     single = MemorySink()
     trainer.train(cfg, single, workdir=tmp_path / "one", model_store=model_store)
 
     sink = MemorySink()
-    done: list[int] = []
 
-    def stop_after_two() -> bool:
-        done.append(1)
-        return len(sink.steps) >= 2
+    def stop_after_one() -> bool:
+        return len(sink.steps) >= 1
 
     common = {"workdir": tmp_path / "two", "nprocs": 2, "model_store": model_store}
-    first = distributed.launch_local(cfg, sink, stop_after_two, timeout_s=120, **common)
-    assert (first.status, first.last_step) == ("cancelled", 2)
+    first = distributed.launch_local(cfg, sink, stop_after_one, timeout_s=120, **common)
+    assert (first.status, first.last_step) == ("cancelled", 1)
     second = distributed.launch_local(cfg, sink, timeout_s=120, **common)
-    assert (second.status, second.last_step) == ("succeeded", 3)
+    assert (second.status, second.last_step) == ("succeeded", 2)
     assert [e for e, _ in sink.events].count("resumed") == 1
-    assert sorted(sink.steps) == sorted(single.steps) == [1, 2, 3]
-    for step in (1, 2, 3):
+    assert sorted(sink.steps) == sorted(single.steps) == [1, 2]
+    for step in (1, 2):
         a, b = single.steps[step], sink.steps[step]
         assert a.metrics.keys() == b.metrics.keys()
         prompts = lambda rec: sorted((p.key, p.n) for p in rec.prompts)  # noqa: E731
