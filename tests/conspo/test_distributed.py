@@ -88,17 +88,32 @@ def one_update(name: str, store: ModelStore) -> dict[str, Any]:
     }
 
 
+def refill(store: ModelStore) -> dict[str, Any]:
+    """One step's rollouts under dynamic sampling (DAPO), as this rank ends up holding them."""
+    cfg = scenario_config("dapo").model_copy(update={"params": {"overlong_buffer": 2}})
+    state = trainer.setup(cfg, store)
+    r = trainer.collect_rollouts(state, 1, distributed.agreed(lambda: False))
+    assert r is not None
+    return {
+        "responses": r.batch.response_ids.cpu(),
+        "correct": r.correct,
+        "rounds": r.refill_rounds,
+        "prompts": sorted((p.key, p.n, p.correct) for p in r.prompts or []),
+    }
+
+
 def _rank(rank: int, world: int, port: int, store_root: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        results = {name: one_update(name, ModelStore(store_root)) for name in SCENARIOS}
+        store = ModelStore(store_root)
+        results = {name: one_update(name, store) for name in SCENARIOS}
+        results["refill"] = refill(store)
     finally:
         dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_bytes(pickle.dumps(results))
+    Path(f"{out}.{rank}").write_bytes(pickle.dumps(results))
 
 
 def free_port() -> int:
@@ -111,14 +126,14 @@ def free_port() -> int:
 def two_ranks(model_store: ModelStore, arith_base: Path) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "ranks.pkl"
     mp.spawn(_rank, args=(2, free_port(), str(model_store.root), str(out)), nprocs=2)
-    return pickle.loads(out.read_bytes())
+    return {r: pickle.loads(Path(f"{out}.{r}").read_bytes()) for r in (0, 1)}
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_two_ranks_on_half_batches_equal_one_process(
     name: str, two_ranks: dict[str, Any], model_store: ModelStore
 ) -> None:
-    one, two = one_update(name, model_store), two_ranks[name]
+    one, two = one_update(name, model_store), two_ranks[0][name]
     assert torch.equal(one["responses"], two["responses"])  # the same batch went in
     assert one["updates"] == two["updates"] > 0
     torch.testing.assert_close(two["grad"], one["grad"], rtol=1e-5, atol=1e-6)
@@ -130,6 +145,21 @@ def test_two_ranks_on_half_batches_equal_one_process(
         same = math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
         assert same or (math.isnan(a) and math.isnan(b)), (key, a, b)
     assert M.LOSS in one["stats"] and M.SEP_GAP in one["stats"]
+
+
+def test_dynamic_sampling_keeps_the_ranks_in_lockstep(two_ranks: dict[str, Any]) -> None:
+    """Refill rounds: every rank samples its share of each round, all see the whole round, so
+    all take the same decisions (rounds drawn, groups kept) and hold the same batch."""
+    a, b = two_ranks[0]["refill"], two_ranks[1]["refill"]
+    assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["correct"], b["correct"])
+    assert a["rounds"] == b["rounds"] and a["prompts"] == b["prompts"]
+    by_group = a["correct"].view(-1, 4).sum(-1)
+    assert ((by_group > 0) & (by_group < 4)).all()  # only groups with both outcomes were kept
+
+
+def test_a_config_needs_a_group_per_process() -> None:
+    with pytest.raises(ValueError, match=r"sampling.prompts_per_step \(2\) must be at least"):
+        RunConfig.model_validate({"sampling": {"prompts_per_step": 2}, "resources": {"gpus": 4}})
 
 
 def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
