@@ -27,7 +27,10 @@ do not guarantee. One bucketed all-reduce per optimiser step replaces them.
 
 The launcher runs rank 0 in the calling process (the worker's sink, heartbeat and cancel keep
 working) and ranks 1..n-1 as ``python -m conspo.distributed`` children that die with their parent
-(``PR_SET_PDEATHSIG``); a child that fails fails the run with its own traceback.
+(``PR_SET_PDEATHSIG``: the signal follows the *thread* that started them, so call it from a
+thread that lives as long as the run, e.g. the Celery task's); a child that fails fails the run
+with its own traceback. gloo notices a dead peer at once; NCCL may only at the collective
+timeout (``timeout_s``).
 """
 
 from __future__ import annotations

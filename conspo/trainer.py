@@ -16,6 +16,11 @@ The forward passes (shared-prompt prefill, token log-probs) live in ``conspo.for
 randomness of a step (prompts, sampling, mini-batch order, evaluation) is a function of
 (seed, step), so a run resumed from a checkpoint reproduces the uninterrupted run exactly on CPU.
 
+Inside a ``torch.distributed`` process group (``conspo.distributed``: its local launcher, or Ray
+Train) the same loop runs on every rank: each samples and differentiates its own whole groups,
+every rank sees the whole batch's rollouts and the objective's whole mini-batch, gradients are
+summed, and rank 0 alone logs, checkpoints and evaluates. Without a group nothing changes.
+
 Shapes: N = groups × G rollouts, P prompt positions, T response positions.
 """
 
