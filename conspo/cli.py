@@ -80,8 +80,8 @@ def same_config(path: Path, cfg: RunConfig) -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from conspo.distributed import launch_local
     from conspo.models import ModelStore
-    from conspo.trainer import train
 
     overrides = {"steps": args.steps} if args.steps else {}
     try:
@@ -104,7 +104,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     truncate_metrics(out / "metrics.jsonl", start)
     sink = ProgressSink(out / "metrics.jsonl", cfg.steps, start)
     try:
-        result = train(cfg, sink, workdir=out, model_store=ModelStore(args.model_store))
+        # resources.gpus > 1: that many processes of this machine (conspo.distributed).
+        result = launch_local(
+            cfg,
+            sink,
+            workdir=out,
+            nprocs=cfg.resources.gpus,
+            model_store=ModelStore(args.model_store),
+        )
     except (FileNotFoundError, DatasetTooLarge) as exc:  # model.name or a dataset (conspo.access)
         sink.bar.close()
         print(exc, file=sys.stderr)
