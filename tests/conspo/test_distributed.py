@@ -162,6 +162,7 @@ def test_a_config_needs_a_group_per_process() -> None:
         RunConfig.model_validate({"sampling": {"prompts_per_step": 2}, "resources": {"gpus": 4}})
 
 
+@pytest.mark.slow  # launch_local end to end: a child process per run
 def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
     model_store: ModelStore, arith_base: Path, tmp_path: Path
 ) -> None:
@@ -203,6 +204,7 @@ class BrokenOnRankOne(ModelStore):
         return super().resolve(name)
 
 
+@pytest.mark.slow  # launch_local end to end: a child process per run
 def test_a_failing_child_fails_the_run_with_its_own_error(
     model_store: ModelStore,
     arith_base: Path,
