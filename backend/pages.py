@@ -180,9 +180,8 @@ def study_page(request: Request, study_id: int) -> HTMLResponse:
 
 @router.get("/pipelines/{pipeline_id}", response_class=HTMLResponse)
 def pipeline_page(request: Request, pipeline_id: int) -> HTMLResponse:
-    return _render(
-        request, "pipeline.html", "pipeline", title=f"Pipeline {pipeline_id}", pipeline_id=pipeline_id
-    )
+    title = f"Pipeline {pipeline_id}"
+    return _render(request, "pipeline.html", "pipeline", title=title, pipeline_id=pipeline_id)
 
 
 @router.get("/models", response_class=HTMLResponse)
