@@ -48,7 +48,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -76,6 +76,8 @@ JOIN_TIMEOUT_S = 300.0
 # --------------------------------------------------------------------------------------------
 # Who this process is
 # --------------------------------------------------------------------------------------------
+
+T = TypeVar("T")
 
 
 def active() -> bool:
@@ -128,6 +130,21 @@ def agreed(should_stop: Callable[[], bool]) -> Callable[[], bool]:
         return bool(broadcast_object(should_stop() if is_main() else None))
 
     return stop
+
+
+def main_first(fn: Callable[[], T]) -> T:
+    """``fn()`` on rank 0, then on the other ranks: what rank 0 builds (a model store's built-in
+    model) is there before they look. Never let another rank build it: transformers'
+    ``save_pretrained`` writes no model files on a rank other than 0 of an initialized group."""
+    if not active():
+        return fn()
+    if is_main():
+        try:
+            return fn()
+        finally:
+            dist.barrier()
+    dist.barrier()
+    return fn()
 
 
 def broadcast_object(obj: Any) -> Any:

@@ -240,7 +240,7 @@ def setup(
     benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
     device, dtype = pick_device(cfg.model)
     precision = make_precision(dtype, cfg.model.mixed_precision, device)
-    path = store.resolve(cfg.model.name)
+    path = distributed.main_first(lambda: store.resolve(cfg.model.name))
     dims = model_dims(path)
     estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize)
     if memory_limit is not None and estimate is not None:

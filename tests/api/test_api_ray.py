@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import ROOT, tiny_config, wait_for
+from tests.api.conftest import ROOT, TINY, tiny_config, wait_for
 from tests.api.test_api_worker import assert_steps_once, finished, mode_api, run_state, submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -80,11 +80,17 @@ def test_a_two_node_run_trains_on_ray_and_cancels(
     wp = workers(api.settings, model_store)
     wp.env |= {"CONSPO_RAY_ADDRESS": ray_head, "CONSPO_WORKER_CPU_PROCESSES": "2"}
     wp.start()
-    too_big = submit(api, tiny_config(1, resources={"gpus": 4}))
+    too_big = submit(
+        api,
+        tiny_config(1, resources={"gpus": 4}, sampling={**TINY["sampling"], "prompts_per_step": 4}),
+    )
     # One Ray run (each Ray Train start costs tens of seconds here): it trains, logs every step
     # once, then is cancelled mid-run and ends as cancelled, checkpointed at the step it reached.
     run_id = submit(api, tiny_config(400, resources={"nodes": 2}))
-    wait_for(lambda: run_state(api, run_id)["step"] >= 2, 240, "two steps on Ray")
+    try:
+        wait_for(lambda: run_state(api, run_id)["step"] >= 2, 240, "two steps on Ray")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {run_state(api, run_id)}\n{wp.tail()}") from None
     assert run_state(api, run_id)["ray_job_id"].endswith(f"/conspo-run-{run_id}-a1")
     assert api.post(f"/api/runs/{run_id}/cancel").json()["cancel_requested"] is True
     run = finished(api, run_id, 180, wp)
