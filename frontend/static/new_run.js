@@ -5,7 +5,7 @@
 // rows to add and remove, lists of strings as comma-separated text; every input's name is its dot
 // path in the request, array indices included (config.eval.benchmarks.0.path), which is also the
 // `loc` of a 422 about it. Beside the submit button, POST /api/runs/estimate's memory estimate.
-import { ApiError, errorText, get, post } from "/static/api.js";
+import { ApiError, errorText, get, post, qs } from "/static/api.js";
 import { $, $$, debounce, h } from "/static/util.js";
 
 let presets = null;
@@ -642,7 +642,9 @@ async function submit(ev) {
     const res = await post("/api/runs", req);
     const ids = res.runs.map((r) => r.id);
     $("#submit-note").textContent = `Created ${ids.map((i) => `#${i}`).join(", ")}`;
-    location.href = ids.length === 1 ? `/runs/${ids[0]}` : `/compare?runs=${ids.join(",")}&group=algorithm`;
+    // Several seeds: the runs list of that group (each run's status, queue place, progress),
+    // not a compare page that has nothing to draw until the first steps are logged.
+    location.href = ids.length === 1 ? `/runs/${ids[0]}` : `/${qs({ group: res.group_id })}`;
   } catch (err) {
     $("#submit-note").textContent = "";
     if (err instanceof ApiError && err.status === 422) showErrors(err.detail);
