@@ -417,7 +417,10 @@ class Presets(BaseModel):
     tasks: list[RegisteredPreset]
     models: list[NamedPreset]
     config_schema: dict[str, Any]
-    defaults: dict[str, Any]
+    defaults: dict[str, Any] = Field(
+        description="The form's starting config: the demo's settings (conspo.demo.DEMO_CONFIG) "
+        "resolved, so a run from an untouched form is comparable with the demo's runs."
+    )
     prompt_templates: dict[str, str] = Field(description="prompt.template's named templates.")
 
 

@@ -244,25 +244,12 @@ def _queue_demo(settings: Settings) -> None:
     from backend.security import get_or_create_user
     from backend.studies.service import create_study
     from backend.studies.spec import StudyCreate, validate_arm
+    from conspo.demo import DEMO_CONFIG
 
     spec = StudyCreate.model_validate(
         {
             "name": "demo: grpo vs conspo",
-            "config": {
-                "steps": 300,
-                "task": {
-                    "name": "arith",
-                    "params": {"digits": 1, "num_operands": 3},
-                    "eval_size": 256,
-                },
-                "model": {"name": "tiny-arith"},
-                "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
-                # warmup: without it AdamW's first steps cost ~10-15 points of accuracy at the
-                # first evaluation before RL recovers them.
-                "optim": {"warmup_steps": 20},
-                "eval": {"every": 20, "pass_k": 4},
-                "checkpoint": {"every": 50},
-            },
+            "config": DEMO_CONFIG,
             "arms": [
                 {"name": "grpo", "overrides": {"algorithm": "grpo"}},
                 {"name": "conspo", "overrides": {"algorithm": "conspo"}},

@@ -12,7 +12,7 @@
 // offers the model registry (GET /api/models) as model.from_run. Pipeline mode keeps one config
 // per stage (tabs above the form; each later stage starts from the one before) and submits them
 // as one POST /api/pipelines, then opens the pipeline page. `?from_run=N` prefills model.from_run.
-import { ApiError, errorText, get, post } from "/static/api.js";
+import { ApiError, errorText, get, post, qs } from "/static/api.js";
 import { $, $$, debounce, h } from "/static/util.js";
 
 let presets = null;
@@ -861,7 +861,9 @@ async function submit(ev) {
     const res = await post("/api/runs", req);
     const ids = res.runs.map((r) => r.id);
     $("#submit-note").textContent = `Created ${ids.map((i) => `#${i}`).join(", ")}`;
-    location.href = ids.length === 1 ? `/runs/${ids[0]}` : `/compare?runs=${ids.join(",")}&group=algorithm`;
+    // Several seeds: the runs list of that group (each run's status, queue place, progress),
+    // not a compare page that has nothing to draw until the first steps are logged.
+    location.href = ids.length === 1 ? `/runs/${ids[0]}` : `/${qs({ group: res.group_id })}`;
   } catch (err) {
     $("#submit-note").textContent = "";
     if (err instanceof ApiError && err.status === 422) showErrors(err.detail);

@@ -1,7 +1,21 @@
 // Runs page: a live table of runs with filters, progress/ETA, a sparkline per run and actions.
+// Runs of one submission (seeds), study or pipeline collapse under a group row (n, status
+// counts, mean ± sd of the column's metric); the config keys that differ among the listed runs
+// get columns (toggleable); every sparkline of the column shares one y-scale, shown in its head.
+// `/?group=<group_id>` lists one group, opened (where the form lands after "Start N runs").
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
 import { fromText, pipelineLink } from "/static/lineage.js";
+import {
+  groupKey,
+  groupName,
+  hyperLabel,
+  meanSd,
+  sharedRange,
+  statusCounts,
+  tableRows,
+  varyingKeys,
+} from "/static/runs_table.js";
 import {
   $,
   debounce,
@@ -9,6 +23,8 @@ import {
   fmtAgo,
   fmtNum,
   fmtTime,
+  fmtValue,
+  getPath,
   h,
   progressBar,
   resourcesText,
@@ -22,6 +38,8 @@ import {
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
 const SPARK_METRICS = CHARTED_KEYS;
 const DEFAULT_SPARK = KEY_METRICS[0];
+// Hyperparameter columns shown until the user picks: the first few keys that vary.
+const AUTO_HYPER_COLUMNS = 4;
 
 const params = new URLSearchParams(location.search);
 const state = {
@@ -31,12 +49,19 @@ const state = {
   task: params.get("task") || "",
   tag: params.get("tag") || "",
   metric: params.get("metric") || DEFAULT_SPARK,
+  group: params.get("group") || "", // a group_id: list only that group's runs
+  cols: params.has("cols") ? params.get("cols").split(",").filter(Boolean) : null, // null: auto
+  open: new Set(), // group keys shown expanded
+  groupOf: new Map(), // run id → its group's key, for runs listed under a group row
+  varying: [], // config keys that differ among the listed runs
   runs: new Map(), // id → Run, in table order
   order: [],
   selected: new Set(),
   sparks: new Map(), // id → values
+  range: null, // [min, max] shared by every sparkline of the column
   total: 0,
 };
+if (state.group) state.open.add(`g:${state.group}`);
 
 const body = $("#runs-body");
 
@@ -48,11 +73,14 @@ function syncUrl() {
     task: state.task,
     tag: state.tag,
     metric: state.metric === DEFAULT_SPARK ? "" : state.metric,
+    group: state.group,
+    cols: state.cols ? state.cols.join(",") : "",
   });
   history.replaceState(null, "", `/${q}`);
 }
 
 function matches(run) {
+  if (state.group && run.group_id !== state.group) return false;
   if (state.status && run.status !== state.status) return false;
   if (state.algorithm && run.algorithm !== state.algorithm) return false;
   if (state.task && run.task !== state.task) return false;
@@ -68,6 +96,7 @@ async function loadRuns() {
     task: state.task,
     tag: state.tag,
     q: state.q,
+    group_id: state.group,
     sort: "-created_at",
     limit: 200,
   });
@@ -94,23 +123,67 @@ async function loadSparks(ids) {
       for (const [rid, entry] of Object.entries(data.runs || {})) {
         const s = entry.series?.[state.metric];
         state.sparks.set(Number(rid), s ? s.values : []);
-        updateSpark(Number(rid));
       }
+      updateSparks();
     } catch (err) {
       console.warn("sparklines", errorText(err));
     }
   }
 }
 
-function updateSpark(id) {
-  const row = body.querySelector(`tr[data-id="${id}"]`);
-  if (!row) return;
-  const cell = row.querySelector("td.spark-cell");
-  cell.replaceChildren(sparkline(state.sparks.get(id) || []));
+/** Redraw every sparkline on the column's shared y-scale (one run's new points can widen it). */
+function updateSparks() {
+  state.range = sharedRange(state.order.map((id) => state.sparks.get(id)));
+  for (const cell of body.querySelectorAll("tr[data-id] td.spark-cell")) {
+    cell.replaceChildren(sparkFor(Number(cell.parentElement.dataset.id)));
+  }
+  sparkHead();
 }
 
-function rowFor(run) {
+function sparkFor(id) {
+  return sparkline(state.sparks.get(id) || [], { range: state.range });
+}
+
+function sparkHead() {
+  const r = state.range;
+  $("#spark-head").replaceChildren(
+    state.metric,
+    h(
+      "div.spark-scale.small",
+      { title: "every sparkline in this column is drawn on this one y-range, so rows compare" },
+      r ? `y ${fmtNum(r[0], 3)} … ${fmtNum(r[1], 3)}` : "",
+    ),
+  );
+}
+
+/** The config keys shown as columns: the user's pick, else the first few that vary. */
+function hyperColumns() {
+  const listed = state.order.map((id) => state.runs.get(id));
+  state.varying = varyingKeys(listed);
+  return state.cols ?? state.varying.slice(0, AUTO_HYPER_COLUMNS);
+}
+
+function hyperCells(runs, cols) {
+  return cols.map((key) => {
+    const values = new Set(runs.map((r) => JSON.stringify(getPath(r.config, key) ?? null)));
+    const text = values.size === 1 ? fmtValue(getPath(runs[0].config, key)) : "varies";
+    return h("td.hp.mono", { "data-key": key }, text);
+  });
+}
+
+function queuePlace(run) {
+  if (run.status !== "queued" || !run.queue_position) return null;
+  return h(
+    "div.muted.small.queue-place",
+    { title: "place in the queue (1 = next to start)" },
+    `#${run.queue_position} in queue`,
+  );
+}
+
+function rowFor(run, cols) {
   const sel = state.selected.has(run.id);
+  const key = groupKey(run);
+  const inGroup = key && state.groupOf.get(run.id) === key;
   const last = run.summary ? run.summary[state.metric] : undefined;
   const finished = FINISHED.has(run.status);
   const actions = h(
@@ -127,8 +200,8 @@ function rowFor(run) {
     h("button.btn.btn-xs.btn-danger", { "data-act": "delete", title: "Delete run and its metrics" }, "Delete"),
   );
   return h(
-    `tr${sel ? ".selected" : ""}`,
-    { "data-id": run.id },
+    `tr${sel ? ".selected" : ""}${inGroup ? ".in-group" : ""}`,
+    { "data-id": run.id, "data-group": inGroup ? key : null, hidden: inGroup && !state.open.has(key) },
     h("td", {}, h("input", { type: "checkbox", class: "sel", checked: sel, "aria-label": `select run ${run.id}` })),
     h(
       "td.name",
@@ -142,30 +215,117 @@ function rowFor(run) {
       pipelineLink(run, () => refreshPipelineRows(run.pipeline_id)),
       run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
     ),
-    h("td", {}, statusBadge(run), waitingNote(run)),
+    h("td", {}, statusBadge(run), queuePlace(run), waitingNote(run)),
     h("td", {}, run.algorithm || "–"),
-    h("td", {}, run.task || "–"),
-    h("td.mono", {}, run.model || "–"),
-    h("td.resources", { title: "config.resources: GPUs per node × nodes" }, resourcesText(run)),
-    h("td", {}, run.owner || "–"),
+    h("td.opt", {}, run.task || "–"),
+    h("td.mono.opt", {}, run.model || "–"),
+    h("td.resources.opt", { title: "config.resources: GPUs per node × nodes" }, resourcesText(run)),
+    h("td.opt", {}, run.owner || "–"),
     h(
-      "td",
+      "td.opt",
       {},
       (run.tags || []).map((t) => h("span.tag", {}, t)),
     ),
+    hyperCells([run], cols),
     h("td", {}, progressBar(run)),
-    h("td.spark-cell", {}, sparkline(state.sparks.get(run.id) || [])),
+    h("td.spark-cell", {}, sparkFor(run.id)),
     h("td.num", {}, fmtNum(last)),
-    h("td.muted", { title: fmtTime(run.created_at) }, fmtAgo(run.created_at)),
+    h("td.muted.opt", { title: fmtTime(run.created_at) }, fmtAgo(run.created_at)),
     h("td", {}, actions),
   );
 }
 
+/** A group's header row: its name, n, status counts, shared config values, and the mean ± sd
+ * of the column's metric over its runs' last values; the toggle shows or hides its runs. */
+function groupRowFor(key, ids, cols) {
+  const runs = ids.map((id) => state.runs.get(id));
+  const open = state.open.has(key);
+  const stat = meanSd(runs.map((r) => r.summary?.[state.metric]));
+  const shared = (f) => {
+    const vals = new Set(runs.map(f));
+    return vals.size === 1 ? [...vals][0] || "–" : "mixed";
+  };
+  const steps = runs.reduce((a, r) => a + (r.step || 0), 0);
+  const total = runs.reduce((a, r) => a + (r.total_steps || r.config?.steps || 0), 0);
+  return h(
+    "tr.group-row",
+    { "data-group": key },
+    h("td", {}, h("input", { type: "checkbox", class: "group-sel", "aria-label": `select group ${key}` })),
+    h(
+      "td.name",
+      {},
+      h(
+        "button.group-toggle",
+        { type: "button", "aria-expanded": String(open), title: open ? "Hide its runs" : "Show its runs" },
+        open ? "▾" : "▸",
+      ),
+      " ",
+      h("strong", {}, groupName(key, runs)),
+      " ",
+      h("span.muted.small.group-n", {}, `${runs.length} runs`),
+    ),
+    h("td.small.group-status", {}, statusCounts(runs)),
+    h(
+      "td",
+      {},
+      shared((r) => r.algorithm),
+    ),
+    h(
+      "td.opt",
+      {},
+      shared((r) => r.task),
+    ),
+    h(
+      "td.mono.opt",
+      {},
+      shared((r) => r.model),
+    ),
+    h("td.opt", {}, ""),
+    h(
+      "td.opt",
+      {},
+      shared((r) => r.owner),
+    ),
+    h("td.opt", {}, ""),
+    hyperCells(runs, cols),
+    h("td.muted.small", { title: "steps done / planned, all its runs" }, `${steps}/${total || "?"}`),
+    h("td.spark-cell", {}, ""),
+    h("td.num.group-stat", { title: `${state.metric}: mean ± sd of the runs' last values` }, stat.text),
+    h("td.muted.opt", {}, ""),
+    h(
+      "td",
+      {},
+      h(
+        "a.btn.btn-xs",
+        { href: `/compare${qs({ runs: [...ids].sort((a, b) => a - b) })}`, title: "Compare its runs: mean ± band" },
+        "Compare",
+      ),
+    ),
+  );
+}
+
 function render() {
-  body.replaceChildren(...state.order.map((id) => rowFor(state.runs.get(id))));
+  const cols = hyperColumns();
+  state.groupOf = new Map();
+  const rows = [];
+  for (const row of tableRows(state.order, state.runs)) {
+    if (row.run !== undefined) {
+      rows.push(rowFor(state.runs.get(row.run), cols));
+      continue;
+    }
+    for (const id of row.runs) state.groupOf.set(id, row.group);
+    rows.push(groupRowFor(row.group, row.runs, cols), ...row.runs.map((id) => rowFor(state.runs.get(id), cols)));
+  }
+  body.replaceChildren(...rows);
+  renderHead(cols);
   $("#runs-empty").hidden = state.order.length > 0;
   $("#count").textContent = `${state.order.length} of ${state.total} run${state.total === 1 ? "" : "s"}`;
-  $("#spark-head").textContent = state.metric;
+  $("#group-chip").hidden = !state.group;
+  if (state.group) {
+    const listed = state.order.map((id) => state.runs.get(id));
+    $("#group-chip-name").textContent = listed.length ? groupName(`g:${state.group}`, listed) : state.group;
+  }
+  sparkHead();
   updateSelection();
 }
 
@@ -174,10 +334,33 @@ function refreshPipelineRows(pipelineId) {
   for (const r of state.runs.values()) if (r.pipeline_id === pipelineId) updateRow(r);
 }
 
+/** The hyperparameter heads (before Progress) and the column picker's choices. */
+function renderHead(cols) {
+  for (const th of document.querySelectorAll("#runs-table th.hp")) th.remove();
+  const before = $("#progress-head");
+  for (const key of cols) before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, hyperLabel(key)));
+  const offered = [...new Set([...state.varying, ...cols])];
+  $("#cols-list").replaceChildren(
+    ...offered.map((key) =>
+      h("label.inline.small", {}, h("input", { type: "checkbox", value: key, checked: cols.includes(key) }), ` ${key}`),
+    ),
+  );
+  $("#cols-picker summary").textContent = `columns (${cols.length})`;
+  $("#cols-picker").hidden = offered.length === 0;
+}
+
 function updateRow(run) {
   state.runs.set(run.id, run);
   const row = body.querySelector(`tr[data-id="${run.id}"]`);
-  if (row) row.replaceWith(rowFor(run));
+  if (!row) return;
+  const cols = hyperColumns();
+  row.replaceWith(rowFor(run, cols));
+  const key = state.groupOf.get(run.id);
+  if (key) {
+    const ids = [...state.groupOf].filter(([, k]) => k === key).map(([id]) => id);
+    body.querySelector(`tr.group-row[data-group="${key}"]`)?.replaceWith(groupRowFor(key, ids, cols));
+    updateSelection();
+  }
 }
 
 function updateSelection() {
@@ -187,6 +370,27 @@ function updateSelection() {
   $("#cancel-sel-btn").disabled = n === 0;
   $("#delete-sel-btn").disabled = n === 0;
   $("#sel-all").checked = n > 0 && n === state.order.length;
+  for (const box of body.querySelectorAll("input.group-sel")) {
+    const ids = groupIds(box.closest("tr").dataset.group);
+    const picked = ids.filter((id) => state.selected.has(id)).length;
+    box.checked = picked === ids.length;
+    box.indeterminate = picked > 0 && picked < ids.length;
+  }
+}
+
+function groupIds(key) {
+  return [...state.groupOf].filter(([, k]) => k === key).map(([id]) => id);
+}
+
+function toggleGroup(key) {
+  if (state.open.has(key)) state.open.delete(key);
+  else state.open.add(key);
+  const open = state.open.has(key);
+  for (const tr of body.querySelectorAll(`tr[data-id][data-group="${key}"]`)) tr.hidden = !open;
+  const btn = body.querySelector(`tr.group-row[data-group="${key}"] .group-toggle`);
+  btn.textContent = open ? "▾" : "▸";
+  btn.setAttribute("aria-expanded", String(open));
+  btn.title = open ? "Hide its runs" : "Show its runs";
 }
 
 async function act(kind, id) {
@@ -211,6 +415,20 @@ async function act(kind, id) {
 }
 
 body.addEventListener("click", (ev) => {
+  const groupRow = ev.target.closest("tr.group-row");
+  if (groupRow) {
+    const key = groupRow.dataset.group;
+    if (ev.target.closest(".group-toggle")) toggleGroup(key);
+    else if (ev.target.classList.contains("group-sel")) {
+      for (const id of groupIds(key)) {
+        if (ev.target.checked) state.selected.add(id);
+        else state.selected.delete(id);
+        body.querySelector(`tr[data-id="${id}"]`)?.classList.toggle("selected", ev.target.checked);
+      }
+      updateSelection();
+    }
+    return;
+  }
   const row = ev.target.closest("tr[data-id]");
   if (!row) return;
   const id = Number(row.dataset.id);
@@ -265,6 +483,7 @@ function bindFilter(id, key, evName = "change") {
         syncUrl();
         if (key === "metric") {
           state.sparks.clear();
+          state.range = null;
           render();
           loadSparks(state.order);
         } else {
@@ -324,6 +543,20 @@ function startStream() {
     }
   });
 }
+
+$("#cols-list").addEventListener("change", () => {
+  state.cols = [...document.querySelectorAll("#cols-list input:checked")].map((el) => el.value);
+  syncUrl();
+  render();
+});
+document.addEventListener("click", (ev) => {
+  if (!ev.target.closest("#cols-picker")) $("#cols-picker").open = false;
+});
+$("#group-chip button").addEventListener("click", () => {
+  state.group = "";
+  syncUrl();
+  loadRuns();
+});
 
 for (const m of SPARK_METRICS) $("#f-metric").append(h("option", { value: m }, m));
 if (!SPARK_METRICS.includes(state.metric)) $("#f-metric").append(h("option", { value: state.metric }, state.metric));

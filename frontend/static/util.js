@@ -137,13 +137,16 @@ export function ema(values, weight) {
   return out;
 }
 
-/** An inline SVG sparkline of `values` (nulls skipped). */
-export function sparkline(values, { width = 110, height = 24, color = "#4f46e5" } = {}) {
+/** An inline SVG sparkline of `values` (nulls skipped). `range` ([min, max]) fixes the y-scale,
+ * e.g. one shared by every row of a table, and is kept on the SVG as `data-y-range`; without it
+ * the line spans its own min to max. */
+export function sparkline(values, { width = 110, height = 24, color = "#4f46e5", range = null } = {}) {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", width);
   svg.setAttribute("height", height);
   svg.setAttribute("class", "spark");
+  if (range) svg.dataset.yRange = `${range[0]},${range[1]}`;
   const pts = values.map((v, i) => [i, v]).filter(([, v]) => v !== null && Number.isFinite(v));
   if (pts.length < 2) {
     const t = document.createElementNS(ns, "text");
@@ -158,8 +161,8 @@ export function sparkline(values, { width = 110, height = 24, color = "#4f46e5" 
   const ys = pts.map((p) => p[1]);
   const x0 = Math.min(...xs),
     x1 = Math.max(...xs);
-  const y0 = Math.min(...ys),
-    y1 = Math.max(...ys);
+  const y0 = range ? range[0] : Math.min(...ys),
+    y1 = range ? range[1] : Math.max(...ys);
   const sx = (x) => 1 + ((x - x0) / (x1 - x0 || 1)) * (width - 2);
   const sy = (y) => height - 2 - ((y - y0) / (y1 - y0 || 1)) * (height - 4);
   const d = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join("");
@@ -177,7 +180,7 @@ export function sparkline(values, { width = 110, height = 24, color = "#4f46e5" 
   dot.setAttribute("fill", color);
   svg.append(dot);
   const title = document.createElementNS(ns, "title");
-  title.textContent = `last ${fmtNum(last[1])} · min ${fmtNum(y0)} · max ${fmtNum(y1)}`;
+  title.textContent = `last ${fmtNum(last[1])} · min ${fmtNum(Math.min(...ys))} · max ${fmtNum(Math.max(...ys))}`;
   svg.append(title);
   return svg;
 }

@@ -7,6 +7,8 @@ import uuid
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
+from conspo.config import RunConfig
+from conspo.demo import DEMO_CONFIG
 from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import get_task, task_names
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
@@ -218,6 +220,11 @@ def test_presets_list_the_registered_tasks_with_their_params(api: Api) -> None:
         assert set(preset["defaults"]) == set(registered.params.model_fields) - required
     assert tasks["arith"]["defaults"] == {"digits": 1, "operators": "+-", "num_operands": 2}
     assert tasks["jsonl"]["defaults"] == {"eval_path": None}  # path is the user's to give
-    assert presets["defaults"]["task"]["params"] == tasks["arith"]["defaults"]
+    # The form starts from the demo's settings (conspo/demo.py), the task's other params filled.
+    assert presets["defaults"]["task"]["params"] == {
+        **tasks["arith"]["defaults"],
+        "num_operands": 3,
+    }
+    assert presets["defaults"] == RunConfig.model_validate(DEMO_CONFIG).model_dump(mode="json")
     models = {m["name"]: m["description"] for m in presets["models"]}
     assert models == {name: m.description for name, m in BUILTIN_MODELS.items()}

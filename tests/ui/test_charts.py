@@ -4,7 +4,9 @@ Each test also fails on a console error or a request that leaves the server (``p
 
 from __future__ import annotations
 
+import re
 import shutil
+import uuid
 from typing import Any
 
 import pytest
@@ -106,3 +108,87 @@ def test_docs_offline_and_html_404(page: Any, ui_server: Any) -> None:
     assert resp.status == 404 and "Page not found" in page.inner_text("h1")
     api = ui_server.http.get("/api/no/such")
     assert api.status_code == 404 and api.headers["content-type"].startswith("application/json")
+
+
+# ------------------------------------------------------------------------------------------------
+# runs list: group rows, hyperparameter columns, one sparkline scale (issue 14, items 4, 6, 7)
+# ------------------------------------------------------------------------------------------------
+
+LIST_TAG = f"i14-list-{uuid.uuid4().hex[:6]}"  # unique, so a reused server holds no look-alikes
+TINY = {
+    "algorithm": "conspo",
+    "steps": 1,
+    "model": {"name": "tiny"},
+    "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+    "task": {"name": "arith", "eval_size": 4},
+    "eval": {"every": 0},
+    "checkpoint": {"every": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def listed(ui_server: Any) -> dict[str, Any]:
+    """Two logged external runs that differ in τ (their gaps 0.6 apart) and a 3-seed group."""
+    singles = []
+    for tau, offset in ((5.0, 0.0), (10.0, 0.6)):
+        config = {"algorithm": "conspo", "params": {"tau": tau}}
+        run = ui_server.external_run(
+            f"i14-list-tau{tau:g}", config, tags=[LIST_TAG], total_steps=20
+        )
+        ui_server.log(run["id"], range(1, 21), offset=offset, rollouts=False)
+        singles.append(run)
+    body = {"config": {**TINY, "name": "i14-seeds"}, "seeds": [1, 2, 3], "tags": [LIST_TAG]}
+    group = ui_server.api("POST", "/api/runs", json=body)
+    for run in group["runs"]:  # only the list is tested here: keep the shared CPUs free
+        ui_server.api("POST", f"/api/runs/{run['id']}/cancel")
+    return {"singles": singles, "group": group}
+
+
+def test_runs_list_groups_columns_and_shared_scale(
+    page: Any, shot: Any, ui_server: Any, listed: Any
+) -> None:
+    a, b = listed["singles"]
+    members = [r["id"] for r in listed["group"]["runs"]]
+    key = f"g:{listed['group']['group_id']}"
+    page.goto(f"{ui_server.url}/?tag={LIST_TAG}")
+    # Locators, not element handles: a live update redraws the group's row.
+    row = f'tr.group-row[data-group="{key}"]'
+    toggle = f"{row} .group-toggle"
+    page.wait_for_selector(row)
+    # The seeds collapse under one row: its name without the seed suffix, n, status counts.
+    assert "i14-seeds" in page.inner_text(row) and page.inner_text(f"{row} .group-n") == "3 runs"
+    status = page.inner_text(f"{row} .group-status")
+    assert sum(int(n) for n in re.findall(r"(\d+) \w+", status)) == 3, status
+    assert all(page.locator(f'tr[data-id="{i}"]').is_hidden() for i in members)
+    page.click(toggle)
+    wait_until(page, lambda: all(page.locator(f'tr[data-id="{i}"]').is_visible() for i in members),
+               what="group expanded")  # fmt: skip
+    page.click(toggle)
+    wait_until(page, lambda: page.locator(f'tr[data-id="{members[0]}"]').is_hidden(), what="folded")
+    # τ differs among the listed runs: it is the first hyperparameter column.
+    heads = page.eval_on_selector_all("#runs-table th.hp", "ths => ths.map(t => t.dataset.key)")
+    assert heads[0] == "params.tau", heads
+    cell = 'tr[data-id="{}"] td.hp[data-key="params.tau"]'
+    assert [page.inner_text(cell.format(r["id"])) for r in (a, b)] == ["5", "10"]
+    assert page.inner_text(f'{row} td.hp[data-key="params.tau"]') == "10"
+    # The column toggles off (and the choice lives in the URL).
+    page.click("#cols-picker summary")
+    page.uncheck('#cols-list input[value="params.tau"]')
+    wait_until(
+        page, lambda: page.locator('th.hp[data-key="params.tau"]').count() == 0, what="hidden"
+    )
+    assert "cols=" in page.url
+    # Both sparklines are drawn on one y-range, shown in the column's head.
+    for r in (a, b):
+        page.wait_for_selector(f'tr[data-id="{r["id"]}"] svg.spark path')
+    ranges = [
+        page.get_attribute(f'tr[data-id="{r["id"]}"] svg.spark', "data-y-range") for r in (a, b)
+    ]
+    assert ranges[0] and ranges[0] == ranges[1], ranges
+    lo, hi = map(float, ranges[0].split(","))
+    assert hi - lo > 0.6  # spans both runs, not one
+    assert page.inner_text("#spark-head .spark-scale").startswith("y ")
+    page.click(toggle)
+    shot(page, "runs_groups")
+    page.set_viewport_size({"width": 800, "height": 900})
+    shot(page, "runs_groups_800")

@@ -448,7 +448,9 @@ def test_form_submits_lora_a_benchmark_and_a_prompt_and_shows_the_estimate(
     ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
 
 
-def test_several_seeds_submit_a_group_and_open_compare(page: Any, ui_server: Any) -> None:
+def test_several_seeds_land_on_the_runs_list_of_their_group(page: Any, ui_server: Any) -> None:
+    """After "Start 2 runs": the runs list of that group, opened, both runs listed (not a
+    compare page with nothing to draw yet); its Compare button opens them side by side."""
     page.goto(f"{ui_server.url}/runs/new")
     page.wait_for_selector('[name="config.params.tau"]')
     fill_small_run(page, "ui-seed-group")
@@ -456,15 +458,23 @@ def test_several_seeds_submit_a_group_and_open_compare(page: Any, ui_server: Any
     page.fill('[name="seeds"]', "7, 8")
     wait_until(page, lambda: page.inner_text("#submit-btn") == "Start 2 runs", what="button")
     page.click("#submit-btn")
-    page.wait_for_url(re.compile(r"/compare\?runs=\d+,\d+"))
-    ids = [int(x) for x in re.search(r"runs=(\d+),(\d+)", page.url).groups()]
+    page.wait_for_url(re.compile(r"/\?group=\w+"))
+    group_id = re.search(r"group=(\w+)", page.url).group(1)
+    runs = ui_server.api("GET", f"/api/runs?group_id={group_id}")["items"]
+    ids = sorted(r["id"] for r in runs)
     try:
-        runs = [ui_server.api("GET", f"/api/runs/{i}") for i in ids]
         assert sorted(r["seed"] for r in runs) == [7, 8]
-        assert runs[0]["group_id"] and runs[0]["group_id"] == runs[1]["group_id"]
+        for i in ids:
+            page.wait_for_selector(f'tr[data-id="{i}"]')  # visible: the group lands opened
+        listed = page.eval_on_selector_all(
+            "#runs-body tr[data-id]", "rs => rs.map(r => +r.dataset.id)"
+        )
+        assert sorted(listed) == ids
+        assert "ui-seed-group" in page.inner_text("#group-chip")
+        page.click(f'tr.group-row[data-group="g:{group_id}"] a:has-text("Compare")')
+        page.wait_for_url(re.compile(r"/compare\?runs="))
         row = page.wait_for_selector('#config-diff tr[data-key="seed"]')
         assert [c.inner_text() for c in row.query_selector_all("td")][1:] == ["7", "8"]
-        assert page.input_value("#group-by") == "algorithm"
     finally:
         for i in ids:  # keep the shared CPUs for the other tests
             ui_server.http.post(f"/api/runs/{i}/cancel")

@@ -11,6 +11,7 @@ from pydantic_core import to_jsonable_python
 
 from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
+from conspo.demo import DEMO_CONFIG
 from conspo.model_catalog import BUILTIN_MODELS
 from conspo.registry import JOB_KINDS, OBJECTIVES, TASKS, Registry
 
@@ -29,7 +30,8 @@ def presets() -> dict[str, Any]:
         "tasks": _registered(TASKS),
         "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],
         "config_schema": RunConfig.model_json_schema(),
-        "defaults": RunConfig.model_validate({}).model_dump(mode="json"),
+        # The form starts from the demo's settings, so an untouched form's run compares with them.
+        "defaults": RunConfig.model_validate(DEMO_CONFIG).model_dump(mode="json"),
         "prompt_templates": PROMPT_TEMPLATES,
     }
 

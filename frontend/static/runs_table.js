@@ -1,0 +1,131 @@
+// The runs list's arithmetic, apart from its DOM: which rows group together, which config keys
+// earn a column, and the one y-range all sparklines of a column share. Pure functions of the
+// listed runs, so runs.js stays a page of rendering and events.
+import { flatten, fmtNum } from "/static/util.js";
+
+/** The group a run belongs to, or null: the seeds of one submission share `group_id` (a study's
+ * runs share "study-<id>"), the stages of a pipeline share `pipeline_id`. */
+export function groupKey(run) {
+  if (run.group_id) return `g:${run.group_id}`;
+  if (run.pipeline_id !== null && run.pipeline_id !== undefined) return `p:${run.pipeline_id}`;
+  return null;
+}
+
+/** The table's order as rows: a lone run is {run}, two or more runs of one group listed are
+ * {group, runs} at the place of the group's first listed run (the list is newest first). */
+export function tableRows(order, runs) {
+  const members = new Map();
+  for (const id of order) {
+    const key = groupKey(runs.get(id));
+    if (key) members.set(key, [...(members.get(key) || []), id]);
+  }
+  const rows = [];
+  const placed = new Set();
+  for (const id of order) {
+    const key = groupKey(runs.get(id));
+    if (!key || members.get(key).length < 2) rows.push({ run: id });
+    else if (!placed.has(key)) {
+      placed.add(key);
+      rows.push({ group: key, runs: members.get(key) });
+    }
+  }
+  return rows;
+}
+
+/** A group's name: its study or pipeline, else its runs' common name without the suffixes the
+ * server adds, per seed and to keep names unique (`conspo-arith-s0`, `…-s1-2` → `conspo-arith`). */
+export function groupName(key, runs) {
+  const first = runs[0];
+  const study = /^g:study-(\d+)$/.exec(key);
+  if (study) return `study ${study[1]}`;
+  if (key.startsWith("p:")) return `pipeline ${key.slice(2)}`;
+  const bases = runs.map((r) => (r.name || "").replace(/(-s\d+)?(-\d+)?$/, ""));
+  return bases.every((b) => b === bases[0]) && bases[0] ? bases[0] : first.name || `group of run ${first.id}`;
+}
+
+/** "2 running · 1 queued", most advanced states first. */
+export function statusCounts(runs) {
+  const order = ["running", "queued", "succeeded", "failed", "cancelled"];
+  const counts = new Map();
+  for (const r of runs) counts.set(r.status, (counts.get(r.status) || 0) + 1);
+  return [...counts.entries()]
+    .sort((a, b) => order.indexOf(a[0]) - order.indexOf(b[0]))
+    .map(([s, n]) => `${n} ${s}`)
+    .join(" · ");
+}
+
+/** Mean ± sample sd of the finite values, as text with n ("0.412 ± 0.031 (n=3)"). */
+export function meanSd(values) {
+  const xs = values.filter((v) => typeof v === "number" && Number.isFinite(v));
+  if (!xs.length) return { n: 0, text: "–" };
+  const mean = xs.reduce((a, b) => a + b, 0) / xs.length;
+  if (xs.length < 2) return { n: 1, mean, text: `${fmtNum(mean)} (n=1)` };
+  const sd = Math.sqrt(xs.reduce((a, b) => a + (b - mean) ** 2, 0) / (xs.length - 1));
+  return { n: xs.length, mean, sd, text: `${fmtNum(mean)} ± ${fmtNum(sd, 2)} (n=${xs.length})` };
+}
+
+// Keys that never make a hyperparameter column: identities and what other columns show.
+const NOT_HYPER = new Set(["name", "seed", "algorithm", "task.name", "model.name", "kind"]);
+const NOT_HYPER_PREFIX = ["resources.", "checkpoint.", "logging."];
+// Which varying keys come first when there are more than fit: the algorithm's own parameters
+// (τ, margin, ε), then lr, group size and prompts per step, then the rest in name order.
+const FIRST = ["params.", "optim.lr", "sampling.group_size", "sampling.prompts_per_step", "steps"];
+
+function rank(key) {
+  const i = FIRST.findIndex((p) => (p.endsWith(".") ? key.startsWith(p) : key === p));
+  return i < 0 ? FIRST.length : i;
+}
+
+/** The config keys whose values differ among `runs`, ranked as a W&B table would offer them:
+ * keys every run sets before keys some lack (a run logged from outside may carry a sparse
+ * config, and "missing" is a weaker difference than 5 vs 10), then algorithm parameters, lr, G,
+ * prompts per step, then the rest by name. */
+export function varyingKeys(runs) {
+  const flat = runs.map((r) => flatten(r.config || {}));
+  const keys = new Set(flat.flatMap((f) => Object.keys(f)));
+  const out = [];
+  for (const key of keys) {
+    if (NOT_HYPER.has(key) || NOT_HYPER_PREFIX.some((p) => key.startsWith(p))) continue;
+    const seen = new Set(flat.map((f) => JSON.stringify(f[key] ?? null)));
+    if (seen.size > 1) out.push({ key, partial: flat.some((f) => !(key in f)) ? 1 : 0 });
+  }
+  out.sort((a, b) => a.partial - b.partial || rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
+  return out.map((k) => k.key);
+}
+
+/** A column's short header: the key's last part, with the paper's symbol where it has one. */
+const SYMBOLS = {
+  tau: "τ",
+  margin_max: "M",
+  margin_warmup: "α",
+  clip: "ε",
+  clip_low: "ε_low",
+  clip_high: "ε_high",
+  beta: "β",
+  group_size: "G",
+};
+export function hyperLabel(key) {
+  const last = key.split(".").pop();
+  return SYMBOLS[last] || last;
+}
+
+/** One [min, max] over every sparkline of the column, so rows compare by eye; null when no
+ * run has two finite points. A flat column gets a small pad so its line sits mid-cell. */
+export function sharedRange(seriesList) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const values of seriesList) {
+    const finite = (values || []).filter((v) => v !== null && Number.isFinite(v));
+    if (finite.length < 2) continue;
+    for (const v of finite) {
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+  }
+  if (!Number.isFinite(lo)) return null;
+  if (lo === hi) {
+    const pad = Math.abs(lo) * 0.05 || 0.5;
+    return [lo - pad, hi + pad];
+  }
+  return [lo, hi];
+}
