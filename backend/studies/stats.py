@@ -9,6 +9,10 @@ Use::
     summary.verdict                      # one line per arm, e.g.
     # "conspo − grpo = +2.8 points [+1.0, +4.6], 9 of 10 seeds, p = 0.007"
 
+    # Several tasks in one study: values by task, then seed (rliable's robust aggregates).
+    by_task = {"arith": {0: 0.41, 1: 0.38}, "countdown": {0: 0.12, 1: 0.20, 2: 0.15}}
+    aggregate = across_tasks(by_task)    # IQM over all task × seed runs, stratified bootstrap CIs
+
 Every arm maps seed → objective (one number per finished run). Differences are paired by
 seed: d_s = objective(arm, s) − objective(baseline, s) over the seeds both arms finished; the
 seeds only one of them finished are named in ``PairedComparison.dropped`` and in the verdict.
@@ -20,7 +24,7 @@ with a fixed seed, so a page shows the same interval on every load.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -234,6 +238,79 @@ def verdict_line(
         f"{stated}: not distinguishable from seed noise at n = {pair.n}, {_p(pair.p_t)}"
         f"{needed}{dropped}"
     )
+
+
+def iqm(values: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle half, ⌊n/4⌋ values cut from each end (as
+    ``scipy.stats.trim_mean(values, 0.25)`` and rliable's IQM). Robust to one wild run, less
+    noisy than the median."""
+    return float(sps.trim_mean(values, 0.25))
+
+
+def _iqm_rows(values: np.ndarray) -> np.ndarray:
+    return np.asarray(sps.trim_mean(values, 0.25, axis=-1))
+
+
+def _mean_rows(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values.mean(axis=-1))
+
+
+def stratified_bootstrap(
+    by_task: Mapping[str, Mapping[int, float]],
+    statistic: Callable[[np.ndarray], np.ndarray],
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    level: float = LEVEL,
+) -> Interval:
+    """Percentile CI of ``statistic`` over all task × seed values, seeds resampled **within**
+    each task (each resample keeps every task's number of runs: a task with more seeds never
+    crowds another out, and the spread between tasks is not mistaken for seed noise).
+    ``statistic`` maps resamples (n_boot, runs) to one value per row. None while no task has two seeds (nothing to resample)."""
+    strata = [np.array(list(v.values()), dtype=float) for v in by_task.values() if v]
+    if not strata or max(len(s) for s in strata) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    picks = [s[rng.integers(0, len(s), size=(n_boot, len(s)))] for s in strata]
+    resamples = np.concatenate(picks, axis=1)  # (n_boot, all runs)
+    return percentile_interval(statistic(resamples), level)
+
+
+@dataclass
+class TaskAggregate:
+    """One arm over several tasks: every task × seed run pooled."""
+
+    tasks: dict[str, int]  # runs per task
+    n: int
+    mean: float | None
+    ci_mean: Interval  # stratified bootstrap
+    iqm: float | None
+    ci_iqm: Interval  # stratified bootstrap
+
+
+def across_tasks(by_task: Mapping[str, Mapping[int, float]]) -> TaskAggregate:
+    values = np.array([v for runs in by_task.values() for v in runs.values()], dtype=float)
+    n = len(values)
+    return TaskAggregate(
+        tasks={task: len(runs) for task, runs in by_task.items()},
+        n=n,
+        mean=float(values.mean()) if n else None,
+        ci_mean=stratified_bootstrap(by_task, _mean_rows),
+        iqm=iqm(values) if n else None,
+        ci_iqm=stratified_bootstrap(by_task, _iqm_rows),
+    )
+
+
+def paired_across_tasks(
+    arm_by_task: Mapping[str, Mapping[int, float]],
+    base_by_task: Mapping[str, Mapping[int, float]],
+) -> TaskAggregate:
+    """The differences d = arm − baseline paired by (task, seed), aggregated as ``across_tasks``
+    (the mean of d with its stratified bootstrap CI; the IQM of d beside it)."""
+    d = {
+        task: {s: runs[s] - base_by_task[task][s] for s in runs if s in base_by_task.get(task, {})}
+        for task, runs in arm_by_task.items()
+    }
+    return across_tasks({task: v for task, v in d.items() if v})
 
 
 @dataclass
