@@ -265,7 +265,8 @@ def stratified_bootstrap(
     """Percentile CI of ``statistic`` over all task × seed values, seeds resampled **within**
     each task (each resample keeps every task's number of runs: a task with more seeds never
     crowds another out, and the spread between tasks is not mistaken for seed noise).
-    ``statistic`` maps resamples (n_boot, runs) to one value per row. None while no task has two seeds (nothing to resample)."""
+    ``statistic`` maps resamples (n_boot, runs) to one value per row. None while no task has
+    two seeds (nothing to resample)."""
     strata = [np.array(list(v.values()), dtype=float) for v in by_task.values() if v]
     if not strata or max(len(s) for s in strata) < 2:
         return None
