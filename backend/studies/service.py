@@ -17,7 +17,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import func, select, update
@@ -38,7 +38,7 @@ from backend.models import (
 )
 from backend.queue import JobQueue
 from backend.studies import stats
-from backend.studies.spec import StudyCreate, group_of, run_name
+from backend.studies.spec import Objective, StudyCreate, group_of, run_name
 from conspo import metrics as M
 from conspo.config import RunConfig
 
@@ -277,10 +277,11 @@ def window_start(steps: Sequence[int], how: str, k: int) -> int:
     return steps[0]
 
 
-def _series(
-    session: Session, run_ids: Iterable[int], keys: Iterable[str]
-) -> dict[tuple[int, str], tuple[list[int], list[float | None]]]:
-    out: dict[tuple[int, str], tuple[list[int], list[float | None]]] = defaultdict(lambda: ([], []))
+Series = dict[tuple[int, str], tuple[list[int], list[float | None]]]  # (run, key) → steps, values
+
+
+def _series(session: Session, run_ids: Iterable[int], keys: Iterable[str]) -> Series:
+    out: Series = defaultdict(lambda: ([], []))
     ids, key_list = list(run_ids), list(keys)
     if not ids:
         return out
@@ -297,6 +298,28 @@ def _series(
 
 
 SEPARATION_KEYS = (M.SEP_GAP, M.SEP_ORDER_ACC, M.SEP_MARGIN_ACC)
+
+
+def run_objective(
+    series: Series, run_id: int, objective: Objective
+) -> tuple[float | None, dict[str, float]]:
+    """A run's objective and, over the same window, the mean of each separation statistic."""
+    steps, values = series[(run_id, objective.metric)]
+    value = reduce_series(steps, values, objective.reduce, objective.k)
+    out: dict[str, float] = {}
+    if value is None:
+        return None, out
+    start = window_start(steps, objective.reduce, objective.k)
+    for key in SEPARATION_KEYS:
+        s_steps, s_values = series[(run_id, key)]
+        window = [
+            v
+            for s, v in zip(s_steps, s_values, strict=True)
+            if s >= start and v is not None and math.isfinite(v)
+        ]
+        if window:
+            out[key] = float(np.mean(window))
+    return value, out
 
 
 def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[str, Any]:
@@ -319,20 +342,11 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         run = runs.get(row.run_id) if row.run_id is not None else None
         value = None
         if run is not None and run.status == RunStatus.succeeded:
-            steps, values = series[(run.id, objective.metric)]
-            value = reduce_series(steps, values, objective.reduce, objective.k)
+            value, window = run_objective(series, run.id, objective)
             if value is not None:
                 by_arm[row.arm][int(row.seed)] = value
-                start = window_start(steps, objective.reduce, objective.k)
-                for key in SEPARATION_KEYS:
-                    s_steps, s_values = series[(run.id, key)]
-                    window = [
-                        v
-                        for s, v in zip(s_steps, s_values, strict=True)
-                        if s >= start and v is not None and math.isfinite(v)
-                    ]
-                    if window:
-                        separation[row.arm][key][int(row.seed)] = float(np.mean(window))
+                for key, mean in window.items():
+                    separation[row.arm][key][int(row.seed)] = mean
         run_rows.append(
             {
                 "arm": row.arm,
@@ -412,8 +426,18 @@ def _trial_params(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any
     return params
 
 
+class ArmRun(Protocol):
+    """What the grouped curves need of a row: its arm and its run (a StudyRun, or a compared
+    run in ``backend.studies.comparison``)."""
+
+    @property
+    def arm(self) -> str: ...
+    @property
+    def run_id(self) -> int | None: ...
+
+
 def group_curves(
-    session: Session, rows: list[StudyRun], runs: dict[int, Run], keys: list[str]
+    session: Session, rows: Sequence[ArmRun], runs: Iterable[int], keys: list[str]
 ) -> dict[str, Any]:
     """Per key and arm: the mean over seeds at each step, a 95% t band, and n, the seeds that
     reached that step (the page cuts the solid line where n is short of the arm's seeds)."""

@@ -315,6 +315,67 @@ def paired_across_tasks(
 
 
 @dataclass
+class UnpairedComparison:
+    """``arm`` − ``baseline`` when the runs cannot be paired (their seeds differ): the difference
+    of the means with a Welch t interval and p-value."""
+
+    arm: str
+    baseline: str
+    n_arm: int
+    n_baseline: int
+    mean_d: float | None
+    ci_t: Interval
+    p_t: float | None
+    distinguishable: bool
+
+
+def unpaired(
+    arm: str, baseline: str, arm_values: list[float], base_values: list[float]
+) -> UnpairedComparison:
+    a, b = np.array(arm_values, dtype=float), np.array(base_values, dtype=float)
+    mean_d = float(a.mean() - b.mean()) if len(a) and len(b) else None
+    ci: Interval = None
+    p: float | None = None
+    if len(a) >= 2 and len(b) >= 2:
+        qa, qb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        if qa + qb > 0:
+            df = (qa + qb) ** 2 / (qa**2 / (len(a) - 1) + qb**2 / (len(b) - 1))
+            half = float(sps.t.ppf(0.5 + LEVEL / 2, df) * math.sqrt(qa + qb))
+            assert mean_d is not None
+            ci = (mean_d - half, mean_d + half)
+            p = float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    return UnpairedComparison(
+        arm=arm,
+        baseline=baseline,
+        n_arm=len(a),
+        n_baseline=len(b),
+        mean_d=mean_d,
+        ci_t=ci,
+        p_t=p,
+        distinguishable=ci is not None and (ci[0] > 0 or ci[1] < 0),
+    )
+
+
+def unpaired_line(
+    pair: UnpairedComparison, *, scale: float = 1.0, unit: str = "", digits: int = 1
+) -> str:
+    """The verdict line of an unpaired comparison; it says it is unpaired."""
+    unit_text = f" {unit}" if unit else ""
+    head = f"{pair.arm} − {pair.baseline}"
+    ns = f"n = {pair.n_arm} and {pair.n_baseline}"
+    if pair.mean_d is None:
+        return f"{head}: no value in one of the two groups yet"
+    mean = _signed(pair.mean_d * scale, digits)
+    if pair.ci_t is None:
+        return f"{head} = {mean}{unit_text} at {ns}, unpaired: too few runs for an interval"
+    lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)
+    stated = f"{head} = {mean}{unit_text} [{lo}, {hi}], unpaired (Welch, seeds differ), {ns}"
+    if pair.distinguishable:
+        return f"{stated}, {_p(pair.p_t)}"
+    return f"{stated}: not distinguishable from seed noise, {_p(pair.p_t)}"
+
+
+@dataclass
 class StudySummary:
     arms: dict[str, ArmSummary]
     pairs: dict[str, PairedComparison]  # by arm, every arm but the baseline

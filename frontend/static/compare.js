@@ -880,6 +880,41 @@ $("#show-all-config").addEventListener("change", (ev) => {
   syncUrl();
   renderConfigDiff();
 });
+// ---- reports: the server renders them (the study report's renderer); a fetch carries the token
+function reportQuery() {
+  const grouped = groups();
+  return qs({
+    runs: S.runIds,
+    key: diffKey(),
+    group: S.group,
+    baseline: grouped && grouped.size > 1 ? baseGroup([...grouped.keys()]) : "",
+    k: SUMMARY_LAST_N,
+  });
+}
+
+async function download(path, filename) {
+  if (!S.runIds.length) return toast("Pick runs first", "error");
+  try {
+    const resp = await fetch(path, {
+      headers: window.CONSPO_TOKEN ? { Authorization: `Bearer ${window.CONSPO_TOKEN}` } : {},
+    });
+    if (!resp.ok) throw new Error(`${resp.status}: ${(await resp.text()).slice(0, 300)}`);
+    const href = URL.createObjectURL(await resp.blob());
+    const link = h("a", { href, download: filename, hidden: true });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(href), 60_000);
+  } catch (err) {
+    toast(`Could not export: ${errorText(err)}`, "error");
+  }
+}
+$("#report-html").addEventListener("click", () =>
+  download(`/api/compare/report.html${reportQuery()}`, "comparison.html"),
+);
+$("#report-csv").addEventListener("click", () =>
+  download(`/api/compare/objective.csv${reportQuery()}`, "comparison.csv"),
+);
 $("#copy-link").addEventListener("click", async () => {
   try {
     await navigator.clipboard.writeText(location.href);

@@ -287,7 +287,7 @@ export function renderStudy(view, root, Plotly) {
     h(
       "div.page-head",
       {},
-      h("h1", {}, `Study ${view.id}: ${view.name}`),
+      h("h1", {}, view.title || `Study ${view.id}: ${view.name}`),
       h("span.badge", { id: "study-status" }, view.status),
       h("span.muted", {}, counts),
     ),
@@ -299,7 +299,7 @@ export function renderStudy(view, root, Plotly) {
     h(
       "p.muted.small",
       {},
-      `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. Differences are paired by seed; values shown × ${view.objective.scale}.`,
+      `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. ${view.pairing_note || "Differences are paired by seed."} Values shown × ${view.objective.scale}.`,
     ),
     h("h3.section-title", {}, "Arms"),
     h("div.panel", { style: "overflow:auto" }, armTable(view, colors)),
@@ -307,7 +307,9 @@ export function renderStudy(view, root, Plotly) {
     h(
       "div.panel",
       { style: "overflow:auto" },
-      view.pairs.length ? pairTable(view, colors) : h("p.muted", {}, "one arm only"),
+      view.pairs.length
+        ? pairTable(view, colors)
+        : h("p.muted", {}, view.unpaired?.length ? "none paired by seed: see the verdict lines above" : "one arm only"),
     ),
     h("h3.section-title", {}, "Separation statistics over the objective's window"),
     h("div.panel", { style: "overflow:auto" }, separationTable(view, colors)),

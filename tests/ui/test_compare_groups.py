@@ -98,3 +98,51 @@ def test_unmatched_seeds_fall_back_to_welch(page: Any, ui_server: Any, four_runs
     want = gap("conspo", 1, 10) - (gap("grpo", 0, 10) + gap("grpo", 1, 10)) / 2
     assert trace["meta"]["raw"][at] == pytest.approx(want, abs=1e-9)
     assert trace["meta"]["n"][at] == 3
+
+
+def test_comparison_report_and_csv(
+    page: Any, ui_server: Any, browser: Any, four_runs: Any, tmp_path: Any
+) -> None:
+    ids = ",".join(str(i) for i in four_runs.values())
+    page.goto(
+        f"{ui_server.url}/compare?runs={ids}&keys={KEY}&group=algorithm&smooth=0"
+        "&base=algorithm%3Dgrpo"
+    )
+    page.wait_for_selector('[data-pairing="paired"]')
+    with page.expect_download() as pending:
+        page.click("#report-html")
+    report = tmp_path / "comparison.html"
+    pending.value.save_as(report)
+
+    # the CSV: each run's mean over its last 3 points, by hand
+    csv = ui_server.http.get(
+        f"/api/compare/objective.csv?runs={ids}&key={KEY}&group=algorithm&k=3"
+    ).text.splitlines()
+    assert csv[0] == "group,run_id,name,seed,status,metric,reduce,window_start,window_points,value"
+    rows = {(r.split(",")[0], int(r.split(",")[3])): r.split(",") for r in csv[1:]}
+    for (algorithm, seed), run_id in four_runs.items():
+        last = LAST.get((algorithm, seed), 30)
+        row = rows[(f"algorithm={algorithm}", seed)]
+        want = sum(gap(algorithm, seed, s) for s in range(last - 2, last + 1)) / 3
+        assert int(row[1]) == run_id and row[7:9] == [str(last - 2), "3"]
+        assert float(row[9]) == pytest.approx(want, abs=1e-9)
+    bad = ui_server.http.get(f"/api/compare/objective.csv?runs={ids}&k=0")
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "k"]
+
+    context = browser.new_context()
+    try:
+        offline = context.new_page()
+        requests: list[str] = []
+        errors: list[str] = []
+        offline.on("request", lambda r: requests.append(r.url))
+        offline.on("pageerror", lambda exc: errors.append(str(exc)))
+        offline.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        offline.goto(report.as_uri())
+        line = offline.wait_for_selector("#verdict .verdict-line").inner_text()
+        assert line.startswith("algorithm=conspo − algorithm=grpo = "), line
+        assert offline.locator("#pair-table tbody tr").count() == 1
+        offline.wait_for_selector(f'.chart[data-key="{KEY}"] .main-svg')
+        assert [u for u in requests if u != report.as_uri()] == []
+        assert errors == []
+    finally:
+        context.close()
