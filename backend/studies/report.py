@@ -1,5 +1,5 @@
-"""A study, or a comparison of runs, as one self-contained HTML file: Plotly, the page's styles and its renderer inlined,
-the study's data embedded, so it opens from disk and makes no network request.
+"""A study, or a comparison of runs, as one self-contained HTML file: Plotly, the page's styles
+and its renderer inlined, the data embedded, so it opens from disk and makes no network request.
 
 The renderer is the study page's own (``frontend/static/study_render.js`` on ``util.js``):
 both files are inlined into one module script with their import and export lines stripped.
