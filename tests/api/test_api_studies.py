@@ -72,9 +72,23 @@ def test_bad_study_is_a_422_naming_the_field_and_stores_nothing(
     api: Api, change: dict[str, Any], loc: list[Any]
 ) -> None:
     before = count_studies(api)
-    r = api.post("/api/studies", json=study_body(**change))
-    assert r.status_code == 422, r.text
-    assert any(e["loc"][: len(loc)] == loc for e in r.json()["detail"]), r.json()
+    for path in ("/api/studies/check", "/api/studies"):  # the form's live check says the same
+        r = api.post(path, json=study_body(**change))
+        assert r.status_code == 422, r.text
+        assert any(e["loc"][: len(loc)] == loc for e in r.json()["detail"]), r.json()
+    assert count_studies(api) == before
+
+
+def test_check_plans_the_runs_and_stores_nothing(api: Api) -> None:
+    before = count_studies(api)
+    r = api.post("/api/studies/check", json=study_body())
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "arms": ["grpo", "conspo"],
+        "seeds": [0, 1, 2],
+        "runs": 6,
+        "baseline": "grpo",
+    }
     assert count_studies(api) == before
 
 

@@ -62,6 +62,35 @@ def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
     return arms
 
 
+def check_study(
+    body: StudyCreate, session: SessionDep, settings: SettingsDep
+) -> list[tuple[str, RunConfig]]:
+    """Every check ``create`` makes before storing anything: 422 with each field's error."""
+    if body.search is not None:
+        search.check_space(body)
+        return []
+    arms = arm_configs(body)
+    for i, (_, config) in enumerate(arms):
+        loc = ("body", "arms", i, "overrides")
+        run_inputs.refuse_missing_software(config, session, settings, loc)
+        run_inputs.refuse_unavailable(config, settings, loc)
+    return arms
+
+
+@router.post("/check")
+def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
+    as you type): 422 located at the field, or the runs it would plan."""
+    arms = check_study(body, session, settings)
+    trials = body.search.trials if body.search is not None else len(arms)
+    return {
+        "arms": [name for name, _ in arms],
+        "seeds": body.seeds,
+        "runs": trials * len(body.seeds),
+        "baseline": body.baseline or (arms[0][0] if arms else None),
+    }
+
+
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create(
     body: StudyCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
@@ -71,11 +100,7 @@ def create(
     if body.search is not None:
         study = search.create_search_study(session, jobs, user, body, settings)
     else:
-        arms = arm_configs(body)
-        for i, (_, config) in enumerate(arms):
-            loc = ("body", "arms", i, "overrides")
-            run_inputs.refuse_missing_software(config, session, settings, loc)
-            run_inputs.refuse_unavailable(config, settings, loc)
+        arms = check_study(body, session, settings)
         study = service.create_study(session, jobs, user, body, arms)
     return service.study_view(session, study, curves=False)
 
