@@ -234,3 +234,69 @@ def test_search_study_through_optuna_storage(api: Api) -> None:
         assert arm["mean"] == pytest.approx(t["value"])
         assert arm["params"] == pytest.approx(t["params"])
     assert set(view["search"]["importances"]) <= {"params.tau", "optim.lr"}
+
+
+def test_search_prunes_a_hopeless_trial(api: Api) -> None:
+    """MedianPruner on three trials of one seed, their evals written as a worker would: the
+    first sets the median, the second is below it at every step and is pruned (its run asked to
+    stop, the trial told PRUNED), the third is above it and completes."""
+    from backend.models import Metric, Run, RunStatus
+    from backend.studies import service
+
+    body = study_body(
+        arms=[],
+        baseline=None,
+        seeds=[0],
+        concurrency=1,
+        config={**tiny_config(3), "algorithm": "conspo"},
+        search={
+            "space": {"params.tau": {"type": "float", "low": 0.5, "high": 2.0}},
+            "sampler": "random",
+            "trials": 3,
+            "prune": True,
+        },
+    )
+    sid = api.post("/api/studies", json=body).json()["id"]
+    settings = api.settings
+    db, jobs = Database(settings), JobQueue(make_celery(settings), settings.queue)
+
+    def trial_run(number: int) -> int:
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+        return next(r["run_id"] for r in view["runs"] if r["arm"] == f"t{number}")
+
+    def log(run_id: int, values: list[float], status: RunStatus) -> None:
+        with db.session() as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            run.status = RunStatus.running
+            for step, value in enumerate(values, 1):
+                session.merge(
+                    Metric(run_id=run_id, key="eval/accuracy", step=step, value=value, wall_time=0)
+                )
+            session.commit()
+            service.release(session, jobs, sid)  # reports intermediate values, may prune
+            run = session.get(Run, run_id, populate_existing=True)
+            assert run is not None
+            if status != RunStatus.running:
+                run.status = status
+                session.commit()
+                service.release(session, jobs, sid)  # tells the trial, asks the next
+
+    try:
+        log(trial_run(0), [0.6, 0.7, 0.8], RunStatus.succeeded)
+        hopeless = trial_run(1)
+        log(hopeless, [0.1, 0.1], RunStatus.running)
+        with db.session() as session:
+            run = session.get(Run, hopeless)
+            assert run is not None and run.cancel_requested  # pruned: asked to stop
+            run.status = RunStatus.cancelled  # as the worker answers a cancel
+            session.commit()
+            service.release(session, jobs, sid)
+        log(trial_run(2), [0.7, 0.8, 0.9], RunStatus.succeeded)
+        view = api.get(f"/api/studies/{sid}").json()
+        states = [t["state"] for t in view["search"]["trials"]]
+        assert states == ["complete", "pruned", "complete"]
+        assert view["status"] == "done"
+    finally:
+        db.dispose()
+        api.post(f"/api/studies/{sid}/cancel")
