@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -227,6 +227,41 @@ def _ensure_local_token(settings: Settings) -> str:
         db.dispose()
 
 
+def demo_spec() -> dict[str, Any]:
+    """The demo study (``make run`` queues it; ``bench/demo_study.py`` runs it headless)."""
+    return {
+        "name": "demo: grpo vs conspo",
+        "config": {
+            "steps": 300,
+            "task": {
+                "name": "arith",
+                "params": {"digits": 1, "num_operands": 3},
+                "eval_size": 256,
+            },
+            "model": {"name": "tiny-arith"},
+            "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
+            # warmup: without it AdamW's first steps cost ~10-15 points of accuracy at the
+            # first evaluation before RL recovers them.
+            "optim": {"warmup_steps": 20},
+            "eval": {"every": 20, "pass_k": 4},
+            "checkpoint": {"every": 50},
+        },
+        "arms": [
+            {"name": "grpo", "overrides": {"algorithm": "grpo"}},
+            {"name": "conspo", "overrides": {"algorithm": "conspo"}},
+            {
+                "name": "conspo-linear",
+                "overrides": {"algorithm": "conspo", "params.contrast": "linear"},
+            },
+        ],
+        "seeds": DEMO_SEEDS,
+        "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 3},
+        "baseline": "grpo",
+        "concurrency": 2,
+        "tags": ["demo"],
+    }
+
+
 def _queue_demo(settings: Settings) -> None:
     """A study: GRPO vs ConSPO and its linear-contrast ablation, five seeds each, on 1-digit
     a±b±c from the tiny-arith model, two runs at a time (the embedded worker runs one).
@@ -245,39 +280,7 @@ def _queue_demo(settings: Settings) -> None:
     from backend.studies.service import create_study
     from backend.studies.spec import StudyCreate, validate_arm
 
-    spec = StudyCreate.model_validate(
-        {
-            "name": "demo: grpo vs conspo",
-            "config": {
-                "steps": 300,
-                "task": {
-                    "name": "arith",
-                    "params": {"digits": 1, "num_operands": 3},
-                    "eval_size": 256,
-                },
-                "model": {"name": "tiny-arith"},
-                "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
-                # warmup: without it AdamW's first steps cost ~10-15 points of accuracy at the
-                # first evaluation before RL recovers them.
-                "optim": {"warmup_steps": 20},
-                "eval": {"every": 20, "pass_k": 4},
-                "checkpoint": {"every": 50},
-            },
-            "arms": [
-                {"name": "grpo", "overrides": {"algorithm": "grpo"}},
-                {"name": "conspo", "overrides": {"algorithm": "conspo"}},
-                {
-                    "name": "conspo-linear",
-                    "overrides": {"algorithm": "conspo", "params.contrast": "linear"},
-                },
-            ],
-            "seeds": DEMO_SEEDS,
-            "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 3},
-            "baseline": "grpo",
-            "concurrency": 2,
-            "tags": ["demo"],
-        }
-    )
+    spec = StudyCreate.model_validate(demo_spec())
     arms = []
     for arm in spec.arms:
         config, problems = validate_arm(spec.config, arm.overrides, ("demo", arm.name))
