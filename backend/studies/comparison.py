@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -27,6 +26,7 @@ from backend.models import Run
 from backend.studies import stats
 from backend.studies.service import (
     SEPARATION_KEYS,
+    ArmRunRow,
     _jsonable,
     _series,
     group_curves,
@@ -38,13 +38,6 @@ from backend.studies.spec import Objective
 # Run fields the compare page groups by directly (compare.js TOP_LEVEL); anything else is a
 # config path.
 TOP_LEVEL = ("algorithm", "task", "model", "status", "seed", "group_id")
-
-
-@dataclass
-class ComparedRun:
-    arm: str
-    run_id: int | None
-    seed: int
 
 
 def _text(value: Any) -> str:
@@ -102,7 +95,7 @@ def comparison_view(
     by_arm: dict[str, dict[int, float]] = {}
     separation: dict[str, dict[str, dict[int, float]]] = {}
     run_rows: list[dict[str, Any]] = []
-    rows: list[ComparedRun] = []
+    rows: list[ArmRunRow] = []
     for label, members in groups.items():
         # keyed by seed where the seeds are distinct (pairable), else by position
         keyed = _distinct_seeds(members)
@@ -115,7 +108,7 @@ def comparison_view(
                 by_arm[label][key] = value
                 for metric, mean in window.items():
                     separation[label][metric][key] = mean
-            rows.append(ComparedRun(label, run.id, int(run.seed)))
+            rows.append(ArmRunRow(label, run.id))
             run_rows.append(
                 {
                     "arm": label,

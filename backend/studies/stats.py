@@ -26,12 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats as sps
 
 Direction = Literal["max", "min"]
+# What runs pair on: a seed, or (task, seed) when a study crosses tasks.
+Key = Any
 LEVEL = 0.95
 N_BOOT = 10_000
 BOOT_SEED = 0
@@ -75,7 +77,7 @@ class ArmSummary:
     """One arm's objective over its finished seeds."""
 
     name: str
-    seeds: list[int]
+    seeds: list[Key]
     values: list[float]
     n: int
     mean: float | None
@@ -84,7 +86,7 @@ class ArmSummary:
     ci_boot: Interval
 
 
-def summarise_arm(name: str, by_seed: Mapping[int, float]) -> ArmSummary:
+def summarise_arm(name: str, by_seed: Mapping[Key, float]) -> ArmSummary:
     seeds = sorted(by_seed)
     values = np.array([by_seed[s] for s in seeds], dtype=float)
     n = len(values)
@@ -106,8 +108,8 @@ class PairedComparison:
 
     arm: str
     baseline: str
-    seeds: list[int]  # seeds both finished, ascending
-    dropped: list[int]  # seeds only one of the two finished
+    seeds: list[Key]  # seeds both finished, ascending
+    dropped: list[Key]  # seeds only one of the two finished
     d: list[float]  # arm − baseline per paired seed
     n: int
     mean_d: float | None
@@ -127,8 +129,8 @@ class PairedComparison:
 def paired(
     arm: str,
     baseline: str,
-    arm_by_seed: Mapping[int, float],
-    base_by_seed: Mapping[int, float],
+    arm_by_seed: Mapping[Key, float],
+    base_by_seed: Mapping[Key, float],
     direction: Direction = "max",
 ) -> PairedComparison:
     seeds = sorted(set(arm_by_seed) & set(base_by_seed))
@@ -184,6 +186,10 @@ def seeds_needed(sd_d: float | None, effect: float, level: float = LEVEL) -> int
     return max(2, math.ceil((z * sd_d / effect) ** 2))
 
 
+def _key_text(key: Key) -> str:
+    return f"{key[0]}/s{key[1]}" if isinstance(key, tuple) else str(key)
+
+
 def _signed(x: float, digits: int = 1) -> str:
     text = f"{x:+.{digits}f}"
     return text.replace("-", "−")
@@ -210,9 +216,11 @@ def verdict_line(
     """
     unit_text = f" {unit}" if unit else ""
     head = f"{pair.arm} − {pair.baseline}"
+    tasks = any(isinstance(k, tuple) for k in pair.seeds + pair.dropped)
+    seeds = "(task, seed) pairs" if tasks else "seeds"
     dropped = (
-        f" (seed{'s' if len(pair.dropped) > 1 else ''} {', '.join(map(str, pair.dropped))} "
-        "dropped: not finished by both arms)"
+        f" ({'runs' if tasks else 'seed' + ('s' if len(pair.dropped) > 1 else '')} "
+        f"{', '.join(map(_key_text, pair.dropped))} dropped: not finished by both arms)"
         if pair.dropped
         else ""
     )
@@ -226,7 +234,7 @@ def verdict_line(
     lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)
     stated = f"{head} = {mean}{unit_text} [{lo}, {hi}]"
     if pair.distinguishable:
-        return f"{stated}, {pair.wins} of {pair.n} seeds, {_p(pair.p_t)}{dropped}"
+        return f"{stated}, {pair.wins} of {pair.n} {seeds}, {_p(pair.p_t)}{dropped}"
     need = seeds_needed(None if pair.sd_d is None else pair.sd_d * scale, effect)
     effect_text = f"{effect:g}-{unit.rstrip('s') or 'unit'}" if unit else f"{effect:g}"
     needed = (
@@ -383,7 +391,7 @@ class StudySummary:
 
 
 def summarise(
-    arms: Mapping[str, Mapping[int, float]],
+    arms: Mapping[str, Mapping[Key, float]],
     baseline: str,
     *,
     direction: Direction = "max",

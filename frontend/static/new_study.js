@@ -99,6 +99,9 @@ function buildBody() {
     config: parseJson($("#f-config").value, "config"),
     arms: readArms().map((a, i) => ({ name: a.name, overrides: parseJson(a.overridesText, `arms.${i}.overrides`) })),
     seeds,
+    tasks: $("#f-tasks")
+      .value.split(/[\s,]+/)
+      .filter(Boolean),
     objective: {
       metric: $("#f-metric").value.trim(),
       reduce: $("#f-reduce").value,
@@ -176,8 +179,9 @@ async function check() {
   try {
     const plan = await post("/api/studies/check", body);
     if (mine !== checking) return false; // a later check is on its way
+    const tasks = plan.tasks.length ? ` × ${plan.tasks.length} tasks` : "";
     $("#check-note").textContent =
-      `${plan.runs} runs: ${plan.arms.length || "search"} arm${plan.arms.length === 1 ? "" : "s"} × ${plan.seeds.length} seed${plan.seeds.length === 1 ? "" : "s"}, baseline ${plan.baseline ?? "–"}`;
+      `${plan.runs} runs: ${plan.arms.length || "search"} arm${plan.arms.length === 1 ? "" : "s"}${tasks} × ${plan.seeds.length} seed${plan.seeds.length === 1 ? "" : "s"}, baseline ${plan.baseline ?? "–"}`;
     return true;
   } catch (err) {
     if (mine !== checking) return false;

@@ -85,6 +85,7 @@ def test_check_plans_the_runs_and_stores_nothing(api: Api) -> None:
     assert r.status_code == 200, r.text
     assert r.json() == {
         "arms": ["grpo", "conspo"],
+        "tasks": [],
         "seeds": [0, 1, 2],
         "runs": 6,
         "baseline": "grpo",
@@ -300,3 +301,58 @@ def test_search_prunes_a_hopeless_trial(api: Api) -> None:
     finally:
         db.dispose()
         api.post(f"/api/studies/{sid}/cancel")
+
+
+def test_tasks_cross_seeds_and_pair_by_task_and_seed(api: Api) -> None:
+    """Two arms × two tasks × two seeds: runs named by task, differences paired by (task, seed),
+    and across tasks the IQM with a stratified bootstrap (values written as a worker would)."""
+    from backend.models import Metric, Run, RunStatus
+
+    body = study_body(tasks=["arith", "countdown"], seeds=[0, 1], concurrency=8)
+    body["objective"] = {"metric": "eval/accuracy", "reduce": "last"}
+    r = api.post("/api/studies/check", json={**body, "tasks": ["arith", "nope"]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "tasks", 1]
+    assert api.post("/api/studies/check", json=body).json()["runs"] == 8
+    r = api.post("/api/studies", json=body)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    # d = conspo − grpo: arith 0.1, 0.2; countdown 0.05, 0.0 → IQM 0.075, mean 0.0875
+    values = {
+        ("grpo", "arith"): [0.5, 0.6],
+        ("grpo", "countdown"): [0.2, 0.3],
+        ("conspo", "arith"): [0.6, 0.8],
+        ("conspo", "countdown"): [0.25, 0.3],
+    }
+    db = Database(api.settings)
+    try:
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+        assert len(view["runs"]) == 8
+        with db.session() as session:
+            for row in view["runs"]:
+                assert row["name"] == f"study-{sid}-{row['arm']}-{row['task']}-s{row['seed']}"
+                run = session.get(Run, row["run_id"])
+                assert run is not None and run.task == row["task"]
+                run.status = RunStatus.succeeded
+                value = values[(row["arm"], row["task"])][row["seed"]]
+                session.add(
+                    Metric(run_id=run.id, key="eval/accuracy", step=1, value=value, wall_time=0)
+                )
+            session.commit()
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+    finally:
+        db.dispose()
+    pair = view["pairs"][0]
+    assert pair["n"] == 4 and pair["mean_d"] == pytest.approx(0.0875)
+    assert pair["seeds"] == [["arith", 0], ["arith", 1], ["countdown", 0], ["countdown", 1]]
+    across = view["tasks"]["pairs"]["conspo"]
+    assert across["tasks"] == {"arith": 2, "countdown": 2}
+    assert across["iqm"] == pytest.approx(0.075) and across["mean"] == pytest.approx(0.0875)
+    # Within-task resamples: arith's d sum is 0.2, 0.3 or 0.4 (1/4, 1/2, 1/4), countdown's 0,
+    # 0.05 or 0.1; the extreme totals 0.2 and 0.5 each have probability 1/16 > 2.5%, so the 95%
+    # interval of the mean (total / 4) is exactly [0.05, 0.125].
+    assert across["ci_mean"] == pytest.approx([0.05, 0.125])
+    assert view["tasks"]["arms"]["grpo"]["iqm"] == pytest.approx((0.3 + 0.5) / 2)
+    assert "of 4 (task, seed) pairs" in view["verdict"][0] or "n = 4" in view["verdict"][0]
+    assert view["verdict"][1].startswith(
+        "conspo − grpo across 2 tasks: IQM of the paired differences = +7.5 points ["
+    )

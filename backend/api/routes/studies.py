@@ -48,15 +48,24 @@ OwnedStudyDep = Annotated[Study, Depends(get_owned_study)]
 
 
 def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
-    """Every arm's validated RunConfig; all the arms' errors in one 422, nothing stored."""
+    """Every arm's validated RunConfig (one per task when the study crosses tasks); all the
+    errors in one 422, nothing stored."""
     arms, errors = [], []
+    for j, name in enumerate(body.tasks):
+        _, problems = validate_arm(body.config, {"task.name": name}, ("body", "tasks", j))
+        errors += [{**e, "loc": ("body", "tasks", j)} for e in problems[:1]]
+    if errors:
+        raise RequestValidationError(errors)
     for i, arm in enumerate(body.arms):
-        config, problems = validate_arm(
-            body.config, arm.overrides, ("body", "arms", i, "overrides")
-        )
-        errors += problems
-        if config is not None:
-            arms.append((arm.name, config))
+        tasks: list[str | None] = [*body.tasks] or [None]
+        for task in tasks:
+            overrides = {**arm.overrides, "task.name": task} if task else arm.overrides
+            config, problems = validate_arm(
+                body.config, overrides, ("body", "arms", i, "overrides")
+            )
+            errors += [e for e in problems if e not in errors]
+            if config is not None:
+                arms.append((arm.name, config))
     if errors:
         raise RequestValidationError(errors)
     return arms
@@ -82,9 +91,10 @@ def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict
     """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
     as you type): 422 located at the field, or the runs it would plan."""
     arms = check_study(body, session, settings)
-    trials = body.search.trials if body.search is not None else len(arms)
+    trials = body.search.trials if body.search is not None else len(arms)  # arms × tasks
     return {
-        "arms": [name for name, _ in arms],
+        "arms": list(dict.fromkeys(name for name, _ in arms)),
+        "tasks": body.tasks,
         "seeds": body.seeds,
         "runs": trials * len(body.seeds),
         "baseline": body.baseline or (arms[0][0] if arms else None),
