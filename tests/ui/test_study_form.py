@@ -75,3 +75,21 @@ def test_study_form_checks_live_and_submits(page: Any, ui_server: Any) -> None:
         )
     finally:
         ui_server.api("POST", f"/api/studies/{study_id}/cancel")
+
+
+def test_study_page_shows_tasks(page: Any, ui_server: Any) -> None:
+    body = {
+        "name": "ui-tasks",
+        "config": TINY,
+        "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}, {"name": "conspo"}],
+        "tasks": ["arith", "countdown"],
+        "seeds": [0],
+        "concurrency": 1,
+    }
+    study = ui_server.api("POST", "/api/studies", json=body)
+    ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+    page.goto(f"{ui_server.url}/studies/{study['id']}")
+    rows = page.wait_for_selector("#tasks-table")
+    assert "conspo − grpo (paired)" in rows.inner_text()
+    names = page.locator("#runs-table tbody tr td:first-child").all_inner_texts()
+    assert names == ["grpo · arith", "conspo · arith", "grpo · countdown", "conspo · countdown"]

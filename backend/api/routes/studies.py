@@ -56,9 +56,11 @@ def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
         errors += [{**e, "loc": ("body", "tasks", j)} for e in problems[:1]]
     if errors:
         raise RequestValidationError(errors)
-    for i, arm in enumerate(body.arms):
-        tasks: list[str | None] = [*body.tasks] or [None]
-        for task in tasks:
+    # task-major, then arms: released seed by seed in this order, a study cut short still has
+    # every arm of a (task, seed) to pair
+    tasks: list[str | None] = [*body.tasks] or [None]
+    for task in tasks:
+        for i, arm in enumerate(body.arms):
             overrides = {**arm.overrides, "task.name": task} if task else arm.overrides
             config, problems = validate_arm(
                 body.config, overrides, ("body", "arms", i, "overrides")
