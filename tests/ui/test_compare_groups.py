@@ -39,7 +39,9 @@ def gap(algorithm: str, seed: int, step: int) -> float:
     return fake_metrics(step, OFFSETS[(algorithm, seed)])[KEY]
 
 
-def test_group_difference_is_paired_by_seed(page: Any, ui_server: Any, four_runs: Any) -> None:
+def test_group_difference_is_paired_by_seed(
+    page: Any, ui_server: Any, four_runs: Any, shot: Any
+) -> None:
     ids = ",".join(str(i) for i in four_runs.values())
     page.goto(
         f"{ui_server.url}/compare?runs={ids}&keys={KEY}&group=algorithm&smooth=0"
@@ -70,6 +72,7 @@ def test_group_difference_is_paired_by_seed(page: Any, ui_server: Any, four_runs
         "document.getElementById('plot-g-sep_gap').layout.annotations.map(a => a.text).join()"
     )
     assert "paired by seed" in note
+    shot(page, "compare_group_difference")
 
     # the baseline is a choice: against conspo the difference flips sign
     page.select_option("#diff-base", "algorithm=conspo")

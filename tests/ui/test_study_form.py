@@ -19,7 +19,7 @@ def err(page: Any, field: str) -> Any:
     return page.locator(f'[data-field="{field}"] .err')
 
 
-def test_study_form_checks_live_and_submits(page: Any, ui_server: Any) -> None:
+def test_study_form_checks_live_and_submits(page: Any, ui_server: Any, shot: Any) -> None:
     page.problems.allow_http_error(422, "/api/studies/check")
     page.goto(f"{ui_server.url}/")
     page.click("#nav-studies")
@@ -50,6 +50,7 @@ def test_study_form_checks_live_and_submits(page: Any, ui_server: Any) -> None:
     assert "distinct" in err(page, "seeds").inner_text()
     assert not err(page, "objective.k").is_hidden()
     assert err(page, "arms.1.overrides").is_hidden()
+    shot(page, "new_study_errors")
 
     page.fill("#f-name", "ui-form-study")
     page.fill("#f-seeds", "7")
