@@ -526,6 +526,27 @@ def send_next_stage(session: Session, jobs: JobQueue, run_id: int) -> int | None
     return following
 
 
+STOPPED = -1  # pipelines.released of a cancelled pipeline: no later stage is ever released
+
+
+def cancel_pipeline(session: Session, pipeline: Pipeline) -> list[int]:
+    """Stop ``pipeline``: no later stage is released, and its current stage's run is cancelled
+    (``request_cancel``); returns the ids of the runs asked to stop. Race-safe with
+    ``release_next_stage``: ``released`` is set first, under the row lock the release's
+    conditional update takes, so either the release committed before (its new queued run is
+    found below and cancelled) or it runs after and matches nothing."""
+    session.execute(update(Pipeline).where(Pipeline.id == pipeline.id).values(released=STOPPED))
+    session.flush()
+    active = session.scalars(
+        select(Run).where(Run.pipeline_id == pipeline.id, Run.status.not_in(FINISHED))
+    ).all()
+    for run in active:
+        request_cancel(session, run)  # commits (with the update above, at the first run)
+    session.commit()
+    session.refresh(pipeline)
+    return [run.id for run in active]
+
+
 # --------------------------------------------------------------------------------------------
 # Recovery (the reaper)
 # --------------------------------------------------------------------------------------------

@@ -182,7 +182,8 @@ class Pipeline(Base):
     """Stage configs submitted as one unit (``POST /api/pipelines``). Stage 0's run is queued at
     once; stage k+1's run is created, starting from stage k's last checkpoint, when stage k's
     run succeeds. ``released`` counts the stages that have a run: the conditional update on it
-    is what makes that release happen once, whoever finishes the run."""
+    is what makes that release happen once, whoever finishes the run; a cancelled pipeline holds
+    ``lifecycle.STOPPED`` (-1) there, so no release matches."""
 
     __tablename__ = "pipelines"
 

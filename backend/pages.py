@@ -186,3 +186,14 @@ def new_study_page(request: Request) -> HTMLResponse:
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(request: Request, study_id: int) -> HTMLResponse:
     return _render(request, "study.html", "study", title=f"Study {study_id}", study_id=study_id)
+
+
+@router.get("/pipelines/{pipeline_id}", response_class=HTMLResponse)
+def pipeline_page(request: Request, pipeline_id: int) -> HTMLResponse:
+    title = f"Pipeline {pipeline_id}"
+    return _render(request, "pipeline.html", "pipeline", title=title, pipeline_id=pipeline_id)
+
+
+@router.get("/models", response_class=HTMLResponse)
+def models_page(request: Request) -> HTMLResponse:
+    return _render(request, "models.html", "models", title="Models")

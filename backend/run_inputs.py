@@ -1,12 +1,13 @@
 """What a run's config may make a worker read, load or allocate, as the operator's settings say.
 
-A config names dataset files (``task.params.path``, ``eval.benchmarks[i].path``), a model
-(``model.name``) and sizes that set how much memory a step takes. The settings bound each
-(``CONSPO_DATA_ROOTS``, ``CONSPO_MAX_DATASET_BYTES``, ``CONSPO_MODEL_ROOTS``,
-``CONSPO_HUB_ALLOW``, ``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a config outside them at
-submit time, a 422 at the field, and the worker checks again with its own settings, which are the
-ones that count (it passes them to ``conspo.train``). The rules themselves are conspo's
-(``conspo.access``, ``conspo.resources``); this module turns settings into them. Torch-free.
+A config names dataset files (``task.params.path``, ``kind_params.path``,
+``eval.benchmarks[i].path``), a model (``model.name``) and sizes that set how much memory a
+step takes. The settings bound each (``CONSPO_DATA_ROOTS``, ``CONSPO_MAX_DATASET_BYTES``,
+``CONSPO_MODEL_ROOTS``, ``CONSPO_HUB_ALLOW``, ``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a
+config outside them at submit time, a 422 at the field, and the worker checks again with its own
+settings, which are the ones that count (it passes them to ``conspo.train``). The rules
+themselves are conspo's (``conspo.access``, ``conspo.resources``); this module turns settings
+into them. Torch-free.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from backend.config import Settings
 from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
-from conspo.registry import get_task
+from conspo.registry import get_job_kind, get_task
 from conspo.resources import (
     MemoryEstimate,
     MemoryRefused,
@@ -142,16 +143,21 @@ def problems(config: RunConfig, settings: Settings) -> list[tuple[Loc, str, Any]
 
 
 def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc, str, Any]]:
-    params, model = config.task.params, get_task(config.task.name).params
-    check = files.check_path if getattr(model, "dataset_dirs", False) else files.check
-    for field in getattr(model, "data_paths", ()):
-        name = params.get(field)
-        if name is None:
-            continue
-        try:
-            check(name)
-        except (Unavailable, ValueError) as exc:
-            yield ("task", "params", field), str(exc), name
+    """The dataset files a task's params or a job kind's params name (the params model's
+    ``data_paths``; ``dataset_dirs``: a directory may do) that the data roots refuse."""
+    for loc, params, model in (
+        (("task", "params"), config.task.params, get_task(config.task.name).params),
+        (("kind_params",), config.kind_params, get_job_kind(config.kind).params),
+    ):
+        check = files.check_path if getattr(model, "dataset_dirs", False) else files.check
+        for field in getattr(model, "data_paths", ()):
+            name = params.get(field)
+            if name is None:
+                continue
+            try:
+                check(name)
+            except (Unavailable, ValueError) as exc:
+                yield (*loc, field), str(exc), name
 
 
 def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:

@@ -402,7 +402,17 @@ class RegisteredPreset(NamedPreset):
     defaults: dict[str, Any]
 
 
+class KindPreset(RegisteredPreset):
+    sections: list[str] = Field(
+        description="The config sections only some kinds train with (algorithm, sampling,"
+        " rewards) that this kind does; the form hides the others."
+    )
+
+
 class Presets(BaseModel):
+    kinds: list[KindPreset] = Field(
+        description="Job kinds (config.kind) with their kind_params schema and defaults."
+    )
     algorithms: list[RegisteredPreset]
     tasks: list[RegisteredPreset]
     models: list[NamedPreset]

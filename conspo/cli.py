@@ -80,7 +80,7 @@ def same_config(path: Path, cfg: RunConfig) -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from conspo.jobs import train_job as train  # dispatches on config.kind
+    from conspo.distributed import launch_local
     from conspo.models import ModelStore
 
     overrides = {"steps": args.steps} if args.steps else {}
@@ -104,7 +104,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     truncate_metrics(out / "metrics.jsonl", start)
     sink = ProgressSink(out / "metrics.jsonl", cfg.steps, start)
     try:
-        result = train(cfg, sink, workdir=out, model_store=ModelStore(args.model_store))
+        # resources.gpus > 1: that many processes of this machine (conspo.distributed); one
+        # process trains any job kind (conspo.jobs.train_job dispatches on config.kind).
+        result = launch_local(
+            cfg,
+            sink,
+            workdir=out,
+            nprocs=cfg.resources.gpus,
+            model_store=ModelStore(args.model_store),
+        )
     except (FileNotFoundError, DatasetTooLarge) as exc:  # model.name or a dataset (conspo.access)
         sink.bar.close()
         print(exc, file=sys.stderr)

@@ -667,6 +667,23 @@ class RunConfig(_Section):
             validated.kind_params = resolved
         return _resolved_rewards(validated, data)
 
+    @model_validator(mode="after")
+    def _every_process_has_a_group(self) -> RunConfig:
+        # Data-parallel ranks train whole groups (conspo.distributed): none may be left empty.
+        if self.sampling.prompts_per_step < self.resources.world_size:
+            raise ValueError(
+                f"sampling.prompts_per_step ({self.sampling.prompts_per_step}) must be at least"
+                f" resources.gpus × resources.nodes ({self.resources.world_size}): each process"
+                " trains whole groups"
+            )
+        if self.kind != "rl" and self.resources.world_size > 1:
+            # sft / distill / dpo train in one process (conspo.job_loop has no gradient reduction)
+            raise ValueError(
+                f"kind {self.kind} trains on one process: resources.gpus and resources.nodes"
+                " must be 1"
+            )
+        return self
+
     def objective_params(self) -> BaseModel:
         return get_objective(self.algorithm).params.model_validate(self.params)
 

@@ -28,7 +28,6 @@ just the local disk. Every node needs this package installed (the same image as 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import sys
 import threading
@@ -113,31 +112,26 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     """What each Ray Train worker runs: ``conspo.trainer.train`` on its rank."""
     import ray
     import ray.train
+    import ray.train.torch
+    import torch
 
     from conspo.trainer import train
 
     rank = ray.train.get_context().get_world_rank()
+    if torch.cuda.is_available():  # the trainer trains on the current CUDA device
+        torch.cuda.set_device(ray.train.torch.get_device())
     relay = loop_config["relay"]
     result = train(
         RunConfig.model_validate(loop_config["config"]),
         RelaySink(relay) if rank == 0 else SilentSink(),
         lambda: bool(ray.get(relay.stop_requested.remote())),
-        workdir=rank_workdir(Path(loop_config["workdir"]), rank),
+        workdir=Path(loop_config["workdir"]),  # shared: rank 0 alone checkpoints
         model_store=loop_config["model_store"],
         files=loop_config["files"],
         memory_limit=loop_config["memory_limit"],
     )
     if rank == 0:
         ray.get(relay.put.remote(("result", result.status, result.last_step)))
-
-
-def rank_workdir(workdir: Path, rank: int) -> Path:
-    """Every rank shares the run's workdir once the trainer is distributed-aware (rank 0 alone
-    checkpoints: ``conspo.distributed``); before, the other ranks would write the same
-    checkpoints as rank 0, so they get a scratch directory of their own."""
-    if rank == 0 or importlib.util.find_spec("conspo.distributed") is not None:
-        return workdir
-    return workdir / "ray" / f"rank{rank}"
 
 
 class _Fit:

@@ -306,6 +306,9 @@ class RegisteredJobKind:
     description: str
     # Catalogue keys this kind logs besides the evaluation's (the run page draws their panels).
     metrics: tuple[str, ...] = ()
+    # The RunConfig sections only some kinds train with ("algorithm": algorithm and params,
+    # "sampling", "rewards") that this one does: the form shows those, hides the others.
+    sections: tuple[str, ...] = ()
 
     @property
     def code(self) -> object:
@@ -316,13 +319,19 @@ JOB_KINDS: Registry[RegisteredJobKind] = Registry("kind", "conspo.jobs")
 
 
 def register_job_kind(
-    name: str, *, params: type[BaseModel], description: str, metrics: tuple[str, ...] = ()
+    name: str,
+    *,
+    params: type[BaseModel],
+    description: str,
+    metrics: tuple[str, ...] = (),
+    sections: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
     module must stay torch-free at import (``conspo.lazy``): the API validates configs."""
 
     def decorator(fn: F) -> F:
-        JOB_KINDS.add(RegisteredJobKind(name, fn, params, description, tuple(metrics)))
+        kind = RegisteredJobKind(name, fn, params, description, tuple(metrics), tuple(sections))
+        JOB_KINDS.add(kind)
         return fn
 
     return decorator

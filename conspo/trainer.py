@@ -16,6 +16,11 @@ The forward passes (shared-prompt prefill, token log-probs) live in ``conspo.for
 randomness of a step (prompts, sampling, mini-batch order, evaluation) is a function of
 (seed, step), so a run resumed from a checkpoint reproduces the uninterrupted run exactly on CPU.
 
+Inside a ``torch.distributed`` process group (``conspo.distributed``: its local launcher, or Ray
+Train) the same loop runs on every rank: each samples and differentiates its own whole groups,
+every rank sees the whole batch's rollouts and the objective's whole mini-batch, gradients are
+summed, and rank 0 alone logs, checkpoints and evaluates. Without a group nothing changes.
+
 Shapes: N = groups × G rollouts, P prompt positions, T response positions.
 """
 
@@ -35,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo import distributed
 from conspo import metrics as M
 from conspo.access import DataFiles
 from conspo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -176,9 +182,12 @@ def train(
     device's memory; any limit is capped at it).
     """
     workdir = Path(workdir)
+    if not distributed.is_main():  # in a process group rank 0 alone logs (conspo.distributed)
+        sink = distributed.NullSink()
+    should_stop = distributed.agreed(should_stop)
     state = setup(config, model_store or ModelStore(), files, memory_limit)
     last_step = resume(state, workdir, sink)
-    if last_step == 0 and config.eval.at_start:  # a fresh run: score the starting policy
+    if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
         evaluated(
             state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
         )
@@ -225,6 +234,7 @@ def setup(
     files: DataFiles | None = None,
     memory_limit: int | None = None,
 ) -> TrainState:
+    check_group(cfg)
     # A dataset or benchmark it may not read fails before a model loads.
     task = make_task(cfg.task, files)
     benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
@@ -239,6 +249,7 @@ def setup(
     attn = cfg.model.attn_implementation
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
     model = prepare_for_training(model, cfg.model, cfg.seed)
+    distributed.broadcast_parameters(model)
     render = PromptRenderer(cfg.prompt, tokenizer)
     task = with_prompts(task, render)
     params = cfg.objective_params()
@@ -271,9 +282,26 @@ def setup(
     )
 
 
+def check_group(cfg: RunConfig) -> None:
+    """What training in a process group needs of the config (conspo.distributed)."""
+    world = distributed.world_size()
+    if world == 1:
+        return
+    if cfg.resources.strategy != "ddp":
+        raise ValueError(
+            f"resources.strategy {cfg.resources.strategy!r} is not supported yet; use 'ddp'"
+        )
+    if cfg.sampling.prompts_per_step < world:
+        raise ValueError(
+            f"sampling.prompts_per_step ({cfg.sampling.prompts_per_step}) must be at least the"
+            f" number of processes ({world}): every process trains whole groups"
+        )
+
+
 def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
     """Load the latest checkpoint if there is one; returns the last finished step (0 if none)."""
-    found = latest_checkpoint(workdir)
+    # Rank 0 picks the checkpoint: every rank must resume from the same step.
+    found = distributed.broadcast_object(latest_checkpoint(workdir))
     info = {
         "total_steps": state.cfg.steps,
         "device": describe_device(state.device),
@@ -286,6 +314,8 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
         "attn_implementation": state.cfg.model.attn_implementation,
         "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
     }
+    if distributed.active():
+        info["world_size"] = distributed.world_size()
     if found is None:
         sink.log_event("started", info)
         return 0
@@ -309,6 +339,8 @@ def describe_device(device: torch.device) -> str:
 
 
 def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
+    if not distributed.is_main():  # the replicas are identical: rank 0 writes for all
+        return
     # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
     # it must be stored before the checkpoint exists (a buffering sink may hold some back).
     flush_sink(sink)
@@ -357,7 +389,8 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         M.BATCH_REFILL_ROUNDS: float(rollouts.refill_rounds),
         **{M.reward_key(k): float(v.mean()) for k, v in rollouts.reward_parts.items()},
     }
-    if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps:
+    due = (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps
+    if due and distributed.is_main():  # the others go on to the next step's first collective
         floats.update(run_eval(state, step))
     return make_record(state, step, stats, floats, rollouts, scores)
 
@@ -385,7 +418,7 @@ def collect_rollouts(
         if r > 0 and should_stop():
             return None
         prompts = state.task.train_prompts(random.Random(step_seed(cfg.seed, step, f"p{r}")), want)
-        last = sample_groups(state, prompts, step_seed(cfg.seed, step, f"s{r}"))
+        last = sample_round(state, prompts, step, r)
         generated += last.generated
         if not params.refill_groups:
             return last
@@ -406,6 +439,59 @@ def collect_rollouts(
     merged.refill_rounds = r  # the last round drawn: round 0 is the regular one
     merged.prompts = merge_prompt_records(drawn)
     return merged
+
+
+def sample_round(state: TrainState, prompts: list[Example], step: int, r: int) -> Rollouts:
+    """Round ``r`` of step ``step``: G rollouts per prompt, verified, rows in prompt order.
+
+    In a process group each rank samples its share of the prompts (``distributed.my_share``)
+    with sampling noise of its own, and every rank gets the whole round: refill decisions,
+    mini-batch plans and logged statistics are then the same everywhere, computed as one
+    process would. The rollouts themselves differ from one process's (the noise is per rank).
+    """
+    seed = step_seed(state.cfg.seed, step, f"s{r}")
+    if not distributed.active():
+        return sample_groups(state, prompts, seed)
+    mine = distributed.my_share(len(prompts))
+    seed = step_seed(state.cfg.seed, step, f"s{r}:{distributed.rank()}")
+    local = sample_groups(state, [prompts[i] for i in mine], seed)
+    everyone = distributed.gather_objects(rollouts_to(local, torch.device("cpu")))
+    g = state.cfg.sampling.group_size
+    whole = concat_rollouts(
+        [rollouts_to(x, state.device) for x in everyone], g, state.tokenizer.pad_token_id
+    )
+    # Rank-major → prompt order: prompt i is rank (i mod W)'s (i div W)-th group.
+    world = distributed.world_size()
+    starts = torch.tensor([0] + [len(x.group_ids) // g for x in everyone]).cumsum(0)
+    groups = torch.tensor([int(starts[i % world]) + i // world for i in range(len(prompts))])
+    rows = (groups[:, None] * g + torch.arange(g)).flatten()
+    parts = {k: v[rows] for k, v in whole.reward_parts.items()}
+    batch = whole.batch.select(rows.to(whole.batch.response_ids.device))
+    group_ids = torch.arange(len(prompts)).repeat_interleave(g)
+    return Rollouts(
+        batch,
+        whole.rewards[rows],
+        whole.correct[rows],
+        group_ids,
+        whole.generated,
+        reward_parts=parts,
+    )
+
+
+def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
+    """``r`` with its rollout batch on ``device`` (rewards and ids stay on the CPU)."""
+    b = r.batch
+    batch = RolloutBatch(
+        b.prompt_ids.to(device),
+        b.prompt_mask.to(device),
+        b.response_ids.to(device),
+        b.response_mask.to(device),
+        b.lengths.to(device),
+        b.truncated.to(device),
+    )
+    return Rollouts(
+        batch, r.rewards, r.correct, r.group_ids, r.generated, reward_parts=r.reward_parts
+    )
 
 
 def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollouts:
@@ -555,7 +641,7 @@ def update(
     plan = update_plan(cfg, len(r.group_ids) // cfg.sampling.group_size, step)
     before_update = None
     if len(plan) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
-        before_update = no_grad_logprobs(state, r.batch)
+        before_update = whole_no_grad_logprobs(state, r)
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     view = state.params.separation_view(step / cfg.steps)
@@ -640,6 +726,7 @@ def optimise_chunk(
     """
     state.optimizer.zero_grad(set_to_none=True)
     batch, entropy, out = backward_chunk(state, r, rows, old_logprobs, step, known)
+    distributed.reduce_gradients(state.trainable)  # each rank holds its rows' share
     stepped = has_gradient(state.trainable)
     if stepped:
         grad_norm = state.precision.step(
@@ -708,6 +795,8 @@ def backward_chunk(
     backward through the objective only, and (c) each micro-batch's forward backpropagates
     Σ logprobs_mb · g_mb, whose gradients add up to the mini-batch's by the chain rule.
     """
+    if distributed.active():
+        return backward_sharded(state, r, rows, old_logprobs, step, known)
     cfg = state.cfg
     sub = r.batch.select(rows)
     g = cfg.sampling.group_size
@@ -737,6 +826,81 @@ def backward_chunk(
         weights = dloss_dlogprobs[idx.to(leaf.device), : logprobs.shape[1]]
         state.precision.backward((logprobs * weights).sum())
     return batch, entropy, out
+
+
+def backward_sharded(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    step: int,
+    known: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
+    """``backward_chunk`` in a process group: this rank runs the model on its own groups of
+    ``rows`` only; the objective runs on the whole mini-batch (every rank's log-probs,
+    ``distributed.gather_rows``), and this rank backpropagates g = ∂loss/∂logprobs of its own
+    rows (the two-pass rule of ``backward_chunk``), so the ranks' gradients sum to the
+    1-process gradient whatever the objective normalises by. Returns what ``backward_chunk``
+    does, for the whole mini-batch."""
+    cfg, g = state.cfg, state.cfg.sampling.group_size
+    mine = rows & distributed.owned(r.group_ids).to(rows.device)  # (N,) this rank's rows
+    owners = distributed.owner(r.group_ids[rows.cpu()])  # (B,) who computes each row
+    sub = r.batch.select(mine)
+    pieces = micro_batches(sub, g, cfg.optim.micro_batch_tokens) if bool(mine.any()) else []
+    graph: torch.Tensor | None = None  # one forward with grad: keep its graph for the backward
+    if known is not None:
+        values, entropy = known
+    elif len(pieces) == 1:
+        with state.precision.autocast():
+            graph, own_entropy = token_logprobs(
+                state.model, sub, cfg.sampling.temperature, with_entropy=True, group_size=g
+            )
+        assert own_entropy is not None
+        values, entropy = distributed.gather_rows(owners, [graph.detach(), own_entropy.detach()])
+    else:
+        computed = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
+        values, entropy = distributed.gather_rows(owners, list(computed))
+    ref = None
+    if state.params.beta > 0:
+        own_ref = reference_logprobs(state, sub, pieces) if pieces else empty_rows(state, sub)
+        assert own_ref is not None
+        (ref,) = distributed.gather_rows(owners, [own_ref])
+    leaf = values.detach().requires_grad_()
+    batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step, entropy)
+    out = state.objective(batch, state.params)
+    (dloss,) = torch.autograd.grad(out.loss, leaf, allow_unused=True)
+    if dloss is None:  # the loss does not depend on the log-probs: no gradient anywhere
+        return batch, entropy, out
+    own = dloss[mine[rows]]  # (b, T) this rank's rows, in order
+    if graph is not None:
+        state.precision.backward((graph * own[:, : graph.shape[1]]).sum())
+        return batch, entropy, out
+    for idx in pieces:
+        piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
+        with state.precision.autocast():
+            logprobs, _ = token_logprobs(
+                state.model, piece, cfg.sampling.temperature, group_size=piece_group_size(idx, g)
+            )
+        weights = own[idx.to(own.device), : logprobs.shape[1]]
+        state.precision.backward((logprobs * weights).sum())
+    return batch, entropy, out
+
+
+def empty_rows(state: TrainState, batch: RolloutBatch) -> torch.Tensor:
+    """(0, T): what a rank without rows in a mini-batch contributes to a gathered tensor."""
+    return torch.zeros(0, batch.response_ids.shape[1], device=state.device)
+
+
+def whole_no_grad_logprobs(state: TrainState, r: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
+    """``no_grad_logprobs`` of the whole rollout batch; in a process group each rank computes
+    its own groups' and they are gathered."""
+    if not distributed.active():
+        return no_grad_logprobs(state, r.batch)
+    mine = distributed.owned(r.group_ids).to(r.batch.response_ids.device)
+    sub = r.batch.select(mine)
+    own = no_grad_logprobs(state, sub) if bool(mine.any()) else (empty_rows(state, sub),) * 2
+    values, entropy = distributed.gather_rows(distributed.owner(r.group_ids), list(own))
+    return values, entropy
 
 
 def no_grad_logprobs(
@@ -890,7 +1054,7 @@ def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) 
     checkpoints/best and log a ``best`` event."""
     sink.log_step(record)
     key = state.cfg.eval.best_metric
-    if key is None or key not in record.metrics:
+    if key is None or key not in record.metrics or not distributed.is_main():
         return
     value = record.metrics[key]
     if improves(key, value, best_so_far(workdir)):

@@ -9,11 +9,12 @@ app = typer.Typer(help="ConSPO Lab: RLVR experiment platform.", no_args_is_help=
 
 def _register_commands() -> None:
     # Each module adds its commands to `app`; importing them here keeps `conspo-lab --help` whole.
-    from conspo_lab import cli_client, cli_server, cli_study
+    from conspo_lab import cli_client, cli_pipeline, cli_server, cli_study
 
     cli_server.register(app)
     cli_client.register(app)
     cli_study.register(app)
+    cli_pipeline.register(app)
 
 
 _register_commands()

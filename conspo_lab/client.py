@@ -509,6 +509,34 @@ class Client:
         path = "/api/compare/objective.csv" if csv else "/api/compare/report.html"
         return self._text("GET", path, params=params)
 
+    # --- pipelines and the model registry (dicts: docs/api.md says what they hold) -----------
+
+    def create_pipeline(
+        self, name: str, stages: Sequence[Mapping[str, Any]], tags: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Submit stage configs as one pipeline: stage 0 is queued at once, each later stage
+        when the one before succeeds, starting from its checkpoint (``model.step``)."""
+        body = {"name": name, "stages": [dict(s) for s in stages], "tags": list(tags)}
+        return dict(self._request("POST", "/api/pipelines", json=body))
+
+    def get_pipeline(self, pipeline_id: int) -> dict[str, Any]:
+        """Stages in order: each one's run, the checkpoint it started from, its first and last
+        held-out evaluation."""
+        return dict(self._request("GET", f"/api/pipelines/{pipeline_id}"))
+
+    def cancel_pipeline(self, pipeline_id: int) -> dict[str, Any]:
+        """Cancel the current stage's run; the later stages never run."""
+        return dict(self._request("POST", f"/api/pipelines/{pipeline_id}/cancel"))
+
+    def models(self) -> list[dict[str, Any]]:
+        """The model registry: succeeded runs with a checkpoint, their lineage and last eval."""
+        return list(self._request("GET", "/api/models")["models"])
+
+    def export_model(self, run_id: int, step: str | int = "last") -> str:
+        """Write the run's checkpoint as a Hugging Face directory on the server; its path."""
+        data = self._request("POST", f"/api/models/{run_id}/export", json={"step": step})
+        return str(data["path"])
+
     def _text(self, method: str, path: str, params: dict[str, Any] | None = None) -> str:
         try:
             response = self._http.request(method, path, params=params)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from functools import lru_cache, partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
 from sqlalchemy import select
@@ -45,6 +45,13 @@ from worker.celery_app import celery_app
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
 from worker.shutdown import SHUTDOWN, Interrupt
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conspo.config import RunConfig
+    from conspo.sink import Sink
+    from conspo.trainer import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +255,6 @@ def train_attempt(
 ) -> Outcome:
     """Train the claimed run; how the attempt ended (nothing is recorded yet)."""
     from conspo.config import RunConfig
-    from conspo.registry import get_job_kind
     from worker.job_inputs import prepare
 
     sink = DbSink(db, run.id, run.attempt, outage=outage)
@@ -263,10 +269,7 @@ def train_attempt(
         workdir.mkdir(parents=True, exist_ok=True)
         # the job kind's train function (rl: conspo.trainer.train), on the prepared inputs
         config, store = prepare(db, settings, config, workdir)
-        trainer: Any = get_job_kind(config.kind).fn
-        if config.resources.nodes > 1:  # the Ray cluster trains it, through this same sink
-            trainer = on_ray(db, settings, run, outage)
-        result = trainer(
+        result = train_run(
             config,
             sink,
             lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
@@ -274,6 +277,7 @@ def train_attempt(
             model_store=store,
             files=run_inputs.data_files(settings),
             memory_limit=run_inputs.memory_limit(settings),
+            on_ray=on_ray(db, settings, run, outage) if config.resources.nodes > 1 else None,
         )
     except RunGone as exc:
         log.warning("%s; stopping", exc)
@@ -315,6 +319,34 @@ def on_ray(db: Database, settings: Settings, run: Run, outage: Outage) -> Any:
         name=f"conspo-run-{run.id}-a{run.attempt}",
         on_submitted=submitted,
     )
+
+
+def train_run(
+    config: RunConfig,
+    sink: Sink,
+    should_stop: Callable[[], bool],
+    on_ray: Callable[..., Any] | None = None,
+    **where: Any,
+) -> TrainResult:
+    """Train ``config`` on the processes its ``resources`` ask for: one (``conspo.train``),
+    ``gpus`` on this machine (``conspo.distributed.launch_local``: rank 0 in this process, so
+    ``sink`` and ``should_stop`` work as for one), or several machines (``nodes > 1``: a Ray
+    cluster). ``where``: train's keyword arguments (workdir, model_store, files, memory_limit).
+    ``on_ray``: the multi-node train function (``on_ray(...)`` below). Job kinds other than rl
+    train on one process (``RunConfig`` refuses more).
+    """
+    from conspo.distributed import launch_local
+    from conspo.jobs import train_job
+
+    resources = config.resources
+    if resources.nodes > 1:
+        if on_ray is None:
+            raise RuntimeError(f"resources.nodes is {resources.nodes}: no Ray cluster to submit to")
+        result: TrainResult = on_ray(config, sink, should_stop, **where)
+        return result
+    if resources.gpus > 1:
+        return launch_local(config, sink, should_stop, nprocs=resources.gpus, **where)
+    return train_job(config, sink, should_stop, **where)
 
 
 def _why_stopped(heartbeat: Heartbeat, shutdown: Interrupt) -> Outcome:

@@ -63,6 +63,7 @@ class DistillParams(BaseModel):
         M.DISTILL_TEACHER_LOGPROB,
         M.DISTILL_LENGTH,
     ),
+    sections=("sampling",),
 )
 def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.job_loop import run_job

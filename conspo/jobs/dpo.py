@@ -26,7 +26,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,6 +50,10 @@ PAIRS_FILE = "dpo_pairs.jsonl"  # in the job's workdir, for kind_params.from_run
 
 class DPOParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # the fields naming a dataset (file or directory) in the data roots: checked at submit time
+    # like a task's (backend.run_inputs), read through DataFiles.check_path here
+    data_paths: ClassVar[tuple[str, ...]] = ("path",)
+    dataset_dirs: ClassVar[bool] = True
 
     path: Label | None = Field(
         None,

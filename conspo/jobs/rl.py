@@ -24,6 +24,7 @@ class RLParams(BaseModel):
     params=RLParams,
     description="RL with verifiable rewards: sample groups, verify, train the objective"
     " (config.algorithm).",
+    sections=("algorithm", "sampling", "rewards"),
 )
 def train_rl(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.trainer import train

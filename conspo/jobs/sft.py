@@ -15,7 +15,7 @@ concatenates examples into rows of at most ``max_tokens`` tokens (``conspo.job_l
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -39,6 +39,10 @@ else:
 
 class SFTParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # the fields naming a dataset (file or directory) in the data roots: checked at submit time
+    # like a task's (backend.run_inputs), read through DataFiles.check_path here
+    data_paths: ClassVar[tuple[str, ...]] = ("path",)
+    dataset_dirs: ClassVar[bool] = True
 
     path: Label | None = Field(
         None,

@@ -5,6 +5,13 @@
 // rows to add and remove, lists of strings as comma-separated text; every input's name is its dot
 // path in the request, array indices included (config.eval.benchmarks.0.path), which is also the
 // `loc` of a 422 about it. Beside the submit button, POST /api/runs/estimate's memory estimate.
+//
+// Job kinds (rl, sft, distill, dpo: GET /api/presets `kinds`) are a registry like the algorithms:
+// the kind's own parameters render from its params_schema under config.kind_params, and the
+// sections a kind does not train with (its `sections` lack them) are hidden. The model section
+// offers the model registry (GET /api/models) as model.from_run. Pipeline mode keeps one config
+// per stage (tabs above the form; each later stage starts from the one before) and submits them
+// as one POST /api/pipelines, then opens the pipeline page. `?from_run=N` prefills model.from_run.
 import { ApiError, errorText, get, post } from "/static/api.js";
 import { $, $$, debounce, h } from "/static/util.js";
 
@@ -15,6 +22,13 @@ let schema = null; // RunConfig JSON schema
 // that entry's params_schema, all by one code path (paramsBox). Adding an algorithm or a task
 // needs nothing here.
 const REGISTRIES = {
+  kind: {
+    entries: () => presets.kinds,
+    select: "config.kind",
+    prefix: "config.kind_params",
+    heading: (name) => `${name} parameters`,
+    values: (config) => config.kind_params,
+  },
   algorithm: {
     entries: () => presets.algorithms,
     select: "config.algorithm",
@@ -30,7 +44,16 @@ const REGISTRIES = {
     values: (config) => ({ ...flatTaskParams(config.task), ...config.task?.params }),
   },
 };
-const current = {}; // kind → the entry shown
+const current = {}; // registry → the entry shown
+let registryModels = []; // GET /api/models: finished runs' checkpoints, usable as model.from_run
+
+// Sections only some job kinds train with (the kind's `sections`); the rest apply to every kind.
+// The held-out eval of every kind generates up to sampling.max_new_tokens, so that field stays.
+const KIND_SECTIONS = ["algorithm", "sampling", "rewards"];
+const EVERY_KIND_FIELDS = new Set(["config.sampling.max_new_tokens"]);
+
+// Pipeline mode: one config per stage, the form showing stage `pipeline.at`.
+const pipeline = { on: false, at: 0, stages: [], name: "" };
 const typed = {}; // kind → entry name → {param: typed value}, so switching back keeps edits
 
 // Which RunConfig sections are shown openly, and which go under "Advanced".
@@ -179,8 +202,42 @@ function sectionFields(sectionKey, values, advanced = false) {
     if (sectionKey === "model" && name === "name") {
       return field(path, prop, v, { label: "Model", list: "model-list", wide: false });
     }
+    if (path === "config.model.from_run") return fromRunField(path, prop, v);
+    if (path === "config.model.step") {
+      // best | last | a kept step number: typed as an integer when it is one
+      return field(path, { ...resolve(prop), enum: undefined, type: "integer" }, v, { list: "step-list" });
+    }
     return anyField(path, prop, v);
   });
+}
+
+/** model.from_run: a select of the registry's models (finished runs with a checkpoint). */
+function fromRunField(path, prop, value) {
+  const options = [{ value: "", label: "(none: model.name's own weights)" }];
+  for (const m of registryModels) {
+    const last = m.checkpoints.last?.step;
+    const acc = m.eval["eval/accuracy"];
+    options.push({
+      value: String(m.run_id),
+      label: `#${m.run_id} ${m.name} · ${m.kind}${last !== undefined && last !== null ? ` · step ${last}` : ""}${
+        acc !== undefined && acc !== null ? ` · eval ${Number(acc).toFixed(3)}` : ""
+      }`,
+      title: lineageText(m.lineage),
+    });
+  }
+  if (value && !registryModels.some((m) => m.run_id === Number(value)))
+    options.push({ value: String(value), label: `#${value} (not in the registry)` });
+  const f = field(path, { ...resolve(prop), type: "integer" }, value ?? "", {
+    label: "Start from run",
+    options,
+    help: "A finished run's checkpoint (the model registry); model.step picks which.",
+  });
+  return f;
+}
+
+/** "#12 step last ← #9 step best ← tiny": a model's chain of starting points. */
+export function lineageText(lineage) {
+  return (lineage || []).map((l) => (l.base ? l.base : `#${l.run} (${l.step})`)).join(" ← ");
 }
 
 /** The input(s) for a property of any shape: sub-object, list, prompt template or plain field. */
@@ -373,6 +430,7 @@ function withDefs(rootSchema, build) {
 }
 
 function render(config, extra = {}) {
+  current.kind = config.kind ?? "rl";
   current.algorithm = config.algorithm;
   current.task = config.task?.name;
   const top = h(
@@ -385,6 +443,10 @@ function render(config, extra = {}) {
       field("config.name", schema.properties.name, extra.name ?? config.name, {
         label: "Name",
         placeholder: "(automatic)",
+      }),
+      field("config.kind", schema.properties.kind, config.kind ?? "rl", {
+        label: "Kind",
+        options: entryOptions("kind"),
       }),
       field("config.algorithm", schema.properties.algorithm, config.algorithm, {
         label: "Algorithm",
@@ -405,8 +467,13 @@ function render(config, extra = {}) {
   );
   const params = h(
     "div.form-section",
-    {},
+    { "data-uses": "algorithm" },
     paramsBox("algorithm", config.algorithm, REGISTRIES.algorithm.values(config)),
+  );
+  const kindParams = h(
+    "div.form-section",
+    { "data-section": "kind_params" },
+    paramsBox("kind", current.kind, REGISTRIES.kind.values(config)),
   );
   const sections = SECTIONS.map((s) =>
     h(
@@ -441,8 +508,28 @@ function render(config, extra = {}) {
     {},
     presets.models.map((m) => h("option", { value: m.name }, m.description)),
   );
-  $("#form-body").replaceChildren(top, params, ...sections, adv, models);
+  const steps = h("datalist#step-list", {}, h("option", { value: "last" }), h("option", { value: "best" }));
+  $("#form-body").replaceChildren(top, kindParams, params, ...sections, adv, models, steps);
+  applyKind();
   formChanged();
+}
+
+/** Hide what the chosen job kind does not train with (the values are still sent: defaults). */
+function applyKind() {
+  const kind = presets.kinds.find((k) => k.name === current.kind);
+  const uses = new Set(kind ? kind.sections : KIND_SECTIONS);
+  $("[data-field='config.algorithm']").hidden = !uses.has("algorithm");
+  for (const el of $$("[data-uses]")) el.hidden = !uses.has(el.dataset.uses);
+  for (const el of $$("[data-field^='config.sampling.']"))
+    el.hidden = !uses.has("sampling") && !EVERY_KIND_FIELDS.has(el.dataset.field);
+  const rewards = $("[data-field='config.rewards']")?.closest(".form-section");
+  if (rewards) rewards.hidden = !uses.has("rewards");
+  const laterStage = pipeline.on && pipeline.at > 0;
+  const fromRun = $("[data-field='config.model.from_run']");
+  fromRun.hidden = laterStage; // a later stage starts from the stage before it
+  $("#stage-note").textContent = laterStage
+    ? `Stage ${pipeline.at + 1} starts from stage ${pipeline.at}'s checkpoint (model.step picks which).`
+    : "";
 }
 
 function rememberParams(kind) {
@@ -459,6 +546,7 @@ function switchEntry(kind, name) {
   rememberParams(kind);
   current[kind] = name;
   $(`#params-${kind}`).replaceWith(paramsBox(kind, name, null));
+  if (kind === "kind") applyKind();
 }
 
 /** The typed value of an input: numbers when they parse, the raw text otherwise (the server says why). */
@@ -524,7 +612,99 @@ function buildRequest() {
   return { config, seeds, tags, name };
 }
 
+/** POST /api/pipelines's body: every stage's config (the one on screen read from the form);
+ * a later stage's model.from_run is the server's to set (the stage before it). */
+function buildPipeline() {
+  saveStage();
+  const stages = pipeline.stages.map((st, i) => {
+    const config = structuredClone(st.config);
+    if (i > 0 && config.model) delete config.model.from_run;
+    return config;
+  });
+  return { name: pipeline.name || "pipeline", stages, tags: buildRequest().tags };
+}
+
+/** Keep what the form shows as the current stage's config. */
+function saveStage() {
+  if (!pipeline.on) return;
+  const req = buildRequest();
+  pipeline.stages[pipeline.at] = {
+    config: req.config,
+    seeds: $("[name='seeds']").value,
+    tags: $("[name='tags']").value,
+  };
+}
+
+function showStage(i) {
+  saveStage();
+  pipeline.at = i;
+  const st = pipeline.stages[i];
+  for (const k of Object.keys(typed)) delete typed[k];
+  render(withDefaults(presets.defaults, st.config), { seeds: st.seeds, tags: st.tags });
+  renderStageTabs();
+}
+
+function renderStageTabs() {
+  $("#pipeline-controls").hidden = !pipeline.on;
+  $("#stage-tabs").replaceChildren(
+    ...pipeline.stages.map((st, i) => {
+      const c = st.config;
+      const what = (c.kind ?? "rl") === "rl" ? c.algorithm : c.kind;
+      const tab = h(
+        `button.btn.btn-sm${i === pipeline.at ? ".btn-primary" : ""}`,
+        { type: "button", role: "tab", "data-stage": i, "aria-selected": String(i === pipeline.at) },
+        `${i + 1}. ${what}`,
+      );
+      tab.addEventListener("click", () => showStage(i));
+      return h("span", {}, i ? " → " : "", tab);
+    }),
+  );
+  $("#remove-stage").disabled = pipeline.stages.length < 2;
+  applyKind();
+}
+
+function setPipelineMode(on) {
+  pipeline.on = on;
+  if (on) {
+    pipeline.at = 0;
+    pipeline.stages = [];
+    saveStage();
+  }
+  renderStageTabs();
+  formChanged();
+}
+
+function addStage() {
+  saveStage();
+  // The next stage copies this one (same task, model, eval) as an RL stage: the usual
+  // SFT → RL recipe is "sft", then "+ Add stage".
+  const config = structuredClone(pipeline.stages[pipeline.at].config);
+  config.kind = "rl";
+  config.kind_params = {};
+  config.name = null;
+  if (config.model) delete config.model.from_run;
+  pipeline.stages.push({ config, seeds: pipeline.stages[pipeline.at].seeds, tags: "" });
+  pipeline.at = pipeline.stages.length - 1;
+  const st = pipeline.stages[pipeline.at];
+  render(withDefaults(presets.defaults, st.config), { seeds: st.seeds, tags: st.tags });
+  renderStageTabs();
+}
+
+function removeStage() {
+  if (pipeline.stages.length < 2) return;
+  pipeline.stages.splice(pipeline.at, 1);
+  pipeline.at = Math.max(0, pipeline.at - 1);
+  const st = pipeline.stages[pipeline.at];
+  render(withDefaults(presets.defaults, st.config), { seeds: st.seeds, tags: st.tags });
+  renderStageTabs();
+}
+
 function updatePreview() {
+  if (pipeline.on) {
+    $("#preview").textContent = `POST /api/pipelines\n${JSON.stringify(buildPipeline(), null, 2)}`;
+    $("#submit-btn").textContent = `Start pipeline (${pipeline.stages.length} stages)`;
+    return;
+  }
   const req = buildRequest();
   $("#preview").textContent = `POST /api/runs\n${JSON.stringify(req, null, 2)}`;
   const n = req.seeds ? req.seeds.length : 1;
@@ -631,9 +811,48 @@ function showErrors(detail) {
   if (first?.focus) first.focus({ preventScroll: true });
 }
 
+/** A 422 of POST /api/pipelines: the first stage with errors is shown with its messages at
+ * its fields; the other stages' messages go to the box above the form. */
+function showPipelineErrors(detail) {
+  if (!Array.isArray(detail)) return showErrors(detail);
+  const stageOf = (e) => (e.loc?.[1] === "stages" && Number.isInteger(e.loc[2]) ? e.loc[2] : null);
+  const first = detail.map(stageOf).find((i) => i !== null);
+  if (first !== null && first !== undefined && first !== pipeline.at) showStage(first);
+  showErrors(
+    detail.map((e) => {
+      const i = stageOf(e);
+      if (i === pipeline.at) return { ...e, loc: ["body", "config", ...e.loc.slice(3)] };
+      if (i !== null) return { ...e, loc: [`stage ${i + 1}`, ...e.loc.slice(3)] };
+      return e;
+    }),
+  );
+}
+
+async function submitPipeline() {
+  const body = buildPipeline();
+  const res = await post("/api/pipelines", body);
+  $("#submit-note").textContent = `Created pipeline #${res.id}`;
+  location.href = `/pipelines/${res.id}`;
+}
+
 async function submit(ev) {
   ev.preventDefault();
   clearErrors();
+  if (pipeline.on) {
+    const btn = $("#submit-btn");
+    btn.disabled = true;
+    $("#submit-note").textContent = "Submitting…";
+    try {
+      await submitPipeline();
+    } catch (err) {
+      $("#submit-note").textContent = "";
+      if (err instanceof ApiError && err.status === 422) showPipelineErrors(err.detail);
+      else showErrors(errorText(err));
+    } finally {
+      btn.disabled = false;
+    }
+    return;
+  }
   const req = buildRequest();
   const btn = $("#submit-btn");
   btn.disabled = true;
@@ -664,7 +883,26 @@ async function init() {
     return;
   }
   schema = presets.config_schema;
-  const from = new URLSearchParams(location.search).get("from");
+  try {
+    registryModels = (await get("/api/models")).models;
+  } catch {
+    registryModels = []; // the form works without it: from_run is then typed by id
+  }
+  const url = new URLSearchParams(location.search);
+  const fromRun = url.get("from_run");
+  if (fromRun && /^\d+$/.test(fromRun)) {
+    const config = structuredClone(presets.defaults);
+    const m = registryModels.find((x) => x.run_id === Number(fromRun));
+    // a chained run names its source's base model (model.name), then starts from its weights
+    config.model = { ...config.model, from_run: Number(fromRun), name: m ? baseOf(m) : config.model.name };
+    if (m) {
+      $("#form-title").textContent = `New run from model #${m.run_id}`;
+      $("#form-sub").textContent = `Starts from ${m.name}'s checkpoint (${lineageText(m.lineage)}).`;
+    }
+    render(config);
+    return;
+  }
+  const from = url.get("from");
   if (from) {
     try {
       const run = await get(`/api/runs/${encodeURIComponent(from)}`);
@@ -685,14 +923,41 @@ async function init() {
   render(structuredClone(presets.defaults));
 }
 
+/** The base model a registry entry's chain ends at (what model.name should say). */
+const baseOf = (m) => m.lineage[m.lineage.length - 1]?.base ?? presets.defaults.model.name;
+
 const form = $("#run-form");
 form.addEventListener("submit", submit);
 form.addEventListener("input", debounce(formChanged, 150));
 form.addEventListener("change", (ev) => {
+  if (ev.target.id === "pipeline-mode") return setPipelineMode(ev.target.checked);
+  if (ev.target.id === "pipeline-name") {
+    pipeline.name = ev.target.value.trim();
+    return formChanged();
+  }
   const kind = kindOfSelect(ev.target.name);
   if (kind) switchEntry(kind, ev.target.value);
+  if (ev.target.name === "config.model.from_run") {
+    const m = registryModels.find((x) => x.run_id === Number(ev.target.value));
+    if (m) $("[name='config.model.name']").value = baseOf(m);
+  }
+  if (pipeline.on && (kind === "kind" || kind === "algorithm")) {
+    saveStage();
+    renderStageTabs();
+  }
   const f = ev.target.closest(".field.has-error");
   if (f) f.classList.remove("has-error");
+  formChanged();
+});
+$("#pipeline-name").addEventListener("input", (ev) => {
+  pipeline.name = ev.target.value.trim();
+});
+$("#add-stage").addEventListener("click", () => {
+  addStage();
+  formChanged();
+});
+$("#remove-stage").addEventListener("click", () => {
+  removeStage();
   formChanged();
 });
 $("#reset-btn").addEventListener("click", () => {

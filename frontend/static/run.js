@@ -30,6 +30,7 @@ import {
   withNotes,
   X_TITLES,
 } from "/static/charts.js";
+import { kindLine } from "/static/lineage.js";
 import { promptView } from "/static/prompts.js";
 import {
   $,
@@ -325,6 +326,8 @@ function renderRun() {
   $("#run-status").replaceChildren(...[statusBadge(run), waitingNote(run)].filter(Boolean));
   $("#run-progress").replaceChildren(progressBar(run, recentStepSeconds()));
   $("#run-lineage").replaceChildren(
+    ...kindLine(run, () => S.run && renderRun()),
+    run.cloned_from ? " · " : "",
     run.cloned_from ? h("a", { href: `/runs/${run.cloned_from}` }, `cloned from #${run.cloned_from}`) : "",
   );
   const waiting = run.status === "queued" ? queueText(run) : "";

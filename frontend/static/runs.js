@@ -1,6 +1,7 @@
 // Runs page: a live table of runs with filters, progress/ETA, a sparkline per run and actions.
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
+import { fromText, pipelineLink } from "/static/lineage.js";
 import {
   $,
   debounce,
@@ -137,6 +138,9 @@ function rowFor(run) {
       h("span.muted.small", {}, `#${run.id}`),
       run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
       studyLink(run),
+      run.pipeline_id !== null && run.pipeline_id !== undefined ? " · " : null,
+      pipelineLink(run, () => refreshPipelineRows(run.pipeline_id)),
+      run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
     ),
     h("td", {}, statusBadge(run), waitingNote(run)),
     h("td", {}, run.algorithm || "–"),
@@ -163,6 +167,11 @@ function render() {
   $("#count").textContent = `${state.order.length} of ${state.total} run${state.total === 1 ? "" : "s"}`;
   $("#spark-head").textContent = state.metric;
   updateSelection();
+}
+
+/** Re-render the rows of a pipeline's runs once its number of stages is known. */
+function refreshPipelineRows(pipelineId) {
+  for (const r of state.runs.values()) if (r.pipeline_id === pipelineId) updateRow(r);
 }
 
 function updateRow(run) {

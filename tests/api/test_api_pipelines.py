@@ -86,8 +86,11 @@ def test_sft_then_rl_pipeline_starts_rl_from_the_sft_checkpoint(own_api: Any) ->
     assert "eval/accuracy" in rl_model["eval"]
 
 
-def test_a_failed_stage_stops_the_pipeline(own_api: Any) -> None:
-    broken = {**BASE, "kind": "sft", "steps": 1, "kind_params": {"path": "missing.jsonl"}}
+def test_a_failed_stage_stops_the_pipeline(own_api: Any, own_settings: Settings) -> None:
+    datasets = own_settings.data_dir / "datasets"
+    datasets.mkdir(parents=True, exist_ok=True)
+    (datasets / "empty.jsonl").write_text("")  # passes the submit check, holds no problems
+    broken = {**BASE, "kind": "sft", "steps": 1, "kind_params": {"path": "empty.jsonl"}}
     made = own_api.post("/api/pipelines", json={"name": "broken", "stages": [broken, BASE]})
     assert made.status_code == 201, made.text
     run = execute(own_api, made.json()["stages"][0]["run"]["id"])
@@ -183,3 +186,85 @@ def test_chaining_is_validated_at_submit(own_api: Any) -> None:
     implicit = {**BASE, "model": {"name": "tiny", "from_run": queued}}
     r = own_api.post("/api/pipelines", json={"name": "p", "stages": [BASE, implicit]})
     assert ["body", "stages", 1, "model", "from_run"] in loc_of(r)
+
+
+def loc_of(r: Any) -> list[list[Any]]:
+    assert r.status_code == 422, r.text
+    return [e["loc"] for e in r.json()["detail"]]
+
+
+def test_a_clone_starting_from_an_unfinished_run_is_refused_at_the_field(api: Any) -> None:
+    queued = submit(api, BASE)  # never run: not finished
+    r = api.post(f"/api/runs/{queued}/clone", json={"overrides": {"model": {"from_run": queued}}})
+    assert ["body", "overrides", "model", "from_run"] in loc_of(r)
+    assert "has not finished" in r.text
+    r = api.post(f"/api/runs/{queued}/clone", json={"overrides": {"model": {"from_run": 999_999}}})
+    assert "run 999999 does not exist" in r.text
+
+
+def test_job_dataset_paths_are_checked_against_the_data_roots(api: Any) -> None:
+    before = api.get("/api/runs?limit=500").json()["total"]
+    sft = {**BASE, "kind": "sft", "kind_params": {"path": "nowhere/missing.jsonl"}}
+    r = api.post("/api/runs", json={"config": sft})
+    assert ["body", "config", "kind_params", "path"] in loc_of(r)
+    assert "missing.jsonl" in r.text
+    dpo = {**BASE, "kind": "dpo", "kind_params": {"path": "../../etc/passwd"}}
+    assert ["body", "config", "kind_params", "path"] in loc_of(
+        api.post("/api/runs", json={"config": dpo})
+    )
+    r = api.post("/api/pipelines", json={"name": "p", "stages": [sft, BASE]})
+    assert ["body", "stages", 0, "kind_params", "path"] in loc_of(r)
+    assert api.get("/api/runs?limit=500").json()["total"] == before  # nothing half-written
+
+
+def test_cancelling_a_pipeline_stops_its_stage_and_never_releases_the_rest(api: Any) -> None:
+    from backend import lifecycle
+    from backend.db import Database
+    from backend.models import Pipeline
+
+    def make() -> dict[str, Any]:
+        made = api.post("/api/pipelines", json={"name": "c", "stages": [BASE, BASE, BASE]})
+        assert made.status_code == 201, made.text
+        return dict(made.json())
+
+    def succeed(session: Any, run_id: int) -> int | None:
+        """What a worker's finish does: the run succeeds and releases the next stage, at once."""
+        from sqlalchemy import update
+
+        from backend.models import Run
+
+        session.execute(update(Run).where(Run.id == run_id).values(status="succeeded"))
+        released = lifecycle.release_next_stage(session, run_id)
+        session.commit()
+        return released
+
+    p = make()
+    assert api.post(f"/api/pipelines/{p['id']}/cancel", user="bob").status_code == 403
+    done = api.post(f"/api/pipelines/{p['id']}/cancel").json()
+    assert done["status"] == "cancelled"
+    assert done["stages"][0]["run"]["status"] == "cancelled"
+    assert [s["skipped"] for s in done["stages"]] == [False, True, True]
+
+    db = Database(api.settings)
+    try:
+        # the stage finishes successfully after the cancel: nothing more is released
+        p = make()
+        first = p["stages"][0]["run"]["id"]
+        with db.session() as session:
+            lifecycle.cancel_pipeline(session, session.get(Pipeline, p["id"]))
+            assert succeed(session, first) is None
+        shown = api.get(f"/api/pipelines/{p['id']}").json()
+        assert shown["status"] == "cancelled" and shown["stages"][1]["run"] is None
+
+        # the release won the race: the cancel finds the released run and cancels it
+        p = make()
+        first = p["stages"][0]["run"]["id"]
+        with db.session() as session:
+            second = succeed(session, first)
+            assert second is not None
+        shown = api.post(f"/api/pipelines/{p['id']}/cancel").json()
+        assert shown["stages"][1]["run"]["id"] == second
+        assert shown["stages"][1]["run"]["status"] == "cancelled"
+        assert shown["status"] == "cancelled" and shown["stages"][2]["skipped"]
+    finally:
+        db.dispose()

@@ -12,7 +12,7 @@ from pydantic_core import to_jsonable_python
 from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
 from conspo.model_catalog import BUILTIN_MODELS
-from conspo.registry import OBJECTIVES, TASKS, Registry
+from conspo.registry import JOB_KINDS, OBJECTIVES, TASKS, Registry
 
 router = APIRouter(tags=["presets"])
 
@@ -20,6 +20,11 @@ router = APIRouter(tags=["presets"])
 @lru_cache(maxsize=1)
 def presets() -> dict[str, Any]:
     return {
+        # what a run trains (config.kind, its kind_params) and which sections it reads
+        "kinds": [
+            {**e, "sections": list(JOB_KINDS.get(e["name"]).sections)}
+            for e in _registered(JOB_KINDS)
+        ],
         "algorithms": _registered(OBJECTIVES),
         "tasks": _registered(TASKS),
         "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],

@@ -201,6 +201,7 @@ def clone(
     config = cloned_config(run, body.overrides)
     run_inputs.refuse_missing_software(config, session, settings, ("body", "overrides"))
     run_inputs.refuse_unavailable(config, settings, ("body", "overrides"))
+    chaining.refuse_bad_start(config, session, settings, ("body", "overrides"))
     name = body.name or (None if body.overrides else lifecycle.name_base(run.name))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,

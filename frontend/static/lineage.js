@@ -1,0 +1,58 @@
+// Where a run comes from, as the runs list and the run page say it: its job kind, the run whose
+// checkpoint it started from (model.from_run, model.step) and its place in a pipeline
+// ("stage 2 of 2 · from #12", linking the pipeline page). A pipeline's number of stages is read
+// once per page from GET /api/pipelines/{id}; `onLoad` re-renders when it arrives.
+import { get } from "/static/api.js";
+import { h } from "/static/util.js";
+
+const sizes = new Map(); // pipeline id → its number of stages, or null while being read
+
+function pipelineSize(id, onLoad) {
+  if (!sizes.has(id)) {
+    sizes.set(id, null);
+    get(`/api/pipelines/${id}`)
+      .then((p) => {
+        sizes.set(id, p.stages.length);
+        onLoad?.();
+      })
+      .catch(() => {}); // the link still works; only "of N" is missing
+  }
+  return sizes.get(id);
+}
+
+/** "from #12 (last)" of a chained run, else "". */
+export function fromText(run) {
+  const model = run.config?.model || {};
+  return model.from_run ? `from #${model.from_run} (${model.step ?? "last"})` : "";
+}
+
+/** The pipeline link of a run that is a stage of one ("stage 2 of 2 · from #12"), else null. */
+export function pipelineLink(run, onLoad, cls = "a.small") {
+  if (run.pipeline_id === null || run.pipeline_id === undefined) return null;
+  const n = pipelineSize(run.pipeline_id, onLoad);
+  const from = fromText(run);
+  const text = `stage ${run.pipeline_stage + 1}${n ? ` of ${n}` : ""}${from ? ` · ${from}` : ""}`;
+  return h(
+    cls,
+    {
+      href: `/pipelines/${run.pipeline_id}`,
+      "data-pipeline": run.pipeline_id,
+      title: `Open pipeline #${run.pipeline_id}`,
+    },
+    text,
+  );
+}
+
+/** The run page's header line: "kind: sft · from #12 (best)" and its pipeline, if any. */
+export function kindLine(run, onLoad) {
+  const kind = run.config?.kind ?? "rl";
+  const parts = [`kind: ${kind}`];
+  const link = pipelineLink(run, onLoad, "a");
+  if (!link && fromText(run)) parts.push(fromText(run));
+  return [
+    h("span.kind-line", {}, parts.join(" · ")),
+    link ? " · " : "",
+    link || "",
+    link ? h("span", {}, ` of pipeline #${run.pipeline_id}`) : "",
+  ];
+}

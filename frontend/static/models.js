@@ -1,0 +1,113 @@
+// The models page (/models): the model registry, GET /api/models (every succeeded run with a
+// checkpoint on disk), one row per model: its run, kind, lineage back to the base model, its last
+// and best checkpoints and its last eval. "Export" is POST /api/models/{run}/export (the path of
+// the Hugging Face directory is shown in the row); "Train from this" opens the form with
+// model.from_run prefilled.
+import { errorText, get, post } from "/static/api.js";
+import { metricInfo } from "/static/catalogue.js";
+import { $, fmtNum, h, toast } from "/static/util.js";
+
+const label = (key) => metricInfo(key)?.label || key;
+
+function lineage(model) {
+  return model.lineage.map((l, i) =>
+    h(
+      "span",
+      {},
+      i ? " ← " : "",
+      l.base ? h("span.mono", { title: "base model" }, l.base) : h("a", { href: `/runs/${l.run}` }, `#${l.run}`),
+      l.base ? "" : h("span.muted.small", {}, ` (${l.step})`),
+    ),
+  );
+}
+
+function checkpoints(model) {
+  return Object.entries(model.checkpoints).map(([which, c]) =>
+    h(
+      "div",
+      { title: c.path },
+      `${which}${c.step !== null ? ` · step ${c.step}` : ""}`,
+      c.lora ? h("span.badge", { title: "LoRA adapters: merged into the base on export" }, "LoRA") : "",
+    ),
+  );
+}
+
+function evals(model) {
+  const entries = Object.entries(model.eval);
+  if (!entries.length) return h("span.muted", {}, "–");
+  return entries.map(([k, v]) => h("div", { title: k }, `${label(k)} `, h("b.mono", {}, fmtNum(v, 4))));
+}
+
+function row(model) {
+  const out = h("div.export-path.mono.small");
+  const exportBtn = h(
+    "button.btn.btn-xs",
+    { type: "button", "data-act": "export", title: "Write the last checkpoint as a Hugging Face directory" },
+    "Export",
+  );
+  exportBtn.addEventListener("click", async () => {
+    exportBtn.disabled = true;
+    out.textContent = "exporting…";
+    try {
+      const res = await post(`/api/models/${model.run_id}/export`, { step: "last" });
+      out.textContent = res.path;
+      out.title = "loads with AutoModelForCausalLM.from_pretrained(path)";
+    } catch (err) {
+      out.textContent = "";
+      toast(errorText(err), "error");
+    } finally {
+      exportBtn.disabled = false;
+    }
+  });
+  const kind = model.kind === "rl" ? `rl · ${model.algorithm}` : model.kind;
+  return h(
+    "tr",
+    { "data-run": model.run_id },
+    h(
+      "td.name",
+      {},
+      h("a", { href: `/runs/${model.run_id}` }, model.name || `run ${model.run_id}`),
+      h("span.muted.small", {}, ` #${model.run_id}`),
+      model.pipeline_id
+        ? h("a.small", { href: `/pipelines/${model.pipeline_id}` }, ` · pipeline ${model.pipeline_id}`)
+        : "",
+    ),
+    h("td", {}, kind),
+    h("td", {}, lineage(model)),
+    h("td", {}, checkpoints(model)),
+    h("td", {}, evals(model)),
+    h(
+      "td",
+      {},
+      h(
+        "div.actions",
+        {},
+        exportBtn,
+        h(
+          "a.btn.btn-xs",
+          {
+            href: `/runs/new?from_run=${model.run_id}`,
+            "data-act": "train",
+            title: "Open the form with model.from_run set to this run",
+          },
+          "Train from this",
+        ),
+      ),
+      out,
+    ),
+  );
+}
+
+async function init() {
+  try {
+    const { models } = await get("/api/models");
+    $("#models-body").replaceChildren(...models.map(row));
+    $("#models-empty").hidden = models.length > 0;
+  } catch (err) {
+    $("#models-body").replaceChildren(
+      h("tr", {}, h("td", { colspan: 6 }, `Could not load /api/models: ${errorText(err)}`)),
+    );
+  }
+}
+
+init();

@@ -1,0 +1,225 @@
+"""Data-parallel training (conspo.distributed) on 2 gloo processes against 1 process.
+
+The equivalence tests give both the same rollout batch (sampled from the same seed by every
+process) and compare one ``trainer.update``: 2 ranks, each differentiating half of the groups,
+must give the 1-process loss, gradients, parameters and logged statistics. Every scenario runs
+in one spawn of the 2 ranks (a process start costs seconds here).
+
+Tolerances (float32, CPU): each rank's forward runs on different micro-batches than the single
+process's (other padding, other shared prompts), so log-probs agree to float rounding, not bit
+for bit; gradients are asserted to rtol 1e-5 / atol 1e-6 of their values, statistics to
+rtol 1e-5 / atol 1e-6 too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conspo import distributed, trainer
+from conspo import metrics as M
+from conspo.config import RunConfig
+from conspo.models import ModelStore
+from conspo.sink import MemorySink
+
+TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 4}
+
+# name → config overrides; each exercises a whole-batch normaliser a rank alone would get wrong.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    # seq-mean over the mini-batch's rollouts, group std, KL to a reference (β > 0).
+    "grpo": {"algorithm": "grpo", "params": {"beta": 0.05}},
+    # Mean over valid groups; the two-pass micro-batch path (a budget below one group).
+    "conspo": {"algorithm": "conspo", "optim": {"micro_batch_tokens": 40}},
+    # Token-mean over the mini-batch, the batch reward std, two mini-batches (π_old frozen, the
+    # second update after the first moved π_θ), no dynamic sampling (the batch is fixed here).
+    "dapo": {
+        "algorithm": "dapo",
+        "params": {"refill_groups": False, "scale_rewards": "batch", "overlong_buffer": 2},
+        "optim": {"mini_batches": 2},
+    },
+    # LoRA adapters (only they are reduced), the reference being the base without adapters.
+    "conspo-lora": {
+        "algorithm": "conspo",
+        "model": {"name": "tiny-arith", "lora": {"rank": 4}},
+        "params": {"beta": 0.05},
+    },
+}
+
+
+def scenario_config(name: str) -> RunConfig:
+    data: dict[str, Any] = {
+        "steps": 4,
+        "seed": 3,
+        "task": TASK,
+        "model": {"name": "tiny-arith"},
+        "sampling": {"prompts_per_step": 6, "group_size": 4, "max_new_tokens": 6},
+        "eval": {"every": 0, "at_start": False},
+        **SCENARIOS[name],
+    }
+    return RunConfig.model_validate(data)
+
+
+def one_update(name: str, store: ModelStore) -> dict[str, Any]:
+    """Set up ``name``'s run, sample the step's whole batch as one process would, take one
+    ``trainer.update``; the stats, the last update's gradient and the weights after it."""
+    cfg = scenario_config(name)
+    state = trainer.setup(cfg, store)
+    prompts = state.task.train_prompts(trainer.random.Random(7), cfg.sampling.prompts_per_step)
+    r = trainer.sample_groups(state, prompts, seed=11)
+    stats, scores, updates = trainer.update(state, r, step=2, lr=cfg.optim.lr)
+    grads = torch.cat([p.grad.flatten() for p in state.trainable if p.grad is not None])
+    return {
+        "stats": {k: float(v) for k, v in stats.items()},
+        "scores": scores.detach().cpu(),
+        "updates": updates,
+        "grad": grads.cpu(),
+        "weights": torch.cat([p.detach().flatten() for p in state.trainable]).cpu(),
+        "responses": r.batch.response_ids.cpu(),
+    }
+
+
+def refill(store: ModelStore) -> dict[str, Any]:
+    """One step's rollouts under dynamic sampling (DAPO), as this rank ends up holding them."""
+    cfg = scenario_config("dapo").model_copy(update={"params": {"overlong_buffer": 2}})
+    state = trainer.setup(cfg, store)
+    r = trainer.collect_rollouts(state, 1, distributed.agreed(lambda: False))
+    assert r is not None
+    return {
+        "responses": r.batch.response_ids.cpu(),
+        "correct": r.correct,
+        "rounds": r.refill_rounds,
+        "prompts": sorted((p.key, p.n, p.correct) for p in r.prompts or []),
+    }
+
+
+def _rank(rank: int, world: int, port: int, store_root: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        store = ModelStore(store_root)
+        results = {name: one_update(name, store) for name in SCENARIOS}
+        results["refill"] = refill(store)
+    finally:
+        dist.destroy_process_group()
+    Path(f"{out}.{rank}").write_bytes(pickle.dumps(results))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(model_store: ModelStore, arith_base: Path) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp()) / "ranks.pkl"
+    mp.spawn(_rank, args=(2, free_port(), str(model_store.root), str(out)), nprocs=2)
+    return {r: pickle.loads(Path(f"{out}.{r}").read_bytes()) for r in (0, 1)}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_two_ranks_on_half_batches_equal_one_process(
+    name: str, two_ranks: dict[str, Any], model_store: ModelStore
+) -> None:
+    one, two = one_update(name, model_store), two_ranks[0][name]
+    assert torch.equal(one["responses"], two["responses"])  # the same batch went in
+    assert one["updates"] == two["updates"] > 0
+    torch.testing.assert_close(two["grad"], one["grad"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(two["weights"], one["weights"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(two["scores"], one["scores"], rtol=1e-5, atol=1e-6)
+    assert one["stats"].keys() == two["stats"].keys()
+    for key in one["stats"]:  # loss, separation statistics, entropy, grad norm, off-policy
+        a, b = one["stats"][key], two["stats"][key]
+        same = math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+        assert same or (math.isnan(a) and math.isnan(b)), (key, a, b)
+    assert M.LOSS in one["stats"] and M.SEP_GAP in one["stats"]
+
+
+def test_dynamic_sampling_keeps_the_ranks_in_lockstep(two_ranks: dict[str, Any]) -> None:
+    """Refill rounds: every rank samples its share of each round, all see the whole round, so
+    all take the same decisions (rounds drawn, groups kept) and hold the same batch."""
+    a, b = two_ranks[0]["refill"], two_ranks[1]["refill"]
+    assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["correct"], b["correct"])
+    assert a["rounds"] == b["rounds"] and a["prompts"] == b["prompts"]
+    by_group = a["correct"].view(-1, 4).sum(-1)
+    assert ((by_group > 0) & (by_group < 4)).all()  # only groups with both outcomes were kept
+
+
+def test_a_config_needs_a_group_per_process() -> None:
+    with pytest.raises(ValueError, match=r"sampling.prompts_per_step \(2\) must be at least"):
+        RunConfig.model_validate({"sampling": {"prompts_per_step": 2}, "resources": {"gpus": 4}})
+
+
+@pytest.mark.slow  # launch_local end to end: a child process per run
+def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
+    model_store: ModelStore, arith_base: Path, tmp_path: Path
+) -> None:
+    """``launch_local`` with 2 ranks: stopped by rank 0's ``should_stop`` after step 1, resumed
+    to step 2 from rank 0's checkpoint. Rollouts differ from 1 process's (each rank draws its own
+    sampling noise); what must match: the prompts drawn, every metric key, rollouts counted."""
+    cfg = scenario_config("grpo").model_copy(update={"steps": 2})
+    single = MemorySink()
+    trainer.train(cfg, single, workdir=tmp_path / "one", model_store=model_store)
+
+    sink = MemorySink()
+
+    def stop_after_one() -> bool:
+        return len(sink.steps) >= 1
+
+    common = {"workdir": tmp_path / "two", "nprocs": 2, "model_store": model_store}
+    first = distributed.launch_local(cfg, sink, stop_after_one, timeout_s=120, **common)
+    assert (first.status, first.last_step) == ("cancelled", 1)
+    second = distributed.launch_local(cfg, sink, timeout_s=120, **common)
+    assert (second.status, second.last_step) == ("succeeded", 2)
+    assert [e for e, _ in sink.events].count("resumed") == 1
+    assert sorted(sink.steps) == sorted(single.steps) == [1, 2]
+    for step in (1, 2):
+        a, b = single.steps[step], sink.steps[step]
+        assert a.metrics.keys() == b.metrics.keys()
+        prompts = lambda rec: sorted((p.key, p.n) for p in rec.prompts)  # noqa: E731
+        assert prompts(a) == prompts(b)
+        assert len(a.rollouts) == len(b.rollouts)
+        assert a.metrics[M.ROLLOUTS_SEEN] == b.metrics[M.ROLLOUTS_SEEN]
+    assert not dist.is_initialized()  # the caller (a worker) goes on to other runs
+
+
+class BrokenOnRankOne(ModelStore):
+    """A model store rank 1 cannot load from: a child that fails after joining the group."""
+
+    def resolve(self, name: str) -> Path | str:
+        if distributed.rank() == 1:
+            raise RuntimeError("rank 1 cannot load its model")
+        return super().resolve(name)
+
+
+@pytest.mark.slow  # launch_local end to end: a child process per run
+def test_a_failing_child_fails_the_run_with_its_own_error(
+    model_store: ModelStore,
+    arith_base: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 waits in a collective for rank 1, which died: the run fails with rank 1's
+    traceback (not a hang, not only rank 0's 'connection closed'), and the group is gone."""
+    # The child unpickles BrokenOnRankOne from this module, imported by pytest from its folder.
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    cfg = scenario_config("grpo")
+    broken = BrokenOnRankOne(model_store.root)
+    with pytest.raises(distributed.RankFailed, match="rank 1 cannot load its model"):
+        distributed.launch_local(
+            cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120
+        )
+    assert not dist.is_initialized()
