@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from backend.api import errors
 from backend.api.deps import SessionGate, require_reader
 from backend.api.routes import (
+    compare,
     external,
     health,
     metrics,
@@ -184,6 +185,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         presets,
         stream,
         studies,
+        compare,
         pipelines,
         models,
     ):

@@ -173,6 +173,16 @@ def static_file(name: str) -> FileResponse:
     return FileResponse(path, media_type=media_type, headers={"Cache-Control": "no-cache"})
 
 
+@router.get("/studies", response_class=HTMLResponse)
+def studies_page(request: Request) -> HTMLResponse:
+    return _render(request, "studies.html", "studies", title="Studies")
+
+
+@router.get("/studies/new", response_class=HTMLResponse)  # before /studies/{study_id}
+def new_study_page(request: Request) -> HTMLResponse:
+    return _render(request, "new_study.html", "new-study", title="New study")
+
+
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(request: Request, study_id: int) -> HTMLResponse:
     return _render(request, "study.html", "study", title=f"Study {study_id}", study_id=study_id)

@@ -191,6 +191,19 @@ def compare(
     keys: Annotated[
         str | None, typer.Option(help=f"Comma list of keys (default: {','.join(KEY_METRICS)}).")
     ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a self-contained HTML report (groups, each against the baseline group"
+            " with its CI, curves) to this file instead; '.csv': each run's last-3 mean."
+        ),
+    ] = None,
+    group: Annotated[
+        str, typer.Option(help="With --report: group by algorithm, task, model or a config path.")
+    ] = "algorithm",
+    baseline: Annotated[
+        str | None, typer.Option(help="With --report: the baseline group, e.g. algorithm=grpo.")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -198,8 +211,22 @@ def compare(
 
     The extreme (max, or min where lower is better) of a noisy series is not its "best": it is
     the luckiest step. The mean of the last 3 values is the steadier summary (a study compares
-    runs by such an objective with a confidence interval: ``conspo-lab study``)."""
+    runs by such an objective with a confidence interval: ``conspo-lab study``).
+    With ``--report out.html`` the runs are grouped and set against a baseline group (paired by
+    seed where the seeds match) on the first key, in one file that opens offline."""
     key_list = _split(keys) if keys else list(KEY_METRICS)
+    if report is not None:
+        with _client(url, token) as lab:
+            text = lab.compare_report(
+                run_ids,
+                key_list[0] if keys else "eval/accuracy",
+                group=group,
+                baseline=baseline,
+                csv=report.suffix.lower() == ".csv",
+            )
+        report.write_text(text)
+        console.print(f"wrote {report}")
+        return
     with _client(url, token) as lab:
         info = {rid: lab.get_run(rid) for rid in run_ids}
         series = lab.compare(run_ids, key_list, max_points=10_000)

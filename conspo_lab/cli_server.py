@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -227,6 +227,30 @@ def _ensure_local_token(settings: Settings) -> str:
         db.dispose()
 
 
+def demo_spec() -> dict[str, Any]:
+    """The demo study (``make run`` queues it; ``bench/demo_study.py`` runs it headless): its
+    base config is ``conspo.demo.DEMO_CONFIG``, the form's defaults."""
+    from conspo.demo import DEMO_CONFIG
+
+    return {
+        "name": "demo: grpo vs conspo",
+        "config": DEMO_CONFIG,
+        "arms": [
+            {"name": "grpo", "overrides": {"algorithm": "grpo"}},
+            {"name": "conspo", "overrides": {"algorithm": "conspo"}},
+            {
+                "name": "conspo-linear",
+                "overrides": {"algorithm": "conspo", "params.contrast": "linear"},
+            },
+        ],
+        "seeds": DEMO_SEEDS,
+        "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 3},
+        "baseline": "grpo",
+        "concurrency": 2,
+        "tags": ["demo"],
+    }
+
+
 def _queue_demo(settings: Settings) -> None:
     """A study: GRPO vs ConSPO and its linear-contrast ablation, five seeds each, on 1-digit
     a±b±c from the tiny-arith model, two runs at a time (the embedded worker runs one).
@@ -244,27 +268,8 @@ def _queue_demo(settings: Settings) -> None:
     from backend.security import get_or_create_user
     from backend.studies.service import create_study
     from backend.studies.spec import StudyCreate, validate_arm
-    from conspo.demo import DEMO_CONFIG
 
-    spec = StudyCreate.model_validate(
-        {
-            "name": "demo: grpo vs conspo",
-            "config": DEMO_CONFIG,
-            "arms": [
-                {"name": "grpo", "overrides": {"algorithm": "grpo"}},
-                {"name": "conspo", "overrides": {"algorithm": "conspo"}},
-                {
-                    "name": "conspo-linear",
-                    "overrides": {"algorithm": "conspo", "params.contrast": "linear"},
-                },
-            ],
-            "seeds": DEMO_SEEDS,
-            "objective": {"metric": "eval/accuracy", "reduce": "mean_last_k", "k": 3},
-            "baseline": "grpo",
-            "concurrency": 2,
-            "tags": ["demo"],
-        }
-    )
+    spec = StudyCreate.model_validate(demo_spec())
     arms = []
     for arm in spec.arms:
         config, problems = validate_arm(spec.config, arm.overrides, ("demo", arm.name))

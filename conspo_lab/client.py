@@ -483,6 +483,32 @@ class Client:
     def study_objective_csv(self, study_id: int) -> str:
         return self._text("GET", f"/api/studies/{study_id}/objective.csv")
 
+    def compare_report(
+        self,
+        runs: Sequence[int],
+        key: str = "eval/accuracy",
+        *,
+        group: str = "",
+        baseline: str | None = None,
+        k: int = 3,
+        direction: str = "max",
+        csv: bool = False,
+    ) -> str:
+        """The runs grouped by ``group`` (a config path or algorithm/task/model) as one
+        self-contained HTML report, each group against ``baseline`` (a label such as
+        ``algorithm=grpo``; default the first group); ``csv``: each run's mean of its last ``k``
+        values of ``key`` instead."""
+        params = dict(
+            runs=",".join(str(r) for r in runs),
+            key=key,
+            group=group,
+            k=k,
+            direction=direction,
+            **({"baseline": baseline} if baseline else {}),
+        )
+        path = "/api/compare/objective.csv" if csv else "/api/compare/report.html"
+        return self._text("GET", path, params=params)
+
     # --- pipelines and the model registry (dicts: docs/api.md says what they hold) -----------
 
     def create_pipeline(
@@ -511,9 +537,9 @@ class Client:
         data = self._request("POST", f"/api/models/{run_id}/export", json={"step": step})
         return str(data["path"])
 
-    def _text(self, method: str, path: str) -> str:
+    def _text(self, method: str, path: str, params: dict[str, Any] | None = None) -> str:
         try:
-            response = self._http.request(method, path)
+            response = self._http.request(method, path, params=params)
         except httpx.TransportError as exc:
             raise ServerUnavailable(
                 0, f"cannot reach {self.base_url}: {exc}", method, path

@@ -1,5 +1,5 @@
-"""A study as one self-contained HTML file: Plotly, the page's styles and its renderer inlined,
-the study's data embedded, so it opens from disk and makes no network request.
+"""A study, or a comparison of runs, as one self-contained HTML file: Plotly, the page's styles
+and its renderer inlined, the data embedded, so it opens from disk and makes no network request.
 
 The renderer is the study page's own (``frontend/static/study_render.js`` on ``util.js``):
 both files are inlined into one module script with their import and export lines stripped.
@@ -35,7 +35,12 @@ def _script(text: str) -> str:
     return text.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
 
 
+def _title(view: dict[str, Any]) -> str:
+    return view.get("title") or f"Study {view['id']}: {view['name']}"
+
+
 def study_report(view: dict[str, Any]) -> str:
+    """A study (``service.study_view``) or a comparison (``comparison.comparison_view``)."""
     data = _script(json.dumps(view).replace("<", "\\u003c"))
     return f"""<!doctype html>
 <html lang="en">
@@ -43,7 +48,7 @@ def study_report(view: dict[str, Any]) -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
-<title>Study {view["id"]}: {escape(view["name"])} · ConSPO Lab report</title>
+<title>{escape(_title(view))} · ConSPO Lab report</title>
 <style>{(STATIC_DIR / "app.css").read_text()}</style>
 <script>{_script(plotly_js_path().read_text())}</script>
 </head>

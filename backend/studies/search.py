@@ -126,7 +126,7 @@ def _load(session: Session, study: Study) -> Any:
     )
 
 
-def _check_space(body: StudyCreate) -> None:
+def check_space(body: StudyCreate) -> None:
     """Each search path must be a config path whose low/high or choices validate: 422 at
     body.search.space.<path> otherwise, before anything is stored."""
     assert body.search is not None
@@ -161,7 +161,7 @@ def create_search_study(
 ) -> Study:
     """Validate the space, store the study, create its Optuna study, release the first trials."""
     assert body.search is not None
-    _check_space(body)
+    check_space(body)
     spec = body.model_copy(update={"arms": [], "baseline": None})
     study = Study(
         name=spec.name,

@@ -17,7 +17,8 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import func, select, update
@@ -38,7 +39,14 @@ from backend.models import (
 )
 from backend.queue import JobQueue
 from backend.studies import stats
-from backend.studies.spec import StudyCreate, group_of, run_name
+from backend.studies.spec import (
+    Objective,
+    StudyCreate,
+    group_of,
+    row_arm,
+    run_name,
+    split_row_arm,
+)
 from conspo import metrics as M
 from conspo.config import RunConfig
 
@@ -100,16 +108,23 @@ def add_arms(
         session.add(
             StudyRun(
                 study_id=study.id,
-                arm=name,
+                arm=row_arm(name, _task(study, config)),
                 seed=seed,
                 position=position,
                 state=StudyRunState.pending,
                 config=config.model_copy(
-                    update={"seed": seed, "name": run_name(study.id, name, seed)}
+                    update={
+                        "seed": seed,
+                        "name": run_name(study.id, name, seed, _task(study, config)),
+                    }
                 ).model_dump(mode="json"),
                 trial=trials[a] if trials else None,
             )
         )
+
+
+def _task(study: Study, config: RunConfig) -> str | None:
+    return config.task.name if study.spec.get("tasks") else None
 
 
 def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
@@ -183,8 +198,9 @@ def _any_pending(session: Session, study_id: int) -> bool:
 
 def _new_run(study: Study, row: StudyRun) -> Run:
     config = RunConfig.model_validate(row.config)
+    arm, task = split_row_arm(row.arm)
     return Run(
-        name=run_name(study.id, row.arm, int(row.seed)),
+        name=run_name(study.id, arm, int(row.seed), task),
         owner_id=study.owner_id,
         status=RunStatus.queued,
         algorithm=config.algorithm,
@@ -193,7 +209,7 @@ def _new_run(study: Study, row: StudyRun) -> Run:
         config=row.config,
         seed=row.seed,
         group_id=group_of(study.id),
-        tags=list(dict.fromkeys([*study.spec.get("tags", []), f"study:{study.id}", row.arm])),
+        tags=list(dict.fromkeys([*study.spec.get("tags", []), f"study:{study.id}", arm])),
         total_steps=config.steps,
         summary={},
     )
@@ -277,10 +293,11 @@ def window_start(steps: Sequence[int], how: str, k: int) -> int:
     return steps[0]
 
 
-def _series(
-    session: Session, run_ids: Iterable[int], keys: Iterable[str]
-) -> dict[tuple[int, str], tuple[list[int], list[float | None]]]:
-    out: dict[tuple[int, str], tuple[list[int], list[float | None]]] = defaultdict(lambda: ([], []))
+Series = dict[tuple[int, str], tuple[list[int], list[float | None]]]  # (run, key) → steps, values
+
+
+def _series(session: Session, run_ids: Iterable[int], keys: Iterable[str]) -> Series:
+    out: Series = defaultdict(lambda: ([], []))
     ids, key_list = list(run_ids), list(keys)
     if not ids:
         return out
@@ -299,6 +316,28 @@ def _series(
 SEPARATION_KEYS = (M.SEP_GAP, M.SEP_ORDER_ACC, M.SEP_MARGIN_ACC)
 
 
+def run_objective(
+    series: Series, run_id: int, objective: Objective
+) -> tuple[float | None, dict[str, float]]:
+    """A run's objective and, over the same window, the mean of each separation statistic."""
+    steps, values = series[(run_id, objective.metric)]
+    value = reduce_series(steps, values, objective.reduce, objective.k)
+    out: dict[str, float] = {}
+    if value is None:
+        return None, out
+    start = window_start(steps, objective.reduce, objective.k)
+    for key in SEPARATION_KEYS:
+        s_steps, s_values = series[(run_id, key)]
+        window = [
+            v
+            for s, v in zip(s_steps, s_values, strict=True)
+            if s >= start and v is not None and math.isfinite(v)
+        ]
+        if window:
+            out[key] = float(np.mean(window))
+    return value, out
+
+
 def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[str, Any]:
     """Everything the study page shows, as JSON."""
     spec = StudyCreate.model_validate(study.spec)
@@ -308,39 +347,36 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
             select(StudyRun).where(StudyRun.study_id == study.id).order_by(StudyRun.position)
         )
     )
-    arm_names = list(dict.fromkeys(r.arm for r in rows))
+    arm_names = list(dict.fromkeys(split_row_arm(r.arm)[0] for r in rows))
     runs = {r.id: r for r in _runs(session, study.id)}
     keys = [objective.metric, *SEPARATION_KEYS]
     series = _series(session, runs, keys)
-    by_arm: dict[str, dict[int, float]] = {a: {} for a in arm_names}
-    separation: dict[str, dict[str, dict[int, float]]] = {a: defaultdict(dict) for a in arm_names}
+    # Runs pair by seed, or by (task, seed) when the study crosses tasks.
+    by_arm: dict[str, dict[stats.Key, float]] = {a: {} for a in arm_names}
+    separation: dict[str, dict[str, dict[stats.Key, float]]] = {
+        a: defaultdict(dict) for a in arm_names
+    }
     run_rows = []
     for row in rows:
         run = runs.get(row.run_id) if row.run_id is not None else None
         value = None
+        arm, task = split_row_arm(row.arm)
+        pair_key: stats.Key = (task, int(row.seed)) if task else int(row.seed)
         if run is not None and run.status == RunStatus.succeeded:
-            steps, values = series[(run.id, objective.metric)]
-            value = reduce_series(steps, values, objective.reduce, objective.k)
+            value, window = run_objective(series, run.id, objective)
             if value is not None:
-                by_arm[row.arm][int(row.seed)] = value
-                start = window_start(steps, objective.reduce, objective.k)
-                for key in SEPARATION_KEYS:
-                    s_steps, s_values = series[(run.id, key)]
-                    window = [
-                        v
-                        for s, v in zip(s_steps, s_values, strict=True)
-                        if s >= start and v is not None and math.isfinite(v)
-                    ]
-                    if window:
-                        separation[row.arm][key][int(row.seed)] = float(np.mean(window))
+                by_arm[arm][pair_key] = value
+                for key, mean in window.items():
+                    separation[arm][key][pair_key] = mean
         run_rows.append(
             {
-                "arm": row.arm,
+                "arm": arm,
+                "task": task,
                 "seed": row.seed,
                 "state": row.state,
                 "trial": row.trial,
                 "run_id": row.run_id,
-                "name": run.name if run is not None else run_name(study.id, row.arm, int(row.seed)),
+                "name": run.name if run is not None else run_name(study.id, arm, row.seed, task),
                 "status": run.status if run is not None else row.state,
                 "step": run.step if run is not None else 0,
                 "total_steps": run.total_steps if run is not None else row.config.get("steps"),
@@ -381,15 +417,56 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "counts": dict(counts),
         "seeds": spec.seeds,
     }
+    if spec.tasks:
+        out["tasks"] = _across_tasks(by_arm, baseline, spec, summary.verdict)
     if curves:
-        out["curves"] = group_curves(session, rows, runs, keys)
+        arm_runs = [ArmRunRow(split_row_arm(r.arm)[0], r.run_id) for r in rows]
+        out["curves"] = group_curves(session, arm_runs, runs, keys)
     return out
+
+
+def _across_tasks(
+    by_arm: dict[str, dict[stats.Key, float]],
+    baseline: str,
+    spec: StudyCreate,
+    verdict: list[str],
+) -> dict[str, Any]:
+    """Per arm, and per arm's paired differences, the IQM and mean over all task × seed runs
+    with stratified bootstrap CIs; a verdict line per arm on the IQM of the differences."""
+
+    def per_task(values: dict[stats.Key, float]) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {t: {} for t in spec.tasks}
+        for (task, seed), value in values.items():
+            out[task][seed] = value
+        return {t: v for t, v in out.items() if v}
+
+    scale = spec.objective.scale or 1.0
+    unit = f" {spec.objective.unit}" if spec.objective.unit else ""
+    arms = {a: _jsonable(vars(stats.across_tasks(per_task(v)))) for a, v in by_arm.items()}
+    pairs = {}
+    for arm, values in by_arm.items():
+        if arm == baseline:
+            continue
+        agg = stats.paired_across_tasks(per_task(values), per_task(by_arm.get(baseline, {})))
+        pairs[arm] = _jsonable(vars(agg))
+        if agg.iqm is not None:
+            ci = (
+                f" [{stats._signed(agg.ci_iqm[0] * scale)}, {stats._signed(agg.ci_iqm[1] * scale)}]"
+                if agg.ci_iqm
+                else ""
+            )
+            verdict.append(
+                f"{arm} − {baseline} across {len(agg.tasks)} tasks: IQM of the paired differences"
+                f" = {stats._signed(agg.iqm * scale)}{unit}{ci} over {agg.n} (task, seed) pairs"
+                " (stratified bootstrap: seeds resampled within each task)"
+            )
+    return {"tasks": spec.tasks, "arms": arms, "pairs": pairs}
 
 
 def _arm_out(
     arm: stats.ArmSummary, study: Study, rows: list[StudyRun], name: str
 ) -> dict[str, Any]:
-    mine = [r for r in rows if r.arm == name]
+    mine = [r for r in rows if split_row_arm(r.arm)[0] == name]
     out = _jsonable(vars(arm))
     out["overrides"] = next(
         (a["overrides"] for a in study.spec.get("arms", []) if a["name"] == name), None
@@ -412,8 +489,24 @@ def _trial_params(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any
     return params
 
 
+@dataclass
+class ArmRunRow:
+    arm: str
+    run_id: int | None
+
+
+class ArmRun(Protocol):
+    """What the grouped curves need of a row: its arm and its run (a StudyRun, or a compared
+    run in ``backend.studies.comparison``)."""
+
+    @property
+    def arm(self) -> str: ...
+    @property
+    def run_id(self) -> int | None: ...
+
+
 def group_curves(
-    session: Session, rows: list[StudyRun], runs: dict[int, Run], keys: list[str]
+    session: Session, rows: Sequence[ArmRun], runs: Iterable[int], keys: list[str]
 ) -> dict[str, Any]:
     """Per key and arm: the mean over seeds at each step, a 95% t band, and n, the seeds that
     reached that step (the page cuts the solid line where n is short of the arm's seeds)."""

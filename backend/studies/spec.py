@@ -12,6 +12,8 @@ A study file, ten lines for the usual question::
     baseline: grpo
     concurrency: 2
 
+``tasks: [arith, countdown]`` crosses every arm with every task as well as every seed (pairs by
+(task, seed); across tasks: IQM and a stratified bootstrap, ``backend.studies.stats``).
 Overrides are nested dicts or dotted paths (``params.tau: 1.0`` is ``{params: {tau: 1.0}}``).
 Each arm's config (base ⊕ overrides) is validated as a RunConfig here, so an unknown path or a
 bad value is a 422 located at ``body.arms.<i>.overrides.<path>`` before anything is stored.
@@ -121,6 +123,14 @@ class StudyCreate(_Body):
     baseline: ArmName | None = Field(None, description="The arm others are paired against.")
     concurrency: int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
     search: Search | None = None
+    tasks: list[Label] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Task names crossed with the seeds: every arm runs on every (task, seed),"
+        " its task set to each in turn (the task's own params at their defaults). Differences"
+        " are paired by (task, seed); across tasks the study reports the IQM and a stratified"
+        " bootstrap (seeds resampled within each task).",
+    )
     tags: list[Tag] = Field(default_factory=list, max_length=50)
 
     @field_validator("arms")
@@ -140,6 +150,13 @@ class StudyCreate(_Body):
             raise ValueError("seeds must be distinct")
         return seeds
 
+    @field_validator("tasks")
+    @classmethod
+    def _distinct_tasks(cls, tasks: list[str]) -> list[str]:
+        if len(set(tasks)) != len(tasks):
+            raise ValueError("tasks must be distinct")
+        return tasks
+
     @field_validator("baseline")
     @classmethod
     def _baseline_is_an_arm(cls, baseline: str | None, info: ValidationInfo) -> str | None:
@@ -152,8 +169,10 @@ class StudyCreate(_Body):
     def _arms_or_search(self) -> StudyCreate:
         if self.search is None and not self.arms:
             raise PydanticCustomError("missing", "a study needs arms (or a search)")
-        if len(self.arms or [None]) * len(self.seeds) > MAX_RUNS:
-            raise ValueError(f"more than {MAX_RUNS} runs (arms × seeds)")
+        if self.search is not None and self.tasks:
+            raise ValueError("a search study runs on one task: give it in config, not tasks")
+        if len(self.arms or [None]) * len(self.seeds) * max(1, len(self.tasks)) > MAX_RUNS:
+            raise ValueError(f"more than {MAX_RUNS} runs (arms × tasks × seeds)")
         return self
 
 
@@ -235,8 +254,23 @@ def _error(loc: tuple[str | int, ...], message: str) -> dict[str, Any]:
     return {"type": "value_error", "loc": loc, "msg": message}
 
 
-def run_name(study_id: int, arm: str, seed: int) -> str:
-    return f"study-{study_id}-{arm}-s{seed}"
+def run_name(study_id: int, arm: str, seed: int, task: str | None = None) -> str:
+    return f"study-{study_id}-{arm}-{task}-s{seed}" if task else f"study-{study_id}-{arm}-s{seed}"
+
+
+# A study that crosses tasks stores each (arm, task) as its own row arm, "arm@task": study_runs
+# is unique on (study, arm, seed), and arm names never contain "@" (ARM_NAME).
+TASK_SEP = "@"
+
+
+def row_arm(arm: str, task: str | None) -> str:
+    return f"{arm}{TASK_SEP}{task}" if task else arm
+
+
+def split_row_arm(text: str) -> tuple[str, str | None]:
+    """``"grpo@arith"`` → ``("grpo", "arith")``; ``"grpo"`` → ``("grpo", None)``."""
+    arm, _, task = text.partition(TASK_SEP)
+    return arm, task or None
 
 
 def group_of(study_id: int) -> str:

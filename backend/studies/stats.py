@@ -9,6 +9,10 @@ Use::
     summary.verdict                      # one line per arm, e.g.
     # "conspo − grpo = +2.8 points [+1.0, +4.6], 9 of 10 seeds, p = 0.007"
 
+    # Several tasks in one study: values by task, then seed (rliable's robust aggregates).
+    by_task = {"arith": {0: 0.41, 1: 0.38}, "countdown": {0: 0.12, 1: 0.20, 2: 0.15}}
+    aggregate = across_tasks(by_task)    # IQM over all task × seed runs, stratified bootstrap CIs
+
 Every arm maps seed → objective (one number per finished run). Differences are paired by
 seed: d_s = objective(arm, s) − objective(baseline, s) over the seeds both arms finished; the
 seeds only one of them finished are named in ``PairedComparison.dropped`` and in the verdict.
@@ -20,14 +24,16 @@ with a fixed seed, so a page shows the same interval on every load.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats as sps
 
 Direction = Literal["max", "min"]
+# What runs pair on: a seed, or (task, seed) when a study crosses tasks.
+Key = Any
 LEVEL = 0.95
 N_BOOT = 10_000
 BOOT_SEED = 0
@@ -71,7 +77,7 @@ class ArmSummary:
     """One arm's objective over its finished seeds."""
 
     name: str
-    seeds: list[int]
+    seeds: list[Key]
     values: list[float]
     n: int
     mean: float | None
@@ -80,7 +86,7 @@ class ArmSummary:
     ci_boot: Interval
 
 
-def summarise_arm(name: str, by_seed: Mapping[int, float]) -> ArmSummary:
+def summarise_arm(name: str, by_seed: Mapping[Key, float]) -> ArmSummary:
     seeds = sorted(by_seed)
     values = np.array([by_seed[s] for s in seeds], dtype=float)
     n = len(values)
@@ -102,8 +108,8 @@ class PairedComparison:
 
     arm: str
     baseline: str
-    seeds: list[int]  # seeds both finished, ascending
-    dropped: list[int]  # seeds only one of the two finished
+    seeds: list[Key]  # seeds both finished, ascending
+    dropped: list[Key]  # seeds only one of the two finished
     d: list[float]  # arm − baseline per paired seed
     n: int
     mean_d: float | None
@@ -123,8 +129,8 @@ class PairedComparison:
 def paired(
     arm: str,
     baseline: str,
-    arm_by_seed: Mapping[int, float],
-    base_by_seed: Mapping[int, float],
+    arm_by_seed: Mapping[Key, float],
+    base_by_seed: Mapping[Key, float],
     direction: Direction = "max",
 ) -> PairedComparison:
     seeds = sorted(set(arm_by_seed) & set(base_by_seed))
@@ -180,6 +186,10 @@ def seeds_needed(sd_d: float | None, effect: float, level: float = LEVEL) -> int
     return max(2, math.ceil((z * sd_d / effect) ** 2))
 
 
+def _key_text(key: Key) -> str:
+    return f"{key[0]}/s{key[1]}" if isinstance(key, tuple) else str(key)
+
+
 def _signed(x: float, digits: int = 1) -> str:
     text = f"{x:+.{digits}f}"
     return text.replace("-", "−")
@@ -206,9 +216,11 @@ def verdict_line(
     """
     unit_text = f" {unit}" if unit else ""
     head = f"{pair.arm} − {pair.baseline}"
+    tasks = any(isinstance(k, tuple) for k in pair.seeds + pair.dropped)
+    seeds = "(task, seed) pairs" if tasks else "seeds"
     dropped = (
-        f" (seed{'s' if len(pair.dropped) > 1 else ''} {', '.join(map(str, pair.dropped))} "
-        "dropped: not finished by both arms)"
+        f" ({'runs' if tasks else 'seed' + ('s' if len(pair.dropped) > 1 else '')} "
+        f"{', '.join(map(_key_text, pair.dropped))} dropped: not finished by both arms)"
         if pair.dropped
         else ""
     )
@@ -222,7 +234,7 @@ def verdict_line(
     lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)
     stated = f"{head} = {mean}{unit_text} [{lo}, {hi}]"
     if pair.distinguishable:
-        return f"{stated}, {pair.wins} of {pair.n} seeds, {_p(pair.p_t)}{dropped}"
+        return f"{stated}, {pair.wins} of {pair.n} {seeds}, {_p(pair.p_t)}{dropped}"
     need = seeds_needed(None if pair.sd_d is None else pair.sd_d * scale, effect)
     effect_text = f"{effect:g}-{unit.rstrip('s') or 'unit'}" if unit else f"{effect:g}"
     needed = (
@@ -236,6 +248,141 @@ def verdict_line(
     )
 
 
+def iqm(values: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle half, ⌊n/4⌋ values cut from each end (as
+    ``scipy.stats.trim_mean(values, 0.25)`` and rliable's IQM). Robust to one wild run, less
+    noisy than the median."""
+    return float(sps.trim_mean(values, 0.25))
+
+
+def _iqm_rows(values: np.ndarray) -> np.ndarray:
+    return np.asarray(sps.trim_mean(values, 0.25, axis=-1))
+
+
+def _mean_rows(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values.mean(axis=-1))
+
+
+def stratified_bootstrap(
+    by_task: Mapping[str, Mapping[int, float]],
+    statistic: Callable[[np.ndarray], np.ndarray],
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    level: float = LEVEL,
+) -> Interval:
+    """Percentile CI of ``statistic`` over all task × seed values, seeds resampled **within**
+    each task (each resample keeps every task's number of runs: a task with more seeds never
+    crowds another out, and the spread between tasks is not mistaken for seed noise).
+    ``statistic`` maps resamples (n_boot, runs) to one value per row. None while no task has
+    two seeds (nothing to resample)."""
+    strata = [np.array(list(v.values()), dtype=float) for v in by_task.values() if v]
+    if not strata or max(len(s) for s in strata) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    picks = [s[rng.integers(0, len(s), size=(n_boot, len(s)))] for s in strata]
+    resamples = np.concatenate(picks, axis=1)  # (n_boot, all runs)
+    return percentile_interval(statistic(resamples), level)
+
+
+@dataclass
+class TaskAggregate:
+    """One arm over several tasks: every task × seed run pooled."""
+
+    tasks: dict[str, int]  # runs per task
+    n: int
+    mean: float | None
+    ci_mean: Interval  # stratified bootstrap
+    iqm: float | None
+    ci_iqm: Interval  # stratified bootstrap
+
+
+def across_tasks(by_task: Mapping[str, Mapping[int, float]]) -> TaskAggregate:
+    values = np.array([v for runs in by_task.values() for v in runs.values()], dtype=float)
+    n = len(values)
+    return TaskAggregate(
+        tasks={task: len(runs) for task, runs in by_task.items()},
+        n=n,
+        mean=float(values.mean()) if n else None,
+        ci_mean=stratified_bootstrap(by_task, _mean_rows),
+        iqm=iqm(values) if n else None,
+        ci_iqm=stratified_bootstrap(by_task, _iqm_rows),
+    )
+
+
+def paired_across_tasks(
+    arm_by_task: Mapping[str, Mapping[int, float]],
+    base_by_task: Mapping[str, Mapping[int, float]],
+) -> TaskAggregate:
+    """The differences d = arm − baseline paired by (task, seed), aggregated as ``across_tasks``
+    (the mean of d with its stratified bootstrap CI; the IQM of d beside it)."""
+    d = {
+        task: {s: runs[s] - base_by_task[task][s] for s in runs if s in base_by_task.get(task, {})}
+        for task, runs in arm_by_task.items()
+    }
+    return across_tasks({task: v for task, v in d.items() if v})
+
+
+@dataclass
+class UnpairedComparison:
+    """``arm`` − ``baseline`` when the runs cannot be paired (their seeds differ): the difference
+    of the means with a Welch t interval and p-value."""
+
+    arm: str
+    baseline: str
+    n_arm: int
+    n_baseline: int
+    mean_d: float | None
+    ci_t: Interval
+    p_t: float | None
+    distinguishable: bool
+
+
+def unpaired(
+    arm: str, baseline: str, arm_values: list[float], base_values: list[float]
+) -> UnpairedComparison:
+    a, b = np.array(arm_values, dtype=float), np.array(base_values, dtype=float)
+    mean_d = float(a.mean() - b.mean()) if len(a) and len(b) else None
+    ci: Interval = None
+    p: float | None = None
+    if len(a) >= 2 and len(b) >= 2:
+        qa, qb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        if qa + qb > 0:
+            df = (qa + qb) ** 2 / (qa**2 / (len(a) - 1) + qb**2 / (len(b) - 1))
+            half = float(sps.t.ppf(0.5 + LEVEL / 2, df) * math.sqrt(qa + qb))
+            assert mean_d is not None
+            ci = (mean_d - half, mean_d + half)
+            p = float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    return UnpairedComparison(
+        arm=arm,
+        baseline=baseline,
+        n_arm=len(a),
+        n_baseline=len(b),
+        mean_d=mean_d,
+        ci_t=ci,
+        p_t=p,
+        distinguishable=ci is not None and (ci[0] > 0 or ci[1] < 0),
+    )
+
+
+def unpaired_line(
+    pair: UnpairedComparison, *, scale: float = 1.0, unit: str = "", digits: int = 1
+) -> str:
+    """The verdict line of an unpaired comparison; it says it is unpaired."""
+    unit_text = f" {unit}" if unit else ""
+    head = f"{pair.arm} − {pair.baseline}"
+    ns = f"n = {pair.n_arm} and {pair.n_baseline}"
+    if pair.mean_d is None:
+        return f"{head}: no value in one of the two groups yet"
+    mean = _signed(pair.mean_d * scale, digits)
+    if pair.ci_t is None:
+        return f"{head} = {mean}{unit_text} at {ns}, unpaired: too few runs for an interval"
+    lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)
+    stated = f"{head} = {mean}{unit_text} [{lo}, {hi}], unpaired (Welch, seeds differ), {ns}"
+    if pair.distinguishable:
+        return f"{stated}, {_p(pair.p_t)}"
+    return f"{stated}: not distinguishable from seed noise, {_p(pair.p_t)}"
+
+
 @dataclass
 class StudySummary:
     arms: dict[str, ArmSummary]
@@ -244,7 +391,7 @@ class StudySummary:
 
 
 def summarise(
-    arms: Mapping[str, Mapping[int, float]],
+    arms: Mapping[str, Mapping[Key, float]],
     baseline: str,
     *,
     direction: Direction = "max",

@@ -1,5 +1,6 @@
 // Compare page: overlay runs per metric, group by any config path with mean ± std across seeds,
-// EMA smoothing, x-axis by step / wall time / rollouts seen, an A − B difference curve and a
+// EMA smoothing, x-axis by step / wall time / rollouts seen, an A − B difference curve (runs, or
+// groups against a baseline group: paired by seed when the seeds match, Welch otherwise) and a
 // config table of what differs. The whole view lives in the query string, so a link shares it.
 import { errorText, get, qs } from "/static/api.js";
 import { helpOf, isDeterministic, KEY_METRICS, ROLLOUTS_AXIS, unitOf } from "/static/catalogue.js";
@@ -52,6 +53,7 @@ const S = {
   smooth: url.has("smooth") ? Number(url.get("smooth")) : DEFAULT_SMOOTH,
   diff: list(url.get("diff")).map(Number),
   diffKey: url.get("dkey") || "",
+  base: url.get("base") || "", // baseline group of the group difference curves
   showAll: url.get("all") === "1",
   runs: new Map(), // id → Run
   allRuns: [], // picker list
@@ -69,7 +71,8 @@ function syncUrl() {
     x: S.x === "step" ? "" : S.x,
     smooth: S.smooth !== DEFAULT_SMOOTH ? S.smooth.toFixed(2) : "",
     diff: S.diff.length === 2 ? S.diff : "",
-    dkey: S.diff.length === 2 ? diffKey() : "",
+    dkey: S.diff.length === 2 || S.group ? diffKey() : "",
+    base: S.group ? S.base : "",
     all: S.showAll ? "1" : "",
   });
   history.replaceState(null, "", `/compare${q}`);
@@ -203,6 +206,11 @@ function groups() {
   return by;
 }
 
+/** A run's x value at `step` under the current x mode. */
+function xAt(id, s, step) {
+  return xFor(id, [step], s.wall_time?.length ? [interp(s.steps, s.wall_time, step)] : null)[0];
+}
+
 /** Mean and std across runs on the union of their steps (each run interpolated inside its range). */
 function aggregate(ids, key) {
   const series = ids.map((id) => [id, S.data[id]?.[key]]).filter(([, s]) => s?.steps.length);
@@ -222,7 +230,7 @@ function aggregate(ids, key) {
       const v = interp(s.steps, s.values, st);
       if (v === null || !Number.isFinite(v)) continue;
       vals.push(v);
-      const x = xFor(id, [st], s.wall_time?.length ? [interp(s.steps, s.wall_time, st)] : null)[0];
+      const x = xAt(id, s, st);
       if (x !== null) xv.push(x);
     }
     if (!vals.length) continue;
@@ -247,6 +255,165 @@ function aggregate(ids, key) {
 }
 
 const diffKey = () => (S.keys.includes(S.diffKey) ? S.diffKey : S.keys[0] || "");
+
+// ---- group difference: group B − baseline group A, paired by seed when the seeds match ------------
+const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+const variance = (xs, m = mean(xs)) => xs.reduce((a, b) => a + (b - m) ** 2, 0) / (xs.length - 1);
+/** t_{0.975, df}; a fractional (Welch) df is rounded down, which widens the band a little. */
+const t975 = (df) => (df >= 1 ? (T975[Math.floor(df) - 1] ?? 1.96) : null);
+
+/** seed → run id for a group whose runs all have distinct seeds; null otherwise. */
+function seedMap(ids) {
+  const out = new Map();
+  for (const id of ids) {
+    const seed = S.runs.get(id)?.seed;
+    if (seed === null || seed === undefined || out.has(seed)) return null;
+    out.set(seed, id);
+  }
+  return out;
+}
+
+/** How a group difference is computed: paired over the seeds both groups ran (at least 2 of
+ * them), else unpaired (Welch). */
+function pairing(idsA, idsB) {
+  const a = seedMap(idsA);
+  const b = seedMap(idsB);
+  const common = a && b ? [...a.keys()].filter((seed) => b.has(seed)).sort((x, y) => x - y) : [];
+  if (common.length >= 2) return { paired: true, pairs: common.map((seed) => [a.get(seed), b.get(seed)]) };
+  return { paired: false };
+}
+
+/** B − A per step on the union of steps: paired, the mean of per-seed differences with a t band
+ * over the seeds that reached the step; unpaired, the difference of means with a Welch band.
+ * `n` is the seeds (pairs) contributing at each step, `full` how many there could be. */
+function groupDifference(idsA, idsB, key) {
+  const series = (id) => S.data[id]?.[key];
+  const at = (id, st) => {
+    const s = series(id);
+    if (!s?.steps.length) return null;
+    const v = interp(s.steps, s.values, st);
+    return v === null || !Number.isFinite(v) ? null : v;
+  };
+  const stepSet = new Set();
+  for (const id of [...idsA, ...idsB]) for (const st of series(id)?.steps || []) stepSet.add(st);
+  const steps = [...stepSet].sort((x, y) => x - y);
+  const how = pairing(idsA, idsB);
+  const out = { paired: how.paired, xs: [], mean: [], lo: [], hi: [], n: [], full: 0, sampled: false };
+  out.full = how.paired ? how.pairs.length : idsA.length + idsB.length;
+  out.sampled = [...idsA, ...idsB].some((id) => series(id)?.sampled);
+  const xOf = (ids, st) => {
+    const xv = ids.map((id) => (series(id) ? xAt(id, series(id), st) : null)).filter((x) => x !== null);
+    return xv.length ? mean(xv) : st;
+  };
+  for (const st of steps) {
+    let m, half, n;
+    if (how.paired) {
+      const d = how.pairs
+        .map(([a, b]) => [at(a, st), at(b, st)])
+        .filter(([va, vb]) => va !== null && vb !== null)
+        .map(([va, vb]) => vb - va);
+      if (!d.length) continue;
+      n = d.length;
+      m = mean(d);
+      half = n > 1 ? (t975(n - 1) * Math.sqrt(variance(d, m))) / Math.sqrt(n) : null;
+    } else {
+      const va = idsA.map((id) => at(id, st)).filter((v) => v !== null);
+      const vb = idsB.map((id) => at(id, st)).filter((v) => v !== null);
+      if (!va.length || !vb.length) continue;
+      n = va.length + vb.length;
+      m = mean(vb) - mean(va);
+      half = null;
+      if (va.length > 1 && vb.length > 1) {
+        const qa = variance(va) / va.length;
+        const qb = variance(vb) / vb.length;
+        const df = (qa + qb) ** 2 / (qa ** 2 / (va.length - 1) + qb ** 2 / (vb.length - 1) || 1);
+        half = (t975(df) ?? 1.96) * Math.sqrt(qa + qb);
+      }
+    }
+    out.xs.push(xOf([...idsA, ...idsB], st));
+    out.mean.push(m);
+    out.lo.push(half === null ? null : m - half);
+    out.hi.push(half === null ? null : m + half);
+    out.n.push(n);
+  }
+  return out.xs.length ? out : null;
+}
+
+function groupDiffFigure(key) {
+  const grouped = groups();
+  if (!grouped || grouped.size < 2) return null;
+  const labels = [...grouped.keys()];
+  const base = baseGroup(labels);
+  const smooth = isDeterministic(key) ? 0 : S.smooth;
+  const traces = [];
+  const used = [];
+  const kinds = new Set();
+  labels.forEach((label, gi) => {
+    if (label === base) return;
+    const diff = groupDifference(grouped.get(base), grouped.get(label), key);
+    if (!diff) return;
+    kinds.add(diff.paired ? "paired" : "welch");
+    const c = color(gi);
+    const name = `${label} − ${base}`;
+    const m = ema(diff.mean, smooth);
+    if (diff.lo.some((v) => v !== null))
+      traces.push(
+        ...bandTraces(diff.xs, ema(diff.lo, smooth), ema(diff.hi, smooth), {
+          color: c,
+          name: `${name} 95% CI`,
+          group: name,
+        }),
+      );
+    const unit = diff.paired ? "seeds" : "runs";
+    const text = diff.n.map((k) => `n = ${k} of ${diff.full} ${unit}`);
+    const full = m.map((v, i) => (diff.n[i] === diff.full ? v : null));
+    const short = m.map((v, i) =>
+      diff.n[i] < diff.full || diff.n[i - 1] < diff.full || diff.n[i + 1] < diff.full ? v : null,
+    );
+    const line = { x: diff.xs, text, type: "scatter", mode: "lines", legendgroup: name, customdata: diff.n };
+    const hovertemplate = `%{y:+.4g} · %{text}<extra>${name}</extra>`;
+    traces.push({
+      ...line,
+      y: full,
+      line: { width: 2, color: c },
+      name: `${name} (${diff.paired ? `paired, ${diff.full} seeds` : "unpaired"})`,
+      meta: { pairing: diff.paired ? "paired" : "welch", raw: diff.mean, n: diff.n },
+      hovertemplate,
+    });
+    if (short.some((v) => v !== null))
+      traces.push({
+        ...line,
+        y: short,
+        line: { width: 1.5, color: c, dash: "dot" },
+        name: `${name}: fewer`,
+        showlegend: false,
+        hovertemplate,
+      });
+    used.push(...[...grouped.get(base), ...grouped.get(label)].map((id) => S.data[id]?.[key]).filter(Boolean));
+  });
+  if (!traces.length) return null;
+  const layout = baseLayout({ uirevision: `${S.x}|gdiff|${base}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
+  layout.shapes = [
+    { type: "line", xref: "paper", x0: 0, x1: 1, y0: 0, y1: 0, line: { color: "#9ca3af", width: 1, dash: "dot" } },
+  ];
+  const said = [];
+  if (kinds.has("paired")) said.push("paired by seed: mean of per-seed differences, band = 95% t CI over seeds");
+  if (kinds.has("welch")) said.push("unpaired (seeds differ): difference of group means, band = 95% Welch CI");
+  said.push("dotted: fewer seeds");
+  if (smooth) said.push(`EMA smoothing ${smooth.toFixed(2)}`);
+  const notes = [...sampledAnnotation(used), noteAnnotation(said.join(" · "))];
+  if (notes.length > 1) {
+    notes[0].text = notes.map((n) => n.text).join(" · ");
+    notes.length = 1;
+  }
+  withNotes(layout, notes);
+  return { traces, layout, pairing: [...kinds].join(",") };
+}
+
+/** The baseline group: the one chosen if it is still a group, else the first. */
+function baseGroup(labels) {
+  return labels.includes(S.base) ? S.base : labels[0];
+}
 
 // ---- charts -------------------------------------------------------------------------------------
 function metricFigure(key) {
@@ -369,6 +536,21 @@ function draw() {
       help: "Run A minus run B at A's steps (B interpolated inside its range).",
     });
   }
+  const grouped = groups();
+  if (grouped && grouped.size > 1 && S.runIds.length && diffKey()) {
+    const k = diffKey();
+    const base = baseGroup([...grouped.keys()]);
+    wanted.unshift({
+      id: `g-${k}`,
+      key: k,
+      gdiff: true,
+      title: `Group difference against ${base}: ${k}`,
+      help:
+        "Each group minus the baseline group. Paired by seed when both groups ran the same seeds " +
+        "(the mean of per-seed differences, 95% t band over seeds); otherwise the difference of " +
+        "the group means with a 95% Welch band. Dotted where fewer seeds have reached the step.",
+    });
+  }
   const wantedIds = new Set(wanted.map((w) => w.id));
   for (const [id, entry] of S.cards) {
     if (!wantedIds.has(id)) {
@@ -387,7 +569,8 @@ function draw() {
       S.cards.set(w.id, entry);
     }
     container.append(entry.card); // keeps order
-    const fig = w.diff ? diffFigure(w.key) : metricFigure(w.key);
+    const fig = w.gdiff ? groupDiffFigure(w.key) : w.diff ? diffFigure(w.key) : metricFigure(w.key);
+    if (w.gdiff) entry.card.dataset.pairing = fig?.pairing || "";
     if (!fig) {
       if (entry.plot.dataset.state === "plotted") window.Plotly.purge(entry.plot);
       entry.plot.dataset.state = "empty";
@@ -582,6 +765,7 @@ function renderRunList() {
     );
     el.value = S.diff.length === 2 ? String(S.diff[idx]) : "";
   }
+  renderBaseSelect();
   $("#diff-key").replaceChildren(...S.keys.map((k) => h("option", { value: k }, k)));
   $("#diff-key").value = diffKey();
   // group-by suggestions: top-level fields and config paths that differ between the chosen runs
@@ -595,6 +779,15 @@ function renderRunList() {
       h("option", { value: k }),
     ),
   );
+}
+
+/** The baseline-group picker, shown while the runs are grouped. */
+function renderBaseSelect() {
+  const grouped = groups();
+  const labels = grouped ? [...grouped.keys()] : [];
+  $("#diff-base-row").hidden = labels.length < 2;
+  $("#diff-base").replaceChildren(...labels.map((l) => h("option", { value: l }, l)));
+  if (labels.length) $("#diff-base").value = baseGroup(labels);
 }
 
 function renderKeyList() {
@@ -650,6 +843,12 @@ $("#run-filter").addEventListener("input", debounce(renderRunList, 150));
 $("#key-filter").addEventListener("input", debounce(renderKeyList, 150));
 $("#group-by").addEventListener("change", (ev) => {
   S.group = ev.target.value.trim() === "none" ? "" : ev.target.value.trim();
+  renderBaseSelect();
+  syncUrl();
+  draw();
+});
+$("#diff-base").addEventListener("change", (ev) => {
+  S.base = ev.target.value;
   syncUrl();
   draw();
 });
@@ -681,6 +880,41 @@ $("#show-all-config").addEventListener("change", (ev) => {
   syncUrl();
   renderConfigDiff();
 });
+// ---- reports: the server renders them (the study report's renderer); a fetch carries the token
+function reportQuery() {
+  const grouped = groups();
+  return qs({
+    runs: S.runIds,
+    key: diffKey(),
+    group: S.group,
+    baseline: grouped && grouped.size > 1 ? baseGroup([...grouped.keys()]) : "",
+    k: SUMMARY_LAST_N,
+  });
+}
+
+async function download(path, filename) {
+  if (!S.runIds.length) return toast("Pick runs first", "error");
+  try {
+    const resp = await fetch(path, {
+      headers: window.CONSPO_TOKEN ? { Authorization: `Bearer ${window.CONSPO_TOKEN}` } : {},
+    });
+    if (!resp.ok) throw new Error(`${resp.status}: ${(await resp.text()).slice(0, 300)}`);
+    const href = URL.createObjectURL(await resp.blob());
+    const link = h("a", { href, download: filename, hidden: true });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(href), 60_000);
+  } catch (err) {
+    toast(`Could not export: ${errorText(err)}`, "error");
+  }
+}
+$("#report-html").addEventListener("click", () =>
+  download(`/api/compare/report.html${reportQuery()}`, "comparison.html"),
+);
+$("#report-csv").addEventListener("click", () =>
+  download(`/api/compare/objective.csv${reportQuery()}`, "comparison.csv"),
+);
 $("#copy-link").addEventListener("click", async () => {
   try {
     await navigator.clipboard.writeText(location.href);

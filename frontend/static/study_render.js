@@ -111,12 +111,36 @@ function separationTable(view, colors) {
   );
 }
 
+/** With several tasks: per arm and per paired difference, the mean and the IQM over every
+ * task × seed run, each with its stratified bootstrap CI (seeds resampled within each task). */
+function tasksTable(view, colors) {
+  const t = view.tasks;
+  const row = (name, label, agg) => [
+    swatch(colors[name], label),
+    Object.entries(agg.tasks)
+      .map(([task, n]) => `${task}: ${n}`)
+      .join(", "),
+    fmtNum(scaled(view, agg.mean), 4),
+    fmtCi(view, agg.ci_mean),
+    fmtNum(scaled(view, agg.iqm), 4),
+    fmtCi(view, agg.ci_iqm),
+  ];
+  return table(
+    "tasks-table",
+    ["arm", "runs per task", "mean", "95% CI (stratified)", "IQM", "95% CI (stratified)"],
+    [
+      ...view.arms.filter((a) => t.arms[a.name]).map((a) => row(a.name, a.name, t.arms[a.name])),
+      ...Object.entries(t.pairs).map(([arm, agg]) => row(arm, `${arm} − ${view.baseline} (paired)`, agg)),
+    ],
+  );
+}
+
 function runsTable(view, colors) {
   return table(
     "runs-table",
     ["arm", "seed", "run", "status", "step", "objective"],
     view.runs.map((r) => [
-      swatch(colors[r.arm], r.arm),
+      swatch(colors[r.arm], r.task ? `${r.arm} · ${r.task}` : r.arm),
       String(r.seed),
       r.run_id ? h("a", { href: `/runs/${r.run_id}` }, r.name) : h("span.muted", {}, "waiting for a slot"),
       r.status,
@@ -287,7 +311,7 @@ export function renderStudy(view, root, Plotly) {
     h(
       "div.page-head",
       {},
-      h("h1", {}, `Study ${view.id}: ${view.name}`),
+      h("h1", {}, view.title || `Study ${view.id}: ${view.name}`),
       h("span.badge", { id: "study-status" }, view.status),
       h("span.muted", {}, counts),
     ),
@@ -299,7 +323,7 @@ export function renderStudy(view, root, Plotly) {
     h(
       "p.muted.small",
       {},
-      `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. Differences are paired by seed; values shown × ${view.objective.scale}.`,
+      `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. ${view.pairing_note || "Differences are paired by seed."} Values shown × ${view.objective.scale}.`,
     ),
     h("h3.section-title", {}, "Arms"),
     h("div.panel", { style: "overflow:auto" }, armTable(view, colors)),
@@ -307,8 +331,16 @@ export function renderStudy(view, root, Plotly) {
     h(
       "div.panel",
       { style: "overflow:auto" },
-      view.pairs.length ? pairTable(view, colors) : h("p.muted", {}, "one arm only"),
+      view.pairs.length
+        ? pairTable(view, colors)
+        : h("p.muted", {}, view.unpaired?.length ? "none paired by seed: see the verdict lines above" : "one arm only"),
     ),
+    ...(view.tasks
+      ? [
+          h("h3.section-title", {}, `Across tasks (${view.tasks.tasks.join(", ")})`),
+          h("div.panel", { style: "overflow:auto" }, tasksTable(view, colors)),
+        ]
+      : []),
     h("h3.section-title", {}, "Separation statistics over the objective's window"),
     h("div.panel", { style: "overflow:auto" }, separationTable(view, colors)),
   );

@@ -72,9 +72,24 @@ def test_bad_study_is_a_422_naming_the_field_and_stores_nothing(
     api: Api, change: dict[str, Any], loc: list[Any]
 ) -> None:
     before = count_studies(api)
-    r = api.post("/api/studies", json=study_body(**change))
-    assert r.status_code == 422, r.text
-    assert any(e["loc"][: len(loc)] == loc for e in r.json()["detail"]), r.json()
+    for path in ("/api/studies/check", "/api/studies"):  # the form's live check says the same
+        r = api.post(path, json=study_body(**change))
+        assert r.status_code == 422, r.text
+        assert any(e["loc"][: len(loc)] == loc for e in r.json()["detail"]), r.json()
+    assert count_studies(api) == before
+
+
+def test_check_plans_the_runs_and_stores_nothing(api: Api) -> None:
+    before = count_studies(api)
+    r = api.post("/api/studies/check", json=study_body())
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "arms": ["grpo", "conspo"],
+        "tasks": [],
+        "seeds": [0, 1, 2],
+        "runs": 6,
+        "baseline": "grpo",
+    }
     assert count_studies(api) == before
 
 
@@ -220,3 +235,124 @@ def test_search_study_through_optuna_storage(api: Api) -> None:
         assert arm["mean"] == pytest.approx(t["value"])
         assert arm["params"] == pytest.approx(t["params"])
     assert set(view["search"]["importances"]) <= {"params.tau", "optim.lr"}
+
+
+def test_search_prunes_a_hopeless_trial(api: Api) -> None:
+    """MedianPruner on three trials of one seed, their evals written as a worker would: the
+    first sets the median, the second is below it at every step and is pruned (its run asked to
+    stop, the trial told PRUNED), the third is above it and completes."""
+    from backend.models import Metric, Run, RunStatus
+    from backend.studies import service
+
+    body = study_body(
+        arms=[],
+        baseline=None,
+        seeds=[0],
+        concurrency=1,
+        config={**tiny_config(3), "algorithm": "conspo"},
+        search={
+            "space": {"params.tau": {"type": "float", "low": 0.5, "high": 2.0}},
+            "sampler": "random",
+            "trials": 3,
+            "prune": True,
+        },
+    )
+    sid = api.post("/api/studies", json=body).json()["id"]
+    settings = api.settings
+    db, jobs = Database(settings), JobQueue(make_celery(settings), settings.queue)
+
+    def trial_run(number: int) -> int:
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+        return next(r["run_id"] for r in view["runs"] if r["arm"] == f"t{number}")
+
+    def log(run_id: int, values: list[float], status: RunStatus) -> None:
+        with db.session() as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            run.status = RunStatus.running
+            for step, value in enumerate(values, 1):
+                session.merge(
+                    Metric(run_id=run_id, key="eval/accuracy", step=step, value=value, wall_time=0)
+                )
+            session.commit()
+            service.release(session, jobs, sid)  # reports intermediate values, may prune
+            run = session.get(Run, run_id, populate_existing=True)
+            assert run is not None
+            if status != RunStatus.running:
+                run.status = status
+                session.commit()
+                service.release(session, jobs, sid)  # tells the trial, asks the next
+
+    try:
+        log(trial_run(0), [0.6, 0.7, 0.8], RunStatus.succeeded)
+        hopeless = trial_run(1)
+        log(hopeless, [0.1, 0.1], RunStatus.running)
+        with db.session() as session:
+            run = session.get(Run, hopeless)
+            assert run is not None and run.cancel_requested  # pruned: asked to stop
+            run.status = RunStatus.cancelled  # as the worker answers a cancel
+            session.commit()
+            service.release(session, jobs, sid)
+        log(trial_run(2), [0.7, 0.8, 0.9], RunStatus.succeeded)
+        view = api.get(f"/api/studies/{sid}").json()
+        states = [t["state"] for t in view["search"]["trials"]]
+        assert states == ["complete", "pruned", "complete"]
+        assert view["status"] == "done"
+    finally:
+        db.dispose()
+        api.post(f"/api/studies/{sid}/cancel")
+
+
+def test_tasks_cross_seeds_and_pair_by_task_and_seed(api: Api) -> None:
+    """Two arms × two tasks × two seeds: runs named by task, differences paired by (task, seed),
+    and across tasks the IQM with a stratified bootstrap (values written as a worker would)."""
+    from backend.models import Metric, Run, RunStatus
+
+    body = study_body(tasks=["arith", "countdown"], seeds=[0, 1], concurrency=8)
+    body["objective"] = {"metric": "eval/accuracy", "reduce": "last"}
+    r = api.post("/api/studies/check", json={**body, "tasks": ["arith", "nope"]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "tasks", 1]
+    assert api.post("/api/studies/check", json=body).json()["runs"] == 8
+    r = api.post("/api/studies", json=body)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    # d = conspo − grpo: arith 0.1, 0.2; countdown 0.05, 0.0 → IQM 0.075, mean 0.0875
+    values = {
+        ("grpo", "arith"): [0.5, 0.6],
+        ("grpo", "countdown"): [0.2, 0.3],
+        ("conspo", "arith"): [0.6, 0.8],
+        ("conspo", "countdown"): [0.25, 0.3],
+    }
+    db = Database(api.settings)
+    try:
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+        assert len(view["runs"]) == 8
+        with db.session() as session:
+            for row in view["runs"]:
+                assert row["name"] == f"study-{sid}-{row['arm']}-{row['task']}-s{row['seed']}"
+                run = session.get(Run, row["run_id"])
+                assert run is not None and run.task == row["task"]
+                run.status = RunStatus.succeeded
+                value = values[(row["arm"], row["task"])][row["seed"]]
+                session.add(
+                    Metric(run_id=run.id, key="eval/accuracy", step=1, value=value, wall_time=0)
+                )
+            session.commit()
+        view = api.get(f"/api/studies/{sid}?curves=false").json()
+    finally:
+        db.dispose()
+    pair = view["pairs"][0]
+    assert pair["n"] == 4 and pair["mean_d"] == pytest.approx(0.0875)
+    assert pair["seeds"] == [["arith", 0], ["arith", 1], ["countdown", 0], ["countdown", 1]]
+    across = view["tasks"]["pairs"]["conspo"]
+    assert across["tasks"] == {"arith": 2, "countdown": 2}
+    assert across["iqm"] == pytest.approx(0.075) and across["mean"] == pytest.approx(0.0875)
+    # Within-task resamples: arith's d sum is 0.2, 0.3 or 0.4 (1/4, 1/2, 1/4), countdown's 0,
+    # 0.05 or 0.1; the extreme totals 0.2 and 0.5 each have probability 1/16 > 2.5%, so the 95%
+    # interval of the mean (total / 4) is exactly [0.05, 0.125].
+    assert across["ci_mean"] == pytest.approx([0.05, 0.125])
+    assert view["tasks"]["arms"]["grpo"]["iqm"] == pytest.approx((0.3 + 0.5) / 2)
+    assert "of 4 (task, seed) pairs" in view["verdict"][0] or "n = 4" in view["verdict"][0]
+    assert view["verdict"][1].startswith(
+        "conspo − grpo across 2 tasks: IQM of the paired differences = +7.5 points ["
+    )

@@ -114,7 +114,7 @@ def test_export_csv_jsonl_parquet(lab_server, logged_run, tmp_path):
     assert table["batch/pass_rate"] == [None, 0.5, None, None]
 
 
-def test_compare_shows_last_mean_and_extreme(lab_server, lab, logged_run):
+def test_compare_shows_last_mean_and_extreme(lab_server, lab, logged_run, tmp_path):
     other = lab.create_external_run("cli-ext-2", {}, "trl-grpo", "arith", "tiny", [], 2)
     lab.log_steps(
         other.id,
@@ -130,6 +130,22 @@ def test_compare_shows_last_mean_and_extreme(lab_server, lab, logged_run):
     # logged_run: last gap 0.4 (its max), min loss 1; other: last gap 0.7, max 0.8, mean 0.75.
     assert "┃ best" not in text and "extreme" in text and "0.75" in text
     assert "0.4" in text and "0.8" in text and "0.7" in text
+
+    # --report: one self-contained HTML file (or the CSV of last-3 means), grouped
+    ids = [str(logged_run.id), str(other.id)]
+    out = tmp_path / "cmp.html"
+    args = ["--keys", "sep/gap", "--report", str(out)]
+    result = invoke(lab_server, "compare", *ids, *args)
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    assert "renderStudy(VIEW" in html and "Comparison of 2 runs, grouped by algorithm" in html
+    out = tmp_path / "cmp.csv"
+    args[-1] = str(out)
+    assert invoke(lab_server, "compare", *ids, *args).exit_code == 0
+    last = out.read_text().splitlines()[2].split(",")
+    assert last[0] == "algorithm=trl-grpo" and float(last[-1]) == pytest.approx(0.75)
+    bad = invoke(lab_server, "compare", ids[0], "999999", *args)
+    assert bad.exit_code == 2 and "999999 not found" in bad.output
 
 
 def test_watch_follows_a_run_to_its_end(lab_server, logged_run):

@@ -99,3 +99,42 @@ def test_verdict_lines() -> None:
     same = stats.paired("a", "b", {0: 0.5, 1: 0.2}, {0: 0.5, 1: 0.2})
     assert stats.verdict_line(same) == "a − b = +0.0: identical on all 2 seeds"
     assert "no seed finished" in stats.verdict_line(stats.paired("a", "b", {}, {0: 1.0}))
+
+
+# ---- several tasks: stratified bootstrap and IQM (rliable's aggregates) -------------------------
+
+
+def test_iqm_by_hand_and_against_scipy() -> None:
+    values = np.array([1.0, 2.0, 3.0, 4.0, 10.0, 20.0])  # ⌊6/4⌋ = 1 cut from each end
+    assert stats.iqm(values) == pytest.approx((2 + 3 + 4 + 10) / 4)
+    assert stats.iqm(values) == pytest.approx(sps.trim_mean(values, 0.25))
+    eight = np.arange(8.0)  # 2 cut from each end: mean of 2, 3, 4, 5
+    assert stats.iqm(eight) == pytest.approx(3.5)
+
+
+def test_stratified_bootstrap_resamples_seeds_within_each_task() -> None:
+    # Task a's seeds are 0 and 1, task b's one seed is 5. Within-task resamples of a have sums
+    # 0, 1, 1, 2 (probability 1/4, 1/2, 1/4), so the pooled mean is (sum + 5) / 3 ∈ {5/3, 2, 7/3}:
+    # the 95% interval is exactly [5/3, 7/3]. An unstratified resample could draw b's 5 three
+    # times (mean 5) or never (mean 0).
+    by_task = {"a": {0: 0.0, 1: 1.0}, "b": {0: 5.0}}
+    agg = stats.across_tasks(by_task)
+    assert (agg.n, agg.tasks, agg.mean) == (3, {"a": 2, "b": 1}, pytest.approx(2.0))
+    assert agg.ci_mean == pytest.approx((5 / 3, 7 / 3))
+    # every task's count kept: task a all 0, task b all 1 → every resample's mean is 2/6
+    fixed = stats.across_tasks({"a": {s: 0.0 for s in range(4)}, "b": {0: 1.0, 1: 1.0}})
+    assert fixed.ci_mean == pytest.approx((1 / 3, 1 / 3))
+    assert fixed.iqm == pytest.approx(sps.trim_mean([0, 0, 0, 0, 1, 1], 0.25))  # (0+0+0+1)/4
+    assert fixed.ci_iqm == pytest.approx((0.25, 0.25))
+    assert stats.across_tasks({"a": {0: 1.0}, "b": {0: 2.0}}).ci_mean is None  # one seed each
+
+
+def test_paired_across_tasks_pairs_by_task_and_seed() -> None:
+    arm = {"a": {0: 1.0, 1: 3.0, 2: 9.0}, "b": {0: 10.0, 1: 10.0}}
+    base = {"a": {0: 0.0, 1: 1.0}, "b": {0: 7.0, 1: 9.0}}  # seed 2 of task a unpaired: dropped
+    agg = stats.paired_across_tasks(arm, base)
+    assert agg.tasks == {"a": 2, "b": 2}
+    assert agg.mean == pytest.approx((1 + 2 + 3 + 1) / 4)
+    assert agg.iqm == pytest.approx((1 + 2) / 2)  # sorted d 1, 1, 2, 3: the middle two
+    lo, hi = agg.ci_mean
+    assert 1.0 <= lo <= agg.mean <= hi <= 2.5

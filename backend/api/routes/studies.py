@@ -48,18 +48,59 @@ OwnedStudyDep = Annotated[Study, Depends(get_owned_study)]
 
 
 def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
-    """Every arm's validated RunConfig; all the arms' errors in one 422, nothing stored."""
+    """Every arm's validated RunConfig (one per task when the study crosses tasks); all the
+    errors in one 422, nothing stored."""
     arms, errors = [], []
-    for i, arm in enumerate(body.arms):
-        config, problems = validate_arm(
-            body.config, arm.overrides, ("body", "arms", i, "overrides")
-        )
-        errors += problems
-        if config is not None:
-            arms.append((arm.name, config))
+    for j, name in enumerate(body.tasks):
+        _, problems = validate_arm(body.config, {"task.name": name}, ("body", "tasks", j))
+        errors += [{**e, "loc": ("body", "tasks", j)} for e in problems[:1]]
+    if errors:
+        raise RequestValidationError(errors)
+    # task-major, then arms: released seed by seed in this order, a study cut short still has
+    # every arm of a (task, seed) to pair
+    tasks: list[str | None] = [*body.tasks] or [None]
+    for task in tasks:
+        for i, arm in enumerate(body.arms):
+            overrides = {**arm.overrides, "task.name": task} if task else arm.overrides
+            config, problems = validate_arm(
+                body.config, overrides, ("body", "arms", i, "overrides")
+            )
+            errors += [e for e in problems if e not in errors]
+            if config is not None:
+                arms.append((arm.name, config))
     if errors:
         raise RequestValidationError(errors)
     return arms
+
+
+def check_study(
+    body: StudyCreate, session: SessionDep, settings: SettingsDep
+) -> list[tuple[str, RunConfig]]:
+    """Every check ``create`` makes before storing anything: 422 with each field's error."""
+    if body.search is not None:
+        search.check_space(body)
+        return []
+    arms = arm_configs(body)
+    for i, (_, config) in enumerate(arms):
+        loc = ("body", "arms", i, "overrides")
+        run_inputs.refuse_missing_software(config, session, settings, loc)
+        run_inputs.refuse_unavailable(config, settings, loc)
+    return arms
+
+
+@router.post("/check")
+def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
+    as you type): 422 located at the field, or the runs it would plan."""
+    arms = check_study(body, session, settings)
+    trials = body.search.trials if body.search is not None else len(arms)  # arms × tasks
+    return {
+        "arms": list(dict.fromkeys(name for name, _ in arms)),
+        "tasks": body.tasks,
+        "seeds": body.seeds,
+        "runs": trials * len(body.seeds),
+        "baseline": body.baseline or (arms[0][0] if arms else None),
+    }
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
@@ -71,11 +112,7 @@ def create(
     if body.search is not None:
         study = search.create_search_study(session, jobs, user, body, settings)
     else:
-        arms = arm_configs(body)
-        for i, (_, config) in enumerate(arms):
-            loc = ("body", "arms", i, "overrides")
-            run_inputs.refuse_missing_software(config, session, settings, loc)
-            run_inputs.refuse_unavailable(config, settings, loc)
+        arms = check_study(body, session, settings)
         study = service.create_study(session, jobs, user, body, arms)
     return service.study_view(session, study, curves=False)
 

@@ -1,0 +1,85 @@
+"""Comparison reports: the compare page's runs, grouped, as one self-contained HTML file
+(the study report's renderer, Plotly inlined: no network request) or as CSV of each run's
+value over the last-N window. Both take the same query as the page's view."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi.responses import HTMLResponse, PlainTextResponse
+from sqlalchemy import select
+
+from backend.api.deps import SessionDep
+from backend.api.query import CommaList, parse_ids, parse_keys
+from backend.models import Run
+from backend.studies import report
+from backend.studies.comparison import comparison_csv, comparison_view
+from backend.studies.spec import Objective
+
+router = APIRouter(prefix="/compare", tags=["metrics"])
+MAX_RUNS = 200
+
+
+def comparison(
+    session: SessionDep,
+    runs: CommaList,
+    key: Annotated[str, Query(max_length=200, description="The metric compared.")] = (
+        "eval/accuracy"
+    ),
+    group: Annotated[
+        str,
+        Query(
+            max_length=200,
+            description="Group by algorithm, task, model or a config path (params.tau);"
+            " empty: each run on its own.",
+        ),
+    ] = "",
+    reduce: Annotated[
+        Literal["last", "mean_last_k", "auc"], Query(description="How a run's series is reduced.")
+    ] = "mean_last_k",
+    k: Annotated[int, Query(ge=1, le=10_000, description="The last-N window.")] = 3,
+    direction: Annotated[Literal["max", "min"], Query(description="Which way is better.")] = "max",
+    baseline: Annotated[
+        str | None,
+        Query(max_length=400, description="The baseline group's label, e.g. algorithm=grpo."),
+    ] = None,
+) -> dict[str, Any]:
+    ids = parse_ids(runs, "runs", MAX_RUNS)
+    metric = parse_keys(key, "key", 1)[0]
+    found = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids))).unique()}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail=f"run(s) {', '.join(map(str, missing))} not found"
+        )
+    return comparison_view(
+        session,
+        [found[i] for i in ids],
+        group=group.strip(),
+        objective=Objective(metric=metric, reduce=reduce, k=k, direction=direction),
+        baseline=baseline,
+    )
+
+
+ComparisonDep = Annotated[dict[str, Any], Depends(comparison)]
+
+
+@router.get("/report.html", response_class=HTMLResponse)
+def report_html(view: ComparisonDep) -> HTMLResponse:
+    """The grouped runs as one self-contained HTML file (Plotly inlined): it makes no network
+    request. Each group is set against the baseline group, paired by seed where it can be."""
+    return HTMLResponse(
+        report.study_report(view),
+        headers={"Content-Disposition": 'inline; filename="comparison.html"'},
+    )
+
+
+@router.get("/objective.csv", response_class=PlainTextResponse)
+def objective_csv(view: ComparisonDep) -> PlainTextResponse:
+    """Per run: group, seed, status, the window reduced (first step, points) and its value."""
+    return PlainTextResponse(
+        comparison_csv(view),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": 'attachment; filename="comparison.csv"'},
+    )

@@ -1,0 +1,251 @@
+// New study form (/studies/new): name, seeds, concurrency, a base config and arms as JSON,
+// the objective and the baseline. Every change is checked against the server
+// (POST /api/studies/check: the same validation as creating, nothing stored) and its 422s are
+// shown under the field they name; submit creates the study and opens its page.
+import { ApiError, errorText, post } from "/static/api.js";
+import { $, $$, debounce, h } from "/static/util.js";
+
+const DEFAULT_ARMS = [
+  { name: "grpo", overrides: { algorithm: "grpo" } },
+  { name: "conspo", overrides: { algorithm: "conspo" } },
+];
+// A field's own problem (bad JSON, a seed that is not a number) is found here and never sent.
+const localErrors = new Map(); // data-field → message
+
+function armRow(arm, i) {
+  return h(
+    "div.list-row.arm-row",
+    { "data-arm": i },
+    h(
+      "div.fields",
+      {},
+      h(
+        "div.field",
+        { "data-field": `arms.${i}.name` },
+        h("label", { for: `f-arm-${i}-name` }, `Arm ${i + 1} name`),
+        h("input.arm-name", { id: `f-arm-${i}-name`, value: arm.name }),
+        h("span.err", { hidden: true }),
+      ),
+      h(
+        "div.field.wide",
+        { "data-field": `arms.${i}.overrides` },
+        h(
+          "label",
+          { for: `f-arm-${i}-overrides` },
+          "Overrides ",
+          h("span.key", {}, 'JSON; dotted paths allowed: {"params.tau": 1.0}'),
+        ),
+        h(
+          "textarea.arm-overrides",
+          { id: `f-arm-${i}-overrides`, rows: 2 },
+          typeof arm.overrides === "string" ? arm.overrides : JSON.stringify(arm.overrides),
+        ),
+        h("span.err", { hidden: true }),
+      ),
+    ),
+    h(
+      "button.btn.btn-sm.remove-arm",
+      { type: "button", title: "remove this arm", "aria-label": `remove arm ${i + 1}` },
+      "×",
+    ),
+  );
+}
+
+function readArms() {
+  return $$(".arm-row").map((row) => ({
+    name: $(".arm-name", row).value.trim(),
+    overridesText: $(".arm-overrides", row).value,
+  }));
+}
+
+function renderArms(arms) {
+  $("#arms").replaceChildren(...arms.map(armRow));
+  renderBaseline();
+}
+
+function renderBaseline() {
+  const select = $("#f-baseline");
+  const was = select.value;
+  const names = readArms()
+    .map((a) => a.name)
+    .filter(Boolean);
+  select.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
+  if (names.includes(was)) select.value = was;
+}
+
+function parseJson(text, field) {
+  try {
+    const value = JSON.parse(text || "{}");
+    if (value === null || typeof value !== "object" || Array.isArray(value)) throw new Error("must be a JSON object");
+    return value;
+  } catch (err) {
+    localErrors.set(field, `not valid JSON: ${err.message}`);
+    return {};
+  }
+}
+
+/** The request body, and the problems found before sending it (in `localErrors`). */
+function buildBody() {
+  localErrors.clear();
+  const seedsText = $("#f-seeds").value;
+  const seeds = seedsText
+    .split(/[\s,]+/)
+    .filter(Boolean)
+    .map((s) => (/^\d+$/.test(s) ? Number(s) : s));
+  const bad = seeds.filter((s) => typeof s !== "number");
+  if (bad.length) localErrors.set("seeds", `not a seed (a whole number ≥ 0): ${bad.join(", ")}`);
+  const body = {
+    name: $("#f-name").value.trim(),
+    config: parseJson($("#f-config").value, "config"),
+    arms: readArms().map((a, i) => ({ name: a.name, overrides: parseJson(a.overridesText, `arms.${i}.overrides`) })),
+    seeds,
+    tasks: $("#f-tasks")
+      .value.split(/[\s,]+/)
+      .filter(Boolean),
+    objective: {
+      metric: $("#f-metric").value.trim(),
+      reduce: $("#f-reduce").value,
+      k: Number($("#f-k").value),
+      direction: $("#f-direction").value,
+    },
+    baseline: $("#f-baseline").value || null,
+    concurrency: Number($("#f-concurrency").value),
+  };
+  $("#preview").textContent = JSON.stringify(body, null, 2);
+  return body;
+}
+
+function clearErrors() {
+  $("#form-error").hidden = true;
+  for (const f of $$(".field.has-error")) {
+    f.classList.remove("has-error");
+    const e = $(".err", f);
+    e.hidden = true;
+    e.textContent = "";
+  }
+}
+
+/** The field a 422's loc names: the longest data-field prefix of it (body.arms.1.overrides.x →
+ * arms.1.overrides; body.objective.k → objective.k; body.seeds.2 → seeds). */
+function fieldFor(loc) {
+  const parts = (loc || []).filter((p) => p !== "body").map(String);
+  for (let n = parts.length; n > 0; n--) {
+    const el = document.querySelector(`[data-field="${CSS.escape(parts.slice(0, n).join("."))}"]`);
+    if (el) return el;
+  }
+  return null;
+}
+
+function mark(field, message) {
+  field.classList.add("has-error");
+  const err = $(".err", field);
+  err.hidden = false;
+  err.textContent = err.textContent ? `${err.textContent}; ${message}` : message;
+}
+
+function showErrors(detail) {
+  const general = [];
+  if (!Array.isArray(detail)) general.push(typeof detail === "string" ? detail : JSON.stringify(detail));
+  else
+    for (const e of detail) {
+      const field = fieldFor(e.loc);
+      const rest = (e.loc || []).filter((p) => p !== "body").join(".");
+      if (field) mark(field, field.dataset.field === rest ? e.msg : `${rest}: ${e.msg}`);
+      else general.push(`${rest || "request"}: ${e.msg}`);
+    }
+  if (general.length) {
+    $("#form-error").textContent = general.join("\n");
+    $("#form-error").hidden = false;
+  }
+}
+
+function showLocal() {
+  for (const [name, message] of localErrors) {
+    const field = document.querySelector(`[data-field="${CSS.escape(name)}"]`);
+    if (field) mark(field, message);
+  }
+}
+
+let checking = 0;
+async function check() {
+  const mine = ++checking;
+  const body = buildBody();
+  clearErrors();
+  if (localErrors.size) {
+    showLocal();
+    $("#check-note").textContent = "fix the marked fields";
+    return false;
+  }
+  try {
+    const plan = await post("/api/studies/check", body);
+    if (mine !== checking) return false; // a later check is on its way
+    const tasks = plan.tasks.length ? ` × ${plan.tasks.length} tasks` : "";
+    $("#check-note").textContent =
+      `${plan.runs} runs: ${plan.arms.length || "search"} arm${plan.arms.length === 1 ? "" : "s"}${tasks} × ${plan.seeds.length} seed${plan.seeds.length === 1 ? "" : "s"}, baseline ${plan.baseline ?? "–"}`;
+    return true;
+  } catch (err) {
+    if (mine !== checking) return false;
+    $("#check-note").textContent = "";
+    showErrors(err instanceof ApiError ? err.detail : errorText(err));
+    return false;
+  }
+}
+const checkSoon = debounce(check, 400);
+
+async function submit(ev) {
+  ev.preventDefault();
+  const body = buildBody();
+  clearErrors();
+  if (localErrors.size) return showLocal();
+  const btn = $("#submit-btn");
+  btn.disabled = true;
+  try {
+    const study = await post("/api/studies", body);
+    location.href = `/studies/${study.id}`;
+  } catch (err) {
+    showErrors(err instanceof ApiError ? err.detail : errorText(err));
+  } finally {
+    btn.disabled = false;
+  }
+}
+
+const form = $("#study-form");
+form.addEventListener("submit", submit);
+form.addEventListener("input", (ev) => {
+  if (ev.target.classList.contains("arm-name")) renderBaseline();
+  buildBody();
+  checkSoon();
+});
+form.addEventListener("change", checkSoon);
+$("#add-arm").addEventListener("click", () => {
+  const arms = readArms().map((a) => ({ name: a.name, overrides: safeJson(a.overridesText) }));
+  arms.push({ name: `arm${arms.length + 1}`, overrides: {} });
+  renderArms(arms);
+  checkSoon();
+});
+$("#arms").addEventListener("click", (ev) => {
+  const button = ev.target.closest(".remove-arm");
+  if (!button) return;
+  const at = Number(button.closest(".arm-row").dataset.arm);
+  const arms = readArms()
+    .map((a) => ({ name: a.name, overrides: safeJson(a.overridesText) }))
+    .filter((_, i) => i !== at);
+  renderArms(arms);
+  checkSoon();
+});
+
+/** Keeps a half-typed overrides text when the rows are re-rendered (it is re-serialised only
+ * when it parses). */
+function safeJson(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+$("#metric-options").replaceChildren(
+  ...(window.CONSPO_CATALOGUE?.metrics || []).map((m) => h("option", { value: m.key })),
+);
+renderArms(DEFAULT_ARMS);
+check();
