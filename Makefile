@@ -28,8 +28,12 @@ $(NODE_STAMP): package.json package-lock.json
 run: install
 	$(VENV)/bin/conspo-lab serve --embedded --demo --host $(HOST) --port $(PORT)
 
+# Two pytest-xdist workers, whole files each (a file's servers and workers start once): most
+# tests wait on a real worker, server or browser, so two overlap well even on two cores.
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench examples

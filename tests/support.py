@@ -14,11 +14,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_SERVICES = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
+
+
+def shared_model_store(factory: Any) -> Path:
+    """The session's model store directory, one for every suite and every pytest-xdist worker
+    of this run (the built-in models, tiny-arith's SFT among them, build once; ModelStore builds
+    under a file lock and renames into place, so workers never see half a model)."""
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the workers of this run
+    path = base / "shared-model-store"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class StackUnavailable(RuntimeError):

@@ -26,6 +26,7 @@ import pytest
 
 from backend.config import Settings
 from backend.migrate import migrate
+from tests.support import shared_model_store
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRE = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
@@ -110,7 +111,7 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One model store for the session ("tiny" builds in about a second, then is reused)."""
-    return tmp_path_factory.mktemp("models")
+    return shared_model_store(tmp_path_factory)
 
 
 def make_settings(data_dir: Path, database_url: str, broker_url: str, **kw: Any) -> Settings:

@@ -6,6 +6,7 @@ import torch
 
 from conspo.models import ModelStore, load_pretrained
 from conspo.rollout import encode_prompts
+from tests.support import shared_model_store
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -19,7 +20,7 @@ def _single_thread():
 
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory) -> ModelStore:
-    return ModelStore(tmp_path_factory.mktemp("model-store"))
+    return ModelStore(shared_model_store(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")
