@@ -13,7 +13,11 @@
 // per stage (tabs above the form; each later stage starts from the one before) and submits them
 // as one POST /api/pipelines, then opens the pipeline page. `?from_run=N` prefills model.from_run.
 import { ApiError, errorText, get, post, qs } from "/static/api.js";
+import { KEY_METRICS } from "/static/catalogue.js";
 import { $, $$, debounce, h } from "/static/util.js";
+
+// The held-out accuracy: the one key metric of the eval namespace (conspo.metrics.KEY_METRICS).
+const HELD_OUT_ACCURACY = KEY_METRICS.find((key) => key.startsWith("eval/"));
 
 let presets = null;
 let schema = null; // RunConfig JSON schema
@@ -216,7 +220,7 @@ function fromRunField(path, prop, value) {
   const options = [{ value: "", label: "(none: model.name's own weights)" }];
   for (const m of registryModels) {
     const last = m.checkpoints.last?.step;
-    const acc = m.eval["eval/accuracy"];
+    const acc = m.eval[HELD_OUT_ACCURACY];
     options.push({
       value: String(m.run_id),
       label: `#${m.run_id} ${m.name} · ${m.kind}${last !== undefined && last !== null ? ` · step ${last}` : ""}${

@@ -263,6 +263,7 @@ function groupRowFor(key, ids, cols) {
       h("strong", {}, groupName(key, runs)),
       " ",
       h("span.muted.small.group-n", {}, `${runs.length} runs`),
+      studyLink(runs[0]), // a study's group row links its verdict page, folded or not
     ),
     h("td.small.group-status", {}, statusCounts(runs)),
     h(

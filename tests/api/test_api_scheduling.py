@@ -18,7 +18,7 @@ from backend.models import Run, RunStatus
 from backend.queue import JobQueue, make_celery
 from backend.scheduling import Capacity, Cluster, LiveWorker, queue_for, queues_served
 from conspo.config import ResourcesConfig
-from tests.api.conftest import Api, tiny_config
+from tests.api.conftest import TINY, Api, tiny_config
 from tests.api.test_api_engines import alive
 from worker.tasks import execute_run
 
@@ -67,7 +67,9 @@ def test_the_reason_names_what_is_missing() -> None:
 
 
 def submit(api: Api, **res: int) -> dict[str, Any]:
-    r = api.post("/api/runs", json={"config": tiny_config(1, resources=res)})
+    world = res.get("gpus", 1) * res.get("nodes", 1)  # every process trains whole groups
+    sampling = {**TINY["sampling"], "prompts_per_step": max(2, world)}
+    r = api.post("/api/runs", json={"config": tiny_config(1, resources=res, sampling=sampling)})
     assert r.status_code == 201, r.text
     return r.json()["runs"][0]
 

@@ -55,10 +55,10 @@ def test_a_two_process_run_resumes_after_kill9_and_leaves_no_orphan(
     n = 10
     run_id = submit(api, tiny_config(n, checkpoint_every=3, resources={"gpus": 2}))
     wait_for(lambda: run_state(api, run_id)["step"] >= 4, 300, "a step after a checkpoint")
-    children = wait_for(lambda: rank_children(first.pid), 30, "rank 1 running")
+    children = wait_for(lambda: rank_children(first.pid), 120, "rank 1 running")
     os.kill(first.pid, signal.SIGKILL)  # the worker alone, not its process group
     first.wait(timeout=10)
-    wait_for(lambda: not any(alive(c) for c in children), 30, "rank 1 gone with its parent")
+    wait_for(lambda: not any(alive(c) for c in children), 120, "rank 1 gone with its parent")
     at_kill = run_state(api, run_id)
     assert at_kill["status"] == "running" and at_kill["step"] < n
     wp.start()
