@@ -149,8 +149,9 @@ def test_the_sink_stores_every_step_once_through_a_locked_database(db: Database)
     sink.log_step(StepRecord(1, 3, 1.0, {"sep/gap": 0.1}))
     lock = WriteLock(db)
     lock.release_after(1.0)
-    sink.log_step(StepRecord(2, 3, 2.0, {"sep/gap": 0.2}))  # waits out the lock
+    sink.log_step(StepRecord(2, 3, 2.0, {"sep/gap": 0.2}))  # its writer waits out the lock
     sink.log_step(StepRecord(3, 3, 3.0, {"sep/gap": 0.3}))
+    sink.flush()
     with db.session() as s:
         points = s.execute(select(Metric.step, Metric.value).where(Metric.run_id == run_id))
         assert sorted(points) == [(1, 0.1), (2, 0.2), (3, 0.3)]
