@@ -78,11 +78,10 @@ class DbSink:
         self._buffer: dict[int, StepRecord] = {}  # by step: a re-emitted step replaces its twin
         self._buffered = 0  # metric points + rollout and prompt rows in the buffer
         self._last_write = clock()
-        # The writer's side, all under _cond: batches handed over (oldest first), the one being
-        # written (it still counts against max_batches), the writer's first error, the thread.
+        # The writer's side, all under _cond: batches handed over and not yet committed, oldest
+        # (the one being written) first; the writer's first error; the thread.
         self._cond = threading.Condition()
         self._batches: deque[list[StepRecord]] = deque()
-        self._writing = False
         self._error: BaseException | None = None
         self._writer: threading.Thread | None = None
 
@@ -141,10 +140,10 @@ class DbSink:
             self._cond.notify_all()
 
     def _queued(self) -> int:
-        return len(self._batches) + self._writing
+        return len(self._batches)  # the batch being written stays first in the deque until done
 
     def _in_flight(self) -> bool:
-        return bool(self._batches) or self._writing
+        return bool(self._batches)
 
     def _write_batches(self) -> None:
         """The writer thread: commit batches in order until idle for WRITER_IDLE_S or failed."""
@@ -153,8 +152,7 @@ class DbSink:
                 if not self._cond.wait_for(lambda: bool(self._batches), timeout=WRITER_IDLE_S):
                     self._writer = None  # under the lock: the next hand-over starts a new one
                     return
-                batch = self._batches[0]
-                self._writing = True
+                batch = self._batches[0]  # left in place: it counts until it is committed
             try:
                 what, write = f"run {self.run_id}: storing steps", partial(self._write, batch)
                 owned = self.outage.call(what, write) if self.outage else write()
@@ -165,7 +163,6 @@ class DbSink:
                 error = exc
             with self._cond:
                 self._batches.popleft()
-                self._writing = False
                 if error is not None:
                     self._error = error
                     self._batches.clear()  # nothing is written after an error
