@@ -61,7 +61,7 @@ class DbSink:
         attempt: int,
         *,
         max_points: int = 20_000,
-        max_delay_s: float = 1.0,
+        max_delay_s: float = 0.2,
         max_batches: int = 4,
         clock: Callable[[], float] = time.monotonic,
         outage: Outage | None = None,
@@ -71,7 +71,7 @@ class DbSink:
         self.run_id = run_id
         self.attempt = attempt
         self.max_points = max_points
-        self.max_delay_s = max_delay_s
+        self.max_delay_s = max_delay_s  # short: the writer thread, not the trainer, pays for it
         self.max_batches = max_batches  # batches handed over and not yet committed, at most
         self.clock = clock
         self.events: list[tuple[str, dict[str, Any]]] = []
