@@ -69,29 +69,32 @@ async def follow(url: str, token: str, run_id: int, arrived: dict[int, float],
     """The SSE client: the arrival time of every step, from each metrics event's step_max."""
     headers = {"Authorization": f"Bearer {token}"}
     timeout = httpx.Timeout(30.0, read=None)
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client:
-        async with client.stream("GET", f"/api/runs/{run_id}/stream") as response:
-            response.raise_for_status()
-            event, seen = "", 0
-            async for line in response.aiter_lines():
-                if line.startswith("event:"):
-                    event = line.split(":", 1)[1].strip()
-                elif line.startswith("data:") and event == "metrics":
-                    step_max = json.loads(line.split(":", 1)[1]).get("step_max") or 0
-                    now = time.monotonic()
-                    for step in range(seen + 1, step_max + 1):
-                        arrived[step] = now
-                    seen = max(seen, step_max)
-                if seen >= total or (done.is_set() and seen >= total):
-                    return
+    path = f"/api/runs/{run_id}/stream"
+    async with (
+        httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client,
+        client.stream("GET", path) as response,
+    ):
+        response.raise_for_status()
+        event, seen = "", 0
+        async for line in response.aiter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event == "metrics":
+                step_max = json.loads(line.split(":", 1)[1]).get("step_max") or 0
+                now = time.monotonic()
+                for step in range(seen + 1, step_max + 1):
+                    arrived[step] = now
+                seen = max(seen, step_max)
+            if seen >= total:
+                return
 
 
 def measure(url: str, token: str, db_url: str, args: argparse.Namespace) -> list[float]:
     db = Database(Settings(database_url=db_url))
     body = {"name": "freshness", "algorithm": "grpo", "task": "arith", "model": "tiny"}
-    run = httpx.post(f"{url}/api/runs/external", json=body,
-                     headers={"Authorization": f"Bearer {token}"}, timeout=30).raise_for_status()  # fmt: skip
-    run_id = run.json()["id"]
+    auth = {"Authorization": f"Bearer {token}"}
+    run = httpx.post(f"{url}/api/runs/external", json=body, headers=auth, timeout=30)
+    run_id = run.raise_for_status().json()["id"]
     with db.session() as s:
         row = s.get(Run, run_id)
         assert row is not None and row.status == RunStatus.running
@@ -128,7 +131,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, PgDatabase() as pg:
         data = Path(tmp)
         db_url = f"sqlite:///{data / 'conspo.db'}" if args.sqlite else pg.url
-        env = embedded_env(data, CONSPO_DATABASE_URL=db_url, **dict(kv.split("=", 1) for kv in args.env))
+        env = embedded_env(
+            data, CONSPO_DATABASE_URL=db_url, **dict(kv.split("=", 1) for kv in args.env)
+        )
         if not args.sqlite:
             env["CONSPO_BROKER_URL"] = REDIS
         for name in ("CONSPO_STREAM_POLL_S", "CONSPO_STREAM_KEEPALIVE_S"):  # the defaults

@@ -160,8 +160,9 @@ def main() -> None:
           f"{p}-token prompts, {t} new tokens (forced), {args.threads} thread(s), "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     print(f"static cache draws the same tokens as the dynamic one (fp32, same seed): {same}")
-    print(f"bf16 autocast vs fp32 token log-probs: max |diff| {(lp16 - lp32).abs().max():.4f}, "
-          f"mean |diff| {(lp16 - lp32).abs().mean():.5f} (log-probs ~ {lp32.mean():.2f})")  # fmt: skip
+    diff = (lp16 - lp32).abs()
+    print(f"bf16 autocast vs fp32 token log-probs: max |diff| {diff.max():.4f}, "
+          f"mean |diff| {diff.mean():.5f} (log-probs ~ {lp32.mean():.2f})")  # fmt: skip
     print("matmul ceiling GFLOP/s at the model's shapes: "
           + ", ".join(f"{k} {v:.0f}" for k, v in ceiling.items()))  # fmt: skip
     base_cpu = {"sample": statistics.median(c for c, _ in times["dynamic"]),

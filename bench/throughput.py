@@ -149,7 +149,9 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
         import conspo.forward
 
         native = conspo.engines.NativeEngine.sample
-        conspo.engines.NativeEngine.sample = lambda self, *a, **k: native(self, *a, **{**k, "group_size": 1})  # type: ignore[method-assign]
+        conspo.engines.NativeEngine.sample = lambda self, *a, **k: native(
+            self, *a, **{**k, "group_size": 1}
+        )  # type: ignore[method-assign]
         conspo.forward.shares_prompts = lambda batch, g: False  # type: ignore[assignment]
 
     class TimedSink(MemorySink):
@@ -207,7 +209,9 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     dataset = Dataset.from_list([{"prompt": ex.prompt} for ex in examples])
     lengths: list[float] = []
 
-    def reward(prompts: list[str], completions: list[str], completion_ids: Any = None, **_: Any) -> list[float]:
+    def reward(
+        prompts: list[str], completions: list[str], completion_ids: Any = None, **_: Any
+    ) -> list[float]:
         if completion_ids is not None:
             lengths.extend(len(c) for c in completion_ids)
         return [task.verify(c, by_prompt[p]) for p, c in zip(prompts, completions, strict=True)]
@@ -316,7 +320,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         forced = Path(tmp) / "forced-qwen2"
         build_forced_model(forced)
-        results: dict[str, dict[str, list[dict]]] = {s.name: {"conspo": [], "trl": []} for s in shapes}
+        results: dict[str, dict[str, list[dict]]] = {
+            s.name: {"conspo": [], "trl": []} for s in shapes
+        }
         for _ in range(args.repeats):
             for shape in shapes:
                 model = "tiny-arith" if shape.tiny else str(forced)
