@@ -34,6 +34,7 @@ both sides (conspo: model.dtype bfloat16 + mixed_precision; TRL: bf16=True).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -116,7 +117,7 @@ def patch_task(shape: Shape) -> None:
         ex = sample(self, rng)
         if shape.filler:
             filler = "".join(rng.choice("0123456789 ") for _ in range(shape.filler))
-            ex.prompt = f"{filler}\n{ex.prompt}"
+            ex = dataclasses.replace(ex, prompt=f"{filler}\n{ex.prompt}")
         return ex
 
     ArithTask.sample = long_sample  # type: ignore[method-assign]
@@ -330,10 +331,11 @@ def main() -> None:
                 for impl in impls:
                     results[shape.name][impl].append(run_child(impl, shape.name, model, args))
     print(f"load after: {os.getloadavg()[0]:.2f}")
-    print(f"{args.repeats} interleaved repeats x ({args.warmup} warm-up + {args.steps} timed steps),"
-          f" {args.threads} thread(s), dtype {args.dtype}; per step: CPU and wall seconds")  # fmt: skip
+    print(f"{args.repeats} interleaved repeats x ({args.warmup} warm-up + {args.steps} timed"
+          f" steps), {args.threads} thread(s), dtype {args.dtype}; per step: CPU, wall s")  # fmt: skip
     print(f"{'shape':<10} {'impl':<7} {'rollouts':>8} {'len':>5} {'CPU min':>8} {'CPU med':>8} "
-          f"{'wall min':>8} {'wall med':>8} {'rollouts/s':>10} {'tokens/s':>9} {'RSS MiB':>8}")  # fmt: skip
+          f"{'wall min':>8} {'wall med':>8} {'rollouts/s':>10} {'tokens/s':>9} "
+          f"{'RSS MiB':>8}")  # fmt: skip
     stats: dict[str, dict[str, dict[str, float]]] = {}
     for shape in shapes:
         for impl, runs in results[shape.name].items():
@@ -342,7 +344,8 @@ def main() -> None:
             s = summary(runs, shape.rollouts)
             stats.setdefault(shape.name, {})[impl] = s
             print(f"{shape.name:<10} {impl:<7} {shape.rollouts:8d} {s['mean_len']:5.1f} "
-                  f"{s['cpu_min']:8.3f} {s['cpu_med']:8.3f} {s['wall_min']:8.3f} {s['wall_med']:8.3f} "
+                  f"{s['cpu_min']:8.3f} {s['cpu_med']:8.3f} {s['wall_min']:8.3f} "
+                  f"{s['wall_med']:8.3f} "
                   f"{s['rollouts_s']:10.1f} {s['tokens_s']:9.0f} {s['rss']:8.0f}")  # fmt: skip
     trl_b = stats.get("b", {}).get("trl")
     for name, by_impl in stats.items():

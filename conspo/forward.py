@@ -76,10 +76,13 @@ def prefill(
     return state
 
 
-def _to_static(cache: DynamicCache, config: PretrainedConfig, length: int) -> StaticCache:
+def _to_static(
+    cache: DynamicCache | StaticCache, config: PretrainedConfig, length: int
+) -> StaticCache:
     """The keys and values of ``cache`` copied into a ``StaticCache`` of ``length`` positions."""
     static = StaticCache(config=config, max_cache_len=length)
-    for mine, theirs in zip(static.layers, cache.layers, strict=True):
+    layers: list[Any] = list(static.layers)  # attention layers: keys, values, update()
+    for mine, theirs in zip(layers, list[Any](cache.layers), strict=True):
         mine.update(theirs.keys, theirs.values)  # allocates (N, heads, length, dim), writes 0..P-1
     return static
 
