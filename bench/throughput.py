@@ -332,7 +332,7 @@ def main() -> None:
                     results[shape.name][impl].append(run_child(impl, shape.name, model, args))
     print(f"load after: {os.getloadavg()[0]:.2f}")
     print(f"{args.repeats} interleaved repeats x ({args.warmup} warm-up + {args.steps} timed"
-          f" steps), {args.threads} thread(s), dtype {args.dtype}; per step: CPU, wall s")  # fmt: skip
+          f" steps), {args.threads} thread(s), {args.dtype}; per step: CPU, wall s")  # fmt: skip
     print(f"{'shape':<10} {'impl':<7} {'rollouts':>8} {'len':>5} {'CPU min':>8} {'CPU med':>8} "
           f"{'wall min':>8} {'wall med':>8} {'rollouts/s':>10} {'tokens/s':>9} "
           f"{'RSS MiB':>8}")  # fmt: skip
