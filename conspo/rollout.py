@@ -1,10 +1,15 @@
 """Rollouts: batched sampling with a KV cache, greedy evaluation and pass@k.
 
 The sampling loop is written out (``conspo.forward.prefill``, then one token per forward that
-extends the KV cache)
-instead of calling ``model.generate``: for small models the per-token overhead of ``generate``'s
-logits processors, stopping criteria and cache bookkeeping dominates the forward itself.
-bench/throughput.py measures the difference. It is the ``native`` generation engine;
+extends the KV cache) instead of calling ``model.generate`` so that each group's prompt is
+prefilled once and its KV cache repeated G times. That is where its edge comes from: per token
+it is no faster than ``generate`` (measured on CPU, issue 15: 38.8 ms vs 34.4 ms per step at the
+tiny task), and at short prompts and long answers, where the prompt is a small share of the
+work, it barely beats TRL's ``generate``-based trainer (bench/throughput.py, shapes b and
+b-noshare). The preallocated cache (``static_cache``) and sparser stop checks
+(``stop_check_every``) did not pay on CPU (bench/levers.py) and are off by default; they are
+there for accelerators, where host syncs and reallocation cost more. It is the ``native``
+generation engine;
 ``conspo.engines`` puts it beside ``generate`` (``hf``) and vLLM behind one interface, and
 evaluation samples through whichever ``sampling.engine`` names.
 
