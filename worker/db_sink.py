@@ -1,9 +1,9 @@
 """A ``conspo.sink.Sink`` that buffers steps and writes them to the database from a thread.
 
 The training thread only buffers: ``log_step`` adds the step to the buffer and, when the buffer
-holds ``max_points`` metric points, rollout rows and prompt rows or a step arrives
-``max_delay_s`` after the last hand-over (so dashboards stay live whatever the step rate), hands
-the whole buffer to a writer thread as one batch. The writer stores each batch in one
+holds ``max_points`` metric points, rollout rows and prompt rows, or when a step arrives
+``max_delay_s`` after the last hand-over (so dashboards stay live whatever the step rate) and
+the writer is idle, hands the whole buffer to a writer thread as one batch. The writer stores each batch in one
 transaction (``backend.storage.writes.write_points``): every metric, rollout and prompt pass rate
 in bulk, plus one update of the run row (step, summary, heartbeat; only while this attempt still
 owns the run). So a slow commit costs the trainer nothing until ``max_batches`` batches wait;
@@ -94,7 +94,11 @@ class DbSink:
             self._buffered -= _rows(old)
         self._buffer[record.step] = record
         self._buffered += _rows(record)
-        if self._buffered >= self.max_points or self.clock() - self._last_write >= self.max_delay_s:
+        if self._buffered >= self.max_points:
+            self._hand_over()
+        elif self.clock() - self._last_write >= self.max_delay_s and not self._writer_busy():
+            # A busy writer will be done soon, and the next batch then carries more steps: a
+            # per-batch cost paid less often when the database is what is slow.
             self._hand_over()
 
     def flush(self) -> None:
@@ -138,6 +142,10 @@ class DbSink:
                 )
                 self._writer.start()
             self._cond.notify_all()
+
+    def _writer_busy(self) -> bool:
+        with self._cond:
+            return bool(self._batches)
 
     def _queued(self) -> int:
         return len(self._batches)  # the batch being written stays first in the deque until done

@@ -145,7 +145,7 @@ def test_errors_of_the_run_itself_are_raised_at_once() -> None:
 
 def test_the_sink_stores_every_step_once_through_a_locked_database(db: Database) -> None:
     run_id = new_run(db)
-    sink = DbSink(db, run_id, 1, max_delay_s=0.0, outage=Outage(60))  # writes every step
+    sink = DbSink(db, run_id, 1, max_points=1, outage=Outage(60))  # writes every step
     sink.log_step(StepRecord(1, 3, 1.0, {"sep/gap": 0.1}))
     lock = WriteLock(db)
     lock.release_after(1.0)
@@ -163,7 +163,7 @@ def test_the_sink_holds_the_trainer_back_once_max_batches_wait(db: Database) -> 
     may hand over one more (max_batches=2); the next step waits until the lock goes, and then
     every step is stored once."""
     run_id = new_run(db)
-    sink = DbSink(db, run_id, 1, max_delay_s=0.0, max_batches=2, outage=Outage(60))
+    sink = DbSink(db, run_id, 1, max_points=1, max_batches=2, outage=Outage(60))  # batch per step
     lock = WriteLock(db)
     sink.log_step(StepRecord(1, 4, 1.0, {"sep/gap": 0.1}))  # the writer takes it and waits
     sink.log_step(StepRecord(2, 4, 2.0, {"sep/gap": 0.2}))  # queued: the trainer goes on
