@@ -9,8 +9,8 @@ and prompt pass rate in bulk, plus one update of the run row (step, summary, hea
 while this attempt still owns the run). So a slow commit costs the trainer nothing until
 ``max_batches`` batches wait; then ``log_step`` blocks until the writer takes one
 (backpressure: memory stays bounded when the database is slower than training). The writer
-thread exits when it has been idle
-``WRITER_IDLE_S`` and starts again with the next batch, so a finished sink leaves none behind.
+thread exits when it has been idle ``WRITER_IDLE_S`` and starts again with the next batch, so
+a finished sink leaves none behind.
 
 Errors reach the trainer on its own thread: whatever the writer meets (``RunGone``, a
 ``DatabaseUnavailable`` outage past its limit, any other error) is raised by the next
