@@ -293,6 +293,7 @@ def summary(runs: list[dict], rollouts: int) -> dict[str, float]:
     return {"cpu_min": min(cpus), "cpu_med": statistics.median(cpus), "wall_min": min(walls),
             "wall_med": wall_med, "rollouts_s": rollouts / wall_med,
             "rollouts_cpu_s": rollouts / statistics.median(cpus),
+            "rollouts_cpu_best": rollouts / min(cpus),
             "tokens_s": rollouts * mean_len / wall_med, "mean_len": mean_len,
             "rss": max(r["peak_rss_mib"] for r in runs)}  # fmt: skip
 
@@ -352,12 +353,16 @@ def main() -> None:
         trl = by_impl.get("trl") or trl_b
         if trl is None:
             continue
-        cpu_ratio = by_impl["conspo"]["rollouts_cpu_s"] / trl["rollouts_cpu_s"]
-        wall_ratio = by_impl["conspo"]["rollouts_s"] / trl["rollouts_s"]
+        ours = by_impl["conspo"]
+        best_ratio = ours["rollouts_cpu_best"] / trl["rollouts_cpu_best"]
+        cpu_ratio = ours["rollouts_cpu_s"] / trl["rollouts_cpu_s"]
+        wall_ratio = ours["rollouts_s"] / trl["rollouts_s"]
         target = f" (target >= {TARGET_B:.1f}x)" if name == "b" else ""
         against = "" if "trl" in by_impl else " against TRL at b"
-        print(f"  {name}: conspo/TRL {cpu_ratio:.2f}x on CPU time, {wall_ratio:.2f}x on wall"
-              f"{against}{target}")  # fmt: skip
+        # The min CPU time is the figure least moved by other processes (cache and memory
+        # contention inflate CPU time too); the medians are printed beside it.
+        print(f"  {name}: conspo/TRL {best_ratio:.2f}x on min CPU time ({cpu_ratio:.2f}x on median"
+              f" CPU, {wall_ratio:.2f}x on median wall){against}{target}")  # fmt: skip
 
 
 if __name__ == "__main__":
