@@ -5,8 +5,8 @@ extends the KV cache) instead of calling ``model.generate`` so that each group's
 prefilled once and its KV cache repeated G times. That is where its edge comes from: per token
 it is no faster than ``generate`` (measured on CPU, issue 15: 38.8 ms vs 34.4 ms per step at the
 tiny task), and at short prompts and long answers, where the prompt is a small share of the
-work, it barely beats TRL's ``generate``-based trainer (bench/throughput.py, shapes b and
-b-noshare). The preallocated cache (``static_cache``) and sparser stop checks
+work, the trainer is about even with TRL's ``generate``-based one (bench/throughput.py: ~1.0x
+at shape b, ~2x with 128-token prompts at shape c). The preallocated cache (``static_cache``) and sparser stop checks
 (``stop_check_every``) did not pay on CPU (bench/levers.py) and are off by default; they are
 there for accelerators, where host syncs and reallocation cost more. It is the ``native``
 generation engine;
