@@ -6,12 +6,13 @@ prefilled once and its KV cache repeated G times. That is where its edge comes f
 it is no faster than ``generate`` (measured on CPU, issue 15: 38.8 ms vs 34.4 ms per step at the
 tiny task), and at short prompts and long answers, where the prompt is a small share of the
 work, the trainer is about even with TRL's ``generate``-based one (bench/throughput.py: ~1.0x
-at shape b, ~2x with 128-token prompts at shape c). The preallocated cache (``static_cache``) and sparser stop checks
-(``stop_check_every``) did not pay on CPU (bench/levers.py) and are off by default; they are
-there for accelerators, where host syncs and reallocation cost more. It is the ``native``
-generation engine;
-``conspo.engines`` puts it beside ``generate`` (``hf``) and vLLM behind one interface, and
-evaluation samples through whichever ``sampling.engine`` names.
+at shape b, ~2x with 128-token prompts at shape c). The preallocated cache (``static_cache``)
+and sparser stop checks (``stop_check_every``) did not pay on CPU (bench/levers.py) and are off
+by default; they are there for accelerators, where host syncs and reallocation cost more.
+
+It is the ``native`` generation engine; ``conspo.engines`` puts it beside ``generate`` (``hf``)
+and vLLM behind one interface, and evaluation samples through whichever ``sampling.engine``
+names.
 
 Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens response positions.
 """
