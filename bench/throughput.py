@@ -130,9 +130,13 @@ def usage() -> tuple[float, float]:
     return time.perf_counter(), r.ru_utime + r.ru_stime
 
 
-def step_times(marks: list[tuple[float, float]], warmup: int) -> tuple[list[float], list[float]]:
-    """(wall, CPU) seconds of each step after ``warmup``, from the end marks of every step."""
-    timed = marks[warmup - 1 :] if warmup else marks
+def step_times(
+    marks: list[tuple[float, float]], warmup: int, steps: int
+) -> tuple[list[float], list[float]]:
+    """(wall, CPU) seconds of the ``steps`` steps after ``warmup``, from the end marks of every
+    step. Each side runs one step more, untimed: conspo's last step also evaluates (the final
+    evaluation of a run), which TRL's does not."""
+    timed = marks[warmup - 1 : warmup + steps] if warmup else marks[: steps + 1]
     walls = [b[0] - a[0] for a, b in zip(timed, timed[1:], strict=False)]
     cpus = [b[1] - a[1] for a, b in zip(timed, timed[1:], strict=False)]
     return walls, cpus
@@ -168,7 +172,7 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     cfg = RunConfig.model_validate({
         "algorithm": "grpo",
         "params": {"loss_agg": "seq-mean-token-mean", "beta": 0.0},
-        "steps": args.warmup + args.steps,
+        "steps": args.warmup + args.steps + 1,
         "task": TINY_TASK,
         "model": {"name": model, "device": "cpu", **bf16},
         "sampling": {"prompts_per_step": shape.prompts, "group_size": shape.group,
@@ -181,9 +185,9 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     sink = TimedSink()
     with tempfile.TemporaryDirectory() as workdir:
         train(cfg, sink, workdir=workdir, model_store=ModelStore())
-    walls, cpus = step_times(sink.marks, args.warmup)
+    walls, cpus = step_times(sink.marks, args.warmup, args.steps)
     lengths = []
-    for s in range(args.warmup + 1, cfg.steps + 1):
+    for s in range(args.warmup + 1, args.warmup + args.steps + 1):
         m = sink.steps[s].metrics
         rate = m[M.BATCH_PASS_RATE]
         pos, neg = m[M.LEN_POS], m[M.LEN_NEG]
@@ -204,7 +208,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
 
     path = ModelStore().resolve(model) if shape.tiny else model
     task = make_task(TaskConfig.model_validate(TINY_TASK))
-    total = args.warmup + args.steps
+    total = args.warmup + args.steps + 1
     examples = task.train_prompts(random.Random(0), shape.prompts * total)
     by_prompt = {ex.prompt: ex for ex in examples}
     dataset = Dataset.from_list([{"prompt": ex.prompt} for ex in examples])
@@ -256,8 +260,8 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             callbacks=[marks],
         )
         trainer.train()
-    walls, cpus = step_times(marks.marks, args.warmup)
-    timed = lengths[args.warmup * shape.rollouts :] or lengths
+    walls, cpus = step_times(marks.marks, args.warmup, args.steps)
+    timed = lengths[args.warmup * shape.rollouts : (args.warmup + args.steps) * shape.rollouts]
     return {"walls": walls, "cpus": cpus, "mean_len": statistics.mean(timed)}
 
 
