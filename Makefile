@@ -41,9 +41,13 @@ lint: install $(NODE_STAMP)
 	$(VENV)/bin/mypy conspo backend worker conspo_lab
 	npx --no-install biome check frontend/static
 
+# make bench BENCH_FLAGS=--quick: every figure with its target, in a few minutes instead of ~30.
+BENCH_FLAGS ?=
 bench: install
-	$(PY) bench/throughput.py
-	$(PY) bench/metrics_store.py
+	$(PY) bench/throughput.py $(BENCH_FLAGS)
+	$(PY) bench/levers.py $(BENCH_FLAGS)
+	$(PY) bench/metrics_store.py $(BENCH_FLAGS)
+	$(PY) bench/freshness.py $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(VENV) node_modules data .pytest_cache

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel, StaticCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from conspo.resources import logit_chunk_tokens
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # rollout imports this module for sampling; only the type is 
 class Prefill:
     """The prompts' KV cache, one row per rollout, and what the first response token needs."""
 
-    cache: DynamicCache  # (N, ...) after the G-fold repeat
+    cache: DynamicCache | StaticCache  # (N, ...) after the G-fold repeat
     # (N, V) at the last prompt position: they predict response token 0 (the training forward's
     # prefill holds the (N, H) hidden states there instead)
     logits: torch.Tensor
@@ -52,7 +52,11 @@ def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
 
 
 def prefill(
-    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    group_size: int,
+    static_len: int | None = None,
 ) -> Prefill:
     """Run each group's prompt once and repeat its KV cache ``group_size`` (G) times.
 
@@ -60,8 +64,27 @@ def prefill(
     prompt (the caller's promise; ``shares_prompts`` checks it). G = 1 runs every row. Only the
     last position goes through the LM head. Gradients, when enabled, flow through the repeat back
     to the one prompt forward.
+
+    ``static_len``: hold the cache in a ``StaticCache`` preallocated for that many positions
+    (P + max_new_tokens), written in place as tokens come, instead of a ``DynamicCache`` that
+    concatenates every layer's keys and values once per token (no gradients through it: for
+    sampling). ``extend`` then takes the attention mask of all ``static_len`` positions.
     """
-    return _prefill(partial(_run, model, True), model.config, prompt_ids, prompt_mask, group_size)
+    state = _prefill(partial(_run, model, True), model.config, prompt_ids, prompt_mask, group_size)
+    if static_len is not None:
+        state.cache = _to_static(state.cache, model.config, static_len)
+    return state
+
+
+def _to_static(
+    cache: DynamicCache | StaticCache, config: PretrainedConfig, length: int
+) -> StaticCache:
+    """The keys and values of ``cache`` copied into a ``StaticCache`` of ``length`` positions."""
+    static = StaticCache(config=config, max_cache_len=length)
+    layers: list[Any] = list(static.layers)  # attention layers: keys, values, update()
+    for mine, theirs in zip(layers, list[Any](cache.layers), strict=True):
+        mine.update(theirs.keys, theirs.values)  # allocates (N, heads, length, dim), writes 0..P-1
+    return static
 
 
 def extend(
@@ -74,7 +97,8 @@ def extend(
     """(N, k, V) logits after feeding ``input_ids`` (N, k), response tokens offset..offset+k-1.
 
     The tokens are appended to ``state.cache`` (which grows by k). attention_mask: (N, P +
-    offset + k), the prompt mask followed by the response positions seen so far and these k.
+    offset + k), the prompt mask followed by the response positions seen so far and these k
+    (a static cache: all of its positions; those not written yet are masked as the future).
     """
     return _extend(partial(_run, model, True), state, input_ids, attention_mask, offset)
 

@@ -1,27 +1,41 @@
-"""A ``conspo.sink.Sink`` that buffers steps and writes them to the database in batches.
+"""A ``conspo.sink.Sink`` that buffers steps and writes them to the database from a thread.
 
-One transaction per batch (``backend.storage.writes.write_points``): every buffered metric,
-rollout and prompt pass rate in bulk, plus one update of the run row (step, summary, heartbeat;
-only while this attempt still owns the run). A batch is written when ``flush()`` is called, when
-the buffer holds ``max_points`` metric points, rollout rows and prompt rows, or when a step
-arrives ``max_delay_s`` after the last write (so dashboards stay live whatever the step rate).
+The training thread only buffers: ``log_step`` adds the step to the buffer and, when the buffer
+holds ``max_points`` metric points, rollout rows and prompt rows, or when a step arrives
+``max_delay_s`` after the last hand-over (so dashboards stay live whatever the step rate) and
+the writer is idle, hands the whole buffer to a writer thread as one batch. The writer stores
+each batch in one transaction (``backend.storage.writes.write_points``): every metric, rollout
+and prompt pass rate in bulk, plus one update of the run row (step, summary, heartbeat; only
+while this attempt still owns the run). So a slow commit costs the trainer nothing until
+``max_batches`` batches wait; then ``log_step`` blocks until the writer takes one
+(backpressure: memory stays bounded when the database is slower than training). The writer
+thread exits when it has been idle ``WRITER_IDLE_S`` and starts again with the next batch, so
+a finished sink leaves none behind.
+
+Errors reach the trainer on its own thread: whatever the writer meets (``RunGone``, a
+``DatabaseUnavailable`` outage past its limit, any other error) is raised by the next
+``log_step`` or ``flush``, and nothing more is written after it.
 
 Database outages: with an ``Outage`` the write is retried with backoff (see ``worker.retry``).
 Past its limit ``DatabaseUnavailable`` propagates through the trainer (so no checkpoint is saved
 that covers steps the database lacks) and the worker hands the run back without failing it.
 
-Crash safety: the trainer calls ``flush()`` before it saves each checkpoint and before it ends,
-so a checkpoint never covers a step the database lacks. A crash loses at most the buffered
-steps after the last checkpoint, which the resumed attempt re-emits; the upserts on
-(run_id, key, step), (run_id, step, group, index) and (run_id, step, prompt_key) make a
+Crash safety: the trainer calls ``flush()`` before it saves each checkpoint and before it ends;
+``flush`` hands over the buffer and returns only once every batch is committed, so a checkpoint
+never covers a step the database lacks. A crash loses at most the steps after the last
+checkpoint (buffered or waiting for the writer), which the resumed attempt re-emits; the upserts
+on (run_id, key, step), (run_id, step, group, index) and (run_id, step, prompt_key) make a
 re-emitted step that was already stored an overwrite, not a duplicate.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from backend.db import Database
@@ -37,6 +51,9 @@ class RunGone(Exception):
     """The run was deleted, or another attempt owns it now: stop writing."""
 
 
+WRITER_IDLE_S = 5.0  # an idle writer thread exits after this long; the next batch starts one
+
+
 class DbSink:
     def __init__(
         self,
@@ -45,7 +62,8 @@ class DbSink:
         attempt: int,
         *,
         max_points: int = 20_000,
-        max_delay_s: float = 1.0,
+        max_delay_s: float = 0.2,
+        max_batches: int = 4,
         clock: Callable[[], float] = time.monotonic,
         outage: Outage | None = None,
     ) -> None:
@@ -54,42 +72,122 @@ class DbSink:
         self.run_id = run_id
         self.attempt = attempt
         self.max_points = max_points
-        self.max_delay_s = max_delay_s
+        self.max_delay_s = max_delay_s  # short: the writer thread, not the trainer, pays for it
+        self.max_batches = max_batches  # batches handed over and not yet committed, at most
         self.clock = clock
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._buffer: dict[int, StepRecord] = {}  # by step: a re-emitted step replaces its twin
         self._buffered = 0  # metric points + rollout and prompt rows in the buffer
         self._last_write = clock()
+        # The writer's side, all under _cond: batches handed over and not yet committed, oldest
+        # (the one being written) first; the writer's first error; the thread.
+        self._cond = threading.Condition()
+        self._batches: deque[list[StepRecord]] = deque()
+        self._error: BaseException | None = None
+        self._writer: threading.Thread | None = None
 
     def log_step(self, record: StepRecord) -> None:
-        """Buffer the step; write the buffer when it is full or the last write is old."""
+        """Buffer the step; hand the buffer to the writer when it is full or the last hand-over
+        is old. Raises what the writer met since the last call."""
+        self._raise_writer_error()
         old = self._buffer.pop(record.step, None)
         if old is not None:
             self._buffered -= _rows(old)
         self._buffer[record.step] = record
         self._buffered += _rows(record)
-        if self._buffered >= self.max_points or self.clock() - self._last_write >= self.max_delay_s:
-            self.flush()
+        if self._buffered >= self.max_points:
+            self._hand_over()
+        elif self.clock() - self._last_write >= self.max_delay_s and not self._writer_busy():
+            # A busy writer will be done soon, and the next batch then carries more steps: a
+            # per-batch cost paid less often when the database is what is slow.
+            self._hand_over()
 
     def flush(self) -> None:
-        """Write every buffered step in one transaction (nothing to do when empty).
+        """Hand over the buffer and wait until every batch is committed (nothing to do when all
+        is written); raises what the writer met.
 
         With an ``outage``, a dropped connection or a locked database is retried (the write is
         an upsert, so a batch whose commit did land before the error is simply written again).
         """
+        self._hand_over()
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or not self._in_flight())
+        self._raise_writer_error()
+
+    def wait_written(self) -> None:
+        """Wait until the batches handed over so far are committed (the buffer stays); raises
+        what the writer met. For tests and benchmarks: the trainer needs only ``flush``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or not self._in_flight())
+        self._raise_writer_error()
+
+    def _hand_over(self) -> None:
+        """Queue the buffer as one batch for the writer, waiting while ``max_batches`` wait."""
         self._last_write = self.clock()
         if not self._buffer:
             return
-        what = f"run {self.run_id}: storing steps"
-        owned = self.outage.call(what, self._write) if self.outage else self._write()
-        self._buffer.clear()
+        batch = list(self._buffer.values())
+        self._buffer = {}
         self._buffered = 0
-        if not owned:
-            raise RunGone(f"run {self.run_id} was deleted or taken over")
+        with self._cond:
+            # Backpressure: the trainer waits here while the database is behind.
+            self._cond.wait_for(
+                lambda: self._error is not None or self._queued() < self.max_batches
+            )
+            if self._error is not None:
+                raise self._error
+            self._batches.append(batch)
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_batches, name=f"db-sink-{self.run_id}", daemon=True
+                )
+                self._writer.start()
+            self._cond.notify_all()
 
-    def _write(self) -> bool:
-        """One transaction for the whole buffer; False when the attempt no longer owns the run."""
-        records = list(self._buffer.values())
+    def _writer_busy(self) -> bool:
+        with self._cond:
+            return bool(self._batches)
+
+    def _queued(self) -> int:
+        return len(self._batches)  # the batch being written stays first in the deque until done
+
+    def _in_flight(self) -> bool:
+        return bool(self._batches)
+
+    def _write_batches(self) -> None:
+        """The writer thread: commit batches in order until idle for WRITER_IDLE_S or failed."""
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: bool(self._batches), timeout=WRITER_IDLE_S):
+                    self._writer = None  # under the lock: the next hand-over starts a new one
+                    return
+                batch = self._batches[0]  # left in place: it counts until it is committed
+            try:
+                what, write = f"run {self.run_id}: storing steps", partial(self._write, batch)
+                owned = self.outage.call(what, write) if self.outage else write()
+                error: BaseException | None = (
+                    None if owned else RunGone(f"run {self.run_id} was deleted or taken over")
+                )
+            except BaseException as exc:  # handed to the trainer's thread, raised there
+                error = exc
+            with self._cond:
+                self._batches.popleft()
+                if error is not None:
+                    self._error = error
+                    self._batches.clear()  # nothing is written after an error
+                    self._writer = None
+                self._cond.notify_all()
+                if error is not None:
+                    return
+
+    def _raise_writer_error(self) -> None:
+        with self._cond:
+            error = self._error
+        if error is not None:
+            raise error
+
+    def _write(self, records: list[StepRecord]) -> bool:
+        """One transaction for a batch; False when the attempt no longer owns the run."""
         steps = [StepPoints(r.step, r.metrics, r.wall_time, r.rollouts, r.prompts) for r in records]
         latest = max(records, key=lambda r: r.step)
         with self.db.session() as session:
@@ -108,6 +206,7 @@ class DbSink:
 
     @property
     def buffered_steps(self) -> list[int]:
+        """Steps in the buffer, not yet handed to the writer."""
         return sorted(self._buffer)
 
     def log_event(self, kind: str, data: dict[str, Any]) -> None:

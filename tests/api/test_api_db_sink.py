@@ -101,7 +101,9 @@ def test_sink_writes_when_full_or_after_its_delay(db: Database) -> None:
     full = DbSink(db, run_id, attempt=1, max_points=3 * per_step, max_delay_s=1e9)
     for step in range(1, 4):
         full.log_step(record(step))
-    assert full.buffered_steps == [] and run_row(db, run_id).step == 3
+    assert full.buffered_steps == []  # handed to the writer thread
+    full.wait_written()
+    assert run_row(db, run_id).step == 3
 
     now = [0.0]
     timed = DbSink(db, run_id, attempt=1, max_points=10**6, max_delay_s=1.0, clock=lambda: now[0])
@@ -111,7 +113,9 @@ def test_sink_writes_when_full_or_after_its_delay(db: Database) -> None:
     assert timed.buffered_steps == [4, 5]
     now[0] = 1.2
     timed.log_step(record(6))  # a second since the last write: the dashboards get it
-    assert timed.buffered_steps == [] and run_row(db, run_id).step == 6
+    assert timed.buffered_steps == []
+    timed.wait_written()
+    assert run_row(db, run_id).step == 6
 
 
 def test_reemitted_steps_overwrite_and_lost_ownership_stops(db: Database) -> None:

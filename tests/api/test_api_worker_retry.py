@@ -145,13 +145,38 @@ def test_errors_of_the_run_itself_are_raised_at_once() -> None:
 
 def test_the_sink_stores_every_step_once_through_a_locked_database(db: Database) -> None:
     run_id = new_run(db)
-    sink = DbSink(db, run_id, 1, max_delay_s=0.0, outage=Outage(60))  # writes every step
+    sink = DbSink(db, run_id, 1, max_points=1, outage=Outage(60))  # writes every step
     sink.log_step(StepRecord(1, 3, 1.0, {"sep/gap": 0.1}))
     lock = WriteLock(db)
     lock.release_after(1.0)
-    sink.log_step(StepRecord(2, 3, 2.0, {"sep/gap": 0.2}))  # waits out the lock
+    sink.log_step(StepRecord(2, 3, 2.0, {"sep/gap": 0.2}))  # its writer waits out the lock
     sink.log_step(StepRecord(3, 3, 3.0, {"sep/gap": 0.3}))
+    sink.flush()
     with db.session() as s:
         points = s.execute(select(Metric.step, Metric.value).where(Metric.run_id == run_id))
         assert sorted(points) == [(1, 0.1), (2, 0.2), (3, 0.3)]
         assert s.get(Run, run_id).step == 3  # type: ignore[union-attr]
+
+
+def test_the_sink_holds_the_trainer_back_once_max_batches_wait(db: Database) -> None:
+    """Backpressure: while the database is locked, the writer holds one batch and the trainer
+    may hand over one more (max_batches=2); the next step waits until the lock goes, and then
+    every step is stored once."""
+    run_id = new_run(db)
+    sink = DbSink(db, run_id, 1, max_points=1, max_batches=2, outage=Outage(60))  # batch per step
+    lock = WriteLock(db)
+    sink.log_step(StepRecord(1, 4, 1.0, {"sep/gap": 0.1}))  # the writer takes it and waits
+    sink.log_step(StepRecord(2, 4, 2.0, {"sep/gap": 0.2}))  # queued: the trainer goes on
+    third = threading.Thread(target=sink.log_step, args=(StepRecord(3, 4, 3.0, {"sep/gap": 0.3}),))
+    third.start()
+    third.join(timeout=1.0)
+    assert third.is_alive()  # two batches wait: the trainer is held back
+    lock.release()
+    third.join(timeout=60)
+    assert not third.is_alive()
+    sink.log_step(StepRecord(4, 4, 4.0, {"sep/gap": 0.4}))
+    sink.flush()
+    with db.session() as s:
+        points = s.execute(select(Metric.step, Metric.value).where(Metric.run_id == run_id))
+        assert sorted(points) == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+        assert s.get(Run, run_id).step == 4  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -120,3 +121,56 @@ def test_runs_list_streams_get_each_change_once(api: Api, settings: Settings) ->
         db.dispose()
     for events in received:
         assert events.count((run["id"], 2)) == 1, events
+
+
+def test_steps_logged_through_the_worker_sink_reach_a_live_stream(
+    api: Api, settings: Settings
+) -> None:
+    """The freshness path of bench/freshness.py, on each database: a trainer thread logs steps
+    through a default ``DbSink`` (its writer thread commits them, no flush asked for) and a
+    stream with the default poll period delivers them, step by step, while the run trains."""
+    from backend.models import Run
+    from conspo.sink import StepRecord
+    from worker.db_sink import DbSink
+
+    run = api.external()
+    live = settings.model_copy(
+        update={"stream_poll_s": Settings.model_fields["stream_poll_s"].default}
+    )
+    db = Database(live)
+    with db.session() as s:
+        attempt = s.get(Run, run["id"]).attempt  # type: ignore[union-attr]
+    sink = DbSink(db, run["id"], attempt)
+    stop = threading.Event()
+
+    def train() -> None:
+        step = 0
+        while not stop.is_set():  # a step every ~50 ms until the stream has seen enough
+            step += 1
+            sink.log_step(StepRecord(step, 10**6, time.time(), {"loss": float(step)}))
+            time.sleep(0.05)
+
+    async def scenario() -> int:
+        hub = StreamHub(db, live)
+        seen = [0]
+
+        async def follow() -> None:
+            async for frame in _run_events(hub, live, run["id"], StreamCursor()):
+                kind, data = parse_frame(frame)
+                if kind == "metrics":
+                    seen[0] = max(seen[0], json.loads(data)["step_max"])
+                if seen[0] >= 5:
+                    return
+
+        follower = asyncio.create_task(follow())
+        trainer = asyncio.create_task(asyncio.to_thread(train))
+        await until(lambda: seen[0] >= 5, 60, "step 5 on the stream")
+        stop.set()
+        await asyncio.gather(follower, trainer)
+        return seen[0]
+
+    try:
+        assert asyncio.run(scenario()) >= 5
+        sink.flush()  # every logged step is stored, the buffered tail included
+    finally:
+        db.dispose()

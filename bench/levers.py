@@ -1,0 +1,185 @@
+"""Throughput levers of the native sampler and the training forward, each measured alone.
+
+    .venv/bin/python bench/levers.py [--repeats 3] [--rows 64] [--prompt-tokens 10]
+                                     [--new-tokens 128] [--threads 1] [--quick]
+
+The model is the ~10M-parameter random-init Qwen2 of bench/throughput.py's shape (b) (hidden
+384, 4 layers, MLP 1536, the character tokenizer). Every variant runs in this one process, one
+thread, its repeats interleaved with the other variants' (A B C A B C ...), so a change of load
+on the machine hits every variant alike. Reported per variant: CPU time (process time) and wall
+time per generated token step, min and median over the repeats, and the speed-up over the
+baseline on the CPU-time median.
+
+Sampling variants (answers are forced to ``--new-tokens``: the EOS id is one the model can never
+draw, so every variant decodes the same number of tokens):
+
+* ``dynamic``: the KV cache grows by concatenation each token (the sampler before issue 15)
+* ``static``: the cache is preallocated and written in place (``sample(static_cache=True)``)
+* ``static+check8``: also asks "has every row finished?" every 8 tokens instead of every token
+* ``static+bf16``: bfloat16 autocast over float32 weights (``model.dtype: bfloat16`` with
+  ``mixed_precision: true``)
+
+Training variants: the forward + backward of the token log-probs over the same rollouts, float32
+and bfloat16 autocast; with the max |Δ log-prob| of bf16 against fp32.
+
+The matmul ceiling: float32 (and bf16) GFLOP/s of ``torch.mm`` at the model's shapes; each
+variant's achieved GFLOP/s is given as a fraction of it (FLOPs: 2 per multiply-add of every
+linear layer, the LM head included, attention scores and values added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from conspo.forward import token_logprobs  # noqa: E402
+from conspo.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from conspo.rollout import RolloutBatch, sample  # noqa: E402
+
+# Shape (b) of bench/throughput.py: ~9.5M parameters (head_dim 64).
+MODEL_DIMS = dict(
+    hidden_size=384,
+    intermediate_size=1536,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=6,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
+GROUP = 8
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one call."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 20) -> float:
+    """Best GFLOP/s of (m, k) @ (k, n) in ``dtype`` over ``repeats`` calls."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best / 1e9
+
+
+def model_flops_per_token(cfg: object, context: int) -> float:
+    """FLOPs of one token through the model (2 per multiply-add), attending to ``context``."""
+    h, f, layers, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size  # type: ignore[attr-defined]
+    per_layer = 2 * (4 * h * h + 3 * h * f) + 2 * 2 * h * context
+    return layers * per_layer + 2 * h * v
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=64, help="rollouts (groups of 8)")
+    parser.add_argument("--prompt-tokens", type=int, default=10)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="32 rows, 64 new tokens")
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.new_tokens = 32, 64
+    torch.set_num_threads(args.threads)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, 0, MODEL_DIMS).eval()
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    n, p, t = args.rows, args.prompt_tokens, args.new_tokens
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(4, cfg.vocab_size, (n // GROUP, p), generator=gen)
+    ids = prompts.repeat_interleave(GROUP, dim=0)
+    mask = torch.ones_like(ids)
+    never = cfg.vocab_size  # an EOS id the model cannot draw: every answer is t tokens long
+
+    def sampler(static: bool, check: int, bf16: bool) -> Callable[[], RolloutBatch]:
+        def run() -> RolloutBatch:
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+            with ctx:
+                return sample(model, ids, mask, max_new_tokens=t, eos_id=never, pad_id=0,
+                              generator=torch.Generator().manual_seed(1), group_size=GROUP,
+                              static_cache=static, stop_check_every=check)  # fmt: skip
+
+        return run
+
+    sampling = {
+        "dynamic": sampler(False, 1, False),
+        "static": sampler(True, 1, False),
+        "static+check8": sampler(True, 8, False),
+        "static+bf16": sampler(True, 1, True),
+    }
+    batch = sampling["static"]()
+    same = torch.equal(batch.response_ids, sampling["dynamic"]().response_ids)
+
+    def train_pass(bf16: bool) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            model.zero_grad(set_to_none=True)
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+            with ctx:
+                lp, _ = token_logprobs(model, batch, 1.0, group_size=GROUP)
+            lp.float().mean().backward()
+            return lp.detach().float()
+
+        return run
+
+    training = {"train fp32": train_pass(False), "train bf16": train_pass(True)}
+    with torch.no_grad():
+        lp32 = token_logprobs(model, batch, 1.0, group_size=GROUP)[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp16 = token_logprobs(model, batch, 1.0, group_size=GROUP)[0].float()
+    variants = {**sampling, **training}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    for _ in range(args.repeats):
+        for name, fn in variants.items():  # interleaved: A B C ... A B C ...
+            times[name].append(timed(fn))
+
+    h = cfg.hidden_size
+    ceiling = {
+        "fp32": matmul_gflops(n, h, cfg.intermediate_size, torch.float32),
+        "bf16": matmul_gflops(n, h, cfg.intermediate_size, torch.bfloat16),
+        "fp32 train": matmul_gflops(n * (p + t), h, cfg.intermediate_size, torch.float32, 5),
+        "bf16 train": matmul_gflops(n * (p + t), h, cfg.intermediate_size, torch.bfloat16, 5),
+    }
+    decode_flops = n * sum(model_flops_per_token(cfg, p + i) for i in range(t))
+    train_flops = 3 * n * sum(model_flops_per_token(cfg, p + i) for i in range(t))  # fwd + 2x bwd
+    print(f"model {n_params / 1e6:.1f}M params; {n} rollouts ({n // GROUP} prompts x {GROUP}), "
+          f"{p}-token prompts, {t} new tokens (forced), {args.threads} thread(s), "
+          f"{args.repeats} interleaved repeats")  # fmt: skip
+    print(f"static cache draws the same tokens as the dynamic one (fp32, same seed): {same}")
+    diff = (lp16 - lp32).abs()
+    print(f"bf16 autocast vs fp32 token log-probs: max |diff| {diff.max():.4f}, "
+          f"mean |diff| {diff.mean():.5f} (log-probs ~ {lp32.mean():.2f})")  # fmt: skip
+    print("matmul ceiling GFLOP/s at the model's shapes: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in ceiling.items()))  # fmt: skip
+    base_cpu = {"sample": statistics.median(c for c, _ in times["dynamic"]),
+                "train": statistics.median(c for c, _ in times["train fp32"])}  # fmt: skip
+    print(f"{'variant':<15} {'CPU min':>8} {'CPU med':>8} {'wall min':>8} {'wall med':>8} "
+          f"{'ms/token':>8} {'speed-up':>8} {'of ceiling':>10}")  # fmt: skip
+    for name, ts in times.items():
+        cpu, wall = [c for c, _ in ts], [w for _, w in ts]
+        is_train = name.startswith("train")
+        base = base_cpu["train" if is_train else "sample"]
+        flops = train_flops if is_train else decode_flops
+        ceil = ceiling[("bf16" if "bf16" in name else "fp32") + (" train" if is_train else "")]
+        achieved = flops / min(cpu) / 1e9  # CPU time: a preempted process does no work
+        print(f"{name:<15} {min(cpu):8.3f} {statistics.median(cpu):8.3f} {min(wall):8.3f} "
+              f"{statistics.median(wall):8.3f} {1e3 * statistics.median(cpu) / t:8.2f} "
+              f"{base / statistics.median(cpu):7.2f}x {achieved / ceil:9.0%}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
