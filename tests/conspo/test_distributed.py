@@ -53,6 +53,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "model": {"name": "tiny-arith", "lora": {"rank": 4}},
         "params": {"beta": 0.05},
     },
+    # resources.strategy fsdp: parameters, gradients and AdamW state sharded (FSDP2); the
+    # reference model stays whole per rank. ConSPO over the two-pass micro-batch path (ranks
+    # run different numbers of backwards) and two mini-batches (gather after an update).
+    "grpo-fsdp": {"algorithm": "grpo", "params": {"beta": 0.05}, "resources": {"strategy": "fsdp"}},
+    "conspo-fsdp": {
+        "algorithm": "conspo",
+        "optim": {"micro_batch_tokens": 40, "mini_batches": 2},
+        "resources": {"strategy": "fsdp"},
+    },
 }
 
 
@@ -77,14 +86,19 @@ def one_update(name: str, store: ModelStore) -> dict[str, Any]:
     prompts = state.task.train_prompts(trainer.random.Random(7), cfg.sampling.prompts_per_step)
     r = trainer.sample_groups(state, prompts, seed=11)
     stats, scores, updates = trainer.update(state, r, step=2, lr=cfg.optim.lr)
-    grads = torch.cat([p.grad.flatten() for p in state.trainable if p.grad is not None])
+    # fsdp's are this rank's shards: the whole tensors (a collective).
+    grads = torch.cat(
+        [distributed.plain(p.grad).flatten() for p in state.trainable if p.grad is not None]
+    )
+    weights = torch.cat([distributed.plain(p.detach()).flatten() for p in state.trainable])
     return {
         "stats": {k: float(v) for k, v in stats.items()},
         "scores": scores.detach().cpu(),
         "updates": updates,
         "grad": grads.cpu(),
-        "weights": torch.cat([p.detach().flatten() for p in state.trainable]).cpu(),
+        "weights": weights.cpu(),
         "responses": r.batch.response_ids.cpu(),
+        "sharded": distributed.is_sharded(state.model),
     }
 
 
@@ -135,6 +149,7 @@ def test_two_ranks_on_half_batches_equal_one_process(
 ) -> None:
     one, two = one_update(name, model_store), two_ranks[0][name]
     assert torch.equal(one["responses"], two["responses"])  # the same batch went in
+    assert two["sharded"] == name.endswith("-fsdp") and not one["sharded"]
     assert one["updates"] == two["updates"] > 0
     torch.testing.assert_close(two["grad"], one["grad"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(two["weights"], one["weights"], rtol=1e-5, atol=1e-6)
