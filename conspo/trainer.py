@@ -291,13 +291,6 @@ def check_group(cfg: RunConfig) -> None:
     world = distributed.world_size()
     if world == 1:
         return
-    if cfg.resources.strategy == "fsdp" and cfg.model.lora.rank > 0:
-        raise ValueError("resources.strategy 'fsdp' does not train LoRA adapters; use 'ddp'")
-    if cfg.resources.strategy == "fsdp" and cfg.sampling.engine == "vllm":
-        raise ValueError(
-            "resources.strategy 'fsdp' samples with the training model's gathered parameters:"
-            " sampling.engine must be 'native' or 'hf'"
-        )
     if cfg.sampling.prompts_per_step < world:
         raise ValueError(
             f"sampling.prompts_per_step ({cfg.sampling.prompts_per_step}) must be at least the"

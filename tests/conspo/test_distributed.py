@@ -238,3 +238,46 @@ def test_a_failing_child_fails_the_run_with_its_own_error(
             cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120
         )
     assert not dist.is_initialized()
+
+
+def test_fsdp_refuses_lora_and_vllm_at_submit() -> None:
+    with pytest.raises(ValueError, match=r"resources.strategy 'fsdp' does not train LoRA"):
+        RunConfig.model_validate(
+            {"model": {"lora": {"rank": 4}}, "resources": {"gpus": 2, "strategy": "fsdp"}}
+        )
+    with pytest.raises(ValueError, match=r"sampling.engine must be 'native' or 'hf'"):
+        RunConfig.model_validate(
+            {"sampling": {"engine": "vllm"}, "resources": {"gpus": 2, "strategy": "fsdp"}}
+        )
+
+
+@pytest.mark.slow  # launch_local end to end, three times
+def test_fsdp_run_stopped_and_resumed_equals_the_uninterrupted_run(
+    model_store: ModelStore, arith_base: Path, tmp_path: Path
+) -> None:
+    """2 fsdp ranks, stopped after step 1 and resumed from rank 0's checkpoint (gathered
+    shards: weights and AdamW state): every step logged once, and the final weights and
+    statistics equal those of the same 2-rank run uninterrupted (the same seeds per rank)."""
+    from safetensors.torch import load_file
+
+    cfg = scenario_config("conspo-fsdp").model_copy(update={"steps": 2})
+    common = {"nprocs": 2, "model_store": model_store, "timeout_s": 120}
+    whole = MemorySink()
+    distributed.launch_local(cfg, whole, workdir=tmp_path / "whole", **common)
+
+    sink = MemorySink()
+    first = distributed.launch_local(
+        cfg, sink, lambda: len(sink.steps) >= 1, workdir=tmp_path / "parts", **common
+    )
+    assert (first.status, first.last_step) == ("cancelled", 1)
+    second = distributed.launch_local(cfg, sink, workdir=tmp_path / "parts", **common)
+    assert (second.status, second.last_step) == ("succeeded", 2)
+    assert [e for e, _ in sink.events].count("resumed") == 1
+    assert sorted(sink.steps) == sorted(whole.steps) == [1, 2]
+    for key in (M.LOSS, M.GRAD_NORM, M.SEP_GAP):
+        assert sink.steps[2].metrics[key] == whole.steps[2].metrics[key], key
+    final = "checkpoints/step_000002/model.safetensors"
+    a, b = load_file(tmp_path / "whole" / final), load_file(tmp_path / "parts" / final)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
