@@ -24,6 +24,8 @@ rank with gradients summed after each backward): DDP averages gradients, while o
 derivatives of one shared objective that must be summed; and DDP's hooks need every rank to run
 the same number of backward passes, which token-budget micro-batches (``optim.micro_batch_tokens``)
 do not guarantee. One bucketed all-reduce per optimiser step replaces them.
+``resources.strategy: fsdp`` shards weights, gradients and optimiser state with FSDP2 instead
+(``shard``; why and how it stays in lockstep: the fsdp section below).
 
 The launcher runs rank 0 in the calling process (the worker's sink, heartbeat and cancel keep
 working) and ranks 1..n-1 as ``python -m conspo.distributed`` children that die with their parent
