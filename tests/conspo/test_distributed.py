@@ -260,7 +260,10 @@ def test_fsdp_run_stopped_and_resumed_equals_the_uninterrupted_run(
     statistics equal those of the same 2-rank run uninterrupted (the same seeds per rank)."""
     from safetensors.torch import load_file
 
-    cfg = scenario_config("conspo-fsdp").model_copy(update={"steps": 2})
+    cfg = scenario_config("conspo-fsdp")
+    # Evaluated at the end, kept as checkpoints/best: the gathered weights, rank 0 deciding.
+    evaluation = cfg.eval.model_copy(update={"every": 2, "best_metric": M.EVAL_ACCURACY})
+    cfg = cfg.model_copy(update={"steps": 2, "eval": evaluation})
     common = {"nprocs": 2, "model_store": model_store, "timeout_s": 120}
     whole = MemorySink()
     distributed.launch_local(cfg, whole, workdir=tmp_path / "whole", **common)
@@ -281,3 +284,5 @@ def test_fsdp_run_stopped_and_resumed_equals_the_uninterrupted_run(
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+    best = load_file(tmp_path / "parts" / "checkpoints/best/model.safetensors")
+    assert best.keys() == a.keys() and all(torch.equal(best[k], a[k]) for k in a)
