@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo import distributed
 from conspo.lineage import step_checkpoints
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -65,16 +66,25 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     counters: dict[str, Any],
     keep: int,
+    model_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune to the newest ``keep``."""
+    """Write the checkpoint of ``step`` atomically and prune to the newest ``keep``.
+
+    ``model_state`` / ``optimizer_state``: the whole states when ``model`` holds only a shard
+    (``resources.strategy: fsdp``, ``distributed.full_state_dicts``); default the model's and
+    optimiser's own."""
     root = checkpoint_dir(workdir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}-", dir=root))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=model_state)
         tokenizer.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(
+            optimizer.state_dict() if optimizer_state is None else optimizer_state,
+            tmp / "optimizer.pt",
+        )
         # Last: its presence marks the checkpoint complete.
         torch.save(
             {"step": step, "counters": counters, "rng": rng_state()}, tmp / "trainer_state.pt"
@@ -94,11 +104,14 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Load weights and optimiser state in place; returns {"step", "counters", "rng"}."""
     device = str(next(model.parameters()).device)
-    if (path / ADAPTER_WEIGHTS).exists():
+    if distributed.is_sharded(model):  # every rank reads the whole states and keeps its shard
+        _load_sharded(path, model, optimizer)
+    elif (path / ADAPTER_WEIGHTS).exists():
         _load_adapters(path, model, device)
     else:
         _load_weights(path, model, device)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if not distributed.is_sharded(model):
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     trainer_state = torch.load(path / "trainer_state.pt", weights_only=False)
     set_rng_state(trainer_state["rng"])
     return trainer_state
@@ -115,6 +128,25 @@ def _load_adapters(path: Path, model: PreTrainedModel, device: str) -> None:
         raise RuntimeError(
             f"checkpoint {path} does not match the adapters: unexpected {sorted(unexpected)}"
         )
+
+
+def _load_sharded(path: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> None:
+    """A checkpoint written from a sharded (fsdp) run: whole states, optimiser keyed by name."""
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        state.update(load_file(shard))
+    if model.config.tie_word_embeddings:  # saved once; the sharded model names both
+        tied = model.get_output_embeddings()
+        for name, module in model.named_modules():
+            if module is tied and f"{name}.weight" not in state:
+                state[f"{name}.weight"] = state[_input_embedding_key(model)]
+    optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
+    distributed.load_full_state_dicts(model, optimizer, state, optimizer_state)
+
+
+def _input_embedding_key(model: PreTrainedModel) -> str:
+    embedding = model.get_input_embeddings()
+    return next(f"{n}.weight" for n, m in model.named_modules() if m is embedding)
 
 
 def _load_weights(path: Path, model: PreTrainedModel, device: str) -> None:

@@ -685,6 +685,17 @@ class RunConfig(_Section):
                 f"kind {self.kind} trains on one process: resources.gpus and resources.nodes"
                 " must be 1"
             )
+        if self.resources.strategy == "fsdp" and self.model.lora.rank > 0:
+            # Sharding exists for full fine-tuning that does not fit; LoRA's state is small.
+            raise ValueError(
+                "resources.strategy 'fsdp' does not train LoRA adapters (model.lora.rank > 0):"
+                " use 'ddp'"
+            )
+        if self.resources.strategy == "fsdp" and self.sampling.engine == "vllm":
+            raise ValueError(
+                "resources.strategy 'fsdp' samples with the training model's gathered"
+                " parameters: sampling.engine must be 'native' or 'hf', not 'vllm'"
+            )
         return self
 
     def objective_params(self) -> BaseModel:

@@ -24,6 +24,8 @@ rank with gradients summed after each backward): DDP averages gradients, while o
 derivatives of one shared objective that must be summed; and DDP's hooks need every rank to run
 the same number of backward passes, which token-budget micro-batches (``optim.micro_batch_tokens``)
 do not guarantee. One bucketed all-reduce per optimiser step replaces them.
+``resources.strategy: fsdp`` shards weights, gradients and optimiser state with FSDP2 instead
+(``shard``; why and how it stays in lockstep: the fsdp section below).
 
 The launcher runs rank 0 in the calling process (the worker's sink, heartbeat and cancel keep
 working) and ranks 1..n-1 as ``python -m conspo.distributed`` children that die with their parent
@@ -239,6 +241,120 @@ def _collective_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------------------------
+# resources.strategy: fsdp (FSDP2 ``fully_shard``)
+# --------------------------------------------------------------------------------------------
+#
+# Parameters, gradients and optimiser state live sharded across the ranks (``fully_shard`` on the
+# root module: one flat group, so one all-gather and one reduce-scatter per optimiser step). The
+# ranks do not run the same number of forwards and backwards (generation stops at EOS; each rank
+# micro-batches its own rows by token budget; rank 0 evaluates alone), while FSDP's hooks
+# all-gather in a forward and reduce-scatter in a backward. So the full parameters are made
+# resident once per optimiser step (``unshard``: every forward and backward in between runs
+# without a collective, ``reshard_after_forward``/``_backward`` off) and every backward only
+# accumulates the unsharded gradient (``requires_gradient_sync`` off); ``sync_sharded_gradients``
+# then runs one zero-weight backward on every rank with the sync on: its reduce-scatter SUMS the
+# accumulated gradients into each rank's shard (divide factor 1, sum-only ops: gloo has no
+# PREMUL_SUM), the optimiser steps on the shards, and ``unshard`` gathers the new weights.
+# The memory saved: the optimiser state (two fp32 moments) and the gradients between updates are
+# 1/world per rank; the full parameters and their unsharded gradient are resident during a step
+# (generation needs the full parameters anyway).
+
+
+def shard(model: torch.nn.Module) -> None:
+    """Shard ``model``'s parameters across the group (FSDP2), then gather the full parameters
+    for the first step. Build the optimiser on ``model.parameters()`` BEFORE this returns'
+    ``unshard``: take them with ``sharded_parameters``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = _collective_device().type
+    fsdp = fully_shard(
+        model, mesh=init_device_mesh(device, (world_size(),)), reshard_after_forward=False
+    )
+    fsdp.set_gradient_divide_factor(1.0)  # each rank holds a share of one objective: sum
+    fsdp.set_force_sum_reduction_for_comms(True)
+    fsdp.set_reduce_scatter_unused_params(True)  # the same flat buffer on every rank
+    fsdp.set_reshard_after_backward(False)
+    fsdp.set_requires_gradient_sync(False)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def gather_parameters(model: torch.nn.Module) -> None:
+    """Make the full parameters resident on every rank (collective; a no-op unless sharded)."""
+    if is_sharded(model):
+        model.unshard()  # type: ignore[operator]  # an FSDPModule
+
+
+def sync_sharded_gradients(model: torch.nn.Module, zero_backward: Callable[[], None]) -> None:
+    """Sum every rank's accumulated gradient into its shard of ``.grad`` (collective).
+    ``zero_backward`` runs one forward and a backward whose gradient is exactly zero: FSDP's
+    post-backward hook reduce-scatters what the rank's earlier backwards accumulated. After this
+    the parameters are sharded again (the optimiser steps on the shards); ``gather_parameters``
+    before the next forward."""
+    fsdp: Any = model
+    fsdp.set_requires_gradient_sync(True, recurse=False)
+    fsdp.set_reshard_after_backward(True, recurse=False)
+    try:
+        zero_backward()
+    finally:
+        fsdp.set_requires_gradient_sync(False, recurse=False)
+        fsdp.set_reshard_after_backward(False, recurse=False)
+
+
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A regular tensor from a (replicated or sharded) DTensor: a sharded model's gradient norm
+    or gradient (collective for a sharded one); any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def full_state_dicts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The whole model's and optimiser's state, on the CPU, on rank 0 (empty elsewhere). A
+    collective: every rank calls it. The optimiser's is keyed by parameter name (``torch.
+    distributed.checkpoint``'s format), which ``load_full_state_dicts`` reads back."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    gather_parameters(model)  # the state-dict hooks swapped the sharded parameters in
+    return model_state, optimizer_state
+
+
+def load_full_state_dicts(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any],
+) -> None:
+    """Load whole (unsharded) states, as ``full_state_dicts`` returns them, into the sharded
+    model and its optimiser; every rank passes the whole states (each keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    model.reshard()  # type: ignore[operator]  # an FSDPModule: load into the shards
+    set_model_state_dict(model, model_state, options=options)
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+    gather_parameters(model)
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -141,15 +142,17 @@ def save_best(
     value: float,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
+    model_state: dict[str, Any] | None = None,
 ) -> dict[str, object]:
-    """Write ``checkpoints/best/`` (model, tokenizer, best.json) atomically; returns best.json."""
+    """Write ``checkpoints/best/`` (model, tokenizer, best.json) atomically; returns best.json.
+    ``model_state``: the whole weights when ``model`` holds a shard (fsdp)."""
     root = workdir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     info: dict[str, object] = {"step": step, "metric": key, "value": value}
     tmp = Path(tempfile.mkdtemp(prefix=".best-", dir=root))
     stale = root / f".best-stale-{os.getpid()}"
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=model_state)
         tokenizer.save_pretrained(tmp)
         (tmp / BEST_FILE).write_text(json.dumps(info))
         final = root / BEST_DIR

@@ -142,7 +142,10 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     * model state, held all run: full fine-tuning, the weights, their gradients and AdamW's two
       moments (4·P·w) and a frozen reference copy (P·w) when the objective's β > 0; LoRA, the
       frozen weights (P·w, also the reference: adapters off) and the adapters' float32 weights,
-      gradients and moments (16·A);
+      gradients and moments (16·A); with resources.strategy fsdp over W = gpus × nodes > 1
+      processes (conspo.distributed), the gathered weights every forward uses (P·w) and each
+      process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
+      (P·w) when β > 0: it is not sharded;
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
       it grows), a step's logits and softmax N·V·(b+12), and the sampler's int64 attention mask,
       token ids and end-of-sequence masks (48·N·T);
@@ -158,8 +161,9 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
         their gradients 2·a·b; the final hidden states H·b; one chunk of
         logits with its float32 copies C·V·(b+12); under mixed precision, full fine-tuning's
         half-precision copies of the weights autocast keeps (P·b); with micro-batches, the
-        mini-batch's log-probs, entropy and their gradient 16·B·T; and the reference model's
-        no-grad forward over the same tokens when β > 0.
+        mini-batch's log-probs, entropy and their gradient 16·B·T; the reference model's
+        no-grad forward over the same tokens when β > 0; and with fsdp the gathered gradient
+        the backwards accumulate before one reduce-scatter per update (P·w).
 
     Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it), the
     process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
@@ -177,9 +181,15 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     rows = math.ceil(n / cfg.optim.mini_batches)
     budget = cfg.optim.micro_batch_tokens
     tokens = min(rows * t, max(budget, t)) if budget else rows * t
+    world = cfg.resources.world_size
+    sharded = cfg.resources.strategy == "fsdp" and world > 1 and not m.lora.rank
     if m.lora.rank:
         adapters = lora_params(dims, m.lora.rank, m.lora.target_modules)
         state = dims.params * w + 4 * FLOAT32 * adapters
+    elif sharded:
+        state = dims.params * w * (1 + (1 if beta > 0 else 0)) + math.ceil(
+            4 * dims.params * w / world
+        )
     else:
         state = dims.params * w * (5 if beta > 0 else 4)
     evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, t, b)
@@ -202,6 +212,8 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
         grad_pass += 4 * rows * t * FLOAT32
     if beta > 0:
         grad_pass += _no_grad_forward(dims, tokens, b)
+    if sharded:
+        grad_pass += dims.params * w
     update = batch + max(freeze_old, grad_pass)
     return MemoryEstimate(state, _sampling(dims, n, t, b), evaluation, update)
 

@@ -250,6 +250,9 @@ def setup(
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
     model = prepare_for_training(model, cfg.model, cfg.seed)
     distributed.broadcast_parameters(model)
+    sharded = cfg.resources.strategy == "fsdp" and distributed.active()
+    if sharded:  # the optimiser must hold the shards (DTensors): shard before building it
+        distributed.shard(model)
     render = PromptRenderer(cfg.prompt, tokenizer)
     task = with_prompts(task, render)
     params = cfg.objective_params()
@@ -262,6 +265,7 @@ def setup(
         ref_model.eval().requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    distributed.gather_parameters(model)  # fsdp: full parameters resident until the first update
     return TrainState(
         cfg=cfg,
         params=params,
@@ -287,10 +291,6 @@ def check_group(cfg: RunConfig) -> None:
     world = distributed.world_size()
     if world == 1:
         return
-    if cfg.resources.strategy != "ddp":
-        raise ValueError(
-            f"resources.strategy {cfg.resources.strategy!r} is not supported yet; use 'ddp'"
-        )
     if cfg.sampling.prompts_per_step < world:
         raise ValueError(
             f"sampling.prompts_per_step ({cfg.sampling.prompts_per_step}) must be at least the"
@@ -339,6 +339,9 @@ def describe_device(device: torch.device) -> str:
 
 
 def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
+    model_state = optimizer_state = None
+    if distributed.is_sharded(state.model):  # every rank sends rank 0 its shards
+        model_state, optimizer_state = distributed.full_state_dicts(state.model, state.optimizer)
     if not distributed.is_main():  # the replicas are identical: rank 0 writes for all
         return
     # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
@@ -358,6 +361,8 @@ def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
         state.optimizer,
         counters,
         state.cfg.checkpoint.keep,
+        model_state,
+        optimizer_state,
     )
     sink.log_event("checkpoint", {"step": step, "path": str(path)})
 
@@ -726,14 +731,19 @@ def optimise_chunk(
     """
     state.optimizer.zero_grad(set_to_none=True)
     batch, entropy, out = backward_chunk(state, r, rows, old_logprobs, step, known)
-    distributed.reduce_gradients(state.trainable)  # each rank holds its rows' share
+    # Each rank holds its rows' share: summed (fsdp: into each rank's shard).
+    if distributed.is_sharded(state.model):
+        distributed.sync_sharded_gradients(state.model, partial(zero_backward, state, r))
+    else:
+        distributed.reduce_gradients(state.trainable)
     stepped = has_gradient(state.trainable)
     if stepped:
-        grad_norm = state.precision.step(
-            state.optimizer, state.trainable, state.cfg.optim.max_grad_norm
+        grad_norm = distributed.plain(
+            state.precision.step(state.optimizer, state.trainable, state.cfg.optim.max_grad_norm)
         )
     else:  # AdamW would still move the weights (momentum, decay) on a zero gradient
         grad_norm = torch.zeros((), device=state.device)
+    distributed.gather_parameters(state.model)  # fsdp: the updated weights, for what follows
     logprobs, mask = batch.logprobs.detach(), batch.mask
     # Scores of the policy that sampled (π_old): before this chunk's update.
     behaviour = logprobs if batch.old_logprobs is None else batch.old_logprobs
@@ -771,9 +781,24 @@ def entropy_by_outcome(
 
 def has_gradient(params: list[torch.nn.Parameter]) -> bool:
     """Whether any trainable parameter got a non-zero gradient: an objective without signal (no
-    valid group, zero advantages, no KL term) gives exactly 0. One host sync per update."""
+    valid group, zero advantages, no KL term) gives exactly 0. One host sync per update (fsdp:
+    the max over every rank's shards, so all ranks agree)."""
     grads = [p.grad for p in params if p.grad is not None]
-    return bool(grads) and bool(torch.nn.utils.get_total_norm(grads, math.inf) > 0)
+    return bool(grads) and bool(
+        distributed.plain(torch.nn.utils.get_total_norm(grads, math.inf)) > 0
+    )
+
+
+def zero_backward(state: TrainState, r: Rollouts) -> None:
+    """A one-token forward of the whole model and a backward of 0 × its logits: a gradient of
+    exactly zero that every rank runs once per update, for fsdp's reduce-scatter (``distributed.
+    sync_sharded_gradients``) to fire in lockstep whatever each rank's own backwards were. It must
+    call the model itself: FSDP's hooks are on its forward, which ``token_logprobs`` bypasses
+    (decoder and head apart), so the backwards before only accumulated gradients."""
+    token = r.batch.prompt_ids[:1, -1:]  # (1, 1)
+    with state.precision.autocast():
+        logits = state.model(input_ids=token, use_cache=False).logits
+    state.precision.backward(logits.float().sum() * 0.0)
 
 
 def backward_chunk(
@@ -1054,11 +1079,20 @@ def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) 
     checkpoints/best and log a ``best`` event."""
     sink.log_step(record)
     key = state.cfg.eval.best_metric
-    if key is None or key not in record.metrics or not distributed.is_main():
+    if key is None:
         return
-    value = record.metrics[key]
-    if improves(key, value, best_so_far(workdir)):
-        info = save_best(workdir, record.step, key, value, state.model, state.tokenizer)
+    value = record.metrics.get(key)  # rank 0 alone evaluates
+    best = value is not None and improves(key, value, best_so_far(workdir))
+    model_state = None
+    if distributed.is_sharded(state.model):  # rank 0's answer, and the shards to write
+        if not distributed.broadcast_object(best):
+            return
+        model_state, _ = distributed.full_state_dicts(state.model, state.optimizer)
+    if best and distributed.is_main():
+        assert value is not None
+        info = save_best(
+            workdir, record.step, key, value, state.model, state.tokenizer, model_state
+        )
         sink.log_event("best", {**info, "path": str(workdir / "checkpoints" / "best")})
 
 

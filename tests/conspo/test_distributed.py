@@ -53,6 +53,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "model": {"name": "tiny-arith", "lora": {"rank": 4}},
         "params": {"beta": 0.05},
     },
+    # resources.strategy fsdp: parameters, gradients and AdamW state sharded (FSDP2); the
+    # reference model stays whole per rank. ConSPO over the two-pass micro-batch path (ranks
+    # run different numbers of backwards) and two mini-batches (gather after an update).
+    "grpo-fsdp": {"algorithm": "grpo", "params": {"beta": 0.05}, "resources": {"strategy": "fsdp"}},
+    "conspo-fsdp": {
+        "algorithm": "conspo",
+        "optim": {"micro_batch_tokens": 40, "mini_batches": 2},
+        "resources": {"strategy": "fsdp"},
+    },
 }
 
 
@@ -77,14 +86,19 @@ def one_update(name: str, store: ModelStore) -> dict[str, Any]:
     prompts = state.task.train_prompts(trainer.random.Random(7), cfg.sampling.prompts_per_step)
     r = trainer.sample_groups(state, prompts, seed=11)
     stats, scores, updates = trainer.update(state, r, step=2, lr=cfg.optim.lr)
-    grads = torch.cat([p.grad.flatten() for p in state.trainable if p.grad is not None])
+    # fsdp's are this rank's shards: the whole tensors (a collective).
+    grads = torch.cat(
+        [distributed.plain(p.grad).flatten() for p in state.trainable if p.grad is not None]
+    )
+    weights = torch.cat([distributed.plain(p.detach()).flatten() for p in state.trainable])
     return {
         "stats": {k: float(v) for k, v in stats.items()},
         "scores": scores.detach().cpu(),
         "updates": updates,
         "grad": grads.cpu(),
-        "weights": torch.cat([p.detach().flatten() for p in state.trainable]).cpu(),
+        "weights": weights.cpu(),
         "responses": r.batch.response_ids.cpu(),
+        "sharded": distributed.is_sharded(state.model),
     }
 
 
@@ -135,6 +149,7 @@ def test_two_ranks_on_half_batches_equal_one_process(
 ) -> None:
     one, two = one_update(name, model_store), two_ranks[0][name]
     assert torch.equal(one["responses"], two["responses"])  # the same batch went in
+    assert two["sharded"] == name.endswith("-fsdp") and not one["sharded"]
     assert one["updates"] == two["updates"] > 0
     torch.testing.assert_close(two["grad"], one["grad"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(two["weights"], one["weights"], rtol=1e-5, atol=1e-6)
@@ -223,3 +238,51 @@ def test_a_failing_child_fails_the_run_with_its_own_error(
             cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120
         )
     assert not dist.is_initialized()
+
+
+def test_fsdp_refuses_lora_and_vllm_at_submit() -> None:
+    with pytest.raises(ValueError, match=r"resources.strategy 'fsdp' does not train LoRA"):
+        RunConfig.model_validate(
+            {"model": {"lora": {"rank": 4}}, "resources": {"gpus": 2, "strategy": "fsdp"}}
+        )
+    with pytest.raises(ValueError, match=r"sampling.engine must be 'native' or 'hf'"):
+        RunConfig.model_validate(
+            {"sampling": {"engine": "vllm"}, "resources": {"gpus": 2, "strategy": "fsdp"}}
+        )
+
+
+@pytest.mark.slow  # launch_local end to end, three times
+def test_fsdp_run_stopped_and_resumed_equals_the_uninterrupted_run(
+    model_store: ModelStore, arith_base: Path, tmp_path: Path
+) -> None:
+    """2 fsdp ranks, stopped after step 1 and resumed from rank 0's checkpoint (gathered
+    shards: weights and AdamW state): every step logged once, and the final weights and
+    statistics equal those of the same 2-rank run uninterrupted (the same seeds per rank)."""
+    from safetensors.torch import load_file
+
+    cfg = scenario_config("conspo-fsdp")
+    # Evaluated at the end, kept as checkpoints/best: the gathered weights, rank 0 deciding.
+    evaluation = cfg.eval.model_copy(update={"every": 2, "best_metric": M.EVAL_ACCURACY})
+    cfg = cfg.model_copy(update={"steps": 2, "eval": evaluation})
+    common = {"nprocs": 2, "model_store": model_store, "timeout_s": 120}
+    whole = MemorySink()
+    distributed.launch_local(cfg, whole, workdir=tmp_path / "whole", **common)
+
+    sink = MemorySink()
+    first = distributed.launch_local(
+        cfg, sink, lambda: len(sink.steps) >= 1, workdir=tmp_path / "parts", **common
+    )
+    assert (first.status, first.last_step) == ("cancelled", 1)
+    second = distributed.launch_local(cfg, sink, workdir=tmp_path / "parts", **common)
+    assert (second.status, second.last_step) == ("succeeded", 2)
+    assert [e for e, _ in sink.events].count("resumed") == 1
+    assert sorted(sink.steps) == sorted(whole.steps) == [1, 2]
+    for key in (M.LOSS, M.GRAD_NORM, M.SEP_GAP):
+        assert sink.steps[2].metrics[key] == whole.steps[2].metrics[key], key
+    final = "checkpoints/step_000002/model.safetensors"
+    a, b = load_file(tmp_path / "whole" / final), load_file(tmp_path / "parts" / final)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    best = load_file(tmp_path / "parts" / "checkpoints/best/model.safetensors")
+    assert best.keys() == a.keys() and all(torch.equal(best[k], a[k]) for k in a)

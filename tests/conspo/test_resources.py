@@ -223,3 +223,27 @@ def test_the_estimate_is_within_a_stated_factor_of_the_measured_peak(name, tmp_p
           f" ratio {ratio:.2f}")  # fmt: skip
     # The stated factor: the real peak is at least 0.8x and at most 1.6x the estimate.
     assert 0.8 <= ratio <= 1.6, got
+
+
+def test_fsdp_divides_the_sharded_state_by_the_processes():
+    """fsdp (conspo.distributed): each of W processes holds the gathered weights, 1/W of the
+    weights, gradients and moments, and the whole reference; the update adds the gathered
+    gradient. ddp keeps every process's full copy whatever W."""
+    dims = ModelDims.from_hf_config({**SMALL_DECODERS["qwen2, grouped kv heads, untied"],
+                                     "vocab_size": 151_936, "num_hidden_layers": 24})  # fmt: skip
+    assert dims is not None
+
+    def estimate(gpus: int, strategy: str, beta: float = 0.0):
+        cfg = RunConfig.model_validate({"sampling": {"prompts_per_step": 8},
+                                        "resources": {"gpus": gpus, "strategy": strategy},
+                                        "params": {"beta": beta}})  # fmt: skip
+        return estimate_memory(cfg, dims, 4)
+
+    p = dims.params * 4
+    ddp = estimate(8, "ddp")
+    assert ddp.state == 4 * p == estimate(1, "ddp").state
+    fsdp = estimate(8, "fsdp")
+    assert fsdp.state == p + 4 * p / 8
+    assert fsdp.update == ddp.update + p
+    assert estimate(8, "fsdp", beta=0.1).state == 2 * p + 4 * p / 8
+    assert estimate(1, "fsdp") == estimate(1, "ddp")  # one process shards nothing
