@@ -5,7 +5,7 @@ one succeeds.
   (how many stages have their run; ``lifecycle.finish`` moves it on, conditionally).
 * ``runs.pipeline_id`` / ``runs.pipeline_stage``: the pipeline and stage (0-based) a run is.
 
-Revision ID: 0011
+Revision ID: 0010
 Revises: 0009
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
+revision: str = "0010"
 down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
