@@ -842,14 +842,7 @@ def backward_chunk(
     batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step, entropy)
     out = state.objective(batch, state.params)
     (dloss_dlogprobs,) = torch.autograd.grad(out.loss, leaf)
-    for idx in pieces:
-        piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
-        with state.precision.autocast():
-            logprobs, _ = token_logprobs(
-                state.model, piece, cfg.sampling.temperature, group_size=piece_group_size(idx, g)
-            )
-        weights = dloss_dlogprobs[idx.to(leaf.device), : logprobs.shape[1]]
-        state.precision.backward((logprobs * weights).sum())
+    backward_pieces(state, sub, pieces, g, dloss_dlogprobs)
     return batch, entropy, out
 
 
@@ -900,15 +893,27 @@ def backward_sharded(
     if graph is not None:
         state.precision.backward((graph * own[:, : graph.shape[1]]).sum())
         return batch, entropy, out
+    backward_pieces(state, sub, pieces, g, own)
+    return batch, entropy, out
+
+
+def backward_pieces(
+    state: TrainState, sub: RolloutBatch, pieces: list[torch.Tensor], g: int, dloss: torch.Tensor
+) -> None:
+    """The second pass: each micro-batch's log-probs again, with grad, backpropagated weighted
+    by ∂loss/∂log-prob (``dloss``, one row per row of ``sub``) — the exact gradient of the
+    objective on the whole mini-batch, one micro-batch's activations at a time."""
     for idx in pieces:
         piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
         with state.precision.autocast():
             logprobs, _ = token_logprobs(
-                state.model, piece, cfg.sampling.temperature, group_size=piece_group_size(idx, g)
+                state.model,
+                piece,
+                state.cfg.sampling.temperature,
+                group_size=piece_group_size(idx, g),
             )
-        weights = own[idx.to(own.device), : logprobs.shape[1]]
+        weights = dloss[idx.to(dloss.device), : logprobs.shape[1]]
         state.precision.backward((logprobs * weights).sum())
-    return batch, entropy, out
 
 
 def empty_rows(state: TrainState, batch: RolloutBatch) -> torch.Tensor:

@@ -571,6 +571,22 @@ def _fail(message: str, code: int) -> Any:
     raise typer.Exit(code)
 
 
+def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML (or JSON) file that must hold a mapping; a clear message and exit 2 otherwise.
+    ``what`` says what the mapping holds, e.g. "a study file is a mapping (name, config, …)"."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return _fail(f"{path}: no such file", code=2)
+    except (yaml.YAMLError, OSError) as exc:
+        return _fail(f"{path}: cannot read it: {exc}", code=2)
+    if not isinstance(data, dict):
+        return _fail(f"{path}: {what}", code=2)
+    return data
+
+
 def _format_validation(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():

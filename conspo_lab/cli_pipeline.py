@@ -19,11 +19,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
-from conspo_lab.cli_client import TokenOpt, UrlOpt, _client, _fail, _format_validation, console
+from conspo_lab.cli_client import (
+    TokenOpt,
+    UrlOpt,
+    _client,
+    _fail,
+    _format_validation,
+    _read_mapping,
+    console,
+)
 
 pipeline_app = typer.Typer(help="Pipelines: stages (SFT → RL, …) run one after the other.")
 models_app = typer.Typer(
@@ -42,15 +49,11 @@ def _load(path: Path) -> dict[str, Any]:
     """The pipeline file, each stage validated as a RunConfig (all problems in one message)."""
     from conspo.config import RunConfig
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        return _fail(f"{path}: no such file", code=2)
-    except (yaml.YAMLError, OSError) as exc:
-        return _fail(f"{path}: cannot read it: {exc}", code=2)
-    stages = data.get("stages") if isinstance(data, dict) else None
+    shape = "a pipeline file is a mapping with name and stages (a list)"
+    data = _read_mapping(path, shape)
+    stages = data.get("stages")
     if not isinstance(stages, list) or not stages or not isinstance(data.get("name"), str):
-        return _fail(f"{path}: a pipeline file is a mapping with name and stages (a list)", code=2)
+        return _fail(f"{path}: {shape}", code=2)
     problems = []
     for i, stage in enumerate(stages):
         try:

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.table import Table
 
-from conspo_lab.cli_client import TokenOpt, UrlOpt, _client, _fail, console
+from conspo_lab.cli_client import TokenOpt, UrlOpt, _client, _read_mapping, console
 
 study_app = typer.Typer(help="Studies: arms × seeds and a verdict with its uncertainty.")
 
@@ -29,15 +28,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        return _fail(f"{path}: no such file", code=2)
-    except (yaml.YAMLError, OSError) as exc:
-        return _fail(f"{path}: cannot read it: {exc}", code=2)
-    if not isinstance(data, dict):
-        return _fail(f"{path}: a study file is a mapping (name, config, arms, seeds, …)", code=2)
-    return data
+    return _read_mapping(path, "a study file is a mapping (name, config, arms, seeds, …)")
 
 
 @study_app.command("run")

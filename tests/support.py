@@ -34,6 +34,17 @@ def shared_model_store(factory: Any) -> Path:
     return path
 
 
+def run_async(coro: Any) -> Any:
+    """``asyncio.run(coro)`` on a thread of its own: a browser test that ran earlier in this
+    process (pytest-xdist puts files of every suite on one worker) leaves Playwright's event loop
+    running on the main thread, where ``asyncio.run`` refuses to start another."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 class StackUnavailable(RuntimeError):
     """The server (or a step to provision it) did not come up; the message says why."""
 

@@ -19,7 +19,7 @@ import httpx
 
 from backend.config import Settings
 from tests.api.conftest import Api
-from tests.support import embedded_env, start_api, stop
+from tests.support import embedded_env, run_async, start_api, stop
 
 PORTS = range(18500, 18600)
 # More than the pool holds, and more than SQLite's default pool (5 + 10) too.
@@ -90,7 +90,7 @@ def server_env(settings: Settings, data: Path, **extra: str) -> dict[str, str]:
 def serve(settings: Settings, data: Path, scenario: Callable[[str], Awaitable[None]], **env: str):  # type: ignore[no-untyped-def]
     proc, url = start_api(server_env(settings, data, **env), data / "server.log", PORTS)
     try:
-        asyncio.run(scenario(url))
+        run_async(scenario(url))
     finally:
         stop(proc)
 

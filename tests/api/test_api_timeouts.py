@@ -18,6 +18,7 @@ from backend.config import Settings
 from backend.db import Database
 from backend.main import create_app
 from tests.api.conftest import make_settings
+from tests.support import run_async
 
 
 def test_an_exhausted_pool_answers_503_at_once_naming_the_setting(settings: Settings) -> None:
@@ -118,7 +119,7 @@ def test_the_session_gate_admits_its_slots_and_refuses_after_its_wait() -> None:
         async with gate.slot(), gate.slot():  # both slots came back
             pass
 
-    asyncio.run(scenario())
+    run_async(scenario())
     settings = Settings(db_pool_size=3, db_max_overflow=1, stream_db_connections=2)
     assert SessionGate.for_settings(settings).slots == 2  # capped by the pool, less the hub's
     assert SessionGate.for_settings(Settings()).slots == Settings().db_request_concurrency

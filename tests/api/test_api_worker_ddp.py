@@ -52,7 +52,7 @@ def test_a_two_process_run_resumes_after_kill9_and_leaves_no_orphan(
     api = mode_api("embedded", tmp_path, request)
     wp = workers(api.settings, model_store)
     first = wp.start()
-    n = 10
+    n = 60  # long enough that the kill lands mid-run even on a loaded box
     run_id = submit(api, tiny_config(n, checkpoint_every=3, resources={"gpus": 2}))
     wait_for(lambda: run_state(api, run_id)["step"] >= 4, 300, "a step after a checkpoint")
     children = wait_for(lambda: rank_children(first.pid), 120, "rank 1 running")

@@ -17,6 +17,7 @@ from backend.config import Settings
 from backend.db import Database
 from backend.storage.stream import StreamCursor
 from tests.api.conftest import Api
+from tests.support import run_async
 
 STREAMS = 50
 
@@ -78,7 +79,7 @@ def test_streams_of_a_run_share_each_poll_and_each_point_read(api: Api, settings
         }
 
     try:
-        counts = asyncio.run(scenario())
+        counts = run_async(scenario())
     finally:
         db.dispose()
     assert counts["first_reads"] == 1, counts  # 50 streams at one cursor: one read
@@ -116,7 +117,7 @@ def test_runs_list_streams_get_each_change_once(api: Api, settings: Settings) ->
         return received
 
     try:
-        received = asyncio.run(scenario())
+        received = run_async(scenario())
     finally:
         db.dispose()
     for events in received:
@@ -170,7 +171,7 @@ def test_steps_logged_through_the_worker_sink_reach_a_live_stream(
         return seen[0]
 
     try:
-        assert asyncio.run(scenario()) >= 5
+        assert run_async(scenario()) >= 5
         sink.flush()  # every logged step is stored, the buffered tail included
     finally:
         db.dispose()
