@@ -331,9 +331,9 @@ def train_run(
     """Train ``config`` on the processes its ``resources`` ask for: one (``conspo.train``),
     ``gpus`` on this machine (``conspo.distributed.launch_local``: rank 0 in this process, so
     ``sink`` and ``should_stop`` work as for one), or several machines (``nodes > 1``: a Ray
-    cluster). ``where``: train's keyword arguments (workdir, model_store, files, memory_limit).
-    ``on_ray``: the multi-node train function (``on_ray(...)`` below). Job kinds other than rl
-    train on one process (``RunConfig`` refuses more).
+    cluster, through ``on_ray``, the train function that ``on_ray()`` above builds).
+    ``where``: train's keyword arguments (workdir, model_store, files, memory_limit). Job kinds
+    other than rl train on one process (``RunConfig`` refuses more).
     """
     from conspo.distributed import launch_local
     from conspo.jobs import train_job
