@@ -70,8 +70,13 @@ class Dialect(ABC):
         return self.upsert(session, table, rows, key, update=False)
 
     @abstractmethod
-    def write_metrics(self, session: Session, run_id: int, seq: int, m: MetricColumns) -> int:
-        """Upsert the points (at least one) with ``seq``; the caller holds the run row's lock."""
+    def write_metrics(
+        self, session: Session, run_id: int, seq: int, m: MetricColumns
+    ) -> dict[str, tuple[int, int]]:
+        """Upsert the points (at least one) with ``seq``; the caller holds the run row's lock.
+
+        Returns each written key's (first, last) step before the write, where it had points.
+        """
 
     @abstractmethod
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:

@@ -244,7 +244,7 @@ def refresh_rollups(
     dialect: Dialect,
     run_id: int,
     written: dict[str, tuple[int, int]],
-    before: dict[SeriesKey, tuple[int, int]],
+    before: dict[str, tuple[int, int]],
 ) -> int:
     """Recompute, from their points, the stored buckets that a metric write changed; their count.
 
@@ -257,7 +257,7 @@ def refresh_rollups(
     """
     ranges: dict[int, list[StepRange]] = {}
     for key, (w_lo, w_hi) in written.items():
-        old = before.get((run_id, key))
+        old = before.get(key)
         lo, hi = (min(old[0], w_lo), max(old[1], w_hi)) if old else (w_lo, w_hi)
         old_widths = maintained_widths(*old) if old else ()
         for width in maintained_widths(lo, hi):

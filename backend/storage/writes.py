@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
-from backend.schemas import INT32_MAX
 from backend.storage.dialect import Dialect, dialect_of
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 from backend.storage.series import refresh_rollups
@@ -115,8 +114,9 @@ def write_points(
        for their key (every row, in a run that only moves forward) go in with a plain INSERT,
        the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays;
     4. the rollups of the written keys' complete buckets at the charts' widths, recomputed
-       from their points (``backend.storage.series.refresh_rollups``): the series' extents
-       before the write, one aggregate per width, one upsert;
+       from their points (``backend.storage.series.refresh_rollups``: the series' extents
+       before the write come from the metric write's own probes; one aggregate per width,
+       one upsert);
     5. the prompt rows (``backend.storage.prompts``), one upsert.
 
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
@@ -143,7 +143,6 @@ def write_points(
         return out
     out.seq = seq
     if len(m.step):
-        before = dialect.extents(session, [run_id], m.keys, -1, INT32_MAX)
         session.execute(
             delete(MetricRollup).where(
                 MetricRollup.run_id == run_id,
@@ -151,7 +150,8 @@ def write_points(
                 MetricRollup.hi_step >= int(m.step.min()),
             )
         )
-        out.points = dialect.write_metrics(session, run_id, seq, m)
+        before = dialect.write_metrics(session, run_id, seq, m)
+        out.points = len(m.step)
         starts = np.flatnonzero(np.append(True, m.k[1:] != m.k[:-1]))  # first row of each key
         ends = np.append(starts[1:] - 1, len(m.k) - 1)
         written = {
