@@ -230,13 +230,13 @@ def bucket_width(lo: int, hi: int, max_points: int) -> int:
 def maintained_widths(lo: int, hi: int) -> tuple[int, ...]:
     """Bucket widths whose rollups writes keep current for a series spanning steps lo..hi.
 
-    None while a chart's read returns it raw; then the width such a read picks and the next
-    one (the series grows into it with its rollups already there).
+    None while a chart's read returns it raw; then the width such a read picks. The write that
+    grows a series into the next width stores all of its buckets: once per doubling, so
+    about one extra pass over the points in all (keeping the next width too cost 2x per write).
     """
     if hi - lo + 1 <= ROLLUP_MAX_POINTS:
         return ()
-    width = bucket_width(lo, hi, ROLLUP_MAX_POINTS)
-    return width, 2 * width
+    return (bucket_width(lo, hi, ROLLUP_MAX_POINTS),)
 
 
 def refresh_rollups(
