@@ -103,6 +103,16 @@ class Dialect(ABC):
         """Buckets of ``width`` steps of the raw points in ``ranges`` (``mean`` of the non-NULL
         values), each series' in bucket order; series without points are absent."""
 
+    def store_rollups(self, session: Session, width: int, ranges: Sequence[StepRange]) -> None:
+        """Upsert the ``metric_rollups`` rows of every bucket of ``width`` in ``ranges`` (whole
+        buckets), recomputed from their points."""
+        from backend.storage.series import ROLLUP_KEY, ROLLUPS, rollup_rows
+
+        rows: list[dict[str, Any]] = []
+        for (run_id, key), buckets in self.aggregate(session, width, ranges).items():
+            rows += rollup_rows(run_id, key, width, buckets, lambda b: True)
+        self.upsert(session, ROLLUPS, rows, ROLLUP_KEY)
+
     @abstractmethod
     def cached_buckets(
         self, session: Session, ranges: Sequence[BucketRange]

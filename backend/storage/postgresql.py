@@ -98,6 +98,23 @@ _CACHED_SQL = (
     "  FROM (SELECT * FROM metric_rollups m WHERE m.run_id = p.r AND m.key = p.k"
     "   AND m.width = p.w AND m.bucket >= p.lo AND m.bucket < p.hi ORDER BY m.bucket) s) a"
 )
+# The same aggregates, upserted as rollup rows without a trip through Python.
+_STORE_ROLLUPS_SQL = (
+    "INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
+    "  v_max, last_step, last_wall)"
+    " SELECT p.r, p.k, %(w)s, a.b, (a.b + 1) * %(w)s::bigint - 1, a.n, a.nv,"
+    "  CASE WHEN a.nv > 0 THEN a.mean * a.nv END, a.mn, a.mx, a.ls, a.lw"
+    " FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(los)s::integer[], %(his)s::integer[])"
+    "  AS p(r, k, lo, hi)"
+    " CROSS JOIN LATERAL (SELECT m.step / %(w)s AS b, count(*) AS n, avg(m.value) AS mean,"
+    "  min(m.value) AS mn, max(m.value) AS mx, max(m.step) AS ls, max(m.wall_time) AS lw,"
+    "  count(m.value) AS nv FROM metrics m"
+    "  WHERE m.run_id = p.r AND m.key = p.k AND m.step BETWEEN p.lo AND p.hi GROUP BY 1) a"
+    " ON CONFLICT (run_id, key, width, bucket) DO UPDATE SET hi_step = EXCLUDED.hi_step,"
+    "  n = EXCLUDED.n, n_valid = EXCLUDED.n_valid, v_sum = EXCLUDED.v_sum,"
+    "  v_min = EXCLUDED.v_min, v_max = EXCLUDED.v_max, last_step = EXCLUDED.last_step,"
+    "  last_wall = EXCLUDED.last_wall"
+)
 _PG = postgresql.dialect()  # compiles type names and quotes identifiers of generated SQL
 
 
@@ -199,6 +216,12 @@ class PostgresDialect(Dialect):
             cur.execute(_AGG_SQL, params, binary=True)
             collect(out, cur.fetchall())
         return out
+
+    def store_rollups(self, session: Session, width: int, ranges: Sequence[StepRange]) -> None:
+        rs, ks, los, his = (list(c) for c in zip(*ranges, strict=True))
+        with _raw_cursor(session) as cur:
+            params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
+            cur.execute(_STORE_ROLLUPS_SQL, params, prepare=False)
 
     def cached_buckets(
         self, session: Session, ranges: Sequence[BucketRange]

@@ -189,10 +189,10 @@ def _cached_buckets(
 
 def _rollup_rows(p: _Plan, new: Buckets) -> list[dict[str, Any]]:
     """``metric_rollups`` rows of the cacheable buckets among the freshly aggregated ``new``."""
-    return _rows_of(p.run_id, p.key, p.width, new, p.cacheable)
+    return rollup_rows(p.run_id, p.key, p.width, new, p.cacheable)
 
 
-def _rows_of(
+def rollup_rows(
     run_id: int, key: str, width: int, new: Buckets, keep: Callable[[int], bool]
 ) -> list[dict[str, Any]]:
     """``metric_rollups`` rows of the buckets of ``new`` that ``keep`` accepts."""
@@ -245,8 +245,8 @@ def refresh_rollups(
     run_id: int,
     written: dict[str, tuple[int, int]],
     before: dict[str, tuple[int, int]],
-) -> int:
-    """Recompute, from their points, the stored buckets that a metric write changed; their count.
+) -> None:
+    """Recompute, from their points, the stored buckets that a metric write changed.
 
     ``written``: key -> (first, last step) of the points just written (in this transaction);
     ``before``: the series' extents before them. For each maintained width: every complete
@@ -266,11 +266,8 @@ def refresh_rollups(
                 end = (hi // width) * width - 1  # the last step before the last bucket
                 first = (start // width) * width  # whole buckets only
                 ranges.setdefault(width, []).append(StepRange(run_id, key, first, end))
-    rows: list[dict[str, Any]] = []
     for width, series in ranges.items():
-        for (r, key), buckets in dialect.aggregate(session, width, series).items():
-            rows += _rows_of(r, key, width, buckets, lambda b: True)
-    return dialect.upsert(session, ROLLUPS, rows, ROLLUP_KEY)
+        dialect.store_rollups(session, width, series)
 
 
 def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:
