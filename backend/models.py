@@ -252,12 +252,14 @@ class PromptStat(Base):
 
 
 class MetricRollup(Base):
-    """A cache of bucket aggregates for downsampled reads, filled lazily by readers.
+    """A cache of bucket aggregates for downsampled reads, filled by writes and readers.
 
     Bucket ``bucket`` of width ``width`` (a power of two) covers steps
     ``[bucket*width, (bucket+1)*width - 1]`` (``hi_step`` is the last). Only buckets that lie
-    wholly before a series' last step are cached; every metric write deletes the rows whose
-    ``hi_step`` reaches its first step, so a rewritten step never serves a stale aggregate.
+    wholly before a series' last step are cached; every metric write deletes the rows of its
+    keys whose ``hi_step`` reaches its first step, so a rewritten step never serves a stale
+    aggregate, then stores the buckets of the charts' widths afresh
+    (``backend.storage.series.refresh_rollups``).
     """
 
     __tablename__ = "metric_rollups"

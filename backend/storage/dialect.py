@@ -70,8 +70,13 @@ class Dialect(ABC):
         return self.upsert(session, table, rows, key, update=False)
 
     @abstractmethod
-    def write_metrics(self, session: Session, run_id: int, seq: int, m: MetricColumns) -> int:
-        """Upsert the points (at least one) with ``seq``; the caller holds the run row's lock."""
+    def write_metrics(
+        self, session: Session, run_id: int, seq: int, m: MetricColumns
+    ) -> dict[str, tuple[int, int]]:
+        """Upsert the points (at least one) with ``seq``; the caller holds the run row's lock.
+
+        Returns each written key's (first, last) step before the write, where it had points.
+        """
 
     @abstractmethod
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
@@ -97,6 +102,16 @@ class Dialect(ABC):
     ) -> dict[SeriesKey, Buckets]:
         """Buckets of ``width`` steps of the raw points in ``ranges`` (``mean`` of the non-NULL
         values), each series' in bucket order; series without points are absent."""
+
+    def store_rollups(self, session: Session, width: int, ranges: Sequence[StepRange]) -> None:
+        """Upsert the ``metric_rollups`` rows of every bucket of ``width`` in ``ranges`` (whole
+        buckets), recomputed from their points."""
+        from backend.storage.series import ROLLUP_KEY, ROLLUPS, rollup_rows
+
+        rows: list[dict[str, Any]] = []
+        for (run_id, key), buckets in self.aggregate(session, width, ranges).items():
+            rows += rollup_rows(run_id, key, width, buckets, lambda b: True)
+        self.upsert(session, ROLLUPS, rows, ROLLUP_KEY)
 
     @abstractmethod
     def cached_buckets(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, Table, bindparam, case, cast, text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, Table, bindparam, case, cast
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
@@ -48,9 +48,10 @@ _METRIC_UPSERT = (
     _METRIC_INSERT + " ON CONFLICT (run_id, key, step) DO UPDATE SET value = EXCLUDED.value,"
     " wall_time = EXCLUDED.wall_time, seq = EXCLUDED.seq"
 )
-# Per key, the highest step stored: one index probe each.
+# Per key, the lowest and highest step stored: two index probes each.
 _METRIC_TOP = (
-    "SELECT (SELECT max(step) FROM metrics m WHERE m.run_id = %(run)s AND m.key = u.k)"
+    "SELECT (SELECT min(step) FROM metrics m WHERE m.run_id = %(run)s AND m.key = u.k),"
+    " (SELECT max(step) FROM metrics m WHERE m.run_id = %(run)s AND m.key = u.k)"
     " FROM unnest(%(keys)s::varchar[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
 )
 _ROLLOUT_INSERT = (
@@ -65,13 +66,13 @@ _ROLLOUT_UPSERT = (
 )
 _NO_STEP = -(2**62)
 # One pair per row, two index probes each; GROUP BY would read every point.
-_EXTENTS_SQL = text(
+_EXTENTS_SQL = (
     "SELECT p.r, p.k,"
     " (SELECT min(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
-    "  AND m.step > :first AND m.step <= :last),"
+    "  AND m.step > %(first)s AND m.step <= %(last)s),"
     " (SELECT max(step) FROM metrics m WHERE m.run_id = p.r AND m.key = p.k"
-    "  AND m.step > :first AND m.step <= :last)"
-    " FROM unnest(CAST(:rs AS integer[]), CAST(:ks AS text[])) AS p(r, k)"
+    "  AND m.step > %(first)s AND m.step <= %(last)s)"
+    " FROM unnest(%(rs)s::integer[], %(ks)s::text[]) AS p(r, k)"
 )
 # One index range scan per (series, range), in step order: no bitmap heap recheck of an OR of
 # every range.
@@ -96,6 +97,23 @@ _CACHED_SQL = (
     "  array_agg(n_valid)"
     "  FROM (SELECT * FROM metric_rollups m WHERE m.run_id = p.r AND m.key = p.k"
     "   AND m.width = p.w AND m.bucket >= p.lo AND m.bucket < p.hi ORDER BY m.bucket) s) a"
+)
+# The same aggregates, upserted as rollup rows without a trip through Python.
+_STORE_ROLLUPS_SQL = (
+    "INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
+    "  v_max, last_step, last_wall)"
+    " SELECT p.r, p.k, %(w)s, a.b, (a.b + 1) * %(w)s::bigint - 1, a.n, a.nv,"
+    "  CASE WHEN a.nv > 0 THEN a.mean * a.nv END, a.mn, a.mx, a.ls, a.lw"
+    " FROM unnest(%(rs)s::integer[], %(ks)s::text[], %(los)s::integer[], %(his)s::integer[])"
+    "  AS p(r, k, lo, hi)"
+    " CROSS JOIN LATERAL (SELECT m.step / %(w)s AS b, count(*) AS n, avg(m.value) AS mean,"
+    "  min(m.value) AS mn, max(m.value) AS mx, max(m.step) AS ls, max(m.wall_time) AS lw,"
+    "  count(m.value) AS nv FROM metrics m"
+    "  WHERE m.run_id = p.r AND m.key = p.k AND m.step BETWEEN p.lo AND p.hi GROUP BY 1) a"
+    " ON CONFLICT (run_id, key, width, bucket) DO UPDATE SET hi_step = EXCLUDED.hi_step,"
+    "  n = EXCLUDED.n, n_valid = EXCLUDED.n_valid, v_sum = EXCLUDED.v_sum,"
+    "  v_min = EXCLUDED.v_min, v_max = EXCLUDED.v_max, last_step = EXCLUDED.last_step,"
+    "  last_wall = EXCLUDED.last_wall"
 )
 _PG = postgresql.dialect()  # compiles type names and quotes identifiers of generated SQL
 
@@ -122,7 +140,9 @@ class PostgresDialect(Dialect):
             cur.execute(sql, params, binary=True)
         return len(rows)
 
-    def write_metrics(self, session: Session, run_id: int, seq: int, m: MetricColumns) -> int:
+    def write_metrics(
+        self, session: Session, run_id: int, seq: int, m: MetricColumns
+    ) -> dict[str, tuple[int, int]]:
         # PostgreSQL arrays are 1-based: k + 1 indexes the keys array.
         cols = {"k": m.k + 1, "s": m.step, "v": m.value, "w": m.wall}
         kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
@@ -130,13 +150,16 @@ class PostgresDialect(Dialect):
             # Planned each time (prepare=False): a generic plan made while the table was small
             # can stick to a sequential scan as the table grows.
             cur.execute(_METRIC_TOP, {"run": run_id, "keys": m.keys}, prepare=False)
-            top = np.array([_NO_STEP if row[0] is None else row[0] for row in cur], dtype=np.int64)
+            before = {
+                k: (lo, hi) for k, (lo, hi) in zip(m.keys, cur, strict=True) if hi is not None
+            }
+            top = np.array([before.get(k, (0, _NO_STEP))[1] for k in m.keys], dtype=np.int64)
             fresh = m.step > top[m.k]  # no stored row can collide with these
             _insert_parts(
                 cur, _METRIC_INSERT, _METRIC_UPSERT, cols, kinds, fresh,
                 {"run": run_id, "keys": m.keys, "seq": seq},
             )  # fmt: skip
-        return len(m.step)
+        return before
 
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
         cols = dict(zip(("s", "g", "i", "rw", "sc", "l", "t"), r.columns(), strict=True))
@@ -177,8 +200,11 @@ class PostgresDialect(Dialect):
     ) -> dict[SeriesKey, tuple[int, int]]:
         pairs = [(r, k) for r in run_ids for k in keys]
         params = {"rs": [p[0] for p in pairs], "ks": [p[1] for p in pairs]}
-        rows = session.execute(_EXTENTS_SQL, {**params, "first": first, "last": last})
-        return {(r, k): (lo, hi) for r, k, lo, hi in rows if lo is not None}
+        with _raw_cursor(session) as cur:
+            # Planned each time (prepare=False): every write asks it, and a generic plan made
+            # while the table was small can stick to a sequential scan as the table grows.
+            cur.execute(_EXTENTS_SQL, {**params, "first": first, "last": last}, prepare=False)
+            return {(r, k): (lo, hi) for r, k, lo, hi in cur if lo is not None}
 
     def aggregate(
         self, session: Session, width: int, ranges: Sequence[StepRange]
@@ -190,6 +216,12 @@ class PostgresDialect(Dialect):
             cur.execute(_AGG_SQL, params, binary=True)
             collect(out, cur.fetchall())
         return out
+
+    def store_rollups(self, session: Session, width: int, ranges: Sequence[StepRange]) -> None:
+        rs, ks, los, his = (list(c) for c in zip(*ranges, strict=True))
+        with _raw_cursor(session) as cur:
+            params = {"rs": rs, "ks": ks, "los": los, "his": his, "w": width}
+            cur.execute(_STORE_ROLLUPS_SQL, params, prepare=False)
 
     def cached_buckets(
         self, session: Session, ranges: Sequence[BucketRange]

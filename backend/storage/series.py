@@ -3,11 +3,15 @@
 Reads bucket in SQL: a series with more than ``max_points`` points is grouped into
 ``max_points`` equal step ranges, each reporting its last step, mean, min and max (spikes
 survive sampling). Complete buckets are cached for the next reader.
+
+Writes keep the rollups of the charts' reads current as they go (``refresh_rollups``, called
+by ``backend.storage.writes.write_points`` in its transaction), so even the first read of a
+long series finds its complete buckets stored; reads at other widths fill the cache lazily.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +35,8 @@ from backend.storage.dialect import (
 
 ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
 ROLLUP_KEY = ("run_id", "key", "width", "bucket")
+# The max_points of the run and compare pages' charts: writes maintain the rollups their reads use.
+ROLLUP_MAX_POINTS = 1000
 
 
 @dataclass(slots=True)
@@ -132,9 +138,7 @@ class _Plan:
 
     @classmethod
     def make(cls, run_id: int, key: str, lo: int, hi: int, first: int, max_points: int) -> _Plan:
-        width = 2
-        while hi // width - lo // width + 1 > max_points:
-            width *= 2
+        width = bucket_width(lo, hi, max_points)
         return cls(run_id, key, width, first, hi, lo // width, hi // width)
 
     @property
@@ -185,17 +189,24 @@ def _cached_buckets(
 
 def _rollup_rows(p: _Plan, new: Buckets) -> list[dict[str, Any]]:
     """``metric_rollups`` rows of the cacheable buckets among the freshly aggregated ``new``."""
+    return rollup_rows(p.run_id, p.key, p.width, new, p.cacheable)
+
+
+def rollup_rows(
+    run_id: int, key: str, width: int, new: Buckets, keep: Callable[[int], bool]
+) -> list[dict[str, Any]]:
+    """``metric_rollups`` rows of the buckets of ``new`` that ``keep`` accepts."""
     rows = []
     for i, b in enumerate(new["bucket"]):
-        if p.cacheable(b):
+        if keep(b):
             mean, n_valid = new["mean"][i], new["n_valid"][i]
             rows.append(
                 {
-                    "run_id": p.run_id,
-                    "key": p.key,
-                    "width": p.width,
+                    "run_id": run_id,
+                    "key": key,
+                    "width": width,
                     "bucket": b,
-                    "hi_step": (b + 1) * p.width - 1,
+                    "hi_step": (b + 1) * width - 1,
                     "n": new["n"][i],
                     "n_valid": n_valid,
                     "v_sum": None if mean is None else mean * n_valid,
@@ -206,6 +217,57 @@ def _rollup_rows(p: _Plan, new: Buckets) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def bucket_width(lo: int, hi: int, max_points: int) -> int:
+    """The smallest power of two (at least 2) that cuts steps lo..hi into <= max_points buckets."""
+    width = 2
+    while hi // width - lo // width + 1 > max_points:
+        width *= 2
+    return width
+
+
+def maintained_widths(lo: int, hi: int) -> tuple[int, ...]:
+    """Bucket widths whose rollups writes keep current for a series spanning steps lo..hi.
+
+    None while a chart's read returns it raw; then the width such a read picks. The write that
+    grows a series into the next width stores all of its buckets: once per doubling, so
+    about one extra pass over the points in all (keeping the next width too cost 2x per write).
+    """
+    if hi - lo + 1 <= ROLLUP_MAX_POINTS:
+        return ()
+    return (bucket_width(lo, hi, ROLLUP_MAX_POINTS),)
+
+
+def refresh_rollups(
+    session: Session,
+    dialect: Dialect,
+    run_id: int,
+    written: dict[str, tuple[int, int]],
+    before: dict[str, tuple[int, int]],
+) -> None:
+    """Recompute, from their points, the stored buckets that a metric write changed.
+
+    ``written``: key -> (first, last step) of the points just written (in this transaction);
+    ``before``: the series' extents before them. For each maintained width: every complete
+    bucket (not the one holding the series' last step, which may still grow) from the one
+    holding the earlier of the first written step and the previous last step (that bucket may
+    have just completed) on, or all of them when the series just grew into the width. Rows are
+    upserted whole, recomputed from the bucket's points, so a redelivered step counts once.
+    """
+    ranges: dict[int, list[StepRange]] = {}
+    for key, (w_lo, w_hi) in written.items():
+        old = before.get(key)
+        lo, hi = (min(old[0], w_lo), max(old[1], w_hi)) if old else (w_lo, w_hi)
+        old_widths = maintained_widths(*old) if old else ()
+        for width in maintained_widths(lo, hi):
+            start = min(w_lo, old[1]) if old and width in old_widths else lo
+            if start // width < hi // width:
+                end = (hi // width) * width - 1  # the last step before the last bucket
+                first = (start // width) * width  # whole buckets only
+                ranges.setdefault(width, []).append(StepRange(run_id, key, first, end))
+    for width, series in ranges.items():
+        dialect.store_rollups(session, width, series)
 
 
 def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:

@@ -57,8 +57,19 @@ class SqliteDialect(Dialect):
         session.execute(stmt, list(rows))
         return len(rows)
 
-    def write_metrics(self, session: Session, run_id: int, seq: int, m: MetricColumns) -> int:
-        return self.upsert(session, METRICS, m.rows(run_id, seq), METRIC_KEY)
+    def write_metrics(
+        self, session: Session, run_id: int, seq: int, m: MetricColumns
+    ) -> dict[str, tuple[int, int]]:
+        before = {}
+        for key in m.keys:  # two index probes each (min and max alone each take one)
+            series = select(Metric.step).where(Metric.run_id == run_id, Metric.key == key)
+            lo = series.with_only_columns(func.min(Metric.step)).scalar_subquery()
+            hi = series.with_only_columns(func.max(Metric.step)).scalar_subquery()
+            extent = session.execute(select(lo, hi)).one()
+            if extent[0] is not None:
+                before[key] = (extent[0], extent[1])
+        self.upsert(session, METRICS, m.rows(run_id, seq), METRIC_KEY)
+        return before
 
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
         return self.upsert(session, ROLLOUTS, r.rows(run_id), ROLLOUT_KEY)

@@ -24,6 +24,7 @@ from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
 from backend.storage.dialect import Dialect, dialect_of
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
+from backend.storage.series import refresh_rollups
 from conspo.sink import clip_text
 
 
@@ -108,11 +109,15 @@ def write_points(
        ``seq``. It locks the run row, so writes of one run are serialised (and ``seq`` follows
        commit order). With ``owner_attempt`` only while that attempt still owns the running
        run; else nothing is written and ``owned`` is False.
-    2. one DELETE of the rollup-cache rows the new points fall into;
+    2. one DELETE of the rollup-cache rows of the written keys the new points fall into;
     3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
        for their key (every row, in a run that only moves forward) go in with a plain INSERT,
        the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays;
-    4. the prompt rows (``backend.storage.prompts``), one upsert.
+    4. the rollups of the written keys' complete buckets at the charts' widths, recomputed
+       from their points (``backend.storage.series.refresh_rollups``: the series' extents
+       before the write come from the metric write's own probes; one aggregate per width,
+       one upsert);
+    5. the prompt rows (``backend.storage.prompts``), one upsert.
 
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
     with numpy: the per-point Python work is a list extend.
@@ -140,10 +145,22 @@ def write_points(
     if len(m.step):
         session.execute(
             delete(MetricRollup).where(
-                MetricRollup.run_id == run_id, MetricRollup.hi_step >= int(m.step.min())
+                MetricRollup.run_id == run_id,
+                MetricRollup.key.in_(m.keys),  # other keys' buckets keep their points
+                MetricRollup.hi_step >= int(m.step.min()),
             )
         )
-        out.points = dialect.write_metrics(session, run_id, seq, m)
+        before = dialect.write_metrics(session, run_id, seq, m)
+        out.points = len(m.step)
+        starts = np.flatnonzero(np.append(True, m.k[1:] != m.k[:-1]))  # first row of each key
+        ends = np.append(starts[1:] - 1, len(m.k) - 1)
+        written = {
+            m.keys[k]: (lo, hi)
+            for k, lo, hi in zip(
+                m.k[starts].tolist(), m.step[starts].tolist(), m.step[ends].tolist(), strict=True
+            )
+        }
+        refresh_rollups(session, dialect, run_id, written, before)
     if len(r.step):
         out.rollouts = dialect.write_rollouts(session, run_id, r)
     if texts:

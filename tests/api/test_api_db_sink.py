@@ -248,6 +248,69 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
     assert min(series.min) == -1.0 and cached() > 0
 
 
+def test_writes_maintain_the_rollups_a_first_read_uses(db: Database) -> None:
+    """Metric writes store the chart width's complete buckets, recomputed from their points: a
+    first read caches nothing new and equals a read computed from the raw points; redelivered
+    and rewritten steps count once."""
+    from backend.models import MetricRollup
+    from backend.storage.series import query_series
+
+    run_id = new_run(db)
+
+    def wave(lo: int, hi: int, bump: float = 0.0) -> list[StepPoints]:
+        return [
+            StepPoints(i, {"a": math.sin(i / 40) + bump, "b": None if i % 7 else float(i)}, i)
+            for i in range(lo, hi)
+        ]
+
+    def write(steps: list[StepPoints]) -> None:
+        with db.session() as s:
+            write_points(s, run_id, steps)
+            s.commit()
+
+    def rollups() -> dict[tuple[str, int, int], tuple]:  # type: ignore[type-arg]
+        with db.session() as s:
+            rows = s.scalars(select(MetricRollup).where(MetricRollup.run_id == run_id))
+            return {
+                (r.key, r.width, r.bucket): (
+                    r.n, r.n_valid, r.v_min, r.v_max, r.last_step, r.last_wall,
+                    None if r.v_sum is None else round(r.v_sum, 9),
+                )
+                for r in rows
+            }  # fmt: skip
+
+    def read() -> dict[str, Series]:
+        with db.session() as s:
+            return query_series(s, [run_id], ["a", "b"], 1000)[run_id]
+
+    write(wave(1, 800))  # raw reads still: nothing stored
+    assert rollups() == {}
+    write(wave(800, 1300))  # grows past 1,000 steps: widths 2 and 4 from the first step
+    write(wave(1300, 2101))
+    write(wave(1500, 1700))  # redelivered
+    write([StepPoints(1234, {"a": -5.0})])  # rewritten: its bucket's min and mean move
+    stored = rollups()
+    assert {w for _, w, _ in stored} == {2, 4}  # 2,100 steps read at width 4 (2: outgrown)
+    assert max(b for k, w, b in stored if k == "a" and w == 4) == 2100 // 4 - 1  # all complete
+    first = read()
+    assert rollups() == stored  # the read found every complete bucket stored
+    assert min(first["a"].min) == -5.0 and first["a"].total_points == 2100
+    with db.session() as s:  # the same read from the raw points
+        s.execute(MetricRollup.__table__.delete().where(MetricRollup.run_id == run_id))
+        s.commit()
+    raw = read()
+    for key in ("a", "b"):
+        got, want = first[key], raw[key]
+        assert got.sampled and got.steps == want.steps and got.min == want.min
+        assert got.max == want.max and got.wall_time == want.wall_time
+        assert [v is None for v in got.values] == [v is None for v in want.values]
+        pairs = [(g, w) for g, w in zip(got.values, want.values, strict=True) if w is not None]
+        assert all(g == pytest.approx(w, rel=1e-12, abs=1e-12) for g, w in pairs)
+    assert {k: v for k, v in rollups().items() if k[1] == 4} == {
+        k: v for k, v in stored.items() if k[1] == 4
+    }  # the reader caches exactly what the writes stored
+
+
 def query_series_once(db: Database, run_id: int) -> Series:
     from backend.storage.series import query_series
 
