@@ -9,6 +9,7 @@ function registered (``conspo.registry``), so adding one touches no schema.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, TypeVar
@@ -713,3 +714,15 @@ class RunConfig(_Section):
         else:
             data = json.loads(text)
         return cls.model_validate(data)
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in at every depth (a copy; neither input changes):
+    how a clone's, a study arm's or a pipeline stage's overrides apply to a config."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

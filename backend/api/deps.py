@@ -9,7 +9,7 @@ live stream that lasts hours (``RunStreamStart``), holds no connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated
@@ -174,13 +174,22 @@ def get_run(run_id: RunId, session: SessionDep) -> Run:
 RunDep = Annotated[Run, Depends(get_run)]
 
 
+def refuse_unless_owner(user: User, owner_id: int | None, detail: Callable[[], str]) -> None:
+    """403 with ``detail()`` unless ``user`` owns the thing (runs, studies, pipelines) or is
+    an admin."""
+    if not (user.is_admin or owner_id == user.id):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail=detail())
+
+
 def get_owned_run(run: RunDep, user: CurrentUser) -> Run:
-    if not (user.is_admin or run.owner_id == user.id):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            detail=f"run {run.id} belongs to {run.owner.name if run.owner else 'nobody'};"
-            " only its owner or an admin may change it",
-        )
+    refuse_unless_owner(
+        user,
+        run.owner_id,
+        lambda: (
+            f"run {run.id} belongs to {run.owner.name if run.owner else 'nobody'};"
+            " only its owner or an admin may change it"
+        ),
+    )
     return run
 
 

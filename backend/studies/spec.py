@@ -31,7 +31,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import PydanticCustomError
 
 from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
-from conspo.config import RunConfig, TaskConfig
+from conspo.config import RunConfig, TaskConfig, deep_merge
 
 # Arm names go into run names (study-<id>-<arm>-s<seed>) and tags: short, no spaces.
 ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}$"
@@ -191,16 +191,6 @@ def expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
             node[parts[-1]] = deep_merge(node[parts[-1]], leaf)
         else:
             node[parts[-1]] = leaf
-    return out
-
-
-def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
     return out
 
 

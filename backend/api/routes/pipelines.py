@@ -16,7 +16,14 @@ from sqlalchemy.orm import Session
 
 from backend import chaining, lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import ClusterDep, CurrentUser, JobsDep, SessionDep, SettingsDep
+from backend.api.deps import (
+    ClusterDep,
+    CurrentUser,
+    JobsDep,
+    SessionDep,
+    SettingsDep,
+    refuse_unless_owner,
+)
 from backend.models import FINISHED, Metric, Pipeline, Run, RunStatus
 from backend.schemas import PipelineCreate, run_out
 
@@ -71,11 +78,11 @@ PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 
 
 def get_owned_pipeline(pipeline: PipelineDep, user: CurrentUser) -> Pipeline:
-    if not (user.is_admin or pipeline.owner_id == user.id):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            detail=f"pipeline {pipeline.id} is not yours; only its owner or an admin may change it",
-        )
+    refuse_unless_owner(
+        user,
+        pipeline.owner_id,
+        lambda: f"pipeline {pipeline.id} is not yours; only its owner or an admin may change it",
+    )
     return pipeline
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Annotated, Any, Literal
 
@@ -37,7 +36,7 @@ from backend.schemas import (
     Tag,
     run_out,
 )
-from conspo.config import RunConfig, TaskConfig
+from conspo.config import RunConfig, TaskConfig, deep_merge
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JSONBodyRoute)
 
@@ -239,13 +238,3 @@ def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
                 for e in exc.errors(include_url=False, include_context=False)
             ]
         ) from None
-
-
-def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out

@@ -12,7 +12,13 @@ from sqlalchemy import func, select
 
 from backend import run_inputs
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import CurrentUser, JobsDep, SessionDep, SettingsDep
+from backend.api.deps import (
+    CurrentUser,
+    JobsDep,
+    SessionDep,
+    SettingsDep,
+    refuse_unless_owner,
+)
 from backend.models import Study
 from backend.schemas import INT32_MAX
 from backend.studies import report, search, service
@@ -35,12 +41,14 @@ StudyDep = Annotated[Study, Depends(get_study)]
 
 
 def get_owned_study(study: StudyDep, user: CurrentUser) -> Study:
-    if not (user.is_admin or study.owner_id == user.id):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            detail=f"study {study.id} belongs to {study.owner.name if study.owner else 'nobody'};"
-            " only its owner or an admin may change it",
-        )
+    refuse_unless_owner(
+        user,
+        study.owner_id,
+        lambda: (
+            f"study {study.id} belongs to {study.owner.name if study.owner else 'nobody'};"
+            " only its owner or an admin may change it"
+        ),
+    )
     return study
 
 
