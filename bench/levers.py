@@ -13,14 +13,29 @@ baseline on the CPU-time median.
 Sampling variants (answers are forced to ``--new-tokens``: the EOS id is one the model can never
 draw, so every variant decodes the same number of tokens):
 
-* ``dynamic``: the KV cache grows by concatenation each token (the sampler before issue 15)
-* ``static``: the cache is preallocated and written in place (``sample(static_cache=True)``)
-* ``static+check8``: also asks "has every row finished?" every 8 tokens instead of every token
-* ``static+bf16``: bfloat16 autocast over float32 weights (``model.dtype: bfloat16`` with
-  ``mixed_precision: true``)
+* ``hf``: transformers' forward per token, its KV cache growing by concatenation (the sampler
+  before the decode loop; ``sample(decode_loop=False)``)
+* ``hf static``: transformers' ``StaticCache``, preallocated and written in place
+  (``sample(static_cache=True)``); attention then runs over every preallocated position
+* ``loop``: ``conspo.decode.DecodeLoop`` (the default for Llama/Qwen2/Mistral): keys and values
+  in place, attention over the written positions only, fused q/k/v and gate/up matmuls
+* ``loop+check8``: also asks "has every row finished?" every 8 tokens instead of every token
+* ``hf bf16`` / ``loop bf16``: bfloat16 autocast over float32 weights (``model.dtype: bfloat16``
+  with ``mixed_precision: true``); the loop casts the weights once per call, autocast once per
+  matmul per token
 
 Training variants: the forward + backward of the token log-probs over the same rollouts, float32
-and bfloat16 autocast; with the max |Δ log-prob| of bf16 against fp32.
+and bfloat16 autocast, each as shipped (at this shape, on a CPU: transformers' ``eager``
+attention, explicit matmuls and softmax; ``conspo.forward.EAGER_ATTENTION_BYTES``) and with
+transformers' default ``sdpa`` (the CPU flash-attention kernel); with the max |Δ log-prob| of
+bf16 against fp32.
+
+Tried and left out (not in the table): ``torch.compile`` of ``DecodeLoop.step`` (inductor, CPU):
+the first call took ~100 s of CPU and it recompiled for every token position (the position is
+a Python int the step slices with) until dynamo's recompile limit sent it back to eager; a
+fixed-shape step would have to attend over the whole preallocated buffer, the cost ``hf static``
+shows. The decode step is matmul- and memory-bound (the linear layers and the reads of the KV
+cache), which compiling the elementwise ops around them cannot change much.
 
 The matmul ceiling: float32 (and bf16) GFLOP/s of ``torch.mm`` at the model's shapes; each
 variant's achieved GFLOP/s is given as a fraction of it (FLOPs: 2 per multiply-add of every
@@ -41,6 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import conspo.forward  # noqa: E402
 from conspo.forward import token_logprobs  # noqa: E402
 from conspo.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from conspo.rollout import RolloutBatch, sample  # noqa: E402
@@ -106,37 +122,53 @@ def main() -> None:
     mask = torch.ones_like(ids)
     never = cfg.vocab_size  # an EOS id the model cannot draw: every answer is t tokens long
 
-    def sampler(static: bool, check: int, bf16: bool) -> Callable[[], RolloutBatch]:
+    def sampler(loop: bool, static: bool, check: int, bf16: bool) -> Callable[[], RolloutBatch]:
         def run() -> RolloutBatch:
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
             with ctx:
                 return sample(model, ids, mask, max_new_tokens=t, eos_id=never, pad_id=0,
                               generator=torch.Generator().manual_seed(1), group_size=GROUP,
-                              static_cache=static, stop_check_every=check)  # fmt: skip
+                              static_cache=static, stop_check_every=check,
+                              decode_loop=loop)  # fmt: skip
 
         return run
 
     sampling = {
-        "dynamic": sampler(False, 1, False),
-        "static": sampler(True, 1, False),
-        "static+check8": sampler(True, 8, False),
-        "static+bf16": sampler(True, 1, True),
+        "hf": sampler(False, False, 1, False),
+        "hf static": sampler(False, True, 1, False),
+        "loop": sampler(True, False, 1, False),
+        "loop+check8": sampler(True, False, 8, False),
+        "hf bf16": sampler(False, False, 1, True),
+        "loop bf16": sampler(True, False, 1, True),
     }
-    batch = sampling["static"]()
-    same = torch.equal(batch.response_ids, sampling["dynamic"]().response_ids)
+    batch = sampling["hf"]()
+    same = {
+        name: torch.equal(batch.response_ids, sampling[name]().response_ids)
+        for name in ("hf static", "loop")
+    }
 
-    def train_pass(bf16: bool) -> Callable[[], torch.Tensor]:
+    def train_pass(bf16: bool, eager: bool) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
+            # the default switches to eager attention at this shape (EAGER_ATTENTION_BYTES);
+            # a budget of 0 keeps transformers' sdpa
+            conspo.forward.EAGER_ATTENTION_BYTES = eager_budget if eager else 0
             model.zero_grad(set_to_none=True)
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
             with ctx:
                 lp, _ = token_logprobs(model, batch, 1.0, group_size=GROUP)
             lp.float().mean().backward()
+            conspo.forward.EAGER_ATTENTION_BYTES = eager_budget
             return lp.detach().float()
 
         return run
 
-    training = {"train fp32": train_pass(False), "train bf16": train_pass(True)}
+    eager_budget = conspo.forward.EAGER_ATTENTION_BYTES
+    training = {
+        "train fp32 sdpa": train_pass(False, False),
+        "train fp32": train_pass(False, True),
+        "train bf16 sdpa": train_pass(True, False),
+        "train bf16": train_pass(True, True),
+    }
     with torch.no_grad():
         lp32 = token_logprobs(model, batch, 1.0, group_size=GROUP)[0]
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -159,14 +191,15 @@ def main() -> None:
     print(f"model {n_params / 1e6:.1f}M params; {n} rollouts ({n // GROUP} prompts x {GROUP}), "
           f"{p}-token prompts, {t} new tokens (forced), {args.threads} thread(s), "
           f"{args.repeats} interleaved repeats")  # fmt: skip
-    print(f"static cache draws the same tokens as the dynamic one (fp32, same seed): {same}")
+    print("the same tokens as transformers' forward (fp32, same seed): "
+          + ", ".join(f"{k} {v}" for k, v in same.items()))  # fmt: skip
     diff = (lp16 - lp32).abs()
     print(f"bf16 autocast vs fp32 token log-probs: max |diff| {diff.max():.4f}, "
           f"mean |diff| {diff.mean():.5f} (log-probs ~ {lp32.mean():.2f})")  # fmt: skip
     print("matmul ceiling GFLOP/s at the model's shapes: "
           + ", ".join(f"{k} {v:.0f}" for k, v in ceiling.items()))  # fmt: skip
-    base_cpu = {"sample": statistics.median(c for c, _ in times["dynamic"]),
-                "train": statistics.median(c for c, _ in times["train fp32"])}  # fmt: skip
+    base_cpu = {"sample": statistics.median(c for c, _ in times["hf"]),
+                "train": statistics.median(c for c, _ in times["train fp32 sdpa"])}  # fmt: skip
     print(f"{'variant':<15} {'CPU min':>8} {'CPU med':>8} {'wall min':>8} {'wall med':>8} "
           f"{'ms/token':>8} {'speed-up':>8} {'of ceiling':>10}")  # fmt: skip
     for name, ts in times.items():

@@ -1,14 +1,18 @@
 """Rollouts: batched sampling with a KV cache, greedy evaluation and pass@k.
 
-The sampling loop is written out (``conspo.forward.prefill``, then one token per forward that
-extends the KV cache) instead of calling ``model.generate`` so that each group's prompt is
-prefilled once and its KV cache repeated G times. That is where its edge comes from: per token
-it is no faster than ``generate`` (measured on CPU, issue 15: 38.8 ms vs 34.4 ms per step at the
-tiny task), and at short prompts and long answers, where the prompt is a small share of the
-work, the trainer is about even with TRL's ``generate``-based one (bench/throughput.py: ~1.0x
-at shape b, ~2x with 128-token prompts at shape c). The preallocated cache (``static_cache``)
-and sparser stop checks (``stop_check_every``) did not pay on CPU (bench/levers.py) and are off
-by default; they are there for accelerators, where host syncs and reallocation cost more.
+The sampling loop is written out instead of calling ``model.generate``, for two reasons:
+
+* each group's prompt is prefilled once and its KV cache repeated G times
+  (``conspo.forward.prefill``): most of the edge at long prompts (bench/throughput.py, shape c);
+* on Llama, Qwen2 and Mistral decoders every later token goes through ``conspo.decode``'s
+  ``DecodeLoop`` (keys and values in place, attention over the written positions only, fused
+  projections, weights cast once under autocast) rather than transformers' forward: the edge at
+  short prompts and long answers (bench/levers.py measures it per token). Other models extend
+  transformers' KV cache one forward per token.
+
+The preallocated transformers cache (``static_cache``) and sparser stop checks
+(``stop_check_every``) did not pay on CPU (bench/levers.py) and are off by default; they are
+there for accelerators, where host syncs and reallocation cost more.
 
 It is the ``native`` generation engine; ``conspo.engines`` puts it beside ``generate`` (``hf``)
 and vLLM behind one interface, and evaluation samples through whichever ``sampling.engine``
@@ -24,8 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo.decode import DecodeLoop
 from conspo.forward import extend, prefill
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
 from conspo.tasks import Example, Task
@@ -114,6 +119,7 @@ def sample(
     group_size: int = 1,
     static_cache: bool = False,
     stop_check_every: int = 1,
+    decode_loop: bool = True,
 ) -> RolloutBatch:
     """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens.
 
@@ -123,7 +129,9 @@ def sample(
     in place (``conspo.forward.prefill``) instead of growing by concatenation every token.
     ``stop_check_every``: whether every row has finished is asked of the device (a host sync)
     every that many tokens; finished rows decode padding in between, which the result masks.
-    The tokens drawn do not depend on either setting.
+    The tokens drawn do not depend on either setting. ``decode_loop``: decode through
+    ``conspo.decode.DecodeLoop`` where it supports the model (not with ``static_cache``); its
+    logits equal transformers' to float rounding, so a near-tie may rarely draw differently.
     """
     n, p = prompt_ids.shape
     device = prompt_ids.device
@@ -132,8 +140,13 @@ def sample(
     attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
     attn[:, :p] = prompt_mask
     g = group_size if group_size > 1 and n % group_size == 0 else 1
+    loop = decode_loop and not static_cache and DecodeLoop.supports(model, p + max_new_tokens)
     state = prefill(model, prompt_ids, prompt_mask, g, p + max_new_tokens if static_cache else None)
     logits = state.logits  # (N, V)
+    if loop:
+        assert isinstance(state.cache, DynamicCache)  # static_cache is off on this path
+        decoder = DecodeLoop(model, state.cache, prompt_mask, state.next_position, max_new_tokens)
+        del state  # the loop holds the keys and values now
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens = []
     for t in range(max_new_tokens):
@@ -145,6 +158,9 @@ def sample(
             break
         if (t + 1) % stop_check_every == 0 and bool(done.all()):  # the host sync
             break
+        if loop:
+            logits = decoder.step(tok, t)
+            continue
         mask = attn if static_cache else attn[:, : p + t + 1]
         logits = extend(model, state, tok[:, None], mask, offset=t)[:, -1]
     response = torch.stack(tokens, dim=1)  # (N, T')

@@ -1,0 +1,148 @@
+"""conspo.decode.DecodeLoop: the same logits as the model's own forward, token after token, on
+each architecture it claims (with left padding, grouped-query heads, q/k/v biases, rope
+scaling); refusal of the models it does not reproduce; and the sampler using it."""
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from conspo.decode import DecodeLoop
+from conspo.forward import prefill, prompt_positions
+from conspo.rollout import sample
+
+VOCAB = 40
+DIMS = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            max_position_embeddings=256)  # fmt: skip
+
+
+def qwen2() -> Qwen2ForCausalLM:  # q/k/v biases, tied head
+    return Qwen2ForCausalLM(Qwen2Config(**DIMS, num_attention_heads=4, num_key_value_heads=4,
+                                        tie_word_embeddings=True))  # fmt: skip
+
+
+def llama_gqa() -> LlamaForCausalLM:  # 4 query heads per key/value head, llama3 rope scaling
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32}  # fmt: skip
+    return LlamaForCausalLM(LlamaConfig(**DIMS, num_attention_heads=8, num_key_value_heads=2,
+                                        rope_parameters=rope))  # fmt: skip
+
+
+def mistral() -> MistralForCausalLM:  # head_dim set apart from hidden / heads
+    return MistralForCausalLM(MistralConfig(**DIMS, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=24, sliding_window=None))  # fmt: skip
+
+
+def prompts(n: int = 6, p: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (n, p), generator=gen)
+    mask = torch.ones(n, p, dtype=torch.long)
+    for row, pad in enumerate([0, 3, 1, 0, 5, 2][:n]):  # left padding of different widths
+        mask[row, :pad] = 0
+        ids[row, :pad] = 0
+    return ids, mask
+
+
+def reference_logits(model, ids, mask, response) -> torch.Tensor:
+    """(N, V) last-position logits of the model's own full forward over prompt + response."""
+    full = torch.cat([ids, response], dim=1)
+    attn = torch.cat([mask, torch.ones_like(response)], dim=1)
+    out = model(input_ids=full, attention_mask=attn, position_ids=prompt_positions(attn))
+    return out.logits[:, -1].float()
+
+
+def loop_logits(model, ids, mask, response) -> list[torch.Tensor]:
+    """The loop's logits after each response token."""
+    state = prefill(model, ids, mask, 1)
+    loop = DecodeLoop(model, state.cache, mask, state.next_position, response.shape[1])
+    return [loop.step(response[:, t], t) for t in range(response.shape[1])]
+
+
+@pytest.mark.parametrize("build", [qwen2, llama_gqa, mistral])
+@torch.no_grad()
+def test_loop_logits_equal_the_models_own_forward(build):
+    torch.manual_seed(0)
+    model = build().eval()
+    assert DecodeLoop.supports(model, 64)
+    ids, mask = prompts()
+    response = torch.randint(
+        1, VOCAB, (ids.shape[0], 9), generator=torch.Generator().manual_seed(1)
+    )
+    for t, logits in enumerate(loop_logits(model, ids, mask, response)):
+        ref = reference_logits(model, ids, mask, response[:, : t + 1])
+        torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_loop_under_bf16_autocast_stays_near_the_forward_under_autocast():
+    """bfloat16 autocast over float32 weights: the loop casts the weights once and keeps the
+    residual stream in float32, as transformers' forward does under autocast; both are bf16
+    roundings of the same function, so their log-probs agree to bf16 precision."""
+    torch.manual_seed(0)
+    model = llama_gqa().eval()
+    ids, mask = prompts()
+    response = torch.randint(
+        1, VOCAB, (ids.shape[0], 6), generator=torch.Generator().manual_seed(2)
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = loop_logits(model, ids, mask, response)
+        refs = [reference_logits(model, ids, mask, response[:, : t + 1]) for t in range(6)]
+    exact = [reference_logits(model, ids, mask, response[:, : t + 1]) for t in range(6)]
+    for logits, ref, fp32 in zip(ours, refs, exact, strict=True):
+        ours_gap = (logits.log_softmax(-1) - fp32.log_softmax(-1)).abs().max()
+        their_gap = (ref.log_softmax(-1) - fp32.log_softmax(-1)).abs().max()
+        assert ours_gap < 0.05 and their_gap < 0.05  # both bf16 roundings of the float32 values
+        assert (logits.log_softmax(-1) - ref.log_softmax(-1)).abs().max() < 0.05
+
+
+def test_models_the_loop_does_not_reproduce_are_refused():
+    torch.manual_seed(0)
+    # query/key norms (Qwen3) are not in the loop's layer
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(**DIMS, num_attention_heads=4, num_key_value_heads=4,
+                                         head_dim=16)).eval()  # fmt: skip
+    assert not DecodeLoop.supports(qwen3, 64)
+    # a sliding window the sequence reaches
+    windowed = MistralForCausalLM(MistralConfig(**DIMS, num_attention_heads=4,
+                                                num_key_value_heads=2, sliding_window=32))  # fmt: skip
+    assert DecodeLoop.supports(windowed.eval(), 32) and not DecodeLoop.supports(windowed, 33)
+    # another activation
+    gelu = LlamaForCausalLM(LlamaConfig(**DIMS, num_attention_heads=4, hidden_act="gelu"))
+    assert not DecodeLoop.supports(gelu.eval(), 64)
+    # LoRA-wrapped projections compute more than weight @ x
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(qwen2(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert not DecodeLoop.supports(lora.eval(), 64)
+    assert not DecodeLoop.supports(lora.get_base_model(), 64)
+
+
+def test_sampler_draws_the_same_tokens_through_the_loop(policy, prompts, monkeypatch):
+    """The shipped tiny model is a Qwen2: the sampler decodes it through the loop (counted),
+    drawing what the transformers path draws for the same seed, with and without groups."""
+    model, tok = policy
+    assert DecodeLoop.supports(model, 64)
+    steps = []
+    real_step = DecodeLoop.step
+    monkeypatch.setattr(DecodeLoop, "step", lambda self, *a: steps.append(1) or real_step(self, *a))
+    g = 3
+    ids, mask = (x.repeat_interleave(g, dim=0) for x in prompts)
+    kw = dict(max_new_tokens=8, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, group_size=g)
+    for temperature in (0.0, 1.0):
+        fast = sample(model, ids, mask, temperature=temperature,
+                      generator=torch.Generator().manual_seed(4), **kw)  # fmt: skip
+        assert steps, "the loop was not used"
+        steps.clear()
+        slow = sample(model, ids, mask, temperature=temperature, decode_loop=False,
+                      generator=torch.Generator().manual_seed(4), **kw)  # fmt: skip
+        assert not steps
+        assert torch.equal(fast.response_ids, slow.response_ids)
+        assert torch.equal(fast.lengths, slow.lengths)
