@@ -21,6 +21,7 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
+    from backend.storage.series import RollupColumns
     from backend.storage.writes import MetricColumns, RolloutColumns
 
 BUCKET_FIELDS = ("bucket", "n", "mean", "v_min", "v_max", "last_step", "last_wall", "n_valid")
@@ -112,6 +113,12 @@ class Dialect(ABC):
         for (run_id, key), buckets in self.aggregate(session, width, ranges).items():
             rows += rollup_rows(run_id, key, width, buckets, lambda b: True)
         self.upsert(session, ROLLUPS, rows, ROLLUP_KEY)
+
+    def write_rollups(self, session: Session, run_id: int, rollups: RollupColumns) -> None:
+        """Upsert ``metric_rollups`` rows computed by the caller (at least one)."""
+        from backend.storage.series import ROLLUP_KEY, ROLLUPS
+
+        self.upsert(session, ROLLUPS, rollups.rows(run_id), ROLLUP_KEY)
 
     @abstractmethod
     def cached_buckets(

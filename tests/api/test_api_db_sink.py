@@ -175,36 +175,30 @@ def pg_db(pg_url: str, tmp_path) -> Iterator[Database]:  # type: ignore[no-untyp
     database.dispose()
 
 
-def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Database) -> None:
-    """The plain-INSERT fast path only takes rows above the stored top step; should one collide
-    anyway, the savepoint rolls it back and the rows are upserted."""
+def test_postgres_copy_falls_back_to_upsert_on_a_collision(pg_db: Database) -> None:
+    """The COPY fast path only takes rows above the stored top step; should one collide anyway,
+    the savepoint rolls it back and the rows are upserted."""
+    from functools import partial
+
     import numpy as np
 
-    from backend.storage.pg_arrays import Float8Array, Int4Array
     from backend.storage.postgresql import (
-        _METRIC_INSERT,
-        _METRIC_UPSERT,
+        _copy_metrics,
         _insert_parts,
         _raw_cursor,
+        _upsert_metrics,
     )
+    from backend.storage.writes import _metric_columns
 
     run_id = new_run(pg_db)
     with pg_db.session() as s:
         write_points(s, run_id, [StepPoints(1, {"a": 1.0}), StepPoints(2, {"a": 2.0})])
         s.commit()
-    cols = {
-        "k": np.array([1, 1]),
-        "s": np.array([2, 3]),
-        "v": np.array([20.0, 30.0]),
-        "w": np.array([1.0, 1.0]),
-    }
-    kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
+    m = _metric_columns([StepPoints(2, {"a": 20.0}), StepPoints(3, {"a": 30.0})])
     with pg_db.session() as s:
         with _raw_cursor(s) as cur:
-            _insert_parts(
-                cur, _METRIC_INSERT, _METRIC_UPSERT, cols, kinds, np.array([True, True]),
-                {"run": run_id, "keys": ["a"], "seq": 7},
-            )  # fmt: skip
+            copy, upsert = (partial(f, cur, run_id, 7, m) for f in (_copy_metrics, _upsert_metrics))
+            _insert_parts(cur, copy, upsert, np.array([True, True]))
         s.commit()
     points, _ = stored(pg_db, run_id)
     assert points == {("a", 1): 1.0, ("a", 2): 20.0, ("a", 3): 30.0}
@@ -290,7 +284,7 @@ def test_writes_maintain_the_rollups_a_first_read_uses(db: Database) -> None:
     write(wave(1500, 1700))  # redelivered
     write([StepPoints(1234, {"a": -5.0})])  # rewritten: its bucket's min and mean move
     stored = rollups()
-    assert {w for _, w, _ in stored} == {2, 4}  # 2,100 steps read at width 4 (2: outgrown)
+    assert {w for _, w, _ in stored} == {4}  # 2,100 steps read at width 4 (2: outgrown, gone)
     assert max(b for k, w, b in stored if k == "a" and w == 4) == 2100 // 4 - 1  # all complete
     first = read()
     assert rollups() == stored  # the read found every complete bucket stored
