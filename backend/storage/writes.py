@@ -215,9 +215,9 @@ def _finite_array(values: Sequence[Any]) -> Any:
 def _last_unique(*sort_keys: Any) -> Any:
     """Indices that sort by ``sort_keys`` (most significant first), keeping the last of equals."""
     n = len(sort_keys[0])
+    if n <= 1 or _strictly_increasing(*sort_keys):  # the usual batch: in order, no repeats
+        return np.arange(n)
     order = np.lexsort((np.arange(n), *reversed(sort_keys)))
-    if n <= 1:
-        return order
     keep = np.ones(n, dtype=bool)
     same = np.ones(n - 1, dtype=bool)
     for key in sort_keys:
@@ -225,6 +225,17 @@ def _last_unique(*sort_keys: Any) -> Any:
         same &= sk[1:] == sk[:-1]
     keep[:-1] = ~same  # a row followed by an equal one is superseded by it
     return order[keep]
+
+
+def _strictly_increasing(*sort_keys: Any) -> bool:
+    """Whether the rows are in strictly increasing order of ``sort_keys`` (most significant
+    first)."""
+    later = np.zeros(len(sort_keys[0]) - 1, dtype=bool)  # row i+1 already after row i
+    tied = np.ones(len(sort_keys[0]) - 1, dtype=bool)  # equal so far
+    for key in sort_keys:
+        later |= tied & (key[1:] > key[:-1])
+        tied &= key[1:] == key[:-1]
+    return bool(later.all())
 
 
 def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
@@ -261,54 +272,49 @@ def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
     )
 
 
-_ROLLOUT_FIELDS = ("group", "index", "reward", "score", "length", "truncated")
-_ROLLOUT_ROW = operator.attrgetter(*_ROLLOUT_FIELDS, "prompt", "completion")
-_ROLLOUT_NUMBERS = operator.attrgetter(*_ROLLOUT_FIELDS)
-
-
-def _rollout_row(r: Any) -> tuple[Any, ...]:
-    """A rollout's fields, for objects that may lack the text fields."""
-    return (*_ROLLOUT_NUMBERS(r), getattr(r, "prompt", ""), getattr(r, "completion", ""))
+_GET = {name: operator.attrgetter(name) for name in ("group", "index", "reward", "score")}
+_GET |= {
+    name: operator.attrgetter(name) for name in ("length", "truncated", "prompt", "completion")
+}
 
 
 def _rollout_columns(
     run_id: int, steps: Sequence[StepPoints], extra: Iterable[Any]
 ) -> tuple[RolloutColumns, list[dict[str, Any]]]:
     """The rollouts' columns, and the ``rollout_texts`` rows of those that carry text (a later
-    row of a key wins). One pass of C-level attribute reads over the rollouts, then a
-    conversion per column: the per-rollout Python work is what a batch of 64 rollouts a step
-    spends most of its time on."""
-    rows: list[tuple[Any, ...]] = []
-    step_col: list[int] = []
-    points: list[tuple[int, Sequence[Any]]] = [(s.step, s.rollouts) for s in steps]
-    for step, rollouts in points + [(r.step, (r,)) for r in extra]:
-        if not rollouts:
-            continue
-        try:
-            rows += list(map(_ROLLOUT_ROW, rollouts))
-        except AttributeError:  # duck-typed rollouts without text
-            rows += list(map(_rollout_row, rollouts))
-        step_col.extend([step] * len(rollouts))
-    if not rows:
-        empty = np.zeros(0, dtype=np.int64)
-        return RolloutColumns(*(empty,) * 3, *(np.zeros(0),) * 2, empty, empty != 0), []
-    group, index, reward, score, length, truncated, prompt, completion = zip(*rows, strict=True)
-    step = np.asarray(step_col, dtype=np.int64)
-    group_a, index_a = np.array(group, dtype=np.int64), np.array(index, dtype=np.int64)
-    pick = _last_unique(step, group_a, index_a)
-    columns = RolloutColumns(
-        step[pick],
-        group_a[pick],
-        index_a[pick],
-        _finite_array(reward)[pick],  # None -> NaN, as metric values
-        _finite_array(score)[pick],
-        np.array(length, dtype=np.int64)[pick],
-        np.array(truncated, dtype=bool)[pick],
+    row of a key wins).
+
+    A C-level pass over the rollouts per field, straight into numpy: no tuple per rollout (at
+    64 rollouts a step, building those, and the garbage collector's passes over them, cost
+    more than the whole COPY of the rows)."""
+    extra = list(extra)
+    every = [r for s in steps for r in s.rollouts] + extra
+    n = len(every)
+    counts = [len(s.rollouts) for s in steps]
+    step = np.concatenate(
+        [np.repeat(np.array([s.step for s in steps], dtype=np.int64), counts)]
+        + [np.fromiter((r.step for r in extra), dtype=np.int64, count=len(extra))]
     )
+    group, index, length = (
+        np.fromiter(map(_GET[name], every), dtype=np.int64, count=n)
+        for name in ("group", "index", "length")
+    )
+    truncated = np.fromiter(map(_GET["truncated"], every), dtype=bool, count=n)
+    reward, score = (_finite_array(list(map(_GET[name], every))) for name in ("reward", "score"))
+    pick = _last_unique(step, group, index)
+    columns = RolloutColumns(
+        step[pick], group[pick], index[pick], reward[pick], score[pick], length[pick],
+        truncated[pick],
+    )  # fmt: skip
     texts: dict[tuple[int, int, int], dict[str, Any]] = {}
+    try:
+        prompt, completion = list(map(_GET["prompt"], every)), list(map(_GET["completion"], every))
+    except AttributeError:  # duck-typed rollouts without text
+        prompt = [getattr(r, "prompt", "") for r in every]
+        completion = [getattr(r, "completion", "") for r in every]
     if any(prompt) or any(completion):
         for i in np.flatnonzero([bool(p or c) for p, c in zip(prompt, completion, strict=True)]):
-            st, g, ix = step_col[i], group[i], index[i]
+            st, g, ix = int(step[i]), int(group[i]), int(index[i])
             texts[(st, g, ix)] = {
                 "run_id": run_id, "step": st, "group": g, "index": ix,
                 "prompt": clip_text(prompt[i]), "completion": clip_text(completion[i]),
