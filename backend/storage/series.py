@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import Table, and_, delete, or_, select
+from sqlalchemy import Table, and_, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -262,15 +262,15 @@ def refresh_rollups(
     * buckets after the one holding the previous last step hold only points of this write (the
       caller holds the run row's lock): aggregated from ``points`` in numpy (``_own_buckets``),
       bit for bit what SQL would store, without reading the points back;
-    * the earlier ones (at most one per series in a run that only moves forward; the whole
-      series when it grows into a width) are recomputed from the table in SQL.
-
-    A series that grows into a wider width loses its rows of the narrower one (no chart's read
-    asks for them any more), in the same transaction.
+    * a series that grows into a wider width has its rows of the narrower one deleted, and the
+      wider buckets made of full narrower ones summed from them (``Dialect.derive_rollups``:
+      a point at every step, so nothing is missed; the sum of the halves' sums may differ from
+      a fresh sum in the last bit);
+    * the rest (at most one bucket per series in a run that only moves forward; sparse series'
+      buckets when they grow into a width) are recomputed from the table in SQL.
     """
-    ranges: dict[int, list[StepRange]] = {}  # by width: aggregated in SQL
-    own: list[tuple[int, int, int]] = []  # (first row, end row, width): aggregated here
-    outgrown: dict[int, list[str]] = {}  # by width
+    plans: list[tuple[str, int, int, int, int, int, Any]] = []  # key, width, buckets, rows
+    grown: dict[tuple[int, int], list[str]] = {}  # (old width, new width) -> keys
     starts = np.flatnonzero(np.append(True, points.k[1:] != points.k[:-1]))  # each key's rows
     ends = np.append(starts[1:], len(points.k))
     for k, r0, r1 in zip(points.k[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
@@ -280,30 +280,37 @@ def refresh_rollups(
         lo, hi = (min(old[0], w_lo), max(old[1], w_hi)) if old else (w_lo, w_hi)
         old_widths = maintained_widths(*old) if old else ()
         widths = maintained_widths(lo, hi)
-        for width in old_widths:
-            if width not in widths:
-                outgrown.setdefault(width, []).append(key)
+        for was in old_widths:
+            for width in widths:
+                if was != width:
+                    grown.setdefault((was, width), []).append(key)
         for width in widths:
             start = min(w_lo, old[1]) if old and width in old_widths else lo
             first, last = start // width, hi // width - 1  # whole buckets before the last one
-            if first > last:
+            if first <= last:
+                fresh = max(first, old[1] // width + 1) if old else first  # first one of ours
+                plans.append((key, width, first, fresh, last, r0, steps))
+    derived: set[tuple[str, int]] = set()
+    for (was, width), keys in grown.items():
+        derived |= dialect.derive_rollups(session, run_id, keys, was, width)
+    ranges: dict[int, list[StepRange]] = {}  # by width: aggregated in SQL
+    own: list[tuple[int, int, int]] = []  # (first row, end row, width): aggregated here
+    for key, width, first, fresh, last, r0, steps in plans:
+        b = first
+        while b < min(fresh, last + 1):  # runs of buckets not derived
+            if (key, b) in derived:
+                b += 1
                 continue
-            fresh = max(first, old[1] // width + 1) if old else first  # first bucket of ours
-            if first < fresh:
-                end = min(fresh, last + 1) * width - 1
-                ranges.setdefault(width, []).append(StepRange(run_id, key, first * width, end))
-            if fresh <= last:
-                i0, i1 = np.searchsorted(steps, [fresh * width, (last + 1) * width]).tolist()
-                if i0 < i1:
-                    own.append((r0 + i0, r0 + i1, width))
-    for width, keys in outgrown.items():
-        session.execute(
-            delete(MetricRollup).where(
-                MetricRollup.run_id == run_id,
-                MetricRollup.width == width,
-                MetricRollup.key.in_(keys),
+            run_start = b
+            while b < min(fresh, last + 1) and (key, b) not in derived:
+                b += 1
+            ranges.setdefault(width, []).append(
+                StepRange(run_id, key, run_start * width, b * width - 1)
             )
-        )
+        if fresh <= last:
+            i0, i1 = np.searchsorted(steps, [fresh * width, (last + 1) * width]).tolist()
+            if i0 < i1:
+                own.append((r0 + i0, r0 + i1, width))
     for width, series in ranges.items():
         dialect.store_rollups(session, width, series)
     if own:
