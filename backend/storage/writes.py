@@ -95,12 +95,13 @@ def write_points(
        run; else nothing is written and ``owned`` is False.
     2. one DELETE of the rollup-cache rows of the written keys the new points fall into;
     3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
-       for their key (every row, in a run that only moves forward) go in with a plain INSERT,
-       the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays;
-    4. the rollups of the written keys' complete buckets at the charts' widths, recomputed
-       from their points (``backend.storage.series.refresh_rollups``: the series' extents
-       before the write come from the metric write's own probes; one aggregate per width,
-       one upsert);
+       for their key (every row, in a run that only moves forward) go in with a binary COPY,
+       the others with INSERT … ON CONFLICT DO UPDATE of binary arrays;
+    4. the rollups of the written keys' complete buckets at the charts' widths
+       (``backend.storage.series.refresh_rollups``: buckets made only of the written points
+       aggregated in numpy and copied in; a series growing into a wider width has its narrower
+       rows deleted and summed into the wider ones; the rest recomputed from their points in
+       SQL, one aggregate per width);
     5. the prompt rows (``backend.storage.prompts``), one upsert.
 
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
