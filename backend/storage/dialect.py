@@ -17,10 +17,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine, Table, delete, select
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
+    from backend.storage.series import RollupColumns
     from backend.storage.writes import MetricColumns, RolloutColumns
 
 BUCKET_FIELDS = ("bucket", "n", "mean", "v_min", "v_max", "last_step", "last_wall", "n_valid")
@@ -112,6 +113,49 @@ class Dialect(ABC):
         for (run_id, key), buckets in self.aggregate(session, width, ranges).items():
             rows += rollup_rows(run_id, key, width, buckets, lambda b: True)
         self.upsert(session, ROLLUPS, rows, ROLLUP_KEY)
+
+    def derive_rollups(
+        self, session: Session, run_id: int, keys: Sequence[str], old: int, new: int
+    ) -> set[tuple[str, int]]:
+        """Delete the series' rollups of width ``old``; store each bucket of width ``new`` whose
+        ``new // old`` buckets of width ``old`` are all there and full (``n == old``: a point at
+        every step, so they hold every point of the wider bucket). Returns the (key, bucket)
+        pairs stored."""
+        from backend.models import MetricRollup as R
+        from backend.storage.series import ROLLUP_KEY, ROLLUPS
+
+        factor = new // old
+        groups: dict[tuple[str, int], list[Any]] = {}
+        where = (R.run_id == run_id, R.width == old, R.key.in_(list(keys)))
+        for row in session.execute(select(R).where(*where)).scalars():
+            groups.setdefault((row.key, row.bucket // factor), []).append(row)
+        rows = []
+        for (key, bucket), parts in groups.items():
+            if len(parts) == factor and all(p.n == old for p in parts):
+                sums = [p.v_sum for p in parts if p.v_sum is not None]
+                lows = [p.v_min for p in parts if p.v_min is not None]
+                highs = [p.v_max for p in parts if p.v_max is not None]
+                rows.append(
+                    {
+                        "run_id": run_id, "key": key, "width": new, "bucket": bucket,
+                        "hi_step": (bucket + 1) * new - 1, "n": new,
+                        "n_valid": sum(p.n_valid for p in parts),
+                        "v_sum": sum(sums) if sums else None,
+                        "v_min": min(lows) if lows else None,
+                        "v_max": max(highs) if highs else None,
+                        "last_step": max(p.last_step for p in parts),
+                        "last_wall": max(p.last_wall for p in parts),
+                    }
+                )  # fmt: skip
+        session.execute(delete(R).where(*where))
+        self.upsert(session, ROLLUPS, rows, ROLLUP_KEY)
+        return {(r["key"], r["bucket"]) for r in rows}
+
+    def write_rollups(self, session: Session, run_id: int, rollups: RollupColumns) -> None:
+        """Upsert ``metric_rollups`` rows computed by the caller (at least one)."""
+        from backend.storage.series import ROLLUP_KEY, ROLLUPS
+
+        self.upsert(session, ROLLUPS, rollups.rows(run_id), ROLLUP_KEY)
 
     @abstractmethod
     def cached_buckets(

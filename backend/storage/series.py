@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from sqlalchemy import Table, and_, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -32,6 +33,9 @@ from backend.storage.dialect import (
     dialect_of,
     empty_buckets,
 )
+
+if TYPE_CHECKING:
+    from backend.storage.writes import MetricColumns
 
 ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
 ROLLUP_KEY = ("run_id", "key", "width", "bucket")
@@ -243,31 +247,144 @@ def refresh_rollups(
     session: Session,
     dialect: Dialect,
     run_id: int,
-    written: dict[str, tuple[int, int]],
+    points: MetricColumns,
     before: dict[str, tuple[int, int]],
 ) -> None:
-    """Recompute, from their points, the stored buckets that a metric write changed.
+    """Recompute the stored buckets that a metric write changed, and drop the outgrown ones.
 
-    ``written``: key -> (first, last step) of the points just written (in this transaction);
-    ``before``: the series' extents before them. For each maintained width: every complete
-    bucket (not the one holding the series' last step, which may still grow) from the one
-    holding the earlier of the first written step and the previous last step (that bucket may
-    have just completed) on, or all of them when the series just grew into the width. Rows are
-    upserted whole, recomputed from the bucket's points, so a redelivered step counts once.
+    ``points``: the points just written (in this transaction); ``before``: each series' extents
+    before them. For each maintained width: every complete bucket (not the one holding the
+    series' last step, which may still grow) from the one holding the earlier of the first
+    written step and the previous last step (that bucket may have just completed) on, or all of
+    them when the series just grew into the width. Rows are upserted whole, so a redelivered
+    step counts once:
+
+    * buckets after the one holding the previous last step hold only points of this write (the
+      caller holds the run row's lock): aggregated from ``points`` in numpy (``_own_buckets``),
+      bit for bit what SQL would store, without reading the points back;
+    * a series that grows into a wider width has its rows of the narrower one deleted, and the
+      wider buckets made of full narrower ones summed from them (``Dialect.derive_rollups``:
+      a point at every step, so nothing is missed; the sum of the halves' sums may differ from
+      a fresh sum in the last bit);
+    * the rest (at most one bucket per series in a run that only moves forward; sparse series'
+      buckets when they grow into a width) are recomputed from the table in SQL.
     """
-    ranges: dict[int, list[StepRange]] = {}
-    for key, (w_lo, w_hi) in written.items():
+    plans: list[tuple[str, int, int, int, int, int, Any]] = []  # key, width, buckets, rows
+    grown: dict[tuple[int, int], list[str]] = {}  # (old width, new width) -> keys
+    starts = np.flatnonzero(np.append(True, points.k[1:] != points.k[:-1]))  # each key's rows
+    ends = np.append(starts[1:], len(points.k))
+    for k, r0, r1 in zip(points.k[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+        key, steps = points.keys[k], points.step[r0:r1]
+        w_lo, w_hi = int(steps[0]), int(steps[-1])
         old = before.get(key)
         lo, hi = (min(old[0], w_lo), max(old[1], w_hi)) if old else (w_lo, w_hi)
         old_widths = maintained_widths(*old) if old else ()
-        for width in maintained_widths(lo, hi):
+        widths = maintained_widths(lo, hi)
+        for was in old_widths:
+            for width in widths:
+                if was != width:
+                    grown.setdefault((was, width), []).append(key)
+        for width in widths:
             start = min(w_lo, old[1]) if old and width in old_widths else lo
-            if start // width < hi // width:
-                end = (hi // width) * width - 1  # the last step before the last bucket
-                first = (start // width) * width  # whole buckets only
-                ranges.setdefault(width, []).append(StepRange(run_id, key, first, end))
+            first, last = start // width, hi // width - 1  # whole buckets before the last one
+            if first <= last:
+                fresh = max(first, old[1] // width + 1) if old else first  # first one of ours
+                plans.append((key, width, first, fresh, last, r0, steps))
+    derived: set[tuple[str, int]] = set()
+    for (was, width), keys in grown.items():
+        derived |= dialect.derive_rollups(session, run_id, keys, was, width)
+    ranges: dict[int, list[StepRange]] = {}  # by width: aggregated in SQL
+    own: list[tuple[int, int, int]] = []  # (first row, end row, width): aggregated here
+    for key, width, first, fresh, last, r0, steps in plans:
+        b = first
+        while b < min(fresh, last + 1):  # runs of buckets not derived
+            if (key, b) in derived:
+                b += 1
+                continue
+            run_start = b
+            while b < min(fresh, last + 1) and (key, b) not in derived:
+                b += 1
+            ranges.setdefault(width, []).append(
+                StepRange(run_id, key, run_start * width, b * width - 1)
+            )
+        if fresh <= last:
+            i0, i1 = np.searchsorted(steps, [fresh * width, (last + 1) * width]).tolist()
+            if i0 < i1:
+                own.append((r0 + i0, r0 + i1, width))
     for width, series in ranges.items():
         dialect.store_rollups(session, width, series)
+    if own:
+        dialect.write_rollups(session, run_id, _own_buckets(points, own))
+
+
+@dataclass
+class RollupColumns:
+    """``metric_rollups`` rows of one run as columns, NULL floats as NaN."""
+
+    keys: list[str]  # ``k`` indexes it
+    k: Any  # (n,) int
+    width: Any  # (n,) int
+    bucket: Any  # (n,) int64
+    n: Any  # (n,) int: points in the bucket
+    n_valid: Any  # (n,) int: non-NULL values
+    v_sum: Any  # (n,) float64
+    v_min: Any
+    v_max: Any
+    last_step: Any  # (n,) int
+    last_wall: Any  # (n,) float64
+
+    def rows(self, run_id: int) -> list[dict[str, Any]]:
+        """The rollups as ``metric_rollups`` rows (NaN back to None), for a row-wise upsert."""
+        names = ("width", "bucket", "n", "n_valid", "v_sum", "v_min", "v_max", "last_step")
+        cols = [getattr(self, name).tolist() for name in (*names, "last_wall")]
+        out = []
+        for k, *values in zip(self.k.tolist(), *cols, strict=True):
+            row = dict(zip((*names, "last_wall"), values, strict=True))
+            for name in ("v_sum", "v_min", "v_max"):
+                row[name] = None if row[name] != row[name] else row[name]
+            row |= {"run_id": run_id, "key": self.keys[k]}
+            out.append(row | {"hi_step": (row["bucket"] + 1) * row["width"] - 1})
+        return out
+
+
+def _own_buckets(points: MetricColumns, own: list[tuple[int, int, int]]) -> RollupColumns:
+    """The buckets of ``own``'s (first row, end row, width) runs of ``points``, each run whole
+    buckets of one series, aggregated as ``Dialect.aggregate`` does."""
+    lengths = np.array([i1 - i0 for i0, i1, _ in own])
+    rows = np.concatenate([np.arange(i0, i1) for i0, i1, _ in own])
+    width = np.repeat(np.array([w for _, _, w in own], dtype=np.int64), lengths)
+    run = np.repeat(np.arange(len(own)), lengths)
+    step, value = points.step[rows], points.value[rows]
+    bucket = step // width
+    starts = np.flatnonzero(np.append(True, (run[1:] != run[:-1]) | (bucket[1:] != bucket[:-1])))
+    n = np.diff(np.append(starts, len(rows)))
+    valid = ~np.isnan(value)
+    n_valid = np.add.reduceat(valid.astype(np.int64), starts)
+    # SQL's avg adds the values in step order from 0.0 and divides by their count, and the row
+    # keeps mean * n_valid: the same operations here, so the row is bit for bit SQL's. (A NULL
+    # adds 0.0, which changes no sum.) One pass per position in a bucket: width at most.
+    total = np.zeros(len(starts))
+    filled = np.where(valid, value, 0.0)
+    for j in range(int(n.max())):
+        live = np.flatnonzero(n > j)
+        total[live] += filled[starts[live] + j]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v_sum = np.where(n_valid > 0, total / n_valid * n_valid, np.nan)
+        v_min = np.fmin.reduceat(value, starts)  # NaN only when every value is NULL
+        v_max = np.fmax.reduceat(value, starts)
+    return RollupColumns(
+        keys=points.keys,
+        k=points.k[rows[starts]],
+        width=width[starts],
+        bucket=bucket[starts],
+        n=n,
+        n_valid=n_valid,
+        v_sum=v_sum,
+        v_min=v_min,
+        v_max=v_max,
+        last_step=step[starts + n - 1],
+        last_wall=np.maximum.reduceat(points.wall[rows], starts),
+    )
 
 
 def _missing_ranges(p: _Plan, have: set[int]) -> Iterable[tuple[int, int]]:

@@ -62,22 +62,6 @@ ROLLOUT_TEXTS = RolloutText.__table__
 ROLLOUT_TEXT_KEY = ("run_id", "step", "group", "index")
 
 
-def _text_rows(
-    run_id: int, steps: Sequence[StepPoints], extra: Sequence[RolloutPoint]
-) -> list[dict[str, Any]]:
-    """``rollout_texts`` rows of the rollouts that carry text (a later row of a key wins)."""
-    rows: dict[tuple[int, int, int], dict[str, Any]] = {}
-    points = [(s.step, r) for s in steps for r in s.rollouts] + [(r.step, r) for r in extra]
-    for step, r in points:
-        prompt, completion = getattr(r, "prompt", ""), getattr(r, "completion", "")
-        if prompt or completion:
-            rows[(step, r.group, r.index)] = {
-                "run_id": run_id, "step": step, "group": r.group, "index": r.index,
-                "prompt": clip_text(prompt), "completion": clip_text(completion),
-            }  # fmt: skip
-    return list(rows.values())
-
-
 @dataclass
 class Written:
     points: int = 0
@@ -111,12 +95,13 @@ def write_points(
        run; else nothing is written and ``owned`` is False.
     2. one DELETE of the rollup-cache rows of the written keys the new points fall into;
     3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
-       for their key (every row, in a run that only moves forward) go in with a plain INSERT,
-       the others with INSERT … ON CONFLICT DO UPDATE; columns travel as binary arrays;
-    4. the rollups of the written keys' complete buckets at the charts' widths, recomputed
-       from their points (``backend.storage.series.refresh_rollups``: the series' extents
-       before the write come from the metric write's own probes; one aggregate per width,
-       one upsert);
+       for their key (every row, in a run that only moves forward) go in with a binary COPY,
+       the others with INSERT … ON CONFLICT DO UPDATE of binary arrays;
+    4. the rollups of the written keys' complete buckets at the charts' widths
+       (``backend.storage.series.refresh_rollups``: buckets made only of the written points
+       aggregated in numpy and copied in; a series growing into a wider width has its narrower
+       rows deleted and summed into the wider ones; the rest recomputed from their points in
+       SQL, one aggregate per width);
     5. the prompt rows (``backend.storage.prompts``), one upsert.
 
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
@@ -125,9 +110,7 @@ def write_points(
     dialect = dialect_of(session)
     out = Written()
     m = _metric_columns(steps)
-    rollouts = list(rollouts)
-    r = _rollout_columns(steps, rollouts)
-    texts = _text_rows(run_id, steps, rollouts)
+    r, texts = _rollout_columns(run_id, steps, rollouts)
     p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
     if steps:
         out.last_step = max(s.step for s in steps)
@@ -152,15 +135,7 @@ def write_points(
         )
         before = dialect.write_metrics(session, run_id, seq, m)
         out.points = len(m.step)
-        starts = np.flatnonzero(np.append(True, m.k[1:] != m.k[:-1]))  # first row of each key
-        ends = np.append(starts[1:] - 1, len(m.k) - 1)
-        written = {
-            m.keys[k]: (lo, hi)
-            for k, lo, hi in zip(
-                m.k[starts].tolist(), m.step[starts].tolist(), m.step[ends].tolist(), strict=True
-            )
-        }
-        refresh_rollups(session, dialect, run_id, written, before)
+        refresh_rollups(session, dialect, run_id, m, before)
     if len(r.step):
         out.rollouts = dialect.write_rollouts(session, run_id, r)
     if texts:
@@ -230,7 +205,7 @@ def _none_if_nan(v: float) -> float | None:
     return None if v != v else v
 
 
-def _finite_array(values: list[Any]) -> Any:
+def _finite_array(values: Sequence[Any]) -> Any:
     """float64 array with None, NaN, ±Inf and |x| > MAX_ABS_VALUE as NaN (stored as NULL)."""
     arr = np.array(values, dtype=np.float64)
     with np.errstate(invalid="ignore"):
@@ -241,9 +216,9 @@ def _finite_array(values: list[Any]) -> Any:
 def _last_unique(*sort_keys: Any) -> Any:
     """Indices that sort by ``sort_keys`` (most significant first), keeping the last of equals."""
     n = len(sort_keys[0])
+    if n <= 1 or _strictly_increasing(*sort_keys):  # the usual batch: in order, no repeats
+        return np.arange(n)
     order = np.lexsort((np.arange(n), *reversed(sort_keys)))
-    if n <= 1:
-        return order
     keep = np.ones(n, dtype=bool)
     same = np.ones(n - 1, dtype=bool)
     for key in sort_keys:
@@ -251,6 +226,17 @@ def _last_unique(*sort_keys: Any) -> Any:
         same &= sk[1:] == sk[:-1]
     keep[:-1] = ~same  # a row followed by an equal one is superseded by it
     return order[keep]
+
+
+def _strictly_increasing(*sort_keys: Any) -> bool:
+    """Whether the rows are in strictly increasing order of ``sort_keys`` (most significant
+    first)."""
+    later = np.zeros(len(sort_keys[0]) - 1, dtype=bool)  # row i+1 already after row i
+    tied = np.ones(len(sort_keys[0]) - 1, dtype=bool)  # equal so far
+    for key in sort_keys:
+        later |= tied & (key[1:] > key[:-1])
+        tied &= key[1:] == key[:-1]
+    return bool(later.all())
 
 
 def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
@@ -287,35 +273,54 @@ def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
     )
 
 
-_ROLLOUT_FIELDS = operator.attrgetter("group", "index", "reward", "score", "length", "truncated")
+_GET = {name: operator.attrgetter(name) for name in ("group", "index", "reward", "score")}
+_GET |= {
+    name: operator.attrgetter(name) for name in ("length", "truncated", "prompt", "completion")
+}
 
 
-def _rollout_columns(steps: Sequence[StepPoints], extra: Iterable[RolloutPoint]) -> RolloutColumns:
-    rows: list[tuple[Any, ...]] = []
-    step_col: list[int] = []
-    for s in steps:
-        if s.rollouts:
-            rows.extend(map(_ROLLOUT_FIELDS, s.rollouts))
-            step_col.extend([s.step] * len(s.rollouts))
-    for r in extra:
-        rows.append(_ROLLOUT_FIELDS(r))
-        step_col.append(r.step)
-    table = np.array(rows, dtype=np.float64).reshape(-1, 6)  # None -> NaN
-    step = np.asarray(step_col, dtype=np.int64)
-    group, index = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
-    pick = _last_unique(step, group, index)
-    with np.errstate(invalid="ignore"):
-        for col in (2, 3):  # reward, score: as metric values
-            table[~(np.abs(table[:, col]) <= MAX_ABS_VALUE), col] = np.nan
-    return RolloutColumns(
-        step[pick],
-        group[pick],
-        index[pick],
-        table[pick, 2],
-        table[pick, 3],
-        table[pick, 4].astype(np.int64),
-        table[pick, 5] != 0,
+def _rollout_columns(
+    run_id: int, steps: Sequence[StepPoints], extra: Iterable[Any]
+) -> tuple[RolloutColumns, list[dict[str, Any]]]:
+    """The rollouts' columns, and the ``rollout_texts`` rows of those that carry text (a later
+    row of a key wins).
+
+    A C-level pass over the rollouts per field, straight into numpy: no tuple per rollout (at
+    64 rollouts a step, building those, and the garbage collector's passes over them, cost
+    more than the whole COPY of the rows)."""
+    extra = list(extra)
+    every = [r for s in steps for r in s.rollouts] + extra
+    n = len(every)
+    counts = [len(s.rollouts) for s in steps]
+    step = np.concatenate(
+        [np.repeat(np.array([s.step for s in steps], dtype=np.int64), counts)]
+        + [np.fromiter((r.step for r in extra), dtype=np.int64, count=len(extra))]
     )
+    group, index, length = (
+        np.fromiter(map(_GET[name], every), dtype=np.int64, count=n)
+        for name in ("group", "index", "length")
+    )
+    truncated = np.fromiter(map(_GET["truncated"], every), dtype=bool, count=n)
+    reward, score = (_finite_array(list(map(_GET[name], every))) for name in ("reward", "score"))
+    pick = _last_unique(step, group, index)
+    columns = RolloutColumns(
+        step[pick], group[pick], index[pick], reward[pick], score[pick], length[pick],
+        truncated[pick],
+    )  # fmt: skip
+    texts: dict[tuple[int, int, int], dict[str, Any]] = {}
+    try:
+        prompt, completion = list(map(_GET["prompt"], every)), list(map(_GET["completion"], every))
+    except AttributeError:  # duck-typed rollouts without text
+        prompt = [getattr(r, "prompt", "") for r in every]
+        completion = [getattr(r, "completion", "") for r in every]
+    if any(prompt) or any(completion):
+        for i in np.flatnonzero([bool(p or c) for p, c in zip(prompt, completion, strict=True)]):
+            st, g, ix = int(step[i]), int(group[i]), int(index[i])
+            texts[(st, g, ix)] = {
+                "run_id": run_id, "step": st, "group": g, "index": ix,
+                "prompt": clip_text(prompt[i]), "completion": clip_text(completion[i]),
+            }  # fmt: skip
+    return columns, list(texts.values())
 
 
 def _update_run(

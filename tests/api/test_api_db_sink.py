@@ -175,39 +175,171 @@ def pg_db(pg_url: str, tmp_path) -> Iterator[Database]:  # type: ignore[no-untyp
     database.dispose()
 
 
-def test_postgres_plain_insert_falls_back_to_upsert_on_a_collision(pg_db: Database) -> None:
-    """The plain-INSERT fast path only takes rows above the stored top step; should one collide
-    anyway, the savepoint rolls it back and the rows are upserted."""
+def test_postgres_copy_falls_back_to_upsert_on_a_collision(pg_db: Database) -> None:
+    """The COPY fast path only takes rows above the stored top step; should one collide anyway,
+    the savepoint rolls it back and the rows are upserted."""
+    from functools import partial
+
     import numpy as np
 
-    from backend.storage.pg_arrays import Float8Array, Int4Array
     from backend.storage.postgresql import (
-        _METRIC_INSERT,
-        _METRIC_UPSERT,
+        _copy_metrics,
         _insert_parts,
         _raw_cursor,
+        _upsert_metrics,
     )
+    from backend.storage.writes import _metric_columns
 
     run_id = new_run(pg_db)
     with pg_db.session() as s:
         write_points(s, run_id, [StepPoints(1, {"a": 1.0}), StepPoints(2, {"a": 2.0})])
         s.commit()
-    cols = {
-        "k": np.array([1, 1]),
-        "s": np.array([2, 3]),
-        "v": np.array([20.0, 30.0]),
-        "w": np.array([1.0, 1.0]),
-    }
-    kinds = {"k": Int4Array, "s": Int4Array, "v": Float8Array, "w": Float8Array}
+    m = _metric_columns([StepPoints(2, {"a": 20.0}), StepPoints(3, {"a": 30.0})])
     with pg_db.session() as s:
         with _raw_cursor(s) as cur:
-            _insert_parts(
-                cur, _METRIC_INSERT, _METRIC_UPSERT, cols, kinds, np.array([True, True]),
-                {"run": run_id, "keys": ["a"], "seq": 7},
-            )  # fmt: skip
+            copy, upsert = (partial(f, cur, run_id, 7, m) for f in (_copy_metrics, _upsert_metrics))
+            _insert_parts(cur, copy, upsert, np.array([True, True]))
         s.commit()
     points, _ = stored(pg_db, run_id)
     assert points == {("a", 1): 1.0, ("a", 2): 20.0, ("a", 3): 30.0}
+
+
+def test_copy_sends_nulls_texts_and_every_width_exactly(db: Database) -> None:
+    """The binary COPY rows (keys of any length and script, NULL floats among numbers, booleans)
+    read back as written, beside rows that overwrite stored ones (the upsert part)."""
+    run_id = new_run(db)
+    keys = ["a", "sep/gap", "é/ü_ключ", "k" * 200]
+    steps = [
+        StepPoints(s, {k: (None if (s + i) % 3 == 0 else s * 0.1 - i) for i, k in enumerate(keys)})
+        for s in range(1, 40)
+    ]
+    rollouts = [
+        RolloutPoint(s, g, i, None if i == 1 else 0.5 * i, math.nan if g else -i, 7 + i, i == 2)
+        for s in range(1, 40)
+        for g in range(2)
+        for i in range(3)
+    ]
+    with db.session() as s:
+        write_points(s, run_id, steps[:20], rollouts[: 20 * 6])
+        s.commit()
+    with db.session() as s:  # steps 15..39: 15..19 stored already, upserted; the rest copied
+        write_points(s, run_id, steps[14:], rollouts[14 * 6 :])
+        s.commit()
+    points, _ = stored(db, run_id)
+    assert points == {(k, p.step): p.metrics[k] for p in steps for k in keys}
+    with db.session() as s:
+        rows = s.execute(
+            select(Rollout.step, Rollout.group, Rollout.index, Rollout.reward, Rollout.score)
+            .add_columns(Rollout.length, Rollout.truncated)
+            .where(Rollout.run_id == run_id)
+        ).all()
+    want = {
+        (r.step, r.group, r.index, r.reward, None if r.group else r.score, r.length, r.truncated)
+        for r in rollouts
+    }
+    assert {tuple(r) for r in rows} == want and len(rows) == len(rollouts)
+
+
+def close(a: float | None, b: float | None) -> bool:
+    return a == b if a is None or b is None else a == pytest.approx(b, rel=1e-12, abs=1e-12)
+
+
+def test_rollups_of_an_outgrown_width_are_deleted(db: Database) -> None:
+    """A series growing through widths 2, 4 and 8 keeps only the rows of the width its charts
+    read; the wider rows (summed from full narrower ones where the series is dense, recomputed
+    where it is sparse) equal those a reader computes from the raw points, and reads agree."""
+    from backend.models import MetricRollup
+    from backend.storage.series import query_series
+
+    run_id = new_run(db)
+
+    def rollups() -> dict[tuple[str, int, int], tuple]:  # type: ignore[type-arg]
+        with db.session() as s:
+            rows = s.scalars(select(MetricRollup).where(MetricRollup.run_id == run_id))
+            return {
+                (r.key, r.width, r.bucket): (
+                    r.n, r.n_valid, r.v_min, r.v_max, r.last_step, r.last_wall, r.v_sum,
+                )
+                for r in rows
+            }  # fmt: skip
+
+    def read() -> dict[str, Series]:
+        with db.session() as s:
+            return query_series(s, [run_id], ["dense", "sparse"], 1000)[run_id]
+
+    widths_seen = []
+    for lo in range(1, 4400, 400):  # 400 steps a write: 1,001 -> width 2, 2,001 -> 4, 4,001 -> 8
+        with db.session() as s:
+            write_points(
+                s,
+                run_id,
+                [
+                    StepPoints(i, {"dense": math.sin(i / 30) * 1e3, "sparse": i / 7}, i)
+                    if i % 3 == 0
+                    else StepPoints(i, {"dense": None if i % 11 == 0 else math.cos(i)}, i)
+                    for i in range(lo, lo + 400)
+                ],
+            )
+            s.commit()
+        widths_seen.append({w for _, w, _ in rollups()})
+    assert widths_seen[:3] == [set(), set(), {2}] and {4} in widths_seen
+    assert widths_seen[-1] == {8}  # 4,400 steps: width 8 only, 2 and 4 deleted as outgrown
+    stored_rows = rollups()
+    first = read()
+    with db.session() as s:  # the same rows and read from the raw points
+        s.execute(MetricRollup.__table__.delete().where(MetricRollup.run_id == run_id))
+        s.commit()
+    raw = read()
+    fresh_rows = rollups()
+    assert set(fresh_rows) == set(stored_rows)
+    for key, row in fresh_rows.items():
+        assert stored_rows[key][:-1] == row[:-1]  # counts, min, max, last step and wall
+        assert close(stored_rows[key][-1], row[-1])  # the sum
+    for key in ("dense", "sparse"):
+        got, want = first[key], raw[key]
+        assert got.sampled and got.steps == want.steps and got.min == want.min
+        assert got.max == want.max and got.wall_time == want.wall_time
+        assert all(close(g, w) for g, w in zip(got.values, want.values, strict=True))
+
+
+def test_postgres_rollups_of_written_points_are_bit_for_bit_sqls(pg_db: Database) -> None:
+    """Buckets aggregated in numpy from the points being written store exactly the row that
+    SQL's aggregate over the stored points gives (the ones summed from two of width 2 when the
+    series grew into width 4 may differ in the sum's last bit)."""
+    from backend.models import MetricRollup
+    from backend.storage.dialect import StepRange, dialect_of
+
+    run_id = new_run(pg_db)
+    values = [math.sin(i) * 10 ** (i % 7) if i % 5 else None for i in range(3000)]
+    for lo in range(1, 2600, 217):  # the sink's batches: every bucket after the first write ours
+        with pg_db.session() as s:
+            write_points(
+                s, run_id, [StepPoints(i, {"x": values[i]}, i) for i in range(lo, lo + 217)]
+            )
+            s.commit()
+
+    def rows() -> dict[int, tuple]:  # type: ignore[type-arg]
+        with pg_db.session() as s:
+            return {
+                r.bucket: (r.n, r.n_valid, r.v_sum, r.v_min, r.v_max, r.last_step, r.last_wall)
+                for r in s.scalars(select(MetricRollup).where(MetricRollup.run_id == run_id))
+            }
+
+    written = rows()
+    assert len(written) == 2604 // 4  # steps 1..2604 at width 4: every bucket but the last
+    with pg_db.session() as s:
+        s.execute(MetricRollup.__table__.delete().where(MetricRollup.run_id == run_id))
+        dialect_of(s).store_rollups(s, 4, [StepRange(run_id, "x", 0, 2603)])
+        s.commit()
+    recomputed = rows()
+    assert recomputed.keys() == written.keys()
+    grown = 1953 // 4  # steps 1..1953 stood at width 2 when the write of 1954.. grew the series
+    assert {b: r for b, r in written.items() if b >= grown} == {
+        b: r for b, r in recomputed.items() if b >= grown
+    }
+    for b in range(grown):
+        assert written[b][:2] + written[b][3:] == recomputed[b][:2] + recomputed[b][3:]
+        assert close(written[b][2], recomputed[b][2])
 
 
 def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
@@ -290,7 +422,7 @@ def test_writes_maintain_the_rollups_a_first_read_uses(db: Database) -> None:
     write(wave(1500, 1700))  # redelivered
     write([StepPoints(1234, {"a": -5.0})])  # rewritten: its bucket's min and mean move
     stored = rollups()
-    assert {w for _, w, _ in stored} == {2, 4}  # 2,100 steps read at width 4 (2: outgrown)
+    assert {w for _, w, _ in stored} == {4}  # 2,100 steps read at width 4 (2: outgrown, gone)
     assert max(b for k, w, b in stored if k == "a" and w == 4) == 2100 // 4 - 1  # all complete
     first = read()
     assert rollups() == stored  # the read found every complete bucket stored
