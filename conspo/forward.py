@@ -232,9 +232,10 @@ def token_logprobs(
 # Eager attention (explicit matmuls and a softmax) beats the CPU flash-attention kernel of
 # ``sdpa`` on short sequences: bench/levers.py measured the training forward + backward at shape
 # (b) (64 rows x ~134 positions, ~10M parameters) 6% faster in float32 and 14% under bfloat16
-# autocast. It keeps every layer's (rows, heads, T, T) attention probabilities for the backward,
-# so it is used on a CPU only while one layer's stay under this many bytes.
-EAGER_ATTENTION_BYTES = 64 * 2**20
+# autocast. It keeps every layer's (rows, heads, T, T) attention probabilities for the backward
+# (~8 bytes an entry: the float32 softmax and its cast), so it is used on a CPU only while all
+# layers' stay under this many bytes (shape b: ~220 MB).
+EAGER_ATTENTION_BYTES = 256 * 2**20
 
 
 @contextmanager
@@ -250,7 +251,8 @@ def _short_sequence_attention(model: nn.Module, batch: RolloutBatch) -> Iterator
         return
     n, length = batch.prompt_ids.shape[0], batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
     heads = getattr(config, "num_attention_heads", 0)
-    probabilities = n * heads * length * length * 4  # float32 softmax, one layer
+    layers = getattr(config, "num_hidden_layers", 0)
+    probabilities = n * heads * length * length * 8 * layers
     on_cpu = next(model.parameters()).device.type == "cpu"
     if not on_cpu or probabilities > EAGER_ATTENTION_BYTES or _drops_cache(model):
         yield

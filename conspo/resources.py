@@ -147,8 +147,9 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
       process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
       (P·w) when β > 0: it is not sharded;
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
-      it grows), a step's logits and softmax N·V·(b+12), and the sampler's int64 attention mask,
-      token ids and end-of-sequence masks (48·N·T);
+      it grows; ``conspo.decode``'s preallocated one is 2·L·N·K·T·b), ``conspo.decode``'s copy of
+      the weights in the compute dtype (P·b), a step's logits and softmax N·V·(b+12), and the
+      sampler's int64 attention mask, token ids and end-of-sequence masks (48·N·T);
     * evaluation: the same for eval_size × pass_k rollouts;
     * the update: the rollout batch 16·N·T (twice that when refilling groups), then the larger of
       - with M > 1, the no-grad forward that freezes π_old over all N rows (micro-batch by
@@ -167,7 +168,9 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
 
     Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it), the
     process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
-    and attention score matrices (SDPA kernels do not keep them). So it is near, and mostly below,
+    and attention score matrices (SDPA kernels do not keep them; a CPU's short training forwards
+    run eager attention, which keeps up to ``conspo.forward.EAGER_ATTENTION_BYTES``). So it is
+    near, and mostly below,
     the real peak: a config refused by it does not fit. tests/conspo/test_resources.py compares it
     with the measured peak RSS of a CPU run.
     """
@@ -248,9 +251,10 @@ def _no_grad_forward(dims: ModelDims, tokens: int, b: int) -> int:
 
 def _sampling(dims: ModelDims, n: int, t: int, b: int) -> int:
     kv_cache = 2 * (dims.layers + 1) * n * dims.kv_width * t * b
+    decode_weights = dims.params * b  # conspo.decode.DecodeLoop's fused copy
     logits = n * dims.vocab * (b + 3 * FLOAT32)
     bookkeeping = 6 * INT64 * n * t
-    return kv_cache + logits + bookkeeping
+    return kv_cache + decode_weights + logits + bookkeeping
 
 
 class MemoryRefused(ValueError):
