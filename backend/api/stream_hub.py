@@ -256,6 +256,10 @@ class StreamHub:
     def open_streams(self) -> int:
         return self._open_total
 
+    @property
+    def runs_watched(self) -> int:
+        return len(self._watches)
+
     # --- subscriptions --------------------------------------------------------------------
 
     @asynccontextmanager
