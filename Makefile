@@ -48,6 +48,8 @@ bench: install
 	$(PY) bench/levers.py $(BENCH_FLAGS)
 	$(PY) bench/metrics_store.py $(BENCH_FLAGS)
 	$(PY) bench/freshness.py $(BENCH_FLAGS)
+	$(PY) bench/freshness.py --sqlite $(BENCH_FLAGS)
+	$(PY) bench/sse_load.py $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(VENV) node_modules data .pytest_cache

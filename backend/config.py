@@ -75,9 +75,9 @@ class Settings(BaseSettings):
     stream_poll_s: float = Field(
         0.1,
         gt=0,
-        description="SSE database polling period. One query reads every watched run, so a short"
-        " period stays cheap; with the worker's 0.2 s write delay it keeps a step's arrival in"
-        " the browser under 0.5 s at p95 (bench/freshness.py).",
+        description="SSE database polling period. One query of a few columns reads every watched"
+        " run, so a short period stays cheap (bench/sse_load.py); with the worker's 0.2 s write"
+        " delay it keeps a step's arrival in the browser under 0.5 s at p95 (bench/freshness.py).",
     )
     stream_keepalive_s: float = Field(15.0, gt=0, description="SSE heartbeat comment period.")
     stream_max_per_client: int = Field(

@@ -436,6 +436,13 @@ class WorkerOut(BaseModel):
     )
 
 
+class LiveStreams(BaseModel):
+    open: int = Field(description="Live streams (SSE) open on the API process that answered.")
+    runs_watched: int = Field(
+        description="Runs those streams follow (the process reads them all in one query a period)."
+    )
+
+
 class Health(BaseModel):
     status: Literal["ok", "degraded", "down"] = Field(
         description="down (HTTP 503): the database or the broker is unreachable; degraded: "
@@ -450,3 +457,4 @@ class Health(BaseModel):
         description="Queued runs sent long ago, unclaimed, whose job the queue seems to lack."
     )
     reasons: list[str] = Field(description="Why the status is not ok, one line each.")
+    live_streams: LiveStreams

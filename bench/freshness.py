@@ -11,7 +11,8 @@ thread that logs the trainer's 28 metric keys plus 64 sampled rollouts per step 
 following ``/api/runs/{id}/stream``. A step's freshness is the time from its ``log_step`` call
 to the arrival of the first ``metrics`` event whose ``step_max`` covers it.
 
-Prints p50 / p95 / max freshness over the steps of the window (target p95 < 500 ms).
+Prints p50 / p95 / max freshness over the steps of the window (target p95 < 500 ms), and the
+server's CPU time over the window beside its wall time (with the machine's load average).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,7 +92,11 @@ async def follow(url: str, token: str, run_id: int, arrived: dict[int, float],
                 return
 
 
-def measure(url: str, token: str, db_url: str, args: argparse.Namespace) -> list[float]:
+def measure(
+    url: str, token: str, db_url: str, args: argparse.Namespace, pid: int
+) -> tuple[list[float], float, float]:
+    """Each step's freshness in seconds; the server's CPU seconds and the wall seconds from the
+    first step logged to the last one received."""
     db = Database(Settings(database_url=db_url))
     body = {"name": "freshness", "algorithm": "grpo", "task": "arith", "model": "tiny"}
     auth = {"Authorization": f"Bearer {token}"}
@@ -107,15 +114,22 @@ def measure(url: str, token: str, db_url: str, args: argparse.Namespace) -> list
         target=train, args=(db, run_id, attempt, args.steps_per_s, args.seconds, logged, done)
     )
 
+    server = psutil.Process(pid)
+    window: list[float] = []
+
     async def both() -> None:
         follower = asyncio.create_task(follow(url, token, run_id, arrived, done, total))
         await asyncio.sleep(1.0)  # the stream is open and has sent its history (none yet)
+        window.extend((sum(server.cpu_times()[:2]), time.monotonic()))
         trainer.start()
         await asyncio.wait_for(follower, args.seconds + 60)
+        window[0] = sum(server.cpu_times()[:2]) - window[0]
+        window[1] = time.monotonic() - window[1]
 
     asyncio.run(both())
     trainer.join()
-    return [arrived[s] - logged[s] for s in sorted(logged) if s in arrived]
+    fresh = [arrived[s] - logged[s] for s in sorted(logged) if s in arrived]
+    return fresh, window[0], window[1]
 
 
 def main() -> None:
@@ -142,15 +156,18 @@ def main() -> None:
         token = migrate_and_create_token(env, "bench")
         proc, url = start_server(env, data / "server.log", 1)
         try:
-            fresh = measure(url, token, db_url, args)
+            fresh, cpu_s, wall_s = measure(url, token, db_url, args, proc.pid)
         finally:
             stop(proc)
     where = "SQLite" if args.sqlite else "PostgreSQL"
     p95 = pct(fresh, 0.95)
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"step -> SSE client freshness ({where}, {len(fresh)} steps at {args.steps_per_s:g}/s,"
           f" default sink and server settings{' + ' + ' '.join(args.env) if args.env else ''}):"
           f" p50 {1e3 * statistics.median(fresh):.0f} ms, p95 {1e3 * p95:.0f} ms,"
-          f" max {1e3 * max(fresh):.0f} ms (target p95 < {1e3 * TARGET_P95_S:.0f} ms)")  # fmt: skip
+          f" max {1e3 * max(fresh):.0f} ms (target p95 < {1e3 * TARGET_P95_S:.0f} ms);"
+          f" server CPU {cpu_s:.1f} s in {wall_s:.1f} s wall ({cpu_s / wall_s:.0%} of a core),"
+          f" load {load} on {os.cpu_count()} CPUs")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Live streams under load: many SSE clients plus a steady rate of reads on a real server.
 
-    python bench/sse_load.py [--streams 500] [--rps 50] [--seconds 60] [--runs 10]
-                             [--env CONSPO_NAME=value ...]   # server settings to try
+    python bench/sse_load.py [--streams 500] [--rps 50] [--seconds 60] [--quiet-seconds 20]
+                             [--runs 10] [--quick] [--env CONSPO_NAME=value ...]
+                             # --env: server settings to try; --quick: 20 s + 10 s windows
 
 Cluster mode, as deployed: a throwaway PostgreSQL database (conspo_bench_<random>, dropped
 afterwards; server from CONSPO_BENCH_PG, default postgresql+psycopg://postgres@127.0.0.1:5432),
@@ -16,6 +17,14 @@ comes from 127.0.0.1.
 Prints the 5xx count (target 0), read latency p50/p95/p99 (target p95 < 250 ms), the SSE
 events received, the server's CPU time beside the wall time, and the load generator's own CPU
 time (it shares the machine: on a small box it competes with the server).
+
+Two windows, so the streams' own cost shows apart from the reads': first ``--quiet-seconds``
+with the streams open and the runs logging but no reads, then ``--seconds`` with the reads
+too. For each: the server's CPU per second (and per stream), and the SQL statements it sent per
+second, split into those of the live streams and the rest (the server runs under
+``bench/counted_server.py``, which counts them; with ``--workers`` > 1 they are not counted).
+The server runs with its default settings (stream poll period included) unless ``--env``
+says otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ import psutil
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from counted_server import read_counts  # noqa: E402
 
 from tests.support import (  # noqa: E402
     ROOT,
@@ -77,14 +89,44 @@ class Tally:
 
 @dataclass
 class Window:
-    """What the measured window cost and delivered."""
+    """What one measured window cost and delivered."""
 
     wall_s: float
     server_cpu_s: float
     client_cpu_s: float
     events: int
+    stream_statements: int | None  # SQL statements of the live streams (None: not counted)
+    other_statements: int | None
     peak_connections: int
     peak_idle_in_transaction: int
+
+
+class Meter:
+    """Starts a window: the server's CPU and statements, the client's CPU, the events so far."""
+
+    def __init__(self, server: ServerCpu, counts: Path | None, tally: Tally) -> None:
+        self._server, self._counts, self._tally = server, counts, tally
+        self._me = psutil.Process()
+        self._start = self._now()
+
+    def _now(self) -> tuple[float, float, float, int, dict[str, int] | None]:
+        counts = read_counts(self._counts) if self._counts else None
+        events = sum(self._tally.events.values())
+        mine = sum(self._me.cpu_times()[:2])
+        return time.time(), self._server.seconds(), mine, events, counts
+
+    def window(self, peaks: tuple[int, int]) -> Window:
+        (wall0, cpu0, mine0, events0, counts0), (wall, cpu, mine, events, counts) = (
+            self._start,
+            self._now(),
+        )
+        stream = other = None
+        if counts is not None and counts0 is not None:
+            stream = counts["stream"] - counts0["stream"]
+            other = counts["other"] - counts0["other"]
+        return Window(
+            wall - wall0, cpu - cpu0, mine - mine0, events - events0, stream, other, *peaks
+        )
 
 
 class PgDatabase:
@@ -196,7 +238,9 @@ async def make_runs(client: httpx.AsyncClient, n: int) -> list[int]:
     return runs
 
 
-async def load(url: str, token: str, args: argparse.Namespace, pg: PgDatabase, pid: int) -> None:
+async def load(
+    url: str, token: str, args: argparse.Namespace, pg: PgDatabase, pid: int, counts: Path | None
+) -> None:
     tally = Tally()
     auth = {"Authorization": f"Bearer {token}"}
     timeout = httpx.Timeout(30.0, read=None)
@@ -216,27 +260,26 @@ async def load(url: str, token: str, args: argparse.Namespace, pg: PgDatabase, p
             followers.append(asyncio.create_task(follow(streams_client, path, tally, stop_event)))
             if i % 10 == 9:
                 await asyncio.sleep(0.1)
+        answered = time.monotonic() + 60
+        while sum(tally.statuses.values()) < args.streams and time.monotonic() < answered:
+            await asyncio.sleep(0.2)
         logger = asyncio.create_task(log_steps(api, runs, stop_event, tally))
+        await asyncio.sleep(2.0)  # the histories are sent; the streams follow the logging
         server = ServerCpu(pid)
-        me = psutil.Process()
-        cpu0, mine0, wall0 = server.seconds(), sum(me.cpu_times()[:2]), time.time()
-        events0 = sum(tally.events.values())
+        quiet = Meter(server, counts, tally)
+        peaks = await asyncio.to_thread(sample_connections, pg, args.quiet_seconds)
+        quiet_window = quiet.window(peaks)
+        loaded = Meter(server, counts, tally)
         sampler = asyncio.create_task(asyncio.to_thread(sample_connections, pg, args.seconds))
         await offer_reads(reader, runs, args.rps, args.seconds, tally)
-        window = Window(
-            time.time() - wall0,
-            server.seconds() - cpu0,
-            sum(me.cpu_times()[:2]) - mine0,
-            sum(tally.events.values()) - events0,
-            *(await sampler),
-        )
+        loaded_window = loaded.window(await sampler)
         stop_event.set()
         logger.cancel()
         for task in followers:
             task.cancel()
         await asyncio.gather(logger, *followers, return_exceptions=True)
         recovery = await time_to_recover(reader)
-    report(args, tally, window)
+    report(args, tally, quiet_window, loaded_window)
     print(f"  after the load stopped, the runs list answered 200 {recovery}")
 
 
@@ -266,11 +309,14 @@ class ServerCpu:
 
 
 def start_server(
-    env: dict[str, str], log: Path, workers: int
+    env: dict[str, str], log: Path, workers: int, counts: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """uvicorn serving the app (``--workers`` processes) on a free port, once it answers."""
+    """uvicorn serving the app (``--workers`` processes) on a free port, once it answers;
+    under ``bench/counted_server.py`` (its statements counted into ``counts``) if given."""
     url = f"http://127.0.0.1:{(port := free_port(PORTS))}"
     cmd = [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory"]
+    if counts is not None:
+        cmd[1:3] = [str(Path(__file__).with_name("counted_server.py")), str(counts)]
     cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -297,10 +343,10 @@ def sample_connections(pg: PgDatabase, seconds: float) -> tuple[int, int]:
     return peak, peak_idle
 
 
-def report(args: argparse.Namespace, tally: Tally, w: Window) -> None:
+def report(args: argparse.Namespace, tally: Tally, quiet: Window, w: Window) -> None:
     reads, wall = tally.read_ms, w.wall_s
     print(f"\n{args.streams} SSE clients, {args.rps:g} reads/s offered, {args.runs} runs logging")
-    print(f"  window {wall:.1f} s wall; streams open: {tally.streams_open}/{args.streams}")
+    print(f"  streams open: {tally.streams_open}/{args.streams}; load {load_average()}")
     print(f"  5xx responses: {tally.server_errors()}  (target 0)")
     print(f"  responses by kind and status: {dict(sorted(tally.statuses.items()))}")
     print(f"  transport errors: {dict(tally.errors) or 'none'}")
@@ -312,15 +358,34 @@ def report(args: argparse.Namespace, tally: Tally, w: Window) -> None:
     for kind, ms in sorted(tally.read_ms_by_kind.items()):
         p50, p95, p99 = (pct(ms, q) for q in (0.5, 0.95, 0.99))
         print(f"    {kind}: p50 {p50:.0f}  p95 {p95:.0f}  p99 {p99:.0f}")
-    print(f"  SSE events in the window: {w.events} ({w.events / wall:.0f}/s)")
-    print(f"    all, by name: {dict(tally.events)}")
-    server, client = w.server_cpu_s, w.client_cpu_s
-    print(f"  server CPU: {server:.1f} s in {wall:.1f} s wall ({server / wall:.0%} of a core)")
-    print(f"  load generator CPU: {client:.1f} s ({client / wall:.0%} of a core)")
+    print(f"  SSE events, all, by name: {dict(tally.events)}")
+    for name, window in (("streams only (no reads)", quiet), ("streams + reads", w)):
+        print(f"  window {name}: {window.wall_s:.1f} s wall")
+        report_cost(args, window)
+
+
+def report_cost(args: argparse.Namespace, w: Window) -> None:
+    wall, server, client = w.wall_s, w.server_cpu_s, w.client_cpu_s
+    per_stream = f"{1e3 * server / wall / args.streams:.2f} ms/s per stream" if args.streams else ""
+    print(f"    SSE events: {w.events} ({w.events / wall:.0f}/s)")
     print(
-        f"  server's PostgreSQL connections, peak: {w.peak_connections} "
+        f"    server CPU: {server:.1f} s in {wall:.1f} s wall ({server / wall:.0%} of a core"
+        f"{'; ' + per_stream if per_stream else ''})"
+    )
+    print(f"    load generator CPU: {client:.1f} s ({client / wall:.0%} of a core)")
+    if w.stream_statements is not None and w.other_statements is not None:
+        print(
+            f"    SQL statements/s: live streams {w.stream_statements / wall:.1f}, "
+            f"the rest {w.other_statements / wall:.1f}"
+        )
+    print(
+        f"    server's PostgreSQL connections, peak: {w.peak_connections} "
         f"(idle in transaction: {w.peak_idle_in_transaction})"
     )
+
+
+def load_average() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
 
 
 def main() -> None:
@@ -328,10 +393,14 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--rps", type=float, default=50.0)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--quiet-seconds", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--quick", action="store_true", help="20 s + 10 s windows")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.quiet_seconds = 20.0, 10.0
     with tempfile.TemporaryDirectory() as tmp, PgDatabase() as pg:
         data = Path(tmp)
         env = embedded_env(
@@ -339,15 +408,16 @@ def main() -> None:
             CONSPO_DATABASE_URL=pg.url,
             CONSPO_BROKER_URL=REDIS,
             CONSPO_QUEUE=f"bench_{uuid.uuid4().hex[:6]}",
-            CONSPO_STREAM_POLL_S="1.0",
-            CONSPO_STREAM_KEEPALIVE_S="15",
             CONSPO_STREAM_MAX_PER_CLIENT=str(args.streams + 10),
-            **dict(kv.split("=", 1) for kv in args.env),
         )
+        for name in ("CONSPO_STREAM_POLL_S", "CONSPO_STREAM_KEEPALIVE_S"):  # the defaults
+            env.pop(name, None)
+        env.update(dict(kv.split("=", 1) for kv in args.env))
         token = migrate_and_create_token(env, "bench")
-        proc, url = start_server(env, data / "server.log", args.workers)
+        counts = data / "statements.json" if args.workers == 1 else None
+        proc, url = start_server(env, data / "server.log", args.workers, counts)
         try:
-            asyncio.run(load(url, token, args, pg, proc.pid))
+            asyncio.run(load(url, token, args, pg, proc.pid, counts))
         finally:
             stop(proc)
             log_tail = (data / "server.log").read_text(errors="replace").splitlines()[-5:]

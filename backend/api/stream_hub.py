@@ -3,11 +3,15 @@
 A stream that polled for itself cost a query per stream and period, and held its request's
 connection (and transaction) for its whole life: 31 streams exhausted the pool. Here:
 
-* A run stream *watches* its run. Once a period the hub reads every watched run in one query
-  and wakes the streams of the runs whose write sequence or state moved. A woken stream asks
-  for its new points through :meth:`StreamHub.points`, which shares one read (and its JSON)
-  among the streams at the same cursor: all those following a live run read its new points once.
-* ``/stream/runs`` streams read the hub's log of changed runs, filled by one query a period.
+* A run stream *watches* its run. Once a period the hub reads a few columns of every watched
+  run in one query (its write sequence, state and step: :data:`ROW_KEY`) and reads in full,
+  and wakes the streams of, only the runs whose columns moved. A woken stream asks for its new
+  points through :meth:`StreamHub.points`, which shares one read (and its JSON) among the
+  streams at the same cursor: all those following a live run read its new points once.
+* ``/stream/runs`` streams read the hub's log of changed runs, filled by one query a period
+  (of the columns the list shows, :data:`RUNS_LIST_FIELDS`; the changed runs read in full).
+* So a period that finds nothing new costs one or two small queries and no serialisation,
+  whatever the number of streams and runs: a short period stays cheap.
 * Every read runs in a worker thread in a short session of its own, at most
   ``stream_db_connections`` at a time: no stream holds a connection between polls, and streams
   cannot take the connections normal requests need.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -33,11 +37,12 @@ import anyio
 from pydantic_core import to_json
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 from sse_starlette import ServerSentEvent
 
 from backend.config import Settings
 from backend.db import Database
-from backend.models import FINISHED, Run, utcnow
+from backend.models import FINISHED, Run, RunStatus, utcnow
 from backend.scheduling import Cluster
 from backend.schemas import run_out
 from backend.storage.stream import StreamChunk, StreamCursor, query_new_points
@@ -48,6 +53,9 @@ T = TypeVar("T")
 
 STATUS_FIELDS = ("status", "cancel_requested", "error", "finished_at", "worker_host", "attempt")
 RUNS_LIST_FIELDS = ("status", "step", "cancel_requested", "error")
+# The columns a poll reads of each watched run; the row is read in full when one moved.
+ROW_KEY = ("write_seq", "updated_at", "step", *STATUS_FIELDS)
+UNREAD: tuple[Any, ...] = ()  # the row key of a run not read yet (no real key is empty)
 CHUNKS_REMEMBERED = 64  # point reads kept per snapshot for streams that arrive at the same cursor
 RUNS_LOG_POLLS = 256  # polls of changed runs kept for /stream/runs streams that fall behind
 MIN_POLL_GAP_S = 0.02  # early polls (a stream of a run not yet watched) come at most this often
@@ -131,6 +139,7 @@ class RunWatch:
         self.run_id = run_id
         self.streams = 0
         self.snapshot: RunSnapshot | None = None  # None until the first poll reads it
+        self.row_key: tuple[Any, ...] | None = UNREAD  # as last read; None: deleted
         self.version = 0  # bumped when the wake key changes
         self._changed = asyncio.Event()
 
@@ -256,6 +265,10 @@ class StreamHub:
     def open_streams(self) -> int:
         return self._open_total
 
+    @property
+    def runs_watched(self) -> int:
+        return len(self._watches)
+
     # --- subscriptions --------------------------------------------------------------------
 
     @asynccontextmanager
@@ -324,26 +337,28 @@ class StreamHub:
         # finds the task done and starts another.
 
     async def _poll_once(self) -> None:
-        ids = list(self._watches)
+        known = {run_id: watch.row_key for run_id, watch in self._watches.items()}
         since = self._runs_window_start() if self.runs_listeners else None
         started = utcnow()
         try:
-            rows, changed = await self._in_thread(_read_runs, self._db, self._settings, ids, since)
+            read = await self._in_thread(
+                _read_runs, self._db, self._settings, known, since, self._runs_seen
+            )
         except SQLAlchemyError as exc:
             log.warning("live streams: poll failed, retrying next period: %s", exc)
             return
         except Exception:  # the poller must outlive any one bad poll: every stream waits on it
             log.exception("live streams: poll failed, retrying next period")
             return
-        for run_id in ids:
+        for run_id, (key, run) in read.watched.items():
             watch = self._watches.get(run_id)
             if watch is not None:
-                run = rows.get(run_id)
+                watch.row_key = key
                 seq = run.pop("write_seq") if run is not None else -1
                 watch.publish(RunSnapshot(run_id, run, seq))
         if since is not None:
             self._runs_since = started
-            self._publish_changed_runs(changed)
+            self._publish_changed_runs(read.signatures, read.listed)
 
     def _runs_window_start(self) -> datetime:
         # Rows updated in an overlapping window are compared with what was last seen, so
@@ -351,15 +366,18 @@ class StreamHub:
         overlap = timedelta(seconds=max(10.0, 5 * self._settings.stream_poll_s))
         return (self._runs_since or utcnow()) - overlap
 
-    def _publish_changed_runs(self, runs: list[dict[str, Any]]) -> None:
-        signatures = {run["id"]: tuple(run[f] for f in RUNS_LIST_FIELDS) for run in runs}
+    def _publish_changed_runs(
+        self, signatures: dict[int, tuple[Any, ...]], runs: dict[int, dict[str, Any]]
+    ) -> None:
+        """``signatures``: the list's columns of each run in the window, by update time;
+        ``runs``: those whose signature differs from the last poll's, in full."""
         seen, self._runs_seen = self._runs_seen, signatures  # runs out of the window: forgotten
         if seen is None:
             return  # the baseline: only later changes are events
         changed = [
-            (run["id"], sse_frame("run", str(run["id"]), run))  # once for every listener
-            for run in runs
-            if seen.get(run["id"]) != signatures[run["id"]]
+            (run_id, sse_frame("run", str(run_id), runs[run_id]))  # once for every listener
+            for run_id, signature in signatures.items()
+            if seen.get(run_id) != signature and run_id in runs
         ]
         if changed:
             self.runs_generation += 1
@@ -387,20 +405,84 @@ def _read_points(db: Database, run_id: int, cursor: StreamCursor) -> SharedChunk
         return SharedChunk.read(query_new_points(session, run_id, cursor))
 
 
+@dataclass
+class PollRead:
+    """What one poll read (see :func:`_read_runs`)."""
+
+    # watched runs whose row key moved: (new key, the run with its write_seq); (None, None)
+    # when deleted
+    watched: dict[int, tuple[tuple[Any, ...] | None, dict[str, Any] | None]]
+    signatures: dict[int, tuple[Any, ...]]  # RUNS_LIST_FIELDS of the runs in the window
+    listed: dict[int, dict[str, Any]]  # the runs whose signature moved, in full
+
+
 def _read_runs(
-    db: Database, settings: Settings, ids: Sequence[int], since: datetime | None
-) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
-    """The watched runs by id (with their ``write_seq``), and the runs updated since ``since``
-    (none when it is None), in one short session."""
-    rows: dict[int, dict[str, Any]] = {}
+    db: Database,
+    settings: Settings,
+    known: dict[int, tuple[Any, ...] | None],
+    since: datetime | None,
+    seen: dict[int, tuple[Any, ...]] | None,
+) -> PollRead:
+    """In one short session: the row key of every watched run (``known``: as last read), and
+    the list's columns of the runs updated since ``since`` (none when it is None; ``seen``: as
+    last read, None for none); then, in full, only the runs whose columns moved."""
     with db.session() as session:
-        cluster = Cluster.load(session, settings)  # queued runs say why they wait
+        keys: dict[int, tuple[Any, ...]] = {}
+        ids = list(known)
+        columns = [getattr(Run, name) for name in ROW_KEY]
         for start in range(0, len(ids), IDS_PER_QUERY):
             batch = ids[start : start + IDS_PER_QUERY]
-            for run in session.scalars(select(Run).where(Run.id.in_(batch))).unique():
-                rows[run.id] = {**run_out(run, cluster), "write_seq": run.write_seq}
-        changed: list[dict[str, Any]] = []
+            for row in session.execute(select(Run.id, *columns).where(Run.id.in_(batch))):
+                keys[row[0]] = tuple(row[1:])
+        moved = [run_id for run_id in ids if keys.get(run_id) != known[run_id]]
+        signatures: dict[int, tuple[Any, ...]] = {}
         if since is not None:
-            query = select(Run).where(Run.updated_at >= since).order_by(Run.updated_at)
-            changed = [run_out(r, cluster) for r in session.scalars(query).unique()]
-    return rows, changed
+            list_columns = [getattr(Run, name) for name in RUNS_LIST_FIELDS]
+            query = select(Run.id, *list_columns).where(Run.updated_at >= since)
+            query = query.order_by(Run.updated_at)
+            signatures = {row[0]: tuple(row[1:]) for row in session.execute(query)}
+        relisted = [] if seen is None else [i for i, s in signatures.items() if seen.get(i) != s]
+        runs = _full_runs(session, settings, {*(i for i in moved if i in keys), *relisted})
+    watched: dict[int, tuple[tuple[Any, ...] | None, dict[str, Any] | None]] = {}
+    for run_id in moved:
+        full = runs.get(run_id)
+        watched[run_id] = (None, None) if full is None else (full.key, full.with_write_seq())
+    listed: dict[int, dict[str, Any]] = {}
+    for run_id in relisted:
+        if (full := runs.get(run_id)) is not None:
+            listed[run_id] = full.out
+            signatures[run_id] = full.signature  # as sent: a later poll compares with it
+    return PollRead(watched, signatures, listed)
+
+
+@dataclass(frozen=True)
+class FullRun:
+    key: tuple[Any, ...]  # ROW_KEY
+    signature: tuple[Any, ...]  # RUNS_LIST_FIELDS
+    out: dict[str, Any]  # as the API shows it
+    write_seq: int
+
+    def with_write_seq(self) -> dict[str, Any]:
+        return {**self.out, "write_seq": self.write_seq}
+
+
+def _full_runs(session: Session, settings: Settings, ids: set[int]) -> dict[int, FullRun]:
+    out: dict[int, FullRun] = {}
+    if not ids:
+        return out
+    ordered = sorted(ids)
+    rows: list[Run] = []
+    for start in range(0, len(ordered), IDS_PER_QUERY):
+        batch = ordered[start : start + IDS_PER_QUERY]
+        rows += session.scalars(select(Run).where(Run.id.in_(batch))).unique()
+    # Queued runs say why they wait: the live workers are read only when one is shown.
+    waiting = any(run.status == RunStatus.queued and not run.external for run in rows)
+    cluster = Cluster.load(session, settings) if waiting else None
+    for run in rows:
+        out[run.id] = FullRun(
+            tuple(getattr(run, name) for name in ROW_KEY),
+            tuple(getattr(run, name) for name in RUNS_LIST_FIELDS),
+            run_out(run, cluster),
+            run.write_seq,
+        )
+    return out

@@ -9,7 +9,10 @@ and serves ten times as many streams while other requests still answer.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import socket
+import termios
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -88,9 +91,19 @@ def server_env(settings: Settings, data: Path, **extra: str) -> dict[str, str]:
 
 
 def serve(settings: Settings, data: Path, scenario: Callable[[str], Awaitable[None]], **env: str):  # type: ignore[no-untyped-def]
+    serve_process(settings, data, lambda url, _pid: scenario(url), **env)
+
+
+def serve_process(
+    settings: Settings,
+    data: Path,
+    scenario: Callable[[str, int], Awaitable[None]],
+    **env: str,
+) -> None:
+    """Like ``serve``; the scenario also gets the server's process id."""
     proc, url = start_api(server_env(settings, data, **env), data / "server.log", PORTS)
     try:
-        run_async(scenario(url))
+        run_async(scenario(url, proc.pid))
     finally:
         stop(proc)
 
@@ -256,3 +269,148 @@ def test_a_burst_larger_than_the_pool_is_served_not_stalled(
         CONSPO_DB_POOL_TIMEOUT_S="60",  # generous: a loaded CI box must not see a 503 here
         CONSPO_REQUEST_TIMEOUT_S="0",
     )
+
+
+# --- hostile clients ------------------------------------------------------------------------
+
+# Long keys make every frame large for few points written: a step of these is ~0.5 MB of SSE.
+WIDE_KEYS = [f"wide/{i:04d}_" + "k" * 180 for i in range(2000)]
+
+
+async def live_streams(client: httpx.AsyncClient) -> dict[str, int]:
+    return (await client.get("/api/health")).json()["live_streams"]  # type: ignore[no-any-return]
+
+
+def open_stalled_stream(url: str, path: str) -> socket.socket:
+    """A client that sends its request and then never reads: a receive buffer of a few KiB,
+    so the server's sends back up once the kernel's buffers between them are full."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: sets the window
+    sock.connect((host, int(port)))
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    return sock
+
+
+class Follower:
+    """A client that reads a run's stream as fast as it comes, keeping only the highest step
+    and the bytes received (so the test's memory does not grow with the stream)."""
+
+    def __init__(self, client: httpx.AsyncClient, path: str) -> None:
+        self.step_max = -1
+        self.bytes = 0
+        self.task = asyncio.create_task(self._read(client, path))
+
+    async def _read(self, client: httpx.AsyncClient, path: str) -> None:
+        async with client.stream("GET", path) as response:
+            assert response.status_code == 200
+            event = None
+            async for line in response.aiter_lines():
+                self.bytes += len(line) + 1
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and event == "metrics":
+                    step_max = json.loads(line.split(":", 1)[1])["step_max"]
+                    self.step_max = max(self.step_max, step_max)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def test_a_client_that_never_reads_grows_no_memory_and_stalls_no_one(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    """A stream whose client stops reading waits on its own socket: it neither queues what it
+    cannot send (a fast reader of the same run receives ~20 MB meanwhile and the server's memory
+    grows by a fraction of that) nor delays the others. Closing it frees its slot."""
+    import psutil
+
+    run = api.external()
+    path = f"/api/runs/{run['id']}/stream"
+
+    def log_wide_step(step: int) -> None:
+        body = {"steps": [{"step": step, "metrics": {k: step + 0.5 for k in WIDE_KEYS}}]}
+        assert api.post(f"/api/runs/{run['id']}/log", json=body).status_code == 200
+
+    async def scenario(url: str, pid: int) -> None:
+        server = psutil.Process(pid)
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=None)) as client:
+            stalled = open_stalled_stream(url, path)
+            reader = Follower(client, path)
+            await until_async(lambda: live_streams(client), lambda s: s["open"] == 2, "2 streams")
+
+            async def step(n: int) -> None:
+                await asyncio.to_thread(log_wide_step, n)
+                await until(lambda: reader.step_max >= n, 60, f"step {n} on the reading stream")
+
+            for n in range(1, 6):  # enough for the stalled client's buffers to fill
+                await step(n)
+            rss_before, sent_before = server.memory_info().rss, reader.bytes
+            for n in range(6, 46):
+                await step(n)
+            sent = reader.bytes - sent_before
+            grown = server.memory_info().rss - rss_before
+            assert sent > 15e6, f"only {sent / 1e6:.1f} MB were streamed: the test proves nothing"
+            assert grown < sent / 3, (
+                f"the server grew by {grown / 1e6:.1f} MB while {sent / 1e6:.1f} MB were "
+                "streamed to a client that reads and withheld from one that does not"
+            )
+            unread = fcntl.ioctl(stalled.fileno(), termios.FIONREAD, bytes(4))
+            assert int.from_bytes(unread, "little") > 0  # it was sent data it never read
+            stalled.close()
+            await until_async(lambda: live_streams(client), lambda s: s["open"] == 1, "1 stream")
+            await reader.close()
+            await until_async(
+                lambda: live_streams(client),
+                lambda s: s == {"open": 0, "runs_watched": 0},
+                "no stream and no watched run",
+            )
+
+    serve_process(settings, tmp_path, scenario)
+
+
+def test_a_client_dropping_mid_stream_frees_its_slot_and_its_subscription(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    """Clients that go away while their history is being sent (several chunks of it), or while
+    they wait for news, leave nothing behind: no open stream, no watched run."""
+    history, idle = api.external(), api.external()
+    for first in range(0, 6000, 2000):  # 30,000 points in writes of 10,000
+        log = [
+            {"step": s, "metrics": {f"k{i}": 0.5 for i in range(5)}}
+            for s in range(first, first + 2000)
+        ]
+        assert api.post(f"/api/runs/{history['id']}/log", json={"steps": log}).status_code == 200
+
+    async def scenario(url: str, _pid: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=None)) as client:
+            waiting = Stream(client, f"/api/runs/{idle['id']}/stream", {})
+            await until(lambda: waiting.got("status"), 60, "the idle run's status")
+            for _ in range(3):
+                async with client.stream("GET", f"/api/runs/{history['id']}/stream") as r:
+                    assert r.status_code == 200
+                    async for chunk in r.aiter_bytes():
+                        if b"event: metrics" in chunk:
+                            break  # mid-history: 30,000 points take several events
+            assert (await live_streams(client))["runs_watched"] >= 1
+            await waiting.close()
+            await until_async(
+                lambda: live_streams(client),
+                lambda s: s == {"open": 0, "runs_watched": 0},
+                "no stream and no watched run",
+            )
+
+    serve_process(settings, tmp_path, scenario)
+
+
+async def until_async(
+    probe: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool], what: str, timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok(value := await probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {value}")
+        await asyncio.sleep(0.2)

@@ -175,3 +175,58 @@ def test_steps_logged_through_the_worker_sink_reach_a_live_stream(
         sink.flush()  # every logged step is stored, the buffered tail included
     finally:
         db.dispose()
+
+
+def test_a_poll_that_finds_nothing_new_reads_a_few_columns_only(
+    api: Api, settings: Settings
+) -> None:
+    """What keeps a short poll period cheap: while nothing changes, each poll is one query of a
+    few columns of the watched runs and one of the runs-list window; no run is read whole (no
+    ``config`` column), no worker list; and a change reads only the run that moved."""
+    from backend.api.routes.stream import _runs_events
+
+    quiet, moving = api.external(), api.external()
+    fast = settings.model_copy(update={"stream_poll_s": 0.1})
+    db = Database(fast)
+    statements: list[str] = []
+    event.listen(db.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+
+    async def scenario() -> tuple[list[str], list[str], list[tuple[str, Any]]]:
+        hub = StreamHub(db, fast)
+        events: list[tuple[str, Any]] = []
+
+        async def follow(run_id: int) -> None:
+            async for frame in _run_events(hub, fast, run_id, StreamCursor()):
+                events.append((str(run_id), parse_frame(frame)))
+
+        async def listen() -> None:
+            async for frame in _runs_events(hub):
+                events.append(("list", parse_frame(frame)))
+
+        tasks = [asyncio.create_task(follow(r["id"])) for r in (quiet, moving) for _ in range(5)]
+        tasks.append(asyncio.create_task(listen()))
+        await until(lambda: len(events) == 10 and hub._runs_seen is not None, 60, "baselines")
+        del statements[:]
+        await asyncio.sleep(10 * fast.stream_poll_s)
+        idle = list(statements)
+        del statements[:]
+        await asyncio.to_thread(log_points, api, moving["id"], range(1, 2))
+        await until(lambda: sum(e[0] == "list" for e in events) == 1, 60, "the list's event")
+        await until(lambda: sum(e[0] == str(moving["id"]) for e in events) == 10, 60, "metrics")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return idle, list(statements), events
+
+    try:
+        idle, after_change, events = run_async(scenario())
+    finally:
+        db.dispose()
+    assert 5 <= len(idle) <= 2 * 11, idle  # two a poll, ~10 polls
+    assert not [s for s in idle if "config" in s or "FROM workers" in s], idle
+    whole = [s for s in after_change if "runs.config" in s]
+    # the moved run, once for its 5 streams and the list (twice if the write fell between the
+    # poll's two queries)
+    assert 1 <= len(whole) <= 2, after_change
+    assert not [s for s in after_change if "FROM workers" in s]  # no queued run shown
+    assert not any(name == str(quiet["id"]) for name, _ in events[10:])

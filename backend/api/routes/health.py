@@ -1,4 +1,5 @@
-"""Health: database and broker reachability, live workers, stranded runs, mode, version.
+"""Health: database and broker reachability, live workers, stranded runs, mode, version, and
+the live streams open on the answering process.
 
 ``down`` (HTTP 503, so a container healthcheck fails) when the database or the broker cannot be
 reached; ``degraded`` (200: the API still serves) when runs cannot make progress: queued runs
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Response, status
 from sqlalchemy import func, select, text
 
 from backend import lifecycle, liveness
-from backend.api.deps import CeleryDep, DatabaseDep, JobsDep, SettingsDep
+from backend.api.deps import CeleryDep, DatabaseDep, JobsDep, SettingsDep, StreamHubDep
 from backend.config import VERSION, Settings
 from backend.db import Database
 from backend.models import Run, RunStatus, Worker, utcnow
@@ -92,7 +93,12 @@ def _degraded(settings: Settings, work: Work) -> list[str]:
     responses={503: {"model": Health, "description": "The database or the broker is down."}},
 )
 def health(
-    db: DatabaseDep, celery: CeleryDep, jobs: JobsDep, settings: SettingsDep, response: Response
+    db: DatabaseDep,
+    celery: CeleryDep,
+    jobs: JobsDep,
+    settings: SettingsDep,
+    hub: StreamHubDep,
+    response: Response,
 ) -> dict[str, Any]:
     checks = {"database": _probe(lambda: _ping_database(db)), "broker": _probe(_pinger(celery))}
     down = [f"{name} {state}" for name, state in checks.items() if state != "ok"]
@@ -113,6 +119,7 @@ def health(
         "workers": [_worker_out(w) for w in work.workers],
         "stranded_runs": work.stranded,
         "reasons": reasons,
+        "live_streams": {"open": hub.open_streams, "runs_watched": hub.runs_watched},
     }
 
 
