@@ -229,7 +229,9 @@ class DecodeLoop:
             values[:, :, column] = v.view(n, self.kv_heads, self.head_dim)
             q = self._rotate(q.view(n, self.heads, self.head_dim), cos, sin)
             q = q.view(n, self.kv_heads, group, self.head_dim)  # heads sharing a k/v head
-            scores = torch.matmul(q, keys[:, :, :live].transpose(-1, -2))  # (N, KV, G, live)
+            # keys @ q rather than q @ keys^T: on a CPU the bfloat16 batched matmul copies a
+            # transposed strided operand (the live slice of the buffer) every call
+            scores = torch.matmul(keys[:, :, :live], q.transpose(-1, -2)).transpose(-1, -2)
             probs = torch.softmax(scores.float() * self.scaling + bias, dim=-1).to(self.compute)
             attended = torch.matmul(probs, values[:, :, :live]).reshape(n, -1)
             x = x + F.linear(attended, *layer.out)
