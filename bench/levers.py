@@ -25,10 +25,10 @@ draw, so every variant decodes the same number of tokens):
   matmul per token
 
 Training variants: the forward + backward of the token log-probs over the same rollouts, float32
-and bfloat16 autocast, each as shipped (at this shape, on a CPU: transformers' ``eager``
-attention, explicit matmuls and softmax; ``conspo.forward.EAGER_ATTENTION_BYTES``) and with
-transformers' default ``sdpa`` (the CPU flash-attention kernel); with the max |Δ log-prob| of
-bf16 against fp32.
+and bfloat16 autocast, each as shipped (float32: transformers' default ``sdpa``, the CPU
+flash-attention kernel; bf16 at this shape: its ``eager`` attention, explicit matmuls and a
+softmax, ``conspo.forward.EAGER_ATTENTION_BYTES``) and with the other attention forced; with
+the max |Δ log-prob| of bf16 against fp32.
 
 Tried and left out (not in the table): ``torch.compile`` of ``DecodeLoop.step`` (inductor, CPU):
 the first call took ~100 s of CPU and it recompiled for every token position (the position is
@@ -147,27 +147,31 @@ def main() -> None:
         for name in ("hf static", "loop")
     }
 
-    def train_pass(bf16: bool, eager: bool) -> Callable[[], torch.Tensor]:
+    def train_pass(bf16: bool, attention: str) -> Callable[[], torch.Tensor]:
+        """``attention``: "shipped" (sdpa in float32; eager under bf16 autocast at this shape,
+        ``conspo.forward.EAGER_ATTENTION_BYTES``), or "sdpa" / "eager" forced."""
+
         def run() -> torch.Tensor:
-            # the default switches to eager attention at this shape (EAGER_ATTENTION_BYTES);
-            # a budget of 0 keeps transformers' sdpa
-            conspo.forward.EAGER_ATTENTION_BYTES = eager_budget if eager else 0
+            if attention != "shipped":
+                conspo.forward.EAGER_ATTENTION_BYTES = 0  # no automatic switch
+                model.set_attn_implementation(attention)
             model.zero_grad(set_to_none=True)
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
             with ctx:
                 lp, _ = token_logprobs(model, batch, 1.0, group_size=GROUP)
             lp.float().mean().backward()
             conspo.forward.EAGER_ATTENTION_BYTES = eager_budget
+            model.set_attn_implementation("sdpa")
             return lp.detach().float()
 
         return run
 
     eager_budget = conspo.forward.EAGER_ATTENTION_BYTES
     training = {
-        "train fp32 sdpa": train_pass(False, False),
-        "train fp32": train_pass(False, True),
-        "train bf16 sdpa": train_pass(True, False),
-        "train bf16": train_pass(True, True),
+        "train fp32": train_pass(False, "shipped"),
+        "train fp32 eager": train_pass(False, "eager"),
+        "train bf16 sdpa": train_pass(True, "sdpa"),
+        "train bf16": train_pass(True, "shipped"),
     }
     with torch.no_grad():
         lp32 = token_logprobs(model, batch, 1.0, group_size=GROUP)[0]
@@ -199,7 +203,7 @@ def main() -> None:
     print("matmul ceiling GFLOP/s at the model's shapes: "
           + ", ".join(f"{k} {v:.0f}" for k, v in ceiling.items()))  # fmt: skip
     base_cpu = {"sample": statistics.median(c for c, _ in times["hf"]),
-                "train": statistics.median(c for c, _ in times["train fp32 sdpa"])}  # fmt: skip
+                "train": statistics.median(c for c, _ in times["train fp32"])}  # fmt: skip
     print(f"{'variant':<15} {'CPU min':>8} {'CPU med':>8} {'wall min':>8} {'wall med':>8} "
           f"{'ms/token':>8} {'speed-up':>8} {'of ceiling':>10}")  # fmt: skip
     for name, ts in times.items():

@@ -230,20 +230,21 @@ def token_logprobs(
 
 
 # Eager attention (explicit matmuls and a softmax) beats the CPU flash-attention kernel of
-# ``sdpa`` on short sequences: bench/levers.py measured the training forward + backward at shape
-# (b) (64 rows x ~134 positions, ~10M parameters) 6% faster in float32 and 14% under bfloat16
-# autocast. It keeps every layer's (rows, heads, T, T) attention probabilities for the backward
-# (~8 bytes an entry: the float32 softmax and its cast), so it is used on a CPU only while all
-# layers' stay under this many bytes (shape b: ~220 MB).
+# ``sdpa`` on short sequences in half precision: bench/levers.py measured the training forward +
+# backward at shape (b) (64 rows x ~138 positions, ~10M parameters) 13% faster under bfloat16
+# autocast, and 5% slower in float32 (which keeps sdpa). It keeps every layer's (rows, heads,
+# T, T) attention probabilities for the backward (~8 bytes an entry: the float32 softmax and
+# its cast), so it is used on a CPU only while all layers' stay under this many bytes (shape b:
+# ~220 MB).
 EAGER_ATTENTION_BYTES = 256 * 2**20
 
 
 @contextmanager
 def _short_sequence_attention(model: nn.Module, batch: RolloutBatch) -> Iterator[None]:
-    """Run the enclosed forward with eager attention where that is faster (see
-    EAGER_ATTENTION_BYTES), then restore ``sdpa``. Models on another attention, on an
-    accelerator, or recomputing checkpointed layers in the backward (which must replay the
-    forward's own attention) keep theirs."""
+    """Run the enclosed forward with eager attention where that is faster (half precision on a
+    CPU, see EAGER_ATTENTION_BYTES), then restore ``sdpa``. Models on another attention, on an
+    accelerator, in float32, or recomputing checkpointed layers in the backward (which must
+    replay the forward's own attention) keep theirs."""
     config = getattr(model, "config", None)
     switch = getattr(model, "set_attn_implementation", None)
     if config is None or switch is None or getattr(config, "_attn_implementation", None) != "sdpa":
@@ -253,8 +254,10 @@ def _short_sequence_attention(model: nn.Module, batch: RolloutBatch) -> Iterator
     heads = getattr(config, "num_attention_heads", 0)
     layers = getattr(config, "num_hidden_layers", 0)
     probabilities = n * heads * length * length * 8 * layers
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    if not on_cpu or probabilities > EAGER_ATTENTION_BYTES or _drops_cache(model):
+    weights = next(model.parameters())
+    on_cpu = weights.device.type == "cpu"
+    half = torch.is_autocast_enabled("cpu") or weights.dtype in (torch.bfloat16, torch.float16)
+    if not (on_cpu and half) or probabilities > EAGER_ATTENTION_BYTES or _drops_cache(model):
         yield
         return
     switch("eager")

@@ -93,11 +93,8 @@ def test_shared_prompt_forward_matches_the_full_forward_in_values_and_gradients(
     m = out.response_mask.bool()
     torch.testing.assert_close(shared[m], full[m], atol=1e-5, rtol=1e-5)
     assert len(full_grads) == len(shared_grads)
-    # float32 rounding of sums over every position: absolute error grows with the gradient's
-    # scale (the largest entries are ~30 here), so the bound does too
-    atol = 5e-6 * max(float(g.abs().max()) for g in full_grads)
     for a, b in zip(full_grads, shared_grads, strict=True):
-        torch.testing.assert_close(b, a, atol=atol, rtol=1e-4)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
 def plain_logprobs(model, out, temperature):
@@ -172,10 +169,13 @@ def test_logprob_passes_run_without_dropout(policy, prompts):
     assert torch.equal(token_logprobs(model, out, 1.0)[0][m].detach(), again.detach())
 
 
-def test_short_sequence_attention_is_eager_and_changes_nothing(policy, prompts, monkeypatch):
-    """On a CPU the training forward of a short batch runs transformers' eager attention
-    (faster than the flash kernel there, bench/levers.py): the same log-probs and gradients as
-    sdpa, the model's own attention restored afterwards, and sdpa kept above the byte budget."""
+def test_short_sequence_attention_is_eager_under_bf16_on_a_cpu(policy, prompts, monkeypatch):
+    """On a CPU, the training forward of a short batch under bfloat16 autocast runs
+    transformers' eager attention (faster than the flash kernel there, bench/levers.py): log-probs
+    and gradients as near sdpa's as two bf16 roundings are, the model's own attention restored
+    afterwards; float32, and a batch over the byte budget, keep sdpa."""
+    import contextlib
+
     import conspo.forward
 
     model, tok = policy
@@ -187,25 +187,27 @@ def test_short_sequence_attention_is_eager_and_changes_nothing(policy, prompts, 
     layer = model.model.layers[0].self_attn
     hook = layer.register_forward_hook(lambda *_: seen.append(model.config._attn_implementation))
 
-    def value_and_grads():
+    def value_and_grads(bf16: bool):
+        seen.clear()
         model.zero_grad(set_to_none=True)
-        logprobs, _ = token_logprobs(model, out, temperature=1.0, group_size=g)
-        (logprobs * out.response_mask).sum().backward()
-        return logprobs.detach(), [p.grad.clone() for p in model.parameters()]
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            logprobs, _ = token_logprobs(model, out, temperature=1.0, group_size=g)
+        (logprobs.float() * out.response_mask).sum().backward()
+        assert model.config._attn_implementation == "sdpa"  # restored
+        return logprobs.detach().float(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
     try:
-        assert model.config._attn_implementation == "sdpa"
-        eager, eager_grads = value_and_grads()
-        assert set(seen) == {"eager"} and model.config._attn_implementation == "sdpa"
-        seen.clear()
+        value_and_grads(bf16=False)
+        assert set(seen) == {"sdpa"}
+        eager, eager_grads = value_and_grads(bf16=True)
+        assert set(seen) == {"eager"}
         monkeypatch.setattr(conspo.forward, "EAGER_ATTENTION_BYTES", 0)
-        flash, flash_grads = value_and_grads()
+        flash, flash_grads = value_and_grads(bf16=True)
         assert set(seen) == {"sdpa"}
     finally:
         hook.remove()
         model.zero_grad(set_to_none=True)
     m = out.response_mask.bool()
-    torch.testing.assert_close(eager[m], flash[m], atol=1e-5, rtol=1e-5)
-    atol = 5e-6 * max(float(g.abs().max()) for g in flash_grads)  # rounding, as above
-    for a, b in zip(eager_grads, flash_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=atol, rtol=1e-4)
+    assert (eager[m] - flash[m]).abs().max() < 0.05  # nats: bf16 roundings of one function
+    assert (eager_grads - flash_grads).norm() < 0.05 * flash_grads.norm()
