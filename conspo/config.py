@@ -192,9 +192,10 @@ class ModelConfig(_Section):
         "auto",
         description="Compute dtype. auto: bfloat16 on CUDA, float32 on CPU. float16 always trains"
         " float32 master weights under autocast with loss scaling. On a CPU with bfloat16 matmuls,"
-        " bfloat16 with mixed_precision on ran the training forward+backward ~2.7x faster than"
-        " float32 (decoding about the same; token log-probs within ~0.015 nats:"
-        " bench/levers.py), so it is worth choosing there; auto stays float32 on CPU.",
+        " bfloat16 with mixed_precision on ran the training forward+backward ~2.0x faster than"
+        " float32 and decoding ~1.6x (token log-probs within ~0.017 nats: bench/levers.py), and"
+        " a whole GRPO step ~1.9x (bench/throughput.py), so it is worth choosing there; auto"
+        " stays float32 on CPU.",
     )
     mixed_precision: bool = Field(
         False,
