@@ -363,11 +363,7 @@ def test_a_client_that_never_reads_grows_no_memory_and_stalls_no_one(
             stalled.close()
             await until_async(lambda: live_streams(client), lambda s: s["open"] == 1, "1 stream")
             await reader.close()
-            await until_async(
-                lambda: live_streams(client),
-                lambda s: s == {"open": 0, "runs_watched": 0},
-                "no stream and no watched run",
-            )
+            await until_no_streams(client)
 
     serve_process(settings, tmp_path, scenario)
 
@@ -397,13 +393,18 @@ def test_a_client_dropping_mid_stream_frees_its_slot_and_its_subscription(
                             break  # mid-history: 30,000 points take several events
             assert (await live_streams(client))["runs_watched"] >= 1
             await waiting.close()
-            await until_async(
-                lambda: live_streams(client),
-                lambda s: s == {"open": 0, "runs_watched": 0},
-                "no stream and no watched run",
-            )
+            await until_no_streams(client)
 
     serve_process(settings, tmp_path, scenario)
+
+
+async def until_no_streams(client: httpx.AsyncClient) -> None:
+    """Wait until the server holds no open stream and watches no run."""
+    await until_async(
+        lambda: live_streams(client),
+        lambda s: s == {"open": 0, "runs_watched": 0},
+        "no stream and no watched run",
+    )
 
 
 async def until_async(
