@@ -140,7 +140,12 @@ def sample(
     attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
     attn[:, :p] = prompt_mask
     g = group_size if group_size > 1 and n % group_size == 0 else 1
-    loop = decode_loop and not static_cache and DecodeLoop.supports(model, p + max_new_tokens)
+    loop = (
+        decode_loop
+        and not static_cache
+        and max_new_tokens > 1  # one token is the prefill's alone
+        and DecodeLoop.supports(model, p + max_new_tokens)
+    )
     state = prefill(model, prompt_ids, prompt_mask, g, p + max_new_tokens if static_cache else None)
     logits = state.logits  # (N, V)
     if loop:
