@@ -111,8 +111,10 @@ def test_models_the_loop_does_not_reproduce_are_refused():
                                          head_dim=16)).eval()  # fmt: skip
     assert not DecodeLoop.supports(qwen3, 64)
     # a sliding window the sequence reaches
-    windowed = MistralForCausalLM(MistralConfig(**DIMS, num_attention_heads=4,
-                                                num_key_value_heads=2, sliding_window=32))  # fmt: skip
+    windowed = MistralConfig(
+        **DIMS, num_attention_heads=4, num_key_value_heads=2, sliding_window=32
+    )
+    windowed = MistralForCausalLM(windowed)
     assert DecodeLoop.supports(windowed.eval(), 32) and not DecodeLoop.supports(windowed, 33)
     # another activation
     gelu = LlamaForCausalLM(LlamaConfig(**DIMS, num_attention_heads=4, hidden_act="gelu"))
