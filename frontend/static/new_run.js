@@ -732,6 +732,7 @@ async function refreshEstimate() {
     problem = err instanceof ApiError && err.status === 422 ? "fix the fields above to estimate" : errorText(err);
   }
   if (seq !== estimateSeq) return; // a later edit's answer wins
+  delete box.dataset.pending;
   box.classList.toggle("over", report?.fits === false);
   if (problem) {
     box.textContent = `Memory: ${problem}`;
@@ -749,8 +750,15 @@ async function refreshEstimate() {
 
 const refreshEstimateSoon = debounce(refreshEstimate, 300);
 
+/** The estimate shown is for an earlier form until the answer for this edit arrives (tests wait
+ * on ``data-pending``). */
+function markEstimateStale() {
+  $("#estimate").dataset.pending = "1";
+}
+
 function formChanged() {
   updatePreview();
+  markEstimateStale();
   refreshEstimateSoon();
 }
 
@@ -934,6 +942,7 @@ const baseOf = (m) => m.lineage[m.lineage.length - 1]?.base ?? presets.defaults.
 
 const form = $("#run-form");
 form.addEventListener("submit", submit);
+form.addEventListener("input", markEstimateStale);
 form.addEventListener("input", debounce(formChanged, 150));
 form.addEventListener("change", (ev) => {
   if (ev.target.id === "pipeline-mode") return setPipelineMode(ev.target.checked);

@@ -395,16 +395,19 @@ def test_form_submits_lora_a_benchmark_and_a_prompt_and_shows_the_estimate(
     page.wait_for_selector('[name="config.model.lora.rank"]')
     fill_small_run(page, "ui-lora-bench")  # opens Advanced
     estimate = page.locator("#estimate")
-    wait_until(page, lambda: "Memory ≈" in estimate.inner_text(), what="the memory estimate")
-    small = int(estimate.get_attribute("data-total-bytes"))
+
+    def settled_estimate() -> int | None:
+        """The estimate for the form as it is now (none while an edit's answer is pending)."""
+        if estimate.get_attribute("data-pending") or "Memory ≈" not in estimate.inner_text():
+            return None
+        return int(estimate.get_attribute("data-total-bytes"))
+
+    small = wait_until(page, settled_estimate, what="the memory estimate")
     page.fill('[name="config.sampling.group_size"]', "64")
-    wait_until(
-        page,
-        lambda: int(estimate.get_attribute("data-total-bytes") or 0) > small,
-        what="a larger estimate for G=64",
-    )
+    large = wait_until(page, settled_estimate, what="the estimate for G=64")
+    assert large > small
     page.fill('[name="config.sampling.group_size"]', "2")
-    wait_until(page, lambda: int(estimate.get_attribute("data-total-bytes") or 0) == small)
+    assert wait_until(page, settled_estimate, what="the estimate for G=2") == small
     assert "over" not in (estimate.get_attribute("class") or "")
 
     page.fill('[name="config.model.lora.rank"]', "8")
