@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,3 +318,23 @@ def shot() -> Callable[[Any, str], Path]:
         return path
 
     return take
+
+
+@contextmanager
+def offline_report(browser: Any, report: Path) -> Iterator[Any]:
+    """A page of a fresh browser context with the self-contained report at ``report`` opened
+    from file://. On leaving: it asked for nothing but its own file and raised no error."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        requests: list[str] = []
+        errors: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(report.as_uri())
+        yield page
+        assert [u for u in requests if u != report.as_uri()] == []
+        assert errors == []
+    finally:
+        context.close()

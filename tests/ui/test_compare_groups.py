@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.ui.conftest import fake_metrics
+from tests.ui.conftest import fake_metrics, offline_report
 from tests.ui.test_pages import wait_until
 
 pytestmark = pytest.mark.browser
@@ -39,15 +39,22 @@ def gap(algorithm: str, seed: int, step: int) -> float:
     return fake_metrics(step, OFFSETS[(algorithm, seed)])[KEY]
 
 
-def test_group_difference_is_paired_by_seed(
-    page: Any, ui_server: Any, four_runs: Any, shot: Any
-) -> None:
+def open_paired_comparison(page: Any, ui_server: Any, four_runs: Any) -> str:
+    """The compare page of all four runs grouped by algorithm against GRPO, once its difference
+    curve is drawn paired by seed; the run ids as the URL lists them."""
     ids = ",".join(str(i) for i in four_runs.values())
     page.goto(
         f"{ui_server.url}/compare?runs={ids}&keys={KEY}&group=algorithm&smooth=0"
         "&base=algorithm%3Dgrpo"
     )
     page.wait_for_selector('[data-pairing="paired"]')
+    return ids
+
+
+def test_group_difference_is_paired_by_seed(
+    page: Any, ui_server: Any, four_runs: Any, shot: Any
+) -> None:
+    open_paired_comparison(page, ui_server, four_runs)
     trace = wait_until(
         page,
         lambda: page.evaluate(
@@ -106,12 +113,7 @@ def test_unmatched_seeds_fall_back_to_welch(page: Any, ui_server: Any, four_runs
 def test_comparison_report_and_csv(
     page: Any, ui_server: Any, browser: Any, four_runs: Any, tmp_path: Any
 ) -> None:
-    ids = ",".join(str(i) for i in four_runs.values())
-    page.goto(
-        f"{ui_server.url}/compare?runs={ids}&keys={KEY}&group=algorithm&smooth=0"
-        "&base=algorithm%3Dgrpo"
-    )
-    page.wait_for_selector('[data-pairing="paired"]')
+    ids = open_paired_comparison(page, ui_server, four_runs)
     with page.expect_download() as pending:
         page.click("#report-html")
     report = tmp_path / "comparison.html"
@@ -132,20 +134,8 @@ def test_comparison_report_and_csv(
     bad = ui_server.http.get(f"/api/compare/objective.csv?runs={ids}&k=0")
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "k"]
 
-    context = browser.new_context()
-    try:
-        offline = context.new_page()
-        requests: list[str] = []
-        errors: list[str] = []
-        offline.on("request", lambda r: requests.append(r.url))
-        offline.on("pageerror", lambda exc: errors.append(str(exc)))
-        offline.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        offline.goto(report.as_uri())
+    with offline_report(browser, report) as offline:
         line = offline.wait_for_selector("#verdict .verdict-line").inner_text()
         assert line.startswith("algorithm=conspo − algorithm=grpo = "), line
         assert offline.locator("#pair-table tbody tr").count() == 1
         offline.wait_for_selector(f'.chart[data-key="{KEY}"] .main-svg')
-        assert [u for u in requests if u != report.as_uri()] == []
-        assert errors == []
-    finally:
-        context.close()

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.ui.conftest import offline_report
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,19 +76,7 @@ def test_study_page_and_offline_report(
 
     report = tmp_path / "report.html"
     report.write_text(ui_server.http.get(f"/api/studies/{study['id']}/report.html").text)
-    context = browser.new_context()
-    try:
-        offline = context.new_page()
-        requests: list[str] = []
-        errors: list[str] = []
-        offline.on("request", lambda r: requests.append(r.url))
-        offline.on("pageerror", lambda exc: errors.append(str(exc)))
-        offline.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        offline.goto(report.as_uri())
+    with offline_report(browser, report) as offline:
         line = offline.wait_for_selector("#verdict .verdict-line").inner_text()
         assert line == verdict
         offline.wait_for_selector('.chart[data-key="eval/accuracy"] .main-svg')
-        assert [u for u in requests if u != report.as_uri()] == []
-        assert errors == []
-    finally:
-        context.close()
