@@ -57,20 +57,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import conspo.forward  # noqa: E402
+from bench.throughput import MODEL_DIMS  # noqa: E402  (shape b's model: the same dims)
 from conspo.forward import token_logprobs  # noqa: E402
 from conspo.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from conspo.rollout import RolloutBatch, sample  # noqa: E402
 
-# Shape (b) of bench/throughput.py: ~9.5M parameters (head_dim 64).
-MODEL_DIMS = dict(
-    hidden_size=384,
-    intermediate_size=1536,
-    num_hidden_layers=4,
-    num_attention_heads=6,
-    num_key_value_heads=6,
-    max_position_embeddings=1024,
-    tie_word_embeddings=True,
-)
 GROUP = 8
 
 
