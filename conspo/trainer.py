@@ -86,7 +86,13 @@ from conspo.resources import (
     out_of_memory_message,
 )
 from conspo.rewards import RewardContext, WeightedReward, build_rewards, score_rollouts
-from conspo.rollout import RolloutBatch, decode_responses, encode_prompts, evaluate
+from conspo.rollout import (
+    RolloutBatch,
+    decode_responses,
+    encode_prompts,
+    end_token_ids,
+    evaluate,
+)
 from conspo.sink import (
     PromptRecord,
     RolloutRecord,
@@ -512,7 +518,7 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
         ids,
         mask,
         max_new_tokens=cfg.sampling.max_new_tokens,
-        eos_id=state.tokenizer.eos_token_id,
+        eos_id=end_token_ids(state.tokenizer, state.model),
         pad_id=state.tokenizer.pad_token_id,
         temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p,
@@ -677,7 +683,8 @@ def update(
         tau=view.tau,
         clipped_scores=clipped,
     )
-    return {**combined(per_update), **sep}, scores, taken
+    truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
+    return {**combined(per_update), **sep, **truncated}, scores, taken
 
 
 def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:

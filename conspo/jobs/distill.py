@@ -75,7 +75,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.forward import logprob_mode
     from conspo.job_loop import optimiser_step
     from conspo.models import load_pretrained
-    from conspo.rollout import encode_prompts
+    from conspo.rollout import encode_prompts, end_token_ids
     from conspo.trainer import step_seed
 
     cfg = state.cfg
@@ -106,7 +106,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
             ids,
             mask,
             max_new_tokens=cfg.sampling.max_new_tokens,
-            eos_id=state.tokenizer.eos_token_id,
+            eos_id=end_token_ids(state.tokenizer, state.model),
             pad_id=state.tokenizer.pad_token_id,
             temperature=temperature,
             top_p=cfg.sampling.top_p,
