@@ -48,6 +48,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from conspo.registry import Loc, register_task
+from conspo.tasks.answers import extract_answer as last_boxed_or_number
 from conspo.tasks.answers import last_boxed
 from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, TaskParams, sample_split
 
@@ -67,17 +68,21 @@ ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 INSTRUCTIONS = {
     "answer_tag": "Give your final answer between <answer> and </answer>.",
     "boxed": "Put your final answer within \\boxed{}.",
+    "last_number": "End your reply with the final answer.",
 }
 # How a reference answer is written in each format: an example's answer, and an SFT target.
-WRITTEN = {"answer_tag": "<answer>{}</answer>", "boxed": "\\boxed{{{}}}"}
+WRITTEN = {"answer_tag": "<answer>{}</answer>", "boxed": "\\boxed{{{}}}", "last_number": "{}"}
 
 
 def extract_answer(completion: str, answer_format: str) -> str | None:
     """The completion's final answer as the prompt asked for it: the content of its last
     complete <answer>…</answer>, or of its last \\boxed{…} (nested braces allowed), stripped;
-    None when there is none. Text after the answer is ignored."""
+    None when there is none. Text after the answer is ignored. ``last_number``: the last
+    \\boxed{} else the last number, as the math tasks read answers."""
     if answer_format == "boxed":
         return last_boxed(completion)
+    if answer_format == "last_number":
+        return last_boxed_or_number(completion)
     found = ANSWER_TAG.findall(completion)
     return found[-1].strip() if found else None
 
@@ -219,10 +224,12 @@ class ReasoningGymParams(TaskParams):
         description="Several generators mixed with weights, as reasoning-gym's CompositeDataset"
         " does: [{name, weight, config}]. When given, it replaces dataset and config.",
     )
-    answer_format: Literal["answer_tag", "boxed"] = Field(
+    answer_format: Literal["answer_tag", "boxed", "last_number"] = Field(
         "answer_tag",
         description="What the prompt asks the final answer to be written in, and what the"
-        " verifier reads: the last <answer>…</answer>, or the last \\boxed{}.",
+        " verifier reads: the last <answer>…</answer>; the last \\boxed{}; or last_number, the"
+        " last \\boxed{} else the last number (numeric generators, for small models that follow"
+        " neither format: SmolLM2-135M-Instruct writes neither).",
     )
 
     @model_validator(mode="wrap")

@@ -75,6 +75,16 @@ def test_verifier_on_known_right_and_wrong_answers():
     assert boxed.verify(f"<answer>{right}</answer>", ex) == 0.0
 
 
+def test_last_number_reads_what_a_small_model_writes():
+    """SmolLM2-135M-Instruct writes "The final answer ... is 17." whatever format it is asked."""
+    task = task_of({**CHAIN, "answer_format": "last_number"})
+    ex = task.eval_examples(1)[0]
+    right = ex.data["entry"]["answer"]
+    assert ex.prompt.endswith("End your reply with the final answer.") and ex.answer == right
+    assert task.verify(f"The final answer to the arithmetic problem is {right}.", ex) == 1.0
+    assert task.verify(f"{right} + 1 = {int(right) + 1}", ex) == 0.0
+
+
 def test_gsm_symbolic_and_leg_counting_verify_their_own_answers():
     for name in ("gsm_symbolic", "leg_counting"):
         task = task_of({"dataset": name})
@@ -116,6 +126,9 @@ def test_partial_score_is_the_process_reward():
         ("\\boxed{\\{1, 2\\}}", "boxed", "\\{1, 2\\}"),
         ("\\boxed{3} trailing words {with braces}", "boxed", "3"),
         ("\\boxed{3} then a cut-off \\boxed{4", "boxed", None),
+        ("The sum is 12.", "last_number", "12"),
+        ("3 + 4 = 7, so \\boxed{7}. Check: 7 - 4 = 3", "last_number", "7"),
+        ("no number at all", "last_number", None),
     ],
 )
 def test_answer_extraction_edge_cases(text, fmt, expected):
