@@ -20,14 +20,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
+from backend.errors import InvalidInput
 from backend.models import FINISHED, Run, RunStatus
 from conspo.config import RunConfig
 from conspo.lineage import Which, checkpoint_for, describe, is_adapter, step_checkpoints
+from conspo.registry import get_job_kind
 
 Loc = tuple[str | int, ...]
 TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.checkpoint.TRAINING_FILES
@@ -43,11 +44,10 @@ def start_problems(
         message = _unusable(session, settings, source, config.model.step)
         if message:
             problems.append((("model", "from_run"), message, source))
-    pairs_from = config.kind_params.get("from_run") if config.kind == "dpo" else None
-    if pairs_from is not None:
-        message = _unusable(session, settings, pairs_from, None)
-        if message:
-            problems.append((("kind_params", "from_run"), message, pairs_from))
+    for field in get_job_kind(config.kind).input_runs:  # runs whose rollouts the kind reads
+        input_run = config.kind_params.get(field)
+        if input_run is not None and (message := _unusable(session, settings, input_run, None)):
+            problems.append((("kind_params", field), message, input_run))
     return problems
 
 
@@ -69,7 +69,7 @@ def refuse_bad_start(config: RunConfig, session: Session, settings: Settings, lo
         for where, message, value in start_problems(config, session, settings)
     ]
     if errors:
-        raise RequestValidationError(errors)
+        raise InvalidInput(errors)
 
 
 # --------------------------------------------------------------------------------------------

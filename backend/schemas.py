@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, to_json
 
+from backend.run_rows import run_label
 from backend.scheduling import Cluster, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
@@ -127,7 +128,9 @@ class RunOut(BaseModel):
     owner: str | None
     status: RunStatusName
     cancel_requested: bool
-    algorithm: str
+    kind: str = Field(description="What it trains: rl, sft, distill, dpo (GET /api/presets).")
+    algorithm: str | None = Field(description="Its algorithm; None for a kind that trains none.")
+    label: str = Field(description='What it trains, for people: "rl · grpo", "sft".')
     task: str
     model: str
     config: dict[str, Any]
@@ -240,7 +243,9 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "owner": run.owner.name if run.owner is not None else None,
         "status": run.status,
         "cancel_requested": run.cancel_requested,
+        "kind": run.kind,
         "algorithm": run.algorithm,
+        "label": run_label(run.kind, run.algorithm),
         "task": run.task,
         "model": run.model,
         "config": run.config,
@@ -458,3 +463,47 @@ class Health(BaseModel):
     )
     reasons: list[str] = Field(description="Why the status is not ok, one line each.")
     live_streams: LiveStreams
+
+
+class StageStart(BaseModel):
+    run: int | None = Field(description="The run this stage starts from (the previous stage's).")
+    step: str | int = Field(description="Its checkpoint: last, best or a kept step.")
+    base: str | None = Field(description="The model name of the stage's config.")
+
+
+class EvalAt(BaseModel):
+    step: int
+    values: dict[str, float | None]
+
+
+class StageEval(BaseModel):
+    start: EvalAt = Field(description="The first evaluated step's held-out evaluation.")
+    end: EvalAt = Field(description="The last evaluated step's.")
+
+
+class StageOut(BaseModel):
+    stage: int
+    kind: str
+    algorithm: str | None
+    label: str = Field(description='What the stage trains, for people: "rl · grpo", "sft".')
+    name: str | None
+    run: RunOut | None = Field(description="Its run, once released.")
+    waiting_for: int | None = Field(description="The stage whose success releases this one.")
+    skipped: bool = Field(description="The pipeline ended before this stage had a run.")
+    start: StageStart = Field(alias="from", serialization_alias="from")
+    eval: StageEval | None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class PipelineOut(BaseModel):
+    id: int
+    name: str
+    status: str = Field(description="queued, running, succeeded, failed or cancelled.")
+    released: int = Field(description="Stages that have a run (-1: cancelled).")
+    created_at: float
+    stages: list[StageOut]
+
+
+class PipelineList(BaseModel):
+    pipelines: list[PipelineOut]

@@ -681,7 +681,8 @@ class RunConfig(_Section):
                 f" resources.gpus × resources.nodes ({self.resources.world_size}): each process"
                 " trains whole groups"
             )
-        if self.kind != "rl" and self.resources.world_size > 1:
+        known = self.kind in JOB_KINDS.names()  # an unknown kind is reported on its own
+        if not (known and JOB_KINDS.get(self.kind).distributed) and self.resources.world_size > 1:
             # sft / distill / dpo train in one process (conspo.job_loop has no gradient reduction)
             raise ValueError(
                 f"kind {self.kind} trains on one process: resources.gpus and resources.nodes"
@@ -727,3 +728,25 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def with_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The raw config of ``base`` changed by (nested) ``overrides``: the one rule of a clone
+    and of a study arm. A new algorithm (or task) without its own params starts from its
+    defaults, since the base's were for another one; the name is dropped (it named the base)."""
+    start = copy.deepcopy(base)
+    algorithm = overrides.get("algorithm")
+    was = start.get("algorithm", RunConfig.model_fields["algorithm"].default)
+    if algorithm and algorithm != was and "params" not in overrides:
+        start.pop("params", None)
+    task, new_task = start.get("task"), overrides.get("task")
+    if (
+        isinstance(task, dict)
+        and isinstance(new_task, dict)
+        and new_task.get("name", task.get("name")) != task.get("name")
+        and "params" not in new_task
+    ):  # nor would the old task's (under params, or flat in a config stored before tasks had them)
+        shared = TaskConfig.model_fields.keys() - {"params"}
+        start["task"] = {k: v for k, v in task.items() if k in shared}
+    start.pop("name", None)
+    return deep_merge(start, overrides)

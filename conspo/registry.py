@@ -309,10 +309,30 @@ class RegisteredJobKind:
     # The RunConfig sections only some kinds train with ("algorithm": algorithm and params,
     # "sampling", "rewards") that this one does: the form shows those, hides the others.
     sections: tuple[str, ...] = ()
+    # Trains on several processes (resources.gpus / nodes above 1); the others train on one.
+    distributed: bool = False
+    # The kind_params fields naming a finished run whose stored rollouts this kind reads
+    # (checked at submit time like model.from_run), and the hook that turns those rollouts into
+    # the job's input files before it trains: inputs(config, workdir, rollouts_of) where
+    # rollouts_of(run_id) yields that run's stored (prompt, completion, reward).
+    input_runs: tuple[str, ...] = ()
+    inputs: Callable[..., None] | None = None
 
     @property
     def code(self) -> object:
         return self.fn
+
+    @property
+    def trains_algorithm(self) -> bool:
+        return "algorithm" in self.sections
+
+    def algorithm_of(self, algorithm: str | None) -> str | None:
+        """The run's algorithm as the runs table stores it: None for a kind that trains none."""
+        return algorithm if self.trains_algorithm else None
+
+    def label(self, algorithm: str | None) -> str:
+        """What a run of this kind trains, for people: ``rl · grpo``, ``sft``."""
+        return f"{self.name} · {algorithm}" if self.trains_algorithm and algorithm else self.name
 
 
 JOB_KINDS: Registry[RegisteredJobKind] = Registry("kind", "conspo.jobs")
@@ -325,12 +345,18 @@ def register_job_kind(
     description: str,
     metrics: tuple[str, ...] = (),
     sections: tuple[str, ...] = (),
+    distributed: bool = False,
+    input_runs: tuple[str, ...] = (),
+    inputs: Callable[..., None] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
     module must stay torch-free at import (``conspo.lazy``): the API validates configs."""
 
     def decorator(fn: F) -> F:
-        kind = RegisteredJobKind(name, fn, params, description, tuple(metrics), tuple(sections))
+        kind = RegisteredJobKind(
+            name, fn, params, description, tuple(metrics), tuple(sections), distributed,
+            tuple(input_runs), inputs,
+        )  # fmt: skip
         JOB_KINDS.add(kind)
         return fn
 

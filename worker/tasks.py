@@ -38,6 +38,7 @@ from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
+from backend.pipelines import service as pipelines
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
 from backend.studies import service as studies
@@ -400,7 +401,7 @@ def _finish(db: Database, jobs: JobQueue, run: Run, status: RunStatus, error: st
         lifecycle.finish(session, run.id, run.attempt, status, error=error)
         if status is RunStatus.succeeded:  # a pipeline's next stage, created by finish
             try:
-                lifecycle.send_next_stage(session, jobs, run.id)
+                pipelines.send_next_stage(session, jobs, run.id)
             except lifecycle.QueueUnavailable:
                 log.warning("run %s: next pipeline stage not sent; a reaper will send it", run.id)
 

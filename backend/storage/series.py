@@ -11,6 +11,7 @@ long series finds its complete buckets stored; reads at other widths fill the ca
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -450,3 +451,36 @@ def _raw_points(
             .order_by(Metric.run_id, Metric.key, Metric.step)
         )
         yield from session.execute(stmt)
+
+
+WholeSeries = dict[tuple[int, str], tuple[list[int], list[float | None]]]  # (run, key) → points
+
+
+def whole_series(session: Session, run_ids: Iterable[int], keys: Iterable[str]) -> WholeSeries:
+    """Every point of each (run, key), in step order, not downsampled (a study's objective
+    reads whole runs); a missing series reads as empty."""
+    out: WholeSeries = defaultdict(lambda: ([], []))
+    ids, key_list = list(run_ids), list(keys)
+    if not ids:
+        return out
+    rows = session.execute(
+        select(Metric.run_id, Metric.key, Metric.step, Metric.value)
+        .where(Metric.run_id.in_(ids), Metric.key.in_(key_list))
+        .order_by(Metric.run_id, Metric.key, Metric.step)
+    )
+    for run_id, key, step, value in rows:
+        steps, values = out[(run_id, key)]
+        steps.append(step)
+        values.append(value)
+    return out
+
+
+def points_under(session: Session, run_id: int, prefix: str) -> list[tuple[int, str, float | None]]:
+    """(step, key, value) of every point of ``run_id`` whose key starts with ``prefix``
+    (``eval/``: its held-out evaluations), in step order."""
+    rows = session.execute(
+        select(Metric.step, Metric.key, Metric.value)
+        .where(Metric.run_id == run_id, Metric.key.startswith(prefix))
+        .order_by(Metric.step)
+    )
+    return [(step, key, value) for step, key, value in rows]

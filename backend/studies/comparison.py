@@ -23,16 +23,16 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
+from backend.storage.series import whole_series
 from backend.studies import stats
-from backend.studies.service import (
+from backend.studies.objective import (
     SEPARATION_KEYS,
     ArmRunRow,
-    _jsonable,
-    _series,
     group_curves,
     run_objective,
     window_start,
 )
+from backend.studies.service import _jsonable
 from backend.studies.spec import Objective
 
 # Run fields the compare page groups by directly (compare.js TOP_LEVEL); anything else is a
@@ -91,7 +91,7 @@ def comparison_view(
         groups[group_label(run, group)].append(run)
     labels = list(groups)
     base = baseline if baseline in groups else labels[0]
-    series = _series(session, [r.id for r in runs], [objective.metric, *SEPARATION_KEYS])
+    series = whole_series(session, [r.id for r in runs], [objective.metric, *SEPARATION_KEYS])
     by_arm: dict[str, dict[int, float]] = {}
     separation: dict[str, dict[str, dict[int, float]]] = {}
     run_rows: list[dict[str, Any]] = []
