@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from functools import lru_cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
@@ -42,7 +42,7 @@ from backend.pipelines import service as pipelines
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
 from backend.studies import service as studies
-from worker.celery_app import celery_app
+from worker.celery_app import celery_app, database
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
 from worker.shutdown import SHUTDOWN, Interrupt
@@ -57,11 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RELEASE_ON_SHUTDOWN_S = 5.0  # well inside the compose stop grace period
-
-
-@lru_cache(maxsize=1)
-def database() -> Database:
-    return Database(get_settings())
 
 
 @celery_app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
