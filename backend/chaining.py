@@ -27,11 +27,11 @@ from backend.config import Settings
 from backend.errors import InvalidInput
 from backend.models import FINISHED, Run, RunStatus
 from conspo.config import RunConfig
-from conspo.lineage import Which, checkpoint_for, describe, is_adapter, step_checkpoints
+from conspo.models.lineage import Which, checkpoint_for, describe, is_adapter, step_checkpoints
 from conspo.registry import get_job_kind
 
 Loc = tuple[str | int, ...]
-TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.checkpoint.TRAINING_FILES
+TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.training.checkpoint.TRAINING_FILES
 
 
 def start_problems(

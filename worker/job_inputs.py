@@ -5,9 +5,9 @@ builds from other runs' stored rollouts (a DPO run's pairs).
     config, store = prepare(db, settings, config, workdir)
 
 * ``model.from_run``: ``model.name`` becomes that run's checkpoint directory (``model.step``:
-  last, best or a kept step; ``conspo.lineage``). A LoRA checkpoint (adapters only) is merged
-  into its base once, into ``workdir/start_model`` (``conspo.export.export_merged``), and the run
-  starts from the merged weights; its own LoRA, if any, adds fresh adapters on top. The model
+  last, best or a kept step; ``conspo.models.lineage``). A LoRA checkpoint (adapters only) is merged
+  into its base once, into ``workdir/start_model`` (``conspo.models.export.export_merged``), and the
+  run starts from the merged weights; its own LoRA, if any, adds fresh adapters on top. The model
   store admits that directory for this run only.
 * the job kind's ``inputs`` hook (``conspo.jobs.prepare_inputs``) with the stored rollouts of
   the runs it names (DPO's ``kind_params.from_run``: its pairs, written once to the workdir).
@@ -28,11 +28,11 @@ from backend.db import Database
 from backend.storage.rollouts import stored_texts
 from conspo.access import ModelSources
 from conspo.jobs import prepare_inputs
-from conspo.lineage import checkpoint_for, describe, is_adapter
+from conspo.models.lineage import checkpoint_for, describe, is_adapter
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
 
 START_MODEL = "start_model"
 
@@ -40,7 +40,7 @@ START_MODEL = "start_model"
 def prepare(
     db: Database, settings: Settings, config: RunConfig, workdir: Path
 ) -> tuple[RunConfig, ModelStore]:
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
 
     sources = run_inputs.model_sources(settings)
     if config.model.from_run is not None:
@@ -72,7 +72,7 @@ def start_checkpoint(settings: Settings, config: RunConfig, workdir: Path) -> Pa
         return found
     merged = workdir / START_MODEL
     if not (merged / "config.json").is_file():
-        from conspo.export import export_merged
+        from conspo.models.export import export_merged
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{START_MODEL}-", dir=workdir))
         try:

@@ -2,17 +2,17 @@
 and one registration (``conspo.registry.register_job_kind``), found by the registry on first
 lookup like the objectives.
 
-* ``rl``: the RLVR trainer (``conspo.trainer.train``) with the configured objective.
+* ``rl``: the RLVR trainer (``conspo.training.trainer.train``) with the configured objective.
 * ``sft``: supervised fine-tuning on reference answers (``conspo.jobs.sft``).
 * ``distill``: on-policy distillation from a teacher, per-token reverse KL
   (``conspo.jobs.distill``).
 * ``dpo``: direct preference optimisation on (chosen, rejected) pairs (``conspo.jobs.dpo``).
 
-Every kind's train function has ``conspo.trainer.train``'s signature, so the worker, the CLI and
-the tests call ``train_job(config, ...)`` whatever the kind, and ``prepare_inputs`` before it
-(a kind's ``inputs`` hook: DPO's pairs from another run's rollouts). The modules stay torch-free at
-import (the API validates ``kind_params`` against their models); the non-RL kinds share
-``conspo.job_loop`` (setup, resume, checkpoints, the held-out eval, cancellation).
+Every kind's train function has ``conspo.training.trainer.train``'s signature, so the worker, the
+CLI and the tests call ``train_job(config, ...)`` whatever the kind, and ``prepare_inputs`` before
+it (a kind's ``inputs`` hook: DPO's pairs from another run's rollouts). The modules stay
+torch-free at import (the API validates ``kind_params`` against their models); the non-RL kinds
+share ``conspo.training.loop`` (setup, resume, checkpoints, the held-out eval, cancellation).
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.trainer import TrainResult
+    from conspo.training.trainer import TrainResult
 
 # rollouts_of(run_id): a finished run's stored (prompt, completion, reward), in step order
 RolloutsOf = Callable[[int], Iterable[tuple[str, str, float | None]]]
 
 
 def train_job(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    """Train ``config`` with its kind's train function (same arguments as conspo.trainer.train)."""
+    """Train ``config`` with its kind's train function (same arguments as
+    conspo.training.trainer.train)."""
     from conspo.registry import get_job_kind
 
     result: TrainResult = get_job_kind(config.kind).fn(config, *args, **kwargs)

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
     from conspo.access import DataFiles
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
-    from conspo.trainer import TrainResult, TrainState
+    from conspo.models.store import ModelStore
+    from conspo.training.trainer import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -129,7 +129,7 @@ def pairs_from_run(
     """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, the pairs built from
     that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once (a resumed attempt
     reuses them). A rollout is correct when its reward passes the one positive threshold."""
-    from conspo.objectives import POSITIVE_THRESHOLD
+    from conspo.objectives.base import POSITIVE_THRESHOLD
 
     source_run = config.kind_params.get("from_run")
     path = workdir / PAIRS_FILE
@@ -150,7 +150,7 @@ def pairs_from_run(
     inputs=pairs_from_run,
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.job_loop import run_job
+    from conspo.training.loop import run_job
 
     workdir = Path(kwargs["workdir"])
     return run_job(config, *args, start=lambda s, f, m: start(s, f, m, workdir), **kwargs)
@@ -167,7 +167,7 @@ def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) 
         pairs = [Pair(**json.loads(line)) for line in path.read_text().splitlines() if line]
         where = f"run {params.from_run}'s stored rollouts"
     else:
-        from conspo.datasets import load_dataset_file
+        from conspo.tasks.datasets import load_dataset_file
 
         assert params.path is not None
         rows = load_dataset_file(files, params.path).to_list()
@@ -187,9 +187,9 @@ def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) 
 def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:
     import copy
 
-    from conspo.job_loop import optimiser_step, pack_rows, sequence_logprobs
-    from conspo.prompts import PromptRenderer
-    from conspo.trainer import step_seed
+    from conspo.tasks.prompts import PromptRenderer
+    from conspo.training.loop import optimiser_step, pack_rows, sequence_logprobs
+    from conspo.training.trainer import step_seed
 
     cfg = state.cfg
     params = DPOParams.model_validate(cfg.kind_params)
