@@ -507,3 +507,70 @@ class PipelineOut(BaseModel):
 
 class PipelineList(BaseModel):
     pipelines: list[PipelineOut]
+
+
+class StudySummary(BaseModel):
+    id: int
+    name: str
+    status: str = Field(description="active, done or cancelled.")
+    owner: str | None
+    created_at: float
+    baseline: str | None
+    arms: list[str]
+    seeds: list[int]
+    search: bool = Field(description="An Optuna search (its arms are its trials).")
+
+
+class StudyList(BaseModel):
+    items: list[StudySummary]
+    total: int
+
+
+class StudyPlan(BaseModel):
+    """What ``POST /api/studies`` would create, nothing stored."""
+
+    arms: list[str]
+    tasks: list[str]
+    seeds: list[int]
+    runs: int = Field(description="Runs in all: arms (or trials) × tasks × seeds.")
+    baseline: str | None
+
+
+class StudyRunOut(BaseModel):
+    arm: str
+    task: str | None
+    seed: int
+    state: str = Field(description="pending, released or cancelled.")
+    trial: int | None
+    run_id: int | None
+    name: str
+    status: str = Field(description="Its run's status, else the row's state.")
+    step: int
+    total_steps: int | None
+    objective: float | None = Field(description="The run's objective, once it succeeded.")
+
+
+class StudyOut(BaseModel):
+    """The study page's view: arms, runs, each finished run's objective, the statistics
+    (``backend.studies.stats``) and the verdict."""
+
+    id: int
+    name: str
+    owner: str | None
+    status: str
+    created_at: float
+    spec: dict[str, Any] = Field(description="The study as submitted (StudyCreate).")
+    baseline: str
+    concurrency: int
+    objective: dict[str, Any]
+    group_id: str = Field(description="Its runs' group id.")
+    arms: list[dict[str, Any]] = Field(description="Per arm: its summary statistics.")
+    pairs: list[dict[str, Any]] = Field(description="Each arm against the baseline.")
+    verdict: list[str]
+    separation: dict[str, dict[str, dict[str, Any]]]
+    runs: list[StudyRunOut]
+    counts: dict[str, int] = Field(description="Runs per status.")
+    seeds: list[int]
+    tasks: dict[str, Any] | None = Field(None, description="Across tasks (a study over tasks).")
+    curves: dict[str, Any] | None = Field(None, description="Per key and arm: mean ± 95% band.")
+    search: dict[str, Any] | None = Field(None, description="A search's trials and importances.")

@@ -10,7 +10,7 @@ live stream that lasts hours (``RunStreamStart``), holds no connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol, TypeVar
@@ -31,6 +31,7 @@ from backend.queue import JobQueue
 from backend.scheduling import Cluster
 from backend.schemas import INT32_MAX
 from backend.security import user_for_token
+from backend.storage.runs import runs_by_id
 
 bearer = HTTPBearer(auto_error=False, description="An API token from `conspo-lab token create`.")
 
@@ -193,6 +194,16 @@ def owned(thing: T, user: User, noun: str) -> T:
         detail = f"{noun} {thing.id} belongs to {owner}; only its owner or an admin may change it"
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail=detail)
     return thing
+
+
+def found_runs(session: Session, ids: Sequence[int]) -> list[Run]:
+    """The runs ``ids`` in that order, else 404 naming every one that does not exist."""
+    found = runs_by_id(session, ids)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        detail = f"run(s) {', '.join(map(str, missing))} not found"
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=detail)
+    return [found[i] for i in ids]
 
 
 def get_run(run_id: RunId, session: SessionDep) -> Run:

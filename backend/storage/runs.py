@@ -73,3 +73,12 @@ def queue_positions(session: Session) -> dict[int, int]:
         .order_by(Run.enqueued_at.is_(None), Run.enqueued_at, Run.id)
     )
     return {rid: i for i, rid in enumerate(ids, 1)}
+
+
+def runs_by_id(session: Session, ids: Sequence[int]) -> dict[int, Run]:
+    """The stored runs among ``ids``, by id (a deleted one is absent)."""
+    return {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids))).unique()}
+
+
+def count_queued(session: Session) -> int:
+    return session.scalar(select(func.count()).where(Run.status == RunStatus.queued)) or 0

@@ -18,6 +18,7 @@ from backend.api.deps import (
     SettingsDep,
     StudyDep,
 )
+from backend.schemas import StudyList, StudyOut, StudyPlan
 from backend.studies import report, search, service
 from backend.studies.spec import StudyCreate
 from conspo.config import RunConfig
@@ -40,7 +41,7 @@ def check_study(
     return arms
 
 
-@router.post("/check")
+@router.post("/check", response_model=StudyPlan)
 def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
     as you type): 422 located at the field, or the runs it would plan."""
@@ -55,7 +56,7 @@ def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict
     }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut)
 def create(
     body: StudyCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
 ) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def create(
     return service.study_view(session, study, curves=False)
 
 
-@router.get("")
+@router.get("", response_model=StudyList)
 def list_studies(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -80,7 +81,7 @@ def list_studies(
     return {"items": items, "total": total}
 
 
-@router.get("/{study_id}")
+@router.get("/{study_id}", response_model=StudyOut)
 def read(
     study: StudyDep,
     session: SessionDep,
@@ -93,7 +94,7 @@ def read(
     return view
 
 
-@router.post("/{study_id}/cancel")
+@router.post("/{study_id}/cancel", response_model=StudyOut)
 def cancel(study: OwnedStudyDep, session: SessionDep) -> dict[str, Any]:
     """Pending runs are dropped, queued ones cancelled, running ones asked to stop."""
     return service.study_view(session, service.cancel_study(session, study), curves=False)
