@@ -33,8 +33,9 @@ def start_problems(
         message = _unusable(session, settings, source, config.model.step)
         if message:
             problems.append((("model", "from_run"), message, source))
+    kind_params = config.job_params()
     for field in get_job_kind(config.kind).input_runs:  # runs whose rollouts the kind reads
-        input_run = config.kind_params.get(field)
+        input_run = getattr(kind_params, field)
         if input_run is not None and (message := _unusable(session, settings, input_run, None)):
             problems.append((("kind_params", field), message, input_run))
     return problems

@@ -139,7 +139,17 @@ class Registry(Generic[E]):
     def resolve_params(
         self, name: object, params: object, *, name_loc: Loc, params_loc: Loc
     ) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
-        """(the full parameter set of entry ``name`` for ``params``, errors).
+        """(the full parameter set of entry ``name`` for ``params``, errors): ``resolve_model``
+        dumped."""
+        resolved, errors = self.resolve_model(
+            name, params, name_loc=name_loc, params_loc=params_loc
+        )
+        return (None if resolved is None else resolved.model_dump()), errors
+
+    def resolve_model(
+        self, name: object, params: object, *, name_loc: Loc, params_loc: Loc
+    ) -> tuple[BaseModel | None, list[InitErrorDetails]]:
+        """(``params`` validated by entry ``name``'s parameter model, errors).
 
         An unknown name is reported at ``name_loc``, each bad parameter at
         ``params_loc + (field,)``, so a 422 or a CLI message names the exact field. A name or
@@ -151,10 +161,9 @@ class Registry(Generic[E]):
         if name not in self._entries:
             return None, [_error_at(name_loc, self.unknown(name), name)]
         try:
-            resolved = self._entries[name].params.model_validate(params or {})
+            return self._entries[name].params.model_validate(params or {}), []
         except ValidationError as exc:
             return None, relocated(exc, params_loc)
-        return resolved.model_dump(), []
 
     def _load_builtins(self) -> None:
         if self._loaded:

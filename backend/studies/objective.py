@@ -137,3 +137,46 @@ def group_curves(
             }
         out[key] = per_arm
     return out
+
+
+@dataclass
+class ArmObjectives:
+    """Per arm, each run's objective and its separation means over the same window, keyed by
+    what pairs runs across arms (a seed, a (task, seed), or a position)."""
+
+    by_arm: dict[str, dict[stats.Key, float]]
+    separation: dict[str, dict[str, dict[stats.Key, float]]]
+
+    @classmethod
+    def of(cls, arms: Iterable[str]) -> ArmObjectives:
+        names = list(arms)
+        return cls({a: {} for a in names}, {a: defaultdict(dict) for a in names})
+
+    def add(
+        self, series: Series, arm: str, key: stats.Key, run_id: int, objective: Objective
+    ) -> float | None:
+        """Reduce run ``run_id``'s series into ``arm`` at ``key``; returns its objective."""
+        value, window = run_objective(series, run_id, objective)
+        if value is not None:
+            self.by_arm[arm][key] = value
+            for metric, mean in window.items():
+                self.separation[arm][metric][key] = mean
+        return value
+
+    def separation_view(self) -> dict[str, dict[str, Any]]:
+        """Per arm and separation statistic: its summary over the arm's runs."""
+        return {
+            a: {k: jsonable(vars(stats.summarise_arm(a, v))) for k, v in sep.items()}
+            for a, sep in self.separation.items()
+        }
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with NaN and ±Infinity as None, at every depth (JSON has no spelling for them)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -37,11 +36,19 @@ from backend.models import (
 )
 from backend.queue import JobQueue
 from backend.run_rows import name_uniquely, new_run
+from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series
 from backend.studies import search, stats
 from backend.studies.arms import add_arms
-from backend.studies.objective import SEPARATION_KEYS, ArmRunRow, group_curves, run_objective
+from backend.studies.objective import (
+    SEPARATION_KEYS,
+    ArmObjectives,
+    ArmRunRow,
+    group_curves,
+    jsonable,
+)
 from backend.studies.spec import (
+    Objective,
     StudyCreate,
     group_of,
     run_name,
@@ -288,39 +295,9 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
     arm_names = list(dict.fromkeys(split_row_arm(r.arm)[0] for r in rows))
     runs = {r.id: r for r in _runs(session, study.id)}
     keys = [objective.metric, *SEPARATION_KEYS]
-    series = whole_series(session, runs, keys)
-    # Runs pair by seed, or by (task, seed) when the study crosses tasks.
-    by_arm: dict[str, dict[stats.Key, float]] = {a: {} for a in arm_names}
-    separation: dict[str, dict[str, dict[stats.Key, float]]] = {
-        a: defaultdict(dict) for a in arm_names
-    }
-    run_rows = []
-    for row in rows:
-        run = runs.get(row.run_id) if row.run_id is not None else None
-        value = None
-        arm, task = split_row_arm(row.arm)
-        pair_key: stats.Key = (task, int(row.seed)) if task else int(row.seed)
-        if run is not None and run.status == RunStatus.succeeded:
-            value, window = run_objective(series, run.id, objective)
-            if value is not None:
-                by_arm[arm][pair_key] = value
-                for key, mean in window.items():
-                    separation[arm][key][pair_key] = mean
-        run_rows.append(
-            {
-                "arm": arm,
-                "task": task,
-                "seed": row.seed,
-                "state": row.state,
-                "trial": row.trial,
-                "run_id": row.run_id,
-                "name": run.name if run is not None else run_name(study.id, arm, row.seed, task),
-                "status": run.status if run is not None else row.state,
-                "step": run.step if run is not None else 0,
-                "total_steps": run.total_steps if run is not None else row.config.get("steps"),
-                "objective": value,
-            }
-        )
+    values = ArmObjectives.of(arm_names)
+    run_rows = _run_rows(study, rows, runs, whole_series(session, runs, keys), objective, values)
+    by_arm = values.by_arm
     baseline = study.baseline or (arm_names[0] if arm_names else "")
     summary = stats.summarise(
         by_arm,
@@ -345,12 +322,9 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "objective": objective.model_dump(mode="json"),
         "group_id": group_of(study.id),
         "arms": [_arm_out(summary.arms[a], study, rows, a) for a in arm_names],
-        "pairs": [_jsonable(vars(p)) for p in summary.pairs.values()],
+        "pairs": [jsonable(vars(p)) for p in summary.pairs.values()],
         "verdict": summary.verdict,
-        "separation": {
-            a: {k: _jsonable(vars(stats.summarise_arm(a, v))) for k, v in sep.items()}
-            for a, sep in separation.items()
-        },
+        "separation": values.separation_view(),
         "runs": run_rows,
         "counts": dict(counts),
         "seeds": spec.seeds,
@@ -360,6 +334,42 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
     if curves:
         arm_runs = [ArmRunRow(split_row_arm(r.arm)[0], r.run_id) for r in rows]
         out["curves"] = group_curves(session, arm_runs, runs, keys)
+    return out
+
+
+def _run_rows(
+    study: Study,
+    rows: Sequence[StudyRun],
+    runs: dict[int, Run],
+    series: Series,
+    objective: Objective,
+    values: ArmObjectives,
+) -> list[dict[str, Any]]:
+    """Each row as the study page lists it, the objective of each succeeded run added to
+    ``values`` (paired by seed, or by (task, seed) when the study crosses tasks)."""
+    out = []
+    for row in rows:
+        run = runs.get(row.run_id) if row.run_id is not None else None
+        value = None
+        arm, task = split_row_arm(row.arm)
+        if run is not None and run.status == RunStatus.succeeded:
+            pair_key: stats.Key = (task, int(row.seed)) if task else int(row.seed)
+            value = values.add(series, arm, pair_key, run.id, objective)
+        out.append(
+            {
+                "arm": arm,
+                "task": task,
+                "seed": row.seed,
+                "state": row.state,
+                "trial": row.trial,
+                "run_id": row.run_id,
+                "name": run.name if run is not None else run_name(study.id, arm, row.seed, task),
+                "status": run.status if run is not None else row.state,
+                "step": run.step if run is not None else 0,
+                "total_steps": run.total_steps if run is not None else row.config.get("steps"),
+                "objective": value,
+            }
+        )
     return out
 
 
@@ -380,13 +390,13 @@ def _across_tasks(
 
     scale = spec.objective.scale or 1.0
     unit = f" {spec.objective.unit}" if spec.objective.unit else ""
-    arms = {a: _jsonable(vars(stats.across_tasks(per_task(v)))) for a, v in by_arm.items()}
+    arms = {a: jsonable(vars(stats.across_tasks(per_task(v)))) for a, v in by_arm.items()}
     pairs = {}
     for arm, values in by_arm.items():
         if arm == baseline:
             continue
         agg = stats.paired_across_tasks(per_task(values), per_task(by_arm.get(baseline, {})))
-        pairs[arm] = _jsonable(vars(agg))
+        pairs[arm] = jsonable(vars(agg))
         if agg.iqm is not None:
             ci = (
                 f" [{stats._signed(agg.ci_iqm[0] * scale)}, {stats._signed(agg.ci_iqm[1] * scale)}]"
@@ -405,7 +415,7 @@ def _arm_out(
     arm: stats.ArmSummary, study: Study, rows: list[StudyRun], name: str
 ) -> dict[str, Any]:
     mine = [r for r in rows if split_row_arm(r.arm)[0] == name]
-    out = _jsonable(vars(arm))
+    out = jsonable(vars(arm))
     out["overrides"] = next(
         (a["overrides"] for a in study.spec.get("arms", []) if a["name"] == name), None
     )
@@ -425,16 +435,6 @@ def _trial_params(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any
             node = node.get(part) if isinstance(node, dict) else None
         params[path] = node
     return params
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def objective_csv(view: dict[str, Any]) -> str:

@@ -131,12 +131,12 @@ def pairs_from_run(
     reuses them). A rollout is correct when its reward passes the one positive threshold."""
     from conspo.objectives.base import POSITIVE_THRESHOLD
 
-    source_run = config.kind_params.get("from_run")
+    params = config.typed("kind_params", DPOParams)
     path = workdir / PAIRS_FILE
-    if source_run is None or path.is_file():
+    if params.from_run is None or path.is_file():
         return
-    rollouts = ((p, c, (r or 0) > POSITIVE_THRESHOLD) for p, c, r in rollouts_of(int(source_run)))
-    pairs, _ = build_pairs(rollouts, config.kind_params["max_pairs_per_prompt"])
+    rollouts = ((p, c, (r or 0) > POSITIVE_THRESHOLD) for p, c, r in rollouts_of(params.from_run))
+    pairs, _ = build_pairs(rollouts, params.max_pairs_per_prompt)
     write_pairs(pairs, path)
 
 
@@ -192,7 +192,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
     from conspo.training.trainer import step_seed
 
     cfg = state.cfg
-    params = DPOParams.model_validate(cfg.kind_params)
+    params = cfg.typed("kind_params", DPOParams)
     pairs = load_pairs(params, files, workdir, PromptRenderer(cfg.prompt, state.tokenizer))
     lora = cfg.model.lora.rank > 0
     ref = None if lora else copy.deepcopy(state.model).eval().requires_grad_(False)
