@@ -130,7 +130,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_status_heartbeat", "status", "heartbeat_at"),
         Index("ix_runs_created_at", "created_at"),
-        # No two runs share a name (lifecycle.unique_names picks a free suffix; this index makes
+        # No two runs share a name (run_rows.unique_names picks a free suffix; this index makes
         # two concurrent submissions of one name collide instead of both succeeding).
         Index("ux_runs_name", "name", unique=True),
     )
