@@ -19,6 +19,7 @@ from backend.api.deps import (
     StudyDep,
 )
 from backend.schemas import StudyList, StudyOut, StudyPlan
+from backend.storage import studies as stored
 from backend.studies import report, search, service
 from backend.studies.spec import StudyCreate
 from conspo.config import RunConfig
@@ -76,7 +77,7 @@ def list_studies(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> dict[str, Any]:
-    studies, total = service.list_studies(session, limit, offset)
+    studies, total = stored.list_studies(session, limit, offset)
     items = [service.study_summary(s) for s in studies]
     return {"items": items, "total": total}
 
