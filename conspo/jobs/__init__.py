@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.training.trainer import TrainResult
+    from conspo.training.loop import TrainResult
 
 
 def train_job(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
