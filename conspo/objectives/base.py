@@ -113,6 +113,16 @@ class ObjectiveParams(BaseModel):
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 
 
+@dataclass(frozen=True)
+class WholeBatch:
+    """The step's whole rollout batch, for a normaliser that spans it rather than one optimiser
+    mini-batch (REINFORCE++ whitens over every token of the rollout batch). N rollouts."""
+
+    rewards: torch.Tensor  # (N,) shaped rewards
+    group_ids: torch.Tensor  # (N,)
+    lengths: torch.Tensor  # (N,) response tokens of each rollout
+
+
 @dataclass
 class PolicyBatch:
     """One optimiser mini-batch of whole groups. B rollouts, T response positions (right-padded).
@@ -144,6 +154,8 @@ class PolicyBatch:
     # Batch-level reward std for scale_rewards="batch" when the mini-batch is part of a larger
     # rollout batch; None means "compute it from this batch".
     batch_reward_std: float | None = None
+    # The whole rollout batch when this mini-batch is only part of it; None: this is all of it.
+    whole: WholeBatch | None = None
     correct: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
@@ -445,10 +457,15 @@ def _upcast_logprobs(batch: PolicyBatch) -> torch.Tensor:
     return batch.logprobs.to(torch.promote_types(batch.logprobs.dtype, torch.float32))
 
 
-def old_policy_kl(batch: PolicyBatch) -> torch.Tensor:
-    """(B, T) k3 estimate of KL(π_old ‖ π_θ) per token: e^x − x − 1, x = log π_θ − log π_old.
+KLEstimator = Literal["k1", "k3"]
+
+
+def old_policy_kl(batch: PolicyBatch, estimator: KLEstimator = "k3") -> torch.Tensor:
+    """(B, T) estimate of KL(π_old ‖ π_θ) per token from x = log π_θ − log π_old (samples
+    drawn from π_old): k3 = e^x − x − 1 (unbiased, never negative, low variance) or k1 = −x
+    (unbiased, either sign, high variance).
 
     0 in value when π_old = π_θ (one optimiser pass per rollout batch), 0 at padding.
     """
     x = token_log_ratio(batch)
-    return x.exp() - x - 1
+    return -x if estimator == "k1" else x.exp() - x - 1

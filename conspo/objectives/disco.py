@@ -13,6 +13,7 @@ from conspo import metrics
 from conspo.lazy import lazy_import
 from conspo.objectives.base import (
     PAPER_TAU,
+    KLEstimator,
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
@@ -54,6 +55,11 @@ class DisCOParams(ObjectiveParams):
         "log_sum_exp",
         description="How a group's negatives enter: τ·log mean exp(s⁻/τ) (DisCO), or the plain"
         " mean of s⁻ (DisCO-b).",
+    )
+    kl_estimator: KLEstimator = Field(
+        "k3",
+        description="Estimator of KL̂ in the constraint: k3 (e^x − x − 1, low variance, never"
+        " negative) or k1 (log π_old − log π_θ, the authors' code: ppo_kl_type kl).",
     )
     group_average: Literal["all_groups", "valid_groups"] = Field(
         "all_groups",
@@ -115,13 +121,14 @@ def disco_score_objective(
 def disco_objective(batch: PolicyBatch, params: DisCOParams) -> ObjectiveOutput:
     """DisCO (Li et al., 2025): −J + (β/2)·max(0, KL̂ − δ)² (§6.6).
 
-    KL̂ is the token-mean over the batch of the k3 estimate of KL(π_old ‖ π_θ); its gradient
+    KL̂ is the token-mean over the batch of the k3 (or, ``kl_estimator: k1``, the authors' k1)
+    estimate of KL(π_old ‖ π_θ); its gradient
     β·max(0, KL̂ − δ)·∇KL̂ is the one the authors' code applies. Stats: disco/kl (KL̂),
     disco/constraint_active (1 when KL̂ > δ).
     """
     scores = sequence_scores(batch.logprobs, batch.mask)
     objective = disco_score_objective(scores, batch.outcome, batch.group_ids, params)
-    kl = aggregate_tokens(old_policy_kl(batch), batch.mask, "token-mean", 1)
+    kl = aggregate_tokens(old_policy_kl(batch, params.kl_estimator), batch.mask, "token-mean", 1)
     excess = (kl - params.delta).clamp_min(0)
     loss = -objective + 0.5 * params.penalty * excess**2
     stats = {

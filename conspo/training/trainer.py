@@ -49,6 +49,7 @@ from conspo.objectives.base import (
     ObjectiveOutput,
     PolicyBatch,
     SeparationView,
+    WholeBatch,
     clipped_ratio_scores,
     k3_kl,
     positive_mask,
@@ -98,6 +99,12 @@ class Rollouts:
         """Population std of the shaped rewards over the whole rollout batch: what
         ``scale_rewards: batch`` divides by in every mini-batch (rewards live on the CPU)."""
         return float(self.rewards.float().std(correction=0))
+
+    @cached_property
+    def whole(self) -> WholeBatch:
+        """The whole rollout batch, for normalisers that span it (on the CPU, like rewards)."""
+        lengths = self.batch.response_mask.sum(-1).cpu()
+        return WholeBatch(self.rewards, self.group_ids, lengths)
 
 
 # --------------------------------------------------------------------------------------------
@@ -783,6 +790,7 @@ def policy_batch(
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
         batch_reward_std=r.reward_std,  # the whole rollout batch's, not this mini-batch's
+        whole=None if bool(rows_cpu.all()) else r.whole,
         correct=r.correct[rows_cpu].to(device),
         entropy=entropy,
     )
