@@ -29,6 +29,7 @@ from backend.db import Database
 from backend.models import Rollout, RolloutText
 from conspo.access import ModelSources
 from conspo.models.lineage import checkpoint_for, describe, is_adapter
+from conspo.objectives.base import is_positive
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
@@ -100,6 +101,6 @@ def write_dpo_pairs(db: Database, config: RunConfig, workdir: Path) -> None:
             .order_by(RolloutText.step, RolloutText.group, RolloutText.index)
         ).all()
     pairs, _ = build_pairs(
-        ((p, c, (r or 0) > 0.5) for p, c, r in rows), config.kind_params["max_pairs_per_prompt"]
+        ((p, c, is_positive(r)) for p, c, r in rows), config.kind_params["max_pairs_per_prompt"]
     )
     write_pairs(pairs, path)

@@ -18,9 +18,9 @@ from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
-    _finish,
-    _group_counts,
     aggregate_tokens,
+    finish_objective,
+    group_counts,
     old_policy_kl,
     segment_sum,
     sequence_scores,
@@ -96,7 +96,7 @@ def disco_score_objective(
     """0-d DisCO J = (1/K) Σ_g [mean s⁺ − τ log mean_j e^{s_j⁻/τ}] over groups with both
     outcomes (§6.6); K = every group or only those, per ``group_average``. ``negatives="mean"``
     replaces the log-mean-exp by mean s⁻ (DisCO-b). Positives: verified ``outcome`` (§4.5)."""
-    c = _group_counts(outcome, group_ids, scores.dtype)
+    c = group_counts(outcome, group_ids, scores.dtype)
     n = scores.shape[0]
     if params.group_average == "all_groups":
         k = (segment_sum(torch.ones_like(scores), c.idx, n) > 0).sum().to(scores.dtype)
@@ -135,4 +135,4 @@ def disco_objective(batch: PolicyBatch, params: DisCOParams) -> ObjectiveOutput:
         metrics.DISCO_KL: kl.detach(),
         metrics.DISCO_CONSTRAINT_ACTIVE: (kl > params.delta).to(kl.dtype).detach(),
     }
-    return _finish(loss, stats, batch, params.beta, "token-mean")
+    return finish_objective(loss, stats, batch, params.beta, "token-mean")

@@ -16,9 +16,9 @@ from conspo.objectives.base import (
     ObjectiveOutput,
     PolicyBatch,
     WholeBatch,
-    _finish,
-    _float_rewards,
     clipped_surrogate,
+    finish_objective,
+    float_rewards,
     group_advantages,
 )
 from conspo.registry import register_objective
@@ -87,7 +87,7 @@ def reinforce_pp_objective(batch: PolicyBatch, params: ReinforcePPParams) -> Obj
     """REINFORCE++ (Hu, 2025; OpenRLHF) with outcome rewards: the clipped surrogate (§1.2) on
     batch-whitened advantages (§6.7)."""
     adv = reinforce_pp_advantages(
-        _float_rewards(batch),
+        float_rewards(batch),
         batch.group_ids,
         batch.mask,
         params.baseline,
@@ -97,4 +97,6 @@ def reinforce_pp_objective(batch: PolicyBatch, params: ReinforcePPParams) -> Obj
     loss, clip_frac = clipped_surrogate(
         batch, adv, params.clip_low, params.clip_high, params.loss_agg
     )
-    return _finish(loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg)
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg
+    )
