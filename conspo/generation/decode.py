@@ -15,7 +15,11 @@ a single query. ``DecodeLoop`` does the same arithmetic with less around it:
 * the rotary tables (from the model's own ``rotary_emb``, so every rope scaling it knows is
   kept) and the padding bias are built once per call, not once per token;
 * under autocast, the weights are cast to the compute dtype once per call, not once per matmul
-  per token (autocast's weight-cast cache lives for one forward).
+  per token (autocast's weight-cast cache lives for one forward);
+* finished rows leave the batch: once a quarter of the rows still in it have ended their answer,
+  their keys, values and tables are dropped (``COMPACT_WHEN``), so a step costs about the rows
+  still answering, not every row until the longest answer ends. A finished row's logits are
+  returned as zeros (the sampler draws padding for it whatever they are).
 
 The fused matrices are a copy of the decoder's weights in the compute dtype, held while one
 ``sample`` call runs: 1x the model's bytes at float32 or bfloat16, 0.5x under bfloat16
@@ -49,6 +53,9 @@ from transformers import DynamicCache, PreTrainedModel
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
+# Finished rows are dropped from the buffers once they are this share of the rows still in them:
+# a compaction copies every live row's keys and values once, so it waits until it saves that.
+COMPACT_WHEN = 0.25
 
 
 def _plain_linear(module: object) -> bool:
@@ -237,6 +244,22 @@ class DecodeLoop:
         with torch.autocast(device.type, enabled=False):
             cos, sin = decoder.rotary_emb(probe, positions)
         self.cos, self.sin = cos.to(self.compute), sin.to(self.compute)
+        self.rows_in_batch = n
+        self.rows = torch.arange(n, device=device)  # which row each buffer row is
+
+    def drop_finished(self, done: torch.Tensor) -> None:
+        """Drop the rows ``done`` (N,) bool marks from the buffers, once they are at least
+        ``COMPACT_WHEN`` of the rows still there (a host sync: call it every few tokens)."""
+        keep = (~done[self.rows]).nonzero().squeeze(1)
+        kept, held = len(keep), len(self.rows)
+        if kept == 0 or held - kept < COMPACT_WHEN * held:
+            return
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
+        self.bias, self.cos, self.sin = (
+            x.index_select(0, keep) for x in (self.bias, self.cos, self.sin)
+        )
+        self.rows = self.rows.index_select(0, keep)
 
     def _fused(self, *linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One matrix (and bias) for ``linears`` side by side, in the compute dtype."""
@@ -262,7 +285,11 @@ class DecodeLoop:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
-        """(N, V) float32 logits after feeding response token ``t`` (``tokens``, (N,))."""
+        """(N, V) float32 logits after feeding response token ``t`` (``tokens``, (N,)); zeros
+        for the rows ``drop_finished`` has dropped."""
+        compacted = len(self.rows) < self.rows_in_batch
+        if compacted:
+            tokens = tokens.index_select(0, self.rows)
         n = tokens.shape[0]
         column = self.prompt_len + t  # this token's place in the key/value buffers
         live = column + 1
@@ -289,4 +316,8 @@ class DecodeLoop:
                 2, -1
             )
             x = x + F.linear(F.silu(gate) * up, *layer.down)
-        return F.linear(self._norm(self.norm, x), *self.head).float()
+        logits = F.linear(self._norm(self.norm, x), *self.head).float()
+        if not compacted:
+            return logits
+        every_row = logits.new_zeros(self.rows_in_batch, logits.shape[1])
+        return every_row.index_copy_(0, self.rows, logits)

@@ -208,3 +208,33 @@ def test_sampler_draws_the_same_tokens_through_the_loop(policy, prompts, monkeyp
         assert not steps
         assert torch.equal(fast.response_ids, slow.response_ids)
         assert torch.equal(fast.lengths, slow.lengths)
+
+
+@torch.no_grad()
+def test_finished_rows_leave_the_batch_and_the_tokens_stay_the_same(monkeypatch):
+    """Rows that end early are dropped from the loop's buffers once a quarter of the rows have
+    ended: later steps run on fewer rows, and every row draws exactly the tokens transformers'
+    path draws."""
+    torch.manual_seed(0)
+    model = llama_gqa().eval()
+    ids, mask = (x.repeat(2, 1) for x in prompts())  # 12 rows
+    kw = dict(max_new_tokens=40, pad_id=0, temperature=1.0)
+    first = sample(model, ids, mask, eos_id=VOCAB + 5, generator=torch.Generator().manual_seed(5),
+                   decode_loop=False, **kw)  # fmt: skip
+    eos = int(first.response_ids.flatten().mode().values)  # the token drawn most often
+    rows_per_step = []
+    real_step = DecodeLoop.step
+    monkeypatch.setattr(
+        DecodeLoop,
+        "step",
+        lambda self, *a: rows_per_step.append(len(self.rows)) or real_step(self, *a),
+    )
+    ours = sample(model, ids, mask, eos_id=eos, generator=torch.Generator().manual_seed(6), **kw)
+    theirs = sample(model, ids, mask, eos_id=eos, generator=torch.Generator().manual_seed(6),
+                    decode_loop=False, **kw)  # fmt: skip
+    assert torch.equal(ours.response_ids, theirs.response_ids)
+    assert torch.equal(ours.response_mask, theirs.response_mask)
+    ended = (~ours.truncated).sum().item()
+    assert ended >= 6, "the test needs rows that end early"
+    assert rows_per_step[0] == 12 and min(rows_per_step) < 12 - ended // 2
+    assert rows_per_step == sorted(rows_per_step, reverse=True)
