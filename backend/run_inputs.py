@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from backend import liveness
 from backend.config import Settings
+from backend.errors import InvalidInput
 from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
@@ -57,14 +57,14 @@ def memory_limit(settings: Settings) -> int:
 
 
 def refuse_unavailable(config: RunConfig, settings: Settings, loc: Loc) -> None:
-    """Raise a 422 (``RequestValidationError``) for each thing ``config`` may not make a worker
+    """Raise a 422 (``InvalidInput``) for each thing ``config`` may not make a worker
     read or allocate, located under ``loc`` (where the request holds the config)."""
     errors = [
         {"type": "value_error", "loc": (*loc, *where), "msg": message, "input": value}
         for where, message, value in problems(config, settings)
     ]
     if errors:
-        raise RequestValidationError(errors)
+        raise InvalidInput(errors)
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def refuse_missing_software(
         if not any(r.advertised_by(caps) for caps in workers)
     ]
     if errors:
-        raise RequestValidationError(errors)
+        raise InvalidInput(errors)
 
 
 def problems(config: RunConfig, settings: Settings) -> list[tuple[Loc, str, Any]]:

@@ -23,7 +23,6 @@ search``), every trial run over every seed.
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Annotated, Any, Literal
 
@@ -31,7 +30,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import PydanticCustomError
 
 from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
-from conspo.config import RunConfig, TaskConfig, deep_merge
+from conspo.config import RunConfig, deep_merge, with_overrides
 
 # Arm names go into run names (study-<id>-<arm>-s<seed>) and tags: short, no spaces.
 ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}$"
@@ -195,25 +194,9 @@ def expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def arm_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The arm's raw config: base with overrides merged. A new algorithm (or task) without its
-    own params starts from its defaults: the base's params were for another one."""
-    nested = expand_dotted(overrides)
-    start = copy.deepcopy(base)
-    algorithm = nested.get("algorithm")
-    if algorithm and algorithm != start.get("algorithm", "conspo") and "params" not in nested:
-        start.pop("params", None)
-    task, new_task = start.get("task"), nested.get("task")
-    if (
-        isinstance(task, dict)
-        and isinstance(new_task, dict)
-        and new_task.get("name", task.get("name")) != task.get("name")
-        and "params" not in new_task
-    ):
-        start["task"] = {
-            k: v for k, v in task.items() if k in TaskConfig.model_fields and k != "params"
-        }
-    start.pop("name", None)
-    return deep_merge(start, nested)
+    """The arm's raw config: base with (dotted or nested) overrides, by the override rule of
+    ``conspo.config.with_overrides``."""
+    return with_overrides(base, expand_dotted(overrides))
 
 
 def validate_arm(

@@ -216,7 +216,7 @@ function rowFor(run, cols) {
       run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
     ),
     h("td", {}, statusBadge(run), queuePlace(run), waitingNote(run)),
-    h("td", {}, run.algorithm || "–"),
+    h("td", {}, run.algorithm || run.kind || "–"),
     h("td.opt", {}, run.task || "–"),
     h("td.mono.opt", {}, run.model || "–"),
     h("td.resources.opt", { title: "config.resources: GPUs per node × nodes" }, resourcesText(run)),

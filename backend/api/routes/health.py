@@ -16,15 +16,16 @@ from typing import Any
 
 from celery import Celery
 from fastapi import APIRouter, Response, status
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 
 from backend import lifecycle, liveness
 from backend.api.deps import CeleryDep, DatabaseDep, JobsDep, SettingsDep, StreamHubDep
 from backend.config import VERSION, Settings
 from backend.db import Database
-from backend.models import Run, RunStatus, Worker, utcnow
+from backend.models import Worker, utcnow
 from backend.queue import JobQueue
 from backend.schemas import Health
+from backend.storage.runs import count_queued
 
 router = APIRouter(tags=["health"])
 
@@ -63,10 +64,7 @@ def _work(db: Database, jobs: JobQueue | None, settings: Settings) -> Work:
     with db.session() as session:
         work = Work(
             workers=liveness.alive(session, now - timedelta(seconds=settings.worker_alive_s)),
-            queued=session.scalar(
-                select(func.count()).select_from(Run).where(Run.status == RunStatus.queued)
-            )
-            or 0,
+            queued=count_queued(session),
         )
         if jobs is not None:
             sent_before = now - timedelta(seconds=settings.unclaimed_resend_s)
