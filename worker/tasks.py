@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from conspo.config import RunConfig
     from conspo.sink import Sink
-    from conspo.training.trainer import TrainResult
+    from conspo.training.loop import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def device_and_dtype(config: Any) -> tuple[str, str]:
     """Where and in what dtype ``config`` trains here: ("cuda:0 (NVIDIA H200)", "bfloat16")."""
     import torch
 
-    from conspo.models.store import pick_device
+    from conspo.models.loading import pick_device
 
     device, dtype = pick_device(config.model)
     name = "cpu"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.training.trainer import TrainResult
+    from conspo.training.loop import TrainResult
 
 # rollouts_of(run_id): a finished run's stored (prompt, completion, reward), in step order
 RolloutsOf = Callable[[int], Iterable[tuple[str, str, float | None]]]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from conspo.access import DataFiles
     from conspo.config import RunConfig
     from conspo.models.store import ModelStore
-    from conspo.training.trainer import TrainResult, TrainState
+    from conspo.training.loop import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -66,17 +66,16 @@ class DistillParams(BaseModel):
     sections=("sampling",),
 )
 def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.training.loop import run_job
+    from conspo.training.loop import one_update_per_step, run_loop
 
-    return run_job(config, *args, start=start, **kwargs)
+    return run_loop(config, *args, start=one_update_per_step(start), **kwargs)
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.generation.forward import logprob_mode
     from conspo.generation.rollout import encode_prompts
-    from conspo.models.store import load_pretrained
-    from conspo.training.loop import optimiser_step
-    from conspo.training.trainer import step_seed
+    from conspo.models.loading import load_pretrained
+    from conspo.training.loop import optimiser_step, step_seed
 
     cfg = state.cfg
     params = cfg.typed("kind_params", DistillParams)

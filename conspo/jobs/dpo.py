@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from conspo.access import DataFiles
     from conspo.config import RunConfig
     from conspo.models.store import ModelStore
-    from conspo.training.trainer import TrainResult, TrainState
+    from conspo.training.loop import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -129,13 +129,13 @@ def pairs_from_run(
     """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, the pairs built from
     that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once (a resumed attempt
     reuses them). A rollout is correct when its reward passes the one positive threshold."""
-    from conspo.objectives.base import POSITIVE_THRESHOLD
+    from conspo.objectives.base import is_positive
 
     params = config.typed("kind_params", DPOParams)
     path = workdir / PAIRS_FILE
     if params.from_run is None or path.is_file():
         return
-    rollouts = ((p, c, (r or 0) > POSITIVE_THRESHOLD) for p, c, r in rollouts_of(params.from_run))
+    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
     pairs, _ = build_pairs(rollouts, params.max_pairs_per_prompt)
     write_pairs(pairs, path)
 
@@ -150,10 +150,15 @@ def pairs_from_run(
     inputs=pairs_from_run,
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.training.loop import run_job
+    from conspo.training.loop import one_update_per_step, run_loop
 
     workdir = Path(kwargs["workdir"])
-    return run_job(config, *args, start=lambda s, f, m: start(s, f, m, workdir), **kwargs)
+    return run_loop(
+        config,
+        *args,
+        start=one_update_per_step(lambda s, f, m: start(s, f, m, workdir)),
+        **kwargs,
+    )
 
 
 def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) -> list[Pair]:
@@ -188,8 +193,8 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
     import copy
 
     from conspo.tasks.prompts import PromptRenderer
-    from conspo.training.loop import optimiser_step, pack_rows, sequence_logprobs
-    from conspo.training.trainer import step_seed
+    from conspo.training.loop import optimiser_step, sequence_logprobs, step_seed
+    from conspo.training.sft import answer_rows
 
     cfg = state.cfg
     params = cfg.typed("kind_params", DPOParams)
@@ -208,7 +213,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
         rng = random.Random(step_seed(cfg.seed, step, "dpo"))
         drawn = [pairs[rng.randrange(len(pairs))] for _ in range(params.batch_size)]
         rows = [(p.prompt, p.chosen) for p in drawn] + [(p.prompt, p.rejected) for p in drawn]
-        ids, mask, labels = pack_rows(state.tokenizer, rows, state.device, 0)
+        ids, mask, labels = answer_rows(state.tokenizer, rows, state.device, 0)
         state.model.eval()  # no dropout: π_θ and π_ref score the same way
         policy = sequence_logprobs(state.model, ids, mask, labels)[0]
         ratio = policy - reference(ids, mask, labels)  # (2B,) log π_θ/π_ref per response

@@ -11,7 +11,7 @@ from conspo.registry import register_job_kind
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.training.trainer import TrainResult
+    from conspo.training.loop import TrainResult
 
 
 class RLParams(BaseModel):
