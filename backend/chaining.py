@@ -1,8 +1,9 @@
 """Runs that start from other runs, and the model registry built from finished runs.
 
-* ``refuse_bad_start(config, ...)``: a 422 at ``model.from_run`` (or ``kind_params.from_run``)
-  unless that run exists, has finished and (for a model) has the checkpoint ``model.step``
-  names on disk, checked at submit time; the worker resolves it again (``worker.job_inputs``).
+* ``start_problems(config, ...)``: ``model.from_run`` (or ``kind_params.from_run``) unless that
+  run exists, has finished without failing and (for a model) has the checkpoint ``model.step``
+  names on disk, checked at submit time (``backend.submit_checks``); the worker resolves it
+  again (``worker.job_inputs``).
 * ``list_models(session, settings)``: every finished run with a checkpoint on disk, as a model:
   its checkpoints (last, best), its lineage (the runs it started from, back to a base model) and
   its last evaluation. ``export_model`` writes one as a plain Hugging Face directory.
@@ -20,7 +21,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -57,19 +57,12 @@ def _unusable(session: Session, settings: Settings, run_id: int, which: Which | 
         return f"run {run_id} does not exist"
     if run.status not in FINISHED:
         return f"run {run_id} has not finished (it is {run.status})"
+    if run.status == RunStatus.failed:
+        return f"run {run_id} failed: start from a run that succeeded (or was cancelled)"
     if which is not None and checkpoint_for(settings.run_dir(run_id), which) is None:
         kept = [s for s, _ in step_checkpoints(settings.run_dir(run_id))]
         return f"run {run_id} has no {describe(which)} (kept steps: {kept or 'none'})"
     return ""
-
-
-def refuse_bad_start(config: RunConfig, session: Session, settings: Settings, loc: Loc) -> None:
-    errors = [
-        {"type": "value_error", "loc": (*loc, *where), "msg": message, "input": value}
-        for where, message, value in start_problems(config, session, settings)
-    ]
-    if errors:
-        raise RequestValidationError(errors)
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from conspo.config import PromptConfig
 from conspo.tasks.base import Example, Task
+from conspo.templates import render
 
 
 class PromptRenderer:
@@ -34,7 +35,7 @@ class PromptRenderer:
         self.chat = has_template and cfg.chat_template != "off"
 
     def __call__(self, question: str) -> str:
-        text = self.cfg.text().format(question=question)
+        text = render(self.cfg.text(), {"question": question})
         if not self.chat:
             return text
         messages = [{"role": "user", "content": text}]

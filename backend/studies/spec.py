@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
 from conspo.config import RunConfig, TaskConfig, deep_merge
+from conspo.input_checks import json_problem, loc_text
 
 # Arm names go into run names (study-<id>-<arm>-s<seed>) and tags: short, no spaces.
 ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}$"
@@ -198,6 +199,11 @@ def arm_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
     """The arm's raw config: base with overrides merged. A new algorithm (or task) without its
     own params starts from its defaults: the base's params were for another one."""
     nested = expand_dotted(overrides)
+    # a dotted key nests as deep as it has dots ("a.a.…": hundreds of levels, past what the
+    # merge and the validation below may recurse through): the bound every stored JSON keeps
+    if (problem := json_problem(nested)) is not None:
+        where, what = problem
+        raise ValueError(f"overrides, expanded, at {loc_text(where)}: {what}")
     start = copy.deepcopy(base)
     algorithm = nested.get("algorithm")
     if algorithm and algorithm != start.get("algorithm", "conspo") and "params" not in nested:
@@ -228,10 +234,10 @@ def validate_arm(
         return RunConfig.model_validate(raw), []
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
-        return None, [{**e, "loc": (*loc, *_dotted_loc(e["loc"], overrides))} for e in errors]
+        return None, [{**e, "loc": (*loc, *dotted_loc(e["loc"], overrides))} for e in errors]
 
 
-def _dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
+def dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
     """Name an error by the override's own spelling when it used a dotted path."""
     text = ".".join(str(p) for p in loc)
     for key in overrides:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend import chaining, lifecycle, run_inputs
+from backend import lifecycle
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
@@ -26,6 +26,7 @@ from backend.api.deps import (
 )
 from backend.models import FINISHED, Metric, Pipeline, Run, RunStatus
 from backend.schemas import PipelineCreate, run_out
+from backend.submit_checks import Submitted, refuse_unfit
 
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], route_class=JSONBodyRoute)
 PipelineId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -42,12 +43,10 @@ def create(
 ) -> dict[str, Any]:
     """Queue stage 0; the later stages wait for the stage before them to succeed."""
     for i, config in enumerate(body.stages):
-        loc = ("body", "stages", i)
         if i > 0 and config.model.from_run is not None:
             raise _stage_error(i, "a later stage starts from the previous stage's run; drop it")
-        run_inputs.refuse_missing_software(config, session, settings, loc)
-        run_inputs.refuse_unavailable(config, settings, loc)
-        chaining.refuse_bad_start(config, session, settings, loc)
+    stages = [Submitted(("body", "stages", i), c) for i, c in enumerate(body.stages)]
+    refuse_unfit(session, settings, stages)
     pipeline, _ = lifecycle.queue_pipeline(
         session, jobs, user, body.name, body.stages, tags=body.tags
     )
