@@ -155,17 +155,17 @@ def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
         (("task", "params"), config.task.params, get_task(config.task.name).params),
         (("kind_params",), config.kind_params, get_job_kind(config.kind).params),
     ):
-        check = files.check_path if getattr(model, "dataset_dirs", False) else files.check
+        dirs = getattr(model, "dataset_dirs", False)  # read by conspo.datasets: a layout
         for field in getattr(model, "data_paths", ()):
             name = params.get(field)
             if name is None:
                 continue
             try:
-                real = check(name)
+                real = files.check_path(name) if dirs else files.check(name)
             except (Unavailable, ValueError) as exc:
                 yield (*loc, field), str(exc), name
                 continue
-            if check is files.check_path and (problem := layout_problem(name, real)):
+            if dirs and (problem := layout_problem(name, real)):
                 yield (*loc, field), problem, name
 
 
