@@ -47,6 +47,13 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         60.0, gt=0, description="A running run whose heartbeat is older is re-queued."
     )
+    cancel_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="A running run still running this long after its cancel was requested (its"
+        " trainer stops at the next step boundary, normally within seconds) is recorded"
+        " cancelled and its training process killed (worker.watchdog).",
+    )
     reaper_interval_s: float = Field(
         0.0, ge=0, description="Period of each worker's reaper thread (0: heartbeat_timeout/2)."
     )
