@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         description="PostgreSQL: an API connection idle inside a transaction this long is closed "
         "by the server (a leaked transaction cannot pin rows or a pool slot); 0: never.",
     )
+    health_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="/api/health answers within this long whatever the database does (a slow"
+        " database makes it degraded).",
+    )
     request_timeout_s: float = Field(
         30.0,
         ge=0,
