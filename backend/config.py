@@ -93,6 +93,12 @@ class Settings(BaseSettings):
         description="Open live streams per caller (the token's user, else the client address); "
         "one more gets 429.",
     )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated addresses of reverse proxies whose X-Forwarded-For is"
+        " believed (`conspo-lab serve` passes them to uvicorn); empty: none, the peer address"
+        " is the client's.",
+    )
     stream_max_total: int = Field(
         2000, gt=0, description="Open live streams per API process; one more gets 503."
     )
@@ -182,7 +188,7 @@ class Settings(BaseSettings):
         " a worker also refuses more than its device has).",
     )
 
-    @field_validator("data_roots", "model_roots", "hub_allow", mode="before")
+    @field_validator("data_roots", "model_roots", "hub_allow", "trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
