@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
     from conspo.access import DataFiles
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
-    from conspo.trainer import TrainResult, TrainState
+    from conspo.models.store import ModelStore
+    from conspo.training.loop import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -129,10 +129,15 @@ def write_pairs(pairs: list[Pair], path: Path) -> None:
     metrics=(M.LOSS, M.GRAD_NORM, M.DPO_ACCURACY, M.DPO_MARGIN, M.DPO_CHOSEN, M.DPO_REJECTED),
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.job_loop import run_job
+    from conspo.training.loop import one_update_per_step, run_loop
 
     workdir = Path(kwargs["workdir"])
-    return run_job(config, *args, start=lambda s, f, m: start(s, f, m, workdir), **kwargs)
+    return run_loop(
+        config,
+        *args,
+        start=one_update_per_step(lambda s, f, m: start(s, f, m, workdir)),
+        **kwargs,
+    )
 
 
 def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) -> list[Pair]:
@@ -146,7 +151,7 @@ def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) 
         pairs = [Pair(**json.loads(line)) for line in path.read_text().splitlines() if line]
         where = f"run {params.from_run}'s stored rollouts"
     else:
-        from conspo.datasets import load_dataset_file
+        from conspo.tasks.datasets import load_dataset_file
 
         assert params.path is not None
         rows = load_dataset_file(files, params.path).to_list()
@@ -166,9 +171,9 @@ def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) 
 def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:
     import copy
 
-    from conspo.job_loop import optimiser_step, pack_rows, sequence_logprobs
-    from conspo.prompts import PromptRenderer
-    from conspo.trainer import step_seed
+    from conspo.tasks.prompts import PromptRenderer
+    from conspo.training.loop import optimiser_step, sequence_logprobs, step_seed
+    from conspo.training.sft import answer_rows
 
     cfg = state.cfg
     params = DPOParams.model_validate(cfg.kind_params)
@@ -187,7 +192,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
         rng = random.Random(step_seed(cfg.seed, step, "dpo"))
         drawn = [pairs[rng.randrange(len(pairs))] for _ in range(params.batch_size)]
         rows = [(p.prompt, p.chosen) for p in drawn] + [(p.prompt, p.rejected) for p in drawn]
-        ids, mask, labels = pack_rows(state.tokenizer, rows, state.device, 0)
+        ids, mask, labels = answer_rows(state.tokenizer, rows, state.device, 0)
         state.model.eval()  # no dropout: π_θ and π_ref score the same way
         policy = sequence_logprobs(state.model, ids, mask, labels)[0]
         ratio = policy - reference(ids, mask, labels)  # (2B,) log π_θ/π_ref per response

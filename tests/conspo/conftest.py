@@ -4,8 +4,9 @@ base as a policy and a left-padded prompt batch for the rollout and forward test
 import pytest
 import torch
 
-from conspo.models import ModelStore, load_pretrained
-from conspo.rollout import encode_prompts
+from conspo.generation.rollout import encode_prompts
+from conspo.models.loading import load_pretrained
+from conspo.models.store import ModelStore
 from tests.support import shared_model_store
 
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from conspo import metrics as M
-from conspo import trainer
 from conspo.config import RunConfig
-from conspo.resources import OutOfMemory
+from conspo.models.resources import OutOfMemory
 from conspo.sink import MemorySink
-from conspo.trainer import setup, train
+from conspo.training import trainer
+from conspo.training.loop import setup
+from conspo.training.trainer import train
 
 
 def config(**model) -> RunConfig:

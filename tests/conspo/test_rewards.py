@@ -11,7 +11,6 @@ import torch
 from pydantic import ValidationError
 
 from conspo import metrics as M
-from conspo import trainer
 from conspo.config import RunConfig
 from conspo.rewards import (
     InfoGainParams,
@@ -26,6 +25,7 @@ from conspo.rewards import (
 from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask, intermediate_results
 from conspo.tasks.base import Example
+from conspo.training import loop, trainer
 
 ARITH = ArithTask(ArithParams(num_operands=3, operators="+-*"))
 # "3*4+7=": intermediate results 12 then 19.
@@ -180,7 +180,7 @@ def test_sample_groups_gives_the_objective_the_shaped_sum(model_store, arith_bas
         "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
         "rewards": SHAPED,
     })  # fmt: skip
-    state = trainer.setup(cfg, model_store)
+    state = loop.setup(cfg, model_store)
     prompts = state.task.train_prompts(random.Random(0), 4)
     r = trainer.sample_groups(state, prompts, seed=1)
     parts = r.reward_parts
@@ -253,7 +253,7 @@ def arith_state(model_store, arith_base):
         "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
         "rewards": [{"name": "info_gain"}],
     })  # fmt: skip
-    return trainer.setup(cfg, model_store)
+    return loop.setup(cfg, model_store)
 
 
 def manual_mean_logprob(state, prompt: str, context: str, answer: str) -> float:
