@@ -1,8 +1,9 @@
 """Runs that start from other runs: the submit-time check of the runs a config names.
 
-* ``refuse_bad_start(config, ...)``: a 422 at ``model.from_run`` (or ``kind_params.from_run``)
-  unless that run exists, has finished and (for a model) has the checkpoint ``model.step``
-  names on disk, checked at submit time; the worker resolves it again (``worker.job_inputs``).
+* ``start_problems(config, ...)``: ``model.from_run`` (or ``kind_params.from_run``) unless that
+  run exists, has finished without failing and (for a model) has the checkpoint ``model.step``
+  names on disk, checked at submit time (``backend.submit_checks``); the worker resolves it
+  again (``worker.job_inputs``).
 
 The model registry built from finished runs is ``backend.model_registry``.
 """
@@ -14,8 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
-from backend.errors import InvalidInput
-from backend.models import FINISHED, Run
+from backend.models import FINISHED, Run, RunStatus
 from conspo.config import RunConfig
 from conspo.models.lineage import Which, checkpoint_for, describe, step_checkpoints
 from conspo.registry import get_job_kind
@@ -47,16 +47,9 @@ def _unusable(session: Session, settings: Settings, run_id: int, which: Which | 
         return f"run {run_id} does not exist"
     if run.status not in FINISHED:
         return f"run {run_id} has not finished (it is {run.status})"
+    if run.status == RunStatus.failed:
+        return f"run {run_id} failed: start from a run that succeeded (or was cancelled)"
     if which is not None and checkpoint_for(settings.run_dir(run_id), which) is None:
         kept = [s for s, _ in step_checkpoints(settings.run_dir(run_id))]
         return f"run {run_id} has no {describe(which)} (kept steps: {kept or 'none'})"
     return ""
-
-
-def refuse_bad_start(config: RunConfig, session: Session, settings: Settings, loc: Loc) -> None:
-    errors = [
-        {"type": "value_error", "loc": (*loc, *where), "msg": message, "input": value}
-        for where, message, value in start_problems(config, session, settings)
-    ]
-    if errors:
-        raise InvalidInput(errors)

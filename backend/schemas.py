@@ -461,6 +461,10 @@ class Health(BaseModel):
     stranded_runs: list[int] = Field(
         description="Queued runs sent long ago, unclaimed, whose job the queue seems to lack."
     )
+    stale_runs: list[int] = Field(
+        default_factory=list,
+        description="Running runs whose heartbeat is older than the heartbeat timeout.",
+    )
     reasons: list[str] = Field(description="Why the status is not ok, one line each.")
     live_streams: LiveStreams
 

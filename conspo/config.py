@@ -38,6 +38,7 @@ from conspo.registry import (
     get_objective,
     relocated,
 )
+from conspo.templates import placeholders, template_problem
 
 
 class _WithParams(Protocol):
@@ -463,7 +464,8 @@ class LoggingConfig(_Section):
     )
 
 
-# Named prompt templates; a custom one is any text holding {question}.
+# Named prompt templates; a custom one is any text holding {question} (conspo.templates).
+PROMPT_FIELDS = ("question",)
 PROMPT_TEMPLATES: dict[str, str] = {
     "plain": "{question}",
     # The paper's (DeepScaleR / DAPO recipes): reason, then a \\boxed{} answer the verifier reads.
@@ -493,17 +495,13 @@ class PromptConfig(_Section):
     @classmethod
     def _template_holds_the_question(cls, template: str) -> str:
         text = PROMPT_TEMPLATES.get(template, template)
-        try:
-            text.format(question="")
-        except (KeyError, IndexError, ValueError) as exc:
+        problem = template_problem(text, PROMPT_FIELDS)
+        if problem is None and "question" not in placeholders(text, PROMPT_FIELDS):
+            problem = "it does not hold {question}"
+        if problem is not None:
             raise ValueError(
                 f"not a named template ({', '.join(PROMPT_TEMPLATES)}) nor a text holding"
-                f" {{question}} with other braces doubled ({exc!r})"
-            ) from None
-        if "{question}" not in text:
-            raise ValueError(
-                f"not a named template ({', '.join(PROMPT_TEMPLATES)}) nor a text holding"
-                " {question}"
+                f" {{question}} with other braces doubled: {problem}"
             )
         return template
 

@@ -13,7 +13,10 @@ How an attempt ends:
   step boundary and checkpoints, and ``release`` hands the run back to the queue;
 * the database stayed unreachable past ``db_retry_limit_s``: the run is not the culprit, so it
   is not failed; the worker stops training and releases the run once the database answers;
-* the run was deleted or another attempt took it over: nothing more is written.
+* the run was deleted or another attempt took it over: nothing more is written;
+* the training thread holds the interpreter so long that the heartbeat cannot run (a cancel
+  unanswered, the heartbeat stalled): ``worker.watchdog``, a process beside the attempt,
+  records the cancel and kills this process (the reaper re-queues a stalled run).
 
 Database errors on the way (claim, heartbeat, sink, finish) are retried by one ``Outage`` per
 attempt (``worker.retry``).
@@ -42,6 +45,7 @@ from backend.pipelines import service as pipelines
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
 from backend.studies import service as studies
+from worker import watchdog
 from worker.celery_app import celery_app, database
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
@@ -233,10 +237,12 @@ def execute_run(
         return "skipped"
     heartbeat = Heartbeat(db, run_id, run.attempt, settings.heartbeat_interval_s, outage)
     heartbeat.start()
+    guard = watchdog.start(settings, run_id, run.attempt)  # for when the heartbeat cannot run
     try:
         outcome = train_attempt(db, settings, run, heartbeat, outage, shutdown)
     finally:
         heartbeat.finish()
+        watchdog.stop(guard)
         _free_device_memory()
     return record(db, jobs, settings, run, outcome, outage, shutdown)
 

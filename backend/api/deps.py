@@ -257,14 +257,21 @@ class StreamStart:
     write_seq: int = 0  # the run's write sequence when the stream opened
 
 
-def get_stream_caller(request: Request, session: SessionDep, credentials: Credentials) -> str:
+def get_stream_caller(
+    request: Request, session: SessionDep, settings: SettingsDep, credentials: Credentials
+) -> str:
     """A valid token's user, else the client's address (a made-up token counts as no token,
-    so it cannot dodge the bound). Behind a proxy, run uvicorn with --proxy-headers so the
-    address is the client's, not the proxy's."""
+    so it cannot dodge the bound). Behind a proxy, list it in CONSPO_TRUSTED_PROXIES so that
+    the address is the client's, not the proxy's. A request carrying X-Forwarded-For when no
+    proxy is trusted may have had its address taken from that header by a server run with
+    uvicorn's defaults (which trust loopback's): all such requests count as one caller, so
+    a new made-up address per stream buys nothing."""
     if credentials is not None and credentials.credentials:
         user = user_for_token(session, credentials.credentials)
         if user is not None:
             return f"user {user.name}"
+    if not settings.trusted_proxies and "x-forwarded-for" in request.headers:
+        return "client behind an untrusted X-Forwarded-For"
     return f"client {request.client.host if request.client else 'unknown'}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import String, cast, func, select
@@ -81,4 +82,15 @@ def runs_by_id(session: Session, ids: Sequence[int]) -> dict[int, Run]:
 
 
 def count_queued(session: Session) -> int:
-    return session.scalar(select(func.count()).where(Run.status == RunStatus.queued)) or 0
+    return count_in(session, RunStatus.queued)
+
+
+def count_in(session: Session, status: RunStatus) -> int:
+    """How many runs are in ``status``."""
+    return session.scalar(select(func.count()).where(Run.status == status)) or 0
+
+
+def stale_running(session: Session, beat_before: datetime) -> list[int]:
+    """Ids of running runs whose last heartbeat is older than ``beat_before``."""
+    stmt = select(Run.id).where(Run.status == RunStatus.running, Run.heartbeat_at < beat_before)
+    return list(session.scalars(stmt))

@@ -35,6 +35,7 @@ from backend.studies.objective import (
     window_start,
 )
 from backend.studies.spec import Objective
+from conspo.spreadsheet import csv_cell
 
 # Run fields the compare page groups by directly (compare.js TOP_LEVEL); anything else is a
 # config path.
@@ -219,14 +220,7 @@ def comparison_csv(view: dict[str, Any]) -> str:
             reduce,
             "" if r["window_start"] is None else r["window_start"],
             r["window_points"],
-            "" if value is None or not math.isfinite(value) else repr(float(value)),
+            "" if value is None or not math.isfinite(value) else float(value),
         ]
-        lines.append(",".join(_csv_cell(c) for c in cells))
+        lines.append(",".join(csv_cell(c) for c in cells))
     return "\n".join(lines) + "\n"
-
-
-def _csv_cell(value: Any) -> str:
-    text = str(value)
-    if any(c in text for c in ',"\n\r'):
-        return '"' + text.replace('"', '""') + '"'
-    return text

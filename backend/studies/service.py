@@ -57,6 +57,7 @@ from backend.studies.spec import (
     validate_arm,
 )
 from conspo.config import RunConfig
+from conspo.spreadsheet import csv_cell
 
 log = logging.getLogger(__name__)
 
@@ -396,8 +397,7 @@ def objective_csv(view: dict[str, Any]) -> str:
     """The per-seed objective as CSV: study, arm, seed, run id, status, objective."""
     lines = ["study,arm,seed,run_id,status,objective"]
     for r in view["runs"]:
-        value = "" if r["objective"] is None else repr(float(r["objective"]))
-        lines.append(
-            f"{view['id']},{r['arm']},{r['seed']},{r['run_id'] or ''},{r['status']},{value}"
-        )
+        value = "" if r["objective"] is None else float(r["objective"])
+        cells = [view["id"], r["arm"], r["seed"], r["run_id"] or "", r["status"], value]
+        lines.append(",".join(csv_cell(c) for c in cells))
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ student must share a tokenizer (the vocabularies are compared at start).
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,9 @@ else:
 
 class DistillParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # the fields naming a model: checked at submit time like model.name (backend.run_inputs),
+    # and again by the model store when loaded
+    model_names: ClassVar[tuple[str, ...]] = ("teacher",)
 
     teacher: Label = Field(
         "tiny-arith",

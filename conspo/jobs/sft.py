@@ -25,6 +25,7 @@ from conspo.config import DatasetFields
 from conspo.input_checks import Label
 from conspo.lazy import lazy_import
 from conspo.registry import register_job_kind
+from conspo.templates import placeholders, render, template_problem
 
 if TYPE_CHECKING:
     import torch
@@ -72,11 +73,10 @@ class SFTParams(BaseModel):
     @field_validator("target")
     @classmethod
     def _target_holds_the_answer(cls, target: str) -> str:
-        try:
-            filled = target.format(answer="\0")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"must hold {{answer}}, other braces doubled ({exc!r})") from None
-        if "\0" not in filled:
+        problem = template_problem(target, ("answer",))
+        if problem is not None:
+            raise ValueError(f"must hold {{answer}}, other braces doubled: {problem}")
+        if "answer" not in placeholders(target, ("answer",)):
             raise ValueError("must hold {answer}")
         return target
 
@@ -101,7 +101,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
 
     cfg = state.cfg
     params = cfg.typed("kind_params", SFTParams)
-    render = PromptRenderer(cfg.prompt, state.tokenizer)
+    prompt = PromptRenderer(cfg.prompt, state.tokenizer)
     problems: list[Example] | None = None
     if params.path is not None:
         problems = load_problems(files, params.path, params.fields, ("train",))
@@ -112,9 +112,9 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
         rng = random.Random(step_seed(cfg.seed, step, "sft"))
         if problems is None:  # the task's training split, its prompts already rendered
             drawn = state.task.train_prompts(rng, params.batch_size)
-            return [(ex.prompt, params.target.format(answer=ex.answer)) for ex in drawn]
+            return [(ex.prompt, render(params.target, {"answer": ex.answer})) for ex in drawn]
         drawn = [problems[rng.randrange(len(problems))] for _ in range(params.batch_size)]
-        return [(render(ex.prompt), params.target.format(answer=ex.answer)) for ex in drawn]
+        return [(prompt(ex.prompt), render(params.target, {"answer": ex.answer})) for ex in drawn]
 
     def step(step: int) -> dict[str, float]:
         max_tokens = params.max_tokens if params.packing else 0

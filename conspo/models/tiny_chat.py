@@ -34,6 +34,7 @@ from conspo.models.catalog import (
 )
 from conspo.models.tiny import build_tiny_model
 from conspo.tasks.math_fixtures import easy_problems, fixture_sets
+from conspo.templates import render
 
 # The warm start: the prompt format tiny-chat-math is trained on (and expects in RL).
 WARM_START_PROMPT = PromptConfig(template="boxed", chat_template="on")
@@ -42,7 +43,7 @@ WARM_START_PROMPT = PromptConfig(template="boxed", chat_template="on")
 def tokenizer_corpus() -> list[str]:
     """The fixed text the BPE merges are learned from."""
     rows = [" ".join(map(str, row.values())) for rows in fixture_sets().values() for row in rows]
-    templates = [t.format(question="") for t in PROMPT_TEMPLATES.values()]
+    templates = [render(t, {"question": ""}) for t in PROMPT_TEMPLATES.values()]
     return rows + templates + ["system user assistant\n"] * 20
 
 

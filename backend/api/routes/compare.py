@@ -14,6 +14,7 @@ from backend.api.query import CommaList, parse_ids, parse_keys
 from backend.studies import report
 from backend.studies.comparison import comparison_csv, comparison_view
 from backend.studies.spec import Objective
+from conspo.input_checks import LABEL
 
 router = APIRouter(prefix="/compare", tags=["metrics"])
 MAX_RUNS = 200
@@ -27,6 +28,7 @@ def comparison(
     ),
     group: Annotated[
         str,
+        LABEL,
         Query(
             max_length=200,
             description="Group by algorithm, task, model or a config path (params.tau);"
@@ -39,7 +41,7 @@ def comparison(
     k: Annotated[int, Query(ge=1, le=10_000, description="The last-N window.")] = 3,
     direction: Annotated[Literal["max", "min"], Query(description="Which way is better.")] = "max",
     baseline: Annotated[
-        str | None,
+        Annotated[str, LABEL] | None,
         Query(max_length=400, description="The baseline group's label, e.g. algorithm=grpo."),
     ] = None,
 ) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backend import model_registry
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import CurrentUser, RunDep, SessionDep, SettingsDep
+from backend.api.deps import OwnedRunDep, SessionDep, SettingsDep
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=JSONBodyRoute)
 
@@ -76,11 +76,10 @@ class ExportRequest(BaseModel):
 
 
 @router.post("/{run_id}/export", response_model=Exported)
-def export(
-    run: RunDep, body: ExportRequest, _: CurrentUser, settings: SettingsDep
-) -> dict[str, Any]:
+def export(run: OwnedRunDep, body: ExportRequest, settings: SettingsDep) -> dict[str, Any]:
     """Write the run's checkpoint as a Hugging Face directory (LoRA merged into its base) under
-    the data dir; returns its path (it loads with ``from_pretrained``)."""
+    the data dir; returns its path (it loads with ``from_pretrained``). Its owner or an admin
+    only: it writes to the server's disk."""
     try:
         out = model_registry.export_model(settings, run.id, body.step)
     except FileNotFoundError as exc:

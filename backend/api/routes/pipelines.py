@@ -9,7 +9,6 @@ from typing import Any
 
 from fastapi import APIRouter, status
 
-from backend import chaining, run_inputs
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
@@ -23,6 +22,7 @@ from backend.api.deps import (
 from backend.pipelines import service
 from backend.schemas import PipelineCreate, PipelineList, PipelineOut
 from backend.storage import pipelines as stored
+from backend.submit_checks import Submitted, refuse_unfit
 
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], route_class=JSONBodyRoute)
 
@@ -38,11 +38,8 @@ def create(
 ) -> dict[str, Any]:
     """Queue stage 0; the later stages wait for the stage before them to succeed."""
     service.check_stages(body.stages, ("body", "stages"))
-    for i, config in enumerate(body.stages):
-        loc = ("body", "stages", i)
-        run_inputs.refuse_missing_software(config, session, settings, loc)
-        run_inputs.refuse_unavailable(config, settings, loc)
-        chaining.refuse_bad_start(config, session, settings, loc)
+    stages = [Submitted(("body", "stages", i), c) for i, c in enumerate(body.stages)]
+    refuse_unfit(session, settings, stages)
     pipeline, _ = service.queue_pipeline(
         session, jobs, user, body.name, body.stages, tags=body.tags
     )

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backend import chaining, lifecycle, run_inputs
+from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
@@ -36,6 +36,7 @@ from backend.schemas import (
 )
 from backend.storage import runs as storage_runs
 from backend.storage.runs import RunFilter, RunSort
+from backend.submit_checks import Submitted, refuse_unfit
 from conspo.config import RunConfig, with_overrides
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JSONBodyRoute)
@@ -53,9 +54,7 @@ def create(
     cluster: ClusterDep,
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
-    run_inputs.refuse_missing_software(body.config, session, settings, ("body", "config"))
-    run_inputs.refuse_unavailable(body.config, settings, ("body", "config"))
-    chaining.refuse_bad_start(body.config, session, settings, ("body", "config"))
+    refuse_unfit(session, settings, [Submitted(("body", "config"), body.config)])
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
@@ -168,9 +167,7 @@ def clone(
     settings. Tags label the source run (``best``, ``baseline``): the copies get only the ones
     the body gives. Each copy records ``cloned_from``."""
     config = cloned_config(run, body.overrides)
-    run_inputs.refuse_missing_software(config, session, settings, ("body", "overrides"))
-    run_inputs.refuse_unavailable(config, settings, ("body", "overrides"))
-    chaining.refuse_bad_start(config, session, settings, ("body", "overrides"))
+    refuse_unfit(session, settings, [Submitted(("body", "overrides"), config)])
     name = body.name or (None if body.overrides else name_base(run.name))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, status
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
-from backend import run_inputs
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     CurrentUser,
@@ -22,6 +21,7 @@ from backend.schemas import StudyList, StudyOut, StudyPlan
 from backend.storage import studies as stored
 from backend.studies import report, search, service
 from backend.studies.spec import StudyCreate
+from backend.submit_checks import Submitted, refuse_unfit
 from conspo.config import RunConfig
 
 router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRoute)
@@ -30,15 +30,21 @@ router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRout
 def check_study(
     body: StudyCreate, session: SessionDep, settings: SettingsDep
 ) -> list[tuple[str, RunConfig]]:
-    """Every check ``create`` makes before storing anything: 422 with each field's error."""
+    """Every check ``create`` makes before storing anything: 422 with each field's error.
+    A search study's configs are its base, each value of its space alone, and its largest
+    trial by memory; an arm study's are its arms (over every task it crosses)."""
     if body.search is not None:
-        search.check_space(body)
+        submitted = search.check_space(body)
+        largest = search.largest_trial(body, settings)
+        refuse_unfit(session, settings, [*submitted, *([largest] if largest else [])])
         return []
     arms = service.arm_configs(body, ("body",))
-    for i, (_, config) in enumerate(arms):
-        loc = ("body", "arms", i, "overrides")
-        run_inputs.refuse_missing_software(config, session, settings, loc)
-        run_inputs.refuse_unavailable(config, settings, loc)
+    n = len(body.arms)  # arm_configs: task-major, then arms
+    submitted = [
+        Submitted(("body", "arms", k % n, "overrides"), config, body.arms[k % n].overrides)
+        for k, (_, config) in enumerate(arms)
+    ]
+    refuse_unfit(session, settings, submitted)
     return arms
 
 
@@ -64,6 +70,7 @@ def create(
     """Store the study and its pending runs (one transaction); queue the first ``concurrency``.
     The rest are released as runs finish."""
     if body.search is not None:
+        check_study(body, session, settings)
         study = service.create_search_study(session, jobs, user, body)
     else:
         arms = check_study(body, session, settings)
