@@ -22,6 +22,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from backend.config import Settings
+from backend.studies.comparison import RUN_FIELDS
 from conspo.metrics import catalogue
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
@@ -124,7 +125,10 @@ def run_page(request: Request, run_id: int) -> HTMLResponse:
 
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request) -> HTMLResponse:
-    return _render(request, "compare.html", "compare", title="Compare runs")
+    fields = _script_json(list(RUN_FIELDS))  # what a group-by path may name besides config paths
+    return _render(
+        request, "compare.html", "compare", title="Compare runs", group_fields_json=fields
+    )
 
 
 @router.get("/docs", response_class=HTMLResponse)

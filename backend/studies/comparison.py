@@ -35,9 +35,9 @@ from backend.studies.service import (
 )
 from backend.studies.spec import Objective
 
-# Run fields the compare page groups by directly (compare.js TOP_LEVEL); anything else is a
-# config path.
-TOP_LEVEL = ("algorithm", "task", "model", "status", "seed", "group_id")
+# Run fields a group-by path names directly; anything else is a config path. The compare page
+# gets this list from the server (pages.py), so its groups and the report's are the same.
+RUN_FIELDS = ("algorithm", "task", "model", "status", "seed", "group_id", "owner")
 
 
 def _text(value: Any) -> str:
@@ -59,10 +59,10 @@ def _text(value: Any) -> str:
 def group_label(run: Run, path: str) -> str:
     if not path:
         return f"{run.name} #{run.id}"
-    if path in TOP_LEVEL:
-        value: Any = getattr(run, path)
-    elif path == "owner":
-        value = run.owner.name if run.owner is not None else None
+    if path == "owner":
+        value: Any = run.owner.name if run.owner is not None else None
+    elif path in RUN_FIELDS:
+        value = getattr(run, path)
     elif path == "tags":
         value = ",".join(run.tags or [])
     else:

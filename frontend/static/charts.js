@@ -176,12 +176,3 @@ export function chartCard(id, title, help, { wide = false } = {}) {
 export function react(plot, traces, layout) {
   return window.Plotly.react(plot, traces, layout, PLOT_CONFIG);
 }
-
-/** Quantile of a sorted numeric array. */
-export function quantile(sorted, q) {
-  if (!sorted.length) return null;
-  const pos = (sorted.length - 1) * q;
-  const lo = Math.floor(pos),
-    hi = Math.ceil(pos);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
-}
