@@ -18,7 +18,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, to_json
 
-from backend.scheduling import Cluster, resources_of
+from backend.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
 
@@ -166,6 +166,12 @@ class RunOut(BaseModel):
         description="Queued runs: why no worker has taken it yet, from the live workers (e.g."
         ' "needs 8 GPUs; largest idle worker has 4 GPUs"); None when one is about to.',
     )
+    resources_text: str = Field(
+        "",
+        description='What the run occupies, in the terms of the machine that holds it: "1 GPU",'
+        ' "1 CPU process", "2 nodes × 8 GPUs" (where it trained once started, else what the'
+        ' live workers offer); "external" for a run logged from elsewhere.',
+    )
 
 
 # Deeper than anything validation accepts, and well inside the ~250 levels JSON encoders allow.
@@ -212,6 +218,11 @@ def run_out(run: Run, cluster: Cluster | None = None) -> dict[str, Any]:
     out = _run_fields(run)
     if cluster is not None and run.status == "queued" and not run.external:
         out["waiting_reason"] = cluster.why_waiting(resources_of(run.config))
+    out["resources_text"] = (
+        "external"
+        if run.external
+        else describe_needs(resources_of(run.config), machine_of(run.device, cluster))
+    )
     return out if _renders(out) else renderable(out)
 
 

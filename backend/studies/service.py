@@ -566,3 +566,27 @@ def objective_csv(view: dict[str, Any]) -> str:
             f"{view['id']},{r['arm']},{r['seed']},{r['run_id'] or ''},{r['status']},{value}"
         )
     return "\n".join(lines) + "\n"
+
+
+def planned_progress(session: Session, study_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """Per study, its progress against the planned work: ``runs`` planned (cancelled rows are
+    no longer planned), ``started`` (released into runs), ``steps`` done and ``total_steps``
+    planned (a pending row counts its config's steps). A runs list that sees only the released
+    runs would otherwise show a study as further along than it is."""
+    out = {i: {"runs": 0, "started": 0, "steps": 0, "total_steps": 0} for i in study_ids}
+    if not study_ids:
+        return out
+    rows = session.execute(
+        select(StudyRun.study_id, StudyRun.state, StudyRun.config, Run.step, Run.total_steps)
+        .outerjoin(Run, Run.id == StudyRun.run_id)
+        .where(StudyRun.study_id.in_(list(study_ids)))
+    )
+    for study_id, state, config, step, total in rows:
+        if state == StudyRunState.cancelled:
+            continue
+        p = out[study_id]
+        p["runs"] += 1
+        p["started"] += total is not None
+        p["steps"] += int(step or 0)
+        p["total_steps"] += int(total if total is not None else (config or {}).get("steps") or 0)
+    return out

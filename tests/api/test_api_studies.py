@@ -193,6 +193,20 @@ def test_release_is_idempotent_and_keeps_the_limit(api: Api) -> None:
         api.post(f"/api/studies/{sid}/cancel")
 
 
+def test_the_studies_list_counts_the_planned_work(api: Api) -> None:
+    """6 runs of 2 steps are planned; 2 are released (concurrency 2): the progress says 12
+    planned steps and 6 planned runs, not the released runs' 4 steps."""
+    sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    try:
+        items = {s["id"]: s for s in api.get("/api/studies").json()["items"]}
+        assert items[sid]["progress"] == {"runs": 6, "started": 2, "steps": 0, "total_steps": 12}
+    finally:
+        api.post(f"/api/studies/{sid}/cancel")
+    # A cancelled study's pending rows are no longer planned.
+    items = {s["id"]: s for s in api.get("/api/studies").json()["items"]}
+    assert items[sid]["progress"]["runs"] == 2
+
+
 @pytest.mark.slow
 def test_search_study_through_optuna_storage(api: Api) -> None:
     body = study_body(

@@ -132,9 +132,12 @@ def list_studies(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> dict[str, Any]:
     total = session.scalar(select(func.count()).select_from(Study)) or 0
-    rows = session.scalars(
-        select(Study).order_by(Study.id.desc()).limit(limit).offset(offset)
-    ).unique()
+    rows = list(
+        session.scalars(
+            select(Study).order_by(Study.id.desc()).limit(limit).offset(offset)
+        ).unique()
+    )
+    progress = service.planned_progress(session, [s.id for s in rows])
     items = [
         {
             "id": s.id,
@@ -146,6 +149,7 @@ def list_studies(
             "arms": [a["name"] for a in s.spec.get("arms", [])],
             "seeds": s.spec.get("seeds", []),
             "search": s.spec.get("search") is not None,
+            "progress": progress[s.id],
         }
         for s in rows
     ]
