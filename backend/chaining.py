@@ -27,10 +27,10 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED, Run, RunStatus
 from conspo.config import RunConfig
-from conspo.lineage import Which, checkpoint_for, describe, is_adapter, step_checkpoints
+from conspo.models.lineage import Which, checkpoint_for, describe, is_adapter, step_checkpoints
 
 Loc = tuple[str | int, ...]
-TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.checkpoint.TRAINING_FILES
+TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.training.checkpoint.TRAINING_FILES
 
 
 def start_problems(

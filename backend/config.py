@@ -145,7 +145,8 @@ class Settings(BaseSettings):
         "solo", description="Celery pool of `conspo-lab worker` (concurrency is always 1)."
     )
     # What a run's config may make a worker read, load or allocate (checked at submit and again
-    # by the worker, whose settings are the ones that count): conspo.access, conspo.resources.
+    # by the worker, whose settings are the ones that count): conspo.access,
+    # conspo.models.resources.
     data_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated directories datasets (task.params.path) are read from;"

@@ -6,7 +6,7 @@ step takes. The settings bound each (``CONSPO_DATA_ROOTS``, ``CONSPO_MAX_DATASET
 ``CONSPO_MODEL_ROOTS``, ``CONSPO_HUB_ALLOW``, ``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a
 config outside them at submit time, a 422 at the field, and the worker checks again with its own
 settings, which are the ones that count (it passes them to ``conspo.train``). The rules
-themselves are conspo's (``conspo.access``, ``conspo.resources``); this module turns settings
+themselves are conspo's (``conspo.access``, ``conspo.models.resources``); this module turns settings
 into them. Torch-free.
 """
 
@@ -26,8 +26,7 @@ from backend.config import Settings
 from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
-from conspo.registry import get_job_kind, get_task
-from conspo.resources import (
+from conspo.models.resources import (
     MemoryEstimate,
     MemoryRefused,
     check_memory,
@@ -36,6 +35,7 @@ from conspo.resources import (
     host_memory_bytes,
     source_dims,
 )
+from conspo.registry import get_job_kind, get_task
 
 Loc = tuple[str | int, ...]
 
@@ -161,7 +161,7 @@ def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc
 
 
 def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
-    """What the form shows beside its submit button: ``conspo.resources``' estimate of
+    """What the form shows beside its submit button: ``conspo.models.resources``' estimate of
     ``config``, the limit a run may use here, whether it fits (what submitting would check),
     and a line of text. The numbers are None when the model's dimensions are not readable here."""
     limit = report_limit(settings)

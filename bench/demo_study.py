@@ -4,8 +4,8 @@
         [--arms grpo conspo conspo-linear] [--jobs 2] [--out demo_study.json]
 
 Every (arm, seed) of ``conspo_lab.cli_server.demo_spec()`` trains in-process through
-``conspo.trainer.train`` with a ``MemorySink`` (in a worker process of its own with one torch
-thread, ``--jobs`` at a time), exactly the config the platform's worker would get (the arm's
+``conspo.training.trainer.train`` with a ``MemorySink`` (in a worker process of its own with one
+torch thread, ``--jobs`` at a time), exactly the config the platform's worker would get (the arm's
 overrides validated by ``backend.studies.spec.validate_arm``, the seed set as the study sets
 it). Each run's objective is reduced as the study page reduces it
 (``backend.studies.service.reduce_series``) and the verdict comes from
@@ -44,7 +44,7 @@ def run_one(config_json: dict[str, Any], metric: str) -> dict[str, Any]:
     """Train one (arm, seed) config; its metric series and its wall / CPU seconds."""
     from conspo.config import RunConfig
     from conspo.sink import MemorySink
-    from conspo.trainer import train
+    from conspo.training.trainer import train
 
     config = RunConfig.model_validate(config_json)
     sink = MemorySink()

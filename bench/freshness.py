@@ -44,7 +44,7 @@ from conspo.sink import RolloutRecord, StepRecord  # noqa: E402
 from tests.support import embedded_env, migrate_and_create_token, stop  # noqa: E402
 from worker.db_sink import DbSink  # noqa: E402
 
-KEYS = [f"bench/key_{i:02d}" for i in range(28)]  # what conspo.trainer logs per step
+KEYS = [f"bench/key_{i:02d}" for i in range(28)]  # what conspo.training.trainer logs per step
 TARGET_P95_S = 0.5
 
 

@@ -66,7 +66,7 @@ def build_model(preset: dict[str, Any], out: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from conspo.models import build_char_tokenizer
+    from conspo.models.store import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     config = Qwen2Config(
@@ -118,7 +118,7 @@ def run_conspo(args: argparse.Namespace, preset: dict[str, Any]) -> dict[str, An
     from conspo import metrics as M
     from conspo.config import RunConfig
     from conspo.sink import MemorySink
-    from conspo.trainer import train
+    from conspo.training.trainer import train
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = RunConfig.model_validate({

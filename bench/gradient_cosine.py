@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conspo import metrics as M  # noqa: E402
 from conspo.config import RunConfig  # noqa: E402
-from conspo.forward import logprob_mode, token_logprobs  # noqa: E402
-from conspo.models import ModelStore  # noqa: E402
-from conspo.objectives import GRPOParams, ObjectiveParams  # noqa: E402
+from conspo.generation.forward import logprob_mode, token_logprobs  # noqa: E402
+from conspo.models.store import ModelStore  # noqa: E402
+from conspo.objectives.base import ObjectiveParams  # noqa: E402
+from conspo.objectives.grpo import GRPOParams  # noqa: E402
 from conspo.registry import get_objective  # noqa: E402
-from conspo.trainer import (  # noqa: E402
+from conspo.training.trainer import (  # noqa: E402
     Rollouts,
     TrainState,
     collect_rollouts,

@@ -17,7 +17,8 @@ draw, so every variant decodes the same number of tokens):
   before the decode loop; ``sample(decode_loop=False)``)
 * ``hf static``: transformers' ``StaticCache``, preallocated and written in place
   (``sample(static_cache=True)``); attention then runs over every preallocated position
-* ``loop``: ``conspo.decode.DecodeLoop`` (the default for Llama/Qwen2/Mistral): keys and values
+* ``loop``: ``conspo.generation.decode.DecodeLoop`` (the default for Llama/Qwen2/Mistral): keys and
+values
   in place, attention over the written positions only, fused q/k/v and gate/up matmuls
 * ``loop+check8``: also asks "has every row finished?" every 8 tokens instead of every token
 * ``hf bf16`` / ``loop bf16``: bfloat16 autocast over float32 weights (``model.dtype: bfloat16``
@@ -27,8 +28,8 @@ draw, so every variant decodes the same number of tokens):
 Training variants: the forward + backward of the token log-probs over the same rollouts, float32
 and bfloat16 autocast, each as shipped (float32: transformers' default ``sdpa``, the CPU
 flash-attention kernel; bf16 at this shape: its ``eager`` attention, explicit matmuls and a
-softmax, ``conspo.forward.EAGER_ATTENTION_BYTES``) and with the other attention forced; with
-the max |Δ log-prob| of bf16 against fp32.
+softmax, ``conspo.generation.forward.EAGER_ATTENTION_BYTES``) and with the other attention forced;
+with the max |Δ log-prob| of bf16 against fp32.
 
 Tried and left out (not in the table): ``torch.compile`` of ``DecodeLoop.step`` (inductor, CPU):
 the first call took ~100 s of CPU and it recompiled for every token position (the position is
@@ -56,11 +57,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import conspo.forward  # noqa: E402
+import conspo.generation.forward  # noqa: E402
 from bench.throughput import MODEL_DIMS  # noqa: E402  (shape b's model: the same dims)
-from conspo.forward import token_logprobs  # noqa: E402
-from conspo.models import build_char_tokenizer, build_tiny_model  # noqa: E402
-from conspo.rollout import RolloutBatch, sample  # noqa: E402
+from conspo.generation.forward import token_logprobs  # noqa: E402
+from conspo.generation.rollout import RolloutBatch, sample  # noqa: E402
+from conspo.models.store import build_char_tokenizer, build_tiny_model  # noqa: E402
 
 GROUP = 8
 
@@ -140,24 +141,24 @@ def main() -> None:
 
     def train_pass(bf16: bool, attention: str) -> Callable[[], torch.Tensor]:
         """``attention``: "shipped" (sdpa in float32; eager under bf16 autocast at this shape,
-        ``conspo.forward.EAGER_ATTENTION_BYTES``), or "sdpa" / "eager" forced."""
+        ``conspo.generation.forward.EAGER_ATTENTION_BYTES``), or "sdpa" / "eager" forced."""
 
         def run() -> torch.Tensor:
             if attention != "shipped":
-                conspo.forward.EAGER_ATTENTION_BYTES = 0  # no automatic switch
+                conspo.generation.forward.EAGER_ATTENTION_BYTES = 0  # no automatic switch
                 model.set_attn_implementation(attention)
             model.zero_grad(set_to_none=True)
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
             with ctx:
                 lp, _ = token_logprobs(model, batch, 1.0, group_size=GROUP)
             lp.float().mean().backward()
-            conspo.forward.EAGER_ATTENTION_BYTES = eager_budget
+            conspo.generation.forward.EAGER_ATTENTION_BYTES = eager_budget
             model.set_attn_implementation("sdpa")
             return lp.detach().float()
 
         return run
 
-    eager_budget = conspo.forward.EAGER_ATTENTION_BYTES
+    eager_budget = conspo.generation.forward.EAGER_ATTENTION_BYTES
     training = {
         "train fp32": train_pass(False, "shipped"),
         "train fp32 eager": train_pass(False, "eager"),

@@ -41,7 +41,7 @@ from conspo.sink import RolloutRecord, StepRecord  # noqa: E402
 from worker.db_sink import DbSink  # noqa: E402
 
 SERVER = os.environ.get("CONSPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
-TRAINER_KEYS = 28  # what conspo.trainer logs per step
+TRAINER_KEYS = 28  # what conspo.training.trainer logs per step
 TARGET_POINTS_S = 100_000  # issue 15: default sink path, flush off the training thread
 TARGET_WARM_P95_MS, TARGET_COLD_MS = 100, 300
 COMPARE_KEYS = ["sep/gap", "sep/pos_score", "sep/neg_score", "loss", "entropy", "eval/accuracy"]

@@ -80,9 +80,9 @@ def train_one(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from conspo import metrics as M
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
     from conspo.sink import MemorySink
-    from conspo.trainer import train
+    from conspo.training.trainer import train
 
     torch.set_num_threads(1)
     config = RunConfig.model_validate(cfg)

@@ -1,5 +1,6 @@
-"""Step time of data-parallel training: 1 vs N processes on this machine (conspo.distributed),
-ddp (a full copy per process) vs fsdp (FSDP2: weights, gradients and AdamW state sharded).
+"""Step time of data-parallel training: 1 vs N processes on this machine
+(conspo.distributed.collectives), ddp (a full copy per process) vs fsdp (FSDP2: weights, gradients
+and AdamW state sharded).
 
 A step is ``--prompts`` prompts × ``--group`` rollouts of up to ``--tokens`` new tokens, GRPO,
 one optimiser step, on a random Qwen2 of ``--hidden`` × ``--layers`` (the tiny models'
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_model(out: Path, hidden: int, layers: int) -> None:
-    from conspo.models import build_char_tokenizer, build_tiny_model
+    from conspo.models.store import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     dims = {
@@ -57,7 +58,8 @@ def build_model(out: Path, hidden: int, layers: int) -> None:
 
 
 def cpu_seconds_of_ranks() -> float:
-    """User + system seconds of this process and its ``conspo.distributed`` children so far."""
+    """User + system seconds of this process and its ``conspo.distributed.collectives`` children so
+    far."""
     tick = os.sysconf("SC_CLK_TCK")
     times = os.times()
     total = times.user + times.system
@@ -100,8 +102,8 @@ def one_run(args: argparse.Namespace, procs: int, strategy: str) -> dict[str, fl
     import torch
 
     from conspo.config import RunConfig
-    from conspo.distributed import launch_local
-    from conspo.models import ModelStore
+    from conspo.distributed.launch import launch_local
+    from conspo.models.store import ModelStore
 
     torch.set_num_threads(args.threads)
     cfg = RunConfig.model_validate(

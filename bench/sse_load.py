@@ -64,7 +64,7 @@ from tests.support import (  # noqa: E402
 PG_SERVER = os.environ.get("CONSPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("CONSPO_BENCH_REDIS", "redis://127.0.0.1:6379/3")
 PORTS = range(18700, 18800)
-KEYS = [f"bench/key_{i:02d}" for i in range(28)]  # what conspo.trainer logs per step
+KEYS = [f"bench/key_{i:02d}" for i in range(28)]  # what conspo.training.trainer logs per step
 READ_KEYS = ",".join(KEYS[:6])
 EVENT_NAME = re.compile(rb"(?m)^event: ?(\w+)")
 

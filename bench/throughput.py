@@ -85,7 +85,7 @@ def build_forced_model(out: Path) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from conspo.model_catalog import BOS, CHARSET, EOS, MAX_POSITIONS, PAD, UNK
+    from conspo.models.catalog import BOS, CHARSET, EOS, MAX_POSITIONS, PAD, UNK
 
     byte_char = bytes_to_unicode()
     tokens = [PAD, BOS, UNK] + [byte_char[ord(c)] for c in CHARSET] + [EOS]
@@ -145,19 +145,19 @@ def step_times(
 def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     from conspo import metrics as M
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
     from conspo.sink import MemorySink
-    from conspo.trainer import train
+    from conspo.training.trainer import train
 
     if not shape.share:  # the ablation: every row prefills its own prompt
-        import conspo.engines
-        import conspo.forward
+        import conspo.generation.engines
+        import conspo.generation.forward
 
-        native = conspo.engines.NativeEngine.sample
-        conspo.engines.NativeEngine.sample = lambda self, *a, **k: native(
+        native = conspo.generation.engines.NativeEngine.sample
+        conspo.generation.engines.NativeEngine.sample = lambda self, *a, **k: native(
             self, *a, **{**k, "group_size": 1}
         )  # type: ignore[method-assign]
-        conspo.forward.shares_prompts = lambda batch, g: False  # type: ignore[assignment]
+        conspo.generation.forward.shares_prompts = lambda batch, g: False  # type: ignore[assignment]
 
     class TimedSink(MemorySink):
         def __init__(self) -> None:
@@ -203,7 +203,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from conspo.config import TaskConfig
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
     from conspo.tasks import make_task
 
     path = ModelStore().resolve(model) if shape.tiny else model

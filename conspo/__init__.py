@@ -14,11 +14,11 @@ __all__ = ["ModelStore", "RunConfig", "TrainResult", "train"]
 def __getattr__(name: str) -> Any:
     # Lazy: `import conspo` (e.g. for RunConfig in the API) must not import torch/transformers.
     if name in ("train", "TrainResult"):
-        from conspo import trainer
+        from conspo.training import trainer
 
         return getattr(trainer, name)
     if name == "ModelStore":
-        from conspo.models import ModelStore
+        from conspo.models.store import ModelStore
 
         return ModelStore
     raise AttributeError(f"module 'conspo' has no attribute {name!r}")

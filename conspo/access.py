@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from conspo.model_catalog import BUILTIN_MODELS
+from conspo.models.catalog import BUILTIN_MODELS
 
 DEFAULT_MAX_DATASET_BYTES = 256 * 2**20
 # Hugging Face repo ids: [namespace/]name, letters, digits, '-', '_', '.', no '..' or '--'

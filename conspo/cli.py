@@ -20,10 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from conspo.access import DatasetTooLarge
-from conspo.checkpoint import latest_checkpoint
 from conspo.config import RunConfig, TaskConfig
 from conspo.registry import task_names
 from conspo.sink import JsonlSink, StepRecord
+from conspo.training.checkpoint import latest_checkpoint
 
 PROGRESS_KEYS = {"sep/gap": "gap", "batch/pass_rate": "pass", "eval/accuracy": "acc"}
 
@@ -80,8 +80,8 @@ def same_config(path: Path, cfg: RunConfig) -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from conspo.distributed import launch_local
-    from conspo.models import ModelStore
+    from conspo.distributed.launch import launch_local
+    from conspo.models.store import ModelStore
 
     overrides = {"steps": args.steps} if args.steps else {}
     try:
@@ -104,8 +104,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     truncate_metrics(out / "metrics.jsonl", start)
     sink = ProgressSink(out / "metrics.jsonl", cfg.steps, start)
     try:
-        # resources.gpus > 1: that many processes of this machine (conspo.distributed); one
-        # process trains any job kind (conspo.jobs.train_job dispatches on config.kind).
+        # resources.gpus > 1: that many processes of this machine (conspo.distributed.collectives);
+        # one process trains any job kind (conspo.jobs.train_job dispatches on config.kind).
         result = launch_local(
             cfg,
             sink,
@@ -123,8 +123,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from conspo.models import ModelStore
-    from conspo.sft import sft
+    from conspo.models.store import ModelStore
+    from conspo.training.sft import sft
 
     try:
         task = TaskConfig(name=args.task, params=dict(args.param))
@@ -138,7 +138,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from conspo.export import export_merged
+    from conspo.models.export import export_merged
 
     checkpoint = Path(args.checkpoint)
     if not (checkpoint / "trainer_state.pt").exists():

@@ -27,7 +27,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K, benchmark_keys
-from conspo.model_catalog import BUILTIN_MODELS
+from conspo.models.catalog import BUILTIN_MODELS
 from conspo.registry import (
     JOB_KINDS,
     OBJECTIVES,
@@ -674,7 +674,8 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _every_process_has_a_group(self) -> RunConfig:
-        # Data-parallel ranks train whole groups (conspo.distributed): none may be left empty.
+        # Data-parallel ranks train whole groups (conspo.distributed.collectives): none may be left
+        # empty.
         if self.sampling.prompts_per_step < self.resources.world_size:
             raise ValueError(
                 f"sampling.prompts_per_step ({self.sampling.prompts_per_step}) must be at least"
@@ -682,7 +683,8 @@ class RunConfig(_Section):
                 " trains whole groups"
             )
         if self.kind != "rl" and self.resources.world_size > 1:
-            # sft / distill / dpo train in one process (conspo.job_loop has no gradient reduction)
+            # sft / distill / dpo train in one process (conspo.training.loop has no gradient
+            # reduction)
             raise ValueError(
                 f"kind {self.kind} trains on one process: resources.gpus and resources.nodes"
                 " must be 1"

@@ -3,8 +3,8 @@ checkpoint kept.
 
 For each benchmark of ``eval.benchmarks`` every problem gets k samples at eval.temperature and
 eval.top_p; ``eval/<name>/avg@k`` is the mean correctness over all samples and problems, and
-``eval/<name>/pass@k`` the mean unbiased pass@k (``conspo.rollout.pass_at_k``), with the actual k
-in the key (eval/math500/avg@16). Answers are verified as in the math task.
+``eval/<name>/pass@k`` the mean unbiased pass@k (``conspo.generation.rollout.pass_at_k``), with the
+actual k in the key (eval/math500/avg@16). Answers are verified as in the math task.
 
 ``eval.best_metric`` (one of the keys an evaluation logs: the config refuses any other): after an
 evaluation where it improves (its direction is the catalogue's
@@ -30,11 +30,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from conspo import metrics as M
 from conspo.access import DataFiles
 from conspo.config import BenchmarkConfig
-from conspo.datasets import load_problems
-from conspo.engines import Engine
-from conspo.rollout import generate_and_verify, pass_at_k
+from conspo.generation.engines import Engine
+from conspo.generation.rollout import generate_and_verify, pass_at_k
 from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example
+from conspo.tasks.datasets import load_problems
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"

@@ -1,8 +1,8 @@
 """``lazy_import("torch")``: a module that is imported on first use, not when its user is.
 
-Why: ``conspo.objectives`` holds each objective's parameter model beside its tensor code, so an
-algorithm stays one function and one registration in one file. The API process validates run
-configs and serves the form from those parameter models, and it must not load torch (seconds of
+Why: each module of ``conspo.objectives`` holds its objective's parameter model beside its tensor
+code, so an algorithm stays one function and one registration in one file. The API process validates
+run configs and serves the form from those parameter models, and it must not load torch (seconds of
 start-up and hundreds of MB per process, on machines that never train). The objectives' tensor
 code only runs in the worker, where the first attribute access imports the real module.
 """

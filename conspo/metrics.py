@@ -6,11 +6,11 @@ which runs log it (every run, or only objectives that declare it), and whether i
 deterministic (a schedule, the learning rate, a counter: never smoothed, never treated as noise).
 The charts and their sections are described here too.
 
-Who reads it: the objectives, ``conspo.stats`` and the trainer import the key constants below
-instead of spelling strings; the backend serves ``catalogue()`` (``GET /api/metrics/catalogue``,
-also injected into every page) and the run, runs and compare pages render their charts from it;
-the CLI takes its key metrics and each metric's better direction from it; the TRL bridge maps
-TRL's keys onto these constants. No metric key is typed anywhere else (tests/conspo/
+Who reads it: the objectives, ``conspo.training.stats`` and the trainer import the key constants
+below instead of spelling strings; the backend serves ``catalogue()`` (``GET
+/api/metrics/catalogue``, also injected into every page) and the run, runs and compare pages render
+their charts from it; the CLI takes its key metrics and each metric's better direction from it; the
+TRL bridge maps TRL's keys onto these constants. No metric key is typed anywhere else (tests/conspo/
 test_metrics.py and tests/lab/test_catalogue.py hold every producer and page to it).
 """
 
@@ -40,7 +40,7 @@ OFFPOLICY_RATIO_MIN = "offpolicy/ratio_min"
 OFFPOLICY_CLIP_LOW = "offpolicy/clip_low"
 OFFPOLICY_CLIP_HIGH = "offpolicy/clip_high"
 
-# --- what single baselines (conspo/baselines.py) add --------------------------------------
+# --- what single baselines (conspo/objectives/) add ----------------------------------------
 SAPO_GATE_WEIGHT = "sapo/gate_weight"
 DISCO_KL = "disco/kl"
 DISCO_CONSTRAINT_ACTIVE = "disco/constraint_active"
@@ -97,7 +97,7 @@ TIME_ROLLOUT_S = "time/rollout_s"
 THROUGHPUT_ROLLOUTS_PER_S = "throughput/rollouts_per_s"
 ROLLOUTS_SEEN = "rollouts/seen"
 
-# The keys conspo.stats.separation_stats returns, in display order.
+# The keys conspo.training.stats.separation_stats returns, in display order.
 SEPARATION_KEYS: tuple[str, ...] = (
     SEP_POS_SCORE,
     SEP_NEG_SCORE,

@@ -199,12 +199,10 @@ def relocated(exc: ValidationError, prefix: Loc) -> list[InitErrorDetails]:
 
 
 # --------------------------------------------------------------------------------------------
-# Objectives (conspo/objectives.py, conspo/baselines.py) and tasks (a module each, conspo/tasks/)
+# Objectives (a module each, conspo/objectives/) and tasks (a module each, conspo/tasks/)
 # --------------------------------------------------------------------------------------------
 
-OBJECTIVES: Registry[RegisteredObjective] = Registry(
-    "algorithm", "conspo.objectives", "conspo.baselines"
-)
+OBJECTIVES: Registry[RegisteredObjective] = Registry("algorithm", "conspo.objectives")
 TASKS: Registry[RegisteredTask] = Registry("task", "conspo.tasks")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -300,7 +298,8 @@ def reward_names() -> list[str]:
 class RegisteredJobKind:
     name: str
     # train(config, sink, should_stop, *, workdir, model_store, files, memory_limit) ->
-    # conspo.trainer.TrainResult: the same signature as conspo.trainer.train (the "rl" kind).
+    # conspo.training.trainer.TrainResult: the same signature as conspo.training.trainer.train (the
+    # "rl" kind).
     fn: Callable[..., Any]
     params: type[BaseModel]  # validates config.kind_params
     description: str

@@ -93,6 +93,16 @@ def flush_sink(sink: Sink) -> None:
         flush()
 
 
+class NullSink:
+    """What ranks other than 0 log to: nothing."""
+
+    def log_step(self, record: StepRecord) -> None:
+        pass
+
+    def log_event(self, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+
 class MemorySink:
     """Keeps every record by step (a re-emitted step replaces the old one). Used by tests."""
 

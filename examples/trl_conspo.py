@@ -29,7 +29,7 @@ from trl import GRPOConfig
 
 from conspo.config import TaskConfig
 from conspo.integrations.trl import ConSPOTrainer  # <- ConSPO
-from conspo.models import ModelStore
+from conspo.models.store import ModelStore
 from conspo.tasks import Example, make_task
 from conspo_lab.trl_bridge import ConSPOLabCallback
 

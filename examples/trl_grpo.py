@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from conspo.config import TaskConfig
-from conspo.models import ModelStore
+from conspo.models.store import ModelStore
 from conspo.tasks import Example, make_task
 from conspo_lab.trl_bridge import ConSPOLabCallback
 

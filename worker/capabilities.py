@@ -16,7 +16,7 @@ from typing import Any
 
 from backend.config import Settings
 from backend.scheduling import Capacity, queues_served
-from conspo.engines import ENGINES
+from conspo.generation.engines import ENGINES
 
 # Engines that need a package beyond the training stack, and the module that provides it.
 ENGINE_PACKAGES = {"vllm": "vllm"}

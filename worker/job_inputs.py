@@ -5,9 +5,9 @@ built from another run's stored rollouts.
     config, store = prepare(db, settings, config, workdir)
 
 * ``model.from_run``: ``model.name`` becomes that run's checkpoint directory (``model.step``:
-  last, best or a kept step; ``conspo.lineage``). A LoRA checkpoint (adapters only) is merged
-  into its base once, into ``workdir/start_model`` (``conspo.export.export_merged``), and the run
-  starts from the merged weights; its own LoRA, if any, adds fresh adapters on top. The model
+  last, best or a kept step; ``conspo.models.lineage``). A LoRA checkpoint (adapters only) is merged
+  into its base once, into ``workdir/start_model`` (``conspo.models.export.export_merged``), and the
+  run starts from the merged weights; its own LoRA, if any, adds fresh adapters on top. The model
   store admits that directory for this run only.
 * ``kind: dpo`` with ``kind_params.from_run``: the pairs (``conspo.jobs.dpo.build_pairs``) are
   written to ``workdir/dpo_pairs.jsonl``, once: a resumed attempt reuses them.
@@ -28,11 +28,11 @@ from backend.config import Settings
 from backend.db import Database
 from backend.models import Rollout, RolloutText
 from conspo.access import ModelSources
-from conspo.lineage import checkpoint_for, describe, is_adapter
+from conspo.models.lineage import checkpoint_for, describe, is_adapter
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
 
 START_MODEL = "start_model"
 
@@ -40,7 +40,7 @@ START_MODEL = "start_model"
 def prepare(
     db: Database, settings: Settings, config: RunConfig, workdir: Path
 ) -> tuple[RunConfig, ModelStore]:
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
 
     sources = run_inputs.model_sources(settings)
     if config.model.from_run is not None:
@@ -68,7 +68,7 @@ def start_checkpoint(settings: Settings, config: RunConfig, workdir: Path) -> Pa
         return found
     merged = workdir / START_MODEL
     if not (merged / "config.json").is_file():
-        from conspo.export import export_merged
+        from conspo.models.export import export_merged
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{START_MODEL}-", dir=workdir))
         try:

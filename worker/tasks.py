@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from conspo.config import RunConfig
     from conspo.sink import Sink
-    from conspo.trainer import TrainResult
+    from conspo.training.trainer import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def device_and_dtype(config: Any) -> tuple[str, str]:
     """Where and in what dtype ``config`` trains here: ("cuda:0 (NVIDIA H200)", "bfloat16")."""
     import torch
 
-    from conspo.models import pick_device
+    from conspo.models.store import pick_device
 
     device, dtype = pick_device(config.model)
     name = "cpu"
@@ -188,13 +188,13 @@ OUT_OF_MEMORY_ADVICE = (
 def out_of_memory_message(exc: BaseException) -> str | None:
     """The first line of a run's error when ``exc`` is running out of device memory, else None.
 
-    The trainer turns the allocator's error into ``conspo.resources.OutOfMemory``, whose message
-    gives the estimate and the settings to change; torch's own error (raised outside a step,
+    The trainer turns the allocator's error into ``conspo.models.resources.OutOfMemory``, whose
+    message gives the estimate and the settings to change; torch's own error (raised outside a step,
     e.g. while loading the model) gets the same advice without the numbers.
     """
     import torch
 
-    from conspo.resources import OutOfMemory
+    from conspo.models.resources import OutOfMemory
 
     if isinstance(exc, OutOfMemory):
         return str(exc)
@@ -267,7 +267,7 @@ def train_attempt(
         )
         workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
-        # the job kind's train function (rl: conspo.trainer.train), on the prepared inputs
+        # the job kind's train function (rl: conspo.training.trainer.train), on the prepared inputs
         config, store = prepare(db, settings, config, workdir)
         result = train_run(
             config,
@@ -302,9 +302,9 @@ def train_attempt(
 
 def on_ray(db: Database, settings: Settings, run: Run, outage: Outage) -> Any:
     """``train`` for a multi-node run: submitted to the Ray cluster at ``ray_address``
-    (``conspo.ray_train``), its Ray job recorded on the run. ``workdir`` must be on storage
-    every Ray node shares; a later attempt resubmits and resumes from its checkpoint."""
-    from conspo.ray_train import train_on_ray
+    (``conspo.distributed.ray_train``), its Ray job recorded on the run. ``workdir`` must be on
+    storage every Ray node shares; a later attempt resubmits and resumes from its checkpoint."""
+    from conspo.distributed.ray_train import train_on_ray
 
     def submitted(ray_job_id: str) -> None:
         def write() -> None:
@@ -329,13 +329,13 @@ def train_run(
     **where: Any,
 ) -> TrainResult:
     """Train ``config`` on the processes its ``resources`` ask for: one (``conspo.train``),
-    ``gpus`` on this machine (``conspo.distributed.launch_local``: rank 0 in this process, so
+    ``gpus`` on this machine (``conspo.distributed.launch.launch_local``: rank 0 in this process, so
     ``sink`` and ``should_stop`` work as for one), or several machines (``nodes > 1``: a Ray
     cluster, through ``on_ray``, the train function that ``on_ray()`` above builds).
     ``where``: train's keyword arguments (workdir, model_store, files, memory_limit). Job kinds
     other than rl train on one process (``RunConfig`` refuses more).
     """
-    from conspo.distributed import launch_local
+    from conspo.distributed.launch import launch_local
     from conspo.jobs import train_job
 
     resources = config.resources

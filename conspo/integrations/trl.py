@@ -35,17 +35,17 @@ every batch: a clear error otherwise); with ``verifier="name"`` that reward func
 (0/1) is the outcome and the weighted sum the reward the advantages see (e.g. a 0/1 correctness
 function plus a format bonus). Rollouts no reward function could score count as reward 0, wrong.
 
-Statistics. The §4 separation statistics (``conspo.stats.separation_stats``) of a generation
-batch are computed once, on the whole batch of every process: each micro-batch of the first pass
-over it keeps its rollouts' scores s_θ (the log-probs of the policy that sampled, the ones the
-loss uses), clipped-ratio scores, outcomes, group ids and lengths; after the last one they are
-gathered across processes (``accelerator.gather``) and reduced, with τ, m_t and ε of the
+Statistics. The §4 separation statistics (``conspo.training.stats.separation_stats``) of a
+generation batch are computed once, on the whole batch of every process: each micro-batch of the
+first pass over it keeps its rollouts' scores s_θ (the log-probs of the policy that sampled, the
+ones the loss uses), clipped-ratio scores, outcomes, group ids and lengths; after the last one they
+are gathered across processes (``accelerator.gather``) and reduced, with τ, m_t and ε of the
 objective's ``params.separation_view``. They go into TRL's ``self._metrics`` under the
 catalogue keys of ``conspo.metrics`` (so TRL's console and reporters get them as well), and a
 bounded sample of per-rollout (score, reward, length) records goes to every callback that has an
 ``on_rollouts(args, state, control, step=, rollouts=)`` method (``conspo_lab.trl_bridge``'s
 callback streams both into a ConSPO Lab run). Per micro-batch, the objective's own statistics
-(clip fraction, KL, ...), the off-policy ratios (``conspo.stats.offpolicy_stats``) and the
+(clip fraction, KL, ...), the off-policy ratios (``conspo.training.stats.offpolicy_stats``) and the
 entropy are combined over processes; TRL averages them over the logging window.
 """
 
@@ -68,7 +68,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError("conspo.integrations.trl needs TRL: pip install 'conspo-lab[trl]'") from exc
 
 from conspo import metrics as M
-from conspo.objectives import (
+from conspo.objectives.base import (
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
@@ -78,7 +78,7 @@ from conspo.objectives import (
 )
 from conspo.registry import get_objective
 from conspo.sink import RolloutRecord
-from conspo.stats import offpolicy_stats, separation_stats
+from conspo.training.stats import offpolicy_stats, separation_stats
 
 __all__ = ["ConSPOTrainer", "shuffle_groups"]
 

@@ -2,16 +2,16 @@
 and one registration (``conspo.registry.register_job_kind``), found by the registry on first
 lookup like the objectives.
 
-* ``rl``: the RLVR trainer (``conspo.trainer.train``) with the configured objective.
+* ``rl``: the RLVR trainer (``conspo.training.trainer.train``) with the configured objective.
 * ``sft``: supervised fine-tuning on reference answers (``conspo.jobs.sft``).
 * ``distill``: on-policy distillation from a teacher, per-token reverse KL
   (``conspo.jobs.distill``).
 * ``dpo``: direct preference optimisation on (chosen, rejected) pairs (``conspo.jobs.dpo``).
 
-Every kind's train function has ``conspo.trainer.train``'s signature, so the worker, the CLI and
-the tests call ``train_job(config, ...)`` whatever the kind. The modules stay torch-free at
+Every kind's train function has ``conspo.training.trainer.train``'s signature, so the worker, the
+CLI and the tests call ``train_job(config, ...)`` whatever the kind. The modules stay torch-free at
 import (the API validates ``kind_params`` against their models); the non-RL kinds share
-``conspo.job_loop`` (setup, resume, checkpoints, the held-out eval, cancellation).
+``conspo.training.loop`` (setup, resume, checkpoints, the held-out eval, cancellation).
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.trainer import TrainResult
+    from conspo.training.trainer import TrainResult
 
 
 def train_job(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    """Train ``config`` with its kind's train function (same arguments as conspo.trainer.train)."""
+    """Train ``config`` with its kind's train function (same arguments as
+    conspo.training.trainer.train)."""
     from conspo.registry import get_job_kind
 
     result: TrainResult = get_job_kind(config.kind).fn(config, *args, **kwargs)

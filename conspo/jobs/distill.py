@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
     from conspo.access import DataFiles
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
-    from conspo.trainer import TrainResult, TrainState
+    from conspo.models.store import ModelStore
+    from conspo.training.trainer import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -66,17 +66,17 @@ class DistillParams(BaseModel):
     sections=("sampling",),
 )
 def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.job_loop import run_job
+    from conspo.training.loop import run_job
 
     return run_job(config, *args, start=start, **kwargs)
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
-    from conspo.forward import logprob_mode
-    from conspo.job_loop import optimiser_step
-    from conspo.models import load_pretrained
-    from conspo.rollout import encode_prompts
-    from conspo.trainer import step_seed
+    from conspo.generation.forward import logprob_mode
+    from conspo.generation.rollout import encode_prompts
+    from conspo.models.store import load_pretrained
+    from conspo.training.loop import optimiser_step
+    from conspo.training.trainer import step_seed
 
     cfg = state.cfg
     params = DistillParams.model_validate(cfg.kind_params)

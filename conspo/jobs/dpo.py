@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
     from conspo.access import DataFiles
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
-    from conspo.trainer import TrainResult, TrainState
+    from conspo.models.store import ModelStore
+    from conspo.training.trainer import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -129,7 +129,7 @@ def write_pairs(pairs: list[Pair], path: Path) -> None:
     metrics=(M.LOSS, M.GRAD_NORM, M.DPO_ACCURACY, M.DPO_MARGIN, M.DPO_CHOSEN, M.DPO_REJECTED),
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.job_loop import run_job
+    from conspo.training.loop import run_job
 
     workdir = Path(kwargs["workdir"])
     return run_job(config, *args, start=lambda s, f, m: start(s, f, m, workdir), **kwargs)
@@ -146,7 +146,7 @@ def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) 
         pairs = [Pair(**json.loads(line)) for line in path.read_text().splitlines() if line]
         where = f"run {params.from_run}'s stored rollouts"
     else:
-        from conspo.datasets import load_dataset_file
+        from conspo.tasks.datasets import load_dataset_file
 
         assert params.path is not None
         rows = load_dataset_file(files, params.path).to_list()
@@ -166,9 +166,9 @@ def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) 
 def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:
     import copy
 
-    from conspo.job_loop import optimiser_step, pack_rows, sequence_logprobs
-    from conspo.prompts import PromptRenderer
-    from conspo.trainer import step_seed
+    from conspo.tasks.prompts import PromptRenderer
+    from conspo.training.loop import optimiser_step, pack_rows, sequence_logprobs
+    from conspo.training.trainer import step_seed
 
     cfg = state.cfg
     params = DPOParams.model_validate(cfg.kind_params)

@@ -1,4 +1,5 @@
-"""The ``rl`` job kind: the RLVR trainer itself (``conspo.trainer``); it has no kind_params."""
+"""The ``rl`` job kind: the RLVR trainer itself (``conspo.training.trainer``); it has no
+kind_params."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from conspo.registry import register_job_kind
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
-    from conspo.trainer import TrainResult
+    from conspo.training.trainer import TrainResult
 
 
 class RLParams(BaseModel):
@@ -27,6 +28,6 @@ class RLParams(BaseModel):
     sections=("algorithm", "sampling", "rewards"),
 )
 def train_rl(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.trainer import train
+    from conspo.training.trainer import train
 
     return train(config, *args, **kwargs)

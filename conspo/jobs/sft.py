@@ -9,7 +9,8 @@ is rendered as every run renders prompts (``config.prompt``: the template, and t
 chat template when it has one), the target is ``target`` filled with the reference answer, then
 EOS; cross-entropy counts the target's tokens only (prompt and padding are masked out), averaged
 over the batch's target tokens. LoRA or full fine-tuning is ``model.lora`` as for RL; ``packing``
-concatenates examples into rows of at most ``max_tokens`` tokens (``conspo.job_loop.pack_rows``).
+concatenates examples into rows of at most ``max_tokens`` tokens
+(``conspo.training.loop.pack_rows``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ if TYPE_CHECKING:
 
     from conspo.access import DataFiles
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
+    from conspo.models.store import ModelStore
     from conspo.tasks import Example
-    from conspo.trainer import TrainResult, TrainState
+    from conspo.training.trainer import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -87,16 +88,16 @@ class SFTParams(BaseModel):
     metrics=(M.LOSS, M.GRAD_NORM, M.SFT_TOKEN_ACC, M.SFT_TOKENS),
 )
 def train_sft(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.job_loop import run_job
+    from conspo.training.loop import run_job
 
     return run_job(config, *args, start=start, **kwargs)
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
-    from conspo.datasets import load_problems
-    from conspo.job_loop import optimiser_step, pack_rows
-    from conspo.prompts import PromptRenderer
-    from conspo.trainer import step_seed
+    from conspo.tasks.datasets import load_problems
+    from conspo.tasks.prompts import PromptRenderer
+    from conspo.training.loop import optimiser_step, pack_rows
+    from conspo.training.trainer import step_seed
 
     cfg = state.cfg
     params = SFTParams.model_validate(cfg.kind_params)

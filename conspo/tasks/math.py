@@ -1,6 +1,6 @@
 """Math problems from a dataset file (GSM8K, MATH, DeepScaleR, DAPO-Math-17k, your own).
 
-The dataset is read by ``conspo.datasets`` (parquet, jsonl, json, arrow or a ``save_to_disk``
+The dataset is read by ``conspo.tasks.datasets`` (parquet, jsonl, json, arrow or a ``save_to_disk``
 directory; ``fields`` maps its columns), and a completion is verified as in the jsonl task: its
 last \\boxed{} (else its last number) against the reference answer, numerically or by
 math-verify. The prompt is the bare question; ``RunConfig.prompt`` renders it (template, chat).
@@ -14,10 +14,10 @@ from pydantic import Field
 
 from conspo.access import DataFiles
 from conspo.config import DatasetFields
-from conspo.datasets import load_problems
 from conspo.registry import register_task
 from conspo.tasks.answers import FileProblems
 from conspo.tasks.base import TaskParams
+from conspo.tasks.datasets import load_problems
 from conspo.tasks.jsonl import split_rows
 
 

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python examples/data/make_math_fixtures.py
 
-Small synthetic stand-ins for the real datasets' formats (conspo/math_fixtures.py draws them),
+Small synthetic stand-ins for the real datasets' formats (conspo/tasks/math_fixtures.py draws them),
 written here rather than downloaded:
 
 * gsm8k.jsonl, gsm8k.parquet: GSM8K-style word problems, {question, answer: "...#### n"};
@@ -10,7 +10,7 @@ written here rather than downloaded:
   {problem, solution ending in \\boxed{n}, answer};
 * benchmark.jsonl: an AIME / MATH500-style benchmark, {problem, answer};
 * easy.jsonl: one-step arithmetic word problems with small answers, {question, answer}: what the
-  built-in tiny-chat-math is warm-started on (conspo/model_catalog.py).
+  built-in tiny-chat-math is warm-started on (conspo/models/catalog.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from conspo.math_fixtures import fixture_sets
+from conspo.tasks.math_fixtures import fixture_sets
 
 OUT = Path(__file__).parent / "math"
 

@@ -120,14 +120,14 @@ def test_a_run_out_of_gpu_memory_fails_with_what_to_change(
 ) -> None:
     """Simulated: no GPU here, so the step's update raises torch.OutOfMemoryError (what PyTorch
     raises when a CUDA allocation fails) instead of a real allocation failing."""
-    import conspo.trainer
+    import conspo.training.trainer
 
     def out_of_memory(*_: Any) -> None:
         raise torch.OutOfMemoryError(
             "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 139.8 GiB total capacity)"
         )
 
-    monkeypatch.setattr(conspo.trainer, "update", out_of_memory)
+    monkeypatch.setattr(conspo.training.trainer, "update", out_of_memory)
     run = run_in_worker(own_api, tiny_config(2))
     assert run["status"] == "failed"
     first_line, rest = run["error"].split("\n", 1)

@@ -227,7 +227,7 @@ def test_the_worker_refuses_what_its_own_settings_do_not_allow(
 
 
 def test_more_processes_than_groups_is_refused_at_submit(api: Api) -> None:
-    """Data-parallel ranks train whole groups (conspo.distributed): each needs one."""
+    """Data-parallel ranks train whole groups (conspo.distributed.collectives): each needs one."""
     config = tiny_config(2, resources={"gpus": 4})  # tiny_config samples 2 prompts per step
     r = api.post("/api/runs", json={"config": config})
     assert r.status_code == 422, r.text

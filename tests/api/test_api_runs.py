@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from backend.main import create_app
 from conspo.config import RunConfig
 from conspo.demo import DEMO_CONFIG
-from conspo.model_catalog import BUILTIN_MODELS
+from conspo.models.catalog import BUILTIN_MODELS
 from conspo.registry import get_task, task_names
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
 

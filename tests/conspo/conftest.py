@@ -4,8 +4,8 @@ base as a policy and a left-padded prompt batch for the rollout and forward test
 import pytest
 import torch
 
-from conspo.models import ModelStore, load_pretrained
-from conspo.rollout import encode_prompts
+from conspo.generation.rollout import encode_prompts
+from conspo.models.store import ModelStore, load_pretrained
 from tests.support import shared_model_store
 
 

@@ -1,4 +1,4 @@
-"""conspo.datasets: every fixture format, field mapping (auto, named, dotted, chat messages,
+"""conspo.tasks.datasets: every fixture format, field mapping (auto, named, dotted, chat messages,
 GSM8K and boxed answers) and errors that name the file and the field."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from conspo.access import DataFiles, DatasetTooLarge, Unavailable
 from conspo.config import DatasetFields
-from conspo.datasets import load_problems
+from conspo.tasks.datasets import load_problems
 
 FIXTURES = Path(__file__).parents[2] / "examples" / "data" / "math"
 FIELDS = DatasetFields()

@@ -1,5 +1,5 @@
-"""conspo.decode.DecodeLoop: the same logits as the model's own forward, token after token, on
-each architecture it claims (with left padding, grouped-query heads, q/k/v biases, rope
+"""conspo.generation.decode.DecodeLoop: the same logits as the model's own forward, token after
+token, on each architecture it claims (with left padding, grouped-query heads, q/k/v biases, rope
 scaling); refusal of the models it does not reproduce; and the sampler using it."""
 
 import pytest
@@ -15,9 +15,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from conspo.decode import DecodeLoop
-from conspo.forward import prefill, prompt_positions
-from conspo.rollout import sample
+from conspo.generation.decode import DecodeLoop
+from conspo.generation.forward import prefill, prompt_positions
+from conspo.generation.rollout import sample
 
 VOCAB = 40
 DIMS = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

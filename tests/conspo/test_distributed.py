@@ -1,4 +1,4 @@
-"""Data-parallel training (conspo.distributed) on 2 gloo processes against 1 process.
+"""Data-parallel training (conspo.distributed.collectives) on 2 gloo processes against 1 process.
 
 The equivalence tests give both the same rollout batch (sampled from the same seed by every
 process) and compare one ``trainer.update``: 2 ranks, each differentiating half of the groups,
@@ -26,11 +26,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conspo import distributed, trainer
 from conspo import metrics as M
 from conspo.config import RunConfig
-from conspo.models import ModelStore
+from conspo.distributed import collectives as distributed
+from conspo.distributed import launch
+from conspo.models.store import ModelStore
 from conspo.sink import MemorySink
+from conspo.training import trainer
 
 TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 4}
 
@@ -194,9 +196,9 @@ def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
         return len(sink.steps) >= 1
 
     common = {"workdir": tmp_path / "two", "nprocs": 2, "model_store": model_store}
-    first = distributed.launch_local(cfg, sink, stop_after_one, timeout_s=120, **common)
+    first = launch.launch_local(cfg, sink, stop_after_one, timeout_s=120, **common)
     assert (first.status, first.last_step) == ("cancelled", 1)
-    second = distributed.launch_local(cfg, sink, timeout_s=120, **common)
+    second = launch.launch_local(cfg, sink, timeout_s=120, **common)
     assert (second.status, second.last_step) == ("succeeded", 2)
     assert [e for e, _ in sink.events].count("resumed") == 1
     assert sorted(sink.steps) == sorted(single.steps) == [1, 2]
@@ -233,8 +235,8 @@ def test_a_failing_child_fails_the_run_with_its_own_error(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     cfg = scenario_config("grpo")
     broken = BrokenOnRankOne(model_store.root)
-    with pytest.raises(distributed.RankFailed, match="rank 1 cannot load its model"):
-        distributed.launch_local(
+    with pytest.raises(launch.RankFailed, match="rank 1 cannot load its model"):
+        launch.launch_local(
             cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120
         )
     assert not dist.is_initialized()
@@ -266,14 +268,14 @@ def test_fsdp_run_stopped_and_resumed_equals_the_uninterrupted_run(
     cfg = cfg.model_copy(update={"steps": 2, "eval": evaluation})
     common = {"nprocs": 2, "model_store": model_store, "timeout_s": 120}
     whole = MemorySink()
-    distributed.launch_local(cfg, whole, workdir=tmp_path / "whole", **common)
+    launch.launch_local(cfg, whole, workdir=tmp_path / "whole", **common)
 
     sink = MemorySink()
-    first = distributed.launch_local(
+    first = launch.launch_local(
         cfg, sink, lambda: len(sink.steps) >= 1, workdir=tmp_path / "parts", **common
     )
     assert (first.status, first.last_step) == ("cancelled", 1)
-    second = distributed.launch_local(cfg, sink, workdir=tmp_path / "parts", **common)
+    second = launch.launch_local(cfg, sink, workdir=tmp_path / "parts", **common)
     assert (second.status, second.last_step) == ("succeeded", 2)
     assert [e for e, _ in sink.events].count("resumed") == 1
     assert sorted(sink.steps) == sorted(whole.steps) == [1, 2]

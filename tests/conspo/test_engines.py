@@ -1,5 +1,5 @@
-"""Generation engines (conspo.engines): native and hf give the same kind of RolloutBatch, agree
-when greedy, are reproducible from the step's seed, and hf trains through train(). The vllm
+"""Generation engines (conspo.generation.engines): native and hf give the same kind of RolloutBatch,
+agree when greedy, are reproducible from the step's seed, and hf trains through train(). The vllm
 engine needs vLLM and a GPU; neither is here, so only its refusal is tested."""
 
 import importlib.util
@@ -10,9 +10,9 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import RunConfig, SamplingConfig
-from conspo.engines import ENGINES, HfEngine, NativeEngine, make_engine
+from conspo.generation.engines import ENGINES, HfEngine, NativeEngine, make_engine
 from conspo.sink import MemorySink
-from conspo.trainer import train
+from conspo.training.trainer import train
 
 
 def _sample(engine, policy, prompts, **kw):

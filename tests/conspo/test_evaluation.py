@@ -12,10 +12,10 @@ from pydantic import ValidationError
 from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.evaluation import Benchmark, score_benchmark
-from conspo.models import load_pretrained
+from conspo.models.store import load_pretrained
 from conspo.sink import MemorySink
 from conspo.tasks import Example
-from conspo.trainer import train
+from conspo.training.trainer import train
 
 FIXTURES = Path(__file__).parents[2] / "examples" / "data" / "math"
 

@@ -1,4 +1,4 @@
-"""The forward passes of conspo.forward: shared-prompt prefill and token log-probs.
+"""The forward passes of conspo.generation.forward: shared-prompt prefill and token log-probs.
 
 Every shortcut (a prompt run once per group, only the needed positions through the LM head) is
 checked against the plain forward it replaces, in values and in gradients.
@@ -10,9 +10,15 @@ import pytest
 import torch
 
 from conspo.config import ModelConfig
-from conspo.forward import logprob_mode, prefill, prompt_positions, shares_prompts, token_logprobs
-from conspo.models import prepare_for_training
-from conspo.rollout import RolloutBatch, sample
+from conspo.generation.forward import (
+    logprob_mode,
+    prefill,
+    prompt_positions,
+    shares_prompts,
+    token_logprobs,
+)
+from conspo.generation.rollout import RolloutBatch, sample
+from conspo.models.store import prepare_for_training
 
 
 def test_prefill_runs_each_prompt_once_and_repeats_it_per_rollout(policy, prompts):
@@ -176,7 +182,7 @@ def test_short_sequence_attention_is_eager_under_bf16_on_a_cpu(policy, prompts, 
     afterwards; float32, and a batch over the byte budget, keep sdpa."""
     import contextlib
 
-    import conspo.forward
+    import conspo.generation.forward
 
     model, tok = policy
     g = 3
@@ -202,7 +208,7 @@ def test_short_sequence_attention_is_eager_under_bf16_on_a_cpu(policy, prompts, 
         assert set(seen) == {"sdpa"}
         eager, eager_grads = value_and_grads(bf16=True)
         assert set(seen) == {"eager"}
-        monkeypatch.setattr(conspo.forward, "EAGER_ATTENTION_BYTES", 0)
+        monkeypatch.setattr(conspo.generation.forward, "EAGER_ATTENTION_BYTES", 0)
         flash, flash_grads = value_and_grads(bf16=True)
         assert set(seen) == {"sdpa"}
     finally:

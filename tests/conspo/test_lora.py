@@ -12,12 +12,12 @@ from transformers import AutoModelForCausalLM
 from conspo import metrics as M
 from conspo.cli import main
 from conspo.config import RunConfig
-from conspo.export import export_merged
-from conspo.forward import token_logprobs
-from conspo.models import load_pretrained
-from conspo.rollout import sample
+from conspo.generation.forward import token_logprobs
+from conspo.generation.rollout import sample
+from conspo.models.export import export_merged
+from conspo.models.store import load_pretrained
 from conspo.sink import MemorySink
-from conspo.trainer import setup, train, train_step
+from conspo.training.trainer import setup, train, train_step
 from tests.conspo.test_resume import comparable
 
 

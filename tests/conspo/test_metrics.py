@@ -9,7 +9,7 @@ from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.registry import objective_names
 from conspo.sink import MemorySink
-from conspo.trainer import train
+from conspo.training.trainer import train
 
 CATALOGUE = M.catalogue()
 KEYS = {m.key for m in CATALOGUE.metrics}

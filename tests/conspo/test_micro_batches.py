@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conspo import trainer
 from conspo.config import RunConfig
-from conspo.microbatch import micro_batches, trimmed
-from conspo.rollout import RolloutBatch
-from conspo.trainer import collect_rollouts, setup, update
+from conspo.generation.rollout import RolloutBatch
+from conspo.training import trainer
+from conspo.training.microbatch import micro_batches, trimmed
+from conspo.training.trainer import collect_rollouts, setup, update
 
 
 def config(algorithm: str, mini_batches: int, **model) -> RunConfig:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from conspo.config import ModelConfig, TaskConfig
-from conspo.model_catalog import BUILTIN_MODELS
+from conspo.models.catalog import BUILTIN_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_model_name_help_lists_the_catalogue():
 
 def test_catalogue_config_and_tasks_load_without_torch():
     code = (
-        "import sys; import conspo.model_catalog, conspo.config, conspo.registry;"
+        "import sys; import conspo.models.catalog, conspo.config, conspo.registry;"
         " conspo.config.TaskConfig(name='countdown'); conspo.registry.task_names();"
         " assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'"
     )

@@ -12,7 +12,7 @@ from transformers import (
 )
 
 from conspo.config import ModelConfig
-from conspo.models import (
+from conspo.models.store import (
     STORE_VERSION,
     ModelStore,
     build_char_tokenizer,

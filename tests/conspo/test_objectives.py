@@ -12,25 +12,22 @@ import pytest
 import torch
 
 from conspo import metrics
-from conspo.objectives import (
-    ConSPOParams,
-    DAPOParams,
-    DrGRPOParams,
-    GRPOParams,
+from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
     aggregate_tokens,
     clipped_ratio_scores,
-    conspo_objective,
-    conspo_score_loss,
     dense_group_index,
     group_advantages,
-    grpo_objective,
     k3_kl,
     margin_at,
     sequence_scores,
 )
+from conspo.objectives.conspo import ConSPOParams, conspo_objective, conspo_score_loss
+from conspo.objectives.dapo import DAPOParams
+from conspo.objectives.dr_grpo import DrGRPOParams
+from conspo.objectives.grpo import GRPOParams, grpo_objective
 from conspo.registry import get_objective, objective_names
 
 DT = torch.float64

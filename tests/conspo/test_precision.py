@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conspo import metrics as M
-from conspo import trainer
 from conspo.config import RunConfig
-from conspo.resources import OutOfMemory
+from conspo.models.resources import OutOfMemory
 from conspo.sink import MemorySink
-from conspo.trainer import setup, train
+from conspo.training import trainer
+from conspo.training.trainer import setup, train
 
 
 def config(**model) -> RunConfig:

@@ -1,4 +1,4 @@
-"""Prompt rendering (conspo.prompts) and the tiny-chat tokenizer it runs through."""
+"""Prompt rendering (conspo.tasks.prompts) and the tiny-chat tokenizer it runs through."""
 
 import random
 
@@ -6,9 +6,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from conspo.config import PromptConfig, TaskConfig
-from conspo.model_catalog import CHAT_SPECIAL_TOKENS, IM_END
-from conspo.prompts import PromptedTask, PromptRenderer, with_prompts
+from conspo.models.catalog import CHAT_SPECIAL_TOKENS, IM_END
 from conspo.tasks import make_task
+from conspo.tasks.prompts import PromptedTask, PromptRenderer, with_prompts
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def char_tokenizer(model_store):
 
 
 def test_tiny_chat_tokenizer_round_trips_through_autotokenizer(chat_tokenizer):
-    from conspo.tiny_chat import build_chat_tokenizer
+    from conspo.models.tiny_chat import build_chat_tokenizer
 
     built = build_chat_tokenizer()
     assert type(chat_tokenizer).__name__ == "Qwen2Tokenizer"

@@ -1,4 +1,4 @@
-"""The memory estimate (conspo.resources): model dimensions read without loading weights, the
+"""The memory estimate (conspo.models.resources): model dimensions read without loading weights, the
 estimate against a measured peak, and the refusal of a config that cannot fit."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from conspo.access import ModelSources
 from conspo.config import RunConfig
-from conspo.models import save_tiny
-from conspo.resources import (
+from conspo.models.resources import (
     MemoryRefused,
     ModelDims,
     check_memory,
@@ -24,6 +23,7 @@ from conspo.resources import (
     read_hf_config,
     source_dims,
 )
+from conspo.models.store import save_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 MAXIMAL = {"prompts_per_step": 4096, "group_size": 256, "max_new_tokens": 32_768}
@@ -139,10 +139,10 @@ MEASURE = textwrap.dedent(
     import torch
     from conspo.access import ModelSources
     from conspo.config import RunConfig
-    from conspo.models import ModelStore
-    from conspo.resources import estimate_memory, source_dims
+    from conspo.models.store import ModelStore
+    from conspo.models.resources import estimate_memory, source_dims
     from conspo.sink import MemorySink
-    from conspo.trainer import train
+    from conspo.training.trainer import train
 
     torch.set_num_threads(1)
     store, workdir, overrides = ModelStore(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -226,8 +226,8 @@ def test_the_estimate_is_within_a_stated_factor_of_the_measured_peak(name, tmp_p
 
 
 def test_fsdp_divides_the_sharded_state_by_the_processes():
-    """fsdp (conspo.distributed): each of W processes holds the gathered weights, 1/W of the
-    weights, gradients and moments, and the whole reference; the update adds the gathered
+    """fsdp (conspo.distributed.collectives): each of W processes holds the gathered weights, 1/W of
+    the weights, gradients and moments, and the whole reference; the update adds the gathered
     gradient. ddp keeps every process's full copy whatever W."""
     dims = ModelDims.from_hf_config({**SMALL_DECODERS["qwen2, grouped kv heads, untied"],
                                      "vocab_size": 151_936, "num_hidden_layers": 24})  # fmt: skip

@@ -6,7 +6,7 @@ import pytest
 from conspo.cli import main, truncate_metrics
 from conspo.config import RunConfig
 from conspo.sink import MemorySink
-from conspo.trainer import train
+from conspo.training.trainer import train
 
 TIMING = ("time/", "throughput/")
 

@@ -11,7 +11,6 @@ import torch
 from pydantic import ValidationError
 
 from conspo import metrics as M
-from conspo import trainer
 from conspo.config import RunConfig
 from conspo.rewards import (
     InfoGainParams,
@@ -26,6 +25,7 @@ from conspo.rewards import (
 from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask, intermediate_results
 from conspo.tasks.base import Example
+from conspo.training import trainer
 
 ARITH = ArithTask(ArithParams(num_operands=3, operators="+-*"))
 # "3*4+7=": intermediate results 12 then 19.

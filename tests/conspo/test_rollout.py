@@ -5,8 +5,8 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import TaskConfig
-from conspo.forward import token_logprobs
-from conspo.rollout import _next_token, evaluate, finish_responses, pass_at_k, sample
+from conspo.generation.forward import token_logprobs
+from conspo.generation.rollout import _next_token, evaluate, finish_responses, pass_at_k, sample
 from conspo.tasks import make_task
 
 EOS, PAD = 1, 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conspo import metrics as M
-from conspo.stats import offpolicy_stats, separation_stats
+from conspo.training.stats import offpolicy_stats, separation_stats
 
 DT = torch.float64
 TAU = 1.0

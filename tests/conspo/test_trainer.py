@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from conspo import metrics as M
-from conspo import trainer
 from conspo.config import RunConfig, TaskConfig
-from conspo.models import load_pretrained
-from conspo.objectives import clipped_ratio_scores, group_advantages
-from conspo.rollout import evaluate
+from conspo.generation.rollout import evaluate
+from conspo.models.store import load_pretrained
+from conspo.objectives.base import clipped_ratio_scores, group_advantages
 from conspo.sink import MemorySink, prompt_key
-from conspo.stats import separation_stats
 from conspo.tasks import make_task
-from conspo.trainer import train
+from conspo.training import trainer
+from conspo.training.stats import separation_stats
+from conspo.training.trainer import train
 
 # 1-digit a±b±c: the SFT base is right on about half of the held-out problems.
 TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 256}

@@ -1,10 +1,10 @@
-"""ConSPOTrainer (conspo.integrations.trl): parity with conspo.objectives / conspo.stats on one
-TRL batch, whole groups through TRL's shuffle, and the refusals.
+"""ConSPOTrainer (conspo.integrations.trl): parity with conspo.objectives / conspo.training.stats on
+one TRL batch, whole groups through TRL's shuffle, and the refusals.
 
 Parity: TRL generates and scores one batch; the subclass's loss and gradients on it are compared
 with the registered objective on a PolicyBatch built here independently (our own forward pass,
 the reward function called on the decoded completions, group ids from the row order), and its
-logged §4 statistics with ``conspo.stats.separation_stats`` on the same scores. Tolerances
+logged §4 statistics with ``conspo.training.stats.separation_stats`` on the same scores. Tolerances
 (float32, same model, same tokens): loss rtol 1e-5 / atol 1e-6, gradients rtol 1e-4 /
 atol 1e-6 (max over parameters), statistics rtol 1e-5 / atol 1e-6.
 """
@@ -20,10 +20,10 @@ from trl import GRPOConfig
 
 from conspo import metrics as M
 from conspo.integrations.trl import GROUP_IDS, ConSPOTrainer, shuffle_groups
-from conspo.models import build_char_tokenizer, build_tiny_model
-from conspo.objectives import PolicyBatch, clipped_ratio_scores, sequence_scores
+from conspo.models.store import build_char_tokenizer, build_tiny_model
+from conspo.objectives.base import PolicyBatch, clipped_ratio_scores, sequence_scores
 from conspo.registry import get_objective
-from conspo.stats import separation_stats
+from conspo.training.stats import separation_stats
 
 G = 4
 PROMPTS = ["1+2=", "7-3=", "12+34=", "9-8="]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conspo.models import MARKER, ModelStore
+from conspo.models.store import MARKER, ModelStore
 from tests.support import ROOT
 from tests.ui.test_pages import trace_points, wait_until
 

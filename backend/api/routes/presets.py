@@ -12,7 +12,7 @@ from pydantic_core import to_jsonable_python
 from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
 from conspo.demo import DEMO_CONFIG
-from conspo.model_catalog import BUILTIN_MODELS
+from conspo.models.catalog import BUILTIN_MODELS
 from conspo.registry import JOB_KINDS, OBJECTIVES, TASKS, Registry
 
 router = APIRouter(tags=["presets"])

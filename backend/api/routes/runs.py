@@ -90,8 +90,8 @@ class MemoryReport(BaseModel):
 
 @router.post("/estimate", response_model=MemoryReport)
 def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
-    """The memory a run of ``config`` would need, by conspo.resources' estimate, and whether it
-    is under the limit that submitting checks. Nothing is stored; an invalid config gets no
+    """The memory a run of ``config`` would need, by conspo.models.resources' estimate, and whether
+    it is under the limit that submitting checks. Nothing is stored; an invalid config gets no
     numbers and the first problem as its text."""
     try:
         config = RunConfig.model_validate(body.config)

@@ -1,0 +1,287 @@
+"""Rollouts: batched sampling with a KV cache, greedy evaluation and pass@k.
+
+The sampling loop is written out instead of calling ``model.generate``, for two reasons:
+
+* each group's prompt is prefilled once and its KV cache repeated G times
+  (``conspo.generation.forward.prefill``): most of the edge at long prompts (bench/throughput.py,
+  shape c);
+* on Llama, Qwen2 and Mistral decoders every later token goes through ``conspo.generation.decode``'s
+  ``DecodeLoop`` (keys and values in place, attention over the written positions only, fused
+  projections, weights cast once under autocast) rather than transformers' forward: the edge at
+  short prompts and long answers (bench/levers.py measures it per token). Other models extend
+  transformers' KV cache one forward per token.
+
+The preallocated transformers cache (``static_cache``) and sparser stop checks
+(``stop_check_every``) did not pay on CPU (bench/levers.py) and are off by default; they are
+there for accelerators, where host syncs and reallocation cost more.
+
+It is the ``native`` generation engine; ``conspo.generation.engines`` puts it beside ``generate``
+(``hf``) and vLLM behind one interface, and evaluation samples through whichever ``sampling.engine``
+names.
+
+Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens response positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from conspo.generation.decode import DecodeLoop
+from conspo.generation.forward import extend, prefill
+from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
+from conspo.tasks import Example, Task
+
+if TYPE_CHECKING:  # engines build on this module's sampler
+    from conspo.generation.engines import Engine
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: torch.Tensor  # (N, P) left-padded with pad_id
+    prompt_mask: torch.Tensor  # (N, P) long, 1 on prompt tokens
+    response_ids: torch.Tensor  # (N, T') right-padded with pad_id, T' <= T
+    response_mask: torch.Tensor  # (N, T') float, 1 on response tokens incl. EOS, 0 on padding
+    lengths: torch.Tensor  # (N,) long, response tokens incl. EOS
+    truncated: torch.Tensor  # (N,) bool, hit max_new_tokens without EOS
+
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The rollouts at ``rows`` ((N,) bool mask or index tensor on the batch's device)."""
+        return RolloutBatch(
+            self.prompt_ids[rows],
+            self.prompt_mask[rows],
+            self.response_ids[rows],
+            self.response_mask[rows],
+            self.lengths[rows],
+            self.truncated[rows],
+        )
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (N, P) each. No special tokens are added."""
+    enc = tokenizer(
+        prompts,
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
+        return_tensors="pt",
+    )
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def _next_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """(N, V) logits → (N,) token ids. temperature 0 means greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p.
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return _inverse_cdf_sample(probs, generator)
+
+
+def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(N, V) probabilities → (N,) ids drawn from each row, by inverting its CDF at one uniform.
+
+    The same distribution as ``torch.multinomial(probs, 1)``, ~10× faster on a CPU at a 152k
+    vocabulary (multinomial costs ~4 ms per row there; a cumsum and a binary search ~0.3 ms).
+    The CDF is summed in float64, so rounding shifts no id's probability by more than ~1e-12.
+    """
+    cdf = probs.double().cumsum(-1)  # (N, V)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype)
+    # right=True: the first id whose CDF exceeds u, so ids of probability 0 are never drawn
+    ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return ids.clamp(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    group_size: int = 1,
+    static_cache: bool = False,
+    stop_check_every: int = 1,
+    decode_loop: bool = True,
+) -> RolloutBatch:
+    """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens.
+
+    With ``group_size`` G > 1, rows come in runs of G copies of one prompt: the prompt is
+    prefilled once and its KV cache repeated G times (the decode steps are per row anyway).
+    ``static_cache``: the KV cache is preallocated for P + max_new_tokens positions and written
+    in place (``conspo.generation.forward.prefill``) instead of growing by concatenation every
+    token. ``stop_check_every``: whether every row has finished is asked of the device (a host sync)
+    every that many tokens; finished rows decode padding in between, which the result masks.
+    The tokens drawn do not depend on either setting. ``decode_loop``: decode through
+    ``conspo.generation.decode.DecodeLoop`` where it supports the model (not with ``static_cache``);
+    its logits equal transformers' to float rounding, so a near-tie may rarely draw differently.
+    """
+    n, p = prompt_ids.shape
+    device = prompt_ids.device
+    # The full attention mask, sliced as the sequence grows; response positions are all real
+    # (finished rows keep decoding pad tokens that are masked out of the result below).
+    attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
+    attn[:, :p] = prompt_mask
+    g = group_size if group_size > 1 and n % group_size == 0 else 1
+    loop = (
+        decode_loop
+        and not static_cache
+        and max_new_tokens > 1  # one token is the prefill's alone
+        and DecodeLoop.supports(model, p + max_new_tokens)
+    )
+    state = prefill(model, prompt_ids, prompt_mask, g, p + max_new_tokens if static_cache else None)
+    logits = state.logits  # (N, V)
+    if loop:
+        assert isinstance(state.cache, DynamicCache)  # static_cache is off on this path
+        decoder = DecodeLoop(model, state.cache, prompt_mask, state.next_position, max_new_tokens)
+        del state  # the loop holds the keys and values now
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens = []
+    for t in range(max_new_tokens):
+        tok = _next_token(logits, temperature, top_p, generator)
+        tok = torch.where(done, pad_id, tok)
+        tokens.append(tok)
+        done = done | (tok == eos_id)
+        if t == max_new_tokens - 1:
+            break
+        if (t + 1) % stop_check_every == 0 and bool(done.all()):  # the host sync
+            break
+        if loop:
+            logits = decoder.step(tok, t)
+            continue
+        mask = attn if static_cache else attn[:, : p + t + 1]
+        logits = extend(model, state, tok[:, None], mask, offset=t)[:, -1]
+    response = torch.stack(tokens, dim=1)  # (N, T')
+    return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
+
+
+def finish_responses(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response: torch.Tensor,
+    eos_id: int,
+    pad_id: int,
+) -> RolloutBatch:
+    """Mask everything after the first EOS; rows without EOS are truncated."""
+    is_eos = response == eos_id  # (N, T')
+    # A position is kept when no EOS came strictly before it.
+    eos_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    mask = (~eos_before).float()
+    lengths = mask.sum(-1).long()
+    truncated = ~is_eos.any(-1)
+    response = response.masked_fill(eos_before, pad_id)
+    return RolloutBatch(prompt_ids, prompt_mask, response, mask, lengths, truncated)
+
+
+def decode_responses(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
+    """Response text without EOS or padding."""
+    return tokenizer.batch_decode(batch.response_ids.cpu().tolist(), skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation on the held-out split
+# --------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021): 1 - C(n-c,k)/C(n,k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def generate_and_verify(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    engine: Engine | None = None,
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """Sample one response per example with ``engine`` (default: ``sample``); returns the
+    rollouts and their (N,) rewards on CPU."""
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
+    sampler = sample if engine is None else engine.sample
+    batch = sampler(
+        model,
+        ids,
+        mask,
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+    )
+    texts = decode_responses(tokenizer, batch)
+    rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
+    return batch, rewards
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    pass_k: int,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    engine: Engine | None = None,
+) -> dict[str, float]:
+    """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
+    ``top_p``)."""
+    if not examples:
+        return {EVAL_ACCURACY: float("nan"), EVAL_PASS_AT_K: float("nan")}
+    _, greedy = generate_and_verify(
+        model,
+        tokenizer,
+        task,
+        examples,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        engine=engine,
+    )
+    repeated = [ex for ex in examples for _ in range(pass_k)]
+    _, sampled = generate_and_verify(
+        model,
+        tokenizer,
+        task,
+        repeated,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        engine=engine,
+    )
+    correct = sampled.view(len(examples), pass_k).sum(-1).long().tolist()
+    pass_k_values = [pass_at_k(pass_k, c, pass_k) for c in correct]
+    return {
+        EVAL_ACCURACY: greedy.mean().item(),
+        EVAL_PASS_AT_K: sum(pass_k_values) / len(pass_k_values),
+    }

@@ -1,0 +1,140 @@
+"""The built-in models: each name, what it is, and the recipe the model store builds it from.
+
+Torch-free on purpose: the config model (``model.name``'s help text), the REST presets and the web
+form read this catalogue in the API process, which must not need torch. ``conspo.models.store``
+builds the entries (``ModelStore.resolve``). A changed recipe needs
+``conspo.models.store.STORE_VERSION`` bumped, so stores built from the old one are rebuilt.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Any
+
+# The tiny family's architecture and tokenizer, here rather than in conspo.models.store so that the
+# API can read a built-in model's dimensions (its memory estimate, conspo.models.resources) without
+# torch.
+PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
+# Every character a tiny-model prompt or answer can contain. Order fixes the token ids.
+CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
+MAX_POSITIONS = 256
+TINY_CONFIG: dict[str, Any] = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=3,
+    num_attention_heads=4,  # head_dim 32
+    num_key_value_heads=4,
+    max_position_embeddings=MAX_POSITIONS,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+)
+
+
+# The tiny-chat family (conspo/models/tiny_chat.py): Qwen's special tokens and chat format, a
+# byte-level BPE vocabulary learned on a fixed corpus (at most CHAT_VOCAB_SIZE tokens: the small
+# corpus yields about 500), and a model about six times the size of `tiny`.
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CHAT_SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+CHAT_VOCAB_SIZE = 2048
+CHAT_MAX_POSITIONS = 512
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CHAT_CONFIG: dict[str, Any] = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=4,  # head_dim 64
+    num_key_value_heads=4,
+    max_position_embeddings=CHAT_MAX_POSITIONS,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+)
+
+
+def tiny_hf_config() -> dict[str, Any]:
+    """The config.json of the `tiny` family (the warm-started ones are `tiny` fine-tuned)."""
+    return {**TINY_CONFIG, "model_type": "qwen2", "vocab_size": len(SPECIAL_TOKENS) + len(CHARSET)}
+
+
+def builtin_hf_config(name: str) -> dict[str, Any]:
+    """The config.json of the built-in ``name`` (tiny-chat's vocab_size: its upper bound)."""
+    if BUILTIN_MODELS[name].family == "tiny-chat":
+        return {**CHAT_CONFIG, "model_type": "qwen2", "vocab_size": CHAT_VOCAB_SIZE}
+    return tiny_hf_config()
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    about: str  # one line: what it is for
+    base: str | None = None  # the built-in it is fine-tuned from; None: built from scratch
+    warm_start: tuple[dict[str, Any], ...] = ()  # SFT task mix, each a TaskConfig's data
+    sft_steps: int = 0
+    family: str = "tiny"  # tiny: character tokenizer; tiny-chat: BPE + chat template
+
+    @property
+    def description(self) -> str:
+        if self.base is None:
+            return self.about
+        tasks = ", ".join(dict.fromkeys(t["name"] for t in self.warm_start))
+        return f"{self.base} after a {self.sft_steps}-step SFT warm start on {tasks}: {self.about}"
+
+
+# The arith base is right (greedy, 256 held-out problems) on about 70% of 1-digit a±b, 55% of
+# 1-digit a±b±c and 6% of 2-digit sums: RL has room on every setting (see examples/run.yaml).
+# Build: ~21 s on one CPU thread. A sharper base is worse for RL, not better: 600 SFT steps
+# (94% / 77% / 5%) lost accuracy on a±b±c under both GRPO and ConSPO at every lr tried (1e-4,
+# 5e-5, 3e-5), while this base gains at the default lr 3e-5 (+6..+9 points in 80 steps, about
+# +16 in 300).
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    model.name: model
+    for model in (
+        BuiltinModel(
+            "tiny",
+            "Tiny Qwen2 model (~0.65M parameters, character tokenizer), random init; builds in a"
+            " second.",
+        ),
+        BuiltinModel(
+            "tiny-arith",
+            "answers 1-digit a±b±c right about half the time, a base with room for RL.",
+            base="tiny",
+            warm_start=(
+                {"name": "arith", "params": {"digits": 1, "num_operands": 2}},
+                {"name": "arith", "params": {"digits": 1, "num_operands": 3}},
+                {"name": "arith", "params": {"digits": 2, "num_operands": 2}},
+            ),
+            sft_steps=400,
+        ),
+        BuiltinModel(
+            "tiny-chat",
+            "Tiny Qwen2 model (~3.9M parameters) with a real byte-level BPE tokenizer, Qwen's"
+            " special tokens and chat template, random init; builds in a second.",
+            family="tiny-chat",
+        ),
+        # ~25% greedy accuracy (pass@4 ~55%) on the easy set's held-out problems (one-step a±b
+        # word problems, boxed template in the chat format), so RL on it has mixed groups.
+        # Build: ~60 s on one CPU thread.
+        BuiltinModel(
+            "tiny-chat-math",
+            "answers easy word problems as \\boxed{n} in the chat format (boxed template), a base"
+            " for RL with the math task (examples/math_lora.yaml).",
+            base="tiny-chat",
+            warm_start=({"name": "math", "params": {"path": "easy word problems (built in)"}},),
+            sft_steps=120,
+            family="tiny-chat",
+        ),
+        BuiltinModel(
+            "tiny-countdown",
+            "answers in the countdown format, a base for RL on countdown.",
+            base="tiny",
+            warm_start=({"name": "countdown", "params": {"digits": 1, "num_operands": 3}},),
+            sft_steps=400,
+        ),
+    )
+}

@@ -1,0 +1,65 @@
+"""Numeric precision of a training run: the dtype weights are stored in, the dtype the forward
+passes compute in, and the loss scaler float16 needs (``ModelConfig.dtype`` / ``mixed_precision``).
+
+    dtype      mixed_precision  weights   forward                     loss scaling
+    float32    either           float32   float32                     no
+    bfloat16   off              bfloat16  bfloat16                    no
+    bfloat16   on               float32   torch.autocast(bfloat16)    no
+    float16    either           float32   torch.autocast(float16)     GradScaler
+
+"auto" is bfloat16 on CUDA and float32 on CPU (conspo.models.store.pick_device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Precision:
+    weights: torch.dtype  # what parameters (and so AdamW's state) are stored in
+    compute: torch.dtype  # what the forward passes compute in
+    device: torch.device
+    scaler: torch.amp.GradScaler | None  # float16 only: its gradients underflow without scaling
+
+    @property
+    def mixed(self) -> bool:
+        return self.weights != self.compute
+
+    def autocast(self) -> AbstractContextManager[object]:
+        """The context every forward pass runs in: autocast to ``compute`` when mixed."""
+        if not self.mixed:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_norm: float
+    ) -> torch.Tensor:
+        """Clip the (unscaled) gradients to ``max_norm`` and step; returns the norm before
+        clipping. With a scaler, a step whose gradients overflowed is skipped (its norm is inf)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if self.scaler is None:
+            optimizer.step()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        return grad_norm
+
+
+def make_precision(compute: torch.dtype, mixed_precision: bool, device: torch.device) -> Precision:
+    """``compute``: the resolved model.dtype."""
+    if compute == torch.float32:
+        return Precision(torch.float32, torch.float32, device, None)
+    if compute == torch.float16:
+        return Precision(torch.float32, compute, device, torch.amp.GradScaler(device.type))
+    weights = torch.float32 if mixed_precision else compute
+    return Precision(weights, compute, device, None)

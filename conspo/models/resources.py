@@ -1,0 +1,368 @@
+"""How much memory a run's config asks for, estimated from the config and the model's dimensions.
+
+A worker refuses a config whose estimate exceeds its limit before it loads any weights, and the
+platform's API does the same at submit time, so a config that cannot fit fails at once, with the
+estimate in the message, instead of mid-run when an allocation fails or the machine swaps.
+Torch-free: the API process imports it.
+
+    dims = ModelDims.from_hf_config(json.loads(Path("my-model/config.json").read_text()))
+    estimate = estimate_memory(cfg, dims, dtype_bytes=2)
+    check_memory(estimate, limit=80 * 2**30)          # MemoryRefused: "needs about 275 GiB ..."
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conspo.access import ModelSource
+from conspo.config import RunConfig
+from conspo.models.catalog import builtin_hf_config
+
+Loc = tuple[str, ...]
+MAX_CONFIG_JSON_BYTES = 2**20
+FLOAT32 = 4
+INT64 = 8
+# Float32 logits the training forward holds at once (conspo.generation.forward.token_logprobs
+# applies the LM head to this many bytes' worth of positions at a time): 256 MiB, 441 positions of a
+# 151,936 vocabulary.
+LOGIT_CHUNK_BYTES = 2**28
+
+
+def logit_chunk_tokens(vocab: int) -> int:
+    """Positions per LM-head chunk of the training forward for a ``vocab``-sized vocabulary."""
+    return max(1, LOGIT_CHUNK_BYTES // (vocab * FLOAT32))
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What the estimate needs of a decoder-only transformer (Llama / Qwen2 / Mistral family)."""
+
+    params: int  # parameter count
+    layers: int  # L
+    hidden: int  # H
+    intermediate: int  # I, the MLP width
+    kv_width: int  # K: key-value heads × head dim, the width of K (and of V) per token and layer
+    vocab: int  # V
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelDims | None:
+        """From a Hugging Face config.json; None when a dimension is missing or malformed."""
+        try:
+            layers, hidden, heads, vocab = (
+                _positive(config, key)
+                for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+            )
+            head_dim = _positive(config, "head_dim", hidden // heads)
+            kv_width = _positive(config, "num_key_value_heads", heads) * head_dim
+            intermediate = _positive(config, "intermediate_size", 4 * hidden)
+        except (KeyError, TypeError, ValueError):
+            return None
+        q_width = heads * head_dim
+        # q, k, v, o projections, the gated MLP's three matrices, two RMSNorms
+        per_layer = 2 * hidden * (q_width + kv_width) + 3 * hidden * intermediate + 2 * hidden
+        if config.get("model_type") == "qwen2" or config.get("attention_bias"):
+            per_layer += q_width + 2 * kv_width  # q, k, v biases
+        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+        params = embeddings + layers * per_layer + hidden  # + the final norm
+        return cls(params, layers, hidden, intermediate, kv_width, vocab)
+
+
+def _positive(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    if isinstance(value, bool) or int(value) != value or value <= 0:
+        raise ValueError(key)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of each part of a training step's peak (``estimate_memory`` says what each counts).
+
+    The model state is held all run; the three transients happen one after another.
+    """
+
+    state: int
+    sampling: int
+    evaluation: int
+    update: int
+
+    @property
+    def total(self) -> int:
+        return self.state + max(self.sampling, self.evaluation, self.update)
+
+    def describe(self) -> str:
+        parts = {
+            "model state": self.state,
+            "sampling": self.sampling,
+            "evaluation": self.evaluation,
+            "update": self.update,
+        }
+        listed = ", ".join(f"{part} {_size(n)}" for part, n in parts.items())
+        return f"about {_size(self.total)} ({listed})"
+
+    def culprit(self, limit: int) -> Loc:
+        """The config field most to blame for exceeding ``limit``."""
+        if self.state > limit:
+            return ("model", "name")
+        if self.evaluation > max(self.sampling, self.update):
+            return ("eval",)
+        return ("sampling",)
+
+
+def _layer_activations(dims: ModelDims) -> int:
+    """Elements per token that a decoder layer keeps for the backward pass: the input norm's input
+    and output (2H), q, k, v (H+2K), the rotary q and k (H+K) and their rotate_half copies (H+K),
+    the attention output and o_proj's contiguous input (2H), the residual sum (H), the
+    post-attention norm (2H), and the gated MLP's gate, up, activation and product (4I). SDPA keeps
+    no attention matrix."""
+    return 10 * dims.hidden + 4 * dims.kv_width + 4 * dims.intermediate
+
+
+def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> MemoryEstimate:
+    """Peak memory of a training step of ``cfg`` on the device that trains it, in bytes.
+
+    b = ``dtype_bytes``, the compute dtype's (4 for float32, 2 for bfloat16 / float16); w, the
+    weights' bytes: 4 under mixed precision (model.mixed_precision, always for float16), else b.
+    P = ``dims.params``; A = the LoRA adapters' parameters (model.lora: r × (in + out) per adapted
+    matrix); N = prompts_per_step × group_size rollouts, T = max_new_tokens, M =
+    optim.mini_batches, B = ⌈N/M⌉; L, H, I, K, V as in ``ModelDims``. The training forward's
+    tokens: B·T, or with optim.micro_batch_tokens = m > 0 a micro-batch's, min(B·T, max(m, T));
+    its logits: one chunk of C = min(tokens, ``logit_chunk_tokens(V)``) positions. Counted:
+
+    * model state, held all run: full fine-tuning, the weights, their gradients and AdamW's two
+      moments (4·P·w) and a frozen reference copy (P·w) when the objective's β > 0; LoRA, the
+      frozen weights (P·w, also the reference: adapters off) and the adapters' float32 weights,
+      gradients and moments (16·A); with resources.strategy fsdp over W = gpus × nodes > 1
+      processes (conspo.distributed.collectives), the gathered weights every forward uses (P·w) and
+      each process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
+      (P·w) when β > 0: it is not sharded;
+    * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
+      it grows; ``conspo.generation.decode``'s preallocated one is 2·L·N·K·T·b),
+      ``conspo.generation.decode``'s copy of the weights in the compute dtype (P·b), a step's logits
+      and softmax N·V·(b+12), and the sampler's int64 attention mask, token ids and end-of-sequence
+      masks (48·N·T);
+    * evaluation: the same for eval_size × pass_k rollouts;
+    * the update: the rollout batch 16·N·T (twice that when refilling groups), then the larger of
+      - with M > 1, the no-grad forward that freezes π_old over all N rows (micro-batch by
+        micro-batch): its KV cache and one layer's transients per token, (2LK+4I+4H)·b, one
+        chunk of logits C·V·(b+8), and its log-probs and entropy 8·N·T;
+      - the gradient pass over a micro-batch's tokens: the activations kept for backward, per
+        token L·a·b with a = 10H+4K+4I (plus, with LoRA, each adapted projection's two
+        output-wide tensors, the adapter's output and its scaled copy), or with gradient
+        checkpointing each layer's input L·H·b plus one layer's recomputed activations and
+        their gradients 2·a·b; the final hidden states H·b; one chunk of
+        logits with its float32 copies C·V·(b+12); under mixed precision, full fine-tuning's
+        half-precision copies of the weights autocast keeps (P·b); with micro-batches, the
+        mini-batch's log-probs, entropy and their gradient 16·B·T; the reference model's
+        no-grad forward over the same tokens when β > 0; and with fsdp the gathered gradient
+        the backwards accumulate before one reduce-scatter per update (P·w).
+
+    Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it), the
+    process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
+    and attention score matrices (SDPA kernels do not keep them; a CPU's short training forwards
+    run eager attention, which keeps up to ``conspo.generation.forward.EAGER_ATTENTION_BYTES``). So
+    it is near, and mostly below,
+    the real peak: a config refused by it does not fit. tests/conspo/test_resources.py compares it
+    with the measured peak RSS of a CPU run.
+    """
+    b, s, m = dtype_bytes, cfg.sampling, cfg.model
+    mixed = b < FLOAT32 and (m.mixed_precision or m.dtype == "float16")
+    w = FLOAT32 if mixed else b
+    params = cfg.objective_params()
+    beta = float(getattr(params, "beta", 0.0))
+    refill = bool(getattr(params, "refill_groups", False))
+    n, t = s.prompts_per_step * s.group_size, s.max_new_tokens
+    rows = math.ceil(n / cfg.optim.mini_batches)
+    budget = cfg.optim.micro_batch_tokens
+    tokens = min(rows * t, max(budget, t)) if budget else rows * t
+    world = cfg.resources.world_size
+    sharded = cfg.resources.strategy == "fsdp" and world > 1 and not m.lora.rank
+    if m.lora.rank:
+        adapters = lora_params(dims, m.lora.rank, m.lora.target_modules)
+        state = dims.params * w + 4 * FLOAT32 * adapters
+    elif sharded:
+        state = dims.params * w * (1 + (1 if beta > 0 else 0)) + math.ceil(
+            4 * dims.params * w / world
+        )
+    else:
+        state = dims.params * w * (5 if beta > 0 else 4)
+    evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, t, b)
+    batch = 16 * n * t * (2 if refill else 1)
+    freeze_old = 0
+    if cfg.optim.mini_batches * cfg.optim.epochs > 1:  # π_old frozen before the first update
+        freeze_old = _no_grad_forward(dims, min(n * t, budget or n * t), b) + 2 * n * t * FLOAT32
+    layer = _layer_activations(dims)
+    if m.lora.rank:
+        layer += 2 * _adapted_widths(dims, m.lora.target_modules)[1]
+    if m.gradient_checkpointing:
+        kept = dims.layers * dims.hidden + 2 * layer
+    else:
+        kept = dims.layers * layer
+    chunk = min(tokens, logit_chunk_tokens(dims.vocab))
+    grad_pass = tokens * (kept + dims.hidden) * b + chunk * dims.vocab * (b + 3 * FLOAT32)
+    if mixed and not m.lora.rank:
+        grad_pass += dims.params * b
+    if tokens < rows * t:
+        grad_pass += 4 * rows * t * FLOAT32
+    if beta > 0:
+        grad_pass += _no_grad_forward(dims, tokens, b)
+    if sharded:
+        grad_pass += dims.params * w
+    update = batch + max(freeze_old, grad_pass)
+    return MemoryEstimate(state, _sampling(dims, n, t, b), evaluation, update)
+
+
+def lora_params(dims: ModelDims, rank: int, targets: list[str]) -> int:
+    """Parameters of rank-``rank`` adapters on ``targets`` (["all-linear"] or module names)."""
+    return rank * _adapted_widths(dims, targets)[0] * dims.layers
+
+
+def _adapted_widths(dims: ModelDims, targets: list[str]) -> tuple[int, int]:
+    """(Σ in + out, Σ out) over a layer's projections that get adapters. A name outside the
+    Llama/Qwen2 family's counts as every projection: an upper bound."""
+    h, k, i = dims.hidden, dims.kv_width, dims.intermediate
+    shapes = {  # (in, out); q and o are taken as H wide
+        "q_proj": (h, h), "k_proj": (h, k), "v_proj": (h, k), "o_proj": (h, h),
+        "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+    }  # fmt: skip
+    names = set(shapes) if any(name not in shapes for name in targets) else set(targets)
+    return (
+        sum(shapes[n][0] + shapes[n][1] for n in names),
+        sum(shapes[n][1] for n in names),
+    )
+
+
+def _no_grad_forward(dims: ModelDims, tokens: int, b: int) -> int:
+    """A forward without gradients over ``tokens`` tokens: the KV cache it fills, one layer's
+    MLP and attention transients, and one chunk of logits with its float32 copies."""
+    per_token = 2 * dims.layers * dims.kv_width + 4 * (dims.intermediate + dims.hidden)
+    chunk = min(tokens, logit_chunk_tokens(dims.vocab))
+    return tokens * per_token * b + chunk * dims.vocab * (b + 2 * FLOAT32)
+
+
+def _sampling(dims: ModelDims, n: int, t: int, b: int) -> int:
+    kv_cache = 2 * (dims.layers + 1) * n * dims.kv_width * t * b
+    decode_weights = dims.params * b  # conspo.generation.decode.DecodeLoop's fused copy
+    logits = n * dims.vocab * (b + 3 * FLOAT32)
+    bookkeeping = 6 * INT64 * n * t
+    return kv_cache + decode_weights + logits + bookkeeping
+
+
+class MemoryRefused(ValueError):
+    """A config whose estimated memory exceeds the limit; ``loc`` is the field to change."""
+
+    def __init__(self, message: str, loc: Loc) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def check_memory(estimate: MemoryEstimate, limit: int) -> None:
+    """Raise ``MemoryRefused`` when ``estimate`` exceeds ``limit`` bytes."""
+    if estimate.total <= limit:
+        return
+    raise MemoryRefused(
+        f"this config needs {estimate.describe()} of memory, over the {_size(limit)} a run may"
+        " use here: lower sampling.prompts_per_step, sampling.group_size or"
+        " sampling.max_new_tokens, raise optim.mini_batches, set optim.micro_batch_tokens,"
+        " model.gradient_checkpointing or model.lora.rank, or pick a smaller model",
+        estimate.culprit(limit),
+    )
+
+
+class OutOfMemory(RuntimeError):
+    """A training step ran out of device memory (the trainer raises it from the allocator's
+    error); the message says what the run was estimated to need and what to change."""
+
+
+def out_of_memory_message(
+    estimate: MemoryEstimate | None, capacity: int, cfg: RunConfig, cause: str = ""
+) -> str:
+    """One line: the allocator's own words (``cause``), the estimate, and each setting that
+    lowers the peak with its current value."""
+    needs = "was not estimated" if estimate is None else f"needs {estimate.describe()}"
+    m, s = cfg.model, cfg.sampling
+    said = f" ({cause})" if cause else ""
+    return (
+        f"out of device memory{said}: the device has {_size(capacity)}, this config {needs}."
+        " Lower it"
+        f" with optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens}; 0 is off),"
+        f" model.gradient_checkpointing (now {str(m.gradient_checkpointing).lower()}),"
+        f" model.lora.rank (now {m.lora.rank}; 0 trains every weight), optim.mini_batches (now"
+        f" {cfg.optim.mini_batches}) or sampling.prompts_per_step / group_size / max_new_tokens"
+        f" (now {s.prompts_per_step} / {s.group_size} / {s.max_new_tokens})"
+    )
+
+
+def dtype_bytes(dtype: str, device: str) -> int:
+    """Bytes per parameter of ``model.dtype`` on ``device`` ("auto" follows conspo.models.store.
+    pick_device: float32 on CPU, bfloat16 on CUDA; an undecided device counts the smaller)."""
+    if dtype == "float32" or (dtype == "auto" and device == "cpu"):
+        return 4
+    return 2
+
+
+# --------------------------------------------------------------------------------------------
+# Dimensions of a model without loading it
+# --------------------------------------------------------------------------------------------
+
+
+def read_hf_config(directory: Path) -> dict[str, Any] | None:
+    """``directory``/config.json, read with a bound; None when missing or not a JSON object."""
+    try:
+        with (directory / "config.json").open("rb") as f:
+            data = f.read(MAX_CONFIG_JSON_BYTES + 1)
+        config = json.loads(data) if len(data) <= MAX_CONFIG_JSON_BYTES else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def source_dims(source: ModelSource) -> ModelDims | None:
+    """Dimensions of a model from its config.json alone: a built-in's from the catalogue, a local
+    directory's from its file, a hub id's from the local Hugging Face cache (None if not there)."""
+    if source.kind == "builtin":
+        config: dict[str, Any] | None = builtin_hf_config(source.name)
+    elif source.path is not None:
+        config = read_hf_config(source.path)
+    else:
+        config = _cached_hub_config(source.name)
+    return ModelDims.from_hf_config(config) if config else None
+
+
+def _cached_hub_config(hub_id: str) -> dict[str, Any] | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(hub_id, "config.json")
+    return read_hf_config(Path(found).parent) if isinstance(found, str) else None
+
+
+def host_memory_bytes() -> int:
+    """This machine's memory: physical RAM, or the container's cgroup limit when lower."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            ram = min(ram, int(text))
+    return ram
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} bytes"

@@ -1,0 +1,135 @@
+"""The `tiny-chat` built-ins: a small Qwen2 with a real byte-level BPE tokenizer and chat template.
+
+Where `tiny` has one token per character and no chat format, `tiny-chat` has what a released
+checkpoint (Qwen2.5, DeepSeek-R1-Distill-Qwen) has, at toy scale: a byte-level BPE tokenizer
+trained here with the `tokenizers` library on a fixed corpus (the math fixtures of
+conspo.tasks.math_fixtures, the prompt templates, the chat roles), Qwen's special tokens and a
+Qwen-style chat template, so prompt rendering, chat special tokens and \\boxed{} answers run
+through the same code paths as with a real model. `tiny-chat-math` is `tiny-chat` after a short
+SFT warm start on the easy word problems, answering "\\boxed{n}" in the chat format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+from conspo.config import PROMPT_TEMPLATES, PromptConfig, TaskConfig
+from conspo.models.catalog import (
+    CHAT_CONFIG,
+    CHAT_MAX_POSITIONS,
+    CHAT_SPECIAL_TOKENS,
+    CHAT_TEMPLATE,
+    CHAT_VOCAB_SIZE,
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+)
+from conspo.models.store import build_tiny_model
+from conspo.tasks.math_fixtures import easy_problems, fixture_sets
+
+# The warm start: the prompt format tiny-chat-math is trained on (and expects in RL).
+WARM_START_PROMPT = PromptConfig(template="boxed", chat_template="on")
+
+
+def tokenizer_corpus() -> list[str]:
+    """The fixed text the BPE merges are learned from."""
+    rows = [" ".join(map(str, row.values())) for rows in fixture_sets().values() for row in rows]
+    templates = [t.format(question="") for t in PROMPT_TEMPLATES.values()]
+    return rows + templates + ["system user assistant\n"] * 20
+
+
+def build_chat_tokenizer() -> Qwen2Tokenizer:
+    """Byte-level BPE with Qwen2's normaliser and pre-tokeniser, so that AutoTokenizer, which
+    rebuilds a ``qwen2`` checkpoint's tokenizer from its vocab and merges alone (see
+    conspo.models.store.build_char_tokenizer), gets exactly the pipeline the merges were learned
+    in."""
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=CHAT_VOCAB_SIZE,
+        special_tokens=CHAT_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodes
+        show_progress=False,
+    )
+    bpe.train_from_iterator(tokenizer_corpus(), trainer)
+    learned = json.loads(bpe.to_str())["model"]
+    # Pairs, as tokenizers' BPE takes them (Qwen2Tokenizer's annotation says list[str]).
+    merges: Any = [tuple(m) for m in learned["merges"]]
+    return Qwen2Tokenizer(
+        vocab=learned["vocab"],
+        merges=merges,
+        eos_token=IM_END,  # generation stops at the end of the assistant's turn
+        pad_token=ENDOFTEXT,
+        unk_token=None,  # type: ignore[arg-type]  # byte-level BPE: every byte has a token
+        extra_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+        model_max_length=CHAT_MAX_POSITIONS,
+    )
+
+
+def build_chat_model(tokenizer: Qwen2Tokenizer, seed: int = 0) -> Qwen2ForCausalLM:
+    return build_tiny_model(tokenizer, seed, CHAT_CONFIG)
+
+
+def save_tiny_chat(out: Path, seed: int = 0) -> None:
+    tokenizer = build_chat_tokenizer()
+    build_chat_model(tokenizer, seed).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def warm_start_chat(
+    base: Path, out: Path, *, steps: int, batch_size: int = 32, lr: float = 2e-3, seed: int = 0
+) -> None:
+    """SFT ``base`` on the easy word problems' training split: prompt rendered with
+    ``WARM_START_PROMPT``, target "\\boxed{answer}" then <|im_end|> (conspo.training.sft's
+    recipe)."""
+    from conspo.models.store import load_pretrained
+    from conspo.tasks import make_task
+    from conspo.tasks.prompts import PromptRenderer
+    from conspo.training.sft import sft_batch
+
+    torch.manual_seed(seed)
+    model, tokenizer = load_pretrained(base, torch.device("cpu"), torch.float32)
+    render = PromptRenderer(WARM_START_PROMPT, tokenizer)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "easy.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in easy_problems()))
+        task = make_task(TaskConfig(name="math", params={"path": str(path)}))
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 10)
+    model.train()
+    for step in range(steps):
+        scale = min(1.0, (step + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr * scale
+        examples = [
+            ex.__class__(render(ex.prompt), f"\\boxed{{{ex.answer}}}")
+            for ex in task.train_prompts(rng, batch_size)
+        ]
+        ids, mask, labels = sft_batch(tokenizer, examples)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,156 @@
+"""Separation statistics: how well log-prob scores order correct above wrong rollouts (§4).
+
+``separation_stats`` is computed every step on log-prob scores s_θ whatever the objective, so GRPO
+and ConSPO runs are comparable on one axis (docs/objectives.md §4).
+
+Averaging: every group-level quantity (mean s⁺, the fraction of ordered pairs, mean P⁺, ...) is
+first computed *within* each valid group (0 < N⁺ < G) and then averaged with equal weight over
+the valid groups of the batch. Pair-level fractions are therefore per-group fractions averaged
+over groups, not a pooled count of all pairs in the batch, so a group with 7 positives and 1
+negative weighs as much as one with 4 and 4 (the same weighting as ConSPO's batch loss).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from conspo import metrics
+from conspo.objectives.base import dense_group_index, positive_mask, token_ratio
+
+
+def _padded(values: torch.Tensor, idx: torch.Tensor, n_groups: int, size: int) -> torch.Tensor:
+    """Scatter (B,) ``values`` into a (n_groups, size) layout, one row per group (0-padded)."""
+    order = torch.argsort(idx, stable=True)
+    sorted_idx = idx[order]
+    counts = torch.bincount(idx, minlength=n_groups)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(idx.shape[0], device=idx.device) - starts[sorted_idx]
+    out = values.new_zeros((n_groups, size))
+    out[sorted_idx, slot] = values[order]
+    return out
+
+
+def _mean_over_valid(per_group: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """0-d mean of (K,) ``per_group`` over ``valid`` groups; NaN when there is none."""
+    return per_group[valid].mean()  # the mean of an empty tensor is NaN: a gap in the chart
+
+
+def separation_stats(
+    scores: torch.Tensor,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    margin: float,
+    tau: float,
+    clipped_scores: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The §4 statistics of one batch as detached 0-d tensors, keyed by ``conspo.metrics``.
+
+    scores: (B,) log-prob scores s_θ (detached or not; never differentiated); rewards: (B,);
+    group_ids: (B,) arbitrary integers; lengths: (B,) response tokens incl. EOS; margin: the
+    current m_t; tau: ConSPO's τ; clipped_scores: (B,) GRPO's clipped-ratio scores, or None.
+
+    With P_i⁺ = e^{ŝ_i/τ}/Z_i, P_ij⁻ = e^{s_j⁻/τ}/Z_i (ŝ_i = s_i⁺ − m, Eq. 13 of
+    arXiv:2605.12969), the hard-negative share max_j P_ij⁻ / Σ_j P_ij⁻ does not depend on i
+    (Z_i cancels): it is the largest softmax weight over the group's negatives at temperature τ.
+
+    Group-averaged keys (sep/*, conspo/p_pos*, conspo/hard_neg_share, grpo/*) are NaN when the
+    batch has no valid group; conspo/margin is the schedule's value and is always given;
+    grpo/clip_gap is 0 when ``clipped_scores`` is None. batch/pass_rate, len/pos and len/neg are
+    over all rollouts of the batch (NaN for a class with no rollout); the counts are always given.
+    """
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    device = scores.device
+    b = scores.shape[0]
+    pos = positive_mask(rewards)
+    lengths = lengths.to(dtype)
+    out: dict[str, torch.Tensor] = {
+        metrics.CONSPO_MARGIN: torch.tensor(margin, dtype=dtype, device=device),
+        metrics.BATCH_PASS_RATE: pos.to(dtype).mean(),
+        metrics.LEN_POS: lengths[pos].mean(),
+        metrics.LEN_NEG: lengths[~pos].mean(),
+    }
+    idx = dense_group_index(group_ids)
+    # One host sync for the layout's shape; this runs on detached scores once per step.
+    n_groups = int(idx.max()) + 1 if b else 0
+    size = int(torch.bincount(idx).max()) if b else 0
+
+    s = _padded(scores.detach().to(dtype), idx, n_groups, size)  # (K, Gmax)
+    is_pos = _padded(pos, idx, n_groups, size)  # (K, Gmax) bool, False on padding
+    is_neg = _padded(~pos, idx, n_groups, size)
+    n_pos = is_pos.sum(1).to(dtype)  # (K,)
+    n_neg = is_neg.sum(1).to(dtype)
+    valid = (n_pos > 0) & (n_neg > 0)
+    out[metrics.BATCH_VALID_GROUPS] = valid.sum().to(dtype)
+    out[metrics.BATCH_ALL_POS_GROUPS] = ((n_pos > 0) & (n_neg == 0)).sum().to(dtype)
+    out[metrics.BATCH_ALL_NEG_GROUPS] = ((n_neg > 0) & (n_pos == 0)).sum().to(dtype)
+
+    zero = s.new_zeros(())
+    mean_pos = torch.where(is_pos, s, zero).sum(1) / n_pos.clamp_min(1)
+    mean_neg = torch.where(is_neg, s, zero).sum(1) / n_neg.clamp_min(1)
+    min_pos = torch.where(is_pos, s, math.inf).amin(1)
+    max_neg = torch.where(is_neg, s, -math.inf).amax(1)
+
+    pairs = is_pos[:, :, None] & is_neg[:, None, :]  # (K, Gmax⁺, Gmax⁻): i positive, j negative
+    n_pairs = (n_pos * n_neg).clamp_min(1)
+    ordered = (s[:, :, None] > s[:, None, :]) & pairs
+    margin_ordered = ((s[:, :, None] - margin) > s[:, None, :]) & pairs
+
+    neg_logits = torch.where(is_neg, s / tau, -math.inf)
+    lse_neg = torch.logsumexp(neg_logits, 1)  # (K,) log Σ_j e^{s_j⁻/τ}; -inf without negatives
+    pos_logits = (s - margin) / tau
+    p_pos = torch.exp(pos_logits - torch.logaddexp(pos_logits, lse_neg[:, None]))  # P_i⁺
+    p_hat = n_pos / (n_pos + n_neg).clamp_min(1)
+
+    per_group = {
+        metrics.SEP_POS_SCORE: mean_pos,
+        metrics.SEP_NEG_SCORE: mean_neg,
+        metrics.SEP_GAP: mean_pos - mean_neg,
+        metrics.SEP_GAP_MIN: min_pos - max_neg,
+        metrics.SEP_ORDER_ACC: ordered.sum((1, 2)).to(dtype) / n_pairs,
+        metrics.SEP_MARGIN_ACC: margin_ordered.sum((1, 2)).to(dtype) / n_pairs,
+        metrics.CONSPO_P_POS: torch.where(is_pos, p_pos, zero).sum(1) / n_pos.clamp_min(1),
+        metrics.CONSPO_P_POS_UNIFORM: 1.0 / (1.0 + n_neg),
+        metrics.CONSPO_HARD_NEG_SHARE: torch.exp(max_neg / tau - lse_neg),
+        metrics.GRPO_WEIGHT: torch.sqrt(p_hat * (1 - p_hat)),
+    }
+    if clipped_scores is not None:
+        c = _padded(clipped_scores.detach().to(dtype), idx, n_groups, size)
+        clip_pos = torch.where(is_pos, c, zero).sum(1) / n_pos.clamp_min(1)
+        clip_neg = torch.where(is_neg, c, zero).sum(1) / n_neg.clamp_min(1)
+        per_group[metrics.GRPO_CLIP_GAP] = clip_pos - clip_neg
+    else:
+        out[metrics.GRPO_CLIP_GAP] = s.new_zeros(())
+    for key, values in per_group.items():
+        out[key] = _mean_over_valid(values, valid)
+    return {key: out[key] for key in metrics.SEPARATION_KEYS}
+
+
+def offpolicy_stats(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> dict[str, torch.Tensor]:
+    """How far one update's π_θ is from the π_old that sampled, as detached 0-d tensors.
+
+    logprobs, old_logprobs, mask: (B, T); ``old_logprobs=None`` is one update per rollout batch
+    (ρ = 1). Over response tokens: the mean, largest and smallest ratio ρ_t, and the fractions
+    below 1 − clip_low and above 1 + clip_high (outside the trust region, whatever the advantage's
+    sign: how off-policy the update was, not which clip was active; that is grpo/clip_frac).
+    """
+    ratio = token_ratio(logprobs.detach(), old_logprobs, mask).float()
+    tokens = mask > 0  # every rollout has one at least (its EOS or its truncated last token)
+    n = tokens.sum().clamp_min(1)
+    return {
+        metrics.OFFPOLICY_RATIO_MEAN: torch.where(tokens, ratio, 0.0).sum() / n,
+        metrics.OFFPOLICY_RATIO_MAX: torch.where(tokens, ratio, -math.inf).amax(),
+        metrics.OFFPOLICY_RATIO_MIN: torch.where(tokens, ratio, math.inf).amin(),
+        metrics.OFFPOLICY_CLIP_LOW: ((ratio < 1 - clip_low) & tokens).sum() / n,
+        metrics.OFFPOLICY_CLIP_HIGH: ((ratio > 1 + clip_high) & tokens).sum() / n,
+    }
