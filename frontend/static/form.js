@@ -16,35 +16,15 @@ export function configureForm(rootSchema, { special, changed } = {}) {
   hooks = { special: special || hooks.special, changed: changed || hooks.changed };
 }
 
-// Friendlier labels than pydantic's auto titles, where those read badly.
-const LABELS = {
-  lr: "Learning rate",
-  top_p: "Top-p",
-  tau: "τ (temperature)",
-  max_new_tokens: "Max new tokens",
-  prompts_per_step: "Prompts per step",
-  group_size: "Group size (G)",
-  margin_max: "Margin M",
-  margin_warmup: "Margin warmup α",
-  pass_k: "k of pass@k",
-  beta: "KL β",
-  clip_low: "Clip ε low",
-  clip_high: "Clip ε high",
-  loss_agg: "Loss aggregation",
-  num_operands: "Operands",
-  lora: "LoRA adapters",
-  fields: "Dataset columns",
-  rank: "LoRA rank r",
-  alpha: "LoRA α",
-  target_modules: "Target modules",
-  attn_implementation: "Attention",
-  vllm_memory_fraction: "vLLM memory fraction",
-  micro_batch_tokens: "Micro-batch tokens",
-};
-
 export function resolve(prop) {
   if (!prop) return {};
-  if (prop.$ref) return resolve(schema.$defs[prop.$ref.split("/").pop()]);
+  if (prop.$ref) {
+    // A property's own keys (its title, description) win over the referenced model's; the
+    // model's title is its class name, kept as refTitle so a label never shows it.
+    const { $ref, ...own } = prop;
+    const def = resolve(schema.$defs[$ref.split("/").pop()]);
+    return { ...def, ...own, refTitle: def.title };
+  }
   if (prop.anyOf) {
     const nonNull = prop.anyOf.filter((p) => p.type !== "null");
     const merged = { ...resolve(nonNull[0] || {}), ...prop, nullable: nonNull.length < prop.anyOf.length };
@@ -69,7 +49,7 @@ export function field(path, rawProp, value, opts = {}) {
   const p = resolve(rawProp);
   const id = `f-${path.replace(/[^\w]/g, "_")}`;
   const last = path.split(".").pop();
-  const label = opts.label || LABELS[last] || p.title || last;
+  const label = opts.label || p.title || last; // the Field's title (pydantic's, or one it sets)
   const help = [opts.help || p.description, boundsText(p)].filter(Boolean).join(" ");
   const common = { id, name: path, "data-type": p.type || "string", "data-nullable": p.nullable ? "1" : null };
   let input;
@@ -137,8 +117,8 @@ function groupHead(path, p, ...extra) {
   return h(
     "div.group-head",
     {},
-    // Not p.title: for a nested model that is its class name (LoraConfig).
-    h("label", { title: path }, LABELS[last] || titleCase(last)),
+    // The Field's own title; not the nested model's class name (LoraConfig).
+    h("label", { title: path }, p.title && p.title !== p.refTitle ? p.title : titleCase(last)),
     h("span.help", {}, p.description || ""),
     ...extra,
     h("span.err", { hidden: true }),

@@ -84,29 +84,19 @@ const ADVANCED = [
   { key: "logging", title: "Logging" },
   { list: "rewards", title: "Reward functions" }, // a list of {name, weight, params} rows
 ];
-// Fields of the open sections that are rarely changed: shown under Advanced instead.
-const ADVANCED_FIELDS = new Set([
-  "model.dtype",
-  "model.mixed_precision",
-  "model.device",
-  "model.attn_implementation",
-  "model.gradient_checkpointing",
-  "sampling.vllm_memory_fraction",
-  "optim.micro_batch_tokens",
-]);
 
 function entryOptions(kind) {
   return REGISTRIES[kind].entries().map((e) => ({ value: e.name, label: e.name, title: e.description }));
 }
 
-/** The fields of a RunConfig section; `advanced` picks those of ADVANCED_FIELDS, else the rest. */
+/** The fields of a RunConfig section; `advanced` picks those whose Field says so, else the rest. */
 function sectionFields(sectionKey, values, advanced = false) {
   const def = resolve(schema.properties[sectionKey]);
   return Object.entries(def.properties || {}).flatMap(([name, prop]) => {
     const path = `config.${sectionKey}.${name}`;
     const v = values ? values[name] : undefined;
     if (name === "params") return []; // rendered by paramsBox from the chosen entry's schema
-    if (ADVANCED_FIELDS.has(`${sectionKey}.${name}`) !== advanced) return [];
+    if (Boolean(resolve(prop).advanced) !== advanced) return []; // the Field's "advanced" flag
     const kind = kindOfSelect(path);
     if (kind) return field(path, prop, v, { label: titleCase(kind), options: entryOptions(kind) });
     if (sectionKey === "model" && name === "name") {

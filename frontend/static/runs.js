@@ -6,7 +6,7 @@
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
 import { groupRowFor, rowFor, sparkFor } from "/static/runs_rows.js";
-import { groupName, hyperLabel, sharedRange, tableRows, varyingKeys } from "/static/runs_table.js";
+import { groupName, hyperLabel, sharedRange, symbolsOf, tableRows, varyingKeys } from "/static/runs_table.js";
 import { $, debounce, FINISHED, fmtNum, h, setConn, toast } from "/static/util.js";
 
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
@@ -32,6 +32,7 @@ const state = {
   order: [],
   selected: new Set(),
   sparks: new Map(), // id → {steps, values} of the column's metric
+  symbols: {}, // config path → the paper's symbol (the schemas': GET /api/presets)
   studies: new Map(), // study id → its list item (GET /api/studies): the planned work
   range: null, // [min, max] shared by every sparkline of the column
   total: 0,
@@ -194,7 +195,8 @@ function refreshPipelineRows(pipelineId) {
 function renderHead(cols) {
   for (const th of document.querySelectorAll("#runs-table th.hp")) th.remove();
   const before = $("#progress-head");
-  for (const key of cols) before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, hyperLabel(key)));
+  for (const key of cols)
+    before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, hyperLabel(key, state.symbols)));
   const offered = [...new Set([...state.varying, ...cols])];
   $("#cols-list").replaceChildren(
     ...offered.map((key) =>
@@ -356,6 +358,8 @@ async function loadPresets() {
     const p = await get("/api/presets");
     for (const a of p.algorithms) $("#f-algorithm").append(h("option", { value: a.name }, a.name));
     for (const t of p.tasks) $("#f-task").append(h("option", { value: t.name }, t.name));
+    state.symbols = symbolsOf(p);
+    renderHead(hyperColumns());
   } catch (err) {
     console.warn("presets", errorText(err));
   }

@@ -94,20 +94,25 @@ export function varyingKeys(runs) {
   return out.map((k) => k.key);
 }
 
-/** A column's short header: the key's last part, with the paper's symbol where it has one. */
-const SYMBOLS = {
-  tau: "τ",
-  margin_max: "M",
-  margin_warmup: "α",
-  clip: "ε",
-  clip_low: "ε_low",
-  clip_high: "ε_high",
-  beta: "β",
-  group_size: "G",
-};
-export function hyperLabel(key) {
-  const last = key.split(".").pop();
-  return SYMBOLS[last] || last;
+/** Config path → the paper's symbol of that parameter, from the schemas' `symbol` (RunConfig's
+ * sections and every algorithm's params: GET /api/presets). */
+export function symbolsOf(presets) {
+  const out = {};
+  const schema = presets.config_schema;
+  for (const [section, prop] of Object.entries(schema.properties || {})) {
+    const ref = prop.$ref?.split("/").pop();
+    for (const [name, p] of Object.entries(schema.$defs?.[ref]?.properties || {}))
+      if (p.symbol) out[`${section}.${name}`] = p.symbol;
+  }
+  for (const algorithm of presets.algorithms)
+    for (const [name, p] of Object.entries(algorithm.params_schema.properties || {}))
+      if (p.symbol) out[`params.${name}`] = p.symbol;
+  return out;
+}
+
+/** A column's short header: the parameter's symbol where it has one, else the key's last part. */
+export function hyperLabel(key, symbols = {}) {
+  return symbols[key] || key.split(".").pop();
 }
 
 /** One [min, max] over every sparkline of the column, so rows compare by eye; null when no
