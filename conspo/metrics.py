@@ -578,6 +578,18 @@ def metric(key: str) -> Metric | None:
     return _BY_KEY.get(key)
 
 
+def bounds(key: str) -> tuple[float, float] | None:
+    """The range ``key``'s values cannot leave: (0, 1) for a fraction (a key drawn on a panel,
+    or described by a pattern, whose y_range is "unit"); None for an unbounded key. Intervals
+    of a mean of fractions are cut to it."""
+    entry = metric(key)
+    if entry is not None:
+        chart = _CHART_BY_ID.get(entry.chart or "")
+        return (0.0, 1.0) if chart is not None and chart.y_range == "unit" else None
+    family = pattern(key)
+    return (0.0, 1.0) if family is not None and family.y_range == "unit" else None
+
+
 def benchmark_keys(name: str, k: int) -> tuple[str, str]:
     """(avg@k key, pass@k key) of the benchmark ``name`` scored with ``k`` samples per problem."""
     return f"eval/{name}/avg@{k}", f"eval/{name}/pass@{k}"
@@ -594,3 +606,4 @@ def pattern(key: str) -> MetricPattern | None:
 
 
 _BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
+_CHART_BY_ID: dict[str, Chart] = {c.id: c for c in CHARTS}

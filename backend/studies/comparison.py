@@ -29,11 +29,13 @@ from backend.studies.service import (
     ArmRunRow,
     _jsonable,
     _series,
+    bounds_of,
     group_curves,
     run_objective,
     window_start,
 )
 from backend.studies.spec import Objective
+from conspo import metrics as M
 
 # Run fields a group-by path names directly; anything else is a config path. The compare page
 # gets this list from the server (pages.py), so its groups and the report's are the same.
@@ -126,26 +128,29 @@ def comparison_view(
                 }
             )
     scale, unit = objective.scale or 1.0, objective.unit or ""
+    bounds = M.bounds(objective.metric)
     pairs, unpaired, verdict = [], [], []
     for label in labels:
         if label == base:
             continue
         common = set(by_arm[label]) & set(by_arm[base])
         if _distinct_seeds(groups[label]) and _distinct_seeds(groups[base]) and len(common) >= 2:
-            pair = stats.paired(label, base, by_arm[label], by_arm[base], objective.direction)
+            pair = stats.paired(
+                label, base, by_arm[label], by_arm[base], objective.direction, bounds
+            )
             pairs.append(_jsonable(vars(pair)))
             verdict.append(
                 stats.verdict_line(pair, scale=scale, unit=unit, effect=objective.effect)
             )
         else:
             loose = stats.unpaired(
-                label, base, list(by_arm[label].values()), list(by_arm[base].values())
+                label, base, list(by_arm[label].values()), list(by_arm[base].values()), bounds
             )
             unpaired.append(_jsonable(vars(loose)))
             verdict.append(stats.unpaired_line(loose, scale=scale, unit=unit))
     arms = []
     for label in labels:
-        arm = _jsonable(vars(stats.summarise_arm(label, by_arm[label])))
+        arm = _jsonable(vars(stats.summarise_arm(label, by_arm[label], bounds)))
         arms.append({**arm, "planned": len(groups[label]), "overrides": None, "params": None})
     ids = [r.id for r in runs]
     return {
@@ -166,13 +171,15 @@ def comparison_view(
         "pairing_note": "Groups are paired by seed where both ran the same seeds (two or more);"
         " otherwise compared unpaired (Welch).",
         "separation": {
-            a: {k: _jsonable(vars(stats.summarise_arm(a, v))) for k, v in sep.items()}
+            a: {k: _jsonable(vars(stats.summarise_arm(a, v, M.bounds(k)))) for k, v in sep.items()}
             for a, sep in separation.items()
         },
         "runs": run_rows,
         "counts": dict(Counter(str(r.status) for r in runs)),
         "seeds": sorted({int(r.seed) for r in runs}),
-        "curves": group_curves(session, rows, ids, [objective.metric, *SEPARATION_KEYS]),
+        # The metric compared, and only it: the page's choice, not the study's separation set.
+        "curves": group_curves(session, rows, ids, [objective.metric]),
+        "bounds": bounds_of([objective.metric]),
     }
 
 

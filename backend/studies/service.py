@@ -391,6 +391,7 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         scale=objective.scale or 1.0,
         unit=objective.unit or "",
         effect=objective.effect,
+        bounds=M.bounds(objective.metric),
     )
     counts: dict[str, int] = defaultdict(int)
     for r in run_rows:
@@ -410,9 +411,10 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "pairs": [_jsonable(vars(p)) for p in summary.pairs.values()],
         "verdict": summary.verdict,
         "separation": {
-            a: {k: _jsonable(vars(stats.summarise_arm(a, v))) for k, v in sep.items()}
+            a: {k: _jsonable(vars(stats.summarise_arm(a, v, M.bounds(k)))) for k, v in sep.items()}
             for a, sep in separation.items()
         },
+        "bounds": bounds_of(keys),
         "runs": run_rows,
         "counts": dict(counts),
         "seeds": spec.seeds,
@@ -508,8 +510,9 @@ class ArmRun(Protocol):
 def group_curves(
     session: Session, rows: Sequence[ArmRun], runs: Iterable[int], keys: list[str]
 ) -> dict[str, Any]:
-    """Per key and arm: the mean over seeds at each step, a 95% t band, and n, the seeds that
-    reached that step (the page cuts the solid line where n is short of the arm's seeds)."""
+    """Per key and arm: the mean over seeds at each step, a 95% t band (cut to the key's range:
+    a band of fractions never leaves [0, 1]), and n, the seeds that reached that step (the page
+    cuts the solid line where n is short of the arm's seeds)."""
     series = _series(session, runs, keys)
     out: dict[str, Any] = {}
     arms = list(dict.fromkeys(r.arm for r in rows))
@@ -529,7 +532,7 @@ def group_curves(
             mean, lo, hi, n = [], [], [], []
             for step in steps:
                 values = np.array(per_step[step])
-                ci = stats.t_interval(values)
+                ci, _ = stats.clipped(stats.t_interval(values), M.bounds(key))
                 mean.append(float(values.mean()))
                 lo.append(ci[0] if ci else None)
                 hi.append(ci[1] if ci else None)
@@ -590,3 +593,8 @@ def planned_progress(session: Session, study_ids: Sequence[int]) -> dict[int, di
         p["steps"] += int(step or 0)
         p["total_steps"] += int(total if total is not None else (config or {}).get("steps") or 0)
     return out
+
+
+def bounds_of(keys: Iterable[str]) -> dict[str, list[float]]:
+    """The range of each bounded key (conspo.metrics.bounds), for the pages' axes."""
+    return {key: list(b) for key in keys if (b := M.bounds(key)) is not None}

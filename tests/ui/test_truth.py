@@ -65,3 +65,68 @@ def test_a_study_group_row_counts_planned_work_and_never_mixes_arms(
         assert row.locator("td.spark-cell svg").count() == 1
     finally:
         ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+
+
+# (algorithm, seed) → held-out accuracy, constant over the run: d = 0.01 and 0.03, mean 0.020
+ACCURACY = {("grpo", 0): 0.95, ("grpo", 1): 0.97, ("conspo", 0): 0.96, ("conspo", 1): 1.0}
+
+
+@pytest.fixture(scope="module")
+def near_one(ui_server: Any) -> dict[tuple[str, int], int]:
+    """Two seeds per algorithm whose accuracy is near 1: a t interval from two seeds is wide
+    enough to pass 1."""
+    tag = f"i26-near1-{uuid.uuid4().hex[:6]}"
+    ids = {}
+    for (algorithm, seed), value in ACCURACY.items():
+        config = {"algorithm": algorithm, "seed": seed, "steps": 5}
+        run = ui_server.external_run(
+            f"{tag}-{algorithm}-s{seed}", config, algorithm=algorithm, tags=[tag], total_steps=5
+        )
+        steps = [{"step": s, "metrics": {"eval/accuracy": value}} for s in range(1, 6)]
+        ui_server.api(
+            "POST",
+            f"/api/runs/{run['id']}/log",
+            json={"steps": steps, "status": "succeeded"},
+        )
+        ids[(algorithm, seed)] = run["id"]
+    return ids
+
+
+def test_the_report_states_only_defined_statistics_in_enough_digits(
+    ui_server: Any, browser: Any, near_one: Any, tmp_path: Any
+) -> None:
+    """Items 3 and 4, on the comparison report (the study page's renderer): the headline has
+    the digits its numbers need (tests/studies: +0.020, not +0.0); an interval of a fraction is
+    cut at 1 and starred; no bootstrap from two seeds, no P(improvement) from two pairs; only the
+    metric chosen is plotted, on [0, 1], its legend counting the seeds with data."""
+    ids = ",".join(str(i) for i in near_one.values())
+    report = tmp_path / "report.html"
+    report.write_text(
+        ui_server.http.get(
+            f"/api/compare/report.html?runs={ids}&key=eval/accuracy&group=algorithm"
+            "&baseline=algorithm%3Dgrpo&k=3"
+        ).text
+    )
+    from tests.ui.conftest import offline_report
+
+    with offline_report(browser, report) as page:
+        line = page.wait_for_selector("#verdict .verdict-line").inner_text()
+        # eval/accuracy is shown in points (× 100): d = 1 and 3 points
+        assert line.startswith("algorithm=conspo − algorithm=grpo = +2.0 points ["), line
+        conspo = page.locator("#arm-table tbody tr", has_text="algorithm=conspo")
+        cells = [conspo.locator("td").nth(i).inner_text() for i in range(6)]
+        assert cells[3].endswith(", 100] *"), cells  # the t interval, cut at 1 (100 points)
+        assert cells[4] == "– (needs ≥ 3 seeds)", cells
+        assert "cut to the metric's range" in page.locator(".clip-note").first.inner_text()
+        pair = page.locator("#pair-table tbody tr td")
+        assert pair.nth(8).inner_text() == "– (needs ≥ 3 pairs)"
+        charts = page.locator("#study-charts .chart")
+        page.wait_for_selector('.chart[data-key="eval/accuracy"] .main-svg')
+        assert charts.count() == 1  # the metric chosen, not the separation set
+        y_range = page.evaluate("() => document.querySelector('.chart')._fullLayout.yaxis.range")
+        assert y_range[0] >= -0.05 and y_range[1] <= 1.05, y_range
+        legend = page.evaluate(
+            "() => document.querySelector('.chart').data.filter(t => t.showlegend !== false)"
+            ".map(t => t.name)"
+        )
+        assert "algorithm=grpo (n = 2)" in legend, legend
