@@ -5,10 +5,10 @@
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { promptView } from "/static/prompts.js";
 import { drawAll, scheduleDraw } from "/static/run_charts.js";
-import { renderRun } from "/static/run_header.js";
+import { renderProgress, renderRun } from "/static/run_header.js";
 import { loadRolloutTable } from "/static/run_rollouts.js";
-import { loadMetrics, loadRollouts, mergePoints, recentStepSeconds, runId, S } from "/static/run_state.js";
-import { $, $$, FINISHED, h, progressBar, setConn, toast } from "/static/util.js";
+import { loadMetrics, loadRollouts, mergePoints, runId, S } from "/static/run_state.js";
+import { $, $$, FINISHED, h, setConn, toast } from "/static/util.js";
 
 const PROMPTS = promptView(runId, $("#chart-sections"));
 
@@ -41,7 +41,7 @@ function onMetrics(data) {
   for (const [key, pts] of Object.entries(data.series)) mergePoints(key, pts);
   if (S.run && data.step_max !== undefined && data.step_max > (S.run.step || 0)) {
     S.run.step = data.step_max;
-    $("#run-progress").replaceChildren(progressBar(S.run, recentStepSeconds()));
+    renderProgress();
   }
   if (S.live) {
     scheduleDraw();
@@ -135,7 +135,7 @@ $("#live-toggle").addEventListener("change", (ev) => {
   if (S.live) scheduleDraw(0);
 });
 // Keep the ETA / heartbeat age fresh between events.
-setInterval(() => S.run && !FINISHED.has(S.run.status) && renderRun(), 5000);
+setInterval(() => S.run && !FINISHED.has(S.run.status) && renderProgress(), 2000);
 
 async function init() {
   try {

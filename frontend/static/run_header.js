@@ -26,8 +26,39 @@ function queueText(run) {
   return parts.join(" · ");
 }
 
-function metaItem(k, v, title) {
-  return h("div", {}, h("div.k", {}, k), h("div.v", { title: title || (typeof v === "string" ? v : null) }, v ?? "–"));
+function metaItem(k, v, title, id = null) {
+  return h(
+    "div",
+    {},
+    h("div.k", {}, k),
+    h("div.v", { id, title: title || (typeof v === "string" ? v : null) }, v ?? "–"),
+  );
+}
+
+/** The run's progress everywhere the page shows it (the header's bar and ETA, the details'
+ * step, ETA and last sign of life), from one computation at one moment: they never disagree.
+ * Called on every logged step and every few seconds. */
+export function renderProgress() {
+  const run = S.run;
+  if (!run) return;
+  const pace = recentStepSeconds();
+  const p = progress(run, pace);
+  const finished = FINISHED.has(run.status);
+  $("#run-progress").replaceChildren(progressBar(run, pace));
+  const set = (id, text, title) => {
+    const el = document.getElementById(id);
+    if (!el) return;
+    el.textContent = text;
+    if (title !== undefined) el.title = title;
+  };
+  set("meta-step", `${p.step} / ${p.total || "?"}`);
+  if (finished) {
+    const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
+    set("meta-eta", fmtDuration(duration));
+  } else set("meta-eta", p.eta !== null ? fmtDuration(p.eta) : "–", pace ? `${fmtNum(pace, 3)} s per step lately` : "");
+  // A logged step is a sign of life as good as a heartbeat, and arrives far more often.
+  const alive = Math.max(run.heartbeat_at || 0, finished ? 0 : S.lastWall || 0);
+  set("meta-heartbeat", alive ? fmtAgo(alive) : "–", fmtTime(alive || null));
 }
 
 export function renderRun() {
@@ -35,7 +66,6 @@ export function renderRun() {
   document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
   $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
   $("#run-status").replaceChildren(...[statusBadge(run), waitingNote(run)].filter(Boolean));
-  $("#run-progress").replaceChildren(progressBar(run, recentStepSeconds()));
   $("#run-lineage").replaceChildren(
     ...kindLine(run, () => S.run && renderRun()),
     run.cloned_from ? " · " : "",
@@ -43,7 +73,6 @@ export function renderRun() {
   );
   const waiting = run.status === "queued" ? queueText(run) : "";
   $("#run-queue").textContent = waiting;
-  const p = progress(run, recentStepSeconds());
   const finished = FINISHED.has(run.status);
   if (finished && !S.liveSettled) {
     // A finished run has nothing more to stream: "live" is unticked, and says why.
@@ -53,7 +82,6 @@ export function renderRun() {
     live.disabled = true;
     live.parentElement.title = `run ${run.status}: no live updates`;
   }
-  const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
   const meta = [
     metaItem("algorithm", run.algorithm),
     metaItem("task", run.task),
@@ -78,15 +106,12 @@ export function renderRun() {
           )
         : "–",
     ),
-    metaItem("step", `${p.step} / ${p.total || "?"}`),
-    metaItem(
-      finished ? "duration" : "ETA",
-      finished ? fmtDuration(duration) : p.eta !== null ? fmtDuration(p.eta) : "–",
-    ),
+    metaItem("step", "", null, "meta-step"),
+    metaItem(finished ? "duration" : "ETA", "", null, "meta-eta"),
     metaItem("created", fmtTime(run.created_at)),
     metaItem("started", fmtTime(run.started_at)),
     metaItem("finished", fmtTime(run.finished_at)),
-    metaItem("heartbeat", run.heartbeat_at ? fmtAgo(run.heartbeat_at) : "–", fmtTime(run.heartbeat_at)),
+    metaItem("last sign of life", "", null, "meta-heartbeat"),
     metaItem("worker host", run.worker_host || "–"),
     metaItem("device", run.device || "–"),
     metaItem("dtype", run.dtype || "–"),
@@ -94,6 +119,7 @@ export function renderRun() {
     metaItem("kind", run.external ? "external (logged over HTTP)" : "queued job"),
   ];
   $("#run-meta").replaceChildren(...meta.filter(Boolean));
+  renderProgress();
   const err = $("#run-error");
   err.hidden = !run.error;
   err.textContent = run.error ? `Error: ${run.error}` : "";

@@ -3,7 +3,7 @@
 // modules render from `S`; only this one fetches metrics and rollouts.
 import { errorText, get, qs } from "/static/api.js";
 import { CHARTS, ROLLOUTS_AXIS, SECTIONS, STEP_TIME } from "/static/catalogue.js";
-import { interp, quantile } from "/static/series.js";
+import { interp } from "/static/series.js";
 import { $ } from "/static/util.js";
 
 export const runId = Number($("#run-root").dataset.runId);
@@ -15,6 +15,7 @@ export const S = {
   rolloutNote: "",
   rolloutMaxStep: 0,
   maxStep: 0,
+  lastWall: 0, // wall time of the newest logged point: a step logged is a sign of life
   smooth: 0,
   xmode: "step",
   live: true,
@@ -124,6 +125,7 @@ export function mergePoints(key, pts) {
       }
     }
     if (st > S.maxStep) S.maxStep = st;
+    if (w > S.lastWall) S.lastWall = w;
   }
 }
 
@@ -145,6 +147,8 @@ export async function loadMetrics() {
         total_points: s.total_points || s.steps.length,
       };
       if (s.steps.length) S.maxStep = Math.max(S.maxStep, s.steps[s.steps.length - 1]);
+      const wall = s.wall_time?.[s.wall_time.length - 1];
+      if (wall > S.lastWall) S.lastWall = wall;
     }
   }
 }
@@ -193,17 +197,22 @@ export function addRollouts(items) {
   }
 }
 
-/** Median seconds of the last 10 steps (the catalogue's step-time key), for an ETA that follows
- * the run's current pace rather than its since-start average; null without data. */
+// The steps the ETA's pace is measured over: enough to average an eval or checkpoint step in.
+const RECENT_STEPS = 30;
+
+/** Seconds per step at the run's recent pace: the wall time its last RECENT_STEPS logged steps
+ * took, evals and checkpoints included (the median step time left them out, so the ETA fell
+ * short and jumped at each eval); null before two steps are logged. */
 export function recentStepSeconds() {
-  const s = S.series[STEP_TIME];
+  const s = S.series[STEP_TIME] || refSeries();
   if (!s) return null;
-  const last = s.values.slice(-10).filter((v) => v !== null && Number.isFinite(v));
-  if (!last.length) return null;
-  return quantile(
-    last.sort((a, b) => a - b),
-    0.5,
-  );
+  const at = [];
+  for (let i = 0; i < s.steps.length; i++) if (Number.isFinite(s.wall_time[i])) at.push(i);
+  if (at.length < 2) return null;
+  const last = at[at.length - 1];
+  const first = at.find((i) => s.steps[i] >= s.steps[last] - RECENT_STEPS) ?? at[0];
+  const steps = s.steps[last] - s.steps[first];
+  return steps > 0 ? (s.wall_time[last] - s.wall_time[first]) / steps : null;
 }
 
 /** "3rd in the queue · <why it waits>" for a queued run. */

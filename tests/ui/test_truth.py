@@ -130,3 +130,30 @@ def test_the_report_states_only_defined_statistics_in_enough_digits(
             ".map(t => t.name)"
         )
         assert "algorithm=grpo (n = 2)" in legend, legend
+
+
+def test_the_run_page_shows_one_eta_and_a_fresh_sign_of_life(page: Any, ui_server: Any) -> None:
+    """Item 5: the header's ETA and the details' ETA are one number, the step counts agree,
+    and while steps arrive the last sign of life is seconds old, not a minute."""
+    if not ui_server.has_worker:
+        pytest.skip("needs the server's worker")
+    config = {**TINY, "name": f"i26-eta-{uuid.uuid4().hex[:6]}", "steps": 60}
+    run = ui_server.api("POST", "/api/runs", json={"config": config})["runs"][0]
+    try:
+        page.goto(f"{ui_server.url}/runs/{run['id']}")
+        label = page.locator("#run-progress .plabel")
+        wait_until(page, lambda: "ETA" in label.inner_text(), timeout=240, what="an ETA")
+        for _ in range(3):
+            # one snapshot (the page re-renders every 2 s): "12/60 · ETA 8s", step, ETA
+            header, step, eta, alive = page.evaluate(
+                "() => ['#run-progress .plabel', '#meta-step', '#meta-eta', '#meta-heartbeat']"
+                ".map(s => document.querySelector(s).textContent)"
+            )
+            if "ETA" not in header:
+                break  # finished meanwhile
+            assert header.split(" · ETA ")[1] == eta, (header, eta)
+            assert header.split(" · ")[0].replace("/", " / ") == step, (header, step)
+            assert alive == "just now" or (alive.endswith("s ago") and "m" not in alive), alive
+            page.wait_for_timeout(1500)
+    finally:
+        ui_server.api("POST", f"/api/runs/{run['id']}/cancel")
