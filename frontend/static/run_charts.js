@@ -10,6 +10,8 @@ import {
   isDeterministic,
   metricInfo,
   ROLE_COLORS,
+  sameAs,
+  sectionApplies,
   unitOf,
 } from "/static/catalogue.js";
 import {
@@ -32,7 +34,7 @@ function ensureCards() {
   const container = $("#chart-sections");
   const claimed = claimedKeys();
   const otherKeys = Object.keys(S.series)
-    .filter((k) => !claimed.has(k))
+    .filter((k) => !claimed.has(k) && !sameAs(k)) // reward/verifier is the pass rate, drawn there
     .sort();
   const defs = [
     ...CHARTS,
@@ -53,13 +55,20 @@ function ensureCards() {
     }),
   ];
   for (const sec of SECTIONS_SHOWN) {
-    const wanted = defs.filter(
-      (d) => d.section === sec.id && chartApplies(d, S.run?.algorithm, S.run?.config?.kind) && (d.always || hasData(d)),
-    );
+    const folded = S.run && !sectionApplies(sec, S.run);
+    const wanted = defs.filter((d) => d.section === sec.id && chartApplies(d, S.run) && (d.always || hasData(d)));
     if (!wanted.length) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);
     if (!secEl) {
-      secEl = h("div", { "data-section": sec.id }, h("h3.section-title", {}, sec.title), h("div.charts"));
+      // A section with nothing to show for this run's config is one line saying why.
+      secEl = folded
+        ? h(
+            "div.folded-section",
+            { "data-section": sec.id, "data-folded": "1" },
+            h("h3.section-title", {}, sec.title),
+            h("p.muted.small.section-note", {}, sec.folded),
+          )
+        : h("div", { "data-section": sec.id }, h("h3.section-title", {}, sec.title), h("div.charts"));
       // keep section order
       const after = SECTIONS_SHOWN.slice(SECTIONS_SHOWN.indexOf(sec) + 1)
         .map((s) => container.querySelector(`[data-section="${s.id}"]`))
@@ -67,6 +76,7 @@ function ensureCards() {
       container.insertBefore(secEl, after || null);
     }
     const grid = secEl.querySelector(".charts");
+    if (!grid) continue; // folded
     for (const def of wanted) {
       if (S.cards.has(def.id)) continue;
       const help = def.help || (def.metrics || []).map((m) => `${m.label}: ${m.help}`).join(" ");

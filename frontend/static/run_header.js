@@ -1,6 +1,6 @@
 // The run page's header and details: status, progress and ETA, lineage, the meta grid, the
 // config and summary tables.
-import { helpOf } from "/static/catalogue.js";
+import { helpOf, keyApplies } from "/static/catalogue.js";
 import { kindLine } from "/static/lineage.js";
 import { recentStepSeconds, S } from "/static/run_state.js";
 import {
@@ -129,7 +129,9 @@ export function renderRun() {
   $("#config-table").replaceChildren(
     ...Object.entries(flatten(run.config || {})).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, fmtValue(v)))),
   );
-  const summary = Object.entries(run.summary || {}).sort(([a], [b]) => a.localeCompare(b));
+  const summary = Object.entries(run.summary || {})
+    .filter(([k]) => keyApplies(k, run))
+    .sort(([a], [b]) => a.localeCompare(b));
   $("#summary-table").replaceChildren(
     ...(summary.length
       ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))

@@ -157,3 +157,60 @@ def test_the_run_page_shows_one_eta_and_a_fresh_sign_of_life(page: Any, ui_serve
             page.wait_for_timeout(1500)
     finally:
         ui_server.api("POST", f"/api/runs/{run['id']}/cancel")
+
+
+@pytest.fixture(scope="module")
+def on_policy_pair(ui_server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GRPO and a ConSPO run, on-policy (one update per batch), refill off, each logging every
+    view: ConSPO's softmax ones, GRPO's clipped one, dynamic sampling, the off-policy ratio and
+    the verifier reward (the pass rate again)."""
+    on_policy = {"optim": {"mini_batches": 1, "epochs": 1}, "params": {"refill_groups": False}}
+    views = {
+        "conspo/p_pos": 0.4,
+        "conspo/hard_neg_share": 0.5,
+        "grpo/weight": 0.3,
+        "grpo/clip_gap": 0.0,
+        "batch/refill_rounds": 0.0,
+        "offpolicy/ratio_mean": 1.0,
+        "reward/verifier": 0.5,
+    }
+    runs = []
+    for algorithm in ("grpo", "conspo"):
+        run = ui_server.external_run(
+            f"i26-views-{algorithm}-{uuid.uuid4().hex[:4]}",
+            {**on_policy, "algorithm": algorithm, "steps": 10},
+            algorithm=algorithm,
+            total_steps=10,
+        )
+        ui_server.log(run["id"], range(1, 11))
+        steps = [{"step": s, "metrics": views} for s in range(1, 11)]
+        ui_server.api(
+            "POST", f"/api/runs/{run['id']}/log", json={"steps": steps, "status": "succeeded"}
+        )
+        runs.append(run)
+    return runs[0], runs[1]
+
+
+def test_panels_that_do_not_apply_are_not_drawn(
+    page: Any, ui_server: Any, on_policy_pair: Any
+) -> None:
+    """Item 6: a GRPO run has no ConSPO softmax panels and no ConSPO margin in its summary; a
+    ConSPO run no GRPO view; refill off, no dynamic-sampling panel; on-policy, the off-policy
+    section is one line saying why; reward/verifier is not a second pass-rate panel."""
+    grpo, conspo = on_policy_pair
+    page.goto(f"{ui_server.url}/runs/{grpo['id']}")
+    page.wait_for_selector("#plot-gap .main-svg")
+    for chart in ("ppos", "hardneg", "margin", "refill", "ratio", "other-reward/verifier"):
+        assert page.locator(f'[data-chart="{chart}"]').count() == 0, chart
+    assert page.locator('[data-chart="grpo"]').count() == 1
+    folded = page.locator('[data-section="offpolicy"][data-folded="1"]')
+    assert "one optimiser update per rollout batch" in folded.inner_text()
+    page.click('.tabs button[data-tab="summary"]')
+    summary = page.inner_text("#summary-table")
+    assert "conspo/margin" not in summary and "conspo/p_pos" not in summary
+    assert "sep/gap" in summary
+
+    page.goto(f"{ui_server.url}/runs/{conspo['id']}")
+    page.wait_for_selector("#plot-ppos .main-svg")
+    assert page.locator('[data-chart="grpo"]').count() == 0
+    assert page.locator('[data-chart="hardneg"]').count() == 1
