@@ -263,9 +263,13 @@ SECTIONS: tuple[Section, ...] = (
     Section("batch", "Rewards and batch composition"),
     Section("eval", "Evaluation and lengths"),
     Section("opt", "Optimisation"),
-    Section("offpolicy", "How off-policy each update was", needs=OFF_POLICY,
-            folded="nothing to show: one optimiser update per rollout batch (optim.mini_batches"
-            " = optim.epochs = 1), so π_θ = π_old and every ratio is 1"),
+    Section(
+        "offpolicy",
+        "How off-policy each update was",
+        needs=OFF_POLICY,
+        folded="nothing to show: one optimiser update per rollout batch (optim.mini_batches"
+        " = optim.epochs = 1), so π_θ = π_old and every ratio is 1",
+    ),
     Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
 )
