@@ -176,3 +176,19 @@ export function chartCard(id, title, help, { wide = false } = {}) {
 export function react(plot, traces, layout) {
   return window.Plotly.react(plot, traces, layout, PLOT_CONFIG);
 }
+
+/** The notes of a chart card ("constant 0 over 300 steps: …", "paired by seed: …"), as a line
+ * of text above its plot: a long note as a Plotly annotation is clipped and runs into the
+ * legend. No notes: the line is removed. */
+export function setCardNote(card, plot, notes) {
+  let el = card.querySelector(".chart-note");
+  if (!notes.length) {
+    el?.remove();
+    return;
+  }
+  if (!el) {
+    el = h("div.chart-note");
+    plot.before(el);
+  }
+  el.textContent = notes.join(" · ");
+}

@@ -4,7 +4,7 @@
 // config table of what differs. The whole view lives in the query string, so a link shares it.
 import { errorText, get, qs } from "/static/api.js";
 import { helpOf } from "/static/catalogue.js";
-import { chartCard, react } from "/static/charts.js";
+import { chartCard, react, setCardNote } from "/static/charts.js";
 import { diffFigure, groupDiffFigure, metricFigure } from "/static/compare_figures.js";
 import {
   baseGroup,
@@ -74,8 +74,10 @@ function draw() {
       S.cards.set(w.id, entry);
     }
     container.append(entry.card); // keeps order
+    entry.card.querySelector(".chart-title").textContent = w.title; // regrouped: a new baseline
     const fig = w.gdiff ? groupDiffFigure(w.key) : w.diff ? diffFigure(w.key) : metricFigure(w.key);
     if (w.gdiff) entry.card.dataset.pairing = fig?.pairing || "";
+    setCardNote(entry.card, entry.plot, fig?.notes || []);
     if (!fig) {
       if (entry.plot.dataset.state === "plotted") window.Plotly.purge(entry.plot);
       entry.plot.dataset.state = "empty";

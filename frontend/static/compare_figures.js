@@ -2,15 +2,7 @@
 // group), the A − B difference of two runs, and each group against the baseline group (paired
 // by seed when the seeds match, Welch otherwise).
 import { isDeterministic, unitOf } from "/static/catalogue.js";
-import {
-  bandTraces,
-  baseLayout,
-  lineTraces,
-  noteAnnotation,
-  sampledAnnotation,
-  withNotes,
-  X_TITLES,
-} from "/static/charts.js";
+import { bandTraces, baseLayout, lineTraces, sampledAnnotation, X_TITLES } from "/static/charts.js";
 import { aggregate, baseGroup, groups, runColor, runName, S, xAt, xFor } from "/static/compare_state.js";
 import { interp, mean, t975, tHalfWidth, variance } from "/static/series.js";
 import { color, ema } from "/static/util.js";
@@ -154,13 +146,8 @@ export function groupDiffFigure(key) {
   if (kinds.has("welch")) said.push("unpaired (seeds differ): difference of group means, band = 95% Welch CI");
   said.push("dotted: fewer seeds");
   if (smooth) said.push(`EMA smoothing ${smooth.toFixed(2)}`);
-  const notes = [...sampledAnnotation(used), noteAnnotation(said.join(" · "))];
-  if (notes.length > 1) {
-    notes[0].text = notes.map((n) => n.text).join(" · ");
-    notes.length = 1;
-  }
-  withNotes(layout, notes);
-  return { traces, layout, pairing: [...kinds].join(",") };
+  const notes = [...sampledAnnotation(used).map((a) => a.text), ...said];
+  return { traces, layout, notes, pairing: [...kinds].join(",") };
 }
 
 // ---- charts -------------------------------------------------------------------------------------
@@ -233,16 +220,11 @@ export function metricFigure(key) {
   }
   if (!traces.length) return null;
   const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
-  const notes = sampledAnnotation(used);
+  const notes = sampledAnnotation(used).map((a) => a.text);
   if (grouped && [...grouped.values()].some((ids) => ids.length > 1))
-    notes.push(noteAnnotation("line = mean across runs (dotted: fewer runs) · band = ±1 std"));
-  if (smooth) notes.push(noteAnnotation(`EMA smoothing ${smooth.toFixed(2)}`));
-  if (notes.length > 1) {
-    notes[0].text = notes.map((n) => n.text).join(" · ");
-    notes.length = 1;
-  }
-  withNotes(layout, notes);
-  return { traces, layout };
+    notes.push("line = mean across runs (dotted: fewer runs) · band = ±1 std");
+  if (smooth) notes.push(`EMA smoothing ${smooth.toFixed(2)}`);
+  return { traces, layout, notes };
 }
 
 export function diffFigure(key) {

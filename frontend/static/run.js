@@ -16,7 +16,7 @@ const PROMPTS = promptView(runId, $("#chart-sections"));
 // Throttled (not debounced: events arrive every second and would postpone a debounce forever).
 let rolloutTimer = null;
 function fetchNewRollouts() {
-  if (rolloutTimer) return;
+  if (rolloutTimer || !S.rolloutsLoaded) return;
   rolloutTimer = setTimeout(async () => {
     await loadRollouts(true);
     rolloutTimer = null;
@@ -152,16 +152,20 @@ async function init() {
     return;
   }
   renderRun();
+  // The charts draw as soon as the first keys' series are in; the sampled rollouts (megabytes
+  // on a long run) and the prompt view load after, and their panels fill in when they arrive.
   try {
-    await loadMetrics();
+    await loadMetrics(drawAll);
   } catch (err) {
     toast(`Could not load metrics: ${errorText(err)}`, "error");
   }
-  await loadRollouts(false);
   drawAll();
-  loadRolloutTable();
-  await PROMPTS.refresh();
   if (FINISHED.has(S.run.status)) setConn("done");
   else openStream();
+  loadRolloutTable();
+  await loadRollouts(false);
+  S.rolloutsLoaded = true;
+  scheduleDraw(0);
+  PROMPTS.refresh();
 }
 init();

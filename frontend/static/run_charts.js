@@ -22,6 +22,7 @@ import {
   lineTraces,
   react,
   sampledAnnotation,
+  setCardNote,
   withNotes,
   X_TITLES,
 } from "/static/charts.js";
@@ -110,6 +111,7 @@ export function drawChart(entry) {
   if (!built) {
     let text = "no data yet";
     if (S.run && S.run.status === "queued") text = "waiting for the run to start…";
+    else if (def.kind === "rollout_heatmap" && !S.rolloutsLoaded) text = "loading the sampled rollouts…";
     else if (chartKeys(def).length) {
       text =
         def.section === "sep"
@@ -258,17 +260,7 @@ function constantNotes(def) {
 }
 
 function setConstantNote(entry) {
-  const notes = entry.def.kind === "rollout_heatmap" ? [] : constantNotes(entry.def);
-  let el = entry.card.querySelector(".chart-note");
-  if (!notes.length) {
-    if (el) el.remove();
-    return;
-  }
-  if (!el) {
-    el = h("div.chart-note");
-    entry.plot.before(el);
-  }
-  el.textContent = notes.join(" · ");
+  setCardNote(entry.card, entry.plot, entry.def.kind === "rollout_heatmap" ? [] : constantNotes(entry.def));
 }
 
 // ---- zoom: full resolution for the zoomed range, and keys to drive it --------------------------

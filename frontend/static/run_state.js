@@ -2,7 +2,7 @@
 // live stream) and its sampled rollouts, with the x axis every panel shares. The other run_*
 // modules render from `S`; only this one fetches metrics and rollouts.
 import { errorText, get, qs } from "/static/api.js";
-import { CHARTS, ROLLOUTS_AXIS, SECTIONS, STEP_TIME } from "/static/catalogue.js";
+import { CHARTED_KEYS, CHARTS, ROLLOUTS_AXIS, SECTIONS, STEP_TIME } from "/static/catalogue.js";
 import { interp } from "/static/series.js";
 import { $ } from "/static/util.js";
 
@@ -14,6 +14,7 @@ export const S = {
   rollouts: [], // {step, reward, score, length, ...}
   rolloutNote: "",
   rolloutMaxStep: 0,
+  rolloutsLoaded: false, // the first (heavy) load is done: live updates may append
   maxStep: 0,
   lastWall: 0, // wall time of the newest logged point: a step logged is a sign of life
   smooth: 0,
@@ -129,9 +130,13 @@ export function mergePoints(key, pts) {
   }
 }
 
-export async function loadMetrics() {
-  const { keys } = await get(`/api/runs/${runId}/metrics/keys`);
-  if (!keys.length) return;
+/** Every logged key's series; the charted keys first, in the page's order, so `onFirst` (the
+ * first draw) runs once the top panels' data is in, not after the last key. */
+export async function loadMetrics(onFirst = () => {}) {
+  const { keys: logged } = await get(`/api/runs/${runId}/metrics/keys`);
+  if (!logged.length) return;
+  const rank = new Map(CHARTED_KEYS.map((k, i) => [k, i]));
+  const keys = logged.slice().sort((a, b) => (rank.get(a) ?? Infinity) - (rank.get(b) ?? Infinity));
   const chunks = [];
   for (let i = 0; i < keys.length; i += 40) chunks.push(keys.slice(i, i + 40));
   for (const chunk of chunks) {
@@ -150,6 +155,7 @@ export async function loadMetrics() {
       const wall = s.wall_time?.[s.wall_time.length - 1];
       if (wall > S.lastWall) S.lastWall = wall;
     }
+    if (chunk === chunks[0]) onFirst();
   }
 }
 

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.ui import test_compare_groups
+from tests.ui.test_compare_groups import open_paired_comparison
 from tests.ui.test_pages import wait_until
 from tests.ui.test_study_page import TINY
 
 pytestmark = pytest.mark.browser
+four_runs = test_compare_groups.four_runs  # the compare page's grouped runs (a fixture)
 
 
 def test_a_cpu_only_worker_gives_cpu_processes_not_gpus(page: Any, ui_server: Any) -> None:
@@ -214,3 +217,105 @@ def test_panels_that_do_not_apply_are_not_drawn(
     page.wait_for_selector("#plot-ppos .main-svg")
     assert page.locator('[data-chart="grpo"]').count() == 0
     assert page.locator('[data-chart="hardneg"]').count() == 1
+
+
+def test_regrouping_retitles_the_difference_and_its_note_stays_clear(
+    page: Any, ui_server: Any, four_runs: Any
+) -> None:
+    """Item 7: regrouped by another key, the difference chart's title names the new baseline;
+    its note (here "unpaired": the seed groups share no seeds) is a line of its own above the
+    plot, whole, never under the legend."""
+    open_paired_comparison(page, ui_server, four_runs)
+    title = page.locator('[data-chart="g-sep_gap"] .chart-title')
+    assert "algorithm=grpo" in title.inner_text()
+    page.fill("#group-by", "seed")
+    page.dispatch_event("#group-by", "change")
+    wait_until(page, lambda: "seed=0" in title.inner_text(), what="the new baseline in the title")
+    note = page.locator('[data-chart="g-sep_gap"] .chart-note')
+    wait_until(page, lambda: "unpaired" in note.inner_text(), what="an unpaired note")
+    box = page.evaluate(
+        """() => {
+            const card = document.querySelector('[data-chart="g-sep_gap"]');
+            const n = card.querySelector('.chart-note').getBoundingClientRect();
+            const legend = card.querySelector('.legend').getBoundingClientRect();
+            const el = card.querySelector('.chart-note');
+            return {noteBottom: n.bottom, legendTop: legend.top,
+                    clipped: el.scrollWidth > el.clientWidth + 1};
+        }"""
+    )
+    assert box["noteBottom"] <= box["legendTop"] and not box["clipped"], box
+
+
+def test_table_headers_never_cover_their_rows(page: Any, ui_server: Any, four_runs: Any) -> None:
+    """Item 8: the studies list's study link is the element under the pointer (not the header
+    cell), and so is the first row of compare's summary by group."""
+    body = {
+        "name": f"i26-click-{uuid.uuid4().hex[:6]}",
+        "config": TINY,
+        "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}],
+        "seeds": [0],
+        "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
+        "concurrency": 1,
+    }
+    study = ui_server.api("POST", "/api/studies", json=body)
+    ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+    on_top = """sel => {
+        const el = document.querySelector(sel);
+        const r = el.getBoundingClientRect();
+        const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+        return el.contains(hit) || hit.contains(el) ? 'ok' : hit.outerHTML.slice(0, 80); }"""
+    page.goto(f"{ui_server.url}/studies")
+    link = f'#studies-table a[href="/studies/{study["id"]}"]'
+    page.wait_for_selector(link)
+    assert page.evaluate(on_top, link) == "ok"
+    page.click(link)
+    page.wait_for_url(f"**/studies/{study['id']}")
+
+    open_paired_comparison(page, ui_server, four_runs)
+    first = "#group-summary tbody tr:first-child td:first-child"
+    page.wait_for_selector(first)
+    page.locator(first).scroll_into_view_if_needed()
+    assert page.evaluate(on_top, first) == "ok"
+
+
+def test_pipelines_have_a_list_page_and_a_missing_study_is_a_clear_404(
+    page: Any, ui_server: Any
+) -> None:
+    """Item 12: /pipelines lists the pipelines, linked from the top bar; /studies/999999 says
+    it is not there (a 404), not "loading…" for ever."""
+    config = {**TINY, "steps": 1}
+    made = ui_server.api(
+        "POST",
+        "/api/pipelines",
+        json={"name": f"i26-list-{uuid.uuid4().hex[:4]}", "stages": [config, config]},
+    )
+    ui_server.api("POST", f"/api/pipelines/{made['id']}/cancel")
+    page.goto(f"{ui_server.url}/")
+    page.click("#nav-pipelines")
+    page.wait_for_url("**/pipelines")
+    row = page.wait_for_selector(f'#pipelines-table tr[data-id="{made["id"]}"]')
+    assert made["name"] in row.inner_text()
+    page.click(f'#pipelines-table a[href="/pipelines/{made["id"]}"] >> nth=0')
+    page.wait_for_url(f"**/pipelines/{made['id']}")
+
+    page.problems.allow_http_error(404, "/studies/999999")
+    response = page.goto(f"{ui_server.url}/studies/999999")
+    assert response.status == 404
+    assert "There is no study 999999" in page.inner_text("main")
+
+
+def test_the_run_page_draws_its_charts_before_the_rollout_sample_arrives(
+    page: Any, ui_server: Any, on_policy_pair: Any
+) -> None:
+    """Item 11: the sampled rollouts (megabytes on a long run) load after the charts: with their
+    request held back, the metric panels still draw; the heatmap fills in once it is let go."""
+    grpo, _ = on_policy_pair
+    held: list[Any] = []
+    page.route("**/rollouts?limit=*", lambda route: held.append(route))
+    page.goto(f"{ui_server.url}/runs/{grpo['id']}")
+    page.wait_for_selector("#plot-gap .main-svg")  # drawn while the rollouts are still held
+    wait_until(page, lambda: held, what="the rollout sample's request")
+    assert "loading the sampled rollouts" in page.inner_text('[data-chart="dist"]')
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#plot-dist .main-svg")

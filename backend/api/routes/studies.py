@@ -64,6 +64,9 @@ def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
         errors += [{**e, "loc": ("body", "tasks", j)} for e in problems[:1]]
     if errors:
         raise RequestValidationError(errors)
+    # The base config's own problems are said once, on it, not under every arm's overrides.
+    _, errors = validate_arm(body.config, {}, ("body", "config"))
+    from_base = {(tuple(e["loc"][2:]), e["msg"]) for e in errors}
     # task-major, then arms: released seed by seed in this order, a study cut short still has
     # every arm of a (task, seed) to pair
     tasks: list[str | None] = [*body.tasks] or [None]
@@ -73,7 +76,11 @@ def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
             config, problems = validate_arm(
                 body.config, overrides, ("body", "arms", i, "overrides")
             )
-            errors += [e for e in problems if e not in errors]
+            errors += [
+                e
+                for e in problems
+                if e not in errors and (tuple(e["loc"][4:]), e["msg"]) not in from_base
+            ]
             if config is not None:
                 arms.append((arm.name, config))
     if errors:
