@@ -61,7 +61,7 @@ import conspo.generation.forward  # noqa: E402
 from bench.throughput import MODEL_DIMS  # noqa: E402  (shape b's model: the same dims)
 from conspo.generation.forward import token_logprobs  # noqa: E402
 from conspo.generation.rollout import RolloutBatch, sample  # noqa: E402
-from conspo.models.store import build_char_tokenizer, build_tiny_model  # noqa: E402
+from conspo.models.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 
 GROUP = 8
 

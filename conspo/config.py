@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,6 +38,7 @@ from conspo.registry import (
     get_objective,
     relocated,
 )
+from conspo.templates import placeholders, template_problem
 
 
 class _WithParams(Protocol):
@@ -76,13 +78,15 @@ def _with_registered_params(
     if details:
         raise ValidationError.from_exception_data(model.__name__, details)
     assert validated is not None and resolved is not None
-    validated.params = resolved
+    validated.params = resolved.model_dump()
+    if isinstance(validated, _Section):
+        validated.remember_typed("params", resolved)
     return validated
 
 
 def _registered_params(
     model: type[BaseModel], data: dict[str, Any], registry: Registry[Any], name_field: str
-) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+) -> tuple[BaseModel | None, list[InitErrorDetails]]:
     """(the resolved params, errors): first what stored JSON may not hold (a NaN, text with
     NUL, 300 levels of nesting: ``conspo.input_checks``), then the registered model's check."""
     params = data.get("params")
@@ -92,7 +96,7 @@ def _registered_params(
         error = PydanticCustomError("value_error", message + where)
         culprit = params[loc[0]] if loc else params
         return None, [{"type": error, "loc": ("params", *loc[:1]), "input": culprit}]
-    return registry.resolve_params(
+    return registry.resolve_model(
         data.get(name_field, model.model_fields[name_field].default),
         params,
         name_loc=(name_field,),
@@ -100,9 +104,38 @@ def _registered_params(
     )
 
 
+class _TypedCache(dict[str, tuple[dict[str, Any], BaseModel]]):
+    """A section's params as their registered models (``_Section.typed``): a cache, so it never
+    makes two otherwise equal configs differ."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _TypedCache)
+
+    __hash__ = None
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
 class _Section(BaseModel):
     # Numbers are stored as JSON, which has no NaN or Infinity.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    _typed: _TypedCache = PrivateAttr(default_factory=_TypedCache)
+
+    def typed(self, field: str, model: type[P]) -> P:
+        """The params dict ``field`` (``params``, ``kind_params``) as an instance of its
+        registered ``model``, validated once: validating the config already made it, and it is
+        made again only when the dict changed since (a mutation, a ``model_copy``)."""
+        raw = getattr(self, field)
+        cached = self._typed.get(field)
+        if cached is None or type(cached[1]) is not model or cached[0] != raw:
+            self.remember_typed(field, model.model_validate(raw))
+            cached = self._typed[field]
+        return cast(P, cached[1])
+
+    def remember_typed(self, field: str, value: BaseModel) -> None:
+        """``value`` is the params dict ``field`` as its registered model (its validation)."""
+        self._typed[field] = (copy.deepcopy(getattr(self, field)), value)
 
 
 class TaskConfig(_Section):
@@ -126,6 +159,10 @@ class TaskConfig(_Section):
         # check below reads the input it is given: the rewrite has to come first.
         data = _params_from_flat_form(data)
         return _with_registered_params(cls, data, handler, TASKS, "name")
+
+    def task_params(self) -> BaseModel:
+        """``params`` as the task's parameter model (validated once: ``typed``)."""
+        return self.typed("params", TASKS.get(self.name).params)
 
 
 # The task section's form before tasks had a registry: every task's parameters side by side.
@@ -465,7 +502,8 @@ class LoggingConfig(_Section):
     )
 
 
-# Named prompt templates; a custom one is any text holding {question}.
+# Named prompt templates; a custom one is any text holding {question} (conspo.templates).
+PROMPT_FIELDS = ("question",)
 PROMPT_TEMPLATES: dict[str, str] = {
     "plain": "{question}",
     # The paper's (DeepScaleR / DAPO recipes): reason, then a \\boxed{} answer the verifier reads.
@@ -495,17 +533,13 @@ class PromptConfig(_Section):
     @classmethod
     def _template_holds_the_question(cls, template: str) -> str:
         text = PROMPT_TEMPLATES.get(template, template)
-        try:
-            text.format(question="")
-        except (KeyError, IndexError, ValueError) as exc:
+        problem = template_problem(text, PROMPT_FIELDS)
+        if problem is None and "question" not in placeholders(text, PROMPT_FIELDS):
+            problem = "it does not hold {question}"
+        if problem is not None:
             raise ValueError(
                 f"not a named template ({', '.join(PROMPT_TEMPLATES)}) nor a text holding"
-                f" {{question}} with other braces doubled ({exc!r})"
-            ) from None
-        if "{question}" not in text:
-            raise ValueError(
-                f"not a named template ({', '.join(PROMPT_TEMPLATES)}) nor a text holding"
-                " {question}"
+                f" {{question}} with other braces doubled: {problem}"
             )
         return template
 
@@ -547,6 +581,10 @@ class RewardConfig(_Section):
         if validated.weight is None:
             validated.weight = REWARDS.get(validated.name).default_weight
         return validated
+
+    def reward_params(self) -> BaseModel:
+        """``params`` as the reward's parameter model (validated once: ``typed``)."""
+        return self.typed("params", REWARDS.get(self.name).params)
 
 
 def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
@@ -618,7 +656,7 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     return []
 
 
-def _kind_params(data: Any) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+def _kind_params(data: Any) -> tuple[BaseModel | None, list[InitErrorDetails]]:
     """``kind_params`` resolved against the registered job kind that ``kind`` names (the same
     check as an objective's ``params``: conspo.registry)."""
     if not isinstance(data, dict):
@@ -627,8 +665,11 @@ def _kind_params(data: Any) -> tuple[dict[str, Any] | None, list[InitErrorDetail
     if isinstance(params, dict) and (problem := json_problem(params)) is not None:
         loc, message = problem
         return None, [_error(("kind_params", *loc[:1]), message, params)]
-    return JOB_KINDS.resolve_params(
-        data.get("kind", "rl"), params, name_loc=("kind",), params_loc=("kind_params",)
+    return JOB_KINDS.resolve_model(
+        data.get("kind", RunConfig.model_fields["kind"].default),
+        params,
+        name_loc=("kind",),
+        params_loc=("kind_params",),
     )
 
 
@@ -707,7 +748,8 @@ class RunConfig(_Section):
         if kind_details:
             raise ValidationError.from_exception_data(cls.__name__, kind_details)
         if resolved is not None:
-            validated.kind_params = resolved
+            validated.kind_params = resolved.model_dump()
+            validated.remember_typed("kind_params", resolved)
         return _resolved_rewards(validated, data)
 
     @model_validator(mode="after")
@@ -720,7 +762,8 @@ class RunConfig(_Section):
                 f" resources.gpus × resources.nodes ({self.resources.world_size}): each process"
                 " trains whole groups"
             )
-        if self.kind != "rl" and self.resources.world_size > 1:
+        known = self.kind in JOB_KINDS.names()  # an unknown kind is reported on its own
+        if not (known and JOB_KINDS.get(self.kind).distributed) and self.resources.world_size > 1:
             # sft / distill / dpo train in one process (conspo.training.loop has no gradient
             # reduction)
             raise ValueError(
@@ -741,7 +784,12 @@ class RunConfig(_Section):
         return self
 
     def objective_params(self) -> BaseModel:
-        return get_objective(self.algorithm).params.model_validate(self.params)
+        """``params`` as the algorithm's parameter model (validated once: ``typed``)."""
+        return self.typed("params", get_objective(self.algorithm).params)
+
+    def job_params(self) -> BaseModel:
+        """``kind_params`` as the job kind's parameter model (validated once: ``typed``)."""
+        return self.typed("kind_params", JOB_KINDS.get(self.kind).params)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RunConfig:
@@ -767,3 +815,25 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def with_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The raw config of ``base`` changed by (nested) ``overrides``: the one rule of a clone
+    and of a study arm. A new algorithm (or task) without its own params starts from its
+    defaults, since the base's were for another one; the name is dropped (it named the base)."""
+    start = copy.deepcopy(base)
+    algorithm = overrides.get("algorithm")
+    was = start.get("algorithm", RunConfig.model_fields["algorithm"].default)
+    if algorithm and algorithm != was and "params" not in overrides:
+        start.pop("params", None)
+    task, new_task = start.get("task"), overrides.get("task")
+    if (
+        isinstance(task, dict)
+        and isinstance(new_task, dict)
+        and new_task.get("name", task.get("name")) != task.get("name")
+        and "params" not in new_task
+    ):  # nor would the old task's (under params, or flat in a config stored before tasks had them)
+        shared = TaskConfig.model_fields.keys() - {"params"}
+        start["task"] = {k: v for k, v in task.items() if k in shared}
+    start.pop("name", None)
+    return deep_merge(start, overrides)

@@ -73,7 +73,13 @@ def serve(
         # uvicorn re-raises SIGTERM after its graceful shutdown; with the default handler that
         # would end this process before `finally` stops the embedded worker.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        uvicorn.run("backend.main:app", host=host, port=port, workers=workers, log_level="info")
+        # X-Forwarded-For only from the configured proxies (uvicorn's default trusts loopback's,
+        # which would let any local client pick the address its streams are counted under)
+        proxies = ",".join(settings.trusted_proxies)
+        uvicorn.run(
+            "backend.main:app", host=host, port=port, workers=workers, log_level="info",
+            proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,
+        )  # fmt: skip
     finally:
         if embedded_worker is not None:
             embedded_worker.stop()

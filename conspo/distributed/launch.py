@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from conspo.access import DataFiles
     from conspo.config import RunConfig
     from conspo.models.store import ModelStore
-    from conspo.training.trainer import TrainResult
+    from conspo.training.loop import TrainResult
 
 # --------------------------------------------------------------------------------------------
 # The local launcher
@@ -66,7 +66,7 @@ def launch_local(
     (its exit code and traceback) becomes this call's ``RankFailed``.
     """
     from conspo.jobs import train_job
-    from conspo.models.store import pick_device
+    from conspo.models.loading import pick_device
     from conspo.training.trainer import train
 
     if nprocs == 1:  # one process trains any job kind; more train rl only (RunConfig refuses)

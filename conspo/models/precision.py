@@ -7,7 +7,7 @@ passes compute in, and the loss scaler float16 needs (``ModelConfig.dtype`` / ``
     bfloat16   on               float32   torch.autocast(bfloat16)    no
     float16    either           float32   torch.autocast(float16)     GradScaler
 
-"auto" is bfloat16 on CUDA and float32 on CPU (conspo.models.store.pick_device).
+"auto" is bfloat16 on CUDA and float32 on CPU (conspo.models.loading.pick_device).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ export function rowFor(state, run, cols, onPipelineSize) {
       run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
     ),
     h("td", {}, statusBadge(run), queuePlace(run), waitingNote(run)),
-    h("td", {}, run.algorithm || "–"),
+    h("td", {}, run.algorithm || run.kind || "–"),
     h("td.opt", {}, run.task || "–"),
     h("td.mono.opt", {}, run.model || "–"),
     h(

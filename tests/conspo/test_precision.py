@@ -13,7 +13,8 @@ from conspo.config import RunConfig
 from conspo.models.resources import OutOfMemory
 from conspo.sink import MemorySink
 from conspo.training import trainer
-from conspo.training.trainer import setup, train
+from conspo.training.loop import setup
+from conspo.training.trainer import train
 
 
 def config(**model) -> RunConfig:
