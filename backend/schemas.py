@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic_core import PydanticSerializationError, to_json
 
 from backend.run_rows import run_label
-from backend.scheduling import Cluster, resources_of
+from backend.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
 
@@ -169,6 +169,12 @@ class RunOut(BaseModel):
         description="Queued runs: why no worker has taken it yet, from the live workers (e.g."
         ' "needs 8 GPUs; largest idle worker has 4 GPUs"); None when one is about to.',
     )
+    resources_text: str = Field(
+        "",
+        description='What the run occupies, in the terms of the machine that holds it: "1 GPU",'
+        ' "1 CPU process", "2 nodes × 8 GPUs" (where it trained once started, else what the'
+        ' live workers offer); "external" for a run logged from elsewhere.',
+    )
 
 
 # Deeper than anything validation accepts, and well inside the ~250 levels JSON encoders allow.
@@ -215,6 +221,11 @@ def run_out(run: Run, cluster: Cluster | None = None) -> dict[str, Any]:
     out = _run_fields(run)
     if cluster is not None and run.status == "queued" and not run.external:
         out["waiting_reason"] = cluster.why_waiting(resources_of(run.config))
+    out["resources_text"] = (
+        "external"
+        if run.external
+        else describe_needs(resources_of(run.config), machine_of(run.device, cluster))
+    )
     return out if _renders(out) else renderable(out)
 
 
@@ -513,6 +524,15 @@ class PipelineList(BaseModel):
     pipelines: list[PipelineOut]
 
 
+class StudyProgress(BaseModel):
+    """A study's progress against its planned work (pending runs count too)."""
+
+    runs: int = Field(description="Runs planned (cancelled ones no longer are).")
+    started: int = Field(description="Runs released so far.")
+    steps: int = Field(description="Steps done, all its runs.")
+    total_steps: int = Field(description="Steps planned, all its runs.")
+
+
 class StudySummary(BaseModel):
     id: int
     name: str
@@ -523,6 +543,7 @@ class StudySummary(BaseModel):
     arms: list[str]
     seeds: list[int]
     search: bool = Field(description="An Optuna search (its arms are its trials).")
+    progress: StudyProgress | None = Field(None, description="Against the planned work.")
 
 
 class StudyList(BaseModel):
@@ -572,6 +593,9 @@ class StudyOut(BaseModel):
     pairs: list[dict[str, Any]] = Field(description="Each arm against the baseline.")
     verdict: list[str]
     separation: dict[str, dict[str, dict[str, Any]]]
+    bounds: dict[str, list[float]] = Field(
+        default_factory=dict, description="The range of each bounded key (a fraction: [0, 1])."
+    )
     runs: list[StudyRunOut]
     counts: dict[str, int] = Field(description="Runs per status.")
     seeds: list[int]

@@ -194,10 +194,18 @@ class LoraConfig(_Section):
     """LoRA adapters through ``peft``; rank 0 trains every weight instead (full fine-tuning)."""
 
     rank: int = Field(
-        0, ge=0, le=1024, description="LoRA rank r (0: full fine-tuning, no adapters)."
+        0,
+        ge=0,
+        le=1024,
+        title="LoRA rank r",
+        description="LoRA rank r (0: full fine-tuning, no adapters).",
     )
     alpha: float = Field(
-        32.0, gt=0, le=100_000, description="LoRA α: the adapter's update is scaled by α / r."
+        32.0,
+        gt=0,
+        le=100_000,
+        title="LoRA α",
+        description="LoRA α: the adapter's update is scaled by α / r.",
     )
     dropout: float = Field(
         0.0,
@@ -211,6 +219,7 @@ class LoraConfig(_Section):
         default=["all-linear"],  # pydantic copies it for each instance
         min_length=1,
         max_length=64,
+        title="Target modules",
         description='Module names that get adapters (e.g. q_proj, v_proj), or ["all-linear"]:'
         " every linear layer but the output head.",
     )
@@ -227,6 +236,7 @@ class ModelConfig(_Section):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
+        json_schema_extra={"advanced": True},
         description="Compute dtype. auto: bfloat16 on CUDA, float32 on CPU. float16 always trains"
         " float32 master weights under autocast with loss scaling. On a CPU with bfloat16 matmuls,"
         " bfloat16 with mixed_precision on ran the training forward+backward ~2.0x faster than"
@@ -236,22 +246,28 @@ class ModelConfig(_Section):
     )
     mixed_precision: bool = Field(
         False,
+        json_schema_extra={"advanced": True},
         description="Keep float32 master weights and optimiser state, and run the forward passes"
         " in `dtype` under torch.autocast. Off: the weights themselves are stored in `dtype`"
         " (half the memory). Always on for float16.",
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when present.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", json_schema_extra={"advanced": True}, description="auto: CUDA when present."
+    )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa",
+        title="Attention",
+        json_schema_extra={"advanced": True},
         description="Attention kernel: sdpa (PyTorch), eager, or flash_attention_2 (needs the"
         " flash-attn package and a GPU).",
     )
     gradient_checkpointing: bool = Field(
         False,
+        json_schema_extra={"advanced": True},
         description="Recompute each layer's activations in the backward pass instead of keeping"
         " them: about a third more compute for a fraction of the activation memory.",
     )
-    lora: LoraConfig = Field(default_factory=LoraConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, title="LoRA adapters")
     from_run: int | None = Field(
         None,
         ge=1,
@@ -268,11 +284,22 @@ class ModelConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    prompts_per_step: int = Field(16, ge=1, le=4096, description="Prompts (groups) per step.")
-    group_size: int = Field(8, ge=2, le=256, description="G: rollouts sampled per prompt.")
-    max_new_tokens: int = Field(16, ge=1, le=32_768, description="Response length cap.")
+    prompts_per_step: int = Field(
+        16, ge=1, le=4096, title="Prompts per step", description="Prompts (groups) per step."
+    )
+    group_size: int = Field(
+        8,
+        ge=2,
+        le=256,
+        title="Group size (G)",
+        json_schema_extra={"symbol": "G"},
+        description="G: rollouts sampled per prompt.",
+    )
+    max_new_tokens: int = Field(
+        16, ge=1, le=32_768, title="Max new tokens", description="Response length cap."
+    )
     temperature: float = Field(1.0, gt=0, le=5, description="Rollout sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_p: float = Field(1.0, gt=0, le=1, title="Top-p", description="Nucleus sampling threshold.")
     engine: Literal["native", "hf", "vllm"] = Field(
         "native",
         description="What generates rollouts: native (this library's sampler, fastest for small"
@@ -283,6 +310,8 @@ class SamplingConfig(_Section):
         0.3,
         gt=0,
         lt=1,
+        title="vLLM memory fraction",
+        json_schema_extra={"advanced": True},
         description="vllm engine only: the fraction of GPU memory vLLM may take (weights and KV"
         " cache); the rest is left to training.",
     )
@@ -293,6 +322,7 @@ class OptimConfig(_Section):
         3e-5,
         gt=0,
         le=1,
+        title="Learning rate",
         description="AdamW learning rate (tiny models: 3e-5; the paper: 2e-6 at 1.5B+).",
     )
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
@@ -327,6 +357,8 @@ class OptimConfig(_Section):
         0,
         ge=0,
         le=100_000_000,
+        title="Micro-batch tokens",
+        json_schema_extra={"advanced": True},
         description="Token budget (padded prompt + response positions) of one forward/backward"
         " pass. A mini-batch above it is split into micro-batches whose gradients add up to the"
         " mini-batch's gradient exactly. 0: one pass per mini-batch.",
@@ -363,7 +395,7 @@ class BenchmarkConfig(_Section):
         description="The benchmark file or directory (parquet, jsonl, json, arrow or a"
         " save_to_disk directory), inside the data roots."
     )
-    fields: DatasetFields = Field(default_factory=DatasetFields)
+    fields: DatasetFields = Field(default_factory=DatasetFields, title="Dataset columns")
     k: int = Field(4, ge=1, le=1024, description="Samples per problem (avg@k, pass@k).")
     limit: int | None = Field(
         None, ge=1, le=100_000, description="Score only the first N problems (default: all)."
@@ -377,10 +409,16 @@ class EvalConfig(_Section):
     at_start: bool = Field(
         True, description="Also evaluate the starting policy, logged as step 0 (a fresh run only)."
     )
-    pass_k: int = Field(4, ge=1, le=64, description="k of pass@k on the held-out split.")
+    pass_k: int = Field(
+        4, ge=1, le=64, title="k of pass@k", description="k of pass@k on the held-out split."
+    )
     temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for pass@k.")
     top_p: float = Field(
-        1.0, gt=0, le=1, description="Nucleus threshold of evaluation sampling (paper: 0.95)."
+        1.0,
+        gt=0,
+        le=1,
+        title="Top-p",
+        description="Nucleus threshold of evaluation sampling (paper: 0.95).",
     )
     benchmarks: list[BenchmarkConfig] = Field(
         default_factory=list,

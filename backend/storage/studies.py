@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -66,3 +68,27 @@ def study_runs(session: Session, study_id: int) -> list[Run]:
             .order_by(StudyRun.position)
         ).unique()
     )
+
+
+def planned_progress(session: Session, study_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """Per study, its progress against the planned work: ``runs`` planned (cancelled rows are
+    no longer planned), ``started`` (released into runs), ``steps`` done and ``total_steps``
+    planned (a pending row counts its config's steps). A runs list that sees only the released
+    runs would otherwise show a study as further along than it is."""
+    out = {i: {"runs": 0, "started": 0, "steps": 0, "total_steps": 0} for i in study_ids}
+    if not study_ids:
+        return out
+    rows = session.execute(
+        select(StudyRun.study_id, StudyRun.state, StudyRun.config, Run.step, Run.total_steps)
+        .outerjoin(Run, Run.id == StudyRun.run_id)
+        .where(StudyRun.study_id.in_(list(study_ids)))
+    )
+    for study_id, state, config, step, total in rows:
+        if state == StudyRunState.cancelled:
+            continue
+        p = out[study_id]
+        p["runs"] += 1
+        p["started"] += total is not None
+        p["steps"] += int(step or 0)
+        p["total_steps"] += int(total if total is not None else (config or {}).get("steps") or 0)
+    return out

@@ -30,16 +30,18 @@ from backend.studies.objective import (
     SEPARATION_KEYS,
     ArmObjectives,
     ArmRunRow,
+    bounds_of,
     group_curves,
     jsonable,
     window_start,
 )
 from backend.studies.spec import Objective
+from conspo import metrics as M
 from conspo.spreadsheet import csv_cell
 
-# Run fields the compare page groups by directly (compare.js TOP_LEVEL); anything else is a
-# config path.
-TOP_LEVEL = ("algorithm", "task", "model", "status", "seed", "group_id")
+# Run fields a group-by path names directly; anything else is a config path. The compare page
+# gets this list from the server (pages.py), so its groups and the report's are the same.
+RUN_FIELDS = ("algorithm", "task", "model", "status", "seed", "group_id", "owner")
 
 
 def _text(value: Any) -> str:
@@ -61,10 +63,10 @@ def _text(value: Any) -> str:
 def group_label(run: Run, path: str) -> str:
     if not path:
         return f"{run.name} #{run.id}"
-    if path in TOP_LEVEL:
-        value: Any = getattr(run, path)
-    elif path == "owner":
-        value = run.owner.name if run.owner is not None else None
+    if path == "owner":
+        value: Any = run.owner.name if run.owner is not None else None
+    elif path in RUN_FIELDS:
+        value = getattr(run, path)
     elif path == "tags":
         value = ",".join(run.tags or [])
     else:
@@ -101,7 +103,9 @@ def comparison_view(
     pairs, unpaired, verdict = _against_baseline(groups, base, values.by_arm, objective)
     arms = []
     for label in labels:
-        arm = jsonable(vars(stats.summarise_arm(label, values.by_arm[label])))
+        arm = jsonable(
+            vars(stats.summarise_arm(label, values.by_arm[label], M.bounds(objective.metric)))
+        )
         arms.append({**arm, "planned": len(groups[label]), "overrides": None, "params": None})
     ids = [r.id for r in runs]
     rows = [ArmRunRow(label, run.id) for label in labels for run in groups[label]]
@@ -126,7 +130,9 @@ def comparison_view(
         "runs": run_rows,
         "counts": dict(Counter(str(r.status) for r in runs)),
         "seeds": sorted({int(r.seed) for r in runs}),
-        "curves": group_curves(session, rows, ids, [objective.metric, *SEPARATION_KEYS]),
+        # The metric compared, and only it: the page's choice, not the study's separation set.
+        "curves": group_curves(session, rows, ids, [objective.metric]),
+        "bounds": bounds_of([objective.metric]),
     }
 
 
@@ -173,19 +179,22 @@ def _against_baseline(
     """(paired comparisons, unpaired ones, verdict lines) of each group against ``base``:
     paired by seed when both groups' seeds are distinct and they share two or more."""
     scale, unit = objective.scale or 1.0, objective.unit or ""
+    bounds = M.bounds(objective.metric)
     pairs, unpaired, verdict = [], [], []
     for label, values in by_arm.items():
         if label == base:
             continue
         common = set(values) & set(by_arm[base])
         if _distinct_seeds(groups[label]) and _distinct_seeds(groups[base]) and len(common) >= 2:
-            pair = stats.paired(label, base, values, by_arm[base], objective.direction)
+            pair = stats.paired(label, base, values, by_arm[base], objective.direction, bounds)
             pairs.append(jsonable(vars(pair)))
             verdict.append(
                 stats.verdict_line(pair, scale=scale, unit=unit, effect=objective.effect)
             )
         else:
-            loose = stats.unpaired(label, base, list(values.values()), list(by_arm[base].values()))
+            loose = stats.unpaired(
+                label, base, list(values.values()), list(by_arm[base].values()), bounds
+            )
             unpaired.append(jsonable(vars(loose)))
             verdict.append(stats.unpaired_line(loose, scale=scale, unit=unit))
     return pairs, unpaired, verdict

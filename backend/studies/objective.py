@@ -100,8 +100,9 @@ class ArmRun(Protocol):
 def group_curves(
     session: Session, rows: Sequence[ArmRun], runs: Iterable[int], keys: list[str]
 ) -> dict[str, Any]:
-    """Per key and arm: the mean over seeds at each step, a 95% t band, and n, the seeds that
-    reached that step (the page cuts the solid line where n is short of the arm's seeds)."""
+    """Per key and arm: the mean over seeds at each step, a 95% t band (cut to the key's range:
+    a band of fractions never leaves [0, 1]), and n, the seeds that reached that step (the page
+    cuts the solid line where n is short of the arm's seeds)."""
     series = whole_series(session, runs, keys)
     out: dict[str, Any] = {}
     arms = list(dict.fromkeys(r.arm for r in rows))
@@ -121,7 +122,7 @@ def group_curves(
             mean, lo, hi, n = [], [], [], []
             for step in steps:
                 values = np.array(per_step[step])
-                ci = stats.t_interval(values)
+                ci, _ = stats.clipped(stats.t_interval(values), M.bounds(key))
                 mean.append(float(values.mean()))
                 lo.append(ci[0] if ci else None)
                 hi.append(ci[1] if ci else None)
@@ -166,9 +167,14 @@ class ArmObjectives:
     def separation_view(self) -> dict[str, dict[str, Any]]:
         """Per arm and separation statistic: its summary over the arm's runs."""
         return {
-            a: {k: jsonable(vars(stats.summarise_arm(a, v))) for k, v in sep.items()}
+            a: {k: jsonable(vars(stats.summarise_arm(a, v, M.bounds(k)))) for k, v in sep.items()}
             for a, sep in self.separation.items()
         }
+
+
+def bounds_of(keys: Iterable[str]) -> dict[str, list[float]]:
+    """The range of each bounded key (conspo.metrics.bounds), for the pages' axes."""
+    return {key: list(b) for key in keys if (b := M.bounds(key)) is not None}
 
 
 def jsonable(value: Any) -> Any:

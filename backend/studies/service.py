@@ -45,6 +45,7 @@ from backend.studies.objective import (
     SEPARATION_KEYS,
     ArmObjectives,
     ArmRunRow,
+    bounds_of,
     group_curves,
     jsonable,
 )
@@ -56,6 +57,7 @@ from backend.studies.spec import (
     split_row_arm,
     validate_arm,
 )
+from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.spreadsheet import csv_cell
 
@@ -103,6 +105,9 @@ def arm_configs(body: StudyCreate, loc: Loc) -> list[tuple[str, RunConfig]]:
         errors += [{**e, "loc": (*loc, "tasks", j)} for e in problems[:1]]
     if errors:
         raise InvalidInput(errors)
+    # The base config's own problems are said once, on it, not under every arm's overrides.
+    _, errors = validate_arm(body.config, {}, (*loc, "config"))
+    from_base = {(tuple(e["loc"][len(loc) + 1 :]), e["msg"]) for e in errors}
     # task-major, then arms: released seed by seed in this order, a study cut short still has
     # every arm of a (task, seed) to pair
     tasks: list[str | None] = [*body.tasks] or [None]
@@ -110,7 +115,11 @@ def arm_configs(body: StudyCreate, loc: Loc) -> list[tuple[str, RunConfig]]:
         for i, arm in enumerate(body.arms):
             overrides = {**arm.overrides, "task.name": task} if task else arm.overrides
             config, problems = validate_arm(body.config, overrides, (*loc, "arms", i, "overrides"))
-            errors += [e for e in problems if e not in errors]
+            errors += [
+                e
+                for e in problems
+                if e not in errors and (tuple(e["loc"][len(loc) + 3 :]), e["msg"]) not in from_base
+            ]
             if config is not None:
                 arms.append((arm.name, config))
     if errors:
@@ -223,9 +232,10 @@ def cancel_study(session: Session, study: Study) -> Study:
     return study
 
 
-def study_summary(study: Study) -> dict[str, Any]:
-    """A study as the studies list shows it."""
+def study_summary(study: Study, progress: dict[str, int] | None = None) -> dict[str, Any]:
+    """A study as the studies list shows it (with its ``planned_progress`` when given)."""
     return {
+        "progress": progress,
         "id": study.id,
         "name": study.name,
         "status": study.status,
@@ -262,6 +272,7 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         scale=objective.scale or 1.0,
         unit=objective.unit or "",
         effect=objective.effect,
+        bounds=M.bounds(objective.metric),
     )
     counts: dict[str, int] = defaultdict(int)
     for r in run_rows:
@@ -281,6 +292,7 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "pairs": [jsonable(vars(p)) for p in summary.pairs.values()],
         "verdict": summary.verdict,
         "separation": values.separation_view(),
+        "bounds": bounds_of(keys),
         "runs": run_rows,
         "counts": dict(counts),
         "seeds": spec.seeds,

@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import PydanticCustomError
 
 from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
+from conspo import metrics as M
 from conspo.config import RunConfig, deep_merge, with_overrides
 from conspo.input_checks import json_problem, loc_text
 
@@ -70,6 +71,19 @@ class Objective(_Body):
         if self.unit is None:
             self.unit = "points" if accuracy else ""
         return self
+
+
+class StudyObjective(Objective):
+    """A study's objective: a key its runs log (the metric catalogue's, or one of its families
+    such as eval/<benchmark>/avg@<k>); an unknown key would leave every arm without a value."""
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, key: str) -> str:
+        if M.metric(key) is None and M.pattern(key) is None:
+            known = ", ".join(M.KEY_METRICS)
+            raise ValueError(f"unknown metric {key!r}: not a key runs log (e.g. {known})")
+        return key
 
 
 class Arm(_Body):
@@ -119,7 +133,7 @@ class StudyCreate(_Body):
     config: FreeJSON = Field(default_factory=dict, description="The base RunConfig.")
     arms: list[Arm] = Field(default_factory=list, max_length=100)
     seeds: list[Seed] = Field(min_length=1, max_length=100)
-    objective: Objective = Field(default_factory=Objective)
+    objective: StudyObjective = Field(default_factory=StudyObjective)
     baseline: ArmName | None = Field(None, description="The arm others are paired against.")
     concurrency: int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
     search: Search | None = None

@@ -85,7 +85,8 @@ def list_studies(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> dict[str, Any]:
     studies, total = stored.list_studies(session, limit, offset)
-    items = [service.study_summary(s) for s in studies]
+    progress = stored.planned_progress(session, [s.id for s in studies])
+    items = [service.study_summary(s, progress[s.id]) for s in studies]
     return {"items": items, "total": total}
 
 
