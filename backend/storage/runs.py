@@ -128,3 +128,18 @@ def stale_running(session: Session, beat_before: datetime) -> list[int]:
     """Ids of running runs whose last heartbeat is older than ``beat_before``."""
     stmt = select(Run.id).where(Run.status == RunStatus.running, Run.heartbeat_at < beat_before)
     return list(session.scalars(stmt))
+
+
+def finished_worker_runs(session: Session) -> list[Run]:
+    """The worker runs that succeeded, newest first (the model registry's candidates)."""
+    stmt = (
+        select(Run)
+        .where(Run.status == RunStatus.succeeded, Run.external.is_(False))
+        .order_by(Run.id.desc())
+    )
+    return list(session.scalars(stmt).unique())
+
+
+def config_of(session: Session, run_id: int) -> dict[str, Any] | None:
+    """The stored config of ``run_id`` (None: no such run)."""
+    return session.scalar(select(Run.config).where(Run.id == run_id))
