@@ -47,6 +47,13 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         60.0, gt=0, description="A running run whose heartbeat is older is re-queued."
     )
+    cancel_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="A running run still running this long after its cancel was requested (its"
+        " trainer stops at the next step boundary, normally within seconds) is recorded"
+        " cancelled and its training process killed (worker.watchdog).",
+    )
     reaper_interval_s: float = Field(
         0.0, ge=0, description="Period of each worker's reaper thread (0: heartbeat_timeout/2)."
     )
@@ -86,6 +93,12 @@ class Settings(BaseSettings):
         description="Open live streams per caller (the token's user, else the client address); "
         "one more gets 429.",
     )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated addresses of reverse proxies whose X-Forwarded-For is"
+        " believed (`conspo-lab serve` passes them to uvicorn); empty: none, the peer address"
+        " is the client's.",
+    )
     stream_max_total: int = Field(
         2000, gt=0, description="Open live streams per API process; one more gets 503."
     )
@@ -122,6 +135,12 @@ class Settings(BaseSettings):
         ge=0,
         description="PostgreSQL: an API connection idle inside a transaction this long is closed "
         "by the server (a leaked transaction cannot pin rows or a pool slot); 0: never.",
+    )
+    health_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="/api/health answers within this long whatever the database does (a slow"
+        " database makes it degraded).",
     )
     request_timeout_s: float = Field(
         30.0,
@@ -170,7 +189,7 @@ class Settings(BaseSettings):
         " a worker also refuses more than its device has).",
     )
 
-    @field_validator("data_roots", "model_roots", "hub_allow", mode="before")
+    @field_validator("data_roots", "model_roots", "hub_allow", "trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):

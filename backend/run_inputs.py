@@ -1,13 +1,14 @@
 """What a run's config may make a worker read, load or allocate, as the operator's settings say.
 
 A config names dataset files (``task.params.path``, ``kind_params.path``,
-``eval.benchmarks[i].path``), a model (``model.name``) and sizes that set how much memory a
-step takes. The settings bound each (``CONSPO_DATA_ROOTS``, ``CONSPO_MAX_DATASET_BYTES``,
-``CONSPO_MODEL_ROOTS``, ``CONSPO_HUB_ALLOW``, ``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a
-config outside them at submit time, a 422 at the field, and the worker checks again with its own
+``eval.benchmarks[i].path``), models (``model.name``, ``kind_params.teacher``) and sizes that
+set how much memory a step takes. The settings bound each (``CONSPO_DATA_ROOTS``,
+``CONSPO_MAX_DATASET_BYTES``, ``CONSPO_MODEL_ROOTS``, ``CONSPO_HUB_ALLOW``,
+``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a config outside them at submit time
+(``backend.submit_checks``: a 422 at the field), and the worker checks again with its own
 settings, which are the ones that count (it passes them to ``conspo.train``). The rules
-themselves are conspo's (``conspo.access``, ``conspo.models.resources``); this module turns settings
-into them. Torch-free.
+themselves are conspo's (``conspo.access``, ``conspo.models.resources``); this module turns
+settings into them. Torch-free.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from backend import liveness
@@ -36,8 +36,10 @@ from conspo.models.resources import (
     source_dims,
 )
 from conspo.registry import get_job_kind, get_task
+from conspo.tasks.datasets import layout_problem
 
 Loc = tuple[str | int, ...]
+Problem = tuple[Loc, str, Any]  # (location in the config, message, offending value)
 
 
 def data_files(settings: Settings) -> DataFiles:
@@ -54,17 +56,6 @@ def model_sources(settings: Settings) -> ModelSources:
 def memory_limit(settings: Settings) -> int:
     """Bytes a run may use; 0 leaves it to the machine (a worker: its device's memory)."""
     return int(settings.max_run_memory_gib * 2**30)
-
-
-def refuse_unavailable(config: RunConfig, settings: Settings, loc: Loc) -> None:
-    """Raise a 422 (``RequestValidationError``) for each thing ``config`` may not make a worker
-    read or allocate, located under ``loc`` (where the request holds the config)."""
-    errors = [
-        {"type": "value_error", "loc": (*loc, *where), "msg": message, "input": value}
-        for where, message, value in problems(config, settings)
-    ]
-    if errors:
-        raise RequestValidationError(errors)
 
 
 @dataclass(frozen=True)
@@ -104,60 +95,78 @@ def requirements(config: RunConfig) -> list[Requirement]:
     return found
 
 
-def refuse_missing_software(
-    config: RunConfig, session: Session, settings: Settings, loc: Loc
-) -> None:
-    """A 422 at each field whose value needs a package that neither this process can import
-    nor any live worker advertises (a GPU worker may have vLLM where the API does not)."""
+def missing_software(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
+    """Each field whose value needs a package that neither this process can import nor any
+    live worker advertises (a GPU worker may have vLLM where the API does not)."""
     needed = [r for r in requirements(config) if importlib.util.find_spec(r.module) is None]
     if not needed:
-        return
+        return []
     seen_after = utcnow() - timedelta(seconds=settings.worker_alive_s)
     workers = [w.capabilities or {} for w in liveness.alive(session, seen_after)]
-    errors = [
-        {
-            "type": "value_error",
-            "loc": (*loc, *r.loc),
-            "msg": f"{r.value} needs the {r.module} package, which is not installed here nor on"
+    return [
+        (
+            r.loc,
+            f"{r.value} needs the {r.module} package, which is not installed here nor on"
             f" any live worker ({len(workers)} alive; /api/health lists what each has): install"
             f" it where runs run, or use {r.alternative}",
-            "input": r.value,
-        }
+            r.value,
+        )
         for r in needed
         if not any(r.advertised_by(caps) for caps in workers)
     ]
-    if errors:
-        raise RequestValidationError(errors)
 
 
-def problems(config: RunConfig, settings: Settings) -> list[tuple[Loc, str, Any]]:
+def problems(config: RunConfig, settings: Settings) -> list[Problem]:
     """(location in the config, message, offending value) of each refusal."""
     files = data_files(settings)
-    found = [*_dataset_problems(config, files), *_benchmark_problems(config, files)]
+    sources = model_sources(settings)
+    found = [
+        *_dataset_problems(config, files),
+        *_benchmark_problems(config, files),
+        *_kind_model_problems(config, sources),
+    ]
     try:
-        source = model_sources(settings).locate(config.model.name)
+        source = sources.locate(config.model.name)
     except Unavailable as exc:
         return [*found, (("model", "name"), str(exc), config.model.name)]
     refused = _memory_problem(config, source, settings)
     return found + ([refused] if refused else [])
 
 
-def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc, str, Any]]:
+def _kind_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
+    """The models a job kind's params name (the params model's ``model_names``: distillation's
+    teacher) that the model sources refuse, as ``model.name`` would be."""
+    for field in getattr(get_job_kind(config.kind).params, "model_names", ()):
+        name = config.kind_params.get(field)
+        if name is None:
+            continue
+        try:
+            sources.locate(name)
+        except Unavailable as exc:
+            message = str(exc).replace("model.name", f"kind_params.{field}", 1)
+            yield ("kind_params", field), message, name
+
+
+def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
     """The dataset files a task's params or a job kind's params name (the params model's
-    ``data_paths``; ``dataset_dirs``: a directory may do) that the data roots refuse."""
+    ``data_paths``; ``dataset_dirs``: a directory may do, if it holds a dataset) that the data
+    roots refuse."""
     for loc, params, model in (
         (("task", "params"), config.task.params, get_task(config.task.name).params),
         (("kind_params",), config.kind_params, get_job_kind(config.kind).params),
     ):
-        check = files.check_path if getattr(model, "dataset_dirs", False) else files.check
+        dirs = getattr(model, "dataset_dirs", False)  # read by conspo.datasets: a layout
         for field in getattr(model, "data_paths", ()):
             name = params.get(field)
             if name is None:
                 continue
             try:
-                check(name)
+                real = files.check_path(name) if dirs else files.check(name)
             except (Unavailable, ValueError) as exc:
                 yield (*loc, field), str(exc), name
+                continue
+            if dirs and (problem := layout_problem(name, real)):
+                yield (*loc, field), problem, name
 
 
 def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
@@ -194,11 +203,21 @@ def report_limit(settings: Settings) -> int:
     return memory_limit(settings) or host_memory_bytes()
 
 
+def estimated_bytes(config: RunConfig, settings: Settings) -> int | None:
+    """``conspo.resources``' estimate of a step's peak bytes; None when the model is not
+    available or its dimensions are not readable here."""
+    try:
+        dims = source_dims(model_sources(settings).locate(config.model.name))
+    except Unavailable:
+        return None
+    return None if dims is None else _estimate(config, dims).total
+
+
 def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
     return estimate_memory(config, dims, dtype_bytes(config.model.dtype, config.model.device))
 
 
-def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[Loc, str, Any]]:
+def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
     for i, benchmark in enumerate(config.eval.benchmarks):
         try:
             files.check_path(benchmark.path)
@@ -206,9 +225,7 @@ def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[tuple[L
             yield ("eval", "benchmarks", i, "path"), str(exc), benchmark.path
 
 
-def _memory_problem(
-    config: RunConfig, source: ModelSource, settings: Settings
-) -> tuple[Loc, str, Any] | None:
+def _memory_problem(config: RunConfig, source: ModelSource, settings: Settings) -> Problem | None:
     """The refusal of a config estimated over the limit; None when it fits or when the model's
     dimensions are not readable here (a hub model outside this machine's cache: the worker
     checks it before loading)."""

@@ -66,7 +66,7 @@ def build_model(preset: dict[str, Any], out: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from conspo.models.store import build_char_tokenizer
+    from conspo.models.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     config = Qwen2Config(

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_model(out: Path, hidden: int, layers: int) -> None:
-    from conspo.models.store import build_char_tokenizer, build_tiny_model
+    from conspo.models.tiny import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     dims = {

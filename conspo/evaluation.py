@@ -32,6 +32,7 @@ from conspo.access import DataFiles
 from conspo.config import BenchmarkConfig
 from conspo.generation.engines import Engine
 from conspo.generation.rollout import generate_and_verify, pass_at_k
+from conspo.objectives.base import positive_mask
 from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example
 from conspo.tasks.datasets import load_problems
@@ -104,7 +105,7 @@ def score_benchmark(
         generator=generator,
         engine=engine,
     )
-    per_problem = correct.view(len(benchmark.examples), k).gt(0.5).sum(-1).tolist()
+    per_problem = positive_mask(correct.view(len(benchmark.examples), k)).sum(-1).tolist()
     passes = [pass_at_k(k, int(c), k) for c in per_problem]
     avg_key, pass_key = benchmark.keys
     return {avg_key: correct.mean().item(), pass_key: sum(passes) / len(passes)}

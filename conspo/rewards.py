@@ -21,12 +21,14 @@ Pure Python on strings, no torch: the API validates configs against these parame
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import regex  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conspo.registry import get_reward, register_reward
@@ -34,6 +36,8 @@ from conspo.tasks.base import Example, Task
 
 if TYPE_CHECKING:
     from conspo.config import RewardConfig
+
+log = logging.getLogger(__name__)
 
 VERIFIER = "verifier"
 LENGTH = "length"
@@ -63,6 +67,11 @@ class ProcessSignalTask(Task, Protocol):
         ...
 
 
+class RewardFailed(Exception):
+    """A reward that could not be computed for one rollout: the rollout gets 0 from it, and
+    ``score_rollouts`` counts and logs such rollouts per reward."""
+
+
 class RewardParams(BaseModel):
     """Base of every reward's parameter model: unknown keys are errors, as in the whole config."""
 
@@ -86,12 +95,21 @@ def verifier_reward(
     return float(context.task.verify(completion, example))
 
 
+# A user's pattern may backtrack exponentially ("(.+)+#" on a line without "#"): each match is
+# bounded (the ``regex`` package's timeout) and runs with the GIL released (``concurrent``), so
+# the worker's heartbeat and cancel thread keep running beside it. A sane pattern matches a
+# completion in microseconds.
+PATTERN_TIMEOUT_S = 0.1
+PATTERN_FLAGS = regex.DOTALL | regex.VERSION0  # VERSION0: the syntax of Python's re
+
+
 class FormatParams(RewardParams):
     pattern: str | None = Field(
         None,
         max_length=500,
         description="A regular expression the whole completion (surrounding whitespace"
-        " stripped) must match; null: the completion holds exactly one complete \\boxed{...}.",
+        " stripped) must match; null: the completion holds exactly one complete \\boxed{...}."
+        f" A match taking over {PATTERN_TIMEOUT_S} s fails: the rollout scores 0 on it.",
     )
 
     @field_validator("pattern")
@@ -99,8 +117,8 @@ class FormatParams(RewardParams):
     def _compiles(cls, pattern: str | None) -> str | None:
         if pattern is not None:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                regex.compile(pattern, PATTERN_FLAGS)
+            except regex.error as exc:
                 raise ValueError(f"not a regular expression: {exc}") from None
         return pattern
 
@@ -116,8 +134,18 @@ def format_reward(
 ) -> float:
     assert isinstance(params, FormatParams)
     if params.pattern is not None:
-        return float(re.fullmatch(params.pattern, completion.strip(), flags=re.DOTALL) is not None)
+        return float(matches(params.pattern, completion.strip()))
     return float(has_one_boxed_answer(completion))
+
+
+def matches(pattern: str, text: str) -> bool:
+    """Whether ``pattern`` matches the whole of ``text``; ``RewardFailed`` past the timeout."""
+    compiled = regex.compile(pattern, PATTERN_FLAGS)  # regex caches compiled patterns
+    try:
+        found = compiled.fullmatch(text, timeout=PATTERN_TIMEOUT_S, concurrent=True)
+    except TimeoutError:
+        raise RewardFailed(f"params.pattern took over {PATTERN_TIMEOUT_S} s") from None
+    return found is not None
 
 
 def has_one_boxed_answer(text: str) -> bool:
@@ -270,7 +298,7 @@ def build_rewards(specs: Sequence[RewardConfig]) -> list[WeightedReward]:
     built = []
     for spec in specs:
         registered = get_reward(spec.name)
-        params = registered.params.model_validate(spec.params)
+        params = spec.reward_params()
         weight = registered.default_weight if spec.weight is None else spec.weight
         built.append(WeightedReward(spec.name, weight, registered.fn, params, registered.batched))
     return built
@@ -283,6 +311,7 @@ class RewardScores:
     outcome: list[float]
     parts: dict[str, list[float]]
     shaped: list[float]
+    failed: dict[str, int] = field(default_factory=dict)  # reward → rollouts it failed on
 
 
 def score_rollouts(
@@ -294,14 +323,24 @@ def score_rollouts(
 ) -> RewardScores:
     """Every reward of every rollout; ``rewards`` must hold the verifier (the config adds it)."""
     parts: dict[str, list[float]] = {}
+    failed: dict[str, int] = {}
     for reward in rewards:
         if reward.batched:
             values = reward.fn(completions, examples, lengths, context, reward.params)
             parts[reward.name] = [float(v) for v in values]
             continue
-        parts[reward.name] = [
-            reward.fn(text, example, replace(context, length=n), reward.params)
-            for text, example, n in zip(completions, examples, lengths, strict=True)
-        ]
+        parts[reward.name] = []
+        for text, example, n in zip(completions, examples, lengths, strict=True):
+            try:
+                value = reward.fn(text, example, replace(context, length=n), reward.params)
+            except RewardFailed as exc:
+                value, failed[reward.name] = 0.0, failed.get(reward.name, 0) + 1
+                why = str(exc)
+            parts[reward.name].append(value)
+        if reward.name in failed:
+            log.warning(
+                "reward %s failed on %d of %d rollouts (scored 0): %s",
+                reward.name, failed[reward.name], len(completions), why,
+            )  # fmt: skip
     shaped = [sum(r.weight * parts[r.name][i] for r in rewards) for i in range(len(completions))]
-    return RewardScores(outcome=parts[VERIFIER], parts=parts, shaped=shaped)
+    return RewardScores(outcome=parts[VERIFIER], parts=parts, shaped=shaped, failed=failed)

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from conspo import metrics as M
+from conspo.spreadsheet import neutralised
 from conspo_lab.client import ApiError, Client, Run, Series, ServerUnavailable
 
 console = Console()
@@ -142,7 +143,7 @@ def runs(
             str(run.id),
             run.name or "",
             _status_text(run),
-            run.algorithm or "",
+            run.algorithm or run.kind or "",
             run.task or "",
             run.model or "",
             "" if run.seed is None else str(run.seed),
@@ -537,7 +538,7 @@ def _write_rows(
         writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         for row in rows:  # missing and null values are empty cells
-            writer.writerow({c: "" if row.get(c) is None else row[c] for c in columns})
+            writer.writerow({c: "" if row.get(c) is None else neutralised(row[c]) for c in columns})
     else:
         for row in rows:
             buf.write(json.dumps(row) + "\n")

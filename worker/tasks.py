@@ -13,7 +13,10 @@ How an attempt ends:
   step boundary and checkpoints, and ``release`` hands the run back to the queue;
 * the database stayed unreachable past ``db_retry_limit_s``: the run is not the culprit, so it
   is not failed; the worker stops training and releases the run once the database answers;
-* the run was deleted or another attempt took it over: nothing more is written.
+* the run was deleted or another attempt took it over: nothing more is written;
+* the training thread holds the interpreter so long that the heartbeat cannot run (a cancel
+  unanswered, the heartbeat stalled): ``worker.watchdog``, a process beside the attempt,
+  records the cancel and kills this process (the reaper re-queues a stalled run).
 
 Database errors on the way (claim, heartbeat, sink, finish) are retried by one ``Outage`` per
 attempt (``worker.retry``).
@@ -28,20 +31,22 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from functools import lru_cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
-from sqlalchemy import select
 
 from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
+from backend.pipelines import service as pipelines
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
+from backend.storage.runs import config_of
 from backend.studies import service as studies
-from worker.celery_app import celery_app
+from worker import watchdog
+from worker.celery_app import celery_app, database
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
 from worker.shutdown import SHUTDOWN, Interrupt
@@ -51,16 +56,11 @@ if TYPE_CHECKING:
 
     from conspo.config import RunConfig
     from conspo.sink import Sink
-    from conspo.training.trainer import TrainResult
+    from conspo.training.loop import TrainResult
 
 log = logging.getLogger(__name__)
 
 RELEASE_ON_SHUTDOWN_S = 5.0  # well inside the compose stop grace period
-
-
-@lru_cache(maxsize=1)
-def database() -> Database:
-    return Database(get_settings())
 
 
 @celery_app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -79,7 +79,7 @@ def rerouted(db: Database, jobs: JobQueue, settings: Settings, run_id: int) -> b
     from worker.capabilities import capacity
 
     with db.session() as session:
-        config = session.scalar(select(Run.config).where(Run.id == run_id))
+        config = config_of(session, run_id)
     resources = resources_of(config)
     if config is None or capacity(settings).holds(resources):
         return False
@@ -167,7 +167,7 @@ def device_and_dtype(config: Any) -> tuple[str, str]:
     """Where and in what dtype ``config`` trains here: ("cuda:0 (NVIDIA H200)", "bfloat16")."""
     import torch
 
-    from conspo.models.store import pick_device
+    from conspo.models.loading import pick_device
 
     device, dtype = pick_device(config.model)
     name = "cpu"
@@ -237,10 +237,12 @@ def execute_run(
         return "skipped"
     heartbeat = Heartbeat(db, run_id, run.attempt, settings.heartbeat_interval_s, outage)
     heartbeat.start()
+    guard = watchdog.start(settings, run_id, run.attempt)  # for when the heartbeat cannot run
     try:
         outcome = train_attempt(db, settings, run, heartbeat, outage, shutdown)
     finally:
         heartbeat.finish()
+        watchdog.stop(guard)
         _free_device_memory()
     return record(db, jobs, settings, run, outcome, outage, shutdown)
 
@@ -400,7 +402,7 @@ def _finish(db: Database, jobs: JobQueue, run: Run, status: RunStatus, error: st
         lifecycle.finish(session, run.id, run.attempt, status, error=error)
         if status is RunStatus.succeeded:  # a pipeline's next stage, created by finish
             try:
-                lifecycle.send_next_stage(session, jobs, run.id)
+                pipelines.send_next_stage(session, jobs, run.id)
             except lifecycle.QueueUnavailable:
                 log.warning("run %s: next pipeline stage not sent; a reaper will send it", run.id)
 

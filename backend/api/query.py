@@ -1,13 +1,15 @@
-"""Comma-separated list query parameters (``keys=a,b``, ``runs=1,2``), parsed in one place.
+"""Query parameters parsed in one place: comma-separated lists (``keys=a,b``, ``runs=1,2``),
+and every query's text decoded strictly (``query_is_utf8``).
 
-Bad lists are 422s located at the query field, like FastAPI's own validation errors.
+Bad values are 422s located at the query field, like FastAPI's own validation errors.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import unquote, unquote_to_bytes
 
-from fastapi import Query
+from fastapi import Query, Request
 from fastapi.exceptions import RequestValidationError
 
 from backend.schemas import INT32_MAX
@@ -68,3 +70,31 @@ def _run_id(part: str) -> int | None:
     if part.isascii() and part.isdigit() and len(part) <= 10 and 1 <= int(part) <= INT32_MAX:
         return int(part)
     return None
+
+
+async def query_is_utf8(request: Request) -> None:
+    """A 422 at the first query parameter whose percent-escapes are not UTF-8.
+
+    Starlette decodes them with ``errors="replace"``, so bytes that are not UTF-8 (``%ED%A0%80``,
+    a lone surrogate spelled in UTF-8) would reach a handler as U+FFFD and be used or echoed in
+    place of what the client sent. Async and string-only: no thread hop on any request."""
+    raw: bytes = request.scope.get("query_string", b"")
+    if b"%" not in raw and raw.isascii():
+        return
+    for pair in raw.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            try:
+                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                field = unquote(name.decode("latin-1"), errors="replace")
+                raise RequestValidationError(
+                    [
+                        {
+                            "type": "value_error",
+                            "loc": ("query", field),
+                            "msg": f"not UTF-8 text (byte {exc.start} of the decoded value)",
+                            "input": None,
+                        }
+                    ]
+                ) from None

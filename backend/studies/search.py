@@ -20,12 +20,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
+from backend import lifecycle, run_inputs
 from backend.config import Settings
+from backend.errors import InvalidInput
 from backend.models import (
     FINISHED,
     Run,
@@ -33,12 +33,14 @@ from backend.models import (
     Study,
     StudyRun,
     StudyRunState,
-    StudyStatus,
-    User,
 )
 from backend.queue import JobQueue
-from backend.studies import service
+from backend.storage.series import whole_series
+from backend.studies.arms import add_arms
+from backend.studies.objective import reduce_series
 from backend.studies.spec import Search, SearchParam, StudyCreate, validate_arm
+from backend.submit_checks import Submitted
+from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
 SCHEMA = "optuna"
@@ -126,61 +128,71 @@ def _load(session: Session, study: Study) -> Any:
     )
 
 
-def check_space(body: StudyCreate) -> None:
+def check_space(body: StudyCreate) -> list[Submitted]:
     """Each search path must be a config path whose low/high or choices validate: 422 at
-    body.search.space.<path> otherwise, before anything is stored."""
+    body.search.space.<path> otherwise, before anything is stored. Returns the configs the
+    submit checks look at (``backend.submit_checks``): the base, and the base with each value
+    of each parameter (the low and high of a range), named by its path."""
     assert body.search is not None
     errors: list[dict[str, Any]] = []
+    submitted: list[Submitted] = []
     for path, p in body.search.space.items():
-        values = p.choices if p.type == "categorical" else [p.low, p.high]
-        for value in values or []:
-            cast = int(value) if p.type == "int" and value is not None else value
-            _, problems = validate_arm(body.config, {path: cast}, ("body", "search", "space", path))
-            errors += [{**e, "loc": ("body", "search", "space", path)} for e in problems[:1]]
-            if problems:
+        loc = ("body", "search", "space", path)
+        for value in _values(p):
+            config, problems = validate_arm(body.config, {path: value}, loc)
+            errors += [{**e, "loc": loc} for e in problems[:1]]
+            if config is None:
                 break
+            submitted.append(Submitted(("body", "search", "space"), config, {path: value}))
         if body.search.sampler == "grid":
             try:
                 _grid(p, path)
             except ValueError as exc:
-                errors.append(
-                    {
-                        "type": "value_error",
-                        "loc": ("body", "search", "space", path, "step"),
-                        "msg": str(exc),
-                    }
-                )
-    _, base_errors = validate_arm(body.config, {}, ("body", "config"))
+                errors.append({"type": "value_error", "loc": (*loc, "step"), "msg": str(exc)})
+    base, base_errors = validate_arm(body.config, {}, ("body", "config"))
     errors += base_errors
     if errors:
-        raise RequestValidationError(errors)
+        raise InvalidInput(errors)
+    assert base is not None
+    return [Submitted(("body", "config"), base), *submitted]
 
 
-def create_search_study(
-    session: Session, jobs: JobQueue, owner: User, body: StudyCreate, settings: Settings
-) -> Study:
-    """Validate the space, store the study, create its Optuna study, release the first trials."""
+def _values(p: SearchParam) -> list[Any]:
+    """The values of ``p`` the submit checks try: every choice, or the ends of its range."""
+    if p.type == "categorical":
+        return list(p.choices or [])
+    return [int(v) if p.type == "int" else v for v in (p.low, p.high) if v is not None]
+
+
+def largest_trial(body: StudyCreate, settings: Settings) -> Submitted | None:
+    """The trial the space allows that needs the most memory by ``conspo.resources``' estimate,
+    found one parameter at a time (each set to its hungriest value, the others held there):
+    exact while memory grows or shrinks with each parameter alone, as the estimate does. None
+    when no trial's estimate is readable here (the worker checks each trial's config)."""
     assert body.search is not None
-    check_space(body)
-    spec = body.model_copy(update={"arms": [], "baseline": None})
-    study = Study(
-        name=spec.name,
-        owner_id=owner.id,
-        status=StudyStatus.active,
-        spec=spec.model_dump(mode="json"),
-        baseline=None,
-        concurrency=spec.concurrency,
-    )
-    session.add(study)
-    session.flush()
-    direction = "maximize" if body.objective.direction == "max" else "minimize"
+    chosen: dict[str, Any] = {}
+    largest: tuple[int, RunConfig] | None = None
+    for path, p in body.search.space.items():
+        best: tuple[int, Any, RunConfig] | None = None
+        for value in _values(p):
+            config, _ = validate_arm(body.config, {**chosen, path: value}, ())
+            size = None if config is None else run_inputs.estimated_bytes(config, settings)
+            if config is not None and size is not None and (best is None or size > best[0]):
+                best = (size, value, config)
+        if best is not None:
+            chosen[path] = best[1]
+            largest = (best[0], best[2])
+    if largest is None:
+        return None
+    return Submitted(("body", "search", "space"), largest[1], dict(chosen))
+
+
+def create_optuna_study(session: Session, study: Study) -> None:
+    """The Optuna study of the (flushed) search ``study``, in the same database."""
+    direction = "maximize" if study.spec["objective"]["direction"] == "max" else "minimize"
     _optuna().create_study(
         study_name=optuna_name(study.id), storage=storage(_url(session)), direction=direction
     )
-    session.commit()
-    service.release(session, jobs, study.id)
-    session.refresh(study)
-    return study
 
 
 def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
@@ -236,18 +248,16 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
             log.info("study %s: trial %s refused: %s", study.id, trial.number, problems[:1])
             ostudy.tell(trial.number, state=TrialState.FAIL)
             continue
-        service.add_arms(
-            session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number]
-        )
+        add_arms(session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number])
         session.flush()
         free -= len(spec.seeds)
         pending = True
 
 
 def _objective(session: Session, run: Run, spec: StudyCreate) -> float | None:
-    series = service._series(session, [run.id], [spec.objective.metric])
+    series = whole_series(session, [run.id], [spec.objective.metric])
     steps, values = series[(run.id, spec.objective.metric)]
-    return service.reduce_series(steps, values, spec.objective.reduce, spec.objective.k)
+    return reduce_series(steps, values, spec.objective.reduce, spec.objective.k)
 
 
 def _prune(
@@ -263,7 +273,7 @@ def _prune(
     if any(r.state != StudyRunState.released for r in mine) or any(r is None for r in runs):
         return False
     ids = [r.id for r in runs if r is not None]
-    series = service._series(session, ids, [spec.objective.metric])
+    series = whole_series(session, ids, [spec.objective.metric])
     per_step: dict[int, list[float]] = {}
     for run_id in ids:
         for step, value in zip(*series[(run_id, spec.objective.metric)], strict=True):

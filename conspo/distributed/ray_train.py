@@ -39,7 +39,7 @@ from typing import Any
 
 from conspo.config import RunConfig
 from conspo.sink import Sink, StepRecord, flush_sink
-from conspo.training.trainer import TrainResult
+from conspo.training.loop import TrainResult
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ student must share a tokenizer (the vocabularies are compared at start).
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,13 +34,16 @@ if TYPE_CHECKING:
     from conspo.access import DataFiles
     from conspo.config import RunConfig
     from conspo.models.store import ModelStore
-    from conspo.training.trainer import TrainResult, TrainState
+    from conspo.training.loop import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
 
 class DistillParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # the fields naming a model: checked at submit time like model.name (backend.run_inputs),
+    # and again by the model store when loaded
+    model_names: ClassVar[tuple[str, ...]] = ("teacher",)
 
     teacher: Label = Field(
         "tiny-arith",
@@ -66,20 +69,19 @@ class DistillParams(BaseModel):
     sections=("sampling",),
 )
 def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.training.loop import run_job
+    from conspo.training.loop import one_update_per_step, run_loop
 
-    return run_job(config, *args, start=start, **kwargs)
+    return run_loop(config, *args, start=one_update_per_step(start), **kwargs)
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.generation.forward import logprob_mode
     from conspo.generation.rollout import encode_prompts, end_token_ids
-    from conspo.models.store import load_pretrained
-    from conspo.training.loop import optimiser_step
-    from conspo.training.trainer import step_seed
+    from conspo.models.loading import load_pretrained
+    from conspo.training.loop import optimiser_step, step_seed
 
     cfg = state.cfg
-    params = DistillParams.model_validate(cfg.kind_params)
+    params = cfg.typed("kind_params", DistillParams)
     teacher, teacher_tok = load_pretrained(
         store.resolve(params.teacher), state.device, state.precision.weights
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from conspo.access import DataFiles
     from conspo.config import RunConfig
     from conspo.models.store import ModelStore
-    from conspo.training.trainer import TrainResult, TrainState
+    from conspo.training.loop import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -121,18 +121,44 @@ def write_pairs(pairs: list[Pair], path: Path) -> None:
     tmp.replace(path)
 
 
+def pairs_from_run(
+    config: RunConfig,
+    workdir: Path,
+    rollouts_of: Callable[[int], Iterable[tuple[str, str, float | None]]],
+) -> None:
+    """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, the pairs built from
+    that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once (a resumed attempt
+    reuses them). A rollout is correct when its reward passes the one positive threshold."""
+    from conspo.objectives.base import is_positive
+
+    params = config.typed("kind_params", DPOParams)
+    path = workdir / PAIRS_FILE
+    if params.from_run is None or path.is_file():
+        return
+    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
+    pairs, _ = build_pairs(rollouts, params.max_pairs_per_prompt)
+    write_pairs(pairs, path)
+
+
 @register_job_kind(
     "dpo",
     params=DPOParams,
     description="Direct preference optimisation on (chosen, rejected) pairs: a dataset, or a"
     " finished run's correct vs wrong rollouts.",
     metrics=(M.LOSS, M.GRAD_NORM, M.DPO_ACCURACY, M.DPO_MARGIN, M.DPO_CHOSEN, M.DPO_REJECTED),
+    input_runs=("from_run",),
+    inputs=pairs_from_run,
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.training.loop import run_job
+    from conspo.training.loop import one_update_per_step, run_loop
 
     workdir = Path(kwargs["workdir"])
-    return run_job(config, *args, start=lambda s, f, m: start(s, f, m, workdir), **kwargs)
+    return run_loop(
+        config,
+        *args,
+        start=one_update_per_step(lambda s, f, m: start(s, f, m, workdir)),
+        **kwargs,
+    )
 
 
 def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) -> list[Pair]:
@@ -167,11 +193,11 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
     import copy
 
     from conspo.tasks.prompts import PromptRenderer
-    from conspo.training.loop import optimiser_step, pack_rows, sequence_logprobs
-    from conspo.training.trainer import step_seed
+    from conspo.training.loop import optimiser_step, sequence_logprobs, step_seed
+    from conspo.training.sft import answer_rows
 
     cfg = state.cfg
-    params = DPOParams.model_validate(cfg.kind_params)
+    params = cfg.typed("kind_params", DPOParams)
     pairs = load_pairs(params, files, workdir, PromptRenderer(cfg.prompt, state.tokenizer))
     lora = cfg.model.lora.rank > 0
     ref = None if lora else copy.deepcopy(state.model).eval().requires_grad_(False)
@@ -187,7 +213,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
         rng = random.Random(step_seed(cfg.seed, step, "dpo"))
         drawn = [pairs[rng.randrange(len(pairs))] for _ in range(params.batch_size)]
         rows = [(p.prompt, p.chosen) for p in drawn] + [(p.prompt, p.rejected) for p in drawn]
-        ids, mask, labels = pack_rows(state.tokenizer, rows, state.device, 0)
+        ids, mask, labels = answer_rows(state.tokenizer, rows, state.device, 0)
         state.model.eval()  # no dropout: π_θ and π_ref score the same way
         policy = sequence_logprobs(state.model, ids, mask, labels)[0]
         ratio = policy - reference(ids, mask, labels)  # (2B,) log π_θ/π_ref per response

@@ -10,7 +10,7 @@ chat template when it has one), the target is ``target`` filled with the referen
 EOS; cross-entropy counts the target's tokens only (prompt and padding are masked out), averaged
 over the batch's target tokens. LoRA or full fine-tuning is ``model.lora`` as for RL; ``packing``
 concatenates examples into rows of at most ``max_tokens`` tokens
-(``conspo.training.loop.pack_rows``).
+(``conspo.training.sft.answer_rows``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from conspo.config import DatasetFields
 from conspo.input_checks import Label
 from conspo.lazy import lazy_import
 from conspo.registry import register_job_kind
+from conspo.templates import placeholders, render, template_problem
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from conspo.config import RunConfig
     from conspo.models.store import ModelStore
     from conspo.tasks import Example
-    from conspo.training.trainer import TrainResult, TrainState
+    from conspo.training.loop import TrainResult, TrainState
 else:
     torch = lazy_import("torch")
 
@@ -72,11 +73,10 @@ class SFTParams(BaseModel):
     @field_validator("target")
     @classmethod
     def _target_holds_the_answer(cls, target: str) -> str:
-        try:
-            filled = target.format(answer="\0")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"must hold {{answer}}, other braces doubled ({exc!r})") from None
-        if "\0" not in filled:
+        problem = template_problem(target, ("answer",))
+        if problem is not None:
+            raise ValueError(f"must hold {{answer}}, other braces doubled: {problem}")
+        if "answer" not in placeholders(target, ("answer",)):
             raise ValueError("must hold {answer}")
         return target
 
@@ -88,20 +88,20 @@ class SFTParams(BaseModel):
     metrics=(M.LOSS, M.GRAD_NORM, M.SFT_TOKEN_ACC, M.SFT_TOKENS),
 )
 def train_sft(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
-    from conspo.training.loop import run_job
+    from conspo.training.loop import one_update_per_step, run_loop
 
-    return run_job(config, *args, start=start, **kwargs)
+    return run_loop(config, *args, start=one_update_per_step(start), **kwargs)
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.tasks.datasets import load_problems
     from conspo.tasks.prompts import PromptRenderer
-    from conspo.training.loop import optimiser_step, pack_rows
-    from conspo.training.trainer import step_seed
+    from conspo.training.loop import optimiser_step, step_seed
+    from conspo.training.sft import answer_rows
 
     cfg = state.cfg
-    params = SFTParams.model_validate(cfg.kind_params)
-    render = PromptRenderer(cfg.prompt, state.tokenizer)
+    params = cfg.typed("kind_params", SFTParams)
+    prompt = PromptRenderer(cfg.prompt, state.tokenizer)
     problems: list[Example] | None = None
     if params.path is not None:
         problems = load_problems(files, params.path, params.fields, ("train",))
@@ -112,13 +112,13 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
         rng = random.Random(step_seed(cfg.seed, step, "sft"))
         if problems is None:  # the task's training split, its prompts already rendered
             drawn = state.task.train_prompts(rng, params.batch_size)
-            return [(ex.prompt, params.target.format(answer=ex.answer)) for ex in drawn]
+            return [(ex.prompt, render(params.target, {"answer": ex.answer})) for ex in drawn]
         drawn = [problems[rng.randrange(len(problems))] for _ in range(params.batch_size)]
-        return [(render(ex.prompt), params.target.format(answer=ex.answer)) for ex in drawn]
+        return [(prompt(ex.prompt), render(params.target, {"answer": ex.answer})) for ex in drawn]
 
     def step(step: int) -> dict[str, float]:
         max_tokens = params.max_tokens if params.packing else 0
-        ids, mask, labels = pack_rows(state.tokenizer, batch(step), state.device, max_tokens)
+        ids, mask, labels = answer_rows(state.tokenizer, batch(step), state.device, max_tokens)
         logits = state.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         targets = labels[:, 1:]
         scored = targets != -100

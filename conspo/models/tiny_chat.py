@@ -12,13 +12,11 @@ SFT warm start on the easy word problems, answering "\\boxed{n}" in the chat for
 from __future__ import annotations
 
 import json
-import math
 import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import Qwen2ForCausalLM, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -34,8 +32,9 @@ from conspo.models.catalog import (
     IM_END,
     IM_START,
 )
-from conspo.models.store import build_tiny_model
+from conspo.models.tiny import build_tiny_model
 from conspo.tasks.math_fixtures import easy_problems, fixture_sets
+from conspo.templates import render
 
 # The warm start: the prompt format tiny-chat-math is trained on (and expects in RL).
 WARM_START_PROMPT = PromptConfig(template="boxed", chat_template="on")
@@ -44,14 +43,14 @@ WARM_START_PROMPT = PromptConfig(template="boxed", chat_template="on")
 def tokenizer_corpus() -> list[str]:
     """The fixed text the BPE merges are learned from."""
     rows = [" ".join(map(str, row.values())) for rows in fixture_sets().values() for row in rows]
-    templates = [t.format(question="") for t in PROMPT_TEMPLATES.values()]
+    templates = [render(t, {"question": ""}) for t in PROMPT_TEMPLATES.values()]
     return rows + templates + ["system user assistant\n"] * 20
 
 
 def build_chat_tokenizer() -> Qwen2Tokenizer:
     """Byte-level BPE with Qwen2's normaliser and pre-tokeniser, so that AutoTokenizer, which
     rebuilds a ``qwen2`` checkpoint's tokenizer from its vocab and merges alone (see
-    conspo.models.store.build_char_tokenizer), gets exactly the pipeline the merges were learned
+    conspo.models.tiny.build_char_tokenizer), gets exactly the pipeline the merges were learned
     in."""
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
@@ -95,41 +94,22 @@ def save_tiny_chat(out: Path, seed: int = 0) -> None:
     tokenizer.save_pretrained(out)
 
 
-def warm_start_chat(
-    base: Path, out: Path, *, steps: int, batch_size: int = 32, lr: float = 2e-3, seed: int = 0
-) -> None:
-    """SFT ``base`` on the easy word problems' training split: prompt rendered with
-    ``WARM_START_PROMPT``, target "\\boxed{answer}" then <|im_end|> (conspo.training.sft's
-    recipe)."""
-    from conspo.models.store import load_pretrained
+def warm_start_chat(base: Path, out: Path, *, steps: int, seed: int = 0) -> None:
+    """Warm-start ``base`` on the easy word problems' training split
+    (``conspo.training.sft.warm_start``): prompt rendered with ``WARM_START_PROMPT``, target
+    "\\boxed{answer}" then <|im_end|>; 32 problems a step, lr 2e-3."""
     from conspo.tasks import make_task
     from conspo.tasks.prompts import PromptRenderer
-    from conspo.training.sft import sft_batch
+    from conspo.training.sft import Pairs, warm_start
 
-    torch.manual_seed(seed)
-    model, tokenizer = load_pretrained(base, torch.device("cpu"), torch.float32)
-    render = PromptRenderer(WARM_START_PROMPT, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "easy.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in easy_problems()))
         task = make_task(TaskConfig(name="math", params={"path": str(path)}))
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    warmup = max(1, steps // 10)
-    model.train()
-    for step in range(steps):
-        scale = min(1.0, (step + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
-        for group in optimizer.param_groups:
-            group["lr"] = lr * scale
-        examples = [
-            ex.__class__(render(ex.prompt), f"\\boxed{{{ex.answer}}}")
-            for ex in task.train_prompts(rng, batch_size)
-        ]
-        ids, mask, labels = sft_batch(tokenizer, examples)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+
+    def draw(rng: random.Random, tokenizer: Any) -> Pairs:
+        render = PromptRenderer(WARM_START_PROMPT, tokenizer)
+        drawn = task.train_prompts(rng, 32)
+        return [(render(ex.prompt), f"\\boxed{{{ex.answer}}}") for ex in drawn]
+
+    warm_start(base, out, draw, steps=steps, lr=2e-3, warmup=steps // 10, seed=seed)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,10 +63,34 @@ class SeparationView:
     clip_low: float = PAPER_CLIP
 
 
+# The objectives' shared vocabulary: a parameter of one of these names means the same in every
+# objective, so its label and its symbol in the papers are declared once, here; every params
+# model's JSON schema carries them (``title``, ``symbol``), and the run form and the runs list
+# read them from there.
+PARAM_LABELS: dict[str, tuple[str, str]] = {
+    "tau": ("τ (temperature)", "τ"),
+    "margin_max": ("Margin M", "M"),
+    "margin_warmup": ("Margin warmup α", "α"),
+    "clip": ("Clip ε", "ε"),
+    "clip_low": ("Clip ε low", "ε_low"),
+    "clip_high": ("Clip ε high", "ε_high"),
+    "beta": ("KL β", "β"),
+    "loss_agg": ("Loss aggregation", ""),
+}
+
+
+def _labelled(schema: dict[str, Any]) -> None:
+    for name, prop in schema.get("properties", {}).items():
+        if name in PARAM_LABELS:
+            prop["title"], symbol = PARAM_LABELS[name]
+            if symbol:
+                prop["symbol"] = symbol
+
+
 class ObjectiveParams(BaseModel):
     """Knobs every objective shares: batch refill, overlong shaping and the optional KL."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_labelled)
 
     refill_groups: bool = Field(
         False,
@@ -113,6 +137,16 @@ class ObjectiveParams(BaseModel):
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 
 
+@dataclass(frozen=True)
+class WholeBatch:
+    """The step's whole rollout batch, for a normaliser that spans it rather than one optimiser
+    mini-batch (REINFORCE++ whitens over every token of the rollout batch). N rollouts."""
+
+    rewards: torch.Tensor  # (N,) shaped rewards
+    group_ids: torch.Tensor  # (N,)
+    lengths: torch.Tensor  # (N,) response tokens of each rollout
+
+
 @dataclass
 class PolicyBatch:
     """One optimiser mini-batch of whole groups. B rollouts, T response positions (right-padded).
@@ -144,6 +178,8 @@ class PolicyBatch:
     # Batch-level reward std for scale_rewards="batch" when the mini-batch is part of a larger
     # rollout batch; None means "compute it from this batch".
     batch_reward_std: float | None = None
+    # The whole rollout batch when this mini-batch is only part of it; None: this is all of it.
+    whole: WholeBatch | None = None
     correct: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
@@ -180,6 +216,11 @@ def positive_mask(outcome: torch.Tensor) -> torch.Tensor:
     return outcome > POSITIVE_THRESHOLD
 
 
+def is_positive(outcome: float | None) -> bool:
+    """``positive_mask`` for one stored outcome (None, a rollout never verified: not positive)."""
+    return outcome is not None and outcome > POSITIVE_THRESHOLD
+
+
 def dense_group_index(group_ids: torch.Tensor) -> torch.Tensor:
     """Map arbitrary integer group ids (B,) to dense indices (B,) in [0, B).
 
@@ -205,7 +246,7 @@ def _upcast(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.promote_types(values.dtype, torch.float32))
 
 
-def _masked_seq_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_seq_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, T) → (B,) mean over the unmasked positions of each row.
 
     ``torch.where`` instead of ``values * mask`` so that inf/NaN at padded positions can
@@ -234,7 +275,7 @@ def sequence_scores(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     logprobs, mask: (B, T); |o| = mask.sum(-1) counts response tokens incl. EOS.
     """
-    return _masked_seq_mean(logprobs, mask)
+    return masked_seq_mean(logprobs, mask)
 
 
 def clipped_ratio_scores(
@@ -252,7 +293,7 @@ def clipped_ratio_scores(
     ratio = token_ratio(logprobs, old_logprobs, mask)
     pos = positive_mask(outcome)[:, None]
     clipped = torch.where(pos, ratio.clamp(max=1 + eps), ratio.clamp(min=1 - eps))
-    return _masked_seq_mean(clipped, mask)
+    return masked_seq_mean(clipped, mask)
 
 
 def group_advantages(
@@ -298,7 +339,7 @@ def aggregate_tokens(
     loss_mat = _upcast(loss_mat)
     masked = torch.where(mask > 0, loss_mat, torch.zeros_like(loss_mat))
     if mode == "seq-mean-token-mean":
-        return _masked_seq_mean(loss_mat, mask).mean()
+        return masked_seq_mean(loss_mat, mask).mean()
     if mode == "token-mean":
         return masked.sum() / mask.sum().clamp_min(1).to(loss_mat.dtype)
     if mode == "seq-mean-token-sum-norm":
@@ -329,7 +370,7 @@ def margin_at(progress: float, *, margin_max: float, warmup: float) -> float:
 
 
 @dataclass(frozen=True)
-class _GroupCounts:
+class GroupCounts:
     idx: torch.Tensor  # (B,) dense group index of each rollout
     pos: torch.Tensor  # (B,) bool, positive rollouts
     n_pos: torch.Tensor  # (B,) N⁺ per group slot
@@ -338,19 +379,17 @@ class _GroupCounts:
     n_valid: torch.Tensor  # 0-d, number of valid groups, at least 1 (a divisor)
 
 
-def _group_counts(
-    outcome: torch.Tensor, group_ids: torch.Tensor, dtype: torch.dtype
-) -> _GroupCounts:
+def group_counts(outcome: torch.Tensor, group_ids: torch.Tensor, dtype: torch.dtype) -> GroupCounts:
     n = outcome.shape[0]
     idx = dense_group_index(group_ids)
     pos = positive_mask(outcome)
     n_pos = segment_sum(pos.to(dtype), idx, n)
     n_neg = segment_sum((~pos).to(dtype), idx, n)
     valid = (n_pos > 0) & (n_neg > 0)
-    return _GroupCounts(idx, pos, n_pos, n_neg, valid, valid.sum().clamp_min(1).to(dtype))
+    return GroupCounts(idx, pos, n_pos, n_neg, valid, valid.sum().clamp_min(1).to(dtype))
 
 
-def _with_kl(
+def with_kl(
     loss: torch.Tensor,
     stats: dict[str, torch.Tensor],
     batch: PolicyBatch,
@@ -409,7 +448,7 @@ def clipped_surrogate(
     return loss, aggregate_tokens(was_clipped, batch.mask, "token-mean", 1).detach()
 
 
-def _finish(
+def finish_objective(
     loss: torch.Tensor,
     stats: dict[str, torch.Tensor],
     batch: PolicyBatch,
@@ -417,7 +456,7 @@ def _finish(
     agg: LossAgg,
 ) -> ObjectiveOutput:
     """The optional β·KL to the reference (§1.4) and the loss statistic every objective logs."""
-    loss = _with_kl(loss, stats, batch, beta, agg)
+    loss = with_kl(loss, stats, batch, beta, agg)
     stats[metrics.LOSS] = loss.detach()
     return ObjectiveOutput(loss, stats)
 
@@ -429,26 +468,31 @@ def token_log_ratio(batch: PolicyBatch) -> torch.Tensor:
     return torch.where(batch.mask > 0, batch.logprobs - old, zero)
 
 
-def _float_rewards(batch: PolicyBatch) -> torch.Tensor:
+def float_rewards(batch: PolicyBatch) -> torch.Tensor:
     r = batch.rewards
     return r if r.is_floating_point() else r.float()
 
 
-def _group_sizes(group_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def group_sizes(group_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """((B,) dense group index of each rollout, (B,) size of each group slot)."""
     idx = dense_group_index(group_ids)
     n = group_ids.shape[0]
     return idx, segment_sum(torch.ones(n, dtype=dtype, device=group_ids.device), idx, n)
 
 
-def _upcast_logprobs(batch: PolicyBatch) -> torch.Tensor:
+def upcast_logprobs(batch: PolicyBatch) -> torch.Tensor:
     return batch.logprobs.to(torch.promote_types(batch.logprobs.dtype, torch.float32))
 
 
-def old_policy_kl(batch: PolicyBatch) -> torch.Tensor:
-    """(B, T) k3 estimate of KL(π_old ‖ π_θ) per token: e^x − x − 1, x = log π_θ − log π_old.
+KLEstimator = Literal["k1", "k3"]
+
+
+def old_policy_kl(batch: PolicyBatch, estimator: KLEstimator = "k3") -> torch.Tensor:
+    """(B, T) estimate of KL(π_old ‖ π_θ) per token from x = log π_θ − log π_old (samples
+    drawn from π_old): k3 = e^x − x − 1 (unbiased, never negative, low variance) or k1 = −x
+    (unbiased, either sign, high variance).
 
     0 in value when π_old = π_θ (one optimiser pass per rollout batch), 0 at padding.
     """
     x = token_log_ratio(batch)
-    return x.exp() - x - 1
+    return -x if estimator == "k1" else x.exp() - x - 1

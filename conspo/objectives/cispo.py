@@ -14,9 +14,9 @@ from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
-    _finish,
-    _float_rewards,
     aggregate_tokens,
+    finish_objective,
+    float_rewards,
     group_advantages,
     token_ratio,
 )
@@ -68,7 +68,7 @@ def cispo_objective(batch: PolicyBatch, params: CISPOParams) -> ObjectiveOutput:
     Clip fraction: the share of response tokens whose IS weight lies outside the clip range.
     """
     adv = group_advantages(
-        _float_rewards(batch),
+        float_rewards(batch),
         batch.group_ids,
         params.scale_rewards,
         batch_std=batch.batch_reward_std,
@@ -80,4 +80,6 @@ def cispo_objective(batch: PolicyBatch, params: CISPOParams) -> ObjectiveOutput:
     loss = aggregate_tokens(per_token, batch.mask, params.loss_agg, batch.max_response_len)
     outside = (weight != ratio).to(ratio.dtype)
     clip_frac = aggregate_tokens(outside, batch.mask, "token-mean", 1)
-    return _finish(loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg)
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg
+    )

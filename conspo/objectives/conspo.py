@@ -20,12 +20,12 @@ from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
-    _group_counts,
-    _with_kl,
     clipped_ratio_scores,
+    group_counts,
     margin_at,
     segment_sum,
     sequence_scores,
+    with_kl,
 )
 from conspo.registry import register_objective
 
@@ -100,7 +100,7 @@ def conspo_score_loss(
     contribute 0; with no valid group the result is a 0 that still depends on ``scores``
     (backward works).
     """
-    c = _group_counts(outcome, group_ids, scores.dtype)
+    c = group_counts(outcome, group_ids, scores.dtype)
     n = scores.shape[0]
     logits = scores / tau
     # log Σ_j e^{s_j⁻/τ} per group, shifted by the group's (detached) max negative logit.
@@ -128,7 +128,7 @@ def linear_contrast_loss(
     scores, outcome (verified, {0, 1}), group_ids: (B,). All-positive / all-negative groups
     contribute 0.
     """
-    c = _group_counts(outcome, group_ids, scores.dtype)
+    c = group_counts(outcome, group_ids, scores.dtype)
     n_own = torch.where(c.pos, c.n_pos[c.idx], c.n_neg[c.idx]).clamp_min(1)
     sign = torch.where(c.pos, 1.0, -1.0).to(scores.dtype)
     weight = torch.where(c.valid[c.idx], sign / (n_own * c.n_valid), 0.0)
@@ -162,6 +162,6 @@ def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutpu
     else:
         loss = linear_contrast_loss(scores, batch.outcome, batch.group_ids)
     stats: dict[str, torch.Tensor] = {}
-    loss = _with_kl(loss, stats, batch, params.beta, "token-mean")
+    loss = with_kl(loss, stats, batch, params.beta, "token-mean")
     stats[metrics.LOSS] = loss.detach()
     return ObjectiveOutput(loss, stats)

@@ -13,13 +13,14 @@ from conspo import metrics
 from conspo.lazy import lazy_import
 from conspo.objectives.base import (
     PAPER_TAU,
+    KLEstimator,
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
-    _finish,
-    _group_counts,
     aggregate_tokens,
+    finish_objective,
+    group_counts,
     old_policy_kl,
     segment_sum,
     sequence_scores,
@@ -54,6 +55,11 @@ class DisCOParams(ObjectiveParams):
         "log_sum_exp",
         description="How a group's negatives enter: τ·log mean exp(s⁻/τ) (DisCO), or the plain"
         " mean of s⁻ (DisCO-b).",
+    )
+    kl_estimator: KLEstimator = Field(
+        "k3",
+        description="Estimator of KL̂ in the constraint: k3 (e^x − x − 1, low variance, never"
+        " negative) or k1 (log π_old − log π_θ, the authors' code: ppo_kl_type kl).",
     )
     group_average: Literal["all_groups", "valid_groups"] = Field(
         "all_groups",
@@ -90,7 +96,7 @@ def disco_score_objective(
     """0-d DisCO J = (1/K) Σ_g [mean s⁺ − τ log mean_j e^{s_j⁻/τ}] over groups with both
     outcomes (§6.6); K = every group or only those, per ``group_average``. ``negatives="mean"``
     replaces the log-mean-exp by mean s⁻ (DisCO-b). Positives: verified ``outcome`` (§4.5)."""
-    c = _group_counts(outcome, group_ids, scores.dtype)
+    c = group_counts(outcome, group_ids, scores.dtype)
     n = scores.shape[0]
     if params.group_average == "all_groups":
         k = (segment_sum(torch.ones_like(scores), c.idx, n) > 0).sum().to(scores.dtype)
@@ -115,17 +121,18 @@ def disco_score_objective(
 def disco_objective(batch: PolicyBatch, params: DisCOParams) -> ObjectiveOutput:
     """DisCO (Li et al., 2025): −J + (β/2)·max(0, KL̂ − δ)² (§6.6).
 
-    KL̂ is the token-mean over the batch of the k3 estimate of KL(π_old ‖ π_θ); its gradient
+    KL̂ is the token-mean over the batch of the k3 (or, ``kl_estimator: k1``, the authors' k1)
+    estimate of KL(π_old ‖ π_θ); its gradient
     β·max(0, KL̂ − δ)·∇KL̂ is the one the authors' code applies. Stats: disco/kl (KL̂),
     disco/constraint_active (1 when KL̂ > δ).
     """
     scores = sequence_scores(batch.logprobs, batch.mask)
     objective = disco_score_objective(scores, batch.outcome, batch.group_ids, params)
-    kl = aggregate_tokens(old_policy_kl(batch), batch.mask, "token-mean", 1)
+    kl = aggregate_tokens(old_policy_kl(batch, params.kl_estimator), batch.mask, "token-mean", 1)
     excess = (kl - params.delta).clamp_min(0)
     loss = -objective + 0.5 * params.penalty * excess**2
     stats = {
         metrics.DISCO_KL: kl.detach(),
         metrics.DISCO_CONSTRAINT_ACTIVE: (kl > params.delta).to(kl.dtype).detach(),
     }
-    return _finish(loss, stats, batch, params.beta, "token-mean")
+    return finish_objective(loss, stats, batch, params.beta, "token-mean")

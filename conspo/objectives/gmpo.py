@@ -14,11 +14,11 @@ from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
-    _finish,
-    _float_rewards,
-    _masked_seq_mean,
     aggregate_tokens,
+    finish_objective,
+    float_rewards,
     group_advantages,
+    masked_seq_mean,
     token_log_ratio,
 )
 from conspo.registry import register_objective
@@ -65,7 +65,7 @@ def gmpo_objective(batch: PolicyBatch, params: GMPOParams) -> ObjectiveOutput:
     whose clipped log-ratio is the active one.
     """
     adv = group_advantages(
-        _float_rewards(batch),
+        float_rewards(batch),
         batch.group_ids,
         params.scale_rewards,
         batch_std=batch.batch_reward_std,
@@ -75,7 +75,9 @@ def gmpo_objective(batch: PolicyBatch, params: GMPOParams) -> ObjectiveOutput:
     sign = adv.sign()[:, None]
     clamped = log_ratio.clamp(-params.clip_low, params.clip_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
-    loss = -(adv * _masked_seq_mean(pessimistic, batch.mask).exp()).mean()
+    loss = -(adv * masked_seq_mean(pessimistic, batch.mask).exp()).mean()
     was_clipped = (sign * clamped < sign * log_ratio).to(log_ratio.dtype)
     clip_frac = aggregate_tokens(was_clipped, batch.mask, "token-mean", 1).detach()
-    return _finish(loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, "seq-mean-token-mean")
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, "seq-mean-token-mean"
+    )

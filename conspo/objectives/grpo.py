@@ -18,10 +18,9 @@ from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
-    _with_kl,
-    aggregate_tokens,
+    clipped_surrogate,
+    finish_objective,
     group_advantages,
-    token_ratio,
 )
 from conspo.registry import register_objective
 
@@ -67,18 +66,12 @@ def grpo_objective(batch: PolicyBatch, params: GRPOParams) -> ObjectiveOutput:
     Stats: loss, grpo/clip_frac (fraction of response tokens where the clipped term is the active
     one), kl (when reference log-probs are given).
     """
-    mask = batch.mask
-    ratio = token_ratio(batch.logprobs, batch.old_logprobs, mask)  # (B, T)
     adv = group_advantages(
         batch.rewards, batch.group_ids, params.scale_rewards, batch_std=batch.batch_reward_std
-    ).to(ratio.dtype)[:, None]  # (B, 1)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1 - params.clip_low, 1 + params.clip_high) * adv
-    loss = aggregate_tokens(
-        -torch.minimum(unclipped, clipped), mask, params.loss_agg, batch.max_response_len
+    )  # (B,)
+    loss, clip_frac = clipped_surrogate(
+        batch, adv, params.clip_low, params.clip_high, params.loss_agg
     )
-    was_clipped = (clipped < unclipped).to(ratio.dtype)
-    stats = {metrics.CLIP_FRAC: aggregate_tokens(was_clipped, mask, "token-mean", 1).detach()}
-    loss = _with_kl(loss, stats, batch, params.beta, params.loss_agg)
-    stats[metrics.LOSS] = loss.detach()
-    return ObjectiveOutput(loss, stats)
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg
+    )

@@ -14,11 +14,11 @@ from conspo.objectives.base import (
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
-    _finish,
-    _float_rewards,
-    _masked_seq_mean,
     aggregate_tokens,
+    finish_objective,
+    float_rewards,
     group_advantages,
+    masked_seq_mean,
     token_log_ratio,
 )
 from conspo.registry import register_objective
@@ -45,7 +45,7 @@ class GSPOParams(ObjectiveParams):
 
 def sequence_ratio(batch: PolicyBatch) -> torch.Tensor:
     """(B,) GSPO's s_i = exp((1/|o_i|) Σ_t (log π_θ − log π_old)): the geometric-mean ratio."""
-    return _masked_seq_mean(token_log_ratio(batch), batch.mask).exp()
+    return masked_seq_mean(token_log_ratio(batch), batch.mask).exp()
 
 
 @register_objective(
@@ -60,7 +60,7 @@ def gspo_objective(batch: PolicyBatch, params: GSPOParams) -> ObjectiveOutput:
     Clip fraction: the share of response tokens whose sequence is clipped (veRL's convention).
     """
     adv = group_advantages(
-        _float_rewards(batch),
+        float_rewards(batch),
         batch.group_ids,
         params.scale_rewards,
         batch_std=batch.batch_reward_std,
@@ -72,4 +72,6 @@ def gspo_objective(batch: PolicyBatch, params: GSPOParams) -> ObjectiveOutput:
     loss = -torch.minimum(unclipped, clipped).mean()
     seq_clipped = (clipped < unclipped).to(s.dtype)[:, None].expand_as(batch.mask)
     clip_frac = aggregate_tokens(seq_clipped, batch.mask, "token-mean", 1).detach()
-    return _finish(loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, "seq-mean-token-mean")
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, "seq-mean-token-mean"
+    )

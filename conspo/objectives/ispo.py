@@ -14,8 +14,8 @@ from conspo.lazy import lazy_import
 from conspo.objectives.base import (
     ObjectiveOutput,
     PolicyBatch,
-    _upcast_logprobs,
     positive_mask,
+    upcast_logprobs,
 )
 from conspo.objectives.grpo import GRPOParams, grpo_objective
 from conspo.registry import register_objective
@@ -78,7 +78,7 @@ def ispo_objective(batch: PolicyBatch, params: ISPOParams) -> ObjectiveOutput:
     out = grpo_objective(batch, params)
     wrong = ~positive_mask(batch.outcome)
     chosen = decision_tokens(batch.entropy, batch.mask, params.hinge_top_frac) & wrong[:, None]
-    excess = (_upcast_logprobs(batch) - math.log(params.hinge_confidence)).clamp_min(0)
+    excess = (upcast_logprobs(batch) - math.log(params.hinge_confidence)).clamp_min(0)
     n_chosen = chosen.sum().clamp_min(1)
     hinge = torch.where(chosen, excess, 0.0).sum() / n_chosen
     loss = out.loss + params.hinge_weight * hinge

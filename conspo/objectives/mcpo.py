@@ -13,12 +13,12 @@ from conspo.lazy import lazy_import
 from conspo.objectives.base import (
     ObjectiveOutput,
     PolicyBatch,
-    _finish,
-    _float_rewards,
-    _group_counts,
-    _masked_seq_mean,
     clipped_surrogate,
+    finish_objective,
+    float_rewards,
     group_advantages,
+    group_counts,
+    masked_seq_mean,
     old_policy_kl,
 )
 from conspo.objectives.grpo import GRPOParams
@@ -65,8 +65,8 @@ def mcpo_objective(batch: PolicyBatch, params: MCPOParams) -> ObjectiveOutput:
 
     The hinge has a gradient only once π_θ ≠ π_old (several updates per rollout batch).
     """
-    rewards = _float_rewards(batch)
-    c = _group_counts(batch.outcome, batch.group_ids, rewards.dtype)  # mastered: all verified
+    rewards = float_rewards(batch)
+    c = group_counts(batch.outcome, batch.group_ids, rewards.dtype)  # mastered: all verified
     size = (c.n_pos + c.n_neg).clamp_min(1)
     p_hat = c.n_pos / size
     boost = torch.where(
@@ -78,7 +78,7 @@ def mcpo_objective(batch: PolicyBatch, params: MCPOParams) -> ObjectiveOutput:
     loss, clip_frac = clipped_surrogate(
         batch, adv * boost[c.idx], params.clip_low, params.clip_high, params.loss_agg
     )
-    kl = _masked_seq_mean(old_policy_kl(batch), batch.mask)  # (B,) KL̂_i
+    kl = masked_seq_mean(old_policy_kl(batch), batch.mask)  # (B,) KL̂_i
     mastered = ((c.n_neg == 0) & (c.n_pos > 0))[c.idx]  # (B,) rollout of a mastered group
     n_mastered_groups = ((c.n_neg == 0) & (c.n_pos > 0)).sum().clamp_min(1)
     hinge = (kl - params.mastery_delta).clamp_min(0)
@@ -92,4 +92,4 @@ def mcpo_objective(batch: PolicyBatch, params: MCPOParams) -> ObjectiveOutput:
             kl.dtype
         ),
     }
-    return _finish(loss, stats, batch, params.beta, params.loss_agg)
+    return finish_objective(loss, stats, batch, params.beta, params.loss_agg)

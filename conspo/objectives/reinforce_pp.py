@@ -15,9 +15,10 @@ from conspo.objectives.base import (
     ClippedSurrogateParams,
     ObjectiveOutput,
     PolicyBatch,
-    _finish,
-    _float_rewards,
+    WholeBatch,
     clipped_surrogate,
+    finish_objective,
+    float_rewards,
     group_advantages,
 )
 from conspo.registry import register_objective
@@ -36,8 +37,8 @@ class ReinforcePPParams(ClippedSurrogateParams):
     )
     normalize: bool = Field(
         True,
-        description="Whiten advantages over every response token of the mini-batch (the global"
-        " normalisation REINFORCE++ is built on; off only for ablations).",
+        description="Whiten advantages over every response token of the rollout batch (the"
+        " global normalisation REINFORCE++ is built on; off only for ablations).",
     )
 
 
@@ -47,18 +48,31 @@ def reinforce_pp_advantages(
     mask: torch.Tensor,
     baseline: Literal["none", "group_mean"],
     normalize: bool,
+    whole: WholeBatch | None = None,
 ) -> torch.Tensor:
     """(B,) REINFORCE++ advantages (§6.7): a_i = r_i (or r_i − mean of its group), then
-    (a_i − μ)/σ with μ, σ the token-weighted mean and population std over the batch's tokens
-    (each rollout counts |o_i| times, as OpenRLHF whitens per token). σ <= STD_EPS gives 0.
+    (a_i − μ)/σ with μ, σ the token-weighted mean and population std over the rollout batch's
+    tokens (each rollout counts |o_i| times, as OpenRLHF whitens per token). σ <= STD_EPS
+    gives 0. ``whole``: the rollout batch this mini-batch is part of (μ and σ are its, as
+    OpenRLHF computes them once per batch before splitting it); None: this batch is all of it.
+    Groups are never split across mini-batches, so a group's mean is the same in either.
     """
-    a = rewards if baseline == "none" else group_advantages(rewards, group_ids, "none")
+
+    def centred(r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return r if baseline == "none" else group_advantages(r, g, "none")
+
+    a = centred(rewards, group_ids)
     if not normalize:
         return a
-    weight = mask.sum(-1).to(a.dtype)
+    if whole is None:
+        ref, weight = a, mask.sum(-1).to(a.dtype)
+    else:
+        ref = centred(whole.rewards.to(a.dtype), whole.group_ids)
+        weight = whole.lengths.to(a.dtype)
     total = weight.sum().clamp_min(1)
-    mean = (weight * a).sum() / total
-    std = ((weight * (a - mean) ** 2).sum() / total).sqrt()
+    mean = (weight * ref).sum() / total
+    std = ((weight * (ref - mean) ** 2).sum() / total).sqrt()
+    mean, std = mean.to(a.device), std.to(a.device)
     return torch.where(std > STD_EPS, (a - mean) / std.clamp_min(STD_EPS), torch.zeros_like(a))
 
 
@@ -73,9 +87,16 @@ def reinforce_pp_objective(batch: PolicyBatch, params: ReinforcePPParams) -> Obj
     """REINFORCE++ (Hu, 2025; OpenRLHF) with outcome rewards: the clipped surrogate (§1.2) on
     batch-whitened advantages (§6.7)."""
     adv = reinforce_pp_advantages(
-        _float_rewards(batch), batch.group_ids, batch.mask, params.baseline, params.normalize
+        float_rewards(batch),
+        batch.group_ids,
+        batch.mask,
+        params.baseline,
+        params.normalize,
+        batch.whole,
     )
     loss, clip_frac = clipped_surrogate(
         batch, adv, params.clip_low, params.clip_high, params.loss_agg
     )
-    return _finish(loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg)
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg
+    )

@@ -10,10 +10,10 @@ from conspo.objectives.base import (
     ClippedSurrogateParams,
     ObjectiveOutput,
     PolicyBatch,
-    _finish,
-    _float_rewards,
-    _group_sizes,
     clipped_surrogate,
+    finish_objective,
+    float_rewards,
+    group_sizes,
     segment_sum,
 )
 from conspo.registry import register_objective
@@ -33,7 +33,7 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> 
 
     A group of one rollout has no baseline and gets Â = 0.
     """
-    idx, size = _group_sizes(group_ids, rewards.dtype)
+    idx, size = group_sizes(group_ids, rewards.dtype)
     total = segment_sum(rewards, idx, rewards.shape[0])[idx]
     others = (size[idx] - 1).clamp_min(1)
     return torch.where(size[idx] > 1, rewards - (total - rewards) / others, 0.0)
@@ -48,8 +48,10 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> 
 )
 def rloo_objective(batch: PolicyBatch, params: RLOOParams) -> ObjectiveOutput:
     """RLOO (Ahmadian et al., 2024) in the PPO-clip form of TRL / veRL / OpenRLHF (§6.1)."""
-    adv = leave_one_out_advantages(_float_rewards(batch), batch.group_ids)
+    adv = leave_one_out_advantages(float_rewards(batch), batch.group_ids)
     loss, clip_frac = clipped_surrogate(
         batch, adv, params.clip_low, params.clip_high, params.loss_agg
     )
-    return _finish(loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg)
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg
+    )

@@ -13,9 +13,9 @@ from conspo.objectives.base import (
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
-    _finish,
-    _float_rewards,
     aggregate_tokens,
+    finish_objective,
+    float_rewards,
     group_advantages,
     token_ratio,
 )
@@ -66,7 +66,7 @@ def sapo_objective(batch: PolicyBatch, params: SAPOParams) -> ObjectiveOutput:
     the token-mean of w.
     """
     adv = group_advantages(
-        _float_rewards(batch),
+        float_rewards(batch),
         batch.group_ids,
         params.scale_rewards,
         batch_std=batch.batch_reward_std,
@@ -79,4 +79,4 @@ def sapo_objective(batch: PolicyBatch, params: SAPOParams) -> ObjectiveOutput:
     loss = aggregate_tokens(per_token, batch.mask, params.loss_agg, batch.max_response_len)
     weight = (4 * gate * (1 - gate) * ratio).detach()
     stats = {metrics.SAPO_GATE_WEIGHT: aggregate_tokens(weight, batch.mask, "token-mean", 1)}
-    return _finish(loss, stats, batch, params.beta, params.loss_agg)
+    return finish_objective(loss, stats, batch, params.beta, params.loss_agg)

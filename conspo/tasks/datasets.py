@@ -70,20 +70,34 @@ def load_dataset_file(
     from datasets import Dataset, DatasetDict, load_from_disk
 
     with tempfile.TemporaryDirectory(prefix="conspo-datasets-") as cache:
+        if (problem := layout_problem(name, real)) is not None:
+            raise ValueError(problem)
         if real.is_file():
             return _load_file(name, real, cache)
-        if (real / "dataset_dict.json").is_file() or (real / "state.json").is_file():
+        if _saved_to_disk(real):
             loaded = load_from_disk(str(real), keep_in_memory=True)
             if isinstance(loaded, DatasetDict):
                 return _split(name, loaded, (split,) if isinstance(split, str) else split)
             return loaded
         shards = sorted(str(p) for p in real.rglob("*.parquet"))
-        if not shards:
-            raise ValueError(
-                f"{name}: a directory that is neither a save_to_disk dataset nor holds .parquet"
-                " files"
-            )
         return Dataset.from_parquet(shards, cache_dir=cache, keep_in_memory=True)
+
+
+def layout_problem(name: str, real: Path) -> str | None:
+    """Why the file or directory ``real`` (``name`` as the config gave it, already checked by
+    ``DataFiles``) cannot hold a dataset, judged by its names alone (nothing is read): a file
+    of an unknown format, a directory neither ``save_to_disk``'d nor holding .parquet files."""
+    if real.is_file():
+        if real.suffix.lower() not in _FILE_FORMATS:
+            return f"{name}: unknown format {real.suffix!r} (use {', '.join(_FILE_FORMATS)})"
+        return None
+    if _saved_to_disk(real) or next(real.rglob("*.parquet"), None) is not None:
+        return None
+    return f"{name}: a directory that is neither a save_to_disk dataset nor holds .parquet files"
+
+
+def _saved_to_disk(real: Path) -> bool:
+    return (real / "dataset_dict.json").is_file() or (real / "state.json").is_file()
 
 
 def _split(name: str, splits: DatasetDict, wanted: tuple[str, ...]) -> Dataset:
@@ -99,9 +113,7 @@ def _split(name: str, splits: DatasetDict, wanted: tuple[str, ...]) -> Dataset:
 def _load_file(name: str, real: Path, cache: str) -> Dataset:
     from datasets import Dataset
 
-    kind = _FILE_FORMATS.get(real.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{name}: unknown format {real.suffix!r} (use {', '.join(_FILE_FORMATS)})")
+    kind = _FILE_FORMATS[real.suffix.lower()]  # layout_problem refused any other
     try:
         if kind == "arrow":
             return Dataset.from_file(str(real), in_memory=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from conspo.config import PromptConfig
 from conspo.tasks.base import Example, Task
+from conspo.templates import render
 
 if TYPE_CHECKING:  # the tasks package is imported by the API, which never loads transformers
     from transformers import PreTrainedTokenizerBase
@@ -36,7 +37,7 @@ class PromptRenderer:
         self.chat = has_template and cfg.chat_template != "off"
 
     def __call__(self, question: str) -> str:
-        text = self.cfg.text().format(question=question)
+        text = render(self.cfg.text(), {"question": question})
         if not self.chat:
             return text
         messages = [{"role": "user", "content": text}]

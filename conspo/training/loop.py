@@ -1,49 +1,112 @@
-"""The loop every non-RL job kind (``conspo.jobs``) runs: the RL trainer's setup, resume,
-checkpoints, evaluation and cancellation around a kind's own step.
+"""The one training loop every job kind runs inside: setup, resume, the step-0 evaluation,
+steps, checkpoints, the best model, cancellation and the finish events.
 
-    def train(config, sink, should_stop, *, workdir, **inputs):
-        return run_job(config, sink, should_stop, workdir=workdir, start=my_start, **inputs)
+    result = run_loop(config, sink, should_stop, workdir="out", start=my_start)
 
-``start(state, files, store)`` returns ``step(step) -> metrics``: one optimiser step, its
-metrics keyed by ``conspo.metrics`` constants. The loop adds the learning rate, the step time
-and, every ``eval.every`` steps, at the end and (fresh run, ``eval.at_start``) at step 0, the
-same held-out evaluation an RL run logs (``conspo.training.trainer.run_eval``), so an SFT run's
-final eval and the RL run chained after it are measured alike. Checkpoints are the trainer's
-(``checkpoint.every``, at the end, and at a cancel), so a resumed job continues from its last
-checkpoint and re-logs nothing before it; everything random in a step is a function of
-(seed, step).
+``start(state, files, store)`` is called once, after the policy is built and before a checkpoint
+is loaded (what it copies is the starting policy), and returns the kind's step
+``step(n, should_stop) -> StepRecord | None``; None means ``should_stop`` fired inside the step and
+nothing was updated. The RL trainer's step is ``conspo.training.trainer.train_step``; a kind that
+takes one optimiser update per step and returns its metrics wraps its step in
+``one_update_per_step``, which adds the learning rate, the step time and the held-out evaluation
+when due, so an SFT run's final eval and the RL run chained after it are measured alike.
+
+Checkpoints are written every ``checkpoint.every`` steps, at the end and at a cancel, after a
+flush of the sink, so a resumed run continues from its last checkpoint and re-logs nothing before
+it; everything random in a step is a function of (seed, step) (``step_seed``). Inside a
+``torch.distributed`` process group (``conspo.distributed``) every rank runs this loop: rank 0
+alone logs, checkpoints and evaluates, and ``agreed`` makes its answer to ``should_stop``
+everyone's, so all ranks stop at the same step boundary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
 from conspo.access import DataFiles
 from conspo.config import RunConfig
-from conspo.models.store import ModelStore
-from conspo.sink import Sink, StepRecord, flush_sink
-from conspo.training.trainer import (
-    TrainResult,
-    TrainState,
-    checkpoint,
-    evaluated,
-    lr_at,
-    out_of_memory,
-    resume,
-    run_eval,
-    setup,
+from conspo.distributed import collectives as distributed
+from conspo.evaluation import (
+    Benchmark,
+    best_so_far,
+    improves,
+    load_benchmarks,
+    rendered,
+    save_best,
+    score_benchmark,
 )
+from conspo.generation.engines import Engine, make_engine
+from conspo.generation.rollout import evaluate
+from conspo.models.loading import (
+    device_memory,
+    load_pretrained,
+    model_dims,
+    pick_device,
+    prepare_for_training,
+)
+from conspo.models.precision import Precision, make_precision
+from conspo.models.resources import (
+    MemoryEstimate,
+    OutOfMemory,
+    check_memory,
+    estimate_memory,
+    out_of_memory_message,
+)
+from conspo.models.store import ModelStore
+from conspo.objectives.base import ObjectiveParams
+from conspo.registry import get_objective
+from conspo.rewards import WeightedReward, build_rewards
+from conspo.sink import NullSink, Sink, StepRecord, flush_sink
+from conspo.tasks import Example, Task, make_task
+from conspo.tasks.prompts import PromptRenderer, with_prompts
+from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
-Step = Callable[[int], dict[str, float]]
-Start = Callable[[TrainState, DataFiles, ModelStore], Step]
+LoopStep = Callable[[int, Callable[[], bool]], StepRecord | None]
 
 
-def run_job(
+@dataclass
+class TrainResult:
+    status: Literal["succeeded", "cancelled"]
+    last_step: int
+
+
+@dataclass
+class TrainState:
+    """Everything a step needs, built once per train() call; rollouts_seen grows each step."""
+
+    cfg: RunConfig
+    params: ObjectiveParams
+    objective: Callable[..., Any]
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    ref_model: PreTrainedModel | None
+    optimizer: torch.optim.Optimizer
+    task: Task
+    eval_examples: list[Example]
+    device: torch.device
+    engine: Engine  # generates rollouts and evaluation samples (sampling.engine)
+    precision: Precision
+    trainable: list[torch.nn.Parameter]  # what the optimiser updates (LoRA: the adapters)
+    estimate: MemoryEstimate | None  # of conspo.models.resources; None for a model it cannot size
+    rewards: list[WeightedReward]  # the configured reward functions (the verifier among them)
+    rollouts_seen: int = 0
+    trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
+    benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
+
+
+Start = Callable[[TrainState, DataFiles, ModelStore], LoopStep]
+
+
+def run_loop(
     config: RunConfig,
     sink: Sink,
     should_stop: Callable[[], bool] = lambda: False,
@@ -54,49 +117,314 @@ def run_job(
     files: DataFiles | None = None,
     memory_limit: int | None = None,
 ) -> TrainResult:
+    """Train ``config`` to ``config.steps`` with the step ``start`` returns, resuming from
+    ``workdir``'s latest checkpoint.
+
+    What the config may make this process read or allocate: models through ``model_store`` (its
+    sources), dataset files through ``files`` (default: any file, size-capped), and, unless
+    ``memory_limit`` is None, at most that many bytes by ``conspo.models.resources``' estimate (0:
+    the device's memory; any limit is capped at it).
+    """
     workdir = Path(workdir)
+    if not distributed.is_main():  # in a process group rank 0 alone logs
+        sink = NullSink()
+    should_stop = distributed.agreed(should_stop)
     files = files or DataFiles()
     store = model_store or ModelStore()
     state = setup(config, store, files, memory_limit)
     step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
     last_step = resume(state, workdir, sink)
-    if last_step == 0 and config.eval.at_start:
+    if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
         evaluated(
             state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
         )
     last_saved = last_step
     while last_step < config.steps and not should_stop():
-        step = last_step + 1
-        t0 = time.perf_counter()
-        lr = lr_at(config, step)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
-        state.model.train()
         try:
-            with state.precision.autocast():
-                metrics = step_fn(step)
+            record = step_fn(last_step + 1, should_stop)
         except torch.OutOfMemoryError as exc:
             raise out_of_memory(state, exc) from exc
-        state.trained_steps = step
-        metrics |= {M.LR: lr, M.TIME_STEP_S: time.perf_counter() - t0}
-        every = config.eval.every
-        if (every and step % every == 0) or step == config.steps:
-            metrics |= run_eval(state, step)
-        evaluated(state, workdir, sink, StepRecord(step, config.steps, time.time(), metrics))
-        last_step = step
+        if record is None:  # stopped inside the step: the step did not happen
+            break
+        last_step = record.step
+        evaluated(state, workdir, sink, record)
         every = config.checkpoint.every
-        if (every and step % every == 0) or step == config.steps:
-            checkpoint(state, workdir, step, sink)
-            last_saved = step
+        if (every and last_step % every == 0) or last_step == config.steps:
+            checkpoint(state, workdir, last_step, sink)
+            last_saved = last_step
     if last_step < config.steps:
         if last_saved != last_step:
             checkpoint(state, workdir, last_step, sink)
-        flush_sink(sink)
+        flush_sink(sink)  # a buffering sink stores every step before the run ends
         sink.log_event("finished", {"status": "cancelled", "step": last_step})
         return TrainResult("cancelled", last_step)
     flush_sink(sink)
     sink.log_event("finished", {"status": "succeeded", "step": last_step})
     return TrainResult("succeeded", last_step)
+
+
+def eval_due(cfg: RunConfig, step: int) -> bool:
+    """Whether step ``step`` ends with the held-out evaluation: every ``eval.every`` steps and
+    at the last; rank 0 alone evaluates (the others go on to the next step's first
+    collective)."""
+    every = cfg.eval.every
+    return bool((every and step % every == 0) or step == cfg.steps) and distributed.is_main()
+
+
+# A job kind's step that takes one optimiser update: its metrics keyed by conspo.metrics keys.
+UpdateStep = Callable[[int], dict[str, float]]
+
+
+def one_update_per_step(start: Callable[[TrainState, DataFiles, ModelStore], UpdateStep]) -> Start:
+    """The loop's step for a kind whose step is one optimiser update returning its metrics: the
+    learning rate set (``lr_at``), the model in train mode under the precision's autocast, and
+    the learning rate, the step time and (when due) the held-out evaluation added."""
+
+    def started(state: TrainState, files: DataFiles, store: ModelStore) -> LoopStep:
+        update = start(state, files, store)
+        cfg = state.cfg
+
+        def step(n: int, should_stop: Callable[[], bool]) -> StepRecord:
+            t0 = time.perf_counter()
+            lr = lr_at(cfg, n)
+            for group in state.optimizer.param_groups:
+                group["lr"] = lr
+            state.model.train()
+            with state.precision.autocast():
+                metrics = update(n)
+            state.trained_steps = n
+            metrics |= {M.LR: lr, M.TIME_STEP_S: time.perf_counter() - t0}
+            if eval_due(cfg, n):
+                metrics |= run_eval(state, n)
+            return StepRecord(n, cfg.steps, time.time(), metrics)
+
+        return step
+
+    return started
+
+
+def step_seed(seed: int, step: int, purpose: str) -> int:
+    """A 63-bit seed that depends only on (seed, step, purpose): the key to exact resume."""
+    digest = hashlib.sha256(f"{seed}:{step}:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def out_of_memory(state: TrainState, exc: torch.OutOfMemoryError) -> OutOfMemory:
+    """The error a step that ran out of device memory ends the run with: what it was estimated
+    to need, what the device has, and the settings that lower it."""
+    capacity = device_memory(state.device)
+    if state.device.type == "cuda":
+        torch.cuda.empty_cache()  # the failed step's tensors are gone; what is left is the run's
+    cause = str(exc).split("\n", 1)[0]  # e.g. "CUDA out of memory. Tried to allocate 2.00 GiB"
+    return OutOfMemory(out_of_memory_message(state.estimate, capacity, state.cfg, cause))
+
+
+def setup(
+    cfg: RunConfig,
+    store: ModelStore,
+    files: DataFiles | None = None,
+    memory_limit: int | None = None,
+) -> TrainState:
+    check_group(cfg)
+    # A dataset or benchmark it may not read fails before a model loads.
+    task = make_task(cfg.task, files)
+    benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
+    device, dtype = pick_device(cfg.model)
+    precision = make_precision(dtype, cfg.model.mixed_precision, device)
+    path = distributed.main_first(lambda: store.resolve(cfg.model.name))
+    dims = model_dims(path)
+    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize)
+    if memory_limit is not None and estimate is not None:
+        capacity = device_memory(device)
+        check_memory(estimate, min(memory_limit, capacity) if memory_limit else capacity)
+    attn = cfg.model.attn_implementation
+    model, tokenizer = load_pretrained(path, device, precision.weights, attn)
+    model = prepare_for_training(model, cfg.model, cfg.seed)
+    distributed.broadcast_parameters(model)
+    sharded = cfg.resources.strategy == "fsdp" and distributed.active()
+    if sharded:  # the optimiser must hold the shards (DTensors): shard before building it
+        distributed.shard(model)
+    render = PromptRenderer(cfg.prompt, tokenizer)
+    task = with_prompts(task, render)
+    params = cfg.objective_params()
+    assert isinstance(params, ObjectiveParams)  # every registered params model extends it
+    ref_model = None
+    if params.beta > 0 and cfg.model.lora.rank == 0:
+        # A frozen copy of the starting policy (the checkpoint never replaces it). With LoRA the
+        # reference is the base itself, adapters disabled (reference_logprobs).
+        ref_model, _ = load_pretrained(path, device, precision.weights, attn)
+        ref_model.eval().requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    distributed.gather_parameters(model)  # fsdp: full parameters resident until the first update
+    return TrainState(
+        cfg=cfg,
+        params=params,
+        objective=get_objective(cfg.algorithm).fn,
+        model=model,
+        tokenizer=tokenizer,
+        ref_model=ref_model,
+        optimizer=optimizer,
+        task=task,
+        eval_examples=task.eval_examples(cfg.task.eval_size),
+        device=device,
+        engine=make_engine(cfg.sampling, path, dtype),
+        benchmarks=[rendered(b, render) for b in benchmarks],
+        precision=precision,
+        trainable=trainable,
+        estimate=estimate,
+        rewards=build_rewards(cfg.rewards),
+    )
+
+
+def check_group(cfg: RunConfig) -> None:
+    """What training in a process group needs of the config (conspo.distributed.collectives)."""
+    world = distributed.world_size()
+    if world == 1:
+        return
+    if cfg.sampling.prompts_per_step < world:
+        raise ValueError(
+            f"sampling.prompts_per_step ({cfg.sampling.prompts_per_step}) must be at least the"
+            f" number of processes ({world}): every process trains whole groups"
+        )
+
+
+def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
+    """Load the latest checkpoint if there is one; returns the last finished step (0 if none)."""
+    # Rank 0 picks the checkpoint: every rank must resume from the same step.
+    found = distributed.broadcast_object(latest_checkpoint(workdir))
+    info = {
+        "total_steps": state.cfg.steps,
+        "device": describe_device(state.device),
+        "model": state.cfg.model.name,
+        "dtype": str(state.precision.compute).removeprefix("torch."),
+        "mixed_precision": state.precision.mixed,
+        "lora_rank": state.cfg.model.lora.rank,
+        "trainable_params": sum(p.numel() for p in state.trainable),
+        "total_params": sum(p.numel() for p in state.model.parameters()),
+        "attn_implementation": state.cfg.model.attn_implementation,
+        "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
+    }
+    if distributed.active():
+        info["world_size"] = distributed.world_size()
+    if found is None:
+        sink.log_event("started", info)
+        return 0
+    step, path = found
+    saved = load_checkpoint(path, state.model, state.optimizer)
+    state.rollouts_seen = saved["counters"]["rollouts_seen"]
+    # Checkpoints from before skipped steps existed: every step had ticked the schedule.
+    state.trained_steps = saved["counters"].get("trained_steps", step)
+    if state.precision.scaler is not None and "scaler" in saved["counters"]:
+        state.precision.scaler.load_state_dict(saved["counters"]["scaler"])
+    sink.log_event("resumed", {**info, "step": step, "path": str(path)})
+    return step
+
+
+def describe_device(device: torch.device) -> str:
+    """ "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"."""
+    if device.type != "cuda":
+        return str(device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
+def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
+    model_state = optimizer_state = None
+    if distributed.is_sharded(state.model):  # every rank sends rank 0 its shards
+        model_state, optimizer_state = distributed.full_state_dicts(state.model, state.optimizer)
+    if not distributed.is_main():  # the replicas are identical: rank 0 writes for all
+        return
+    # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
+    # it must be stored before the checkpoint exists (a buffering sink may hold some back).
+    flush_sink(sink)
+    counters: dict[str, Any] = {
+        "rollouts_seen": state.rollouts_seen,
+        "trained_steps": state.trained_steps,
+    }
+    if state.precision.scaler is not None:  # float16's loss scale is part of exact resume
+        counters["scaler"] = state.precision.scaler.state_dict()
+    path = save_checkpoint(
+        workdir,
+        step,
+        state.model,
+        state.tokenizer,
+        state.optimizer,
+        counters,
+        state.cfg.checkpoint.keep,
+        model_state,
+        optimizer_state,
+    )
+    sink.log_event("checkpoint", {"step": step, "path": str(path)})
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """Linear warmup over optim.warmup_steps, then constant; ``step`` counts the steps that
+    updated (a skipped step does not tick it)."""
+    warm = cfg.optim.warmup_steps
+    return cfg.optim.lr * (min(1.0, step / warm) if warm else 1.0)
+
+
+def run_eval(state: TrainState, step: int) -> dict[str, float]:
+    """Greedy accuracy and pass@k on the held-out split, avg@k and pass@k on each benchmark
+    (conspo.evaluation); every sample drawn at eval.temperature and eval.top_p."""
+    with state.precision.autocast():
+        return _eval_metrics(state, step)
+
+
+def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
+    cfg = state.cfg
+    state.model.eval()
+    # The same noise at every evaluation (common random numbers: two checkpoints differ by their
+    # policies, not their draws), and in every run of this seed, so a chained run's step-0 eval
+    # repeats the final eval of the run it starts from (an SFT → RL pipeline compares alike).
+    generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, 0, "eval"))
+    metrics = evaluate(
+        state.model,
+        state.tokenizer,
+        state.task,
+        state.eval_examples,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        pass_k=cfg.eval.pass_k,
+        temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
+        generator=generator,
+        engine=state.engine,
+    )
+    for benchmark in state.benchmarks:
+        metrics |= score_benchmark(
+            state.model,
+            state.tokenizer,
+            benchmark,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            generator=generator,
+            engine=state.engine,
+        )
+    return metrics
+
+
+def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) -> None:
+    """Log ``record``; when it holds eval.best_metric at a new best, keep this step's model as
+    checkpoints/best and log a ``best`` event."""
+    sink.log_step(record)
+    key = state.cfg.eval.best_metric
+    if key is None:
+        return
+    value = record.metrics.get(key)  # rank 0 alone evaluates
+    best = value is not None and improves(key, value, best_so_far(workdir))
+    model_state = None
+    if distributed.is_sharded(state.model):  # rank 0's answer, and the shards to write
+        if not distributed.broadcast_object(best):
+            return
+        model_state, _ = distributed.full_state_dicts(state.model, state.optimizer)
+    if best and distributed.is_main():
+        assert value is not None
+        info = save_best(
+            workdir, record.step, key, value, state.model, state.tokenizer, model_state
+        )
+        sink.log_event("best", {**info, "path": str(workdir / "checkpoints" / "best")})
 
 
 def optimiser_step(state: TrainState, loss: torch.Tensor) -> float:
@@ -129,43 +457,3 @@ def sequence_logprobs(
     scored = targets != -100
     logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
     return (logp * scored).sum(-1), scored.sum(-1)
-
-
-def prompt_answer_rows(
-    tokenizer: object, pairs: list[tuple[str, str]], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (B, L) ids, mask and labels of prompt + answer + EOS rows, labels -100 on
-    the prompt and the padding (the loss is on the answer's tokens only)."""
-    return pack_rows(tokenizer, pairs, device, max_tokens=0)
-
-
-def pack_rows(
-    tokenizer: object, pairs: list[tuple[str, str]], device: torch.device, max_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Like ``prompt_answer_rows``, with ``max_tokens`` > 0 packing consecutive examples into
-    rows of at most that many tokens (an example longer than that gets a row of its own).
-    Packed examples attend to the earlier ones of their row (plain concatenation, as TRL's
-    packing without flash attention): fewer padding tokens, slightly leaked context."""
-    encode = tokenizer  # a transformers tokenizer: called on text
-    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
-    seqs: list[tuple[list[int], list[int]]] = []
-    for prompt, answer in pairs:
-        p = encode(prompt, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
-        a = encode(answer, add_special_tokens=False)["input_ids"] + [eos]  # type: ignore[operator]
-        seqs.append((p + a, [-100] * len(p) + a))
-    rows: list[tuple[list[int], list[int]]] = []
-    for ids, labels in seqs:
-        if rows and max_tokens and len(rows[-1][0]) + len(ids) <= max_tokens:
-            rows[-1] = (rows[-1][0] + ids, rows[-1][1] + labels)
-        else:
-            rows.append((ids, labels))
-    width = max(len(ids) for ids, _ in rows)
-    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
-    out_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    out_labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (ids, labels) in enumerate(rows):
-        out_ids[i, : len(ids)] = torch.tensor(ids)
-        out_labels[i, : len(ids)] = torch.tensor(labels)
-        mask[i, : len(ids)] = 1
-    return out_ids.to(device), mask.to(device), out_labels.to(device)

@@ -27,7 +27,6 @@ Shapes: N = groups × G rollouts, P prompt positions, T response positions.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import time
@@ -35,107 +34,48 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
 from conspo.access import DataFiles
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
-from conspo.evaluation import (
-    Benchmark,
-    best_so_far,
-    improves,
-    load_benchmarks,
-    rendered,
-    save_best,
-    score_benchmark,
-)
-from conspo.generation.engines import Engine, make_engine
 from conspo.generation.forward import logprob_mode, token_logprobs
-from conspo.generation.rollout import (
-    RolloutBatch,
-    decode_responses,
-    encode_prompts,
-    end_token_ids,
-    evaluate,
-)
-from conspo.models.precision import Precision, make_precision
-from conspo.models.resources import (
-    MemoryEstimate,
-    OutOfMemory,
-    check_memory,
-    estimate_memory,
-    out_of_memory_message,
-)
-from conspo.models.store import (
-    ModelStore,
-    device_memory,
-    load_pretrained,
-    model_dims,
-    pick_device,
-    prepare_for_training,
-)
+from conspo.generation.rollout import RolloutBatch, decode_responses, encode_prompts, end_token_ids
+from conspo.models.store import ModelStore
 from conspo.objectives.base import (
     ObjectiveOutput,
-    ObjectiveParams,
     PolicyBatch,
     SeparationView,
+    WholeBatch,
     clipped_ratio_scores,
     k3_kl,
     positive_mask,
     sequence_scores,
 )
-from conspo.registry import get_objective
-from conspo.rewards import RewardContext, WeightedReward, build_rewards, score_rollouts
+from conspo.rewards import RewardContext, score_rollouts
 from conspo.sink import (
-    NullSink,
     PromptRecord,
     RolloutRecord,
     Sink,
     StepRecord,
     clip_text,
-    flush_sink,
     prompt_key,
 )
-from conspo.tasks import Example, Task, make_task
-from conspo.tasks.prompts import PromptRenderer, with_prompts
-from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from conspo.tasks import Example
+from conspo.training.loop import (
+    TrainResult,
+    TrainState,
+    eval_due,
+    lr_at,
+    run_eval,
+    run_loop,
+    step_seed,
+)
 from conspo.training.microbatch import micro_batches, trimmed
 from conspo.training.stats import offpolicy_stats, separation_stats
-
-
-@dataclass
-class TrainResult:
-    status: Literal["succeeded", "cancelled"]
-    last_step: int
-
-
-@dataclass
-class TrainState:
-    """Everything a step needs, built once per train() call; rollouts_seen grows each step."""
-
-    cfg: RunConfig
-    params: ObjectiveParams
-    objective: Callable[..., Any]
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    ref_model: PreTrainedModel | None
-    optimizer: torch.optim.Optimizer
-    task: Task
-    eval_examples: list[Example]
-    device: torch.device
-    engine: Engine  # generates rollouts and evaluation samples (sampling.engine)
-    precision: Precision
-    trainable: list[torch.nn.Parameter]  # what the optimiser updates (LoRA: the adapters)
-    estimate: MemoryEstimate | None  # of conspo.models.resources; None for a model it cannot size
-    rewards: list[WeightedReward]  # the configured reward functions (the verifier among them)
-    rollouts_seen: int = 0
-    trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
-    benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
 
 
 @dataclass
@@ -160,15 +100,15 @@ class Rollouts:
         ``scale_rewards: batch`` divides by in every mini-batch (rewards live on the CPU)."""
         return float(self.rewards.float().std(correction=0))
 
-
-def step_seed(seed: int, step: int, purpose: str) -> int:
-    """A 63-bit seed that depends only on (seed, step, purpose): the key to exact resume."""
-    digest = hashlib.sha256(f"{seed}:{step}:{purpose}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    @cached_property
+    def whole(self) -> WholeBatch:
+        """The whole rollout batch, for normalisers that span it (on the CPU, like rewards)."""
+        lengths = self.batch.response_mask.sum(-1).cpu()
+        return WholeBatch(self.rewards, self.group_ids, lengths)
 
 
 # --------------------------------------------------------------------------------------------
-# The loop
+# The step
 # --------------------------------------------------------------------------------------------
 
 
@@ -182,199 +122,18 @@ def train(
     files: DataFiles | None = None,
     memory_limit: int | None = None,
 ) -> TrainResult:
-    """Train ``config`` to ``config.steps``, resuming from ``workdir``'s latest checkpoint.
-
-    What the config may make this process read or allocate: models through ``model_store`` (its
-    sources), dataset files through ``files`` (default: any file, size-capped), and, unless
-    ``memory_limit`` is None, at most that many bytes by ``conspo.models.resources``' estimate (0:
-    the device's memory; any limit is capped at it).
-    """
-    workdir = Path(workdir)
-    if (
-        not distributed.is_main()
-    ):  # in a process group rank 0 alone logs (conspo.distributed.collectives)
-        sink = NullSink()
-    should_stop = distributed.agreed(should_stop)
-    state = setup(config, model_store or ModelStore(), files, memory_limit)
-    last_step = resume(state, workdir, sink)
-    if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
-        evaluated(
-            state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
-        )
-    last_saved = last_step
-    while last_step < config.steps:
-        if should_stop():
-            break
-        try:
-            record = train_step(state, last_step + 1, should_stop)
-        except torch.OutOfMemoryError as exc:
-            raise out_of_memory(state, exc) from exc
-        if record is None:  # stopped between rollout rounds: the step did not happen
-            break
-        last_step = record.step
-        evaluated(state, workdir, sink, record)
-        every = config.checkpoint.every
-        if (every and last_step % every == 0) or last_step == config.steps:
-            checkpoint(state, workdir, last_step, sink)
-            last_saved = last_step
-    if last_step < config.steps:
-        if last_saved != last_step:
-            checkpoint(state, workdir, last_step, sink)
-        flush_sink(sink)  # a buffering sink stores every step before the run ends
-        sink.log_event("finished", {"status": "cancelled", "step": last_step})
-        return TrainResult("cancelled", last_step)
-    flush_sink(sink)
-    sink.log_event("finished", {"status": "succeeded", "step": last_step})
-    return TrainResult("succeeded", last_step)
-
-
-def out_of_memory(state: TrainState, exc: torch.OutOfMemoryError) -> OutOfMemory:
-    """The error a step that ran out of device memory ends the run with: what it was estimated
-    to need, what the device has, and the settings that lower it."""
-    capacity = device_memory(state.device)
-    if state.device.type == "cuda":
-        torch.cuda.empty_cache()  # the failed step's tensors are gone; what is left is the run's
-    cause = str(exc).split("\n", 1)[0]  # e.g. "CUDA out of memory. Tried to allocate 2.00 GiB"
-    return OutOfMemory(out_of_memory_message(state.estimate, capacity, state.cfg, cause))
-
-
-def setup(
-    cfg: RunConfig,
-    store: ModelStore,
-    files: DataFiles | None = None,
-    memory_limit: int | None = None,
-) -> TrainState:
-    check_group(cfg)
-    # A dataset or benchmark it may not read fails before a model loads.
-    task = make_task(cfg.task, files)
-    benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
-    device, dtype = pick_device(cfg.model)
-    precision = make_precision(dtype, cfg.model.mixed_precision, device)
-    path = distributed.main_first(lambda: store.resolve(cfg.model.name))
-    dims = model_dims(path)
-    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize)
-    if memory_limit is not None and estimate is not None:
-        capacity = device_memory(device)
-        check_memory(estimate, min(memory_limit, capacity) if memory_limit else capacity)
-    attn = cfg.model.attn_implementation
-    model, tokenizer = load_pretrained(path, device, precision.weights, attn)
-    model = prepare_for_training(model, cfg.model, cfg.seed)
-    distributed.broadcast_parameters(model)
-    sharded = cfg.resources.strategy == "fsdp" and distributed.active()
-    if sharded:  # the optimiser must hold the shards (DTensors): shard before building it
-        distributed.shard(model)
-    render = PromptRenderer(cfg.prompt, tokenizer)
-    task = with_prompts(task, render)
-    params = cfg.objective_params()
-    assert isinstance(params, ObjectiveParams)  # every registered params model extends it
-    ref_model = None
-    if params.beta > 0 and cfg.model.lora.rank == 0:
-        # A frozen copy of the starting policy (the checkpoint never replaces it). With LoRA the
-        # reference is the base itself, adapters disabled (reference_logprobs).
-        ref_model, _ = load_pretrained(path, device, precision.weights, attn)
-        ref_model.eval().requires_grad_(False)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    distributed.gather_parameters(model)  # fsdp: full parameters resident until the first update
-    return TrainState(
-        cfg=cfg,
-        params=params,
-        objective=get_objective(cfg.algorithm).fn,
-        model=model,
-        tokenizer=tokenizer,
-        ref_model=ref_model,
-        optimizer=optimizer,
-        task=task,
-        eval_examples=task.eval_examples(cfg.task.eval_size),
-        device=device,
-        engine=make_engine(cfg.sampling, path, dtype),
-        benchmarks=[rendered(b, render) for b in benchmarks],
-        precision=precision,
-        trainable=trainable,
-        estimate=estimate,
-        rewards=build_rewards(cfg.rewards),
+    """Train ``config`` to ``config.steps``, resuming from ``workdir``'s latest checkpoint: the
+    one loop (``conspo.training.loop.run_loop``: its arguments) around ``train_step``."""
+    return run_loop(
+        config,
+        sink,
+        should_stop,
+        workdir=workdir,
+        start=lambda state, files, store: partial(train_step, state),
+        model_store=model_store,
+        files=files,
+        memory_limit=memory_limit,
     )
-
-
-def check_group(cfg: RunConfig) -> None:
-    """What training in a process group needs of the config (conspo.distributed.collectives)."""
-    world = distributed.world_size()
-    if world == 1:
-        return
-    if cfg.sampling.prompts_per_step < world:
-        raise ValueError(
-            f"sampling.prompts_per_step ({cfg.sampling.prompts_per_step}) must be at least the"
-            f" number of processes ({world}): every process trains whole groups"
-        )
-
-
-def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
-    """Load the latest checkpoint if there is one; returns the last finished step (0 if none)."""
-    # Rank 0 picks the checkpoint: every rank must resume from the same step.
-    found = distributed.broadcast_object(latest_checkpoint(workdir))
-    info = {
-        "total_steps": state.cfg.steps,
-        "device": describe_device(state.device),
-        "model": state.cfg.model.name,
-        "dtype": str(state.precision.compute).removeprefix("torch."),
-        "mixed_precision": state.precision.mixed,
-        "lora_rank": state.cfg.model.lora.rank,
-        "trainable_params": sum(p.numel() for p in state.trainable),
-        "total_params": sum(p.numel() for p in state.model.parameters()),
-        "attn_implementation": state.cfg.model.attn_implementation,
-        "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
-    }
-    if distributed.active():
-        info["world_size"] = distributed.world_size()
-    if found is None:
-        sink.log_event("started", info)
-        return 0
-    step, path = found
-    saved = load_checkpoint(path, state.model, state.optimizer)
-    state.rollouts_seen = saved["counters"]["rollouts_seen"]
-    # Checkpoints from before skipped steps existed: every step had ticked the schedule.
-    state.trained_steps = saved["counters"].get("trained_steps", step)
-    if state.precision.scaler is not None and "scaler" in saved["counters"]:
-        state.precision.scaler.load_state_dict(saved["counters"]["scaler"])
-    sink.log_event("resumed", {**info, "step": step, "path": str(path)})
-    return step
-
-
-def describe_device(device: torch.device) -> str:
-    """ "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"."""
-    if device.type != "cuda":
-        return str(device)
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-
-
-def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
-    model_state = optimizer_state = None
-    if distributed.is_sharded(state.model):  # every rank sends rank 0 its shards
-        model_state, optimizer_state = distributed.full_state_dicts(state.model, state.optimizer)
-    if not distributed.is_main():  # the replicas are identical: rank 0 writes for all
-        return
-    # Flush first: a resume re-emits only the steps after this checkpoint, so every step up to
-    # it must be stored before the checkpoint exists (a buffering sink may hold some back).
-    flush_sink(sink)
-    counters: dict[str, Any] = {
-        "rollouts_seen": state.rollouts_seen,
-        "trained_steps": state.trained_steps,
-    }
-    if state.precision.scaler is not None:  # float16's loss scale is part of exact resume
-        counters["scaler"] = state.precision.scaler.state_dict()
-    path = save_checkpoint(
-        workdir,
-        step,
-        state.model,
-        state.tokenizer,
-        state.optimizer,
-        counters,
-        state.cfg.checkpoint.keep,
-        model_state,
-        optimizer_state,
-    )
-    sink.log_event("checkpoint", {"step": step, "path": str(path)})
 
 
 def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) -> StepRecord | None:
@@ -404,8 +163,7 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         M.BATCH_REFILL_ROUNDS: float(rollouts.refill_rounds),
         **{M.reward_key(k): float(v.mean()) for k, v in rollouts.reward_parts.items()},
     }
-    due = (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.steps
-    if due and distributed.is_main():  # the others go on to the next step's first collective
+    if eval_due(cfg, step):
         floats.update(run_eval(state, step))
     return make_record(state, step, stats, floats, rollouts, scores)
 
@@ -1033,83 +791,15 @@ def policy_batch(
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
         batch_reward_std=r.reward_std,  # the whole rollout batch's, not this mini-batch's
+        whole=None if bool(rows_cpu.all()) else r.whole,
         correct=r.correct[rows_cpu].to(device),
         entropy=entropy,
     )
 
 
-def lr_at(cfg: RunConfig, step: int) -> float:
-    """Linear warmup over optim.warmup_steps, then constant; ``step`` counts the steps that
-    updated (a skipped step does not tick it)."""
-    warm = cfg.optim.warmup_steps
-    return cfg.optim.lr * (min(1.0, step / warm) if warm else 1.0)
-
-
 # --------------------------------------------------------------------------------------------
 # Evaluation and logging
 # --------------------------------------------------------------------------------------------
-
-
-def run_eval(state: TrainState, step: int) -> dict[str, float]:
-    """Greedy accuracy and pass@k on the held-out split, avg@k and pass@k on each benchmark
-    (conspo.evaluation); every sample drawn at eval.temperature and eval.top_p."""
-    with state.precision.autocast():
-        return _eval_metrics(state, step)
-
-
-def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
-    cfg = state.cfg
-    state.model.eval()
-    # The same noise at every evaluation (common random numbers: two checkpoints differ by their
-    # policies, not their draws), and in every run of this seed, so a chained run's step-0 eval
-    # repeats the final eval of the run it starts from (an SFT → RL pipeline compares alike).
-    generator = torch.Generator(device=state.device).manual_seed(step_seed(cfg.seed, 0, "eval"))
-    metrics = evaluate(
-        state.model,
-        state.tokenizer,
-        state.task,
-        state.eval_examples,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        pass_k=cfg.eval.pass_k,
-        temperature=cfg.eval.temperature,
-        top_p=cfg.eval.top_p,
-        generator=generator,
-        engine=state.engine,
-    )
-    for benchmark in state.benchmarks:
-        metrics |= score_benchmark(
-            state.model,
-            state.tokenizer,
-            benchmark,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            generator=generator,
-            engine=state.engine,
-        )
-    return metrics
-
-
-def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) -> None:
-    """Log ``record``; when it holds eval.best_metric at a new best, keep this step's model as
-    checkpoints/best and log a ``best`` event."""
-    sink.log_step(record)
-    key = state.cfg.eval.best_metric
-    if key is None:
-        return
-    value = record.metrics.get(key)  # rank 0 alone evaluates
-    best = value is not None and improves(key, value, best_so_far(workdir))
-    model_state = None
-    if distributed.is_sharded(state.model):  # rank 0's answer, and the shards to write
-        if not distributed.broadcast_object(best):
-            return
-        model_state, _ = distributed.full_state_dicts(state.model, state.optimizer)
-    if best and distributed.is_main():
-        assert value is not None
-        info = save_best(
-            workdir, record.step, key, value, state.model, state.tokenizer, model_state
-        )
-        sink.log_event("best", {**info, "path": str(workdir / "checkpoints" / "best")})
 
 
 def make_record(

@@ -117,3 +117,51 @@ def test_health_reports_runs_whose_job_the_broker_lost_until_a_reaper_resends_th
         body = health(client)
         assert body["status"] == "ok" and body["stranded_runs"] == []
     db.dispose()
+
+
+def test_a_stale_heartbeat_degrades_health_and_a_locked_table_cannot_hold_it(
+    own_settings: Settings,
+) -> None:
+    """A running run whose worker stopped beating (dead, or stuck holding the interpreter) is
+    named; and health answers within its own timeout while another session locks the runs
+    table (PostgreSQL: ``LOCK TABLE``; SQLite readers are never blocked in WAL mode)."""
+    import time
+
+    from sqlalchemy import text, update
+
+    from backend.models import Run, RunStatus
+
+    settings = own_settings.model_copy(update={"health_timeout_s": 1.0})
+    db = Database(settings)
+    with TestClient(create_app(settings)) as client:
+        with db.session() as session:
+            liveness.mark_alive(session, WorkerIdentity())
+        r = client.post(
+            "/api/runs",
+            json={"config": tiny_config(2)},
+            headers={"Authorization": f"Bearer {make_tokens(settings)['alice']}"},
+        )
+        run_id = r.json()["runs"][0]["id"]
+        assert health(client)["status"] == "ok"
+        long_ago = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s + 5)
+        with db.session() as session:
+            session.execute(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(status=RunStatus.running, attempt=1, heartbeat_at=long_ago)
+            )
+            session.commit()
+        body = health(client)
+        assert body["status"] == "degraded" and body["stale_runs"] == [run_id]
+        assert any("sent no heartbeat for over" in reason for reason in body["reasons"])
+        if settings.mode == "cluster":
+            with db.engine.connect() as locker:
+                locker.execute(text("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"))
+                started = time.monotonic()
+                body = health(client)
+                took = time.monotonic() - started
+                locker.rollback()
+            assert took < 1.0 + 2.0, took
+            assert body["status"] == "degraded" and body["database"] == "ok"
+            assert any("locked or overloaded" in reason for reason in body["reasons"])
+    db.dispose()

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from conspo.generation.rollout import encode_prompts
-from conspo.models.store import ModelStore, load_pretrained
+from conspo.models.loading import load_pretrained
+from conspo.models.store import ModelStore
 from tests.support import shared_model_store
 
 

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from conspo.access import DataFiles, DatasetTooLarge, ModelSources, Unavailable
 from conspo.config import ModelConfig, TaskConfig
-from conspo.models.store import ModelStore, load_policy, save_tiny
+from conspo.models.store import ModelStore, load_policy
+from conspo.models.tiny import save_tiny
 from conspo.tasks import make_task
 
 
@@ -178,7 +179,7 @@ def test_paths_that_leave_the_model_roots_are_refused_alike(model_places):
 
 
 def test_dot_dot_names_never_reach_transformers(monkeypatch, tmp_path):
-    import conspo.models.store as models
+    import conspo.models.loading as models
 
     def forbidden(*args, **kwargs):
         raise AssertionError(f"transformers was asked to load {args[0]!r}")

@@ -16,7 +16,7 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import RunConfig
-from conspo.objectives.base import PolicyBatch
+from conspo.objectives.base import PolicyBatch, WholeBatch
 from conspo.objectives.cispo import CISPOParams, cispo_objective
 from conspo.objectives.disco import DisCOParams, disco_objective
 from conspo.objectives.gmpo import GMPOParams, gmpo_objective
@@ -362,6 +362,25 @@ def test_disco_basic_variant_and_group_average() -> None:
         assert_same_loss_and_grad(disco_objective(batch, params).loss, -j / k, batch)
 
 
+def test_disco_k1_estimator_is_the_authors_token_mean_of_log_ratios() -> None:
+    """kl_estimator k1: KL̂ = token-mean of log π_old − log π_θ (the authors' ppo_kl_type kl),
+    which can be negative where k3 never is; k3 stays the default."""
+    batch = small_batch()
+    k1 = disco_objective(batch, DisCOParams(kl_estimator="k1")).stats[M.DISCO_KL].item()
+    by_hand = -sum(LOG_RATIO[i][t] for i, t in tokens(batch)) / 11
+    assert k1 == pytest.approx(by_hand, rel=1e-12)
+    k3 = disco_objective(batch, DisCOParams()).stats[M.DISCO_KL].item()
+    assert k3 == pytest.approx(disco_reference(batch, 10.0, 1e-4, 1e3, k=2)[1].item(), rel=1e-12)
+    assert DisCOParams().kl_estimator == "k3" and k3 > 0 and k1 != pytest.approx(k3)
+    # the loss with k1, literally: −J + (β/2)·max(0, KL̂₁ − δ)², KL̂₁ = 0.54/11 > δ here
+    kl1 = torch.zeros((), dtype=DT)
+    for i, t in tokens(batch):
+        kl1 = kl1 - torch.log(ratio_of(batch, i, t)) / 11
+    minus_j = disco_reference(batch, 10.0, 1e-4, 0.0, k=2)[0]  # β = 0: −J alone
+    out = disco_objective(batch, DisCOParams(kl_estimator="k1"))
+    assert_same_loss_and_grad(out.loss, minus_j + 500.0 * (kl1 - 1e-4) ** 2, batch)
+
+
 # ------------------------------------------------------------------------------------------
 # REINFORCE++
 # ------------------------------------------------------------------------------------------
@@ -383,6 +402,66 @@ def test_reinforce_pp_advantages_by_hand() -> None:
     torch.testing.assert_close(got, torch.tensor([(a - mean) / std for a in centred], dtype=DT))
     raw = reinforce_pp_advantages(batch.rewards, batch.group_ids, batch.mask, "none", False)
     assert raw.tolist() == REWARDS
+
+
+def test_reinforce_pp_whitens_over_the_whole_rollout_batch() -> None:
+    """Split into one mini-batch per group, each mini-batch's advantages are the whole batch's:
+    μ and σ come from every token of the rollout batch (OpenRLHF computes them once before the
+    batch is split). An all-correct group alone in its mini-batch gets (1 − μ)/σ, not 0."""
+    batch = small_batch()
+    whole = WholeBatch(batch.rewards, batch.group_ids, batch.mask.sum(-1))
+    for baseline in ("none", "group_mean"):
+        everything = reinforce_pp_advantages(
+            batch.rewards, batch.group_ids, batch.mask, baseline, True
+        )
+        for group in GROUPS:
+            rows = torch.tensor(group)
+            part = reinforce_pp_advantages(
+                batch.rewards[rows], batch.group_ids[rows], batch.mask[rows], baseline, True, whole
+            )
+            torch.testing.assert_close(part, everything[rows])
+    solved = torch.tensor([1.0, 1.0], dtype=DT)  # a group every rollout of which is right
+    mixed = WholeBatch(
+        torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=DT),
+        torch.tensor([0, 0, 1, 1]),
+        torch.tensor([2.0, 2.0, 2.0, 2.0], dtype=DT),
+    )
+    alone = reinforce_pp_advantages(
+        solved, torch.tensor([0, 0]), torch.ones(2, 2, dtype=DT), "none", True, mixed
+    )
+    # μ = 3/4, σ = √(3/16): (1 − 3/4)/σ = 1/√3 for both rollouts
+    torch.testing.assert_close(alone, torch.full((2,), 1 / math.sqrt(3), dtype=DT))
+
+
+def test_the_trainer_hands_reinforce_pp_the_whole_batch(monkeypatch, model_store, tmp_path):
+    """With 2 mini-batches every call sees the whole rollout batch's N rollouts; with one it
+    sees none (the mini-batch is the whole batch)."""
+    import conspo.objectives.reinforce_pp as module
+
+    seen: list[int | None] = []
+    real = module.reinforce_pp_advantages
+
+    def spy(*args, **kwargs):
+        whole = args[5] if len(args) > 5 else kwargs.get("whole")
+        seen.append(None if whole is None else len(whole.rewards))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "reinforce_pp_advantages", spy)
+    for mini_batches, expected in ((2, 8), (1, None)):
+        seen.clear()
+        cfg = RunConfig.model_validate(
+            {
+                "algorithm": "reinforce_pp",
+                "model": {"name": "tiny"},
+                "task": {"name": "arith", "eval_size": 2},
+                "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
+                "optim": {"mini_batches": mini_batches},
+                "eval": {"every": 0, "pass_k": 1, "at_start": False},
+                "steps": 1,
+            }
+        )
+        train(cfg, MemorySink(), workdir=tmp_path / str(mini_batches), model_store=model_store)
+        assert seen and set(seen) == {expected}
 
 
 @pytest.mark.parametrize("baseline", ["none", "group_mean"])

@@ -32,7 +32,7 @@ from conspo.distributed import collectives as distributed
 from conspo.distributed import launch
 from conspo.models.store import ModelStore
 from conspo.sink import MemorySink
-from conspo.training import trainer
+from conspo.training import loop, trainer
 
 TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 4}
 
@@ -84,7 +84,7 @@ def one_update(name: str, store: ModelStore) -> dict[str, Any]:
     """Set up ``name``'s run, sample the step's whole batch as one process would, take one
     ``trainer.update``; the stats, the last update's gradient and the weights after it."""
     cfg = scenario_config(name)
-    state = trainer.setup(cfg, store)
+    state = loop.setup(cfg, store)
     prompts = state.task.train_prompts(trainer.random.Random(7), cfg.sampling.prompts_per_step)
     r = trainer.sample_groups(state, prompts, seed=11)
     stats, scores, updates = trainer.update(state, r, step=2, lr=cfg.optim.lr)
@@ -107,7 +107,7 @@ def one_update(name: str, store: ModelStore) -> dict[str, Any]:
 def refill(store: ModelStore) -> dict[str, Any]:
     """One step's rollouts under dynamic sampling (DAPO), as this rank ends up holding them."""
     cfg = scenario_config("dapo").model_copy(update={"params": {"overlong_buffer": 2}})
-    state = trainer.setup(cfg, store)
+    state = loop.setup(cfg, store)
     r = trainer.collect_rollouts(state, 1, distributed.agreed(lambda: False))
     assert r is not None
     return {

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.evaluation import Benchmark, score_benchmark
-from conspo.models.store import load_pretrained
+from conspo.models.loading import load_pretrained
 from conspo.sink import MemorySink
 from conspo.tasks import Example
 from conspo.training.trainer import train

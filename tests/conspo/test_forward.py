@@ -18,7 +18,7 @@ from conspo.generation.forward import (
     token_logprobs,
 )
 from conspo.generation.rollout import RolloutBatch, sample
-from conspo.models.store import prepare_for_training
+from conspo.models.loading import prepare_for_training
 
 
 def test_prefill_runs_each_prompt_once_and_repeats_it_per_rollout(policy, prompts):

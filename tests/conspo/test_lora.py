@@ -15,9 +15,10 @@ from conspo.config import RunConfig
 from conspo.generation.forward import token_logprobs
 from conspo.generation.rollout import sample
 from conspo.models.export import export_merged
-from conspo.models.store import load_pretrained
+from conspo.models.loading import load_pretrained
 from conspo.sink import MemorySink
-from conspo.training.trainer import setup, train, train_step
+from conspo.training.loop import setup
+from conspo.training.trainer import train, train_step
 from tests.conspo.test_resume import comparable
 
 

@@ -9,8 +9,9 @@ import torch
 from conspo.config import RunConfig
 from conspo.generation.rollout import RolloutBatch
 from conspo.training import trainer
+from conspo.training.loop import setup
 from conspo.training.microbatch import micro_batches, trimmed
-from conspo.training.trainer import collect_rollouts, setup, update
+from conspo.training.trainer import collect_rollouts, update
 
 
 def config(algorithm: str, mini_batches: int, **model) -> RunConfig:

@@ -12,14 +12,8 @@ from transformers import (
 )
 
 from conspo.config import ModelConfig
-from conspo.models.store import (
-    STORE_VERSION,
-    ModelStore,
-    build_char_tokenizer,
-    build_tiny_model,
-    load_policy,
-    save_tiny,
-)
+from conspo.models.store import STORE_VERSION, ModelStore, load_policy
+from conspo.models.tiny import build_char_tokenizer, build_tiny_model, save_tiny
 
 
 def test_char_tokenizer_round_trips_through_save_pretrained(tmp_path):

@@ -23,7 +23,7 @@ from conspo.models.resources import (
     read_hf_config,
     source_dims,
 )
-from conspo.models.store import save_tiny
+from conspo.models.tiny import save_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 MAXIMAL = {"prompts_per_step": 4096, "group_size": 256, "max_new_tokens": 32_768}

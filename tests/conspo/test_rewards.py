@@ -25,7 +25,7 @@ from conspo.rewards import (
 from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask, intermediate_results
 from conspo.tasks.base import Example
-from conspo.training import trainer
+from conspo.training import loop, trainer
 
 ARITH = ArithTask(ArithParams(num_operands=3, operators="+-*"))
 # "3*4+7=": intermediate results 12 then 19.
@@ -180,7 +180,7 @@ def test_sample_groups_gives_the_objective_the_shaped_sum(model_store, arith_bas
         "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
         "rewards": SHAPED,
     })  # fmt: skip
-    state = trainer.setup(cfg, model_store)
+    state = loop.setup(cfg, model_store)
     prompts = state.task.train_prompts(random.Random(0), 4)
     r = trainer.sample_groups(state, prompts, seed=1)
     parts = r.reward_parts
@@ -253,7 +253,7 @@ def arith_state(model_store, arith_base):
         "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
         "rewards": [{"name": "info_gain"}],
     })  # fmt: skip
-    return trainer.setup(cfg, model_store)
+    return loop.setup(cfg, model_store)
 
 
 def manual_mean_logprob(state, prompt: str, context: str, answer: str) -> float:
@@ -313,3 +313,50 @@ def test_ispo_with_its_sequence_signal_trains(model_store, arith_base, tmp_path)
         # arith's completions are bare answers: no reasoning, so no information gain.
         assert m[M.reward_key("info_gain")] == 0.0
         assert 0 <= m[M.ISPO_HINGE_ACTIVE] <= 1 and m[M.OPTIM_UPDATES] >= 1
+
+
+# A pattern that backtracks exponentially even in the ``regex`` package (which sees through
+# the issue's "(.+)+#" at once): the match must fail within the timeout, not hang the step.
+EXPONENTIAL = r"(?:.|..)+\Z(?<=#)"
+
+
+def test_a_backtracking_pattern_fails_the_reward_within_its_timeout_without_holding_the_gil(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import threading
+    import time
+
+    from conspo.config import RewardConfig
+    from conspo.rewards import PATTERN_TIMEOUT_S
+
+    rewards = build_rewards(
+        [
+            RewardConfig(name="verifier"),
+            RewardConfig(name="format", params={"pattern": EXPONENTIAL}),
+        ]
+    )
+    texts = ["ab" * 30, "x" * 50, "19", "#"]
+    ticks = 0
+    done = threading.Event()
+
+    def tick() -> None:  # stands for the worker's heartbeat thread
+        nonlocal ticks
+        while not done.wait(0.01):
+            ticks += 1
+
+    threading.Thread(target=tick, daemon=True).start()
+    started = time.monotonic()
+    scores = score_rollouts(rewards, texts, [EXAMPLE] * 4, [4] * 4, RewardContext(ARITH, 6))
+    elapsed = time.monotonic() - started
+    done.set()
+    assert scores.parts["format"] == [0.0, 0.0, 0.0, 1.0]  # the short ones match or not at once
+    assert scores.failed == {"format": 2}
+    assert elapsed < 2 * 10 * PATTERN_TIMEOUT_S  # two timeouts, with a wide margin
+    assert ticks >= elapsed / 0.01 / 4  # the other thread ran during the matches
+    assert "reward format failed on 2 of 4 rollouts" in caplog.text
+
+
+def test_the_issues_redos_pattern_is_matched_at_once() -> None:
+    from conspo.rewards import matches
+
+    assert not matches("(.+)+#", "a" * 10_000)

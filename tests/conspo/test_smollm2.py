@@ -15,9 +15,9 @@ from conspo.access import Unavailable
 from conspo.config import PromptConfig
 from conspo.generation.rollout import encode_prompts, end_token_ids, finish_responses, sample
 from conspo.models.catalog import builtin_hf_config
+from conspo.models.loading import load_pretrained
 from conspo.models.resources import ModelDims
 from conspo.models.smollm2 import GGUF_FILE, SOURCE_FILE, gguf_path, load_gguf, save_smollm2, sha256
-from conspo.models.store import load_pretrained
 from conspo.tasks.prompts import PromptRenderer
 
 NAME = "smollm2-135m-instruct"

@@ -8,11 +8,11 @@ import torch
 from conspo import metrics as M
 from conspo.config import RunConfig, TaskConfig
 from conspo.generation.rollout import evaluate
-from conspo.models.store import load_pretrained
+from conspo.models.loading import load_pretrained
 from conspo.objectives.base import clipped_ratio_scores, group_advantages
 from conspo.sink import MemorySink, prompt_key
 from conspo.tasks import make_task
-from conspo.training import trainer
+from conspo.training import loop, trainer
 from conspo.training.stats import separation_stats
 from conspo.training.trainer import train
 
@@ -98,7 +98,7 @@ def test_each_step_records_every_prompt_with_its_correct_count(model_store, arit
     task = make_task(TaskConfig(**TASK))
     for step in (1, 2):
         record = sink.steps[step]
-        drawn = task.train_prompts(random.Random(trainer.step_seed(cfg.seed, step, "p0")), 8)
+        drawn = task.train_prompts(random.Random(loop.step_seed(cfg.seed, step, "p0")), 8)
         expected = Counter(prompt_key(ex.prompt) for ex in drawn)
         assert {p.key: p.n for p in record.prompts} == {k: 4 * c for k, c in expected.items()}
         correct = sum(p.correct for p in record.prompts)
@@ -253,7 +253,7 @@ def test_dynamic_sampling_logs_the_groups_it_could_not_find(model_store, arith_b
     record = sink.steps[1]
     assert len(record.rollouts) == 4 * m[M.BATCH_VALID_GROUPS] < 32  # what was trained on
     drawn = make_task(TaskConfig(**TASK)).train_prompts(
-        random.Random(trainer.step_seed(cfg.seed, 1, "p0")), 8
+        random.Random(loop.step_seed(cfg.seed, 1, "p0")), 8
     )
     expected = Counter(prompt_key(ex.prompt) for ex in drawn)
     assert {p.key: p.n for p in record.prompts} == {k: 4 * c for k, c in expected.items()}
@@ -266,7 +266,7 @@ def test_dynamic_sampling_logs_the_groups_it_could_not_find(model_store, arith_b
 def test_batch_scaled_advantages_divide_by_the_whole_rollout_batchs_std(model_store, arith_base):
     cfg = small_config(algorithm="grpo", params={"scale_rewards": "batch"},
                        optim={"mini_batches": 2})  # fmt: skip
-    state = trainer.setup(cfg, model_store)
+    state = loop.setup(cfg, model_store)
     r = trainer.collect_rollouts(state, 1, lambda: False)
     rows = r.group_ids < 4  # the first mini-batch's groups
     logprobs = torch.zeros(int(rows.sum()), r.batch.response_ids.shape[1])

@@ -20,7 +20,7 @@ from trl import GRPOConfig
 
 from conspo import metrics as M
 from conspo.integrations.trl import GROUP_IDS, ConSPOTrainer, shuffle_groups
-from conspo.models.store import build_char_tokenizer, build_tiny_model
+from conspo.models.tiny import build_char_tokenizer, build_tiny_model
 from conspo.objectives.base import PolicyBatch, clipped_ratio_scores, sequence_scores
 from conspo.registry import get_objective
 from conspo.training.stats import separation_stats

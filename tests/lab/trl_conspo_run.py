@@ -18,7 +18,7 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from conspo.integrations.trl import ConSPOTrainer
-from conspo.models.store import build_char_tokenizer, build_tiny_model
+from conspo.models.tiny import build_char_tokenizer, build_tiny_model
 from conspo_lab.trl_bridge import ConSPOLabCallback
 
 G = 4

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse, PlainTextResponse
-from sqlalchemy import select
 
-from backend.api.deps import SessionDep
+from backend.api.deps import SessionDep, found_runs
 from backend.api.query import CommaList, parse_ids, parse_keys
-from backend.models import Run
 from backend.studies import report
 from backend.studies.comparison import comparison_csv, comparison_view
 from backend.studies.spec import Objective
+from conspo.input_checks import LABEL
 
 router = APIRouter(prefix="/compare", tags=["metrics"])
 MAX_RUNS = 200
@@ -29,6 +28,7 @@ def comparison(
     ),
     group: Annotated[
         str,
+        LABEL,
         Query(
             max_length=200,
             description="Group by algorithm, task, model or a config path (params.tau);"
@@ -41,21 +41,15 @@ def comparison(
     k: Annotated[int, Query(ge=1, le=10_000, description="The last-N window.")] = 3,
     direction: Annotated[Literal["max", "min"], Query(description="Which way is better.")] = "max",
     baseline: Annotated[
-        str | None,
+        Annotated[str, LABEL] | None,
         Query(max_length=400, description="The baseline group's label, e.g. algorithm=grpo."),
     ] = None,
 ) -> dict[str, Any]:
     ids = parse_ids(runs, "runs", MAX_RUNS)
     metric = parse_keys(key, "key", 1)[0]
-    found = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids))).unique()}
-    missing = [i for i in ids if i not in found]
-    if missing:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail=f"run(s) {', '.join(map(str, missing))} not found"
-        )
     return comparison_view(
         session,
-        [found[i] for i in ids],
+        found_runs(session, ids),
         group=group.strip(),
         objective=Objective(metric=metric, reduce=reduce, k=k, direction=direction),
         baseline=baseline,

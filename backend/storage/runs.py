@@ -1,0 +1,145 @@
+"""Reading the runs table: the filtered, sorted, paged runs list and the queue's order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import String, cast, func, select
+from sqlalchemy.orm import Session
+
+from backend.models import Run, RunStatus
+
+RunSort = Literal["created_at", "-created_at", "name", "status", "id"]
+SORTS: dict[str, Any] = {
+    "created_at": Run.created_at.asc(),
+    "-created_at": Run.created_at.desc(),
+    "name": Run.name.asc(),
+    "status": Run.status.asc(),
+    "id": Run.id.asc(),
+}
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Each given field narrows the list (all of them: AND)."""
+
+    status: str | None = None
+    kind: str | None = None
+    algorithm: str | None = None
+    task: str | None = None
+    tag: str | None = None
+    group_id: str | None = None
+    name_contains: str | None = None
+    ids: Sequence[int] | None = None
+
+
+def list_runs(
+    session: Session, where: RunFilter, sort: RunSort, limit: int, offset: int
+) -> tuple[list[Run], int]:
+    """(one page of the runs matching ``where``, how many match in all)."""
+    stmt = select(Run)
+    for column, value in (
+        (Run.status, where.status),
+        (Run.kind, where.kind),
+        (Run.algorithm, where.algorithm),
+        (Run.task, where.task),
+        (Run.group_id, where.group_id),
+    ):
+        if value:
+            stmt = stmt.where(column == value)
+    if where.ids is not None:
+        stmt = stmt.where(Run.id.in_(where.ids))
+    if where.name_contains:
+        stmt = stmt.where(
+            func.lower(Run.name).contains(where.name_contains.lower(), autoescape=True)
+        )
+    if where.tag:
+        # tags is a JSON list; match the quoted element in its text (portable across dialects).
+        stmt = stmt.where(cast(Run.tags, String).contains(json.dumps(where.tag), autoescape=True))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
+    rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
+    return list(rows), total
+
+
+def queue_positions(session: Session) -> dict[int, int]:
+    """Queued run id → its place in the queue (1 = next), in the order runs were sent."""
+    ids = session.scalars(
+        select(Run.id)
+        .where(Run.status == RunStatus.queued, Run.cancel_requested.is_(False))
+        .order_by(Run.enqueued_at.is_(None), Run.enqueued_at, Run.id)
+    )
+    return {rid: i for i, rid in enumerate(ids, 1)}
+
+
+IDS_PER_QUERY = 500  # ids in one IN (...) list: a long one is read in several queries
+
+
+def runs_by_id(session: Session, ids: Iterable[int]) -> dict[int, Run]:
+    """The stored runs among ``ids``, by id (a deleted one is absent)."""
+    out: dict[int, Run] = {}
+    for batch in _batches(ids):
+        out |= {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(batch))).unique()}
+    return out
+
+
+def columns_of(
+    session: Session, ids: Iterable[int], names: Sequence[str]
+) -> dict[int, tuple[Any, ...]]:
+    """Run id → the values of its columns ``names``, for the stored runs among ``ids``."""
+    columns = [getattr(Run, name) for name in names]
+    out: dict[int, tuple[Any, ...]] = {}
+    for batch in _batches(ids):
+        for row in session.execute(select(Run.id, *columns).where(Run.id.in_(batch))):
+            out[row[0]] = tuple(row[1:])
+    return out
+
+
+def columns_updated_since(
+    session: Session, since: datetime, names: Sequence[str]
+) -> dict[int, tuple[Any, ...]]:
+    """Run id → the values of its columns ``names``, for the runs updated since ``since``, in
+    the order they were updated."""
+    columns = [getattr(Run, name) for name in names]
+    query = select(Run.id, *columns).where(Run.updated_at >= since).order_by(Run.updated_at)
+    return {row[0]: tuple(row[1:]) for row in session.execute(query)}
+
+
+def _batches(ids: Iterable[int]) -> Iterator[list[int]]:
+    ordered = sorted(set(ids))
+    for start in range(0, len(ordered), IDS_PER_QUERY):
+        yield ordered[start : start + IDS_PER_QUERY]
+
+
+def count_queued(session: Session) -> int:
+    return count_in(session, RunStatus.queued)
+
+
+def count_in(session: Session, status: RunStatus) -> int:
+    """How many runs are in ``status``."""
+    return session.scalar(select(func.count()).where(Run.status == status)) or 0
+
+
+def stale_running(session: Session, beat_before: datetime) -> list[int]:
+    """Ids of running runs whose last heartbeat is older than ``beat_before``."""
+    stmt = select(Run.id).where(Run.status == RunStatus.running, Run.heartbeat_at < beat_before)
+    return list(session.scalars(stmt))
+
+
+def finished_worker_runs(session: Session) -> list[Run]:
+    """The worker runs that succeeded, newest first (the model registry's candidates)."""
+    stmt = (
+        select(Run)
+        .where(Run.status == RunStatus.succeeded, Run.external.is_(False))
+        .order_by(Run.id.desc())
+    )
+    return list(session.scalars(stmt).unique())
+
+
+def config_of(session: Session, run_id: int) -> dict[str, Any] | None:
+    """The stored config of ``run_id`` (None: no such run)."""
+    return session.scalar(select(Run.config).where(Run.id == run_id))

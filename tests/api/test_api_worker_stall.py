@@ -1,0 +1,131 @@
+"""A run whose user code stalls its worker (issue 27): a backtracking ``format`` pattern, and a
+training process that holds the interpreter so long that its own heartbeat thread cannot run.
+
+* Through a real Celery worker: the pattern's reward fails within its timeout (the rollout
+  scores 0 on it, the worker logs the count), the run keeps stepping and beating, and a cancel
+  is acted on within 10 s.
+* ``worker.watchdog`` against a real process wedged in Python's ``re`` (the GIL held, no thread
+  of it runs): an unanswered cancel is recorded and the process killed; a stalled heartbeat gets
+  the process killed, and the reaper fails the run at the attempt cap saying why.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import lifecycle
+from backend.config import Settings
+from backend.db import Database
+from backend.models import Run, utcnow
+from tests.api.conftest import Api, tiny_config, wait_for
+from tests.api.test_api_worker import finished, mode_api, run_state, submit
+from worker.watchdog import watch
+
+pytestmark = pytest.mark.services
+
+# Exponential even for the ``regex`` package (the issue's "(.+)+#" it matches at once).
+BACKTRACKING = r"(?:.|..)+\Z(?<=#)"
+# Python's own ``re`` on the issue's pattern: hours of C code holding the GIL.
+WEDGED = "import re; re.fullmatch(r'(.+)+#', 'a' * 64)"
+
+
+@pytest.mark.slow
+def test_a_backtracking_pattern_fails_its_reward_and_the_run_still_cancels_within_10_s(
+    tmp_path: Path, request: pytest.FixtureRequest, workers: Any, model_store: Path
+) -> None:
+    api = mode_api("embedded", tmp_path, request)
+    wp = workers(api.settings, model_store)
+    wp.start()
+    config = tiny_config(500, rewards=[{"name": "format", "params": {"pattern": BACKTRACKING}}])
+    config["sampling"] = {**config["sampling"], "max_new_tokens": 48}
+    run_id = submit(api, config)
+    wait_for(lambda: run_state(api, run_id)["step"] >= 3, 300, "three steps")
+    wait_for(lambda: "reward format failed on" in wp.tail(400), 60, "the failed reward's log")
+    health = api.get("/api/health").json()
+    assert len(health["workers"]) == 1 and health["stale_runs"] == [], health
+    asked = time.monotonic()
+    assert api.post(f"/api/runs/{run_id}/cancel").status_code == 200
+    run = finished(api, run_id, 60, wp)
+    took = time.monotonic() - asked
+    assert run["status"] == "cancelled", run
+    assert took < 10, f"cancel took {took:.1f} s"
+    print(f"cancel honoured in {took:.1f} s at step {run['step']}")
+    api.client.close()
+
+
+def claimed(api: Api) -> Run:
+    """A run of the session's database, claimed (running, attempt 1) as a worker would."""
+    run_id = api.post("/api/runs", json={"config": tiny_config(2)}).json()["runs"][0]["id"]
+    db = Database(api.settings)
+    with db.session() as session:
+        run = lifecycle.claim(
+            session, run_id, host="stalled", stale_before=utcnow() - timedelta(hours=1),
+            max_attempts=3,
+        )  # fmt: skip
+    db.dispose()
+    assert run is not None
+    return run
+
+
+def watched(settings: Settings, run: Run, proc: subprocess.Popen[bytes]) -> tuple[str, float]:
+    started = time.monotonic()
+    outcome = watch(settings, run.id, run.attempt, proc.pid)
+    took = time.monotonic() - started
+    proc.wait(timeout=10)
+    return outcome, took
+
+
+@pytest.fixture
+def wedged() -> Any:
+    made: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        made.append(subprocess.Popen([sys.executable, "-c", WEDGED]))
+        return made[-1]
+
+    yield start
+    for proc in made:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_watchdog_records_an_unanswered_cancel_and_kills_the_wedged_process(
+    api: Api, wedged: Any
+) -> None:
+    run = claimed(api)
+    proc = wedged()
+    assert api.post(f"/api/runs/{run.id}/cancel").json()["cancel_requested"] is True
+    settings = api.settings.model_copy(update={"heartbeat_interval_s": 0.2, "cancel_grace_s": 2})
+    outcome, took = watched(settings, run, proc)
+    assert outcome == "killed: cancelled" and proc.returncode == -9
+    assert took < 10
+    assert run_state(api, run.id)["status"] == "cancelled"
+
+
+def test_the_watchdog_kills_a_process_whose_heartbeat_stalled_and_the_cap_says_why(
+    api: Api, wedged: Any
+) -> None:
+    run = claimed(api)
+    proc = wedged()
+    settings = api.settings.model_copy(
+        update={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5, "max_attempts": 1}
+    )
+    outcome, took = watched(settings, run, proc)
+    assert outcome == "killed: stalled" and proc.returncode == -9
+    assert took < 10
+    db = Database(api.settings)
+    with db.session() as session:  # one pass of a reaper, at an attempt cap of 1
+        stale_before = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+        recovered = lifecycle.requeue_stale(session, stale_before, settings.max_attempts)
+    db.dispose()
+    assert run.id in recovered.failed
+    state = run_state(api, run.id)
+    assert state["status"] == "failed" and state["error"].startswith("worker died 1 times")
