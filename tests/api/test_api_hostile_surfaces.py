@@ -109,7 +109,7 @@ CASES = [
             "sampling.prompts_per_step": {"type": "int", "low": 1, "high": 4096},
             "sampling.max_new_tokens": {"type": "int", "low": 1, "high": 32768},
         }),
-        "search.space",
+        "search.space.sampling.prompts_per_step",  # the first parameter in the refused section
     ),
     # dotted overrides hundreds of levels deep
     *both(study(arms=[{"name": "a", "overrides": {"a." * 499 + "a": 1}}]), "arms.0.overrides"),
