@@ -4,7 +4,7 @@ The routes, the worker, its reaper and the CLI call these functions and nothing 
 ``runs.status``. Each transition is a conditional UPDATE (it applies only from the states drawn
 here, so two workers, two reapers or a worker racing a user's cancel can never both win) and
 reports a refusal as a ``LifecycleError``; mapping those to HTTP statuses is the API's business
-(``backend.main``), so the CLI can call the same functions.
+(``backend.api.errors``), so the CLI can call the same functions.
 
 Worker runs::
 
@@ -40,7 +40,6 @@ conditional on (status running, attempt).
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,15 +47,14 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, delete, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import ColumnElement, Update, delete, select, update
 from sqlalchemy.orm import Session
 
+from backend.errors import DomainError
 from backend.models import (
     FINISHED,
     Metric,
     MetricRollup,
-    Pipeline,
     PromptStat,
     Rollout,
     RolloutText,
@@ -65,14 +63,16 @@ from backend.models import (
     User,
     utcnow,
 )
+from backend.pipelines import stages
 from backend.queue import JobQueue
+from backend.run_rows import commit_named, new_run
 from backend.scheduling import resources_of
 from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
 
 
-class LifecycleError(Exception):
+class LifecycleError(DomainError):
     """A transition that cannot happen; the message says why in the user's terms."""
 
 
@@ -98,61 +98,23 @@ def _rows(result: Any) -> int:
     return int(result.rowcount)
 
 
+def _cancelled_if_asked(session: Session, runs: Update, now: datetime) -> bool:
+    """→ cancelled (committed) for the run ``runs`` matches when a cancel was asked of it: a
+    run handed back by its worker, or whose worker died, would otherwise never finish it."""
+    cancelled = session.execute(
+        runs.where(Run.cancel_requested.is_(True)).values(
+            status=RunStatus.cancelled, finished_at=now, updated_at=now
+        )
+    )
+    if not _rows(cancelled):
+        return False
+    session.commit()
+    return True
+
+
 # --------------------------------------------------------------------------------------------
 # Creating and sending
 # --------------------------------------------------------------------------------------------
-
-
-def default_name(config: RunConfig) -> str:
-    return config.name or f"{config.algorithm}-{config.task.name}-s{config.seed}"
-
-
-NAME_CHARS = 200  # runs.name
-_SUFFIX = re.compile(r"-(\d{1,3})$")
-
-
-def name_base(name: str) -> str:
-    """``name`` without the ``-N`` suffix ``unique_names`` adds (a clone of ``x-2`` is ``x-3``)."""
-    return _SUFFIX.sub("", name) or name
-
-
-def unique_names(session: Session, wanted: Sequence[str]) -> list[str]:
-    """Each wanted name as it is when free, else with the smallest free suffix ``-2``, ``-3``, …
-    (free of stored runs and of the names picked before it in ``wanted``).
-
-    Two sessions can pick the same free name at once: the unique index ``ux_runs_name`` makes
-    the second commit fail, and ``_commit_named`` picks again.
-    """
-    out: list[str] = []
-    taken: dict[str, set[str]] = {}
-    for name in wanted:
-        base = name[: NAME_CHARS - 8]
-        if base not in taken:
-            like = Run.name.startswith(f"{base}-", autoescape=True)
-            taken[base] = set(session.scalars(select(Run.name).where((Run.name == base) | like)))
-        used = taken[base]
-        pick, k = base, 2
-        while pick in used:
-            pick, k = f"{base}-{k}", k + 1
-        used.add(pick)
-        out.append(pick)
-    return out
-
-
-def _commit_named(session: Session, runs: Sequence[Run], attempts: int = 5) -> None:
-    """Add and commit ``runs`` under unique names (their ``name`` is the wanted one)."""
-    wanted = [r.name for r in runs]
-    for attempt in range(attempts):
-        for run, name in zip(runs, unique_names(session, wanted), strict=True):
-            run.name = name
-        session.add_all(runs)
-        try:
-            session.commit()
-            return
-        except IntegrityError:  # a concurrent submission took one of the names: pick again
-            session.rollback()
-            if attempt == attempts - 1:
-                raise
 
 
 def queue_runs(
@@ -175,12 +137,16 @@ def queue_runs(
     """
     seed_list = list(dict.fromkeys(seeds)) if seeds else [config.seed]
     group_id = uuid.uuid4().hex if len(seed_list) >= 2 else None
-    runs = [
-        _new_run(owner.id, config, seed, group_id, tags, name, len(seed_list)) for seed in seed_list
-    ]
-    for run in runs:
-        run.cloned_from = cloned_from
-    _commit_named(session, runs)
+    runs = []
+    for seed in seed_list:
+        cfg = config.model_copy(update={"seed": seed})
+        if name:
+            cfg = cfg.model_copy(
+                update={"name": name if len(seed_list) == 1 else f"{name}-s{seed}"}
+            )
+        runs.append(new_run(owner.id, cfg, tags=tags or (), group_id=group_id))
+        runs[-1].cloned_from = cloned_from
+    commit_named(session, runs)
     pending = list(runs)
     try:
         while pending:
@@ -193,35 +159,6 @@ def queue_runs(
     for run in runs:
         session.refresh(run)
     return group_id, runs
-
-
-def _new_run(
-    owner_id: int | None,
-    config: RunConfig,
-    seed: int,
-    group_id: str | None,
-    tags: Sequence[str] | None,
-    name: str | None,
-    n_seeds: int,
-) -> Run:
-    cfg = config.model_copy(update={"seed": seed})
-    if name:
-        cfg = cfg.model_copy(update={"name": name if n_seeds == 1 else f"{name}-s{seed}"})
-    return Run(
-        name=default_name(cfg),
-        owner_id=owner_id,
-        status=RunStatus.queued,
-        # a job kind other than rl shows as its kind (its panels, its row in the runs list)
-        algorithm=cfg.algorithm if cfg.kind == "rl" else cfg.kind,
-        task=cfg.task.name,
-        model=cfg.model.name,
-        config=cfg.model_dump(mode="json"),
-        seed=seed,
-        group_id=group_id,
-        tags=list(dict.fromkeys(tags or [])),
-        total_steps=cfg.steps,
-        summary={},
-    )
 
 
 def send(session: Session, jobs: JobQueue, run_id: int) -> bool:
@@ -387,7 +324,7 @@ def finish(
         .values(status=status, error=error, finished_at=now, heartbeat_at=now, updated_at=now)
     )
     if _rows(done) and status is RunStatus.succeeded:
-        release_next_stage(session, run_id)  # in the same transaction: both or neither
+        stages.release_next_stage(session, run_id)  # in the same transaction: both or neither
     session.commit()
     return _rows(done) > 0
 
@@ -405,14 +342,7 @@ def release(session: Session, run_id: int, attempt: int) -> RunStatus | None:
     """
     now = utcnow()
     owned = update(Run).where(*owned_by(run_id, attempt))
-    if _rows(
-        session.execute(
-            owned.where(Run.cancel_requested.is_(True)).values(
-                status=RunStatus.cancelled, finished_at=now, updated_at=now
-            )
-        )
-    ):
-        session.commit()
+    if _cancelled_if_asked(session, owned, now):
         return RunStatus.cancelled
     released = _rows(
         session.execute(
@@ -423,128 +353,6 @@ def release(session: Session, run_id: int, attempt: int) -> RunStatus | None:
     )
     session.commit()
     return RunStatus.queued if released else None
-
-
-# --------------------------------------------------------------------------------------------
-# Pipelines: stage k+1's run is created when stage k's run succeeds
-# --------------------------------------------------------------------------------------------
-
-
-def queue_pipeline(
-    session: Session,
-    jobs: JobQueue,
-    owner: User,
-    name: str,
-    stages: Sequence[RunConfig],
-    tags: Sequence[str] | None = None,
-) -> tuple[Pipeline, Run]:
-    """(none) → a pipeline with stage 0's run queued; the later stages wait for their turn
-    (``release_next_stage``). Nothing is left behind if the broker refuses stage 0."""
-    pipeline = Pipeline(
-        name=name,
-        owner_id=owner.id,
-        stages=[{"config": c.model_dump(mode="json"), "tags": list(tags or [])} for c in stages],
-        released=1,
-    )
-    session.add(pipeline)
-    session.flush()
-    run = _stage_run(session, pipeline, 0, None)
-    _commit_named(session, [run])
-    try:
-        send(session, jobs, run.id)
-    except QueueUnavailable:
-        session.execute(delete(Run).where(Run.id == run.id))
-        session.execute(delete(Pipeline).where(Pipeline.id == pipeline.id))
-        session.commit()
-        raise
-    session.refresh(run)
-    return pipeline, run
-
-
-def _stage_run(session: Session, pipeline: Pipeline, stage: int, previous: int | None) -> Run:
-    """The run of ``stage``; after stage 0 it starts from the previous stage's run (its
-    ``model.step``, default the last checkpoint)."""
-    entry = pipeline.stages[stage]
-    data = dict(entry["config"])
-    if previous is not None:
-        data["model"] = {**data.get("model", {}), "from_run": previous}
-    config = RunConfig.model_validate(data)
-    wanted = config.name or f"{pipeline.name}-{stage + 1}-{config.kind}"
-    (name,) = unique_names(session, [wanted])  # a user's run may already hold the name
-    run = _new_run(pipeline.owner_id, config, config.seed, None, entry["tags"], name, 1)
-    run.pipeline_id, run.pipeline_stage = pipeline.id, stage
-    return run
-
-
-def release_next_stage(session: Session, run_id: int) -> int | None:
-    """Create the queued run of the stage after ``run_id``'s (which just succeeded), unless
-    there is none or it exists already; returns its id. Not committed, not sent: the caller
-    commits it with the finish, then sends it (``send_next_stage``; the reaper's ``unsent`` pass
-    sends it otherwise). Once only: the conditional update of ``pipelines.released`` lets one
-    caller through (PostgreSQL: the second waits on the row lock, then matches nothing; SQLite
-    writers are serial)."""
-    row = session.execute(
-        select(Run.pipeline_id, Run.pipeline_stage).where(Run.id == run_id)
-    ).first()
-    if row is None or row.pipeline_id is None:
-        return None
-    pipeline = session.get(Pipeline, row.pipeline_id)
-    following = row.pipeline_stage + 1
-    if pipeline is None or following >= len(pipeline.stages):
-        return None
-    won = session.execute(
-        update(Pipeline)
-        .where(Pipeline.id == pipeline.id, Pipeline.released == following)
-        .values(released=following + 1)
-    )
-    if not _rows(won):
-        return None
-    run = _stage_run(session, pipeline, following, run_id)
-    run.name = unique_names(session, [run.name])[0]
-    session.add(run)
-    session.flush()
-    return run.id
-
-
-def send_next_stage(session: Session, jobs: JobQueue, run_id: int) -> int | None:
-    """Send the next stage's run of ``run_id``'s pipeline if it is queued and unsent."""
-    row = session.execute(
-        select(Run.pipeline_id, Run.pipeline_stage).where(Run.id == run_id)
-    ).first()
-    if row is None or row.pipeline_id is None:
-        return None
-    following = session.scalar(
-        select(Run.id).where(
-            Run.pipeline_id == row.pipeline_id,
-            Run.pipeline_stage == row.pipeline_stage + 1,
-            Run.status == RunStatus.queued,
-            Run.enqueued_at.is_(None),
-        )
-    )
-    if following is not None:
-        send(session, jobs, following)
-    return following
-
-
-STOPPED = -1  # pipelines.released of a cancelled pipeline: no later stage is ever released
-
-
-def cancel_pipeline(session: Session, pipeline: Pipeline) -> list[int]:
-    """Stop ``pipeline``: no later stage is released, and its current stage's run is cancelled
-    (``request_cancel``); returns the ids of the runs asked to stop. Race-safe with
-    ``release_next_stage``: ``released`` is set first, under the row lock the release's
-    conditional update takes, so either the release committed before (its new queued run is
-    found below and cancelled) or it runs after and matches nothing."""
-    session.execute(update(Pipeline).where(Pipeline.id == pipeline.id).values(released=STOPPED))
-    session.flush()
-    active = session.scalars(
-        select(Run).where(Run.pipeline_id == pipeline.id, Run.status.not_in(FINISHED))
-    ).all()
-    for run in active:
-        request_cancel(session, run)  # commits (with the update above, at the first run)
-    session.commit()
-    session.refresh(pipeline)
-    return [run.id for run in active]
 
 
 # --------------------------------------------------------------------------------------------
@@ -624,14 +432,7 @@ def _recover_stale(
         Run.status == RunStatus.running,
         Run.heartbeat_at < stale_before,
     )
-    if _rows(
-        session.execute(
-            still_stale.where(Run.cancel_requested.is_(True)).values(
-                status=RunStatus.cancelled, finished_at=now, updated_at=now
-            )
-        )
-    ):
-        session.commit()
+    if _cancelled_if_asked(session, still_stale, now):
         return RunStatus.cancelled
     deaths = stale.worker_deaths + 1
     beat = f"{stale.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if stale.heartbeat_at else "none"
@@ -756,7 +557,7 @@ def open_external(
         external=True,
         summary={},
     )
-    _commit_named(session, [run])
+    commit_named(session, [run])
     session.refresh(run)
     return run
 

@@ -12,10 +12,6 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,7 +35,6 @@ from backend.api.routes import (
 from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
-from backend.lifecycle import Conflict, LifecycleError, QueueUnavailable
 from backend.queue import JobQueue, make_celery
 
 log = logging.getLogger(__name__)
@@ -193,7 +188,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(health.router, prefix="/api")  # health stays open
-    _install_error_handlers(app)
+    errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestTimeout, seconds=settings.request_timeout_s)
     try:
@@ -216,58 +211,6 @@ def _install_not_found_page(app: FastAPI, pages: Any) -> None:
         return await http_exception_handler(request, exc)  # type: ignore[arg-type]
 
     app.add_exception_handler(StarletteHTTPException, not_found)
-
-
-# Refused lifecycle transitions (backend.lifecycle) as HTTP statuses: the one place they map.
-LIFECYCLE_STATUS: dict[type[LifecycleError], int] = {Conflict: 409, QueueUnavailable: 503}
-QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement past statement_timeout
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    """Refused transitions and database refusals that slip past validation become 4xx/503,
-    never a 500; validation errors always render; anything unexpected is a logged JSON 500."""
-
-    async def lifecycle_error(_: Request, exc: Exception) -> JSONResponse:
-        code = next((c for t, c in LIFECYCLE_STATUS.items() if isinstance(exc, t)), 409)
-        return JSONResponse({"detail": str(exc)}, status_code=code)
-
-    async def data_error(_: Request, exc: Exception) -> JSONResponse:
-        log.info("refused by the database: %s", type(exc).__name__)
-        return JSONResponse({"detail": f"invalid value: {_orig(exc)}"}, status_code=422)
-
-    async def integrity_error(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": f"conflict: {_orig(exc)}"}, status_code=409)
-
-    async def operational_error(request: Request, exc: Exception) -> JSONResponse:
-        if getattr(getattr(exc, "orig", None), "sqlstate", None) == QUERY_CANCELED:
-            limit = request.app.state.settings.db_statement_timeout_s
-            log.warning("statement cancelled after %ss: %s %s", limit, request.method, request.url)
-            detail = f"query ran longer than {limit:g} s (CONSPO_DB_STATEMENT_TIMEOUT_S)"
-            return JSONResponse({"detail": detail}, status_code=503)
-        log.warning("database unavailable: %s", type(exc).__name__)
-        return JSONResponse({"detail": "database unavailable, retry later"}, status_code=503)
-
-    async def pool_timeout(request: Request, _: Exception) -> JSONResponse:
-        settings: Settings = request.app.state.settings
-        log.warning("no database connection free within %ss", settings.db_pool_timeout_s)
-        detail = (
-            f"server busy: no database connection free within {settings.db_pool_timeout_s:g} s "
-            f"(CONSPO_DB_POOL_TIMEOUT_S; pool of CONSPO_DB_POOL_SIZE={settings.db_pool_size} + "
-            f"CONSPO_DB_MAX_OVERFLOW={settings.db_max_overflow}); retry later"
-        )
-        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
-
-    app.add_exception_handler(LifecycleError, lifecycle_error)
-    app.add_exception_handler(DataError, data_error)
-    app.add_exception_handler(IntegrityError, integrity_error)
-    app.add_exception_handler(OperationalError, operational_error)
-    app.add_exception_handler(PoolTimeout, pool_timeout)
-    app.add_exception_handler(RequestValidationError, errors.validation_error)
-    app.add_exception_handler(Exception, errors.internal_error)
-
-
-def _orig(exc: Any) -> str:
-    return str(getattr(exc, "orig", exc)).splitlines()[0][:200]
 
 
 def __getattr__(name: str) -> Any:

@@ -40,6 +40,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from conspo.config import RunConfig
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -72,6 +74,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
+
+DEFAULT_KIND: str = RunConfig.model_fields["kind"].default  # a run whose config names no kind
 
 MAX_ABS_VALUE = 1e290  # larger magnitudes could overflow a bucket's sum; stored as NULL too
 
@@ -126,7 +130,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_status_heartbeat", "status", "heartbeat_at"),
         Index("ix_runs_created_at", "created_at"),
-        # No two runs share a name (lifecycle.unique_names picks a free suffix; this index makes
+        # No two runs share a name (run_rows.unique_names picks a free suffix; this index makes
         # two concurrent submissions of one name collide instead of both succeeding).
         Index("ux_runs_name", "name", unique=True),
     )
@@ -138,7 +142,10 @@ class Run(Base):
     )
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.queued)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    algorithm: Mapped[str] = mapped_column(String(100))
+    # What the run trains (RunConfig.kind: rl, sft, distill, dpo; external runs are rl), and
+    # the algorithm it trains with: None for a kind that trains none (RegisteredJobKind).
+    kind: Mapped[str] = mapped_column(String(32), default=DEFAULT_KIND, server_default=DEFAULT_KIND)
+    algorithm: Mapped[str | None] = mapped_column(String(100))
     task: Mapped[str] = mapped_column(String(100))
     model: Mapped[str] = mapped_column(String(300))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -183,7 +190,7 @@ class Pipeline(Base):
     once; stage k+1's run is created, starting from stage k's last checkpoint, when stage k's
     run succeeds. ``released`` counts the stages that have a run: the conditional update on it
     is what makes that release happen once, whoever finishes the run; a cancelled pipeline holds
-    ``lifecycle.STOPPED`` (-1) there, so no release matches."""
+    ``pipelines.stages.STOPPED`` (-1) there, so no release matches."""
 
     __tablename__ = "pipelines"
 
@@ -193,6 +200,8 @@ class Pipeline(Base):
     stages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     released: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    owner: Mapped[User | None] = relationship(lazy="joined")
 
 
 class Metric(Base):

@@ -21,7 +21,10 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from backend.api.deps import SessionDep
 from backend.config import Settings
+from backend.models import Pipeline, Study
+from backend.studies.comparison import RUN_FIELDS
 from conspo.metrics import catalogue
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
@@ -124,7 +127,10 @@ def run_page(request: Request, run_id: int) -> HTMLResponse:
 
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request) -> HTMLResponse:
-    return _render(request, "compare.html", "compare", title="Compare runs")
+    fields = _script_json(list(RUN_FIELDS))  # what a group-by path may name besides config paths
+    return _render(
+        request, "compare.html", "compare", title="Compare runs", group_fields_json=fields
+    )
 
 
 @router.get("/docs", response_class=HTMLResponse)
@@ -133,9 +139,12 @@ def api_docs_page(request: Request) -> HTMLResponse:
     return _render(request, "api_docs.html", "docs", title="API reference")
 
 
-def not_found_page(request: Request) -> HTMLResponse:
-    """The HTML 404 a browser gets for an unknown page (API clients keep their JSON 404)."""
-    response = _render(request, "not_found.html", "404", title="Not found", path=request.url.path)
+def not_found_page(request: Request, what: str = "") -> HTMLResponse:
+    """The HTML 404 a browser gets for an unknown page (API clients keep their JSON 404);
+    ``what`` says what is missing ("There is no study 999 at")."""
+    response = _render(
+        request, "not_found.html", "404", title="Not found", path=request.url.path, what=what
+    )
     response.status_code = 404
     return response
 
@@ -184,12 +193,21 @@ def new_study_page(request: Request) -> HTMLResponse:
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
-def study_page(request: Request, study_id: int) -> HTMLResponse:
+def study_page(request: Request, study_id: int, session: SessionDep) -> HTMLResponse:
+    if session.get(Study, study_id) is None:  # a clear 404, not a page loading for ever
+        return not_found_page(request, f"There is no study {study_id} at")
     return _render(request, "study.html", "study", title=f"Study {study_id}", study_id=study_id)
 
 
+@router.get("/pipelines", response_class=HTMLResponse)
+def pipelines_page(request: Request) -> HTMLResponse:
+    return _render(request, "pipelines.html", "pipelines", title="Pipelines")
+
+
 @router.get("/pipelines/{pipeline_id}", response_class=HTMLResponse)
-def pipeline_page(request: Request, pipeline_id: int) -> HTMLResponse:
+def pipeline_page(request: Request, pipeline_id: int, session: SessionDep) -> HTMLResponse:
+    if session.get(Pipeline, pipeline_id) is None:
+        return not_found_page(request, f"There is no pipeline {pipeline_id} at")
     title = f"Pipeline {pipeline_id}"
     return _render(request, "pipeline.html", "pipeline", title=title, pipeline_id=pipeline_id)
 

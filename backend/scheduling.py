@@ -87,10 +87,25 @@ def queues_served(capacity: Capacity, base: str) -> list[str]:
     return queues + ([f"{base}-{RAY_QUEUE_SUFFIX}"] if capacity.ray else [])
 
 
-def describe_needs(resources: ResourcesConfig) -> str:
-    """ "2 GPUs", "2 nodes × 8 GPUs": what the run asks for, in the reasons' words."""
-    gpus = f"{resources.gpus} GPU" + ("s" if resources.gpus > 1 else "")
-    return f"{resources.nodes} nodes × {gpus}" if resources.nodes > 1 else gpus
+def describe_needs(resources: ResourcesConfig, machine: str = "GPU") -> str:
+    """ "2 GPUs", "2 nodes × 8 GPUs", "1 CPU process": what the run asks for, in the terms of
+    the ``machine`` that will hold it ("GPU", "CPU process", or "process" when unknown).
+    ``resources.gpus`` counts processes; on a CPU-only worker each is a CPU (gloo) process."""
+    n = resources.gpus
+    plural = "es" if machine.endswith("process") else "s"
+    each = f"{n} {machine}" + (plural if n > 1 else "")
+    return f"{resources.nodes} nodes × {each}" if resources.nodes > 1 else each
+
+
+def machine_of(device: str | None, cluster: Cluster | None) -> str:
+    """What one of a run's processes is: where it trained (``device``) when it has started,
+    else what the live workers offer (CPU-only workers: CPU processes); "process" when neither
+    is known."""
+    if device:
+        return "CPU process" if device.startswith("cpu") else "GPU"
+    if cluster is not None and cluster.workers:
+        return "CPU process" if cluster.cpu_only else "GPU"
+    return "process"
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,11 @@ class Cluster:
     """The live workers, read once: what each can hold and whether it is busy."""
 
     workers: tuple[LiveWorker, ...]
+
+    @property
+    def cpu_only(self) -> bool:
+        """No live worker has a GPU: a run's processes will be CPU processes."""
+        return all(w.capacity.gpus == 0 for w in self.workers)
 
     @classmethod
     def load(cls, session: Session, settings: Settings) -> Cluster:
@@ -135,7 +155,7 @@ class Cluster:
         holders = [w for w in self.workers if w.capacity.holds(resources)]
         if any(not w.busy for w in holders):
             return None
-        needs = f"needs {describe_needs(resources)}"
+        needs = f"needs {describe_needs(resources, machine_of(None, self))}"
         if resources.nodes > 1:
             needs = f"needs Ray ({describe_needs(resources)})"
             if not holders:

@@ -18,7 +18,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, to_json
 
-from backend.scheduling import Cluster, resources_of
+from backend.run_rows import run_label
+from backend.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
 
@@ -127,7 +128,9 @@ class RunOut(BaseModel):
     owner: str | None
     status: RunStatusName
     cancel_requested: bool
-    algorithm: str
+    kind: str = Field(description="What it trains: rl, sft, distill, dpo (GET /api/presets).")
+    algorithm: str | None = Field(description="Its algorithm; None for a kind that trains none.")
+    label: str = Field(description='What it trains, for people: "rl · grpo", "sft".')
     task: str
     model: str
     config: dict[str, Any]
@@ -165,6 +168,12 @@ class RunOut(BaseModel):
         None,
         description="Queued runs: why no worker has taken it yet, from the live workers (e.g."
         ' "needs 8 GPUs; largest idle worker has 4 GPUs"); None when one is about to.',
+    )
+    resources_text: str = Field(
+        "",
+        description='What the run occupies, in the terms of the machine that holds it: "1 GPU",'
+        ' "1 CPU process", "2 nodes × 8 GPUs" (where it trained once started, else what the'
+        ' live workers offer); "external" for a run logged from elsewhere.',
     )
 
 
@@ -212,6 +221,11 @@ def run_out(run: Run, cluster: Cluster | None = None) -> dict[str, Any]:
     out = _run_fields(run)
     if cluster is not None and run.status == "queued" and not run.external:
         out["waiting_reason"] = cluster.why_waiting(resources_of(run.config))
+    out["resources_text"] = (
+        "external"
+        if run.external
+        else describe_needs(resources_of(run.config), machine_of(run.device, cluster))
+    )
     return out if _renders(out) else renderable(out)
 
 
@@ -240,7 +254,9 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "owner": run.owner.name if run.owner is not None else None,
         "status": run.status,
         "cancel_requested": run.cancel_requested,
+        "kind": run.kind,
         "algorithm": run.algorithm,
+        "label": run_label(run.kind, run.algorithm),
         "task": run.task,
         "model": run.model,
         "config": run.config,
@@ -462,3 +478,127 @@ class Health(BaseModel):
     )
     reasons: list[str] = Field(description="Why the status is not ok, one line each.")
     live_streams: LiveStreams
+
+
+class StageStart(BaseModel):
+    run: int | None = Field(description="The run this stage starts from (the previous stage's).")
+    step: str | int = Field(description="Its checkpoint: last, best or a kept step.")
+    base: str | None = Field(description="The model name of the stage's config.")
+
+
+class EvalAt(BaseModel):
+    step: int
+    values: dict[str, float | None]
+
+
+class StageEval(BaseModel):
+    start: EvalAt = Field(description="The first evaluated step's held-out evaluation.")
+    end: EvalAt = Field(description="The last evaluated step's.")
+
+
+class StageOut(BaseModel):
+    stage: int
+    kind: str
+    algorithm: str | None
+    label: str = Field(description='What the stage trains, for people: "rl · grpo", "sft".')
+    name: str | None
+    run: RunOut | None = Field(description="Its run, once released.")
+    waiting_for: int | None = Field(description="The stage whose success releases this one.")
+    skipped: bool = Field(description="The pipeline ended before this stage had a run.")
+    start: StageStart = Field(alias="from", serialization_alias="from")
+    eval: StageEval | None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class PipelineOut(BaseModel):
+    id: int
+    name: str
+    status: str = Field(description="queued, running, succeeded, failed or cancelled.")
+    released: int = Field(description="Stages that have a run (-1: cancelled).")
+    created_at: float
+    stages: list[StageOut]
+
+
+class PipelineList(BaseModel):
+    pipelines: list[PipelineOut]
+
+
+class StudyProgress(BaseModel):
+    """A study's progress against its planned work (pending runs count too)."""
+
+    runs: int = Field(description="Runs planned (cancelled ones no longer are).")
+    started: int = Field(description="Runs released so far.")
+    steps: int = Field(description="Steps done, all its runs.")
+    total_steps: int = Field(description="Steps planned, all its runs.")
+
+
+class StudySummary(BaseModel):
+    id: int
+    name: str
+    status: str = Field(description="active, done or cancelled.")
+    owner: str | None
+    created_at: float
+    baseline: str | None
+    arms: list[str]
+    seeds: list[int]
+    search: bool = Field(description="An Optuna search (its arms are its trials).")
+    progress: StudyProgress | None = Field(None, description="Against the planned work.")
+
+
+class StudyList(BaseModel):
+    items: list[StudySummary]
+    total: int
+
+
+class StudyPlan(BaseModel):
+    """What ``POST /api/studies`` would create, nothing stored."""
+
+    arms: list[str]
+    tasks: list[str]
+    seeds: list[int]
+    runs: int = Field(description="Runs in all: arms (or trials) × tasks × seeds.")
+    baseline: str | None
+
+
+class StudyRunOut(BaseModel):
+    arm: str
+    task: str | None
+    seed: int
+    state: str = Field(description="pending, released or cancelled.")
+    trial: int | None
+    run_id: int | None
+    name: str
+    status: str = Field(description="Its run's status, else the row's state.")
+    step: int
+    total_steps: int | None
+    objective: float | None = Field(description="The run's objective, once it succeeded.")
+
+
+class StudyOut(BaseModel):
+    """The study page's view: arms, runs, each finished run's objective, the statistics
+    (``backend.studies.stats``) and the verdict."""
+
+    id: int
+    name: str
+    owner: str | None
+    status: str
+    created_at: float
+    spec: dict[str, Any] = Field(description="The study as submitted (StudyCreate).")
+    baseline: str
+    concurrency: int
+    objective: dict[str, Any]
+    group_id: str = Field(description="Its runs' group id.")
+    arms: list[dict[str, Any]] = Field(description="Per arm: its summary statistics.")
+    pairs: list[dict[str, Any]] = Field(description="Each arm against the baseline.")
+    verdict: list[str]
+    separation: dict[str, dict[str, dict[str, Any]]]
+    bounds: dict[str, list[float]] = Field(
+        default_factory=dict, description="The range of each bounded key (a fraction: [0, 1])."
+    )
+    runs: list[StudyRunOut]
+    counts: dict[str, int] = Field(description="Runs per status.")
+    seeds: list[int]
+    tasks: dict[str, Any] | None = Field(None, description="Across tasks (a study over tasks).")
+    curves: dict[str, Any] | None = Field(None, description="Per key and arm: mean ± 95% band.")
+    search: dict[str, Any] | None = Field(None, description="A search's trials and importances.")

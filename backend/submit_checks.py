@@ -6,7 +6,7 @@ names things a worker will read, load, start from or allocate: dataset files and
 models (``model.name``, a job kind's ``model_names`` such as distillation's teacher), runs
 (``model.from_run``, DPO's ``kind_params.from_run``), optional packages, and sizes that set its
 memory. ``refuse_unfit`` checks all of them, with the operator's settings, for every config of
-one request, and raises one 422 (``RequestValidationError``) holding every problem, each located
+one request, and raises one ``InvalidInput`` (a 422) holding every problem, each located
 at the field as the request spelled it; nothing is stored before it returns. The rules are
 ``backend.run_inputs`` (files, models, memory, software) and ``backend.chaining`` (runs started
 from); the worker checks again with its own settings when it runs the config.
@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from backend import chaining, run_inputs
 from backend.config import Settings
+from backend.errors import InvalidInput
 from backend.run_inputs import Loc, Problem
 from backend.studies.spec import dotted_loc
 from conspo.config import RunConfig
@@ -56,4 +56,4 @@ def refuse_unfit(session: Session, settings: Settings, configs: Iterable[Submitt
             if error not in errors:
                 errors.append(error)
     if errors:
-        raise RequestValidationError(errors)
+        raise InvalidInput(errors)

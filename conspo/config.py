@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -77,13 +78,15 @@ def _with_registered_params(
     if details:
         raise ValidationError.from_exception_data(model.__name__, details)
     assert validated is not None and resolved is not None
-    validated.params = resolved
+    validated.params = resolved.model_dump()
+    if isinstance(validated, _Section):
+        validated.remember_typed("params", resolved)
     return validated
 
 
 def _registered_params(
     model: type[BaseModel], data: dict[str, Any], registry: Registry[Any], name_field: str
-) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+) -> tuple[BaseModel | None, list[InitErrorDetails]]:
     """(the resolved params, errors): first what stored JSON may not hold (a NaN, text with
     NUL, 300 levels of nesting: ``conspo.input_checks``), then the registered model's check."""
     params = data.get("params")
@@ -93,7 +96,7 @@ def _registered_params(
         error = PydanticCustomError("value_error", message + where)
         culprit = params[loc[0]] if loc else params
         return None, [{"type": error, "loc": ("params", *loc[:1]), "input": culprit}]
-    return registry.resolve_params(
+    return registry.resolve_model(
         data.get(name_field, model.model_fields[name_field].default),
         params,
         name_loc=(name_field,),
@@ -101,9 +104,38 @@ def _registered_params(
     )
 
 
+class _TypedCache(dict[str, tuple[dict[str, Any], BaseModel]]):
+    """A section's params as their registered models (``_Section.typed``): a cache, so it never
+    makes two otherwise equal configs differ."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _TypedCache)
+
+    __hash__ = None
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
 class _Section(BaseModel):
     # Numbers are stored as JSON, which has no NaN or Infinity.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    _typed: _TypedCache = PrivateAttr(default_factory=_TypedCache)
+
+    def typed(self, field: str, model: type[P]) -> P:
+        """The params dict ``field`` (``params``, ``kind_params``) as an instance of its
+        registered ``model``, validated once: validating the config already made it, and it is
+        made again only when the dict changed since (a mutation, a ``model_copy``)."""
+        raw = getattr(self, field)
+        cached = self._typed.get(field)
+        if cached is None or type(cached[1]) is not model or cached[0] != raw:
+            self.remember_typed(field, model.model_validate(raw))
+            cached = self._typed[field]
+        return cast(P, cached[1])
+
+    def remember_typed(self, field: str, value: BaseModel) -> None:
+        """``value`` is the params dict ``field`` as its registered model (its validation)."""
+        self._typed[field] = (copy.deepcopy(getattr(self, field)), value)
 
 
 class TaskConfig(_Section):
@@ -127,6 +159,10 @@ class TaskConfig(_Section):
         # check below reads the input it is given: the rewrite has to come first.
         data = _params_from_flat_form(data)
         return _with_registered_params(cls, data, handler, TASKS, "name")
+
+    def task_params(self) -> BaseModel:
+        """``params`` as the task's parameter model (validated once: ``typed``)."""
+        return self.typed("params", TASKS.get(self.name).params)
 
 
 # The task section's form before tasks had a registry: every task's parameters side by side.
@@ -158,10 +194,18 @@ class LoraConfig(_Section):
     """LoRA adapters through ``peft``; rank 0 trains every weight instead (full fine-tuning)."""
 
     rank: int = Field(
-        0, ge=0, le=1024, description="LoRA rank r (0: full fine-tuning, no adapters)."
+        0,
+        ge=0,
+        le=1024,
+        title="LoRA rank r",
+        description="LoRA rank r (0: full fine-tuning, no adapters).",
     )
     alpha: float = Field(
-        32.0, gt=0, le=100_000, description="LoRA α: the adapter's update is scaled by α / r."
+        32.0,
+        gt=0,
+        le=100_000,
+        title="LoRA α",
+        description="LoRA α: the adapter's update is scaled by α / r.",
     )
     dropout: float = Field(
         0.0,
@@ -175,6 +219,7 @@ class LoraConfig(_Section):
         default=["all-linear"],  # pydantic copies it for each instance
         min_length=1,
         max_length=64,
+        title="Target modules",
         description='Module names that get adapters (e.g. q_proj, v_proj), or ["all-linear"]:'
         " every linear layer but the output head.",
     )
@@ -191,6 +236,7 @@ class ModelConfig(_Section):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
+        json_schema_extra={"advanced": True},
         description="Compute dtype. auto: bfloat16 on CUDA, float32 on CPU. float16 always trains"
         " float32 master weights under autocast with loss scaling. On a CPU with bfloat16 matmuls,"
         " bfloat16 with mixed_precision on ran the training forward+backward ~2.0x faster than"
@@ -200,22 +246,28 @@ class ModelConfig(_Section):
     )
     mixed_precision: bool = Field(
         False,
+        json_schema_extra={"advanced": True},
         description="Keep float32 master weights and optimiser state, and run the forward passes"
         " in `dtype` under torch.autocast. Off: the weights themselves are stored in `dtype`"
         " (half the memory). Always on for float16.",
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when present.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", json_schema_extra={"advanced": True}, description="auto: CUDA when present."
+    )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa",
+        title="Attention",
+        json_schema_extra={"advanced": True},
         description="Attention kernel: sdpa (PyTorch), eager, or flash_attention_2 (needs the"
         " flash-attn package and a GPU).",
     )
     gradient_checkpointing: bool = Field(
         False,
+        json_schema_extra={"advanced": True},
         description="Recompute each layer's activations in the backward pass instead of keeping"
         " them: about a third more compute for a fraction of the activation memory.",
     )
-    lora: LoraConfig = Field(default_factory=LoraConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, title="LoRA adapters")
     from_run: int | None = Field(
         None,
         ge=1,
@@ -232,11 +284,22 @@ class ModelConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    prompts_per_step: int = Field(16, ge=1, le=4096, description="Prompts (groups) per step.")
-    group_size: int = Field(8, ge=2, le=256, description="G: rollouts sampled per prompt.")
-    max_new_tokens: int = Field(16, ge=1, le=32_768, description="Response length cap.")
+    prompts_per_step: int = Field(
+        16, ge=1, le=4096, title="Prompts per step", description="Prompts (groups) per step."
+    )
+    group_size: int = Field(
+        8,
+        ge=2,
+        le=256,
+        title="Group size (G)",
+        json_schema_extra={"symbol": "G"},
+        description="G: rollouts sampled per prompt.",
+    )
+    max_new_tokens: int = Field(
+        16, ge=1, le=32_768, title="Max new tokens", description="Response length cap."
+    )
     temperature: float = Field(1.0, gt=0, le=5, description="Rollout sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_p: float = Field(1.0, gt=0, le=1, title="Top-p", description="Nucleus sampling threshold.")
     engine: Literal["native", "hf", "vllm"] = Field(
         "native",
         description="What generates rollouts: native (this library's sampler, fastest for small"
@@ -247,6 +310,8 @@ class SamplingConfig(_Section):
         0.3,
         gt=0,
         lt=1,
+        title="vLLM memory fraction",
+        json_schema_extra={"advanced": True},
         description="vllm engine only: the fraction of GPU memory vLLM may take (weights and KV"
         " cache); the rest is left to training.",
     )
@@ -257,6 +322,7 @@ class OptimConfig(_Section):
         3e-5,
         gt=0,
         le=1,
+        title="Learning rate",
         description="AdamW learning rate (tiny models: 3e-5; the paper: 2e-6 at 1.5B+).",
     )
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
@@ -291,6 +357,8 @@ class OptimConfig(_Section):
         0,
         ge=0,
         le=100_000_000,
+        title="Micro-batch tokens",
+        json_schema_extra={"advanced": True},
         description="Token budget (padded prompt + response positions) of one forward/backward"
         " pass. A mini-batch above it is split into micro-batches whose gradients add up to the"
         " mini-batch's gradient exactly. 0: one pass per mini-batch.",
@@ -327,7 +395,7 @@ class BenchmarkConfig(_Section):
         description="The benchmark file or directory (parquet, jsonl, json, arrow or a"
         " save_to_disk directory), inside the data roots."
     )
-    fields: DatasetFields = Field(default_factory=DatasetFields)
+    fields: DatasetFields = Field(default_factory=DatasetFields, title="Dataset columns")
     k: int = Field(4, ge=1, le=1024, description="Samples per problem (avg@k, pass@k).")
     limit: int | None = Field(
         None, ge=1, le=100_000, description="Score only the first N problems (default: all)."
@@ -341,10 +409,16 @@ class EvalConfig(_Section):
     at_start: bool = Field(
         True, description="Also evaluate the starting policy, logged as step 0 (a fresh run only)."
     )
-    pass_k: int = Field(4, ge=1, le=64, description="k of pass@k on the held-out split.")
+    pass_k: int = Field(
+        4, ge=1, le=64, title="k of pass@k", description="k of pass@k on the held-out split."
+    )
     temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for pass@k.")
     top_p: float = Field(
-        1.0, gt=0, le=1, description="Nucleus threshold of evaluation sampling (paper: 0.95)."
+        1.0,
+        gt=0,
+        le=1,
+        title="Top-p",
+        description="Nucleus threshold of evaluation sampling (paper: 0.95).",
     )
     benchmarks: list[BenchmarkConfig] = Field(
         default_factory=list,
@@ -508,6 +582,10 @@ class RewardConfig(_Section):
             validated.weight = REWARDS.get(validated.name).default_weight
         return validated
 
+    def reward_params(self) -> BaseModel:
+        """``params`` as the reward's parameter model (validated once: ``typed``)."""
+        return self.typed("params", REWARDS.get(self.name).params)
+
 
 def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
     """``cfg.rewards`` made whole and checked against the rest of the run: each reward listed
@@ -578,7 +656,7 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     return []
 
 
-def _kind_params(data: Any) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
+def _kind_params(data: Any) -> tuple[BaseModel | None, list[InitErrorDetails]]:
     """``kind_params`` resolved against the registered job kind that ``kind`` names (the same
     check as an objective's ``params``: conspo.registry)."""
     if not isinstance(data, dict):
@@ -587,8 +665,11 @@ def _kind_params(data: Any) -> tuple[dict[str, Any] | None, list[InitErrorDetail
     if isinstance(params, dict) and (problem := json_problem(params)) is not None:
         loc, message = problem
         return None, [_error(("kind_params", *loc[:1]), message, params)]
-    return JOB_KINDS.resolve_params(
-        data.get("kind", "rl"), params, name_loc=("kind",), params_loc=("kind_params",)
+    return JOB_KINDS.resolve_model(
+        data.get("kind", RunConfig.model_fields["kind"].default),
+        params,
+        name_loc=("kind",),
+        params_loc=("kind_params",),
     )
 
 
@@ -667,7 +748,8 @@ class RunConfig(_Section):
         if kind_details:
             raise ValidationError.from_exception_data(cls.__name__, kind_details)
         if resolved is not None:
-            validated.kind_params = resolved
+            validated.kind_params = resolved.model_dump()
+            validated.remember_typed("kind_params", resolved)
         return _resolved_rewards(validated, data)
 
     @model_validator(mode="after")
@@ -680,7 +762,8 @@ class RunConfig(_Section):
                 f" resources.gpus × resources.nodes ({self.resources.world_size}): each process"
                 " trains whole groups"
             )
-        if self.kind != "rl" and self.resources.world_size > 1:
+        known = self.kind in JOB_KINDS.names()  # an unknown kind is reported on its own
+        if not (known and JOB_KINDS.get(self.kind).distributed) and self.resources.world_size > 1:
             # sft / distill / dpo train in one process (conspo.training.loop has no gradient
             # reduction)
             raise ValueError(
@@ -701,7 +784,12 @@ class RunConfig(_Section):
         return self
 
     def objective_params(self) -> BaseModel:
-        return get_objective(self.algorithm).params.model_validate(self.params)
+        """``params`` as the algorithm's parameter model (validated once: ``typed``)."""
+        return self.typed("params", get_objective(self.algorithm).params)
+
+    def job_params(self) -> BaseModel:
+        """``kind_params`` as the job kind's parameter model (validated once: ``typed``)."""
+        return self.typed("kind_params", JOB_KINDS.get(self.kind).params)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RunConfig:
@@ -727,3 +815,25 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def with_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The raw config of ``base`` changed by (nested) ``overrides``: the one rule of a clone
+    and of a study arm. A new algorithm (or task) without its own params starts from its
+    defaults, since the base's were for another one; the name is dropped (it named the base)."""
+    start = copy.deepcopy(base)
+    algorithm = overrides.get("algorithm")
+    was = start.get("algorithm", RunConfig.model_fields["algorithm"].default)
+    if algorithm and algorithm != was and "params" not in overrides:
+        start.pop("params", None)
+    task, new_task = start.get("task"), overrides.get("task")
+    if (
+        isinstance(task, dict)
+        and isinstance(new_task, dict)
+        and new_task.get("name", task.get("name")) != task.get("name")
+        and "params" not in new_task
+    ):  # nor would the old task's (under params, or flat in a config stored before tasks had them)
+        shared = TaskConfig.model_fields.keys() - {"params"}
+        start["task"] = {k: v for k, v in task.items() if k in shared}
+    start.pop("name", None)
+    return deep_merge(start, overrides)

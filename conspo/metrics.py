@@ -150,8 +150,13 @@ ColorRole = Literal["pos", "neg", "accent", "accent2", "accent3", "reference"]
 
 @dataclass(frozen=True)
 class Section:
+    """A group of panels. ``needs``: the config under which its panels say anything (see
+    ``Chart.needs``); otherwise the section is folded with the line ``folded``."""
+
     id: str
     title: str
+    needs: str = ""
+    folded: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,10 @@ class Chart:
     arrives. algorithms: the runs the panel applies to (empty: every run); a panel whose view
     belongs to one objective (ConSPO's margin schedule) is hidden on other runs' pages. kinds:
     the job kinds it applies to (default rl; empty: every kind, e.g. the held-out eval).
+    logged_with: a key some objectives declare they log; the panel applies to runs of those
+    objectives only (their registrations say which, ``Catalogue.objective_metrics``). needs: a
+    condition on the run's config without which its series are constant, so the panel is not
+    drawn: config paths, each truthy or compared (``path>1``), joined by ``|`` (any of them).
     """
 
     id: str
@@ -183,6 +192,8 @@ class Chart:
     markers: bool = False  # eval points are sparse: show them
     rollout_iqr: bool = False  # draw the sampled rollouts' score IQR behind the lines
     help: str = ""
+    logged_with: str = ""
+    needs: str = ""
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,8 @@ class MetricPattern:
     better: Literal["higher", "lower", ""] = ""
     section: str = "eval"  # where a page draws each matching key (one chart per key)
     y_range: Literal["auto", "unit", "zero"] = "auto"
+    # Keys of the family that repeat another key's series (drawn there, not again): key → it.
+    same_as: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -241,13 +254,22 @@ class Catalogue:
     patterns: list[MetricPattern] = field(default_factory=list)
 
 
+# The config under which an update can be off-policy: more than one optimiser update per batch.
+OFF_POLICY = "optim.mini_batches>1|optim.epochs>1"
+
 SECTIONS: tuple[Section, ...] = (
     Section("sep", "Separation of positive and negative scores"),
     Section("dist", "Score distributions (sampled rollouts)"),
     Section("batch", "Rewards and batch composition"),
     Section("eval", "Evaluation and lengths"),
     Section("opt", "Optimisation"),
-    Section("offpolicy", "How off-policy each update was"),
+    Section(
+        "offpolicy",
+        "How off-policy each update was",
+        needs=OFF_POLICY,
+        folded="nothing to show: one optimiser update per rollout batch (optim.mini_batches"
+        " = optim.epochs = 1), so π_θ = π_old and every ratio is 1",
+    ),
     Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
 )
@@ -269,9 +291,12 @@ CHARTS: tuple[Chart, ...] = (
     Chart("margin", "ConSPO margin m_t (schedule)", "sep", f"m_t ({SCORE})", y_range="zero",
           algorithms=("conspo",),
           help="The margin curriculum of the run's own ConSPO schedule (drawn unsmoothed)."),
-    Chart("ppos", "Softmax P⁺ vs uniform reference", "sep", "probability P⁺", y_range="unit"),
-    Chart("hardneg", "Hard-negative share", "sep", "share of push-down", y_range="unit"),
-    Chart("grpo", "GRPO's discriminative view", "sep", "weight / clipped-score gap"),
+    Chart("ppos", "Softmax P⁺ vs uniform reference", "sep", "probability P⁺", y_range="unit",
+          algorithms=("conspo",)),
+    Chart("hardneg", "Hard-negative share", "sep", "share of push-down", y_range="unit",
+          algorithms=("conspo",)),
+    Chart("grpo", "GRPO's discriminative view", "sep", "weight / clipped-score gap",
+          logged_with=CLIP_FRAC),
     Chart("dist", "Score distribution over steps: correct vs wrong", "dist",
           f"score s_θ ({SCORE})", kind="rollout_heatmap", always=True,
           help="Share of each class's sampled rollouts per score bin at each step (columns sum"
@@ -283,6 +308,7 @@ CHARTS: tuple[Chart, ...] = (
           help="Per step: groups with all rollouts correct, mixed (the ones that train), all"
           " wrong."),
     Chart("refill", "Dynamic sampling", "batch", "groups / rounds", y_range="zero",
+          needs="params.refill_groups",
           help="Groups the batch lacked after the last refill round (params.max_refill_rounds),"
           " and the extra rounds drawn."),
     Chart("evalc", "Held-out accuracy", "eval", "accuracy (fraction)", y_range="unit",
@@ -547,6 +573,7 @@ REWARD_PATTERNS: tuple[MetricPattern, ...] = (
         " before its weight (reward/verifier: the verified outcome, i.e. the pass rate; the"
         " objective sees Σ weight · reward).",
         "reward", when="every step, one key per configured reward", section="batch",
+        same_as={"reward/verifier": BATCH_PASS_RATE},
     ),
 )  # fmt: skip
 
@@ -578,6 +605,18 @@ def metric(key: str) -> Metric | None:
     return _BY_KEY.get(key)
 
 
+def bounds(key: str) -> tuple[float, float] | None:
+    """The range ``key``'s values cannot leave: (0, 1) for a fraction (a key drawn on a panel,
+    or described by a pattern, whose y_range is "unit"); None for an unbounded key. Intervals
+    of a mean of fractions are cut to it."""
+    entry = metric(key)
+    if entry is not None:
+        chart = _CHART_BY_ID.get(entry.chart or "")
+        return (0.0, 1.0) if chart is not None and chart.y_range == "unit" else None
+    family = pattern(key)
+    return (0.0, 1.0) if family is not None and family.y_range == "unit" else None
+
+
 def benchmark_keys(name: str, k: int) -> tuple[str, str]:
     """(avg@k key, pass@k key) of the benchmark ``name`` scored with ``k`` samples per problem."""
     return f"eval/{name}/avg@{k}", f"eval/{name}/pass@{k}"
@@ -594,3 +633,4 @@ def pattern(key: str) -> MetricPattern | None:
 
 
 _BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
+_CHART_BY_ID: dict[str, Chart] = {c.id: c for c in CHARTS}

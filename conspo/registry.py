@@ -139,7 +139,17 @@ class Registry(Generic[E]):
     def resolve_params(
         self, name: object, params: object, *, name_loc: Loc, params_loc: Loc
     ) -> tuple[dict[str, Any] | None, list[InitErrorDetails]]:
-        """(the full parameter set of entry ``name`` for ``params``, errors).
+        """(the full parameter set of entry ``name`` for ``params``, errors): ``resolve_model``
+        dumped."""
+        resolved, errors = self.resolve_model(
+            name, params, name_loc=name_loc, params_loc=params_loc
+        )
+        return (None if resolved is None else resolved.model_dump()), errors
+
+    def resolve_model(
+        self, name: object, params: object, *, name_loc: Loc, params_loc: Loc
+    ) -> tuple[BaseModel | None, list[InitErrorDetails]]:
+        """(``params`` validated by entry ``name``'s parameter model, errors).
 
         An unknown name is reported at ``name_loc``, each bad parameter at
         ``params_loc + (field,)``, so a 422 or a CLI message names the exact field. A name or
@@ -151,10 +161,9 @@ class Registry(Generic[E]):
         if name not in self._entries:
             return None, [_error_at(name_loc, self.unknown(name), name)]
         try:
-            resolved = self._entries[name].params.model_validate(params or {})
+            return self._entries[name].params.model_validate(params or {}), []
         except ValidationError as exc:
             return None, relocated(exc, params_loc)
-        return resolved.model_dump(), []
 
     def _load_builtins(self) -> None:
         if self._loaded:
@@ -308,10 +317,30 @@ class RegisteredJobKind:
     # The RunConfig sections only some kinds train with ("algorithm": algorithm and params,
     # "sampling", "rewards") that this one does: the form shows those, hides the others.
     sections: tuple[str, ...] = ()
+    # Trains on several processes (resources.gpus / nodes above 1); the others train on one.
+    distributed: bool = False
+    # The kind_params fields naming a finished run whose stored rollouts this kind reads
+    # (checked at submit time like model.from_run), and the hook that turns those rollouts into
+    # the job's input files before it trains: inputs(config, workdir, rollouts_of) where
+    # rollouts_of(run_id) yields that run's stored (prompt, completion, reward).
+    input_runs: tuple[str, ...] = ()
+    inputs: Callable[..., None] | None = None
 
     @property
     def code(self) -> object:
         return self.fn
+
+    @property
+    def trains_algorithm(self) -> bool:
+        return "algorithm" in self.sections
+
+    def algorithm_of(self, algorithm: str | None) -> str | None:
+        """The run's algorithm as the runs table stores it: None for a kind that trains none."""
+        return algorithm if self.trains_algorithm else None
+
+    def label(self, algorithm: str | None) -> str:
+        """What a run of this kind trains, for people: ``rl · grpo``, ``sft``."""
+        return f"{self.name} · {algorithm}" if self.trains_algorithm and algorithm else self.name
 
 
 JOB_KINDS: Registry[RegisteredJobKind] = Registry("kind", "conspo.jobs")
@@ -324,12 +353,18 @@ def register_job_kind(
     description: str,
     metrics: tuple[str, ...] = (),
     sections: tuple[str, ...] = (),
+    distributed: bool = False,
+    input_runs: tuple[str, ...] = (),
+    inputs: Callable[..., None] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
     module must stay torch-free at import (``conspo.lazy``): the API validates configs."""
 
     def decorator(fn: F) -> F:
-        kind = RegisteredJobKind(name, fn, params, description, tuple(metrics), tuple(sections))
+        kind = RegisteredJobKind(
+            name, fn, params, description, tuple(metrics), tuple(sections), distributed,
+            tuple(input_runs), inputs,
+        )  # fmt: skip
         JOB_KINDS.add(kind)
         return fn
 

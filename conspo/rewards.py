@@ -297,7 +297,7 @@ def build_rewards(specs: Sequence[RewardConfig]) -> list[WeightedReward]:
     built = []
     for spec in specs:
         registered = get_reward(spec.name)
-        params = registered.params.model_validate(spec.params)
+        params = spec.reward_params()
         weight = registered.default_weight if spec.weight is None else spec.weight
         built.append(WeightedReward(spec.name, weight, registered.fn, params, registered.batched))
     return built

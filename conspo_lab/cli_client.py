@@ -143,7 +143,7 @@ def runs(
             str(run.id),
             run.name or "",
             _status_text(run),
-            run.algorithm or "",
+            run.algorithm or run.kind or "",
             run.task or "",
             run.model or "",
             "" if run.seed is None else str(run.seed),

@@ -144,7 +144,7 @@ def _print_pipeline(p: dict[str, Any]) -> None:
         run, source, ev = s["run"], s["from"], s["eval"] or {}
         table.add_row(
             str(s["stage"] + 1),
-            s["kind"] if s["kind"] != "rl" else f"rl · {s['algorithm']}",
+            s["label"],
             f"#{run['id']} {run['name']}" if run else "–",
             run["status"] if run else ("not run" if s["skipped"] else "waiting"),
             f"#{source['run']} ({source['step']})" if source["run"] else str(source["base"]),
@@ -171,8 +171,7 @@ def models(ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None) -> No
             for w, c in m["checkpoints"].items()
         )
         evals = " ".join(f"{k.removeprefix('eval/')}={v:.4g}" for k, v in m["eval"].items())
-        kind = m["kind"] if m["kind"] != "rl" else f"rl · {m['algorithm']}"
-        table.add_row(f"#{m['run_id']} {m['name']}", kind, lineage, checkpoints, evals or "–")
+        table.add_row(f"#{m['run_id']} {m['name']}", m["label"], lineage, checkpoints, evals or "–")
     console.print(table)
     if not entries:
         console.print("no finished run has a checkpoint yet")

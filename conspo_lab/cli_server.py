@@ -259,7 +259,8 @@ def demo_spec() -> dict[str, Any]:
 
 def _queue_demo(settings: Settings) -> None:
     """A study: GRPO vs ConSPO and its linear-contrast ablation, five seeds each, on 1-digit
-    a±b±c from the tiny-arith model, two runs at a time (the embedded worker runs one).
+    a±b±c from the tiny-arith model, two runs queued or running at once (the embedded worker
+    trains one; the second waits ready).
 
     300 steps at the default lr (3e-5) take about 30 s a run on 2 CPU cores: held-out greedy
     accuracy climbs from 0.55 to about 0.7 and the separation curves move, so a newcomer sees
@@ -295,7 +296,8 @@ def _queue_demo(settings: Settings) -> None:
                 return
             typer.echo(
                 f"queued the demo study {study.id}: GRPO vs ConSPO (+ linear ablation), "
-                f"{len(DEMO_SEEDS)} seeds each, 2 at a time (page: /studies/{study.id})"
+                f"{len(DEMO_SEEDS)} seeds each, trained one after another by the embedded "
+                f"worker (page: /studies/{study.id})"
             )
     finally:
         db.dispose()

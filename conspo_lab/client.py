@@ -107,7 +107,9 @@ class Run(_Model):
     owner: str | None = None
     status: str
     cancel_requested: bool = False
-    algorithm: str | None = None
+    kind: str | None = None  # what it trains: rl, sft, distill, dpo
+    algorithm: str | None = None  # None for a kind that trains none
+    label: str | None = None  # both, for people: "rl · grpo", "sft"
     task: str | None = None
     model: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
@@ -285,6 +287,7 @@ class Client:
         algorithm: str | None = None,
         task: str | None = None,
         tag: str | None = None,
+        kind: str | None = None,
         group_id: str | None = None,
         q: str | None = None,
         sort: str | None = None,
@@ -294,6 +297,7 @@ class Client:
     ) -> RunPage:
         params = dict(
             status=status,
+            kind=kind,
             algorithm=algorithm,
             task=task,
             tag=tag,

@@ -18,11 +18,13 @@ to the queue (``worker.shutdown``).
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
 from backend.config import get_settings
+from backend.db import Database
 from backend.queue import JobQueue, make_celery
 from worker import shutdown  # noqa: F401  (connects the SIGTERM handling: see its docstring)
 
@@ -36,13 +38,18 @@ app = celery_app  # `celery -A worker.celery_app` looks for `app` or `celery`
 _reaper: Any = None
 
 
+@lru_cache(maxsize=1)
+def database() -> Database:
+    """This process's database (its engine and pool), shared by the tasks and the reaper."""
+    return Database(get_settings())
+
+
 @worker_ready.connect
 def _start_reaper(**_: Any) -> None:
     global _reaper
     from backend.liveness import WorkerIdentity
     from worker.capabilities import probe
     from worker.reaper import ReaperThread
-    from worker.tasks import database
 
     gpus, capabilities = probe(settings)
     log.info("worker capabilities: gpus=%s %s", gpus or "none", capabilities)

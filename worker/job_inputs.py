@@ -1,6 +1,6 @@
 """What a run needs prepared before its train function runs, from the data dir and the
-database (the library reads neither): a chained run's starting checkpoint, and a DPO run's pairs
-built from another run's stored rollouts.
+database (the library reads neither): a chained run's starting checkpoint, and what its job kind
+builds from other runs' stored rollouts (a DPO run's pairs).
 
     config, store = prepare(db, settings, config, workdir)
 
@@ -9,8 +9,8 @@ built from another run's stored rollouts.
   into its base once, into ``workdir/start_model`` (``conspo.models.export.export_merged``), and the
   run starts from the merged weights; its own LoRA, if any, adds fresh adapters on top. The model
   store admits that directory for this run only.
-* ``kind: dpo`` with ``kind_params.from_run``: the pairs (``conspo.jobs.dpo.build_pairs``) are
-  written to ``workdir/dpo_pairs.jsonl``, once: a resumed attempt reuses them.
+* the job kind's ``inputs`` hook (``conspo.jobs.prepare_inputs``) with the stored rollouts of
+  the runs it names (DPO's ``kind_params.from_run``: its pairs, written once to the workdir).
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from sqlalchemy import select
 
 from backend import run_inputs
 from backend.config import Settings
 from backend.db import Database
-from backend.models import Rollout, RolloutText
+from backend.storage.rollouts import stored_texts
 from conspo.access import ModelSources
+from conspo.jobs import prepare_inputs
 from conspo.models.lineage import checkpoint_for, describe, is_adapter
-from conspo.objectives.base import is_positive
 
 if TYPE_CHECKING:
     from conspo.config import RunConfig
@@ -51,9 +50,13 @@ def prepare(
         )
         assert sources.roots is not None
         sources = ModelSources((*sources.roots, start.parent), sources.hub_allow)
-    if config.kind == "dpo" and config.kind_params.get("from_run") is not None:
-        write_dpo_pairs(db, config, workdir)
+    prepare_inputs(config, workdir, partial(_stored_texts, db))
     return config, ModelStore(settings.model_store, sources)
+
+
+def _stored_texts(db: Database, run_id: int) -> list[tuple[str, str, float | None]]:
+    with db.session() as session:
+        return stored_texts(session, run_id)
 
 
 def start_checkpoint(settings: Settings, config: RunConfig, workdir: Path) -> Path:
@@ -78,29 +81,3 @@ def start_checkpoint(settings: Settings, config: RunConfig, workdir: Path) -> Pa
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return merged
-
-
-def write_dpo_pairs(db: Database, config: RunConfig, workdir: Path) -> None:
-    from conspo.jobs.dpo import PAIRS_FILE, build_pairs, write_pairs
-
-    path = workdir / PAIRS_FILE
-    if path.is_file():  # a resumed attempt: the same pairs as before
-        return
-    source_run = int(config.kind_params["from_run"])
-    with db.session() as session:
-        rows = session.execute(
-            select(RolloutText.prompt, RolloutText.completion, Rollout.reward)
-            .join(
-                Rollout,
-                (Rollout.run_id == RolloutText.run_id)
-                & (Rollout.step == RolloutText.step)
-                & (Rollout.group == RolloutText.group)
-                & (Rollout.index == RolloutText.index),
-            )
-            .where(RolloutText.run_id == source_run)
-            .order_by(RolloutText.step, RolloutText.group, RolloutText.index)
-        ).all()
-    pairs, _ = build_pairs(
-        ((p, c, is_positive(r)) for p, c, r in rows), config.kind_params["max_pairs_per_prompt"]
-    )
-    write_pairs(pairs, path)

@@ -31,7 +31,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from functools import lru_cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
@@ -41,11 +41,12 @@ from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
+from backend.pipelines import service as pipelines
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
 from backend.studies import service as studies
 from worker import watchdog
-from worker.celery_app import celery_app
+from worker.celery_app import celery_app, database
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
 from worker.shutdown import SHUTDOWN, Interrupt
@@ -60,11 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RELEASE_ON_SHUTDOWN_S = 5.0  # well inside the compose stop grace period
-
-
-@lru_cache(maxsize=1)
-def database() -> Database:
-    return Database(get_settings())
 
 
 @celery_app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -406,7 +402,7 @@ def _finish(db: Database, jobs: JobQueue, run: Run, status: RunStatus, error: st
         lifecycle.finish(session, run.id, run.attempt, status, error=error)
         if status is RunStatus.succeeded:  # a pipeline's next stage, created by finish
             try:
-                lifecycle.send_next_stage(session, jobs, run.id)
+                pipelines.send_next_stage(session, jobs, run.id)
             except lifecycle.QueueUnavailable:
                 log.warning("run %s: next pipeline stage not sent; a reaper will send it", run.id)
 

@@ -1,7 +1,8 @@
 """FastAPI dependencies in one place: database session, settings, the caller, the run in the path.
 
 ``RunDep`` resolves ``{run_id}`` or answers 404 once, so handlers never repeat the lookup;
-``OwnedRunDep`` adds the ownership rule (the run's owner or an admin, else 403).
+``OwnedRunDep`` adds the ownership rule (the run's owner or an admin, else 403); studies and
+pipelines have the same pair, all made by ``found`` and ``owned``.
 ``SessionDep`` closes when the handler returns, before the response is sent: a slow client, or a
 live stream that lasts hours (``RunStreamStart``), holds no connection.
 """
@@ -9,10 +10,10 @@ live stream that lasts hours (``RunStreamStart``), holds no connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
 import anyio
@@ -26,11 +27,12 @@ from sqlalchemy.orm import Session
 from backend.api.stream_hub import StreamHub
 from backend.config import Settings
 from backend.db import Database
-from backend.models import Run, User
+from backend.models import Pipeline, Run, Study, User
 from backend.queue import JobQueue
 from backend.scheduling import Cluster
 from backend.schemas import INT32_MAX
 from backend.security import user_for_token
+from backend.storage.runs import runs_by_id
 
 bearer = HTTPBearer(auto_error=False, description="An API token from `conspo-lab token create`.")
 
@@ -163,38 +165,80 @@ def _check_reader(db: Database, credentials: HTTPAuthorizationCredentials | None
 
 
 RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="Run id.")]
+StudyId = Annotated[int, Path(ge=1, le=INT32_MAX, description="Study id.")]
+PipelineId = Annotated[int, Path(ge=1, le=INT32_MAX, description="Pipeline id.")]
+
+
+class Owned(Protocol):
+    """What the look-up and the ownership rule need of a row (a run, a study, a pipeline)."""
+
+    id: Any
+    owner_id: Any
+    owner: Any
+
+
+T = TypeVar("T", bound=Owned)
+
+
+def found(session: Session, model: type[T], key: int, noun: str) -> T:
+    """The ``model`` row ``key``, else 404 ``"<noun> <key> not found"``."""
+    thing = session.get(model, key)
+    if thing is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"{noun} {key} not found")
+    return thing
+
+
+def owned(thing: T, user: User, noun: str) -> T:
+    """``thing`` when ``user`` owns it or is an admin, else 403 naming its owner."""
+    if not (user.is_admin or thing.owner_id == user.id):
+        owner = thing.owner.name if thing.owner is not None else "nobody"
+        detail = f"{noun} {thing.id} belongs to {owner}; only its owner or an admin may change it"
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail=detail)
+    return thing
+
+
+def found_runs(session: Session, ids: Sequence[int]) -> list[Run]:
+    """The runs ``ids`` in that order, else 404 naming every one that does not exist."""
+    found = runs_by_id(session, ids)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        detail = f"run(s) {', '.join(map(str, missing))} not found"
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=detail)
+    return [found[i] for i in ids]
 
 
 def get_run(run_id: RunId, session: SessionDep) -> Run:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id} not found")
-    return run
+    return found(session, Run, run_id, "run")
+
+
+def get_owned_run(run: Annotated[Run, Depends(get_run)], user: CurrentUser) -> Run:
+    return owned(run, user, "run")
+
+
+def get_study(study_id: StudyId, session: SessionDep) -> Study:
+    return found(session, Study, study_id, "study")
+
+
+def get_owned_study(study: Annotated[Study, Depends(get_study)], user: CurrentUser) -> Study:
+    return owned(study, user, "study")
+
+
+def get_pipeline(pipeline_id: PipelineId, session: SessionDep) -> Pipeline:
+    return found(session, Pipeline, pipeline_id, "pipeline")
+
+
+def get_owned_pipeline(
+    pipeline: Annotated[Pipeline, Depends(get_pipeline)], user: CurrentUser
+) -> Pipeline:
+    return owned(pipeline, user, "pipeline")
 
 
 RunDep = Annotated[Run, Depends(get_run)]
-
-
-def refuse_unless_owner(user: User, owner_id: int | None, detail: Callable[[], str]) -> None:
-    """403 with ``detail()`` unless ``user`` owns the thing (runs, studies, pipelines) or is
-    an admin."""
-    if not (user.is_admin or owner_id == user.id):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, detail=detail())
-
-
-def get_owned_run(run: RunDep, user: CurrentUser) -> Run:
-    refuse_unless_owner(
-        user,
-        run.owner_id,
-        lambda: (
-            f"run {run.id} belongs to {run.owner.name if run.owner else 'nobody'};"
-            " only its owner or an admin may change it"
-        ),
-    )
-    return run
-
-
 OwnedRunDep = Annotated[Run, Depends(get_owned_run)]
+StudyDep = Annotated[Study, Depends(get_study)]
+OwnedStudyDep = Annotated[Study, Depends(get_owned_study)]
+PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
+OwnedPipelineDep = Annotated[Pipeline, Depends(get_owned_pipeline)]
 
 
 def get_cluster(session: SessionDep, settings: SettingsDep) -> Cluster:

@@ -1,4 +1,11 @@
-"""Error bodies that always render, whatever the refused input held.
+"""Every exception the API answers for, mapped to HTTP in this one place (``install``), with
+error bodies that always render, whatever the refused input held.
+
+* domain errors (``backend.errors``): ``InvalidInput`` → 422 located at each field (the same
+  body as FastAPI's validation errors), a refused lifecycle transition → 409 (``Conflict``) or
+  503 (``QueueUnavailable``);
+* database refusals that slip past validation → 422 / 409 / 503, never a 500;
+* anything unexpected → a logged JSON 500.
 
 FastAPI's own 422 echoes each invalid ``input`` as is: a NaN, an unpaired surrogate or a
 300-level object then fails to render and the refusal becomes a 500. Here ``loc`` and ``msg``
@@ -12,10 +19,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from backend.config import Settings
+from backend.errors import DomainError, InvalidInput
+from backend.lifecycle import Conflict, QueueUnavailable
 from backend.schemas import renderable
 
 log = logging.getLogger(__name__)
@@ -26,8 +38,12 @@ MAX_ERRORS = 50  # 10,000 bad rollouts need not come back as 10,000 errors
 
 
 async def validation_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
+    assert isinstance(exc, RequestValidationError | InvalidInput)
+    return unprocessable(exc.errors() if isinstance(exc, RequestValidationError) else exc.errors)
+
+
+def unprocessable(errors: Sequence[Any]) -> JSONResponse:
+    """422 with each error located at its field (at most ``MAX_ERRORS`` of them)."""
     detail = [echoed(e) for e in errors[:MAX_ERRORS]]
     if len(errors) > MAX_ERRORS:
         detail.append(
@@ -81,3 +97,56 @@ def _fits(value: Any, limit: int) -> bool:
         else:
             budget -= 24
     return budget >= 0
+
+
+# Domain refusals (backend.errors) as HTTP statuses; InvalidInput has its own 422 body.
+DOMAIN_STATUS: dict[type[DomainError], int] = {Conflict: 409, QueueUnavailable: 503}
+QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement past statement_timeout
+
+
+def install(app: FastAPI) -> None:
+    """Refused transitions and database refusals that slip past validation become 4xx/503,
+    never a 500; validation errors always render; anything unexpected is a logged JSON 500."""
+
+    async def domain_error(_: Request, exc: Exception) -> JSONResponse:
+        code = next((c for t, c in DOMAIN_STATUS.items() if isinstance(exc, t)), 409)
+        return JSONResponse({"detail": str(exc)}, status_code=code)
+
+    async def data_error(_: Request, exc: Exception) -> JSONResponse:
+        log.info("refused by the database: %s", type(exc).__name__)
+        return JSONResponse({"detail": f"invalid value: {_orig(exc)}"}, status_code=422)
+
+    async def integrity_error(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": f"conflict: {_orig(exc)}"}, status_code=409)
+
+    async def operational_error(request: Request, exc: Exception) -> JSONResponse:
+        if getattr(getattr(exc, "orig", None), "sqlstate", None) == QUERY_CANCELED:
+            limit = request.app.state.settings.db_statement_timeout_s
+            log.warning("statement cancelled after %ss: %s %s", limit, request.method, request.url)
+            detail = f"query ran longer than {limit:g} s (CONSPO_DB_STATEMENT_TIMEOUT_S)"
+            return JSONResponse({"detail": detail}, status_code=503)
+        log.warning("database unavailable: %s", type(exc).__name__)
+        return JSONResponse({"detail": "database unavailable, retry later"}, status_code=503)
+
+    async def pool_timeout(request: Request, _: Exception) -> JSONResponse:
+        settings: Settings = request.app.state.settings
+        log.warning("no database connection free within %ss", settings.db_pool_timeout_s)
+        detail = (
+            f"server busy: no database connection free within {settings.db_pool_timeout_s:g} s "
+            f"(CONSPO_DB_POOL_TIMEOUT_S; pool of CONSPO_DB_POOL_SIZE={settings.db_pool_size} + "
+            f"CONSPO_DB_MAX_OVERFLOW={settings.db_max_overflow}); retry later"
+        )
+        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
+
+    app.add_exception_handler(InvalidInput, validation_error)
+    app.add_exception_handler(DomainError, domain_error)
+    app.add_exception_handler(DataError, data_error)
+    app.add_exception_handler(IntegrityError, integrity_error)
+    app.add_exception_handler(OperationalError, operational_error)
+    app.add_exception_handler(PoolTimeout, pool_timeout)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, internal_error)
+
+
+def _orig(exc: Any) -> str:
+    return str(getattr(exc, "orig", exc)).splitlines()[0][:200]

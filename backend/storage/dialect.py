@@ -1,10 +1,10 @@
 """The storage statements whose SQL differs between PostgreSQL and SQLite, behind one interface.
 
 Each dialect has one strategy object, made on an engine's first use and looked up from a
-session's bind with ``dialect_of``; nothing else in the storage package looks at the dialect's
-name. ``backend.storage.sqlite.SqliteDialect`` uses portable SQLAlchemy Core statements;
-``backend.storage.postgresql.PostgresDialect`` hand-written SQL that moves whole columns as
-binary arrays through ``unnest`` and reads each series with its own index probes.
+session's bind with ``strategies.dialect_of``; nothing else in the storage package looks at
+the dialect's name. ``backend.storage.sqlite.SqliteDialect`` uses portable SQLAlchemy Core
+statements; ``backend.storage.postgresql.PostgresDialect`` hand-written SQL that moves whole
+columns as binary arrays through ``unnest`` and reads each series with its own index probes.
 
 The values exchanged are plain: numpy columns in (``backend.storage.writes``), and
 column-oriented buckets out (``Buckets``: one list per ``BUCKET_FIELDS`` name, in bucket order).
@@ -14,15 +14,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
-from weakref import WeakKeyDictionary
+from typing import Any, ClassVar, NamedTuple
 
-from sqlalchemy import Engine, Table, delete, select
+from sqlalchemy import Table, delete, select
 from sqlalchemy.orm import Session
 
-if TYPE_CHECKING:
-    from backend.storage.series import RollupColumns
-    from backend.storage.writes import MetricColumns, RolloutColumns
+from backend.models import MetricRollup
+from backend.storage.columns import (
+    ROLLUP_KEY,
+    ROLLUPS,
+    MetricColumns,
+    RolloutColumns,
+    RollupColumns,
+    rollup_rows,
+)
 
 BUCKET_FIELDS = ("bucket", "n", "mean", "v_min", "v_max", "last_step", "last_wall", "n_valid")
 Buckets = dict[str, list[Any]]  # one list per BUCKET_FIELDS name, in bucket order
@@ -107,8 +112,6 @@ class Dialect(ABC):
     def store_rollups(self, session: Session, width: int, ranges: Sequence[StepRange]) -> None:
         """Upsert the ``metric_rollups`` rows of every bucket of ``width`` in ``ranges`` (whole
         buckets), recomputed from their points."""
-        from backend.storage.series import ROLLUP_KEY, ROLLUPS, rollup_rows
-
         rows: list[dict[str, Any]] = []
         for (run_id, key), buckets in self.aggregate(session, width, ranges).items():
             rows += rollup_rows(run_id, key, width, buckets, lambda b: True)
@@ -121,9 +124,7 @@ class Dialect(ABC):
         ``new // old`` buckets of width ``old`` are all there and full (``n == old``: a point at
         every step, so they hold every point of the wider bucket). Returns the (key, bucket)
         pairs stored."""
-        from backend.models import MetricRollup as R
-        from backend.storage.series import ROLLUP_KEY, ROLLUPS
-
+        R = MetricRollup
         factor = new // old
         groups: dict[tuple[str, int], list[Any]] = {}
         where = (R.run_id == run_id, R.width == old, R.key.in_(list(keys)))
@@ -153,8 +154,6 @@ class Dialect(ABC):
 
     def write_rollups(self, session: Session, run_id: int, rollups: RollupColumns) -> None:
         """Upsert ``metric_rollups`` rows computed by the caller (at least one)."""
-        from backend.storage.series import ROLLUP_KEY, ROLLUPS
-
         self.upsert(session, ROLLUPS, rollups.rows(run_id), ROLLUP_KEY)
 
     @abstractmethod
@@ -163,29 +162,6 @@ class Dialect(ABC):
     ) -> dict[SeriesKey, Buckets]:
         """The ``metric_rollups`` rows in ``ranges`` (``mean`` = v_sum / n_valid), each series'
         in bucket order; series with none are absent."""
-
-
-_BY_ENGINE: WeakKeyDictionary[Engine, Dialect] = WeakKeyDictionary()
-
-
-def dialect_of(session: Session) -> Dialect:
-    """The storage strategy of the session's engine (made on the engine's first use)."""
-    engine = session.get_bind().engine
-    strategy = _BY_ENGINE.get(engine)
-    if strategy is None:
-        strategy = _BY_ENGINE.setdefault(engine, _make(engine.dialect.name))
-    return strategy
-
-
-def _make(name: str) -> Dialect:
-    # Imported here, not above: both implementations subclass Dialect from this module.
-    from backend.storage.postgresql import PostgresDialect
-    from backend.storage.sqlite import SqliteDialect
-
-    known: dict[str, type[Dialect]] = {c.name: c for c in (PostgresDialect, SqliteDialect)}
-    if name not in known:
-        raise ValueError(f"no storage dialect for {name!r}; known: {', '.join(sorted(known))}")
-    return known[name]()
 
 
 # Helpers of the implementations (chunks also serves the portable reads of backend.storage.series).

@@ -38,8 +38,7 @@ from backend.storage.dialect import (
 from backend.storage.pg_arrays import BoolArray, Float8Array, Int4Array, Int8Array
 
 if TYPE_CHECKING:
-    from backend.storage.series import RollupColumns
-    from backend.storage.writes import MetricColumns, RolloutColumns
+    from backend.storage.columns import MetricColumns, RolloutColumns, RollupColumns
 
 _METRIC_INSERT = (
     "INSERT INTO metrics (run_id, key, step, value, wall_time, seq)"

@@ -28,18 +28,7 @@ def query_rollouts(
     if step_max is not None:
         stmt = stmt.where(Rollout.step <= step_max)
     stmt = stmt.order_by(Rollout.step, Rollout.group, Rollout.index).limit(limit)
-    return [
-        {
-            "step": r.step,
-            "group": r.group,
-            "index": r.index,
-            "reward": r.reward,
-            "score": r.score,
-            "length": r.length,
-            "truncated": r.truncated,
-        }
-        for r in session.scalars(stmt)
-    ]
+    return [_row(r) for r in session.scalars(stmt)]
 
 
 def _row(r: Rollout) -> dict[str, Any]:
@@ -54,18 +43,34 @@ def _row(r: Rollout) -> dict[str, Any]:
     }
 
 
-def _with_text(
-    session: Session, run_id: int, step_min: int | None, step_max: int | None, limit: int
-) -> list[dict[str, Any]]:
-    on = and_(
+def _text_of() -> Any:
+    """The join of a rollout to its stored prompt and completion."""
+    return and_(
         RolloutText.run_id == Rollout.run_id,
         RolloutText.step == Rollout.step,
         RolloutText.group == Rollout.group,
         RolloutText.index == Rollout.index,
     )
+
+
+def stored_texts(session: Session, run_id: int) -> list[tuple[str, str, float | None]]:
+    """(prompt, completion, reward) of every rollout of ``run_id`` stored with its text, in
+    (step, group, index) order (a job kind's inputs: DPO pairs from a run)."""
+    rows = session.execute(
+        select(RolloutText.prompt, RolloutText.completion, Rollout.reward)
+        .join(Rollout, _text_of())
+        .where(RolloutText.run_id == run_id)
+        .order_by(RolloutText.step, RolloutText.group, RolloutText.index)
+    )
+    return [(prompt, completion, reward) for prompt, completion, reward in rows]
+
+
+def _with_text(
+    session: Session, run_id: int, step_min: int | None, step_max: int | None, limit: int
+) -> list[dict[str, Any]]:
     stmt = (
         select(Rollout, RolloutText.prompt, RolloutText.completion)
-        .outerjoin(RolloutText, on)
+        .outerjoin(RolloutText, _text_of())
         .where(Rollout.run_id == run_id)
     )
     if step_min is not None:

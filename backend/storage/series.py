@@ -11,17 +11,25 @@ long series finds its complete buckets stored; reads at other widths fill the ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-from sqlalchemy import Table, and_, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from backend.models import Metric, MetricRollup, Run
+from backend.models import Metric, Run
 from backend.schemas import INT32_MAX
+from backend.storage.columns import (
+    ROLLUP_KEY,
+    ROLLUPS,
+    MetricColumns,
+    RollupColumns,
+    rollup_rows,
+)
 from backend.storage.dialect import (
     BUCKET_FIELDS,
     BucketRange,
@@ -30,15 +38,10 @@ from backend.storage.dialect import (
     SeriesKey,
     StepRange,
     chunks,
-    dialect_of,
     empty_buckets,
 )
+from backend.storage.strategies import dialect_of
 
-if TYPE_CHECKING:
-    from backend.storage.writes import MetricColumns
-
-ROLLUPS: Table = MetricRollup.__table__  # type: ignore[assignment]
-ROLLUP_KEY = ("run_id", "key", "width", "bucket")
 # The max_points of the run and compare pages' charts: writes maintain the rollups their reads use.
 ROLLUP_MAX_POINTS = 1000
 
@@ -196,33 +199,6 @@ def _rollup_rows(p: _Plan, new: Buckets) -> list[dict[str, Any]]:
     return rollup_rows(p.run_id, p.key, p.width, new, p.cacheable)
 
 
-def rollup_rows(
-    run_id: int, key: str, width: int, new: Buckets, keep: Callable[[int], bool]
-) -> list[dict[str, Any]]:
-    """``metric_rollups`` rows of the buckets of ``new`` that ``keep`` accepts."""
-    rows = []
-    for i, b in enumerate(new["bucket"]):
-        if keep(b):
-            mean, n_valid = new["mean"][i], new["n_valid"][i]
-            rows.append(
-                {
-                    "run_id": run_id,
-                    "key": key,
-                    "width": width,
-                    "bucket": b,
-                    "hi_step": (b + 1) * width - 1,
-                    "n": new["n"][i],
-                    "n_valid": n_valid,
-                    "v_sum": None if mean is None else mean * n_valid,
-                    "v_min": new["v_min"][i],
-                    "v_max": new["v_max"][i],
-                    "last_step": new["last_step"][i],
-                    "last_wall": new["last_wall"][i],
-                }
-            )
-    return rows
-
-
 def bucket_width(lo: int, hi: int, max_points: int) -> int:
     """The smallest power of two (at least 2) that cuts steps lo..hi into <= max_points buckets."""
     width = 2
@@ -315,36 +291,6 @@ def refresh_rollups(
         dialect.store_rollups(session, width, series)
     if own:
         dialect.write_rollups(session, run_id, _own_buckets(points, own))
-
-
-@dataclass
-class RollupColumns:
-    """``metric_rollups`` rows of one run as columns, NULL floats as NaN."""
-
-    keys: list[str]  # ``k`` indexes it
-    k: Any  # (n,) int
-    width: Any  # (n,) int
-    bucket: Any  # (n,) int64
-    n: Any  # (n,) int: points in the bucket
-    n_valid: Any  # (n,) int: non-NULL values
-    v_sum: Any  # (n,) float64
-    v_min: Any
-    v_max: Any
-    last_step: Any  # (n,) int
-    last_wall: Any  # (n,) float64
-
-    def rows(self, run_id: int) -> list[dict[str, Any]]:
-        """The rollups as ``metric_rollups`` rows (NaN back to None), for a row-wise upsert."""
-        names = ("width", "bucket", "n", "n_valid", "v_sum", "v_min", "v_max", "last_step")
-        cols = [getattr(self, name).tolist() for name in (*names, "last_wall")]
-        out = []
-        for k, *values in zip(self.k.tolist(), *cols, strict=True):
-            row = dict(zip((*names, "last_wall"), values, strict=True))
-            for name in ("v_sum", "v_min", "v_max"):
-                row[name] = None if row[name] != row[name] else row[name]
-            row |= {"run_id": run_id, "key": self.keys[k]}
-            out.append(row | {"hi_step": (row["bucket"] + 1) * row["width"] - 1})
-        return out
 
 
 def _own_buckets(points: MetricColumns, own: list[tuple[int, int, int]]) -> RollupColumns:
@@ -450,3 +396,36 @@ def _raw_points(
             .order_by(Metric.run_id, Metric.key, Metric.step)
         )
         yield from session.execute(stmt)
+
+
+WholeSeries = dict[tuple[int, str], tuple[list[int], list[float | None]]]  # (run, key) → points
+
+
+def whole_series(session: Session, run_ids: Iterable[int], keys: Iterable[str]) -> WholeSeries:
+    """Every point of each (run, key), in step order, not downsampled (a study's objective
+    reads whole runs); a missing series reads as empty."""
+    out: WholeSeries = defaultdict(lambda: ([], []))
+    ids, key_list = list(run_ids), list(keys)
+    if not ids:
+        return out
+    rows = session.execute(
+        select(Metric.run_id, Metric.key, Metric.step, Metric.value)
+        .where(Metric.run_id.in_(ids), Metric.key.in_(key_list))
+        .order_by(Metric.run_id, Metric.key, Metric.step)
+    )
+    for run_id, key, step, value in rows:
+        steps, values = out[(run_id, key)]
+        steps.append(step)
+        values.append(value)
+    return out
+
+
+def points_under(session: Session, run_id: int, prefix: str) -> list[tuple[int, str, float | None]]:
+    """(step, key, value) of every point of ``run_id`` whose key starts with ``prefix``
+    (``eval/``: its held-out evaluations), in step order."""
+    rows = session.execute(
+        select(Metric.step, Metric.key, Metric.value)
+        .where(Metric.run_id == run_id, Metric.key.startswith(prefix))
+        .order_by(Metric.step)
+    )
+    return [(step, key, value) for step, key, value in rows]

@@ -25,7 +25,7 @@ from backend.storage.dialect import (
 )
 
 if TYPE_CHECKING:
-    from backend.storage.writes import MetricColumns, RolloutColumns
+    from backend.storage.columns import MetricColumns, RolloutColumns
 
 METRICS: Table = Metric.__table__  # type: ignore[assignment]
 ROLLOUTS: Table = Rollout.__table__  # type: ignore[assignment]

@@ -22,9 +22,11 @@ from sqlalchemy.orm import Session
 
 from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
-from backend.storage.dialect import Dialect, dialect_of
+from backend.storage.columns import MetricColumns, RolloutColumns, none_if_nan
+from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 from backend.storage.series import refresh_rollups
+from backend.storage.strategies import dialect_of
 from conspo.sink import clip_text
 
 
@@ -117,7 +119,7 @@ def write_points(
     if len(m.step):
         ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
         out.last_values = {
-            m.keys[k]: _none_if_nan(v)
+            m.keys[k]: none_if_nan(v)
             for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
         }
     seq = _update_run(session, dialect, run_id, out, owner_attempt, run_values or {})
@@ -143,66 +145,6 @@ def write_points(
     if p:
         out.prompts = write_prompts(session, dialect, p)
     return out
-
-
-@dataclass
-class MetricColumns:
-    """Points sorted by (key, step), one per (key, step); NULL values as NaN."""
-
-    keys: list[str]  # sorted; ``k`` indexes it
-    k: Any  # (n,) int32
-    step: Any  # (n,) int64
-    value: Any  # (n,) float64
-    wall: Any  # (n,) float64
-
-    def rows(self, run_id: int, seq: int) -> list[dict[str, Any]]:
-        """The points as ``metrics`` rows (NaN back to None), for a row-wise upsert."""
-        keys = self.keys
-        cols = (self.k.tolist(), self.step.tolist(), self.value.tolist(), self.wall.tolist())
-        return [
-            {"run_id": run_id, "key": keys[k], "step": st, "value": _none_if_nan(v)}
-            | {"wall_time": w, "seq": seq}
-            for k, st, v, w in zip(*cols, strict=True)
-        ]
-
-
-@dataclass
-class RolloutColumns:
-    """Rows sorted by (step, group, index), one per key; NULL reward/score as NaN."""
-
-    step: Any
-    group: Any
-    index: Any
-    reward: Any
-    score: Any
-    length: Any
-    truncated: Any
-
-    def columns(self) -> tuple[Any, ...]:
-        return (
-            self.step, self.group, self.index, self.reward, self.score, self.length,
-            self.truncated,
-        )  # fmt: skip
-
-    def rows(self, run_id: int) -> list[dict[str, Any]]:
-        """The rollouts as ``rollouts`` rows (NaN back to None), for a row-wise upsert."""
-        return [
-            {
-                "run_id": run_id,
-                "step": st,
-                "group": g,
-                "index": i,
-                "reward": _none_if_nan(rw),
-                "score": _none_if_nan(sc),
-                "length": ln,
-                "truncated": bool(tr),
-            }
-            for st, g, i, rw, sc, ln, tr in zip(*(c.tolist() for c in self.columns()), strict=True)
-        ]
-
-
-def _none_if_nan(v: float) -> float | None:
-    return None if v != v else v
 
 
 def _finite_array(values: Sequence[Any]) -> Any:

@@ -23,22 +23,25 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
+from backend.storage.series import WholeSeries as Series
+from backend.storage.series import whole_series
 from backend.studies import stats
-from backend.studies.service import (
+from backend.studies.objective import (
     SEPARATION_KEYS,
+    ArmObjectives,
     ArmRunRow,
-    _jsonable,
-    _series,
+    bounds_of,
     group_curves,
-    run_objective,
+    jsonable,
     window_start,
 )
 from backend.studies.spec import Objective
+from conspo import metrics as M
 from conspo.spreadsheet import csv_cell
 
-# Run fields the compare page groups by directly (compare.js TOP_LEVEL); anything else is a
-# config path.
-TOP_LEVEL = ("algorithm", "task", "model", "status", "seed", "group_id")
+# Run fields a group-by path names directly; anything else is a config path. The compare page
+# gets this list from the server (pages.py), so its groups and the report's are the same.
+RUN_FIELDS = ("algorithm", "task", "model", "status", "seed", "group_id", "owner")
 
 
 def _text(value: Any) -> str:
@@ -60,10 +63,10 @@ def _text(value: Any) -> str:
 def group_label(run: Run, path: str) -> str:
     if not path:
         return f"{run.name} #{run.id}"
-    if path in TOP_LEVEL:
-        value: Any = getattr(run, path)
-    elif path == "owner":
-        value = run.owner.name if run.owner is not None else None
+    if path == "owner":
+        value: Any = run.owner.name if run.owner is not None else None
+    elif path in RUN_FIELDS:
+        value = getattr(run, path)
     elif path == "tags":
         value = ",".join(run.tags or [])
     else:
@@ -92,63 +95,20 @@ def comparison_view(
         groups[group_label(run, group)].append(run)
     labels = list(groups)
     base = baseline if baseline in groups else labels[0]
-    series = _series(session, [r.id for r in runs], [objective.metric, *SEPARATION_KEYS])
-    by_arm: dict[str, dict[int, float]] = {}
-    separation: dict[str, dict[str, dict[int, float]]] = {}
-    run_rows: list[dict[str, Any]] = []
-    rows: list[ArmRunRow] = []
-    for label, members in groups.items():
-        # keyed by seed where the seeds are distinct (pairable), else by position
-        keyed = _distinct_seeds(members)
-        by_arm[label], separation[label] = {}, defaultdict(dict)
-        for i, run in enumerate(members):
-            value, window = run_objective(series, run.id, objective)
-            key = int(run.seed) if keyed else i
-            steps = series[(run.id, objective.metric)][0]
-            if value is not None:
-                by_arm[label][key] = value
-                for metric, mean in window.items():
-                    separation[label][metric][key] = mean
-            rows.append(ArmRunRow(label, run.id))
-            run_rows.append(
-                {
-                    "arm": label,
-                    "seed": run.seed,
-                    "run_id": run.id,
-                    "name": run.name,
-                    "status": run.status,
-                    "step": run.step,
-                    "total_steps": run.total_steps,
-                    "objective": value,
-                    "window_start": window_start(steps, objective.reduce, objective.k)
-                    if steps
-                    else None,
-                    "window_points": _window_points(steps, objective),
-                }
-            )
-    scale, unit = objective.scale or 1.0, objective.unit or ""
-    pairs, unpaired, verdict = [], [], []
-    for label in labels:
-        if label == base:
-            continue
-        common = set(by_arm[label]) & set(by_arm[base])
-        if _distinct_seeds(groups[label]) and _distinct_seeds(groups[base]) and len(common) >= 2:
-            pair = stats.paired(label, base, by_arm[label], by_arm[base], objective.direction)
-            pairs.append(_jsonable(vars(pair)))
-            verdict.append(
-                stats.verdict_line(pair, scale=scale, unit=unit, effect=objective.effect)
-            )
-        else:
-            loose = stats.unpaired(
-                label, base, list(by_arm[label].values()), list(by_arm[base].values())
-            )
-            unpaired.append(_jsonable(vars(loose)))
-            verdict.append(stats.unpaired_line(loose, scale=scale, unit=unit))
+    series = whole_series(session, [r.id for r in runs], [objective.metric, *SEPARATION_KEYS])
+    values = ArmObjectives.of(labels)
+    run_rows = [
+        row for label in labels for row in _run_rows(groups, label, series, objective, values)
+    ]
+    pairs, unpaired, verdict = _against_baseline(groups, base, values.by_arm, objective)
     arms = []
     for label in labels:
-        arm = _jsonable(vars(stats.summarise_arm(label, by_arm[label])))
+        arm = jsonable(
+            vars(stats.summarise_arm(label, values.by_arm[label], M.bounds(objective.metric)))
+        )
         arms.append({**arm, "planned": len(groups[label]), "overrides": None, "params": None})
     ids = [r.id for r in runs]
+    rows = [ArmRunRow(label, run.id) for label in labels for run in groups[label]]
     return {
         "id": None,
         "kind": "comparison",
@@ -166,15 +126,78 @@ def comparison_view(
         "verdict": verdict,
         "pairing_note": "Groups are paired by seed where both ran the same seeds (two or more);"
         " otherwise compared unpaired (Welch).",
-        "separation": {
-            a: {k: _jsonable(vars(stats.summarise_arm(a, v))) for k, v in sep.items()}
-            for a, sep in separation.items()
-        },
+        "separation": values.separation_view(),
         "runs": run_rows,
         "counts": dict(Counter(str(r.status) for r in runs)),
         "seeds": sorted({int(r.seed) for r in runs}),
-        "curves": group_curves(session, rows, ids, [objective.metric, *SEPARATION_KEYS]),
+        # The metric compared, and only it: the page's choice, not the study's separation set.
+        "curves": group_curves(session, rows, ids, [objective.metric]),
+        "bounds": bounds_of([objective.metric]),
     }
+
+
+def _run_rows(
+    groups: dict[str, list[Run]],
+    label: str,
+    series: Series,
+    objective: Objective,
+    values: ArmObjectives,
+) -> list[dict[str, Any]]:
+    """The group's runs as the report lists them, each one's objective added to ``values``:
+    keyed by seed where the group's seeds are distinct (pairable), else by position."""
+    members = groups[label]
+    keyed = _distinct_seeds(members)
+    out = []
+    for i, run in enumerate(members):
+        value = values.add(series, label, int(run.seed) if keyed else i, run.id, objective)
+        steps = series[(run.id, objective.metric)][0]
+        out.append(
+            {
+                "arm": label,
+                "seed": run.seed,
+                "run_id": run.id,
+                "name": run.name,
+                "status": run.status,
+                "step": run.step,
+                "total_steps": run.total_steps,
+                "objective": value,
+                "window_start": window_start(steps, objective.reduce, objective.k)
+                if steps
+                else None,
+                "window_points": _window_points(steps, objective),
+            }
+        )
+    return out
+
+
+def _against_baseline(
+    groups: dict[str, list[Run]],
+    base: str,
+    by_arm: dict[str, dict[stats.Key, float]],
+    objective: Objective,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """(paired comparisons, unpaired ones, verdict lines) of each group against ``base``:
+    paired by seed when both groups' seeds are distinct and they share two or more."""
+    scale, unit = objective.scale or 1.0, objective.unit or ""
+    bounds = M.bounds(objective.metric)
+    pairs, unpaired, verdict = [], [], []
+    for label, values in by_arm.items():
+        if label == base:
+            continue
+        common = set(values) & set(by_arm[base])
+        if _distinct_seeds(groups[label]) and _distinct_seeds(groups[base]) and len(common) >= 2:
+            pair = stats.paired(label, base, values, by_arm[base], objective.direction, bounds)
+            pairs.append(jsonable(vars(pair)))
+            verdict.append(
+                stats.verdict_line(pair, scale=scale, unit=unit, effect=objective.effect)
+            )
+        else:
+            loose = stats.unpaired(
+                label, base, list(values.values()), list(by_arm[base].values()), bounds
+            )
+            unpaired.append(jsonable(vars(loose)))
+            verdict.append(stats.unpaired_line(loose, scale=scale, unit=unit))
+    return pairs, unpaired, verdict
 
 
 def _window_points(steps: list[int], objective: Objective) -> int:

@@ -20,12 +20,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 from backend import lifecycle, run_inputs
 from backend.config import Settings
+from backend.errors import InvalidInput
 from backend.models import (
     FINISHED,
     Run,
@@ -33,11 +33,11 @@ from backend.models import (
     Study,
     StudyRun,
     StudyRunState,
-    StudyStatus,
-    User,
 )
 from backend.queue import JobQueue
-from backend.studies import service
+from backend.storage.series import whole_series
+from backend.studies.arms import add_arms
+from backend.studies.objective import reduce_series
 from backend.studies.spec import Search, SearchParam, StudyCreate, validate_arm
 from backend.submit_checks import Submitted
 from conspo.config import RunConfig
@@ -152,7 +152,7 @@ def check_space(body: StudyCreate) -> list[Submitted]:
     base, base_errors = validate_arm(body.config, {}, ("body", "config"))
     errors += base_errors
     if errors:
-        raise RequestValidationError(errors)
+        raise InvalidInput(errors)
     assert base is not None
     return [Submitted(("body", "config"), base), *submitted]
 
@@ -187,31 +187,12 @@ def largest_trial(body: StudyCreate, settings: Settings) -> Submitted | None:
     return Submitted(("body", "search", "space"), largest[1], dict(chosen))
 
 
-def create_search_study(
-    session: Session, jobs: JobQueue, owner: User, body: StudyCreate, settings: Settings
-) -> Study:
-    """Validate the space, store the study, create its Optuna study, release the first trials."""
-    assert body.search is not None
-    check_space(body)
-    spec = body.model_copy(update={"arms": [], "baseline": None})
-    study = Study(
-        name=spec.name,
-        owner_id=owner.id,
-        status=StudyStatus.active,
-        spec=spec.model_dump(mode="json"),
-        baseline=None,
-        concurrency=spec.concurrency,
-    )
-    session.add(study)
-    session.flush()
-    direction = "maximize" if body.objective.direction == "max" else "minimize"
+def create_optuna_study(session: Session, study: Study) -> None:
+    """The Optuna study of the (flushed) search ``study``, in the same database."""
+    direction = "maximize" if study.spec["objective"]["direction"] == "max" else "minimize"
     _optuna().create_study(
         study_name=optuna_name(study.id), storage=storage(_url(session)), direction=direction
     )
-    session.commit()
-    service.release(session, jobs, study.id)
-    session.refresh(study)
-    return study
 
 
 def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
@@ -267,18 +248,16 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
             log.info("study %s: trial %s refused: %s", study.id, trial.number, problems[:1])
             ostudy.tell(trial.number, state=TrialState.FAIL)
             continue
-        service.add_arms(
-            session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number]
-        )
+        add_arms(session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number])
         session.flush()
         free -= len(spec.seeds)
         pending = True
 
 
 def _objective(session: Session, run: Run, spec: StudyCreate) -> float | None:
-    series = service._series(session, [run.id], [spec.objective.metric])
+    series = whole_series(session, [run.id], [spec.objective.metric])
     steps, values = series[(run.id, spec.objective.metric)]
-    return service.reduce_series(steps, values, spec.objective.reduce, spec.objective.k)
+    return reduce_series(steps, values, spec.objective.reduce, spec.objective.k)
 
 
 def _prune(
@@ -294,7 +273,7 @@ def _prune(
     if any(r.state != StudyRunState.released for r in mine) or any(r is None for r in runs):
         return False
     ids = [r.id for r in runs if r is not None]
-    series = service._series(session, ids, [spec.objective.metric])
+    series = whole_series(session, ids, [spec.objective.metric])
     per_step: dict[int, list[float]] = {}
     for run_id in ids:
         for step, value in zip(*series[(run_id, spec.objective.metric)], strict=True):

@@ -23,7 +23,6 @@ search``), every trial run over every seed.
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Annotated, Any, Literal
 
@@ -31,7 +30,8 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import PydanticCustomError
 
 from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
-from conspo.config import RunConfig, TaskConfig, deep_merge
+from conspo import metrics as M
+from conspo.config import RunConfig, deep_merge, with_overrides
 from conspo.input_checks import json_problem, loc_text
 
 # Arm names go into run names (study-<id>-<arm>-s<seed>) and tags: short, no spaces.
@@ -71,6 +71,19 @@ class Objective(_Body):
         if self.unit is None:
             self.unit = "points" if accuracy else ""
         return self
+
+
+class StudyObjective(Objective):
+    """A study's objective: a key its runs log (the metric catalogue's, or one of its families
+    such as eval/<benchmark>/avg@<k>); an unknown key would leave every arm without a value."""
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, key: str) -> str:
+        if M.metric(key) is None and M.pattern(key) is None:
+            known = ", ".join(M.KEY_METRICS)
+            raise ValueError(f"unknown metric {key!r}: not a key runs log (e.g. {known})")
+        return key
 
 
 class Arm(_Body):
@@ -120,7 +133,7 @@ class StudyCreate(_Body):
     config: FreeJSON = Field(default_factory=dict, description="The base RunConfig.")
     arms: list[Arm] = Field(default_factory=list, max_length=100)
     seeds: list[Seed] = Field(min_length=1, max_length=100)
-    objective: Objective = Field(default_factory=Objective)
+    objective: StudyObjective = Field(default_factory=StudyObjective)
     baseline: ArmName | None = Field(None, description="The arm others are paired against.")
     concurrency: int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
     search: Search | None = None
@@ -196,30 +209,15 @@ def expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def arm_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The arm's raw config: base with overrides merged. A new algorithm (or task) without its
-    own params starts from its defaults: the base's params were for another one."""
+    """The arm's raw config: base with (dotted or nested) overrides, by the override rule of
+    ``conspo.config.with_overrides``."""
     nested = expand_dotted(overrides)
     # a dotted key nests as deep as it has dots ("a.a.…": hundreds of levels, past what the
     # merge and the validation below may recurse through): the bound every stored JSON keeps
     if (problem := json_problem(nested)) is not None:
         where, what = problem
         raise ValueError(f"overrides, expanded, at {loc_text(where)}: {what}")
-    start = copy.deepcopy(base)
-    algorithm = nested.get("algorithm")
-    if algorithm and algorithm != start.get("algorithm", "conspo") and "params" not in nested:
-        start.pop("params", None)
-    task, new_task = start.get("task"), nested.get("task")
-    if (
-        isinstance(task, dict)
-        and isinstance(new_task, dict)
-        and new_task.get("name", task.get("name")) != task.get("name")
-        and "params" not in new_task
-    ):
-        start["task"] = {
-            k: v for k, v in task.items() if k in TaskConfig.model_fields and k != "params"
-        }
-    start.pop("name", None)
-    return deep_merge(start, nested)
+    return with_overrides(base, nested)
 
 
 def validate_arm(

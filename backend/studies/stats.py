@@ -39,6 +39,12 @@ N_BOOT = 10_000
 BOOT_SEED = 0
 POWER = 0.8  # the seeds-needed estimate: 80% power at a two-sided 5% level
 Interval = tuple[float, float] | None
+Bounds = tuple[float, float] | None  # the range a metric cannot leave (a fraction: (0, 1))
+# A statistic is given only where it is defined: a bootstrap of two values has three possible
+# means (an interval narrower than the t one beside it), and a share of wins from one or two
+# pairs is 0, ½ or 1 — neither says anything yet.
+MIN_BOOTSTRAP = 3
+MIN_PAIRS_FOR_P_IMPROVEMENT = 3
 
 
 def t_interval(values: np.ndarray, level: float = LEVEL) -> Interval:
@@ -66,10 +72,23 @@ def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> Interval:
 
 
 def bootstrap_interval(values: np.ndarray, level: float = LEVEL) -> Interval:
-    """Percentile bootstrap CI of the mean; None under two values."""
-    if len(values) < 2:
+    """Percentile bootstrap CI of the mean; None under ``MIN_BOOTSTRAP`` values."""
+    if len(values) < MIN_BOOTSTRAP:
         return None
     return percentile_interval(bootstrap_means(values), level)
+
+
+def clipped(ci: Interval, bounds: Bounds) -> tuple[Interval, bool]:
+    """``ci`` cut to ``bounds`` (a mean of fractions cannot leave [0, 1]), and whether it was."""
+    if ci is None or bounds is None:
+        return ci, False
+    lo, hi = max(ci[0], bounds[0]), min(ci[1], bounds[1])
+    return (lo, hi), (lo, hi) != ci
+
+
+def difference_bounds(bounds: Bounds) -> Bounds:
+    """The range of a difference of two values in ``bounds``."""
+    return None if bounds is None else (bounds[0] - bounds[1], bounds[1] - bounds[0])
 
 
 @dataclass
@@ -84,12 +103,15 @@ class ArmSummary:
     sd: float | None
     ci_t: Interval
     ci_boot: Interval
+    ci_clipped: bool = False  # an interval was cut to the metric's range
 
 
-def summarise_arm(name: str, by_seed: Mapping[Key, float]) -> ArmSummary:
+def summarise_arm(name: str, by_seed: Mapping[Key, float], bounds: Bounds = None) -> ArmSummary:
     seeds = sorted(by_seed)
     values = np.array([by_seed[s] for s in seeds], dtype=float)
     n = len(values)
+    ci_t, cut_t = clipped(t_interval(values), bounds)
+    ci_boot, cut_boot = clipped(bootstrap_interval(values), bounds)
     return ArmSummary(
         name=name,
         seeds=seeds,
@@ -97,8 +119,9 @@ def summarise_arm(name: str, by_seed: Mapping[Key, float]) -> ArmSummary:
         n=n,
         mean=float(values.mean()) if n else None,
         sd=float(values.std(ddof=1)) if n >= 2 else None,
-        ci_t=t_interval(values),
-        ci_boot=bootstrap_interval(values),
+        ci_t=ci_t,
+        ci_boot=ci_boot,
+        ci_clipped=cut_t or cut_boot,
     )
 
 
@@ -121,9 +144,10 @@ class PairedComparison:
     wins: int  # seeds where the arm is better in the objective's direction
     ties: int
     losses: int
-    p_improvement: float | None  # share of seeds the arm wins, a tie counting half
+    p_improvement: float | None  # share of seeds the arm wins, a tie counting half (n ≥ 3)
     p_improvement_ci: Interval
     distinguishable: bool  # the t CI excludes 0
+    ci_clipped: bool = False  # an interval was cut to the range a difference can take
 
 
 def paired(
@@ -132,15 +156,20 @@ def paired(
     arm_by_seed: Mapping[Key, float],
     base_by_seed: Mapping[Key, float],
     direction: Direction = "max",
+    bounds: Bounds = None,
 ) -> PairedComparison:
+    """``bounds``: the metric's range; the difference's intervals are cut to what it allows."""
     seeds = sorted(set(arm_by_seed) & set(base_by_seed))
     dropped = sorted(set(arm_by_seed) ^ set(base_by_seed))
     d = np.array([arm_by_seed[s] - base_by_seed[s] for s in seeds], dtype=float)
     n = len(d)
     better = d if direction == "max" else -d
     wins, ties = int((better > 0).sum()), int((better == 0).sum())
-    ci_t = t_interval(d)
+    raw_t = t_interval(d)
+    ci_t, cut_t = clipped(raw_t, difference_bounds(bounds))
+    ci_boot, cut_boot = clipped(bootstrap_interval(d), difference_bounds(bounds))
     score = np.where(better > 0, 1.0, np.where(better == 0, 0.5, 0.0))
+    p_defined = n >= MIN_PAIRS_FOR_P_IMPROVEMENT
     return PairedComparison(
         arm=arm,
         baseline=baseline,
@@ -151,15 +180,16 @@ def paired(
         mean_d=float(d.mean()) if n else None,
         sd_d=float(d.std(ddof=1)) if n >= 2 else None,
         ci_t=ci_t,
-        ci_boot=bootstrap_interval(d),
+        ci_boot=ci_boot,
         p_t=_p_paired_t(d),
         p_wilcoxon=_p_wilcoxon(d),
         wins=wins,
         ties=ties,
         losses=n - wins - ties,
-        p_improvement=float(score.mean()) if n else None,
-        p_improvement_ci=bootstrap_interval(score),
-        distinguishable=ci_t is not None and (ci_t[0] > 0 or ci_t[1] < 0),
+        p_improvement=float(score.mean()) if p_defined else None,
+        p_improvement_ci=bootstrap_interval(score) if p_defined else None,
+        distinguishable=raw_t is not None and (raw_t[0] > 0 or raw_t[1] < 0),
+        ci_clipped=cut_t or cut_boot,
     )
 
 
@@ -195,6 +225,13 @@ def _signed(x: float, digits: int = 1) -> str:
     return text.replace("-", "−")
 
 
+def _digits(*values: float | None) -> int:
+    """Decimals that show the largest of ``values`` to two significant digits (a difference of
+    0.020 in a fraction reads +0.020, not +0.0; one of 2.4 points reads +2.4)."""
+    largest = max((abs(v) for v in values if v is not None and v != 0), default=1.0)
+    return max(1, min(6, 1 - math.floor(math.log10(largest))))
+
+
 def _p(p: float | None) -> str:
     if p is None:
         return "p n/a"
@@ -207,9 +244,10 @@ def verdict_line(
     scale: float = 1.0,
     unit: str = "",
     effect: float = 1.0,
-    digits: int = 1,
+    digits: int | None = None,
 ) -> str:
-    """The one line a study page leads with, for ``pair.arm`` against its baseline.
+    """The one line a study page leads with, for ``pair.arm`` against its baseline (to
+    ``digits`` decimals; by default as many as its numbers need).
 
     ``effect`` is the smallest difference worth detecting, in display units (after ``scale``):
     a study that cannot tell the arms apart says how many seeds would tell that much.
@@ -226,6 +264,8 @@ def verdict_line(
     )
     if pair.mean_d is None:
         return f"{head}: no seed finished by both arms yet{dropped}"
+    if digits is None:
+        digits = _digits(pair.mean_d * scale, *(v * scale for v in pair.ci_t or ()))
     mean = _signed(pair.mean_d * scale, digits)
     if pair.n >= 2 and pair.sd_d == 0 and pair.mean_d == 0:
         return f"{head} = {mean}{unit_text}: identical on all {pair.n} seeds{dropped}"
@@ -335,10 +375,15 @@ class UnpairedComparison:
     ci_t: Interval
     p_t: float | None
     distinguishable: bool
+    ci_clipped: bool = False
 
 
 def unpaired(
-    arm: str, baseline: str, arm_values: list[float], base_values: list[float]
+    arm: str,
+    baseline: str,
+    arm_values: list[float],
+    base_values: list[float],
+    bounds: Bounds = None,
 ) -> UnpairedComparison:
     a, b = np.array(arm_values, dtype=float), np.array(base_values, dtype=float)
     mean_d = float(a.mean() - b.mean()) if len(a) and len(b) else None
@@ -352,20 +397,22 @@ def unpaired(
             assert mean_d is not None
             ci = (mean_d - half, mean_d + half)
             p = float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    shown, cut = clipped(ci, difference_bounds(bounds))
     return UnpairedComparison(
         arm=arm,
         baseline=baseline,
         n_arm=len(a),
         n_baseline=len(b),
         mean_d=mean_d,
-        ci_t=ci,
+        ci_t=shown,
         p_t=p,
         distinguishable=ci is not None and (ci[0] > 0 or ci[1] < 0),
+        ci_clipped=cut,
     )
 
 
 def unpaired_line(
-    pair: UnpairedComparison, *, scale: float = 1.0, unit: str = "", digits: int = 1
+    pair: UnpairedComparison, *, scale: float = 1.0, unit: str = "", digits: int | None = None
 ) -> str:
     """The verdict line of an unpaired comparison; it says it is unpaired."""
     unit_text = f" {unit}" if unit else ""
@@ -373,6 +420,8 @@ def unpaired_line(
     ns = f"n = {pair.n_arm} and {pair.n_baseline}"
     if pair.mean_d is None:
         return f"{head}: no value in one of the two groups yet"
+    if digits is None:
+        digits = _digits(pair.mean_d * scale, *(v * scale for v in pair.ci_t or ()))
     mean = _signed(pair.mean_d * scale, digits)
     if pair.ci_t is None:
         return f"{head} = {mean}{unit_text} at {ns}, unpaired: too few runs for an interval"
@@ -398,15 +447,18 @@ def summarise(
     scale: float = 1.0,
     unit: str = "",
     effect: float = 1.0,
+    bounds: Bounds = None,
 ) -> StudySummary:
-    """Every arm summarised, every other arm paired against ``baseline``, and the verdict."""
+    """Every arm summarised, every other arm paired against ``baseline``, and the verdict;
+    intervals cut to the metric's ``bounds`` where it has them."""
     out = StudySummary(
-        arms={name: summarise_arm(name, by_seed) for name, by_seed in arms.items()}, pairs={}
+        arms={name: summarise_arm(name, by_seed, bounds) for name, by_seed in arms.items()},
+        pairs={},
     )
     for name, by_seed in arms.items():
         if name == baseline:
             continue
-        pair = paired(name, baseline, by_seed, arms.get(baseline, {}), direction)
+        pair = paired(name, baseline, by_seed, arms.get(baseline, {}), direction, bounds)
         out.pairs[name] = pair
         out.verdict.append(verdict_line(pair, scale=scale, unit=unit, effect=effect))
     return out

@@ -15,7 +15,11 @@ a single query. ``DecodeLoop`` does the same arithmetic with less around it:
 * the rotary tables (from the model's own ``rotary_emb``, so every rope scaling it knows is
   kept) and the padding bias are built once per call, not once per token;
 * under autocast, the weights are cast to the compute dtype once per call, not once per matmul
-  per token (autocast's weight-cast cache lives for one forward).
+  per token (autocast's weight-cast cache lives for one forward);
+* finished rows leave the batch: once a quarter of the rows still in it have ended their answer,
+  their keys, values and tables are dropped (``COMPACT_WHEN``), so a step costs about the rows
+  still answering, not every row until the longest answer ends. A finished row's logits are
+  returned as zeros (the sampler draws padding for it whatever they are).
 
 The fused matrices are a copy of the decoder's weights in the compute dtype, held while one
 ``sample`` call runs: 1x the model's bytes at float32 or bfloat16, 0.5x under bfloat16
@@ -23,10 +27,13 @@ autocast over float32 weights (``conspo.models.resources`` counts it).
 
 It covers the decoders whose layer is exactly pre-norm RMSNorm, q/k/v/o attention with rotary
 positions, RMSNorm, SiLU-gated MLP: Llama, Qwen2 and Mistral, with no sliding window in reach.
-``DecodeLoop.supports`` says no to anything else (LoRA-wrapped or quantised projections, query
-or key norms, other activations, sharded weights, dropout in training mode), and the sampler
-keeps transformers' forward for those. Its logits agree with the model's own forward to float
-rounding (tests/conspo/test_decode.py).
+Projections wrapped by peft's plain LoRA are taken as their merged weight W + Σ s·B·A, computed
+once per call (the adapters change every optimiser step, a call samples one step's rollouts);
+that is the same function as peft's side path x·Wᵀ + s·(x·Aᵀ)·Bᵀ, to float rounding.
+``DecodeLoop.supports`` says no to anything else (LoRA variants such as DoRA, LoRA dropout in
+training mode, quantised projections, query or key norms, other activations, sharded weights,
+attention dropout in training mode), and the sampler keeps transformers' forward for those. Its
+logits agree with the model's own forward to float rounding (tests/conspo/test_decode.py).
 
 Shapes: N rows, P prompt positions, T = max_new_tokens, D head dim, KV key/value heads.
 """
@@ -34,7 +41,7 @@ Shapes: N rows, P prompt positions, T = max_new_tokens, D head dim, KV key/value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,11 +53,60 @@ from transformers import DynamicCache, PreTrainedModel
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
+# Finished rows are dropped from the buffers once they are this share of the rows still in them:
+# a compaction copies every live row's keys and values once, so it waits until it saves that.
+COMPACT_WHEN = 0.25
 
 
 def _plain_linear(module: object) -> bool:
-    # exactly nn.Linear: a subclass (LoRA, quantised) computes more than weight @ x + bias
+    # exactly nn.Linear: a subclass (quantised, …) computes more than weight @ x + bias
     return type(module) is nn.Linear
+
+
+def _plain_lora(module: object) -> bool:
+    """peft's LoRA ``Linear`` over an exact nn.Linear, whose active adapters are plain LoRA (no
+    DoRA or other variant) with no dropout that acts: its output is x·(W + Σ s·B·A)ᵀ + b."""
+    if type(module).__module__ != "peft.tuners.lora.layer" or type(module).__name__ != "Linear":
+        return False
+    lora: Any = module  # peft's layer: its adapter dicts are attributes mypy cannot see
+    if not _plain_linear(getattr(lora, "base_layer", None)):
+        return False
+    active = [a for a in getattr(lora, "active_adapters", []) if a in lora.lora_A]
+    if getattr(lora, "lora_variant", {}) and any(a in lora.lora_variant for a in active):
+        return False
+    for adapter in active:
+        dropout = lora.lora_dropout[adapter]
+        if lora.training and isinstance(dropout, nn.Dropout) and dropout.p > 0:
+            return False
+    return True
+
+
+def _linear(module: object) -> bool:
+    """A projection DecodeLoop can take as one weight and bias."""
+    return _plain_linear(module) or _plain_lora(module)
+
+
+def _weight_and_bias(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (out, in) weight and bias that ``module`` (``_linear``) applies, detached; a LoRA
+    projection's weight is merged with its active adapters (unless peft has merged them
+    already, or they are disabled)."""
+    if _plain_linear(module):
+        return module.weight.detach(), None if module.bias is None else module.bias.detach()
+    base = cast(nn.Linear, module.base_layer)
+    weight = base.weight.detach()
+    if not (module.merged or module.disable_adapters):
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                delta = module.get_delta_weight(adapter).detach()
+                weight = weight + delta.to(weight.dtype)
+    return weight, None if base.bias is None else base.bias.detach()
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft ``PeftModel`` (its layers hold the adapters)."""
+    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+        return cast(nn.Module, model.get_base_model())  # type: ignore[operator]
+    return model
 
 
 def _rms_norm(module: object) -> bool:
@@ -84,6 +140,7 @@ class DecodeLoop:
     @staticmethod
     def supports(model: nn.Module, total_len: int) -> bool:
         """Whether ``model`` is a decoder this loop reproduces for sequences of ``total_len``."""
+        model = _unwrapped(model)
         config = getattr(model, "config", None)
         if config is None or getattr(config, "model_type", None) not in ARCHITECTURES:
             return False
@@ -102,7 +159,7 @@ class DecodeLoop:
         decoder = getattr(model, "model", None)
         if not isinstance(model, PreTrainedModel) or decoder is None:
             return False
-        if not _plain_linear(model.get_output_embeddings()):
+        if not _linear(model.get_output_embeddings()):
             return False
         if type(getattr(decoder, "embed_tokens", None)) is not nn.Embedding:
             return False
@@ -118,7 +175,7 @@ class DecodeLoop:
                 return False
             linears = [getattr(attn, name) for name in sorted(ATTENTION_PARTS)]
             linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-            if not all(_plain_linear(m) for m in linears):
+            if not all(_linear(m) for m in linears):
                 return False
             if type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
                 return False
@@ -128,7 +185,7 @@ class DecodeLoop:
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: nn.Module,
         cache: DynamicCache,
         prompt_mask: torch.Tensor,
         first_position: torch.Tensor,
@@ -136,6 +193,7 @@ class DecodeLoop:
     ) -> None:
         """``cache``: the prompts' keys and values from the prefill, one row per rollout;
         ``prompt_mask`` (N, P); ``first_position`` (N, 1): the position id of response token 0."""
+        model = cast(PreTrainedModel, _unwrapped(model))
         decoder = model.model
         config = model.config
         device = prompt_mask.device
@@ -186,16 +244,31 @@ class DecodeLoop:
         with torch.autocast(device.type, enabled=False):
             cos, sin = decoder.rotary_emb(probe, positions)
         self.cos, self.sin = cos.to(self.compute), sin.to(self.compute)
+        self.rows_in_batch = n
+        self.rows = torch.arange(n, device=device)  # which row each buffer row is
 
-    def _fused(self, *linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def drop_finished(self, done: torch.Tensor) -> None:
+        """Drop the rows ``done`` (N,) bool marks from the buffers, once they are at least
+        ``COMPACT_WHEN`` of the rows still there (a host sync: call it every few tokens)."""
+        keep = (~done[self.rows]).nonzero().squeeze(1)
+        kept, held = len(keep), len(self.rows)
+        if kept == 0 or held - kept < COMPACT_WHEN * held:
+            return
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
+        self.bias, self.cos, self.sin = (
+            x.index_select(0, keep) for x in (self.bias, self.cos, self.sin)
+        )
+        self.rows = self.rows.index_select(0, keep)
+
+    def _fused(self, *linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One matrix (and bias) for ``linears`` side by side, in the compute dtype."""
-        weight = torch.cat([m.weight.detach() for m in linears]).to(self.compute)
-        if all(m.bias is None for m in linears):
+        parts = [_weight_and_bias(m) for m in linears]
+        weight = torch.cat([w for w, _ in parts]).to(self.compute)
+        if all(b is None for _, b in parts):
             return weight, None
-        biases: list[torch.Tensor] = [
-            m.weight.new_zeros(m.out_features) if m.bias is None else m.bias for m in linears
-        ]
-        return weight, torch.cat(biases).detach().to(self.compute)
+        biases = [w.new_zeros(w.shape[0]) if b is None else b for w, b in parts]
+        return weight, torch.cat(biases).to(self.compute)
 
     def _norm(self, norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
         """transformers' RMSNorm: normalise in float32, back to the input's dtype, times the
@@ -212,7 +285,11 @@ class DecodeLoop:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
-        """(N, V) float32 logits after feeding response token ``t`` (``tokens``, (N,))."""
+        """(N, V) float32 logits after feeding response token ``t`` (``tokens``, (N,)); zeros
+        for the rows ``drop_finished`` has dropped."""
+        compacted = len(self.rows) < self.rows_in_batch
+        if compacted:
+            tokens = tokens.index_select(0, self.rows)
         n = tokens.shape[0]
         column = self.prompt_len + t  # this token's place in the key/value buffers
         live = column + 1
@@ -239,4 +316,8 @@ class DecodeLoop:
                 2, -1
             )
             x = x + F.linear(F.silu(gate) * up, *layer.down)
-        return F.linear(self._norm(self.norm, x), *self.head).float()
+        logits = F.linear(self._norm(self.norm, x), *self.head).float()
+        if not compacted:
+            return logits
+        every_row = logits.new_zeros(self.rows_in_batch, logits.shape[1])
+        return every_row.index_copy_(0, self.rows, logits)

@@ -39,6 +39,10 @@ from conspo.tasks import Example, Task
 if TYPE_CHECKING:  # engines build on this module's sampler
     from conspo.generation.engines import Engine
 
+# How often (tokens) the sampler asks whether finished rows should leave the decode batch: a
+# host sync, cheap on a CPU and a stall on a GPU, so not every token.
+COMPACT_CHECK_EVERY = 8
+
 
 @dataclass
 class RolloutBatch:
@@ -165,6 +169,8 @@ def sample(
         if (t + 1) % stop_check_every == 0 and bool(done.all()):  # the host sync
             break
         if loop:
+            if (t + 1) % COMPACT_CHECK_EVERY == 0:
+                decoder.drop_finished(done)
             logits = decoder.step(tok, t)
             continue
         mask = attn if static_cache else attn[:, : p + t + 1]

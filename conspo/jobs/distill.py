@@ -81,7 +81,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.training.loop import optimiser_step, step_seed
 
     cfg = state.cfg
-    params = DistillParams.model_validate(cfg.kind_params)
+    params = cfg.typed("kind_params", DistillParams)
     teacher, teacher_tok = load_pretrained(
         store.resolve(params.teacher), state.device, state.precision.weights
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -121,12 +121,33 @@ def write_pairs(pairs: list[Pair], path: Path) -> None:
     tmp.replace(path)
 
 
+def pairs_from_run(
+    config: RunConfig,
+    workdir: Path,
+    rollouts_of: Callable[[int], Iterable[tuple[str, str, float | None]]],
+) -> None:
+    """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, the pairs built from
+    that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once (a resumed attempt
+    reuses them). A rollout is correct when its reward passes the one positive threshold."""
+    from conspo.objectives.base import is_positive
+
+    params = config.typed("kind_params", DPOParams)
+    path = workdir / PAIRS_FILE
+    if params.from_run is None or path.is_file():
+        return
+    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
+    pairs, _ = build_pairs(rollouts, params.max_pairs_per_prompt)
+    write_pairs(pairs, path)
+
+
 @register_job_kind(
     "dpo",
     params=DPOParams,
     description="Direct preference optimisation on (chosen, rejected) pairs: a dataset, or a"
     " finished run's correct vs wrong rollouts.",
     metrics=(M.LOSS, M.GRAD_NORM, M.DPO_ACCURACY, M.DPO_MARGIN, M.DPO_CHOSEN, M.DPO_REJECTED),
+    input_runs=("from_run",),
+    inputs=pairs_from_run,
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.training.loop import one_update_per_step, run_loop
@@ -176,7 +197,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
     from conspo.training.sft import answer_rows
 
     cfg = state.cfg
-    params = DPOParams.model_validate(cfg.kind_params)
+    params = cfg.typed("kind_params", DPOParams)
     pairs = load_pairs(params, files, workdir, PromptRenderer(cfg.prompt, state.tokenizer))
     lora = cfg.model.lora.rank > 0
     ref = None if lora else copy.deepcopy(state.model).eval().requires_grad_(False)

@@ -26,6 +26,7 @@ class RLParams(BaseModel):
     description="RL with verifiable rewards: sample groups, verify, train the objective"
     " (config.algorithm).",
     sections=("algorithm", "sampling", "rewards"),
+    distributed=True,
 )
 def train_rl(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.training.trainer import train

@@ -100,7 +100,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.training.sft import answer_rows
 
     cfg = state.cfg
-    params = SFTParams.model_validate(cfg.kind_params)
+    params = cfg.typed("kind_params", SFTParams)
     prompt = PromptRenderer(cfg.prompt, state.tokenizer)
     problems: list[Example] | None = None
     if params.path is not None:

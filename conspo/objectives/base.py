@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,10 +63,34 @@ class SeparationView:
     clip_low: float = PAPER_CLIP
 
 
+# The objectives' shared vocabulary: a parameter of one of these names means the same in every
+# objective, so its label and its symbol in the papers are declared once, here; every params
+# model's JSON schema carries them (``title``, ``symbol``), and the run form and the runs list
+# read them from there.
+PARAM_LABELS: dict[str, tuple[str, str]] = {
+    "tau": ("τ (temperature)", "τ"),
+    "margin_max": ("Margin M", "M"),
+    "margin_warmup": ("Margin warmup α", "α"),
+    "clip": ("Clip ε", "ε"),
+    "clip_low": ("Clip ε low", "ε_low"),
+    "clip_high": ("Clip ε high", "ε_high"),
+    "beta": ("KL β", "β"),
+    "loss_agg": ("Loss aggregation", ""),
+}
+
+
+def _labelled(schema: dict[str, Any]) -> None:
+    for name, prop in schema.get("properties", {}).items():
+        if name in PARAM_LABELS:
+            prop["title"], symbol = PARAM_LABELS[name]
+            if symbol:
+                prop["symbol"] = symbol
+
+
 class ObjectiveParams(BaseModel):
     """Knobs every objective shares: batch refill, overlong shaping and the optional KL."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_labelled)
 
     refill_groups: bool = Field(
         False,

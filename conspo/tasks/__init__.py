@@ -27,7 +27,7 @@ def make_task(cfg: TaskConfig, files: DataFiles | None = None) -> Task:
     by default any regular file under the default size cap; a worker passes its data roots.
     """
     registered = get_task(cfg.name)
-    params = registered.params.model_validate(cfg.params)
+    params = cfg.task_params()
     if isinstance(params, TaskParams) and params.data_paths:
         return registered.cls(params, files or DataFiles())
     return registered.cls(params)

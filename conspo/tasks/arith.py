@@ -25,7 +25,7 @@ class ArithParams(TaskParams):
     operators: str = Field(
         "+-", min_length=1, description=f"Operators to draw from (any of {OPERATORS})."
     )
-    num_operands: int = Field(2, ge=2, le=5, description="Operands per problem.")
+    num_operands: int = Field(2, ge=2, le=5, title="Operands", description="Operands per problem.")
 
     @field_validator("operators")
     @classmethod

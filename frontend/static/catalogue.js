@@ -27,6 +27,8 @@ export const KEY_METRICS = RAW.key_metrics;
 export const ROLLOUTS_AXIS = RAW.rollouts_axis;
 export const STEP_TIME = RAW.step_time;
 const BY_KEY = new Map(METRICS.map((m) => [m.key, m]));
+// algorithm → the keys its objective's registration says it logs (conspo.registry)
+const OBJECTIVE_METRICS = RAW.objective_metrics || {};
 // Families of keys a config names (eval/<benchmark>/avg@<k>): described once, matched by regex.
 const PATTERNS = (RAW.patterns || []).map((p) => ({ ...p, re: new RegExp(p.regex) }));
 
@@ -52,12 +54,41 @@ export const CHARTS = RAW.charts.map((chart) => ({
   })),
 }));
 
-/** Whether a chart applies to a run of `algorithm` and job `kind` (the catalogue's `algorithms`
- * and `kinds`; empty = every run). A panel that does not apply is hidden rather than drawn as if
- * it meant something. */
-export const chartApplies = (chart, algorithm, kind = "rl") =>
-  (!chart.kinds?.length || chart.kinds.includes(kind)) &&
-  (!chart.algorithms?.length || !algorithm || chart.algorithms.includes(algorithm));
+/** Whether the run's config meets a catalogue condition ("optim.mini_batches>1|optim.epochs>1":
+ * any of the terms; a term is a config path that must be truthy, or compared with > or =). A
+ * `partial` config (an external run's, sent by its trainer) meets a term on a path it lacks. */
+export function configMeets(needs, config, partial = false) {
+  if (!needs) return true;
+  return needs.split("|").some((term) => {
+    const [, path, op, value] = /^([\w.]+)(?:([>=])(.+))?$/.exec(term.trim()) || [];
+    const v = path?.split(".").reduce((cur, p) => cur?.[p], config || {});
+    if (v === undefined && partial) return true;
+    if (op === ">") return Number(v) > Number(value);
+    if (op === "=") return String(v) === value;
+    return Boolean(v);
+  });
+}
+
+/** Whether a chart says anything for `run`: its job kind (the catalogue's `kinds`; empty =
+ * every kind), its algorithm (`algorithms`; `logged_with`: objectives whose registration logs
+ * that key), and its config (`needs`: without it the series are constant). A panel that does
+ * not apply is not drawn rather than drawn as if it meant something. */
+export function chartApplies(chart, run) {
+  const algorithm = run?.algorithm;
+  const kind = run?.config?.kind || "rl";
+  if (chart.kinds?.length && !chart.kinds.includes(kind)) return false;
+  if (!algorithm) return true;
+  if (chart.algorithms?.length && !chart.algorithms.includes(algorithm)) return false;
+  if (chart.logged_with && !(OBJECTIVE_METRICS[algorithm] || []).includes(chart.logged_with)) return false;
+  return configMeets(chart.needs, run.config, Boolean(run.external));
+}
+
+/** Whether a section has anything to show for `run` (else it is folded with `section.folded`). */
+export const sectionApplies = (section, run) =>
+  !run?.config || configMeets(section.needs, run.config, Boolean(run.external));
+
+/** The key a logged key repeats (reward/verifier is the pass rate), or undefined. */
+export const sameAs = (key) => metricInfo(key)?.same_as?.[key];
 
 /** Why a key's series may be constant (said on its panel when it is), or "". */
 export const constantNoteOf = (key) => metricInfo(key)?.constant_note || "";
@@ -66,3 +97,11 @@ export const constantNoteOf = (key) => metricInfo(key)?.constant_note || "";
 export const CHARTED_KEYS = SECTIONS.flatMap((s) =>
   CHARTS.filter((c) => c.section === s.id).flatMap((c) => c.metrics.map((m) => m.key)),
 );
+
+const CHART_BY_ID = new Map(CHARTS.map((c) => [c.id, c]));
+/** Whether a key says anything for `run`: its panel applies (a GRPO run's summary has no
+ * ConSPO margin). Keys without a panel always do. */
+export function keyApplies(key, run) {
+  const chart = CHART_BY_ID.get(metricInfo(key)?.chart);
+  return !chart || chartApplies(chart, run);
+}

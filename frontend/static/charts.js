@@ -177,11 +177,18 @@ export function react(plot, traces, layout) {
   return window.Plotly.react(plot, traces, layout, PLOT_CONFIG);
 }
 
-/** Quantile of a sorted numeric array. */
-export function quantile(sorted, q) {
-  if (!sorted.length) return null;
-  const pos = (sorted.length - 1) * q;
-  const lo = Math.floor(pos),
-    hi = Math.ceil(pos);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+/** The notes of a chart card ("constant 0 over 300 steps: …", "paired by seed: …"), as a line
+ * of text above its plot: a long note as a Plotly annotation is clipped and runs into the
+ * legend. No notes: the line is removed. */
+export function setCardNote(card, plot, notes) {
+  let el = card.querySelector(".chart-note");
+  if (!notes.length) {
+    el?.remove();
+    return;
+  }
+  if (!el) {
+    el = h("div.chart-note");
+    plot.before(el);
+  }
+  el.textContent = notes.join(" · ");
 }

@@ -56,3 +56,8 @@ export function kindLine(run, onLoad) {
     link ? h("span", {}, ` of pipeline #${run.pipeline_id}`) : "",
   ];
 }
+
+/** "#12 step last ← #9 step best ← tiny": a model's chain of starting points. */
+export function lineageText(lineage) {
+  return (lineage || []).map((l) => (l.base ? l.base : `#${l.run} (${l.step})`)).join(" ← ");
+}

@@ -59,7 +59,7 @@ function row(model) {
       exportBtn.disabled = false;
     }
   });
-  const kind = model.kind === "rl" ? `rl · ${model.algorithm}` : model.kind;
+  const kind = model.label; // what it trained, as the API words it ("rl · grpo", "sft")
   return h(
     "tr",
     { "data-run": model.run_id },

@@ -3,6 +3,8 @@
 // (POST /api/studies/check: the same validation as creating, nothing stored) and its 422s are
 // shown under the field they name; submit creates the study and opens its page.
 import { ApiError, errorText, post } from "/static/api.js";
+import { KEY_METRICS } from "/static/catalogue.js";
+import { clearErrors, fieldAt, markField, showErrors as showFormErrors } from "/static/form.js";
 import { $, $$, debounce, h } from "/static/util.js";
 
 const DEFAULT_ARMS = [
@@ -115,54 +117,27 @@ function buildBody() {
   return body;
 }
 
-function clearErrors() {
-  $("#form-error").hidden = true;
-  for (const f of $$(".field.has-error")) {
-    f.classList.remove("has-error");
-    const e = $(".err", f);
-    e.hidden = true;
-    e.textContent = "";
-  }
-}
-
 /** The field a 422's loc names: the longest data-field prefix of it (body.arms.1.overrides.x →
  * arms.1.overrides; body.objective.k → objective.k; body.seeds.2 → seeds). */
-function fieldFor(loc) {
-  const parts = (loc || []).filter((p) => p !== "body").map(String);
-  for (let n = parts.length; n > 0; n--) {
-    const el = document.querySelector(`[data-field="${CSS.escape(parts.slice(0, n).join("."))}"]`);
-    if (el) return el;
-  }
-  return null;
-}
+const fieldFor = (loc) => fieldAt((loc || []).filter((p) => p !== "body").map(String));
 
-function mark(field, message) {
-  field.classList.add("has-error");
-  const err = $(".err", field);
-  err.hidden = false;
-  err.textContent = err.textContent ? `${err.textContent}; ${message}` : message;
-}
-
-function showErrors(detail) {
-  const general = [];
-  if (!Array.isArray(detail)) general.push(typeof detail === "string" ? detail : JSON.stringify(detail));
-  else
-    for (const e of detail) {
-      const field = fieldFor(e.loc);
+/** A 422's messages under their fields; a message about a part of a field says which part. */
+function showErrors(detail, focus = false) {
+  showFormErrors(detail, {
+    fieldOf: fieldFor,
+    messageOf: (e, field) => {
       const rest = (e.loc || []).filter((p) => p !== "body").join(".");
-      if (field) mark(field, field.dataset.field === rest ? e.msg : `${rest}: ${e.msg}`);
-      else general.push(`${rest || "request"}: ${e.msg}`);
-    }
-  if (general.length) {
-    $("#form-error").textContent = general.join("\n");
-    $("#form-error").hidden = false;
-  }
+      return field.dataset.field === rest ? e.msg : `${rest}: ${e.msg}`;
+    },
+    summary: false,
+    focus,
+  });
 }
 
 function showLocal() {
   for (const [name, message] of localErrors) {
     const field = document.querySelector(`[data-field="${CSS.escape(name)}"]`);
-    if (field) mark(field, message);
+    if (field) markField(field, message);
   }
 }
 
@@ -203,7 +178,7 @@ async function submit(ev) {
     const study = await post("/api/studies", body);
     location.href = `/studies/${study.id}`;
   } catch (err) {
-    showErrors(err instanceof ApiError ? err.detail : errorText(err));
+    showErrors(err instanceof ApiError ? err.detail : errorText(err), true);
   } finally {
     btn.disabled = false;
   }
@@ -244,6 +219,8 @@ function safeJson(text) {
   }
 }
 
+// The default objective: the held-out accuracy, the one key metric of the eval namespace.
+$("#f-metric").value ||= KEY_METRICS.find((key) => key.startsWith("eval/")) || "";
 $("#metric-options").replaceChildren(
   ...(window.CONSPO_CATALOGUE?.metrics || []).map((m) => h("option", { value: m.key })),
 );

@@ -35,7 +35,7 @@ function fromText(stage) {
 
 function stageRow(stage) {
   const run = stage.run;
-  const trains = stage.kind === "rl" ? `rl · ${stage.algorithm || ""}` : stage.kind;
+  const trains = stage.label; // as the API words it ("rl · grpo", "sft")
   let status;
   if (run) status = statusBadge(run);
   else if (stage.skipped) status = h("span.badge.st-cancelled", { title: "the pipeline stopped before it" }, "not run");

@@ -5,35 +5,9 @@
 // `/?group=<group_id>` lists one group, opened (where the form lands after "Start N runs").
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
-import { fromText, pipelineLink } from "/static/lineage.js";
-import {
-  groupKey,
-  groupName,
-  hyperLabel,
-  meanSd,
-  sharedRange,
-  statusCounts,
-  tableRows,
-  varyingKeys,
-} from "/static/runs_table.js";
-import {
-  $,
-  debounce,
-  FINISHED,
-  fmtAgo,
-  fmtNum,
-  fmtTime,
-  fmtValue,
-  getPath,
-  h,
-  progressBar,
-  resourcesText,
-  setConn,
-  sparkline,
-  statusBadge,
-  toast,
-  waitingNote,
-} from "/static/util.js";
+import { groupRowFor, rowFor, sparkFor } from "/static/runs_rows.js";
+import { groupName, hyperLabel, sharedRange, symbolsOf, tableRows, varyingKeys } from "/static/runs_table.js";
+import { $, debounce, FINISHED, fmtNum, h, setConn, toast } from "/static/util.js";
 
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
 const SPARK_METRICS = CHARTED_KEYS;
@@ -57,7 +31,9 @@ const state = {
   runs: new Map(), // id → Run, in table order
   order: [],
   selected: new Set(),
-  sparks: new Map(), // id → values
+  sparks: new Map(), // id → {steps, values} of the column's metric
+  symbols: {}, // config path → the paper's symbol (the schemas': GET /api/presets)
+  studies: new Map(), // study id → its list item (GET /api/studies): the planned work
   range: null, // [min, max] shared by every sparkline of the column
   total: 0,
 };
@@ -108,9 +84,31 @@ async function loadRuns() {
     for (const id of [...state.selected]) if (!state.runs.has(id)) state.selected.delete(id);
     render();
     loadSparks(state.order);
+    loadStudies();
   } catch (err) {
     toast(`Could not load runs: ${errorText(err)}`, "error");
   }
+}
+
+/** The studies of the listed runs (their planned work: a study's group row counts its pending
+ * runs too), then their group rows redrawn. */
+async function loadStudies() {
+  if (![...state.runs.values()].some((r) => /^study-\d+$/.test(r.group_id || ""))) return;
+  try {
+    const data = await get(`/api/studies${qs({ limit: 500 })}`);
+    state.studies = new Map(data.items.map((s) => [s.id, s]));
+    redrawGroupRows();
+  } catch (err) {
+    console.warn("studies", errorText(err));
+  }
+}
+const loadStudiesSoon = debounce(loadStudies, 3000);
+
+function redrawGroupRows() {
+  const cols = hyperColumns();
+  for (const row of body.querySelectorAll("tr.group-row"))
+    row.replaceWith(groupRowFor(state, row.dataset.group, groupIds(row.dataset.group), cols));
+  updateSelection();
 }
 
 async function loadSparks(ids) {
@@ -122,7 +120,7 @@ async function loadSparks(ids) {
       const data = await get(`/api/compare${qs({ runs: chunk, keys: [state.metric], max_points: 80 })}`);
       for (const [rid, entry] of Object.entries(data.runs || {})) {
         const s = entry.series?.[state.metric];
-        state.sparks.set(Number(rid), s ? s.values : []);
+        state.sparks.set(Number(rid), s ? { steps: s.steps, values: s.values } : { steps: [], values: [] });
       }
       updateSparks();
     } catch (err) {
@@ -133,15 +131,12 @@ async function loadSparks(ids) {
 
 /** Redraw every sparkline on the column's shared y-scale (one run's new points can widen it). */
 function updateSparks() {
-  state.range = sharedRange(state.order.map((id) => state.sparks.get(id)));
+  state.range = sharedRange(state.order.map((id) => state.sparks.get(id)?.values));
   for (const cell of body.querySelectorAll("tr[data-id] td.spark-cell")) {
-    cell.replaceChildren(sparkFor(Number(cell.parentElement.dataset.id)));
+    cell.replaceChildren(sparkFor(state, Number(cell.parentElement.dataset.id)));
   }
+  redrawGroupRows();
   sparkHead();
-}
-
-function sparkFor(id) {
-  return sparkline(state.sparks.get(id) || [], { range: state.range });
 }
 
 function sparkHead() {
@@ -163,159 +158,20 @@ function hyperColumns() {
   return state.cols ?? state.varying.slice(0, AUTO_HYPER_COLUMNS);
 }
 
-function hyperCells(runs, cols) {
-  return cols.map((key) => {
-    const values = new Set(runs.map((r) => JSON.stringify(getPath(r.config, key) ?? null)));
-    const text = values.size === 1 ? fmtValue(getPath(runs[0].config, key)) : "varies";
-    return h("td.hp.mono", { "data-key": key }, text);
-  });
-}
-
-function queuePlace(run) {
-  if (run.status !== "queued" || !run.queue_position) return null;
-  return h(
-    "div.muted.small.queue-place",
-    { title: "place in the queue (1 = next to start)" },
-    `#${run.queue_position} in queue`,
-  );
-}
-
-function rowFor(run, cols) {
-  const sel = state.selected.has(run.id);
-  const key = groupKey(run);
-  const inGroup = key && state.groupOf.get(run.id) === key;
-  const last = run.summary ? run.summary[state.metric] : undefined;
-  const finished = FINISHED.has(run.status);
-  const actions = h(
-    "div.actions",
-    {},
-    finished || run.cancel_requested
-      ? null
-      : h("button.btn.btn-xs", { "data-act": "cancel", title: "Cancel this run" }, "Cancel"),
-    // External runs were trained elsewhere: there is no job to clone or rerun.
-    run.external ? null : h("button.btn.btn-xs", { "data-act": "clone", title: "Queue a copy of this run" }, "Clone"),
-    run.external
-      ? null
-      : h("a.btn.btn-xs", { href: `/runs/new?from=${run.id}`, title: "Open the form with this run's config" }, "Edit…"),
-    h("button.btn.btn-xs.btn-danger", { "data-act": "delete", title: "Delete run and its metrics" }, "Delete"),
-  );
-  return h(
-    `tr${sel ? ".selected" : ""}${inGroup ? ".in-group" : ""}`,
-    { "data-id": run.id, "data-group": inGroup ? key : null, hidden: inGroup && !state.open.has(key) },
-    h("td", {}, h("input", { type: "checkbox", class: "sel", checked: sel, "aria-label": `select run ${run.id}` })),
-    h(
-      "td.name",
-      {},
-      h("a", { href: `/runs/${run.id}` }, run.name || `run ${run.id}`),
-      " ",
-      h("span.muted.small", {}, `#${run.id}`),
-      run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
-      studyLink(run),
-      run.pipeline_id !== null && run.pipeline_id !== undefined ? " · " : null,
-      pipelineLink(run, () => refreshPipelineRows(run.pipeline_id)),
-      run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
-    ),
-    h("td", {}, statusBadge(run), queuePlace(run), waitingNote(run)),
-    h("td", {}, run.algorithm || "–"),
-    h("td.opt", {}, run.task || "–"),
-    h("td.mono.opt", {}, run.model || "–"),
-    h("td.resources.opt", { title: "config.resources: GPUs per node × nodes" }, resourcesText(run)),
-    h("td.opt", {}, run.owner || "–"),
-    h(
-      "td.opt",
-      {},
-      (run.tags || []).map((t) => h("span.tag", {}, t)),
-    ),
-    hyperCells([run], cols),
-    h("td", {}, progressBar(run)),
-    h("td.spark-cell", {}, sparkFor(run.id)),
-    h("td.num", {}, fmtNum(last)),
-    h("td.muted.opt", { title: fmtTime(run.created_at) }, fmtAgo(run.created_at)),
-    h("td", {}, actions),
-  );
-}
-
-/** A group's header row: its name, n, status counts, shared config values, and the mean ± sd
- * of the column's metric over its runs' last values; the toggle shows or hides its runs. */
-function groupRowFor(key, ids, cols) {
-  const runs = ids.map((id) => state.runs.get(id));
-  const open = state.open.has(key);
-  const stat = meanSd(runs.map((r) => r.summary?.[state.metric]));
-  const shared = (f) => {
-    const vals = new Set(runs.map(f));
-    return vals.size === 1 ? [...vals][0] || "–" : "mixed";
-  };
-  const steps = runs.reduce((a, r) => a + (r.step || 0), 0);
-  const total = runs.reduce((a, r) => a + (r.total_steps || r.config?.steps || 0), 0);
-  return h(
-    "tr.group-row",
-    { "data-group": key },
-    h("td", {}, h("input", { type: "checkbox", class: "group-sel", "aria-label": `select group ${key}` })),
-    h(
-      "td.name",
-      {},
-      h(
-        "button.group-toggle",
-        { type: "button", "aria-expanded": String(open), title: open ? "Hide its runs" : "Show its runs" },
-        open ? "▾" : "▸",
-      ),
-      " ",
-      h("strong", {}, groupName(key, runs)),
-      " ",
-      h("span.muted.small.group-n", {}, `${runs.length} runs`),
-      studyLink(runs[0]), // a study's group row links its verdict page, folded or not
-    ),
-    h("td.small.group-status", {}, statusCounts(runs)),
-    h(
-      "td",
-      {},
-      shared((r) => r.algorithm),
-    ),
-    h(
-      "td.opt",
-      {},
-      shared((r) => r.task),
-    ),
-    h(
-      "td.mono.opt",
-      {},
-      shared((r) => r.model),
-    ),
-    h("td.opt", {}, ""),
-    h(
-      "td.opt",
-      {},
-      shared((r) => r.owner),
-    ),
-    h("td.opt", {}, ""),
-    hyperCells(runs, cols),
-    h("td.muted.small", { title: "steps done / planned, all its runs" }, `${steps}/${total || "?"}`),
-    h("td.spark-cell", {}, ""),
-    h("td.num.group-stat", { title: `${state.metric}: mean ± sd of the runs' last values` }, stat.text),
-    h("td.muted.opt", {}, ""),
-    h(
-      "td",
-      {},
-      h(
-        "a.btn.btn-xs",
-        { href: `/compare${qs({ runs: [...ids].sort((a, b) => a - b) })}`, title: "Compare its runs: mean ± band" },
-        "Compare",
-      ),
-    ),
-  );
-}
-
 function render() {
   const cols = hyperColumns();
   state.groupOf = new Map();
   const rows = [];
   for (const row of tableRows(state.order, state.runs)) {
     if (row.run !== undefined) {
-      rows.push(rowFor(state.runs.get(row.run), cols));
+      rows.push(rowFor(state, state.runs.get(row.run), cols, refreshPipelineRows));
       continue;
     }
     for (const id of row.runs) state.groupOf.set(id, row.group);
-    rows.push(groupRowFor(row.group, row.runs, cols), ...row.runs.map((id) => rowFor(state.runs.get(id), cols)));
+    rows.push(
+      groupRowFor(state, row.group, row.runs, cols),
+      ...row.runs.map((id) => rowFor(state, state.runs.get(id), cols, refreshPipelineRows)),
+    );
   }
   body.replaceChildren(...rows);
   renderHead(cols);
@@ -339,7 +195,8 @@ function refreshPipelineRows(pipelineId) {
 function renderHead(cols) {
   for (const th of document.querySelectorAll("#runs-table th.hp")) th.remove();
   const before = $("#progress-head");
-  for (const key of cols) before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, hyperLabel(key)));
+  for (const key of cols)
+    before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, hyperLabel(key, state.symbols)));
   const offered = [...new Set([...state.varying, ...cols])];
   $("#cols-list").replaceChildren(
     ...offered.map((key) =>
@@ -355,11 +212,11 @@ function updateRow(run) {
   const row = body.querySelector(`tr[data-id="${run.id}"]`);
   if (!row) return;
   const cols = hyperColumns();
-  row.replaceWith(rowFor(run, cols));
+  row.replaceWith(rowFor(state, run, cols, refreshPipelineRows));
   const key = state.groupOf.get(run.id);
   if (key) {
     const ids = [...state.groupOf].filter(([, k]) => k === key).map(([id]) => id);
-    body.querySelector(`tr.group-row[data-group="${key}"]`)?.replaceWith(groupRowFor(key, ids, cols));
+    body.querySelector(`tr.group-row[data-group="${key}"]`)?.replaceWith(groupRowFor(state, key, ids, cols));
     updateSelection();
   }
 }
@@ -501,6 +358,8 @@ async function loadPresets() {
     const p = await get("/api/presets");
     for (const a of p.algorithms) $("#f-algorithm").append(h("option", { value: a.name }, a.name));
     for (const t of p.tasks) $("#f-task").append(h("option", { value: t.name }, t.name));
+    state.symbols = symbolsOf(p);
+    renderHead(hyperColumns());
   } catch (err) {
     console.warn("presets", errorText(err));
   }
@@ -527,6 +386,7 @@ function onRunEvent(run) {
     else if (run.step !== before.step || run.status !== before.status) {
       sparkRefresh.add(run.id);
       flushSparks();
+      if (/^study-\d+$/.test(run.group_id || "")) loadStudiesSoon();
     }
   } else if (matches(run)) {
     reloadSoon();
@@ -577,15 +437,3 @@ setInterval(() => {
     if (r && r.status === "running") updateRow(r);
   }
 }, 10000);
-
-/** A study's runs share the group id "study-<id>" (backend/studies/spec.py): link the study. */
-function studyLink(run) {
-  const m = /^study-(\d+)$/.exec(run.group_id || "");
-  return m
-    ? h(
-        "a.small",
-        { href: `/studies/${m[1]}`, title: "Open the study: verdict and paired differences" },
-        ` · study ${m[1]}`,
-      )
-    : null;
-}

@@ -1,6 +1,7 @@
 // The runs list's arithmetic, apart from its DOM: which rows group together, which config keys
 // earn a column, and the one y-range all sparklines of a column share. Pure functions of the
 // listed runs, so runs.js stays a page of rendering and events.
+import { interp } from "/static/series.js";
 import { flatten, fmtNum } from "/static/util.js";
 
 /** The group a run belongs to, or null: the seeds of one submission share `group_id` (a study's
@@ -93,20 +94,25 @@ export function varyingKeys(runs) {
   return out.map((k) => k.key);
 }
 
-/** A column's short header: the key's last part, with the paper's symbol where it has one. */
-const SYMBOLS = {
-  tau: "τ",
-  margin_max: "M",
-  margin_warmup: "α",
-  clip: "ε",
-  clip_low: "ε_low",
-  clip_high: "ε_high",
-  beta: "β",
-  group_size: "G",
-};
-export function hyperLabel(key) {
-  const last = key.split(".").pop();
-  return SYMBOLS[last] || last;
+/** Config path → the paper's symbol of that parameter, from the schemas' `symbol` (RunConfig's
+ * sections and every algorithm's params: GET /api/presets). */
+export function symbolsOf(presets) {
+  const out = {};
+  const schema = presets.config_schema;
+  for (const [section, prop] of Object.entries(schema.properties || {})) {
+    const ref = prop.$ref?.split("/").pop();
+    for (const [name, p] of Object.entries(schema.$defs?.[ref]?.properties || {}))
+      if (p.symbol) out[`${section}.${name}`] = p.symbol;
+  }
+  for (const algorithm of presets.algorithms)
+    for (const [name, p] of Object.entries(algorithm.params_schema.properties || {}))
+      if (p.symbol) out[`params.${name}`] = p.symbol;
+  return out;
+}
+
+/** A column's short header: the parameter's symbol where it has one, else the key's last part. */
+export function hyperLabel(key, symbols = {}) {
+  return symbols[key] || key.split(".").pop();
 }
 
 /** One [min, max] over every sparkline of the column, so rows compare by eye; null when no
@@ -128,4 +134,37 @@ export function sharedRange(seriesList) {
     return [lo - pad, hi + pad];
   }
   return [lo, hi];
+}
+
+/** The arms of a group: its runs partitioned by config apart from the seed and the name (a
+ * study's arms, or the one config of a multi-seed submission), each labelled by its runs' name
+ * without the seed suffix and the prefix all arms share ("study-3-grpo-s0" → "grpo"). */
+export function armsOf(runs) {
+  const by = new Map();
+  for (const run of runs) {
+    const { seed: _seed, name: _name, ...rest } = flatten(run.config || {});
+    const key = JSON.stringify(Object.entries(rest).sort(([a], [b]) => a.localeCompare(b)));
+    if (!by.has(key)) by.set(key, []);
+    by.get(key).push(run);
+  }
+  const arms = [...by.values()].map((members) => ({
+    runs: members,
+    base: (members[0].name || `run ${members[0].id}`).replace(/(-s\d+)?(-\d+)?$/, ""),
+  }));
+  let prefix = arms.length > 1 ? arms[0].base : "";
+  for (const arm of arms) while (!arm.base.startsWith(prefix)) prefix = prefix.slice(0, -1);
+  prefix = prefix.slice(0, prefix.lastIndexOf("-") + 1); // cut at a word boundary
+  return arms.map((arm) => ({ ...arm, label: arm.base.slice(prefix.length) || arm.base }));
+}
+
+/** The mean over runs of their {steps, values} series on the union of their steps, each run
+ * interpolated inside its own range only (a run that has not reached a step does not count). */
+export function meanSeries(seriesList) {
+  const present = seriesList.filter((s) => s?.steps?.length);
+  const steps = [...new Set(present.flatMap((s) => s.steps))].sort((a, b) => a - b);
+  const values = steps.map((st) => {
+    const vs = present.map((s) => interp(s.steps, s.values, st)).filter((v) => v !== null && Number.isFinite(v));
+    return vs.length ? vs.reduce((a, b) => a + b, 0) / vs.length : null;
+  });
+  return { steps, values };
 }

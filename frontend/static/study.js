@@ -1,9 +1,9 @@
 // The study page (/studies/{id}): renders GET /api/studies/{id} with study_render.js and
 // refreshes it every few seconds while the study is active (zoom is kept by re-rendering only
 // when something changed).
-import { errorText, get } from "/static/api.js";
+import { ApiError, errorText, get } from "/static/api.js";
 import { renderStudy } from "/static/study_render.js";
-import { toast } from "/static/util.js";
+import { h, toast } from "/static/util.js";
 
 const root = document.getElementById("study");
 const studyId = Number(root.dataset.studyId);
@@ -19,6 +19,13 @@ async function refresh() {
     }
     if (view.status === "active") setTimeout(refresh, 3000);
   } catch (err) {
+    if (err instanceof ApiError && err.status === 404) {
+      // deleted (or never was): say so once, not "loading…" for ever
+      root.replaceChildren(
+        h("div.panel.empty", {}, `Study ${studyId} not found. `, h("a", { href: "/studies" }, "All studies")),
+      );
+      return;
+    }
     toast(errorText(err), "error");
     setTimeout(refresh, 10000);
   }

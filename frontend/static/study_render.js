@@ -16,9 +16,17 @@ function scaled(view, v) {
   return v === null || v === undefined ? null : v * (view.objective.scale || 1);
 }
 
-function fmtCi(view, ci, digits = 3) {
+/** "[0.711, 1]", starred when the server cut it to the metric's range (see clipNote). */
+function fmtCi(view, ci, digits = 3, clipped = false) {
   if (!ci) return "–";
-  return `[${fmtNum(scaled(view, ci[0]), digits)}, ${fmtNum(scaled(view, ci[1]), digits)}]`;
+  return `[${fmtNum(scaled(view, ci[0]), digits)}, ${fmtNum(scaled(view, ci[1]), digits)}]${clipped ? " *" : ""}`;
+}
+
+/** The footnote of a table with a starred interval. */
+function clipNote(rows) {
+  return rows.some((r) => r.ci_clipped)
+    ? h("p.muted.small.clip-note", {}, "* cut to the metric's range (a mean of fractions stays within [0, 1])")
+    : null;
 }
 
 function fmtP(p) {
@@ -47,6 +55,10 @@ function unitText(view) {
 }
 
 export function armTable(view, colors) {
+  return h("div", {}, armGrid(view, colors), clipNote(view.arms));
+}
+
+function armGrid(view, colors) {
   return table(
     "arm-table",
     ["arm", "n", "mean", "95% CI (t)", "95% CI (bootstrap)", "sd"],
@@ -54,14 +66,18 @@ export function armTable(view, colors) {
       swatch(colors[a.name], a.name + (a.name === view.baseline ? " (baseline)" : "")),
       `${a.n} of ${a.planned}`,
       fmtNum(scaled(view, a.mean), 4),
-      fmtCi(view, a.ci_t),
-      fmtCi(view, a.ci_boot),
+      fmtCi(view, a.ci_t, 3, a.ci_clipped),
+      a.ci_boot ? fmtCi(view, a.ci_boot, 3, a.ci_clipped) : a.n > 0 ? "– (needs ≥ 3 seeds)" : "–",
       fmtNum(scaled(view, a.sd), 3),
     ]),
   );
 }
 
 export function pairTable(view, colors) {
+  return h("div", {}, pairGrid(view, colors), clipNote(view.pairs));
+}
+
+function pairGrid(view, colors) {
   return table(
     "pair-table",
     [
@@ -80,13 +96,15 @@ export function pairTable(view, colors) {
       swatch(colors[p.arm], `${p.arm} − ${p.baseline}`),
       String(p.n),
       fmtNum(scaled(view, p.mean_d), 4),
-      fmtCi(view, p.ci_t),
-      fmtCi(view, p.ci_boot),
+      fmtCi(view, p.ci_t, 3, p.ci_clipped),
+      p.ci_boot ? fmtCi(view, p.ci_boot, 3, p.ci_clipped) : p.n > 0 ? "– (needs ≥ 3 pairs)" : "–",
       fmtP(p.p_t),
       fmtP(p.p_wilcoxon),
       `${p.wins} / ${p.ties} / ${p.losses}`,
       p.p_improvement === null
-        ? "–"
+        ? p.n > 0
+          ? "– (needs ≥ 3 pairs)"
+          : "–"
         : `${fmtNum(p.p_improvement, 3)} [${(p.p_improvement_ci || []).map((v) => fmtNum(v, 2)).join(", ") || "–"}]`,
       p.dropped.length ? p.dropped.join(", ") : "none",
     ]),
@@ -160,6 +178,7 @@ export function curveTraces(curve, arm, colorValue) {
     return short || edge ? m : null;
   });
   const text = curve.n.map((n) => `n = ${n} of ${curve.seeds}`);
+  const withData = Math.max(0, ...curve.n); // the legend counts seeds that have data, not seeds planned
   const traces = [];
   if (curve.lo.some((v) => v !== null)) {
     const xs = curve.steps.filter((_, i) => curve.lo[i] !== null);
@@ -182,7 +201,7 @@ export function curveTraces(curve, arm, colorValue) {
     y: full,
     text,
     mode: "lines",
-    name: `${arm} (n = ${curve.seeds})`,
+    name: `${arm} (n = ${withData}${withData < curve.seeds ? ` of ${curve.seeds}` : ""})`,
     legendgroup: arm,
     line: { color: colorValue, width: 2 },
     hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,
@@ -191,16 +210,17 @@ export function curveTraces(curve, arm, colorValue) {
     x: curve.steps,
     y: partial,
     text,
-    mode: "lines+markers",
+    mode: "lines", // no markers: dots at a band's corners read as outliers
     name: `${arm}: fewer seeds`,
     legendgroup: arm,
     showlegend: false,
     line: { color: colorValue, width: 1.5, dash: "dot" },
-    marker: { size: 4 },
     hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,
   });
   return traces;
 }
+
+const padded = ([lo, hi]) => [lo - 0.03 * (hi - lo), hi + 0.03 * (hi - lo)];
 
 function curveCharts(view, colors, Plotly, root) {
   if (!view.curves) return;
@@ -222,7 +242,8 @@ function curveCharts(view, colors, Plotly, root) {
         hovermode: "x unified",
         legend: { orientation: "h", x: 0, y: 1.12 },
         xaxis: { title: { text: "step" } },
-        yaxis: { title: { text: key } },
+        // A bounded metric (a fraction) is drawn on its own range, never past it.
+        yaxis: { title: { text: key }, ...(view.bounds?.[key] ? { range: padded(view.bounds[key]) } : {}) },
         annotations: [
           {
             xref: "paper",

@@ -72,13 +72,10 @@ export function statusBadge(run) {
   return h(`span.badge.st-${status}`, { title: run.error || status }, status);
 }
 
-/** What a run occupies, compactly: "1 GPU", "2×GPU", "2 nodes × 8" (config.resources). */
+/** What a run occupies, in the terms of the machine that holds it ("1 GPU", "1 CPU process",
+ * "2 nodes × 8 GPUs"): the API's `resources_text`. */
 export function resourcesText(run) {
-  const r = run.config?.resources || {};
-  const gpus = r.gpus || 1;
-  const nodes = r.nodes || 1;
-  if (nodes > 1) return `${nodes} nodes × ${gpus}`;
-  return gpus > 1 ? `${gpus}×GPU` : "1 GPU";
+  return run.resources_text || "–";
 }
 
 /** Why a queued run waits (computed by the API from the live workers), as a muted note. */
@@ -141,46 +138,66 @@ export function ema(values, weight) {
  * e.g. one shared by every row of a table, and is kept on the SVG as `data-y-range`; without it
  * the line spans its own min to max. */
 export function sparkline(values, { width = 110, height = 24, color = "#4f46e5", range = null } = {}) {
+  return sparklines([{ ys: values, color }], { width, height, range });
+}
+
+/** Several lines in one sparkline (a group's arms), each {xs (default: the index), ys, color},
+ * on one x- and y-scale. */
+export function sparklines(lines, { width = 110, height = 24, range = null } = {}) {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", width);
   svg.setAttribute("height", height);
   svg.setAttribute("class", "spark");
   if (range) svg.dataset.yRange = `${range[0]},${range[1]}`;
-  const pts = values.map((v, i) => [i, v]).filter(([, v]) => v !== null && Number.isFinite(v));
-  if (pts.length < 2) {
+  const drawn = lines.map((line) => ({
+    ...line,
+    pts: line.ys
+      .map((v, i) => [line.xs ? line.xs[i] : i, v])
+      .filter(([x, v]) => x !== null && v !== null && Number.isFinite(v)),
+  }));
+  const all = drawn.flatMap((l) => l.pts);
+  if (!drawn.some((l) => l.pts.length >= 2)) {
     const t = document.createElementNS(ns, "text");
     t.setAttribute("x", 2);
     t.setAttribute("y", height / 2 + 4);
     t.setAttribute("class", "spark-empty");
-    t.textContent = pts.length ? fmtNum(pts[0][1], 3) : "no data";
+    t.textContent = all.length ? fmtNum(all[all.length - 1][1], 3) : "no data";
     svg.append(t);
     return svg;
   }
-  const xs = pts.map((p) => p[0]);
-  const ys = pts.map((p) => p[1]);
+  const xs = all.map((p) => p[0]);
+  const ys = all.map((p) => p[1]);
   const x0 = Math.min(...xs),
     x1 = Math.max(...xs);
   const y0 = range ? range[0] : Math.min(...ys),
     y1 = range ? range[1] : Math.max(...ys);
   const sx = (x) => 1 + ((x - x0) / (x1 - x0 || 1)) * (width - 2);
   const sy = (y) => height - 2 - ((y - y0) / (y1 - y0 || 1)) * (height - 4);
-  const d = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join("");
-  const path = document.createElementNS(ns, "path");
-  path.setAttribute("d", d);
-  path.setAttribute("fill", "none");
-  path.setAttribute("stroke", color);
-  path.setAttribute("stroke-width", "1.3");
-  svg.append(path);
-  const last = pts[pts.length - 1];
-  const dot = document.createElementNS(ns, "circle");
-  dot.setAttribute("cx", sx(last[0]).toFixed(1));
-  dot.setAttribute("cy", sy(last[1]).toFixed(1));
-  dot.setAttribute("r", "1.8");
-  dot.setAttribute("fill", color);
-  svg.append(dot);
+  const titles = [];
+  for (const { pts, color = "#4f46e5", name } of drawn) {
+    if (!pts.length) continue;
+    const d = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join("");
+    const path = document.createElementNS(ns, "path");
+    path.setAttribute("d", d);
+    path.setAttribute("fill", "none");
+    path.setAttribute("stroke", color);
+    path.setAttribute("stroke-width", "1.3");
+    svg.append(path);
+    const last = pts[pts.length - 1];
+    const dot = document.createElementNS(ns, "circle");
+    dot.setAttribute("cx", sx(last[0]).toFixed(1));
+    dot.setAttribute("cy", sy(last[1]).toFixed(1));
+    dot.setAttribute("r", "1.8");
+    dot.setAttribute("fill", color);
+    svg.append(dot);
+    const own = pts.map((p) => p[1]);
+    titles.push(
+      `${name ? `${name}: ` : ""}last ${fmtNum(last[1])} · min ${fmtNum(Math.min(...own))} · max ${fmtNum(Math.max(...own))}`,
+    );
+  }
   const title = document.createElementNS(ns, "title");
-  title.textContent = `last ${fmtNum(last[1])} · min ${fmtNum(Math.min(...ys))} · max ${fmtNum(Math.max(...ys))}`;
+  title.textContent = titles.join("\n");
   svg.append(title);
   return svg;
 }

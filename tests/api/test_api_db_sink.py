@@ -307,7 +307,8 @@ def test_postgres_rollups_of_written_points_are_bit_for_bit_sqls(pg_db: Database
     SQL's aggregate over the stored points gives (the ones summed from two of width 2 when the
     series grew into width 4 may differ in the sum's last bit)."""
     from backend.models import MetricRollup
-    from backend.storage.dialect import StepRange, dialect_of
+    from backend.storage.dialect import StepRange
+    from backend.storage.strategies import dialect_of
 
     run_id = new_run(pg_db)
     values = [math.sin(i) * 10 ** (i % 7) if i % 5 else None for i in range(3000)]
@@ -451,7 +452,7 @@ def query_series_once(db: Database, run_id: int) -> Series:
 
 
 def test_storage_dialect_is_chosen_once_per_engine(db: Database) -> None:
-    from backend.storage.dialect import _make, dialect_of
+    from backend.storage.strategies import _make, dialect_of
 
     with db.session() as a, db.session() as b:
         assert dialect_of(a) is dialect_of(b)

@@ -141,3 +141,52 @@ def test_0004_existing_runs_start_with_no_worker_deaths(dialect: str, tmp_path: 
         engine.dispose()
         if dialect == "postgresql":
             drop_pg_database(url)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0011_moves_job_kinds_out_of_algorithm(dialect: str, tmp_path: Path) -> None:
+    """A non-RL worker run stored its kind in ``algorithm``: it moves to ``kind`` and the
+    algorithm becomes NULL; RL and external runs keep theirs. Downgrading puts it back."""
+    url = f"sqlite:///{tmp_path / 'm.db'}" if dialect == "sqlite" else create_pg_database()
+    engine = make_engine(url)
+    runs = [  # id, algorithm column, stored config, external
+        (1, "sft", {"kind": "sft", "algorithm": "conspo"}, False),
+        (2, "grpo", {"kind": "rl", "algorithm": "grpo"}, False),
+        (3, "conspo", {"algorithm": "conspo"}, False),  # stored before kinds existed
+        (4, "trl-grpo", {"kind": "sft"}, True),  # a client's free-form config
+    ]
+    try:
+        migrate(url, "0010")
+        with engine.begin() as conn:
+            for run_id, algorithm, config, external in runs:
+                conn.execute(
+                    text(
+                        "INSERT INTO runs (id, name, status, cancel_requested, algorithm, task,"
+                        " model, config, seed, tags, step, total_steps, created_at, updated_at,"
+                        " summary, external, attempt, write_seq, worker_deaths) VALUES (:id, :n,"
+                        " 'succeeded', :f, :a, 'arith', 'tiny', :c, 0, '[]', 1, 1, :now, :now,"
+                        " '{}', :x, 1, 0, 0)"
+                    ),
+                    {
+                        "id": run_id, "n": f"r{run_id}", "f": False, "a": algorithm,
+                        "c": json.dumps(config), "x": external, "now": datetime.now(UTC),
+                    },
+                )  # fmt: skip
+
+        def stored() -> list[tuple[int, str | None, str | None]]:
+            with engine.connect() as conn:
+                if "kind" not in {c["name"] for c in inspect(conn).get_columns("runs")}:
+                    rows = conn.execute(text("SELECT id, NULL, algorithm FROM runs ORDER BY id"))
+                else:
+                    rows = conn.execute(text("SELECT id, kind, algorithm FROM runs ORDER BY id"))
+                return [tuple(r) for r in rows]  # type: ignore[misc]
+
+        migrate(url, "head")
+        assert stored() == [(1, "sft", None), (2, "rl", "grpo"), (3, "rl", "conspo"),
+                            (4, "rl", "trl-grpo")]  # fmt: skip
+        command.downgrade(alembic_config(url), "0010")
+        assert [a for _, _, a in stored()] == ["sft", "grpo", "conspo", "trl-grpo"]
+    finally:
+        engine.dispose()
+        if dialect == "postgresql":
+            drop_pg_database(url)

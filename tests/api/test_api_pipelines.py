@@ -61,7 +61,13 @@ def test_sft_then_rl_pipeline_starts_rl_from_the_sft_checkpoint(own_api: Any) ->
     pipeline = made.json()
     first = pipeline["stages"][0]["run"]
     assert pipeline["stages"][1]["run"] is None and pipeline["stages"][1]["waiting_for"] == 0
-    assert first["algorithm"] == "sft" and first["pipeline_stage"] == 0
+    assert first["pipeline_stage"] == 0
+    # what a run trains is its kind: an SFT run has no algorithm, and shows as its kind
+    assert (first["kind"], first["algorithm"], first["label"]) == ("sft", None, "sft")
+    stages = [(s["kind"], s["algorithm"], s["label"]) for s in pipeline["stages"]]
+    assert stages == [("sft", None, "sft"), ("rl", "grpo", "rl · grpo")]
+    sft_runs = own_api.get("/api/runs", params={"kind": "sft"}).json()["items"]
+    assert [r["id"] for r in sft_runs] == [first["id"]]
 
     done = execute(own_api, first["id"])
     assert done["status"] == "succeeded", done["error"]
@@ -218,9 +224,10 @@ def test_job_dataset_paths_are_checked_against_the_data_roots(api: Any) -> None:
 
 
 def test_cancelling_a_pipeline_stops_its_stage_and_never_releases_the_rest(api: Any) -> None:
-    from backend import lifecycle
     from backend.db import Database
     from backend.models import Pipeline
+    from backend.pipelines import service as pipelines
+    from backend.pipelines import stages
 
     def make() -> dict[str, Any]:
         made = api.post("/api/pipelines", json={"name": "c", "stages": [BASE, BASE, BASE]})
@@ -234,7 +241,7 @@ def test_cancelling_a_pipeline_stops_its_stage_and_never_releases_the_rest(api: 
         from backend.models import Run
 
         session.execute(update(Run).where(Run.id == run_id).values(status="succeeded"))
-        released = lifecycle.release_next_stage(session, run_id)
+        released = stages.release_next_stage(session, run_id)
         session.commit()
         return released
 
@@ -251,7 +258,7 @@ def test_cancelling_a_pipeline_stops_its_stage_and_never_releases_the_rest(api: 
         p = make()
         first = p["stages"][0]["run"]["id"]
         with db.session() as session:
-            lifecycle.cancel_pipeline(session, session.get(Pipeline, p["id"]))
+            pipelines.cancel_pipeline(session, session.get(Pipeline, p["id"]))
             assert succeed(session, first) is None
         shown = api.get(f"/api/pipelines/{p['id']}").json()
         assert shown["status"] == "cancelled" and shown["stages"][1]["run"] is None

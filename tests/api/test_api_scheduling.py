@@ -66,6 +66,32 @@ def test_the_reason_names_what_is_missing() -> None:
     assert Cluster(()).why_waiting(resources(1)) == "no worker is alive"
 
 
+def test_on_cpu_only_workers_a_run_needs_cpu_processes_not_gpus() -> None:
+    cpu = Capacity.advertised([], {"cpu_processes": 1})
+    busy = Cluster((LiveWorker(cpu, busy=True),))
+    assert busy.why_waiting(resources(1)) == (
+        "needs 1 CPU process; every live worker that can hold it is busy"
+    )
+    assert Cluster((LiveWorker(cpu, busy=False),)).why_waiting(resources(2)) == (
+        "needs 2 CPU processes; largest live worker has 1 CPU process"
+    )
+
+
+def test_a_runs_resources_read_as_the_machine_it_gets(own_api: Api) -> None:
+    """On a CPU-only cluster a queued run occupies "1 CPU process"; once it has trained, the
+    device it trained on says what it occupied."""
+    settings = own_api.settings
+    alive(settings, WorkerIdentity(host="cpu-1", pid=1, gpus=[], capabilities={}))
+    queued = submit(own_api)
+    assert own_api.get(f"/api/runs/{queued['id']}").json()["resources_text"] == "1 CPU process"
+    db = Database(settings)
+    with db.session() as session:
+        session.execute(update(Run).where(Run.id == queued["id"]).values(device="cuda:0 (H200)"))
+        session.commit()
+    db.dispose()
+    assert own_api.get(f"/api/runs/{queued['id']}").json()["resources_text"] == "1 GPU"
+
+
 def submit(api: Api, **res: int) -> dict[str, Any]:
     world = res.get("gpus", 1) * res.get("nodes", 1)  # every process trains whole groups
     sampling = {**TINY["sampling"], "prompts_per_step": max(2, world)}

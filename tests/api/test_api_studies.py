@@ -65,6 +65,8 @@ def count_studies(api: Api) -> tuple[int, int]:
         ),
         ({"arms": [{"name": "has space"}], "baseline": None}, ["body", "arms", 0, "name"]),
         ({"objective": {"reduce": "best"}}, ["body", "objective", "reduce"]),
+        ({"objective": {"metric": "nope/metric"}}, ["body", "objective", "metric"]),
+        ({"config": {"steps": -5}}, ["body", "config", "steps"]),
         ({"concurrency": 0}, ["body", "concurrency"]),
     ],
 )
@@ -77,6 +79,19 @@ def test_bad_study_is_a_422_naming_the_field_and_stores_nothing(
         assert r.status_code == 422, r.text
         assert any(e["loc"][: len(loc)] == loc for e in r.json()["detail"]), r.json()
     assert count_studies(api) == before
+
+
+def test_a_base_config_error_is_said_once_on_the_base_config(api: Api) -> None:
+    """Not under every arm's overrides (the arms did not cause it); an arm's own error still
+    names the arm."""
+    body = study_body(config={**tiny_config(2), "steps": -5, "task": {"name": "nope"}})
+    body["arms"][1]["overrides"]["params.nope"] = 1
+    detail = api.post("/api/studies/check", json=body).json()["detail"]
+    locs = [tuple(e["loc"]) for e in detail]
+    assert ("body", "config", "steps") in locs and ("body", "config", "task", "name") in locs
+    assert not any(loc[:2] == ("body", "arms") and "steps" in loc for loc in locs), locs
+    assert ("body", "arms", 1, "overrides", "params.nope") in locs
+    assert len(locs) == len(set(locs))
 
 
 def test_check_plans_the_runs_and_stores_nothing(api: Api) -> None:
@@ -191,6 +206,20 @@ def test_release_is_idempotent_and_keeps_the_limit(api: Api) -> None:
     finally:
         db.dispose()
         api.post(f"/api/studies/{sid}/cancel")
+
+
+def test_the_studies_list_counts_the_planned_work(api: Api) -> None:
+    """6 runs of 2 steps are planned; 2 are released (concurrency 2): the progress says 12
+    planned steps and 6 planned runs, not the released runs' 4 steps."""
+    sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    try:
+        items = {s["id"]: s for s in api.get("/api/studies").json()["items"]}
+        assert items[sid]["progress"] == {"runs": 6, "started": 2, "steps": 0, "total_steps": 12}
+    finally:
+        api.post(f"/api/studies/{sid}/cancel")
+    # A cancelled study's pending rows are no longer planned.
+    items = {s["id"]: s for s in api.get("/api/studies").json()["items"]}
+    assert items[sid]["progress"]["runs"] == 2
 
 
 @pytest.mark.slow

@@ -262,3 +262,36 @@ def test_an_overlong_buffer_as_long_as_the_response_cap_is_refused(buffer, max_n
         RunConfig.model_validate({"algorithm": "dapo", "sampling": {"max_new_tokens": 8}})
     RunConfig.model_validate({**data, "params": {"overlong_buffer": 0}})
     RunConfig.model_validate({**data, "params": {"overlong_buffer": max_new_tokens - 1}})
+
+
+def test_params_are_validated_once_and_passed_typed(monkeypatch):
+    """Validating a config makes each registered params model once (the objective's, the job
+    kind's, the task's, each reward's); the typed accessors hand out those instances instead of
+    validating the dicts again, and validate anew only when a dict changed."""
+    from conspo.jobs.dpo import DPOParams
+    from conspo.objectives.conspo import ConSPOParams
+
+    calls: list[str] = []
+    for model in (ConSPOParams, DPOParams):
+        original = model.model_validate.__func__  # type: ignore[attr-defined]
+
+        def counted(cls, *args, _original=original, **kwargs):
+            calls.append(cls.__name__)
+            return _original(cls, *args, **kwargs)
+
+        monkeypatch.setattr(model, "model_validate", classmethod(counted))
+    cfg = RunConfig.model_validate({"algorithm": "conspo", "params": {"tau": 3.0}})
+    dpo = RunConfig.model_validate({"kind": "dpo", "kind_params": {"from_run": 7}})
+    assert calls.count("ConSPOParams") == 2 and calls.count("DPOParams") == 1  # both configs
+    params = cfg.objective_params()
+    assert isinstance(params, ConSPOParams) and params.tau == 3.0
+    assert cfg.objective_params() is params and cfg.task.task_params() is cfg.task.task_params()
+    kind_params = dpo.typed("kind_params", DPOParams)
+    assert kind_params.from_run == 7 and dpo.job_params() is kind_params
+    assert calls.count("ConSPOParams") == 2 and calls.count("DPOParams") == 1  # none more
+    cfg.params["tau"] = 5.0  # a changed dict is validated again
+    assert cfg.objective_params().tau == 5.0
+    copied = cfg.model_copy(update={"params": {**cfg.params, "tau": 6.0}})
+    assert copied.objective_params().tau == 6.0 and cfg.objective_params().tau == 5.0
+    # the cache never makes equal configs differ
+    assert RunConfig.model_validate(cfg.model_dump()) == cfg

@@ -119,12 +119,72 @@ def test_models_the_loop_does_not_reproduce_are_refused():
     # another activation
     gelu = LlamaForCausalLM(LlamaConfig(**DIMS, num_attention_heads=4, hidden_act="gelu"))
     assert not DecodeLoop.supports(gelu.eval(), 64)
-    # LoRA-wrapped projections compute more than weight @ x
+    # LoRA variants (DoRA scales by a magnitude vector) and LoRA dropout while training
     from peft import LoraConfig, get_peft_model
 
-    lora = get_peft_model(qwen2(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    assert not DecodeLoop.supports(lora.eval(), 64)
-    assert not DecodeLoop.supports(lora.get_base_model(), 64)
+    dora = get_peft_model(qwen2(), LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+    assert not DecodeLoop.supports(dora.eval(), 64)
+    dropping = get_peft_model(qwen2(), LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.1))
+    assert not DecodeLoop.supports(dropping.train(), 64)
+    assert DecodeLoop.supports(dropping.eval(), 64)
+
+
+def with_lora(model, targets, seed=3):
+    """``model`` under peft LoRA (rank 4, α 8) whose B matrices are random: peft starts them at
+    zero, where a LoRA model is its base and any merge looks right."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            param.data = torch.randn(param.shape, generator=gen) * 0.2
+    return lora
+
+
+LORA_TARGETS = [
+    ["q_proj", "v_proj"],
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+]
+
+
+@pytest.mark.parametrize("targets", LORA_TARGETS)
+@pytest.mark.parametrize("build", [qwen2, llama_gqa])
+@torch.no_grad()
+def test_loop_with_lora_equals_the_peft_models_own_forward(build, targets):
+    """Adapters merged into the per-call weights: the logits of peft's forward (base + side path)
+    token after token, with left padding; and not those of the base model."""
+    torch.manual_seed(0)
+    lora = with_lora(build(), targets).eval()
+    assert DecodeLoop.supports(lora, 64)
+    ids, mask = prompts()
+    response = torch.randint(
+        1, VOCAB, (ids.shape[0], 7), generator=torch.Generator().manual_seed(1)
+    )
+    for t, logits in enumerate(loop_logits(lora, ids, mask, response)):
+        ref = reference_logits(lora, ids, mask, response[:, : t + 1])
+        torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+    with lora.disable_adapter():
+        base = reference_logits(lora, ids, mask, response)
+    assert (logits - base).abs().max() > 1e-2  # the adapters moved the logits
+
+
+@torch.no_grad()
+def test_sampler_decodes_a_lora_model_through_the_loop(monkeypatch):
+    """A LoRA policy samples through the loop (counted) and draws what transformers' path draws."""
+    torch.manual_seed(0)
+    lora = with_lora(qwen2(), LORA_TARGETS[1]).eval()
+    steps = []
+    real_step = DecodeLoop.step
+    monkeypatch.setattr(DecodeLoop, "step", lambda self, *a: steps.append(1) or real_step(self, *a))
+    ids, mask = prompts()
+    kw = dict(max_new_tokens=8, eos_id=VOCAB + 5, pad_id=0, temperature=1.0)
+    ours = sample(lora, ids, mask, generator=torch.Generator().manual_seed(4), **kw)
+    assert len(steps) == 7
+    theirs = sample(
+        lora, ids, mask, generator=torch.Generator().manual_seed(4), decode_loop=False, **kw
+    )
+    assert torch.equal(ours.response_ids, theirs.response_ids)
 
 
 def test_sampler_draws_the_same_tokens_through_the_loop(policy, prompts, monkeypatch):
@@ -148,3 +208,33 @@ def test_sampler_draws_the_same_tokens_through_the_loop(policy, prompts, monkeyp
         assert not steps
         assert torch.equal(fast.response_ids, slow.response_ids)
         assert torch.equal(fast.lengths, slow.lengths)
+
+
+@torch.no_grad()
+def test_finished_rows_leave_the_batch_and_the_tokens_stay_the_same(monkeypatch):
+    """Rows that end early are dropped from the loop's buffers once a quarter of the rows have
+    ended: later steps run on fewer rows, and every row draws exactly the tokens transformers'
+    path draws."""
+    torch.manual_seed(0)
+    model = llama_gqa().eval()
+    ids, mask = (x.repeat(2, 1) for x in prompts())  # 12 rows
+    kw = dict(max_new_tokens=40, pad_id=0, temperature=1.0)
+    first = sample(model, ids, mask, eos_id=VOCAB + 5, generator=torch.Generator().manual_seed(5),
+                   decode_loop=False, **kw)  # fmt: skip
+    eos = int(first.response_ids.flatten().mode().values)  # the token drawn most often
+    rows_per_step = []
+    real_step = DecodeLoop.step
+    monkeypatch.setattr(
+        DecodeLoop,
+        "step",
+        lambda self, *a: rows_per_step.append(len(self.rows)) or real_step(self, *a),
+    )
+    ours = sample(model, ids, mask, eos_id=eos, generator=torch.Generator().manual_seed(6), **kw)
+    theirs = sample(model, ids, mask, eos_id=eos, generator=torch.Generator().manual_seed(6),
+                    decode_loop=False, **kw)  # fmt: skip
+    assert torch.equal(ours.response_ids, theirs.response_ids)
+    assert torch.equal(ours.response_mask, theirs.response_mask)
+    ended = (~ours.truncated).sum().item()
+    assert ended >= 6, "the test needs rows that end early"
+    assert rows_per_step[0] == 12 and min(rows_per_step) < 12 - ended // 2
+    assert rows_per_step == sorted(rows_per_step, reverse=True)

@@ -138,3 +138,33 @@ def test_paired_across_tasks_pairs_by_task_and_seed() -> None:
     assert agg.iqm == pytest.approx((1 + 2) / 2)  # sorted d 1, 1, 2, 3: the middle two
     lo, hi = agg.ci_mean
     assert 1.0 <= lo <= agg.mean <= hi <= 2.5
+
+
+def test_statistics_are_given_only_where_defined() -> None:
+    """Issue 26 item 3: no bootstrap interval from two seeds (its three possible means make it
+    narrower than the t interval beside it), no P(improvement) from fewer than three pairs."""
+    two = stats.summarise_arm("a", {0: 0.69, 1: 0.706})
+    assert two.ci_t is not None and two.ci_boot is None
+    assert stats.summarise_arm("a", {0: 0.69, 1: 0.706, 2: 0.7}).ci_boot is not None
+    one_pair = stats.paired("b", "a", {0: 0.8}, {0: 0.7})
+    assert one_pair.p_improvement is None and one_pair.p_improvement_ci is None
+    three = stats.paired("b", "a", {0: 0.8, 1: 0.7, 2: 0.75}, {0: 0.7, 1: 0.72, 2: 0.7})
+    assert three.p_improvement == pytest.approx(2 / 3)
+
+
+def test_intervals_of_a_fraction_stay_in_its_range_and_say_so() -> None:
+    arm = stats.summarise_arm("a", {0: 0.98, 1: 0.9, 2: 1.0}, bounds=(0.0, 1.0))
+    assert arm.ci_t is not None and arm.ci_t[1] == 1.0 and arm.ci_clipped
+    assert not stats.summarise_arm("a", {0: 0.5, 1: 0.52, 2: 0.51}, bounds=(0.0, 1.0)).ci_clipped
+    pair = stats.paired("b", "a", {0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.0}, bounds=(0.0, 1.0))
+    assert pair.ci_t is not None and pair.ci_t[0] >= -1.0 and pair.ci_t[1] <= 1.0
+    assert pair.ci_clipped
+
+
+def test_the_verdict_shows_a_small_difference_in_enough_digits() -> None:
+    """Issue 26 item 4: a difference of 0.020 in a fraction read "+0.0"."""
+    pair = stats.paired("conspo", "grpo", {0: 0.72, 1: 0.71, 2: 0.73}, {0: 0.7, 1: 0.69, 2: 0.71})
+    line = stats.verdict_line(pair)
+    assert line.startswith("conspo − grpo = +0.020 ["), line
+    points = stats.paired("b", "a", {0: 72.0, 1: 71.0, 2: 73.5}, {0: 70.0, 1: 69.0, 2: 71.0})
+    assert stats.verdict_line(points).startswith("b − a = +2.2 ["), stats.verdict_line(points)

@@ -75,9 +75,7 @@ def test_group_difference_is_paired_by_seed(
     assert by_step[25] == (pytest.approx(gap("conspo", 0, 25) - gap("grpo", 0, 25)), 1)
     solid = dict(zip(steps, trace["y"], strict=True))
     assert solid[25] is None and solid[12] is not None
-    note = page.evaluate(
-        "document.getElementById('plot-g-sep_gap').layout.annotations.map(a => a.text).join()"
-    )
+    note = page.inner_text('[data-chart="g-sep_gap"] .chart-note')
     assert "paired by seed" in note
     shot(page, "compare_group_difference")
 

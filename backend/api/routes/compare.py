@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse, PlainTextResponse
-from sqlalchemy import select
 
-from backend.api.deps import SessionDep
+from backend.api.deps import SessionDep, found_runs
 from backend.api.query import CommaList, parse_ids, parse_keys
-from backend.models import Run
 from backend.studies import report
 from backend.studies.comparison import comparison_csv, comparison_view
 from backend.studies.spec import Objective
@@ -49,15 +47,9 @@ def comparison(
 ) -> dict[str, Any]:
     ids = parse_ids(runs, "runs", MAX_RUNS)
     metric = parse_keys(key, "key", 1)[0]
-    found = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids))).unique()}
-    missing = [i for i in ids if i not in found]
-    if missing:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail=f"run(s) {', '.join(map(str, missing))} not found"
-        )
     return comparison_view(
         session,
-        [found[i] for i in ids],
+        found_runs(session, ids),
         group=group.strip(),
         objective=Objective(metric=metric, reduce=reduce, k=k, direction=direction),
         baseline=baseline,

@@ -23,16 +23,17 @@ from typing import Any
 import anyio
 from celery import Celery
 from fastapi import APIRouter, Response, status
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from backend import lifecycle, liveness
 from backend.api.deps import CeleryDep, DatabaseDep, JobsDep, SettingsDep, StreamHubDep
 from backend.config import VERSION, Settings
 from backend.db import Database
-from backend.models import Run, RunStatus, Worker, utcnow
+from backend.models import RunStatus, Worker, utcnow
 from backend.queue import JobQueue
 from backend.schemas import Health
+from backend.storage.runs import count_in, count_queued, stale_running
 
 router = APIRouter(tags=["health"])
 
@@ -71,25 +72,15 @@ def _work(db: Database, jobs: JobQueue | None, settings: Settings) -> Work:
     """``jobs`` None: the broker is down, so stranded runs cannot be told apart."""
     now = utcnow()
     with db.session() as session:
-        _statement_timeout(session, settings.health_timeout_s)
+        # Longer than the answer's own deadline: health answers "locked or overloaded" at that
+        # deadline, and this only ends the abandoned query soon after (were it shorter, a
+        # cancelled query could be read as the database down).
+        _statement_timeout(session, 2 * settings.health_timeout_s + 1)
         work = Work(
             workers=liveness.alive(session, now - timedelta(seconds=settings.worker_alive_s)),
-            queued=session.scalar(
-                select(func.count()).select_from(Run).where(Run.status == RunStatus.queued)
-            )
-            or 0,
-            running=session.scalar(
-                select(func.count()).select_from(Run).where(Run.status == RunStatus.running)
-            )
-            or 0,
-            stale=list(
-                session.scalars(
-                    select(Run.id).where(
-                        Run.status == RunStatus.running,
-                        Run.heartbeat_at < now - timedelta(seconds=settings.heartbeat_timeout_s),
-                    )
-                )
-            ),
+            queued=count_queued(session),
+            running=count_in(session, RunStatus.running),
+            stale=stale_running(session, now - timedelta(seconds=settings.heartbeat_timeout_s)),
         )
         if jobs is not None:
             sent_before = now - timedelta(seconds=settings.unclaimed_resend_s)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, Query, Response
 from pydantic_core import to_json
-from sqlalchemy import select
 
-from backend.api.deps import RunDep, SessionDep
+from backend.api.deps import RunDep, SessionDep, found_runs
 from backend.api.query import CommaList, parse_ids, parse_keys
-from backend.models import Run
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
 from backend.storage.series import metric_keys, query_series
 from conspo.metrics import Catalogue, catalogue
@@ -75,11 +73,6 @@ def compare(
 ) -> Response:
     run_ids = parse_ids(runs, "runs", 50)
     wanted = parse_keys(keys, "keys", 50)
-    found = set(session.scalars(select(Run.id).where(Run.id.in_(run_ids))))
-    missing = [r for r in run_ids if r not in found]
-    if missing:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail=f"run(s) {', '.join(map(str, missing))} not found"
-        )
+    found_runs(session, run_ids)
     data = query_series(session, run_ids, wanted, max_points)
     return JSONBytes(to_json({"runs": {str(r): {"series": data[r]} for r in run_ids}}))

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import String, cast, func, select
-from sqlalchemy.orm import Session
 
 from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
@@ -23,7 +19,9 @@ from backend.api.deps import (
     SettingsDep,
 )
 from backend.api.query import parse_ids
+from backend.errors import InvalidInput
 from backend.models import Run
+from backend.run_rows import name_base
 from backend.schemas import (
     FreeJSON,
     Label,
@@ -36,18 +34,13 @@ from backend.schemas import (
     Tag,
     run_out,
 )
+from backend.storage import runs as storage_runs
+from backend.storage.runs import RunFilter, RunSort
 from backend.submit_checks import Submitted, refuse_unfit
-from conspo.config import RunConfig, TaskConfig, deep_merge
+from conspo.config import RunConfig, with_overrides
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JSONBodyRoute)
 
-SORTS: dict[str, Any] = {
-    "created_at": Run.created_at.asc(),
-    "-created_at": Run.created_at.desc(),
-    "name": Run.name.asc(),
-    "status": Run.status.asc(),
-    "id": Run.id.asc(),
-}
 ShortText = Annotated[Label, Query()]
 
 
@@ -112,6 +105,7 @@ def list_runs(
     session: SessionDep,
     cluster: ClusterDep,
     status_: Annotated[RunStatusName | None, Query(alias="status")] = None,
+    kind: ShortText | None = None,
     algorithm: ShortText | None = None,
     task: ShortText | None = None,
     tag: Annotated[Tag | None, Query()] = None,
@@ -120,46 +114,22 @@ def list_runs(
     ids: Annotated[
         str | None, Query(max_length=20_000, description="Comma-separated run ids (≤ 500).")
     ] = None,
-    sort: Literal["created_at", "-created_at", "name", "status", "id"] = "-created_at",
+    sort: RunSort = "-created_at",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> dict[str, Any]:
-    stmt = select(Run)
-    if status_:
-        stmt = stmt.where(Run.status == status_)
-    if algorithm:
-        stmt = stmt.where(Run.algorithm == algorithm)
-    if task:
-        stmt = stmt.where(Run.task == task)
-    if group_id:
-        stmt = stmt.where(Run.group_id == group_id)
-    if ids is not None:
-        stmt = stmt.where(Run.id.in_(parse_ids(ids, "ids", 500)))
-    if q:
-        stmt = stmt.where(func.lower(Run.name).contains(q.lower(), autoescape=True))
-    if tag:
-        # tags is a JSON list; match the quoted element in its text (portable across dialects).
-        stmt = stmt.where(cast(Run.tags, String).contains(json.dumps(tag), autoescape=True))
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
-    rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
-    places = queue_positions(session)
+    where = RunFilter(
+        status=status_, kind=kind, algorithm=algorithm, task=task, tag=tag, group_id=group_id,
+        name_contains=q, ids=parse_ids(ids, "ids", 500) if ids is not None else None,
+    )  # fmt: skip
+    rows, total = storage_runs.list_runs(session, where, sort, limit, offset)
+    places = storage_runs.queue_positions(session)
     return {"items": [with_place(run_out(r, cluster), places) for r in rows], "total": total}
 
 
 @router.get("/{run_id}", response_model=RunOut)
 def read(run: RunDep, session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
-    return with_place(run_out(run, cluster), queue_positions(session))
-
-
-def queue_positions(session: Session) -> dict[int, int]:
-    """Queued run id → its place in the queue (1 = next), in the order runs were sent."""
-    ids = session.scalars(
-        select(Run.id)
-        .where(Run.status == "queued", Run.cancel_requested.is_(False))
-        .order_by(Run.enqueued_at.is_(None), Run.enqueued_at, Run.id)
-    )
-    return {rid: i for i, rid in enumerate(ids, 1)}
+    return with_place(run_out(run, cluster), storage_runs.queue_positions(session))
 
 
 def with_place(out: dict[str, Any], places: dict[int, int]) -> dict[str, Any]:
@@ -198,7 +168,7 @@ def clone(
     the body gives. Each copy records ``cloned_from``."""
     config = cloned_config(run, body.overrides)
     refuse_unfit(session, settings, [Submitted(("body", "overrides"), config)])
-    name = body.name or (None if body.overrides else lifecycle.name_base(run.name))
+    name = body.name or (None if body.overrides else name_base(run.name))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,
         cloned_from=run.id,
@@ -207,31 +177,15 @@ def clone(
 
 
 def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
-    """The source's config with ``overrides`` deep-merged; 422s locate errors under overrides."""
+    """The source's config changed by ``overrides`` (``conspo.config.with_overrides``); the
+    errors are located under overrides."""
     if source.external:
         raise lifecycle.Conflict(
             f"run {source.id} is external (logged from elsewhere) and cannot be cloned"
         )
-    base = dict(source.config)
-    new_algorithm = overrides.get("algorithm")
-    if new_algorithm and new_algorithm != base.get("algorithm") and "params" not in overrides:
-        base.pop("params", None)  # the old algorithm's params would not validate
-    base_task, new_task = base.get("task"), overrides.get("task")
-    if (
-        isinstance(base_task, dict)
-        and isinstance(new_task, dict)
-        and new_task.get("name", base_task.get("name")) != base_task.get("name")
-        and "params" not in new_task
-    ):  # nor would the old task's (under params, or flat in a config stored before tasks had them)
-        shared = TaskConfig.model_fields.keys() - {"params"}
-        base["task"] = {k: v for k, v in base_task.items() if k in shared}
-    base.pop("name", None)
     try:
-        return RunConfig.model_validate(deep_merge(base, overrides))
+        return RunConfig.model_validate(with_overrides(source.config, overrides))
     except ValidationError as exc:
-        raise RequestValidationError(
-            [
-                {**e, "loc": ("body", "overrides", *e["loc"])}
-                for e in exc.errors(include_url=False, include_context=False)
-            ]
+        raise InvalidInput(exc.errors(include_url=False, include_context=False)).under(
+            ("body", "overrides")
         ) from None

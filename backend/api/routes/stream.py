@@ -73,7 +73,7 @@ def _last_event_id(request: Request, since_step: int | None) -> StreamCursor | N
     return StreamCursor.parse(raw, since_step) if raw.strip() else None
 
 
-@router.get("/runs/{run_id}/stream")
+@router.get("/runs/{run_id}/stream", response_class=EventSourceResponse)
 async def run_stream(
     request: Request,
     start: RunStreamStart,
@@ -133,7 +133,7 @@ async def _run_events(
                     break  # wait for the next change
 
 
-@router.get("/stream/runs")
+@router.get("/stream/runs", response_class=EventSourceResponse)
 async def runs_stream(
     start: RunsStreamStart, hub: StreamHubDep, settings: SettingsDep
 ) -> EventSourceResponse:

@@ -5,80 +5,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Query, status
 from fastapi.responses import HTMLResponse, PlainTextResponse
-from sqlalchemy import func, select
 
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     CurrentUser,
     JobsDep,
+    OwnedStudyDep,
     SessionDep,
     SettingsDep,
-    refuse_unless_owner,
+    StudyDep,
 )
-from backend.models import Study
-from backend.schemas import INT32_MAX
+from backend.schemas import StudyList, StudyOut, StudyPlan
+from backend.storage import studies as stored
 from backend.studies import report, search, service
-from backend.studies.spec import StudyCreate, validate_arm
+from backend.studies.spec import StudyCreate
 from backend.submit_checks import Submitted, refuse_unfit
 from conspo.config import RunConfig
 
 router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRoute)
-
-StudyId = Annotated[int, Path(ge=1, le=INT32_MAX, description="Study id.")]
-
-
-def get_study(study_id: StudyId, session: SessionDep) -> Study:
-    study = session.get(Study, study_id)
-    if study is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"study {study_id} not found")
-    return study
-
-
-StudyDep = Annotated[Study, Depends(get_study)]
-
-
-def get_owned_study(study: StudyDep, user: CurrentUser) -> Study:
-    refuse_unless_owner(
-        user,
-        study.owner_id,
-        lambda: (
-            f"study {study.id} belongs to {study.owner.name if study.owner else 'nobody'};"
-            " only its owner or an admin may change it"
-        ),
-    )
-    return study
-
-
-OwnedStudyDep = Annotated[Study, Depends(get_owned_study)]
-
-
-def arm_configs(body: StudyCreate) -> list[tuple[str, RunConfig]]:
-    """Every arm's validated RunConfig (one per task when the study crosses tasks); all the
-    errors in one 422, nothing stored."""
-    arms, errors = [], []
-    for j, name in enumerate(body.tasks):
-        _, problems = validate_arm(body.config, {"task.name": name}, ("body", "tasks", j))
-        errors += [{**e, "loc": ("body", "tasks", j)} for e in problems[:1]]
-    if errors:
-        raise RequestValidationError(errors)
-    # task-major, then arms: released seed by seed in this order, a study cut short still has
-    # every arm of a (task, seed) to pair
-    tasks: list[str | None] = [*body.tasks] or [None]
-    for task in tasks:
-        for i, arm in enumerate(body.arms):
-            overrides = {**arm.overrides, "task.name": task} if task else arm.overrides
-            config, problems = validate_arm(
-                body.config, overrides, ("body", "arms", i, "overrides")
-            )
-            errors += [e for e in problems if e not in errors]
-            if config is not None:
-                arms.append((arm.name, config))
-    if errors:
-        raise RequestValidationError(errors)
-    return arms
 
 
 def check_study(
@@ -92,7 +38,7 @@ def check_study(
         largest = search.largest_trial(body, settings)
         refuse_unfit(session, settings, [*submitted, *([largest] if largest else [])])
         return []
-    arms = arm_configs(body)
+    arms = service.arm_configs(body, ("body",))
     n = len(body.arms)  # arm_configs: task-major, then arms
     submitted = [
         Submitted(("body", "arms", k % n, "overrides"), config, body.arms[k % n].overrides)
@@ -102,7 +48,7 @@ def check_study(
     return arms
 
 
-@router.post("/check")
+@router.post("/check", response_model=StudyPlan)
 def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
     as you type): 422 located at the field, or the runs it would plan."""
@@ -117,7 +63,7 @@ def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict
     }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut)
 def create(
     body: StudyCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
 ) -> dict[str, Any]:
@@ -125,41 +71,26 @@ def create(
     The rest are released as runs finish."""
     if body.search is not None:
         check_study(body, session, settings)
-        study = search.create_search_study(session, jobs, user, body, settings)
+        study = service.create_search_study(session, jobs, user, body)
     else:
         arms = check_study(body, session, settings)
         study = service.create_study(session, jobs, user, body, arms)
     return service.study_view(session, study, curves=False)
 
 
-@router.get("")
+@router.get("", response_model=StudyList)
 def list_studies(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> dict[str, Any]:
-    total = session.scalar(select(func.count()).select_from(Study)) or 0
-    rows = session.scalars(
-        select(Study).order_by(Study.id.desc()).limit(limit).offset(offset)
-    ).unique()
-    items = [
-        {
-            "id": s.id,
-            "name": s.name,
-            "status": s.status,
-            "owner": s.owner.name if s.owner else None,
-            "created_at": s.created_at.timestamp(),
-            "baseline": s.baseline,
-            "arms": [a["name"] for a in s.spec.get("arms", [])],
-            "seeds": s.spec.get("seeds", []),
-            "search": s.spec.get("search") is not None,
-        }
-        for s in rows
-    ]
+    studies, total = stored.list_studies(session, limit, offset)
+    progress = stored.planned_progress(session, [s.id for s in studies])
+    items = [service.study_summary(s, progress[s.id]) for s in studies]
     return {"items": items, "total": total}
 
 
-@router.get("/{study_id}")
+@router.get("/{study_id}", response_model=StudyOut)
 def read(
     study: StudyDep,
     session: SessionDep,
@@ -172,7 +103,7 @@ def read(
     return view
 
 
-@router.post("/{study_id}/cancel")
+@router.post("/{study_id}/cancel", response_model=StudyOut)
 def cancel(study: OwnedStudyDep, session: SessionDep) -> dict[str, Any]:
     """Pending runs are dropped, queued ones cancelled, running ones asked to stop."""
     return service.study_view(session, service.cancel_study(session, study), curves=False)

@@ -1,0 +1,140 @@
+// The run page's header and details: status, progress and ETA, lineage, the meta grid, the
+// config and summary tables.
+import { helpOf, keyApplies } from "/static/catalogue.js";
+import { kindLine } from "/static/lineage.js";
+import { recentStepSeconds, S } from "/static/run_state.js";
+import {
+  $,
+  FINISHED,
+  flatten,
+  fmtAgo,
+  fmtDuration,
+  fmtNum,
+  fmtTime,
+  fmtValue,
+  h,
+  progress,
+  progressBar,
+  resourcesText,
+  statusBadge,
+  waitingNote,
+} from "/static/util.js";
+
+function queueText(run) {
+  const parts = [];
+  if (run.queue_position) parts.push(`#${run.queue_position} in the queue`);
+  return parts.join(" · ");
+}
+
+function metaItem(k, v, title, id = null) {
+  return h(
+    "div",
+    {},
+    h("div.k", {}, k),
+    h("div.v", { id, title: title || (typeof v === "string" ? v : null) }, v ?? "–"),
+  );
+}
+
+/** The run's progress everywhere the page shows it (the header's bar and ETA, the details'
+ * step, ETA and last sign of life), from one computation at one moment: they never disagree.
+ * Called on every logged step and every few seconds. */
+export function renderProgress() {
+  const run = S.run;
+  if (!run) return;
+  const pace = recentStepSeconds();
+  const p = progress(run, pace);
+  const finished = FINISHED.has(run.status);
+  $("#run-progress").replaceChildren(progressBar(run, pace));
+  const set = (id, text, title) => {
+    const el = document.getElementById(id);
+    if (!el) return;
+    el.textContent = text;
+    if (title !== undefined) el.title = title;
+  };
+  set("meta-step", `${p.step} / ${p.total || "?"}`);
+  if (finished) {
+    const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
+    set("meta-eta", fmtDuration(duration));
+  } else set("meta-eta", p.eta !== null ? fmtDuration(p.eta) : "–", pace ? `${fmtNum(pace, 3)} s per step lately` : "");
+  // A logged step is a sign of life as good as a heartbeat, and arrives far more often.
+  const alive = Math.max(run.heartbeat_at || 0, finished ? 0 : S.lastWall || 0);
+  set("meta-heartbeat", alive ? fmtAgo(alive) : "–", fmtTime(alive || null));
+}
+
+export function renderRun() {
+  const run = S.run;
+  document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
+  $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
+  $("#run-status").replaceChildren(...[statusBadge(run), waitingNote(run)].filter(Boolean));
+  $("#run-lineage").replaceChildren(
+    ...kindLine(run, () => S.run && renderRun()),
+    run.cloned_from ? " · " : "",
+    run.cloned_from ? h("a", { href: `/runs/${run.cloned_from}` }, `cloned from #${run.cloned_from}`) : "",
+  );
+  const waiting = run.status === "queued" ? queueText(run) : "";
+  $("#run-queue").textContent = waiting;
+  const finished = FINISHED.has(run.status);
+  if (finished && !S.liveSettled) {
+    // A finished run has nothing more to stream: "live" is unticked, and says why.
+    S.liveSettled = true;
+    const live = $("#live-toggle");
+    live.checked = false;
+    live.disabled = true;
+    live.parentElement.title = `run ${run.status}: no live updates`;
+  }
+  const meta = [
+    metaItem("algorithm", run.algorithm),
+    metaItem("task", run.task),
+    metaItem("model", run.model),
+    metaItem("resources", resourcesText(run), `strategy ${run.config?.resources?.strategy || "ddp"}`),
+    metaItem("owner", run.owner),
+    metaItem("seed", String(run.seed ?? "–")),
+    metaItem(
+      "group",
+      run.group_id
+        ? h("a", { href: `/compare?${new URLSearchParams({ group_id: run.group_id })}` }, run.group_id)
+        : "–",
+      run.group_id,
+    ),
+    metaItem(
+      "tags",
+      (run.tags || []).length
+        ? h(
+            "span",
+            {},
+            run.tags.map((t) => h("span.tag", {}, t)),
+          )
+        : "–",
+    ),
+    metaItem("step", "", null, "meta-step"),
+    metaItem(finished ? "duration" : "ETA", "", null, "meta-eta"),
+    metaItem("created", fmtTime(run.created_at)),
+    metaItem("started", fmtTime(run.started_at)),
+    metaItem("finished", fmtTime(run.finished_at)),
+    metaItem("last sign of life", "", null, "meta-heartbeat"),
+    metaItem("worker host", run.worker_host || "–"),
+    metaItem("device", run.device || "–"),
+    metaItem("dtype", run.dtype || "–"),
+    run.ray_job_id ? metaItem("Ray job", run.ray_job_id) : null,
+    metaItem("kind", run.external ? "external (logged over HTTP)" : "queued job"),
+  ];
+  $("#run-meta").replaceChildren(...meta.filter(Boolean));
+  renderProgress();
+  const err = $("#run-error");
+  err.hidden = !run.error;
+  err.textContent = run.error ? `Error: ${run.error}` : "";
+  $("#cancel-btn").hidden = finished || run.cancel_requested;
+  $("#clone-btn").hidden = Boolean(run.external); // logged from elsewhere: nothing to rerun
+  $("#edit-btn").hidden = Boolean(run.external);
+  $("#config-table").replaceChildren(
+    ...Object.entries(flatten(run.config || {})).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, fmtValue(v)))),
+  );
+  const summary = Object.entries(run.summary || {})
+    .filter(([k]) => keyApplies(k, run))
+    .sort(([a], [b]) => a.localeCompare(b));
+  $("#summary-table").replaceChildren(
+    ...(summary.length
+      ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
+      : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]),
+  );
+}

@@ -1,0 +1,169 @@
+// The run page's views of the sampled rollouts: the score distribution over steps (a heatmap per
+// class), the interquartile bands behind the score lines, and the table of one step's rollouts
+// with their text.
+import { errorText, get, qs } from "/static/api.js";
+import { CHARTS, ROLE_COLORS } from "/static/catalogue.js";
+import { alpha, bandTraces, baseLayout, noteAnnotation, withNotes, X_TITLES } from "/static/charts.js";
+import { runId, S, xOfSteps } from "/static/run_state.js";
+import { quantile } from "/static/series.js";
+import { $, fmtNum, h, toast } from "/static/util.js";
+
+const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
+const POS = ROLE_COLORS.pos;
+const NEG = ROLE_COLORS.neg;
+
+function rolloutsByStep() {
+  const by = new Map();
+  for (const r of S.rollouts) {
+    if (r.score === null || r.score === undefined) continue;
+    if (!by.has(r.step)) by.set(r.step, { pos: [], neg: [] });
+    const e = by.get(r.step);
+    (r.reward > 0 ? e.pos : e.neg).push(r.score);
+  }
+  return by;
+}
+
+export function iqrBands() {
+  const by = rolloutsByStep();
+  if (!by.size) return [];
+  const steps = [...by.keys()].sort((a, b) => a - b);
+  const out = [];
+  for (const [side, color, name] of [
+    ["pos", POS, "s⁺ IQR"],
+    ["neg", NEG, "s⁻ IQR"],
+  ]) {
+    const st = steps.filter((s) => by.get(s)[side].length >= 2);
+    if (!st.length) continue;
+    const q = st.map((s) =>
+      by
+        .get(s)
+        [side].slice()
+        .sort((a, b) => a - b),
+    );
+    const lo = q.map((a) => quantile(a, 0.25));
+    const hi = q.map((a) => quantile(a, 0.75));
+    out.push(...bandTraces(xOfSteps(st), lo, hi, { color, name, opacity: 0.12, legend: true }));
+  }
+  return out;
+}
+
+// Score distribution over steps: one heatmap per class (correct above, wrong below) on the same
+// score bins and the same steps, each column the share of that class's rollouts in each bin (so
+// a step with few correct rollouts is as readable as one with many).
+const HEAT_BINS = 30;
+const HEAT_MAX_COLUMNS = 200;
+
+export function heatmapFigure() {
+  const by = rolloutsByStep();
+  if (!by.size) return null;
+  let steps = [...by.keys()].sort((a, b) => a - b);
+  const all = steps.flatMap((st) => [...by.get(st).pos, ...by.get(st).neg]);
+  let lo = Infinity,
+    hi = -Infinity;
+  for (const v of all) {
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  const size = (hi - lo) / HEAT_BINS || 0.01;
+  const centres = Array.from({ length: HEAT_BINS }, (_, i) => lo + (i + 0.5) * size);
+  // Too many steps for the width: merge consecutive ones (the column is labelled by its last).
+  const per = Math.ceil(steps.length / HEAT_MAX_COLUMNS);
+  const columns = [];
+  for (let i = 0; i < steps.length; i += per) columns.push(steps.slice(i, i + per));
+  const z = { pos: centres.map(() => []), neg: centres.map(() => []) };
+  const counts = { pos: [], neg: [] };
+  for (const col of columns) {
+    for (const side of ["pos", "neg"]) {
+      const hist = new Array(HEAT_BINS).fill(0);
+      let n = 0;
+      for (const st of col)
+        for (const v of by.get(st)[side]) {
+          hist[Math.min(HEAT_BINS - 1, Math.floor((v - lo) / size))] += 1;
+          n += 1;
+        }
+      counts[side].push(n);
+      hist.forEach((c, b) => {
+        z[side][b].push(n ? c / n : null);
+      });
+    }
+  }
+  steps = columns.map((c) => c[c.length - 1]);
+  const xs = xOfSteps(steps);
+  const trace = (side, color, name, yaxis, showscale) => ({
+    type: "heatmap",
+    x: xs.slice(),
+    y: centres,
+    z: z[side],
+    customdata: z[side].map(() => counts[side]),
+    name,
+    yaxis,
+    zmin: 0,
+    zmax: 1,
+    colorscale: [
+      [0, "rgba(255,255,255,0)"],
+      [0.02, alpha(color, 0.12)],
+      [1, color],
+    ],
+    showscale,
+    colorbar: showscale ? { title: { text: "share", side: "right" }, thickness: 10, len: 0.9 } : undefined,
+    hovertemplate: `${name}<br>step %{x}<br>score %{y:.3f}<br>share %{z:.2f} of %{customdata} rollouts<extra></extra>`,
+  });
+  const traces = [trace("pos", POS, "correct", "y", false), trace("neg", NEG, "wrong", "y2", true)];
+  const layout = baseLayout({ uirevision: `heat:${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: "" });
+  const yTitle = CHART_BY_ID.dist.y_title;
+  layout.yaxis = { ...layout.yaxis, domain: [0.54, 1], title: { text: `correct: ${yTitle}`, font: { size: 10.5 } } };
+  layout.yaxis2 = {
+    ...layout.yaxis,
+    domain: [0, 0.46],
+    anchor: "x",
+    title: { text: `wrong: ${yTitle}`, font: { size: 10.5 } },
+  };
+  layout.showlegend = false;
+  layout.hovermode = "closest";
+  layout.xaxis.nticks = 10;
+  if (S.xmode === "step") layout.xaxis.tickformat = "d";
+  const notes = [];
+  if (S.rolloutNote) notes.push(S.rolloutNote);
+  if (per > 1) notes.push(`${by.size} steps merged into ${columns.length} columns`);
+  withNotes(layout, notes.length ? [noteAnnotation(notes.join(" · "))] : []);
+  return { traces, layout };
+}
+
+// ---- rollout table: the sampled rollouts of one step, with their text ----------------------------
+export async function loadRolloutTable(step) {
+  const input = $("#rollout-step");
+  const latest = S.rolloutMaxStep || S.maxStep || 0;
+  if (!latest) {
+    $("#rollout-body").replaceChildren(h("tr", {}, h("td", { colspan: 7 }, "no rollouts yet")));
+    return;
+  }
+  input.max = latest;
+  const at = Math.min(latest, Math.max(0, step ?? S.rolloutStep ?? latest));
+  input.value = at;
+  try {
+    const data = await get(`/api/runs/${runId}/rollouts${qs({ step_min: at, step_max: at, text: true, limit: 512 })}`);
+    const rows = data.items.map((r) =>
+      h(
+        `tr.${r.reward > 0 ? "pos" : "neg"}`,
+        {},
+        h("td.num", {}, r.group),
+        h("td.num", {}, r.index),
+        h("td.text", {}, r.prompt || "–"),
+        h("td.text", {}, r.completion || (r.prompt ? "" : "–")),
+        h("td.num", {}, fmtNum(r.reward)),
+        h("td.num", {}, fmtNum(r.score)),
+        h("td", {}, r.reward > 0 ? "✓ correct" : "✗ wrong"),
+      ),
+    );
+    $("#rollout-body").replaceChildren(
+      ...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 7 }, `no sampled rollouts at step ${at}`))]),
+    );
+  } catch (err) {
+    toast(`Could not load rollouts: ${errorText(err)}`, "error");
+  }
+}
+
+$("#rollout-step").addEventListener("change", (ev) => {
+  S.rolloutStep = Number(ev.target.value);
+  loadRolloutTable(S.rolloutStep);
+});

@@ -1,0 +1,224 @@
+// The run page's data: the run, its metric series (server-downsampled, then appended from the
+// live stream) and its sampled rollouts, with the x axis every panel shares. The other run_*
+// modules render from `S`; only this one fetches metrics and rollouts.
+import { errorText, get, qs } from "/static/api.js";
+import { CHARTED_KEYS, CHARTS, ROLLOUTS_AXIS, SECTIONS, STEP_TIME } from "/static/catalogue.js";
+import { interp } from "/static/series.js";
+import { $ } from "/static/util.js";
+
+export const runId = Number($("#run-root").dataset.runId);
+
+export const S = {
+  run: null,
+  series: {}, // key → {steps, values, min, max, wall_time, sampled, total_points}
+  rollouts: [], // {step, reward, score, length, ...}
+  rolloutNote: "",
+  rolloutMaxStep: 0,
+  rolloutsLoaded: false, // the first (heavy) load is done: live updates may append
+  maxStep: 0,
+  lastWall: 0, // wall time of the newest logged point: a step logged is a sign of life
+  smooth: 0,
+  xmode: "step",
+  live: true,
+  es: null,
+  cards: new Map(), // chart id → {def, card, plot}
+  lastUpdate: null,
+  rev: 0, // bumped on every data change: layout.datarevision makes Plotly.react recompute
+  rolloutStep: null, // the step the rollout table shows (null: the latest)
+  liveSettled: false,
+};
+
+// ---- chart definitions: the catalogue's sections and charts, plus one chart per key it lacks ----
+
+// ---- chart definitions: the catalogue's sections and charts, plus one chart per key it lacks ----
+export const SECTIONS_SHOWN = [...SECTIONS, { id: "other", title: "Other metrics" }];
+
+/** The series lines a chart covers among the keys present. */
+export function chartKeys(def) {
+  return (def.metrics || [])
+    .filter((m) => S.series[m.key])
+    .map((m) => ({
+      key: m.key,
+      name: m.label,
+      color: m.colorValue,
+      dash: m.dash ? "dash" : undefined,
+      deterministic: m.deterministic,
+    }));
+}
+
+export function claimedKeys() {
+  const claimed = new Set([ROLLOUTS_AXIS]);
+  for (const def of CHARTS) for (const k of chartKeys(def)) claimed.add(k.key);
+  return claimed;
+}
+
+// ---- x axis ----------------------------------------------------------------------------------
+export function refSeries() {
+  let best = null;
+  for (const s of Object.values(S.series)) if (!best || s.steps.length > best.steps.length) best = s;
+  return best;
+}
+
+export function t0() {
+  if (S.run?.started_at) return S.run.started_at;
+  const r = refSeries();
+  return r?.wall_time.length ? r.wall_time[0] : 0;
+}
+
+/** x values for steps (array) under the current x mode. */
+export function xOfSteps(steps, wall) {
+  if (S.xmode === "wall_time") {
+    if (wall && wall.length === steps.length) return wall.map((w) => (w - t0()) / 60);
+    const r = refSeries();
+    if (!r) return steps;
+    return steps.map((st) => (interp(r.steps, r.wall_time, st) - t0()) / 60);
+  }
+  if (S.xmode === "rollouts") {
+    const r = S.series[ROLLOUTS_AXIS];
+    if (!r) return steps;
+    const pts = r.steps.map((st, i) => [st, r.values[i]]).filter((p) => p[1] !== null);
+    const xs = pts.map((p) => p[0]),
+      ys = pts.map((p) => p[1]);
+    return steps.map((st) => interp(xs, ys, st));
+  }
+  return steps;
+}
+
+// ---- data --------------------------------------------------------------------------------------
+export function mergePoints(key, pts) {
+  S.rev += 1;
+  let s = S.series[key];
+  if (!s) {
+    s = S.series[key] = { steps: [], values: [], min: [], max: [], wall_time: [], sampled: false, total_points: 0 };
+  }
+  const n = pts.steps.length;
+  for (let i = 0; i < n; i++) {
+    const st = pts.steps[i];
+    const v = pts.values[i];
+    const w = pts.wall_time ? pts.wall_time[i] : null;
+    const last = s.steps.length ? s.steps[s.steps.length - 1] : -Infinity;
+    if (st > last) {
+      s.steps.push(st);
+      s.values.push(v);
+      s.min.push(v);
+      s.max.push(v);
+      s.wall_time.push(w);
+      s.total_points += 1;
+    } else if (!s.sampled) {
+      // A re-emitted step (resume after a checkpoint) overwrites, never duplicates; a key
+      // written late to an older step (the stream's cursor is a write sequence) is inserted
+      // in step order.
+      const idx = s.steps.indexOf(st);
+      if (idx >= 0) {
+        s.values[idx] = v;
+        s.min[idx] = v;
+        s.max[idx] = v;
+        s.wall_time[idx] = w;
+      } else {
+        let at = s.steps.findIndex((x) => x > st);
+        if (at < 0) at = s.steps.length;
+        s.steps.splice(at, 0, st);
+        s.values.splice(at, 0, v);
+        s.min.splice(at, 0, v);
+        s.max.splice(at, 0, v);
+        s.wall_time.splice(at, 0, w);
+        s.total_points += 1;
+      }
+    }
+    if (st > S.maxStep) S.maxStep = st;
+    if (w > S.lastWall) S.lastWall = w;
+  }
+}
+
+/** Every logged key's series; the charted keys first, in the page's order, so `onFirst` (the
+ * first draw) runs once the top panels' data is in, not after the last key. */
+export async function loadMetrics(onFirst = () => {}) {
+  const { keys: logged } = await get(`/api/runs/${runId}/metrics/keys`);
+  if (!logged.length) return;
+  const rank = new Map(CHARTED_KEYS.map((k, i) => [k, i]));
+  const keys = logged.slice().sort((a, b) => (rank.get(a) ?? Infinity) - (rank.get(b) ?? Infinity));
+  const chunks = [];
+  for (let i = 0; i < keys.length; i += 40) chunks.push(keys.slice(i, i + 40));
+  for (const chunk of chunks) {
+    const data = await get(`/api/runs/${runId}/metrics${qs({ keys: chunk, max_points: 1000 })}`);
+    for (const [key, s] of Object.entries(data.series)) {
+      S.series[key] = {
+        steps: s.steps,
+        values: s.values,
+        min: s.min || s.values.slice(),
+        max: s.max || s.values.slice(),
+        wall_time: s.wall_time || [],
+        sampled: Boolean(s.sampled),
+        total_points: s.total_points || s.steps.length,
+      };
+      if (s.steps.length) S.maxStep = Math.max(S.maxStep, s.steps[s.steps.length - 1]);
+      const wall = s.wall_time?.[s.wall_time.length - 1];
+      if (wall > S.lastWall) S.lastWall = wall;
+    }
+    if (chunk === chunks[0]) onFirst();
+  }
+}
+
+const ROLLOUT_BUDGET = 20000;
+
+export async function loadRollouts(incremental = false) {
+  try {
+    if (incremental) {
+      const data = await get(`/api/runs/${runId}/rollouts${qs({ step_min: S.rolloutMaxStep + 1, limit: 5000 })}`);
+      addRollouts(data.items);
+      return;
+    }
+    const perStep = S.run?.config?.logging?.rollout_sample || 64;
+    const steps = S.maxStep || S.run?.step || 0;
+    if (steps * perStep <= ROLLOUT_BUDGET) {
+      const data = await get(`/api/runs/${runId}/rollouts${qs({ limit: ROLLOUT_BUDGET })}`);
+      S.rollouts = [];
+      addRollouts(data.items);
+      S.rolloutNote = "";
+    } else {
+      // Too many to draw: take ~40 evenly spaced steps and say so on the chart.
+      const n = Math.min(40, steps);
+      const picks = [...new Set(Array.from({ length: n }, (_, i) => Math.max(1, Math.round(((i + 1) * steps) / n))))];
+      const results = [];
+      for (let i = 0; i < picks.length; i += 8) {
+        const batch = picks
+          .slice(i, i + 8)
+          .map((st) => get(`/api/runs/${runId}/rollouts${qs({ step_min: st, step_max: st, limit: perStep * 4 })}`));
+        results.push(...(await Promise.all(batch)));
+      }
+      S.rollouts = [];
+      for (const r of results) addRollouts(r.items);
+      S.rolloutNote = `sampled: rollouts of ${picks.length} of ${steps.toLocaleString()} steps`;
+    }
+  } catch (err) {
+    console.warn("rollouts", errorText(err));
+  }
+}
+
+export function addRollouts(items) {
+  S.rev += 1;
+  for (const it of items || []) {
+    S.rollouts.push(it);
+    if (it.step > S.rolloutMaxStep) S.rolloutMaxStep = it.step;
+  }
+}
+
+// The steps the ETA's pace is measured over: enough to average an eval or checkpoint step in.
+const RECENT_STEPS = 30;
+
+/** Seconds per step at the run's recent pace: the wall time its last RECENT_STEPS logged steps
+ * took, evals and checkpoints included (the median step time left them out, so the ETA fell
+ * short and jumped at each eval); null before two steps are logged. */
+export function recentStepSeconds() {
+  const s = S.series[STEP_TIME] || refSeries();
+  if (!s) return null;
+  const at = [];
+  for (let i = 0; i < s.steps.length; i++) if (Number.isFinite(s.wall_time[i])) at.push(i);
+  if (at.length < 2) return null;
+  const last = at[at.length - 1];
+  const first = at.find((i) => s.steps[i] >= s.steps[last] - RECENT_STEPS) ?? at[0];
+  const steps = s.steps[last] - s.steps[first];
+  return steps > 0 ? (s.wall_time[last] - s.wall_time[first]) / steps : null;
+}
+
+/** "3rd in the queue · <why it waits>" for a queued run. */

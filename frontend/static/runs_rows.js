@@ -1,0 +1,222 @@
+// The runs list's rows: a run's row, and a group's header row (its arms, progress against the
+// planned work, a sparkline per arm and each arm's mean). Built from the page's `state` (runs.js),
+// passed in.
+import { qs } from "/static/api.js";
+import { fromText, pipelineLink } from "/static/lineage.js";
+import { armsOf, groupKey, groupName, meanSd, meanSeries, statusCounts } from "/static/runs_table.js";
+import {
+  color,
+  FINISHED,
+  fmtAgo,
+  fmtNum,
+  fmtTime,
+  fmtValue,
+  getPath,
+  h,
+  progressBar,
+  resourcesText,
+  sparkline,
+  sparklines,
+  statusBadge,
+  waitingNote,
+} from "/static/util.js";
+
+export function sparkFor(state, id) {
+  return sparkline(state.sparks.get(id)?.values || [], { range: state.range });
+}
+
+export function hyperCells(runs, cols) {
+  return cols.map((key) => {
+    const values = new Set(runs.map((r) => JSON.stringify(getPath(r.config, key) ?? null)));
+    const text = values.size === 1 ? fmtValue(getPath(runs[0].config, key)) : "varies";
+    return h("td.hp.mono", { "data-key": key }, text);
+  });
+}
+
+export function queuePlace(run) {
+  if (run.status !== "queued" || !run.queue_position) return null;
+  return h(
+    "div.muted.small.queue-place",
+    { title: "place in the queue (1 = next to start)" },
+    `#${run.queue_position} in queue`,
+  );
+}
+
+export function rowFor(state, run, cols, onPipelineSize) {
+  const sel = state.selected.has(run.id);
+  const key = groupKey(run);
+  const inGroup = key && state.groupOf.get(run.id) === key;
+  const last = run.summary ? run.summary[state.metric] : undefined;
+  const finished = FINISHED.has(run.status);
+  const actions = h(
+    "div.actions",
+    {},
+    finished || run.cancel_requested
+      ? null
+      : h("button.btn.btn-xs", { "data-act": "cancel", title: "Cancel this run" }, "Cancel"),
+    // External runs were trained elsewhere: there is no job to clone or rerun.
+    run.external ? null : h("button.btn.btn-xs", { "data-act": "clone", title: "Queue a copy of this run" }, "Clone"),
+    run.external
+      ? null
+      : h("a.btn.btn-xs", { href: `/runs/new?from=${run.id}`, title: "Open the form with this run's config" }, "Edit…"),
+    h("button.btn.btn-xs.btn-danger", { "data-act": "delete", title: "Delete run and its metrics" }, "Delete"),
+  );
+  return h(
+    `tr${sel ? ".selected" : ""}${inGroup ? ".in-group" : ""}`,
+    { "data-id": run.id, "data-group": inGroup ? key : null, hidden: inGroup && !state.open.has(key) },
+    h("td", {}, h("input", { type: "checkbox", class: "sel", checked: sel, "aria-label": `select run ${run.id}` })),
+    h(
+      "td.name",
+      {},
+      h("a", { href: `/runs/${run.id}` }, run.name || `run ${run.id}`),
+      " ",
+      h("span.muted.small", {}, `#${run.id}`),
+      run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
+      studyLink(run),
+      run.pipeline_id !== null && run.pipeline_id !== undefined ? " · " : null,
+      pipelineLink(run, () => onPipelineSize(run.pipeline_id)),
+      run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
+    ),
+    h("td", {}, statusBadge(run), queuePlace(run), waitingNote(run)),
+    h("td", {}, run.algorithm || run.kind || "–"),
+    h("td.opt", {}, run.task || "–"),
+    h("td.mono.opt", {}, run.model || "–"),
+    h(
+      "td.resources.opt",
+      { title: "config.resources: processes per node × nodes, as the machine holds them (GPUs, or CPU processes)" },
+      resourcesText(run),
+    ),
+    h("td.opt", {}, run.owner || "–"),
+    h(
+      "td.opt",
+      {},
+      (run.tags || []).map((t) => h("span.tag", {}, t)),
+    ),
+    hyperCells([run], cols),
+    h("td", {}, progressBar(run)),
+    h("td.spark-cell", {}, sparkFor(state, run.id)),
+    h("td.num", {}, fmtNum(last)),
+    h("td.muted.opt", { title: fmtTime(run.created_at) }, fmtAgo(run.created_at)),
+    h("td", {}, actions),
+  );
+}
+
+/** A group's header row: its name, n, status counts, shared config values, and the mean ± sd
+ * of the column's metric over its runs' last values; the toggle shows or hides its runs. */
+export function studyLink(run) {
+  const m = /^study-(\d+)$/.exec(run.group_id || "");
+  return m
+    ? h(
+        "a.small",
+        { href: `/studies/${m[1]}`, title: "Open the study: verdict and paired differences" },
+        ` · study ${m[1]}`,
+      )
+    : null;
+}
+
+/** "1,290/4,500 steps": a group's progress against its planned work. A study's plan is the
+ * server's (`state.studies`: its pending runs count too), else the listed runs' total. */
+function groupProgress(state, key, runs) {
+  const study = /^g:study-(\d+)$/.exec(key);
+  const planned = study ? state.studies.get(Number(study[1]))?.progress : null;
+  const steps = planned ? planned.steps : runs.reduce((a, r) => a + (r.step || 0), 0);
+  const total = planned ? planned.total_steps : runs.reduce((a, r) => a + (r.total_steps || r.config?.steps || 0), 0);
+  const frac = total ? Math.min(1, steps / total) : 0;
+  const runsText = planned ? `${planned.started} of ${planned.runs} runs started` : `${runs.length} runs`;
+  return h(
+    "div.progress.group-progress",
+    { title: `steps done / planned over all its runs (${runsText})`, "data-steps": steps, "data-total": total },
+    h("div.bar", {}, h("div.fill.st-running", { style: `width:${(frac * 100).toFixed(1)}%` })),
+    h("span.plabel", {}, `${steps.toLocaleString()}/${total ? total.toLocaleString() : "?"}`),
+  );
+}
+
+/** Per arm: its mean curve in the sparkline, its mean ± sd of the runs' last values. Arms are
+ * never averaged together (a GRPO and a ConSPO run's mean means nothing). */
+function armStats(state, runs) {
+  const arms = armsOf(runs);
+  const lines = arms.map((arm, i) => {
+    const mean = meanSeries(arm.runs.map((r) => state.sparks.get(r.id)));
+    return { xs: mean.steps, ys: mean.values, color: arms.length > 1 ? color(i) : undefined, name: arm.label };
+  });
+  const stats = arms.map((arm, i) => {
+    const stat = meanSd(arm.runs.map((r) => r.summary?.[state.metric]));
+    return h(
+      "div.arm-stat",
+      { "data-arm": arm.label },
+      arms.length > 1 ? h("span.swatch", { style: `background:${color(i)}` }) : null,
+      arms.length > 1 ? `${arm.label} ` : null,
+      stat.text,
+    );
+  });
+  return { lines, stats, arms };
+}
+
+/** A group's header row: its name, n, status counts, shared config values, progress against the
+ * planned work, and per arm a sparkline and the mean ± sd of the column's metric over its runs'
+ * last values; the toggle shows or hides its runs. */
+export function groupRowFor(state, key, ids, cols) {
+  const runs = ids.map((id) => state.runs.get(id));
+  const open = state.open.has(key);
+  const shared = (f) => {
+    const vals = new Set(runs.map(f));
+    return vals.size === 1 ? [...vals][0] || "–" : "mixed";
+  };
+  const { lines, stats, arms } = armStats(state, runs);
+  return h(
+    "tr.group-row",
+    { "data-group": key },
+    h("td", {}, h("input", { type: "checkbox", class: "group-sel", "aria-label": `select group ${key}` })),
+    h(
+      "td.name",
+      {},
+      h(
+        "button.group-toggle",
+        { type: "button", "aria-expanded": String(open), title: open ? "Hide its runs" : "Show its runs" },
+        open ? "▾" : "▸",
+      ),
+      " ",
+      h("strong", {}, groupName(key, runs)),
+      " ",
+      h("span.muted.small.group-n", {}, `${runs.length} runs${arms.length > 1 ? ` · ${arms.length} arms` : ""}`),
+      studyLink(runs[0]), // a study's group row links its verdict page, folded or not
+    ),
+    h("td.small.group-status", {}, statusCounts(runs)),
+    h(
+      "td",
+      {},
+      shared((r) => r.algorithm),
+    ),
+    h(
+      "td.opt",
+      {},
+      shared((r) => r.task),
+    ),
+    h(
+      "td.mono.opt",
+      {},
+      shared((r) => r.model),
+    ),
+    h("td.opt", {}, ""),
+    h(
+      "td.opt",
+      {},
+      shared((r) => r.owner),
+    ),
+    h("td.opt", {}, ""),
+    hyperCells(runs, cols),
+    h("td", {}, groupProgress(state, key, runs)),
+    h("td.spark-cell", {}, sparklines(lines, { range: state.range })),
+    h("td.num.group-stat", { title: `${state.metric}: per arm, mean ± sd of the runs' last values` }, stats),
+    h("td.muted.opt", {}, ""),
+    h(
+      "td",
+      {},
+      h(
+        "a.btn.btn-xs",
+        { href: `/compare${qs({ runs: [...ids].sort((a, b) => a - b) })}`, title: "Compare its runs: mean ± band" },
+        "Compare",
+      ),
+    ),
+  );
+}
