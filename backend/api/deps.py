@@ -20,7 +20,6 @@ import anyio
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
@@ -277,11 +276,9 @@ def _read_stream_start(
 ) -> tuple[int | None, str | None]:
     """(the run's write sequence, None if it does not exist; the token's user name)."""
     with db.session() as session:
-        write_seq = None
-        if run_id is not None:
-            write_seq = session.scalar(select(Run.write_seq).where(Run.id == run_id))
+        run = session.get(Run, run_id) if run_id is not None else None
         user = user_for_token(session, token) if token else None
-        return write_seq, user.name if user is not None else None
+        return run.write_seq if run is not None else None, user.name if user is not None else None
 
 
 async def _stream_start(

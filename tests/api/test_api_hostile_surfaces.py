@@ -72,9 +72,7 @@ CASES = [
         run(kind="sft", kind_params={"target": "{answer:>1000000000}"}),
         "config.kind_params.target",
     ),
-    # (an arm study validates its base with each arm's overrides: located at the arm)
-    *both(study(run(prompt={"template": "{question[x]}"})["config"]),
-          "arms.0.overrides.prompt.template"),
+    *both(study(run(prompt={"template": "{question[x]}"})["config"]), "config.prompt.template"),
     # a distillation teacher outside the model roots and the hub allowlist
     *[Case(RUNS, run(**distill(t)), "config.kind_params.teacher") for t in TEACHERS],
     Case(CLONE, {"overrides": distill("/etc")}, "overrides.kind_params.teacher"),
