@@ -226,8 +226,10 @@ function lineFigure(def, entry) {
   if (flat !== null && def.y_range !== "unit" && !stack) {
     // Plotly pads a flat line by ±1, which makes e.g. a constant 1e-3 read as 0.
     const pad = Math.abs(flat) * 0.5 || 1;
+    // From zero: a count or a size never goes below it (a flat 0 drew on −1 to 1).
     layout.yaxis.range =
-      def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat + pad)] : [flat - pad, flat + pad];
+      def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat) + pad] : [flat - pad, flat + pad];
+    if (def.y_range === "zero" && flat >= 0) layout.yaxis.range[0] = 0;
   }
   // A handful of integer ticks whatever the run's length (early on, Plotly would label every
   // fraction of a step).

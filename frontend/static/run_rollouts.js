@@ -111,13 +111,10 @@ export function heatmapFigure() {
   const traces = [trace("pos", POS, "correct", "y", false), trace("neg", NEG, "wrong", "y2", true)];
   const layout = baseLayout({ uirevision: `heat:${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: "" });
   const yTitle = CHART_BY_ID.dist.y_title;
-  layout.yaxis = { ...layout.yaxis, domain: [0.54, 1], title: { text: `correct: ${yTitle}`, font: { size: 10.5 } } };
-  layout.yaxis2 = {
-    ...layout.yaxis,
-    domain: [0, 0.46],
-    anchor: "x",
-    title: { text: `wrong: ${yTitle}`, font: { size: 10.5 } },
-  };
+  // Short titles, one per half (two long ones ran into each other); the unit is said once.
+  layout.yaxis = { ...layout.yaxis, domain: [0.54, 1], title: { text: "correct", font: { size: 10.5 } } };
+  layout.yaxis2 = { ...layout.yaxis, domain: [0, 0.46], anchor: "x", title: { text: "wrong", font: { size: 10.5 } } };
+  layout.xaxis.title = { ...layout.xaxis.title, text: `${X_TITLES[S.xmode]} · y: ${yTitle}` };
   layout.showlegend = false;
   layout.hovermode = "closest";
   layout.xaxis.nticks = 10;

@@ -319,3 +319,19 @@ def test_the_run_page_draws_its_charts_before_the_rollout_sample_arrives(
     for route in held:
         route.continue_()
     page.wait_for_selector("#plot-dist .main-svg")
+
+
+def test_choosing_dapo_in_the_run_form_gives_a_valid_config(page: Any, ui_server: Any) -> None:
+    """Item 10: DAPO's default overlong buffer no longer exceeds the form's response cap; the
+    algorithm's help does not list four of the registered objectives."""
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    help_text = page.inner_text('[data-field="config.algorithm"] .help')
+    assert "dapo or dr_grpo" not in help_text, help_text
+    page.select_option('[name="config.algorithm"]', "dapo")
+    page.wait_for_selector('[name="config.params.clip_high"]')
+    box = page.locator("#estimate")
+    wait_until(page, lambda: box.get_attribute("data-pending") is None, what="the settled estimate")
+    assert "fix the fields" not in box.inner_text(), box.inner_text()
+    assert '"algorithm": "dapo"' in page.inner_text("#preview")
+    assert page.locator(".field.has-error").count() == 0
