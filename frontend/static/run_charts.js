@@ -27,7 +27,16 @@ import {
   X_TITLES,
 } from "/static/charts.js";
 import { heatmapFigure, iqrBands } from "/static/run_rollouts.js";
-import { chartKeys, claimedKeys, refSeries, runId, S, SECTIONS_SHOWN, xOfSteps } from "/static/run_state.js";
+import {
+  alignSteps,
+  chartKeys,
+  claimedKeys,
+  refSeries,
+  runId,
+  S,
+  SECTIONS_SHOWN,
+  xOfSteps,
+} from "/static/run_state.js";
 import { $, fmtNum, h } from "/static/util.js";
 
 // ---- charts ------------------------------------------------------------------------------------
@@ -218,7 +227,12 @@ function lineFigure(def, entry) {
     layout.yaxis.range = [-0.03, 1.03];
     layout.yaxis.autorange = false;
   } else if (def.y_range === "zero") layout.yaxis.rangemode = "tozero";
-  if (def.y_format) {
+  if (def.y_format === "~e") {
+    // Plotly's own exponent labels: 3e−5, and 0 as 0 (d3's "~e" wrote "0e+0")
+    layout.yaxis.exponentformat = "e";
+    layout.yaxis.showexponent = "all";
+    layout.yaxis.hoverformat = ".3~e";
+  } else if (def.y_format) {
     layout.yaxis.tickformat = def.y_format;
     layout.yaxis.hoverformat = ".3~e";
   }
@@ -234,6 +248,7 @@ function lineFigure(def, entry) {
   // A handful of integer ticks whatever the run's length (early on, Plotly would label every
   // fraction of a step).
   layout.xaxis.nticks = 8;
+  alignSteps(layout.xaxis);
   if (S.xmode === "step") layout.xaxis.tickformat = "d";
   if (S.xmode === "step" && S.maxStep <= 8) layout.xaxis.dtick = 1;
   if (stack) layout.hovermode = "x unified";

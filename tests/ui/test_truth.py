@@ -133,6 +133,9 @@ def test_the_report_states_only_defined_statistics_in_enough_digits(
             ".map(t => t.name)"
         )
         assert "algorithm=grpo (n = 2)" in legend, legend
+        modes = page.evaluate("() => document.querySelector('.chart')._fullData.map(t => t.mode)")
+        assert not any("markers" in m for m in modes), modes  # no dots on the band's corners
+        assert "band = 95% t CI" in page.inner_text(".chart-caption")  # whole, not clipped
 
 
 def test_the_run_page_shows_one_eta_and_a_fresh_sign_of_life(page: Any, ui_server: Any) -> None:
