@@ -47,7 +47,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, delete, select, update
+from sqlalchemy import ColumnElement, Update, delete, select, update
 from sqlalchemy.orm import Session
 
 from backend.errors import DomainError
@@ -96,6 +96,20 @@ def owned_by(run_id: int, attempt: int) -> tuple[ColumnElement[bool], ...]:
 
 def _rows(result: Any) -> int:
     return int(result.rowcount)
+
+
+def _cancelled_if_asked(session: Session, runs: Update, now: datetime) -> bool:
+    """→ cancelled (committed) for the run ``runs`` matches when a cancel was asked of it: a
+    run handed back by its worker, or whose worker died, would otherwise never finish it."""
+    cancelled = session.execute(
+        runs.where(Run.cancel_requested.is_(True)).values(
+            status=RunStatus.cancelled, finished_at=now, updated_at=now
+        )
+    )
+    if not _rows(cancelled):
+        return False
+    session.commit()
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,14 +342,7 @@ def release(session: Session, run_id: int, attempt: int) -> RunStatus | None:
     """
     now = utcnow()
     owned = update(Run).where(*owned_by(run_id, attempt))
-    if _rows(
-        session.execute(
-            owned.where(Run.cancel_requested.is_(True)).values(
-                status=RunStatus.cancelled, finished_at=now, updated_at=now
-            )
-        )
-    ):
-        session.commit()
+    if _cancelled_if_asked(session, owned, now):
         return RunStatus.cancelled
     released = _rows(
         session.execute(
@@ -409,14 +416,7 @@ def _recover_stale(
         Run.status == RunStatus.running,
         Run.heartbeat_at < stale_before,
     )
-    if _rows(
-        session.execute(
-            still_stale.where(Run.cancel_requested.is_(True)).values(
-                status=RunStatus.cancelled, finished_at=now, updated_at=now
-            )
-        )
-    ):
-        session.commit()
+    if _cancelled_if_asked(session, still_stale, now):
         return RunStatus.cancelled
     deaths = stale.worker_deaths + 1
     beat = f"{stale.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if stale.heartbeat_at else "none"

@@ -322,7 +322,10 @@ def main() -> None:
     if args.quick:
         args.new_tokens, args.repeats = 64, 2
     shapes = [Shape(s, args) for s in args.shapes.split(",")]
+    from conspo.models.precision import bfloat16_note
+
     print(f"load before: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} CPUs)")
+    print(bfloat16_note())
     with tempfile.TemporaryDirectory() as tmp:
         forced = Path(tmp) / "forced-qwen2"
         build_forced_model(forced)

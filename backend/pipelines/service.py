@@ -21,6 +21,7 @@ from backend.queue import JobQueue
 from backend.run_rows import algorithm_of, commit_named, run_label
 from backend.scheduling import Cluster
 from backend.schemas import run_out
+from backend.storage import pipelines as stored
 from backend.storage.series import points_under
 from conspo.config import RunConfig
 
@@ -96,7 +97,7 @@ def cancel_pipeline(session: Session, pipeline: Pipeline) -> list[int]:
     first, under the row lock the release's conditional update takes, so either the release
     committed before (its new queued run is found below and cancelled) or it runs after and
     matches nothing."""
-    if pipeline_status(pipeline, stage_runs(session, pipeline)) in ENDED:
+    if pipeline_status(pipeline, stored.stage_runs(session, pipeline.id)) in ENDED:
         return []
     session.execute(update(Pipeline).where(Pipeline.id == pipeline.id).values(released=STOPPED))
     session.flush()
@@ -110,23 +111,13 @@ def cancel_pipeline(session: Session, pipeline: Pipeline) -> list[int]:
     return [run.id for run in active]
 
 
-def list_pipelines(session: Session, limit: int = 200) -> list[Pipeline]:
-    return list(session.scalars(select(Pipeline).order_by(Pipeline.id.desc()).limit(limit)))
-
-
-def stage_runs(session: Session, pipeline: Pipeline) -> dict[int | None, Run]:
-    """The pipeline's runs by stage."""
-    runs = session.scalars(select(Run).where(Run.pipeline_id == pipeline.id))
-    return {r.pipeline_stage: r for r in runs}
-
-
 def pipeline_view(
     session: Session, pipeline: Pipeline, cluster: Cluster | None = None
 ) -> dict[str, Any]:
     """The pipeline with one entry per stage: its run once it has one, else its config; what
     it trains (its kind's label); where it starts from (``from_run``, ``step``); its first and
     last held-out evaluation."""
-    runs = stage_runs(session, pipeline)
+    runs = stored.stage_runs(session, pipeline.id)
     overall = pipeline_status(pipeline, runs)
     stages = []
     for i, entry in enumerate(pipeline.stages):

@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from backend import lifecycle
@@ -36,6 +36,7 @@ from backend.models import (
 )
 from backend.queue import JobQueue
 from backend.run_rows import name_uniquely, new_run
+from backend.storage import studies as stored
 from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series
 from backend.studies import search, stats
@@ -61,7 +62,6 @@ from conspo.config import RunConfig
 from conspo.spreadsheet import csv_cell
 
 log = logging.getLogger(__name__)
-ACTIVE = (RunStatus.queued, RunStatus.running)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,23 +168,11 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
         return []
     study = session.get(Study, study_id, populate_existing=True)
     assert study is not None
-    busy = session.scalar(
-        select(func.count())
-        .select_from(StudyRun)
-        .join(Run, Run.id == StudyRun.run_id)
-        .where(StudyRun.study_id == study_id, Run.status.in_(ACTIVE))
-    )
-    free = max(0, study.concurrency - int(busy or 0))
+    busy = stored.active_runs(session, study_id)
+    free = max(0, study.concurrency - busy)
     if study.spec.get("search"):
         search.advance(session, jobs, study, free)
-    pending = list(
-        session.scalars(
-            select(StudyRun)
-            .where(StudyRun.study_id == study_id, StudyRun.state == StudyRunState.pending)
-            .order_by(StudyRun.position)
-            .limit(free)
-        )
-    )
+    pending = stored.pending_rows(session, study_id, free)
     runs = [_new_run(study, row) for row in pending]
     # Run names are unique (ux_runs_name): a user's run may already hold a study run's name.
     name_uniquely(session, runs)
@@ -192,7 +180,7 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
     session.flush()
     for row, run in zip(pending, runs, strict=True):
         row.run_id, row.state = run.id, StudyRunState.released
-    if not busy and not runs and not _any_pending(session, study_id):
+    if not busy and not runs and not stored.pending_rows(session, study_id, 1):
         study.status = StudyStatus.done
     session.commit()
     for run in runs:
@@ -201,17 +189,6 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
         except lifecycle.QueueUnavailable:
             log.warning("study %s: run %s not sent; the reaper will send it", study_id, run.id)
     return [run.id for run in runs]
-
-
-def _any_pending(session: Session, study_id: int) -> bool:
-    return (
-        session.scalar(
-            select(StudyRun.id).where(
-                StudyRun.study_id == study_id, StudyRun.state == StudyRunState.pending
-            )
-        )
-        is not None
-    )
 
 
 def _new_run(study: Study, row: StudyRun) -> Run:
@@ -225,13 +202,13 @@ def _new_run(study: Study, row: StudyRun) -> Run:
 def release_all(session: Session, jobs: JobQueue) -> list[int]:
     """``release`` every active study (the reapers' pass: catches runs that failed, were
     cancelled or died without their worker releasing anything)."""
-    ids = list(session.scalars(select(Study.id).where(Study.status == StudyStatus.active)))
+    ids = stored.active_study_ids(session)
     return [run_id for study_id in ids for run_id in release(session, jobs, study_id)]
 
 
 def release_for_run(session: Session, jobs: JobQueue, run_id: int) -> list[int]:
     """``release`` the study ``run_id`` belongs to, if any (called when that run finished)."""
-    study_id = session.scalar(select(StudyRun.study_id).where(StudyRun.run_id == run_id))
+    study_id = stored.study_of_run(session, run_id)
     return release(session, jobs, study_id) if study_id is not None else []
 
 
@@ -248,18 +225,11 @@ def cancel_study(session: Session, study: Study) -> Study:
         .values(status=StudyStatus.cancelled, updated_at=utcnow())
     )
     session.commit()
-    for run in _runs(session, study.id):
+    for run in stored.study_runs(session, study.id):
         if run.status not in FINISHED:
             lifecycle.request_cancel(session, run)
     session.refresh(study)
     return study
-
-
-def list_studies(session: Session, limit: int, offset: int) -> tuple[list[Study], int]:
-    """(one page of the studies, newest first; how many there are)."""
-    total = session.scalar(select(func.count()).select_from(Study)) or 0
-    rows = session.scalars(select(Study).order_by(Study.id.desc()).limit(limit).offset(offset))
-    return list(rows.unique()), total
 
 
 def study_summary(study: Study, progress: dict[str, int] | None = None) -> dict[str, Any]:
@@ -278,41 +248,6 @@ def study_summary(study: Study, progress: dict[str, int] | None = None) -> dict[
     }
 
 
-def planned_progress(session: Session, study_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """Per study, its progress against the planned work: ``runs`` planned (cancelled rows are
-    no longer planned), ``started`` (released into runs), ``steps`` done and ``total_steps``
-    planned (a pending row counts its config's steps). A runs list that sees only the released
-    runs would otherwise show a study as further along than it is."""
-    out = {i: {"runs": 0, "started": 0, "steps": 0, "total_steps": 0} for i in study_ids}
-    if not study_ids:
-        return out
-    rows = session.execute(
-        select(StudyRun.study_id, StudyRun.state, StudyRun.config, Run.step, Run.total_steps)
-        .outerjoin(Run, Run.id == StudyRun.run_id)
-        .where(StudyRun.study_id.in_(list(study_ids)))
-    )
-    for study_id, state, config, step, total in rows:
-        if state == StudyRunState.cancelled:
-            continue
-        p = out[study_id]
-        p["runs"] += 1
-        p["started"] += total is not None
-        p["steps"] += int(step or 0)
-        p["total_steps"] += int(total if total is not None else (config or {}).get("steps") or 0)
-    return out
-
-
-def _runs(session: Session, study_id: int) -> list[Run]:
-    return list(
-        session.scalars(
-            select(Run)
-            .join(StudyRun, StudyRun.run_id == Run.id)
-            .where(StudyRun.study_id == study_id)
-            .order_by(StudyRun.position)
-        ).unique()
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # Reading: objective per run, statistics, verdict, curves
 # --------------------------------------------------------------------------------------------
@@ -322,13 +257,9 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
     """Everything the study page shows, as JSON."""
     spec = StudyCreate.model_validate(study.spec)
     objective = spec.objective
-    rows = list(
-        session.scalars(
-            select(StudyRun).where(StudyRun.study_id == study.id).order_by(StudyRun.position)
-        )
-    )
+    rows = stored.study_rows(session, study.id)
     arm_names = list(dict.fromkeys(split_row_arm(r.arm)[0] for r in rows))
-    runs = {r.id: r for r in _runs(session, study.id)}
+    runs = {r.id: r for r in stored.study_runs(session, study.id)}
     keys = [objective.metric, *SEPARATION_KEYS]
     values = ArmObjectives.of(arm_names)
     run_rows = _run_rows(study, rows, runs, whole_series(session, runs, keys), objective, values)

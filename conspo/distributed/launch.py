@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -66,27 +66,14 @@ def launch_local(
     (its exit code and traceback) becomes this call's ``RankFailed``.
     """
     from conspo.jobs import train_job
-    from conspo.models.loading import pick_device
     from conspo.training.trainer import train
 
+    where: dict[str, Any] = {"workdir": workdir, "model_store": model_store, "files": files}
     if nprocs == 1:  # one process trains any job kind; more train rl only (RunConfig refuses)
-        return train_job(
-            config,
-            sink,
-            should_stop,
-            workdir=workdir,
-            model_store=model_store,
-            files=files,
-            memory_limit=memory_limit,
-        )
+        return train_job(config, sink, should_stop, memory_limit=memory_limit, **where)
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("launch_local: this process is already in a process group")
-    cuda = pick_device(config.model)[0].type == "cuda"
-    if cuda and torch.cuda.device_count() < nprocs:
-        raise RuntimeError(
-            f"resources.gpus is {nprocs} but this machine has {torch.cuda.device_count()} CUDA"
-            " devices"
-        )
+    cuda = _on_cuda(config, nprocs)
     backend = "nccl" if cuda else "gloo"
     store = dist.TCPStore(
         "127.0.0.1",
@@ -98,10 +85,9 @@ def launch_local(
     )
     scratch = Path(tempfile.mkdtemp(prefix="conspo-ranks-"))
     spec = {
+        **where,
         "config": config,
         "workdir": str(workdir),
-        "model_store": model_store,
-        "files": files,
         "memory_limit": memory_limit,
         "port": store.port,
         "world": nprocs,
@@ -115,23 +101,10 @@ def launch_local(
         _await_children(store, children, scratch)
         if cuda:
             torch.cuda.set_device(0)
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=0,
-            world_size=nprocs,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, store=store, rank=0, world_size=nprocs, timeout=timeout)
         try:
-            result = train(
-                config,
-                sink,
-                should_stop,
-                workdir=workdir,
-                model_store=model_store,
-                files=files,
-                memory_limit=memory_limit,
-            )
+            result = train(config, sink, should_stop, memory_limit=memory_limit, **where)
         finally:
             dist.destroy_process_group()
         _wait_children(children, scratch, timeout=JOIN_TIMEOUT_S)
@@ -142,13 +115,31 @@ def launch_local(
             raise RankFailed(failure) from exc
         raise
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-        for path in scratch.iterdir():
-            path.unlink()
-        scratch.rmdir()
+        _reap(children, scratch)
+
+
+def _on_cuda(config: RunConfig, nprocs: int) -> bool:
+    """Whether the ranks train on CUDA (one device each: refused when there are too few)."""
+    from conspo.models.loading import pick_device
+
+    cuda = pick_device(config.model)[0].type == "cuda"
+    if cuda and torch.cuda.device_count() < nprocs:
+        raise RuntimeError(
+            f"resources.gpus is {nprocs} but this machine has {torch.cuda.device_count()} CUDA"
+            " devices"
+        )
+    return cuda
+
+
+def _reap(children: list[subprocess.Popen[bytes]], scratch: Path) -> None:
+    """Kill the children still running and remove the scratch directory."""
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    for path in scratch.iterdir():
+        path.unlink()
+    scratch.rmdir()
 
 
 def _spawn(rank_: int, scratch: Path) -> subprocess.Popen[bytes]:

@@ -74,3 +74,26 @@ def test_running_out_of_device_memory_says_what_to_change(model_store, arith_bas
                   "model.lora.rank (now 0", "sampling.prompts_per_step"):  # fmt: skip
         assert field in message
     assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_cpu_bfloat16_reads_the_cpu_flags(monkeypatch, tmp_path):
+    """Native bfloat16 is named by its flag; a CPU with neither flag is said to emulate it."""
+    from pathlib import Path
+
+    from conspo.models import precision
+
+    cpuinfo = tmp_path / "cpuinfo"
+    real_read = Path.read_text
+
+    def read(self, *args, **kwargs):
+        if str(self) == "/proc/cpuinfo":
+            return real_read(cpuinfo)
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
+    assert precision.cpu_bfloat16() == "avx512_bf16"
+    assert "native" in precision.bfloat16_note()
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert precision.cpu_bfloat16() == ""
+    assert "emulated" in precision.bfloat16_note() and "float32" in precision.bfloat16_note()

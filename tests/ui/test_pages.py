@@ -192,7 +192,9 @@ def test_run_page_shows_separation_dashboards(
         "plot-lr",
         "plot-clipfrac",  # the trainer's grpo/clip_frac: charts come from the catalogue
     ):
-        assert page.evaluate(f"!!document.getElementById('{plot}').data"), f"{plot} not drawn"
+        # the rollout heatmap draws once the sample has loaded, after the line charts
+        drawn = f"!!document.getElementById('{plot}').data"
+        wait_until(page, lambda drawn=drawn: page.evaluate(drawn), what=f"{plot} drawn")
         y_title = page.evaluate(f"document.getElementById('{plot}').layout.yaxis.title.text")
         assert y_title, f"{plot} has no y-axis title"
     # the margin chart draws the logged m_t, a deterministic series that is never smoothed

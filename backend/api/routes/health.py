@@ -72,7 +72,10 @@ def _work(db: Database, jobs: JobQueue | None, settings: Settings) -> Work:
     """``jobs`` None: the broker is down, so stranded runs cannot be told apart."""
     now = utcnow()
     with db.session() as session:
-        _statement_timeout(session, settings.health_timeout_s)
+        # Longer than the answer's own deadline: health answers "locked or overloaded" at that
+        # deadline, and this only ends the abandoned query soon after (were it shorter, a
+        # cancelled query could be read as the database down).
+        _statement_timeout(session, 2 * settings.health_timeout_s + 1)
         work = Work(
             workers=liveness.alive(session, now - timedelta(seconds=settings.worker_alive_s)),
             queued=count_queued(session),

@@ -21,6 +21,7 @@ from backend.api.deps import (
 )
 from backend.pipelines import service
 from backend.schemas import PipelineCreate, PipelineList, PipelineOut
+from backend.storage import pipelines as stored
 from backend.submit_checks import Submitted, refuse_unfit
 
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], route_class=JSONBodyRoute)
@@ -47,7 +48,7 @@ def create(
 
 @router.get("", response_model=PipelineList)
 def list_pipelines(session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
-    pipelines = service.list_pipelines(session)
+    pipelines = stored.list_pipelines(session)
     return {"pipelines": [service.pipeline_view(session, p, cluster) for p in pipelines]}
 
 

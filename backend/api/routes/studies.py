@@ -18,6 +18,7 @@ from backend.api.deps import (
     StudyDep,
 )
 from backend.schemas import StudyList, StudyOut, StudyPlan
+from backend.storage import studies as stored
 from backend.studies import report, search, service
 from backend.studies.spec import StudyCreate
 from backend.submit_checks import Submitted, refuse_unfit
@@ -83,8 +84,8 @@ def list_studies(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> dict[str, Any]:
-    studies, total = service.list_studies(session, limit, offset)
-    progress = service.planned_progress(session, [s.id for s in studies])
+    studies, total = stored.list_studies(session, limit, offset)
+    progress = stored.planned_progress(session, [s.id for s in studies])
     items = [service.study_summary(s, progress[s.id]) for s in studies]
     return {"items": items, "total": total}
 
