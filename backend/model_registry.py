@@ -18,12 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
-from backend.models import Run, RunStatus
+from backend.models import Run
 from backend.run_rows import run_label
+from backend.storage.runs import finished_worker_runs
 from conspo.models.lineage import Which, checkpoint_for, describe, is_adapter
 
 TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.training.checkpoint.TRAINING_FILES
@@ -81,11 +81,7 @@ def _step_of(path: Path) -> int | None:
 
 
 def list_models(session: Session, settings: Settings) -> list[dict[str, Any]]:
-    runs = session.scalars(
-        select(Run)
-        .where(Run.status == RunStatus.succeeded, Run.external.is_(False))
-        .order_by(Run.id.desc())
-    )
+    runs = finished_worker_runs(session)
     return [e for run in runs if (e := model_entry(session, settings, run)) is not None]
 
 

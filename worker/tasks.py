@@ -35,7 +35,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
-from sqlalchemy import select
 
 from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
@@ -44,6 +43,7 @@ from backend.models import Run, RunStatus, utcnow
 from backend.pipelines import service as pipelines
 from backend.queue import TASK_NAME, JobQueue
 from backend.scheduling import resources_of
+from backend.storage.runs import config_of
 from backend.studies import service as studies
 from worker import watchdog
 from worker.celery_app import celery_app, database
@@ -79,7 +79,7 @@ def rerouted(db: Database, jobs: JobQueue, settings: Settings, run_id: int) -> b
     from worker.capabilities import capacity
 
     with db.session() as session:
-        config = session.scalar(select(Run.config).where(Run.id == run_id))
+        config = config_of(session, run_id)
     resources = resources_of(config)
     if config is None or capacity(settings).holds(resources):
         return False

@@ -35,16 +35,16 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 from pydantic_core import to_json
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sse_starlette import ServerSentEvent
 
 from backend.config import Settings
 from backend.db import Database
-from backend.models import FINISHED, Run, RunStatus, utcnow
+from backend.models import FINISHED, RunStatus, utcnow
 from backend.scheduling import Cluster
 from backend.schemas import run_out
+from backend.storage import runs as stored_runs
 from backend.storage.stream import StreamChunk, StreamCursor, query_new_points
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,6 @@ UNREAD: tuple[Any, ...] = ()  # the row key of a run not read yet (no real key i
 CHUNKS_REMEMBERED = 64  # point reads kept per snapshot for streams that arrive at the same cursor
 RUNS_LOG_POLLS = 256  # polls of changed runs kept for /stream/runs streams that fall behind
 MIN_POLL_GAP_S = 0.02  # early polls (a stream of a run not yet watched) come at most this often
-IDS_PER_QUERY = 500
 
 
 class StreamLimitReached(Exception):
@@ -427,20 +426,11 @@ def _read_runs(
     the list's columns of the runs updated since ``since`` (none when it is None; ``seen``: as
     last read, None for none); then, in full, only the runs whose columns moved."""
     with db.session() as session:
-        keys: dict[int, tuple[Any, ...]] = {}
-        ids = list(known)
-        columns = [getattr(Run, name) for name in ROW_KEY]
-        for start in range(0, len(ids), IDS_PER_QUERY):
-            batch = ids[start : start + IDS_PER_QUERY]
-            for row in session.execute(select(Run.id, *columns).where(Run.id.in_(batch))):
-                keys[row[0]] = tuple(row[1:])
-        moved = [run_id for run_id in ids if keys.get(run_id) != known[run_id]]
+        keys = stored_runs.columns_of(session, known, ROW_KEY)
+        moved = [run_id for run_id in known if keys.get(run_id) != known[run_id]]
         signatures: dict[int, tuple[Any, ...]] = {}
         if since is not None:
-            list_columns = [getattr(Run, name) for name in RUNS_LIST_FIELDS]
-            query = select(Run.id, *list_columns).where(Run.updated_at >= since)
-            query = query.order_by(Run.updated_at)
-            signatures = {row[0]: tuple(row[1:]) for row in session.execute(query)}
+            signatures = stored_runs.columns_updated_since(session, since, RUNS_LIST_FIELDS)
         relisted = [] if seen is None else [i for i, s in signatures.items() if seen.get(i) != s]
         runs = _full_runs(session, settings, {*(i for i in moved if i in keys), *relisted})
     watched: dict[int, tuple[tuple[Any, ...] | None, dict[str, Any] | None]] = {}
@@ -470,11 +460,7 @@ def _full_runs(session: Session, settings: Settings, ids: set[int]) -> dict[int,
     out: dict[int, FullRun] = {}
     if not ids:
         return out
-    ordered = sorted(ids)
-    rows: list[Run] = []
-    for start in range(0, len(ordered), IDS_PER_QUERY):
-        batch = ordered[start : start + IDS_PER_QUERY]
-        rows += session.scalars(select(Run).where(Run.id.in_(batch))).unique()
+    rows = list(stored_runs.runs_by_id(session, ids).values())
     # Queued runs say why they wait: the live workers are read only when one is shown.
     waiting = any(run.status == RunStatus.queued and not run.external for run in rows)
     cluster = Cluster.load(session, settings) if waiting else None

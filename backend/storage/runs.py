@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -76,9 +76,43 @@ def queue_positions(session: Session) -> dict[int, int]:
     return {rid: i for i, rid in enumerate(ids, 1)}
 
 
-def runs_by_id(session: Session, ids: Sequence[int]) -> dict[int, Run]:
+IDS_PER_QUERY = 500  # ids in one IN (...) list: a long one is read in several queries
+
+
+def runs_by_id(session: Session, ids: Iterable[int]) -> dict[int, Run]:
     """The stored runs among ``ids``, by id (a deleted one is absent)."""
-    return {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids))).unique()}
+    out: dict[int, Run] = {}
+    for batch in _batches(ids):
+        out |= {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(batch))).unique()}
+    return out
+
+
+def columns_of(
+    session: Session, ids: Iterable[int], names: Sequence[str]
+) -> dict[int, tuple[Any, ...]]:
+    """Run id → the values of its columns ``names``, for the stored runs among ``ids``."""
+    columns = [getattr(Run, name) for name in names]
+    out: dict[int, tuple[Any, ...]] = {}
+    for batch in _batches(ids):
+        for row in session.execute(select(Run.id, *columns).where(Run.id.in_(batch))):
+            out[row[0]] = tuple(row[1:])
+    return out
+
+
+def columns_updated_since(
+    session: Session, since: datetime, names: Sequence[str]
+) -> dict[int, tuple[Any, ...]]:
+    """Run id → the values of its columns ``names``, for the runs updated since ``since``, in
+    the order they were updated."""
+    columns = [getattr(Run, name) for name in names]
+    query = select(Run.id, *columns).where(Run.updated_at >= since).order_by(Run.updated_at)
+    return {row[0]: tuple(row[1:]) for row in session.execute(query)}
+
+
+def _batches(ids: Iterable[int]) -> Iterator[list[int]]:
+    ordered = sorted(set(ids))
+    for start in range(0, len(ordered), IDS_PER_QUERY):
+        yield ordered[start : start + IDS_PER_QUERY]
 
 
 def count_queued(session: Session) -> int:
@@ -94,3 +128,18 @@ def stale_running(session: Session, beat_before: datetime) -> list[int]:
     """Ids of running runs whose last heartbeat is older than ``beat_before``."""
     stmt = select(Run.id).where(Run.status == RunStatus.running, Run.heartbeat_at < beat_before)
     return list(session.scalars(stmt))
+
+
+def finished_worker_runs(session: Session) -> list[Run]:
+    """The worker runs that succeeded, newest first (the model registry's candidates)."""
+    stmt = (
+        select(Run)
+        .where(Run.status == RunStatus.succeeded, Run.external.is_(False))
+        .order_by(Run.id.desc())
+    )
+    return list(session.scalars(stmt).unique())
+
+
+def config_of(session: Session, run_id: int) -> dict[str, Any] | None:
+    """The stored config of ``run_id`` (None: no such run)."""
+    return session.scalar(select(Run.config).where(Run.id == run_id))
