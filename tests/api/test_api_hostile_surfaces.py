@@ -72,7 +72,9 @@ CASES = [
         run(kind="sft", kind_params={"target": "{answer:>1000000000}"}),
         "config.kind_params.target",
     ),
-    *both(study(run(prompt={"template": "{question[x]}"})["config"]), "config.prompt.template"),
+    # (a base config's own error is said once, on the base config, not under each arm)
+    *both(study(run(prompt={"template": "{question[x]}"})["config"]),
+          "config.prompt.template"),
     # a distillation teacher outside the model roots and the hub allowlist
     *[Case(RUNS, run(**distill(t)), "config.kind_params.teacher") for t in TEACHERS],
     Case(CLONE, {"overrides": distill("/etc")}, "overrides.kind_params.teacher"),
