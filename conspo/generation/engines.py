@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,7 +41,7 @@ class Engine(Protocol):
         prompt_mask: torch.Tensor,
         *,
         max_new_tokens: int,
-        eos_id: int,
+        eos_id: int | Sequence[int],
         pad_id: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -87,7 +87,7 @@ class HfEngine:
         prompt_mask: torch.Tensor,
         *,
         max_new_tokens: int,
-        eos_id: int,
+        eos_id: int | Sequence[int],
         pad_id: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -168,7 +168,7 @@ class VllmEngine:
         prompt_mask: torch.Tensor,
         *,
         max_new_tokens: int,
-        eos_id: int,
+        eos_id: int | Sequence[int],
         pad_id: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -193,7 +193,7 @@ class VllmEngine:
                 temperature=temperature,
                 top_p=top_p,
                 max_tokens=max_new_tokens,
-                stop_token_ids=[eos_id],
+                stop_token_ids=[eos_id] if isinstance(eos_id, int) else list(eos_id),
                 ignore_eos=False,
                 seed=_draw_seed(generator),
             )

@@ -25,6 +25,7 @@ Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens respons
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,20 @@ class RolloutBatch:
             self.lengths[rows],
             self.truncated[rows],
         )
+
+
+def end_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """Every token that ends an answer: the tokenizer's EOS and each ``eos_token_id`` of the
+    model's generation config (an id or a list: Qwen2.5-Instruct declares <|im_end|> and
+    <|endoftext|>, Llama 3 three ids; SmolLM2 ends a turn with <|im_end|>, its EOS). The first
+    is the tokenizer's, the one an SFT target ends with."""
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [tokenizer.eos_token_id, *(declared if isinstance(declared, list) else [declared])]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def _stop_tensor(eos_id: int | Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=device)
 
 
 def encode_prompts(
@@ -116,7 +131,7 @@ def sample(
     prompt_mask: torch.Tensor,
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -127,6 +142,10 @@ def sample(
     decode_loop: bool = True,
 ) -> RolloutBatch:
     """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens.
+
+    ``eos_id``: the token, or every token (``end_token_ids``), that ends a response. Rows that
+    have ended draw ``pad_id``, which may equal an EOS (SmolLM2's pad is its <|im_end|>): the
+    result's mask comes from where the first EOS was drawn, never from the pad id.
 
     With ``group_size`` G > 1, rows come in runs of G copies of one prompt: the prompt is
     prefilled once and its KV cache repeated G times (the decode steps are per row anyway).
@@ -140,6 +159,7 @@ def sample(
     """
     n, p = prompt_ids.shape
     device = prompt_ids.device
+    stops = _stop_tensor(eos_id, device)
     # The full attention mask, sliced as the sequence grows; response positions are all real
     # (finished rows keep decoding pad tokens that are masked out of the result below).
     attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
@@ -163,7 +183,7 @@ def sample(
         tok = _next_token(logits, temperature, top_p, generator)
         tok = torch.where(done, pad_id, tok)
         tokens.append(tok)
-        done = done | (tok == eos_id)
+        done = done | torch.isin(tok, stops)
         if t == max_new_tokens - 1:
             break
         if (t + 1) % stop_check_every == 0 and bool(done.all()):  # the host sync
@@ -183,11 +203,12 @@ def finish_responses(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     response: torch.Tensor,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
 ) -> RolloutBatch:
-    """Mask everything after the first EOS; rows without EOS are truncated."""
-    is_eos = response == eos_id  # (N, T')
+    """Mask everything after the first EOS (any of ``eos_id``); rows without one are truncated.
+    The mask keeps the EOS itself, also where the pad id is an EOS id."""
+    is_eos = torch.isin(response, _stop_tensor(eos_id, response.device))  # (N, T')
     # A position is kept when no EOS came strictly before it.
     eos_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
     mask = (~eos_before).float()
@@ -236,7 +257,7 @@ def generate_and_verify(
         ids,
         mask,
         max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
+        eos_id=end_token_ids(tokenizer, model),
         pad_id=tokenizer.pad_token_id,
         temperature=temperature,
         top_p=top_p,

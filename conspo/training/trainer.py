@@ -43,7 +43,7 @@ from conspo.access import DataFiles
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
 from conspo.generation.forward import logprob_mode, token_logprobs
-from conspo.generation.rollout import RolloutBatch, decode_responses, encode_prompts
+from conspo.generation.rollout import RolloutBatch, decode_responses, encode_prompts, end_token_ids
 from conspo.models.store import ModelStore
 from conspo.objectives.base import (
     ObjectiveOutput,
@@ -280,7 +280,7 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
         ids,
         mask,
         max_new_tokens=cfg.sampling.max_new_tokens,
-        eos_id=state.tokenizer.eos_token_id,
+        eos_id=end_token_ids(state.tokenizer, state.model),
         pad_id=state.tokenizer.pad_token_id,
         temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p,
@@ -445,7 +445,8 @@ def update(
         tau=view.tau,
         clipped_scores=clipped,
     )
-    return {**combined(per_update), **sep}, scores, taken
+    truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
+    return {**combined(per_update), **sep, **truncated}, scores, taken
 
 
 def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:

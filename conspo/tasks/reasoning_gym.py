@@ -1,0 +1,322 @@
+"""reasoning-gym: about a hundred families of procedurally generated, verifiable problems.
+
+    task: {name: reasoning_gym, params: {dataset: chain_sum, config: {min_terms: 2, max_terms: 3}}}
+    task: {name: reasoning_gym, params: {mixture: [{name: chain_sum, weight: 2},
+                                                   {name: leg_counting, config: {max_animals: 3}}]}}
+
+Each generator of the ``reasoning-gym`` package (``basic_arithmetic``, ``chain_sum``,
+``gsm_symbolic``, ``leg_counting``, ``countdown``, …) draws problems from a seed and a config
+dataclass of its own, and scores an answer with its own ``score_answer``. Several generators mix
+with weights through reasoning-gym's ``CompositeDataset``, which is what builds every split here,
+one generator or many.
+
+Splits. Training problems come from the generators seeded at ``TRAIN_SEED`` and held-out ones
+from ``HELD_OUT_SEED``: reasoning-gym draws item ``i`` of a generator seeded ``s`` from
+``Random(s + i)``, and the two seed ranges ``[s, s + POOL_SIZE + generators]`` lie far apart, so
+the two streams never share a draw. On top of that, as in every procedural task here, a problem
+belongs to the held-out split when the hash of its text says so (``conspo.tasks.base``), and each
+split keeps only its own problems: a generator with a small problem space, which draws the same
+question from both seeds, still never trains on a held-out problem.
+
+Answers. The prompt asks for the final answer in ``<answer>…</answer>`` (default) or in
+``\\boxed{}`` (``answer_format``), and the verifier reads the last of those; the generator's
+``score_answer`` scores it in [0, 1]. A rollout is correct (verifier 1) at full score only; the
+partial score is the task's ``process_reward``, which the ``process`` reward adds (R = O + βΦ).
+
+Torch-free and light at import: reasoning-gym itself (it imports sympy and matplotlib) is imported
+when a config is validated or a task is built, not when the task registry loads this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+import re
+from functools import cache, lru_cache
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from conspo.registry import Loc, register_task
+from conspo.tasks.answers import extract_answer as last_boxed_or_number
+from conspo.tasks.answers import last_boxed
+from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, TaskParams, sample_split
+
+INSTALL = "pip install reasoning-gym==0.1.25 (make install does it)"
+# Problems each split's generators index (some generators precompute per index, word_ladder
+# refuses more than 20,000); item seeds of a split are its seed + index (+ generator position).
+POOL_SIZE = 20_000
+TRAIN_SEED = 0
+HELD_OUT_SEED = 2**31
+# The parameters the task sets itself: the seed (train and held-out splits differ in it) and the
+# number of problems a split indexes.
+TASK_OWNED = frozenset({"seed", "size"})
+# reasoning-gym's own mixing dataset: the ``mixture`` parameter is its interface here.
+COMPOSITE = "composite"
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+INSTRUCTIONS = {
+    "answer_tag": "Give your final answer between <answer> and </answer>.",
+    "boxed": "Put your final answer within \\boxed{}.",
+    "last_number": "End your reply with the final answer.",
+}
+# How a reference answer is written in each format: an example's answer, and an SFT target.
+WRITTEN = {"answer_tag": "<answer>{}</answer>", "boxed": "\\boxed{{{}}}", "last_number": "{}"}
+
+
+def extract_answer(completion: str, answer_format: str) -> str | None:
+    """The completion's final answer as the prompt asked for it: the content of its last
+    complete <answer>…</answer>, or of its last \\boxed{…} (nested braces allowed), stripped;
+    None when there is none. Text after the answer is ignored. ``last_number``: the last
+    \\boxed{} else the last number, as the math tasks read answers."""
+    if answer_format == "boxed":
+        return last_boxed(completion)
+    if answer_format == "last_number":
+        return last_boxed_or_number(completion)
+    found = ANSWER_TAG.findall(completion)
+    return found[-1].strip() if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters, validated against the generators
+# --------------------------------------------------------------------------------------------
+
+
+@cache
+def _generators() -> dict[str, tuple[type, type]]:
+    """reasoning-gym's registry: name → (dataset class, config dataclass)."""
+    try:
+        import reasoning_gym  # noqa: F401  # its import registers every generator
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        message = f"the reasoning_gym task needs the reasoning-gym package: {INSTALL}"
+        raise ValueError(message) from None
+    return {name: entry for name, entry in DATASETS.items() if name != COMPOSITE}
+
+
+def generator_names() -> list[str]:
+    return sorted(_generators())
+
+
+def _list_generators(schema: dict[str, Any]) -> None:
+    """The form's choices for ``dataset`` (json_schema_extra: run when the schema is built, so
+    the registry import stays light)."""
+    # Not installed: a free text field, and validation says what to install.
+    with contextlib.suppress(ValueError):
+        schema["enum"] = generator_names()
+
+
+def _error(loc: Loc, message: str, value: object) -> InitErrorDetails:
+    return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
+
+
+def generator_errors(
+    name: str,
+    config: dict[str, Any],
+    name_loc: tuple[str | int, ...],
+    config_loc: tuple[str | int, ...],
+) -> list[InitErrorDetails]:
+    """What is wrong with generator ``name`` under ``config``, each at the field to blame:
+    an unknown generator at ``name_loc``; an unknown or task-owned key at ``config_loc + (key,)``;
+    a value the generator refuses (its config's ``validate``, or drawing one problem) at the key
+    its message names, else at ``config_loc``."""
+    generators = _generators()
+    if name not in generators:
+        listed = ", ".join(sorted(generators))
+        return [
+            _error(name_loc, f"unknown reasoning-gym generator {name!r}; valid: {listed}", name)
+        ]
+    dataset_cls, config_cls = generators[name]
+    fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in TASK_OWNED]
+    errors = []
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    for key in config:
+        if key in fields and (expected := _type_mismatch(defaults[key], config[key])):
+            message = f"expected {expected} (the default is {defaults[key]!r})"
+            errors.append(_error((*config_loc, key), message, config[key]))
+        elif key in TASK_OWNED:
+            message = "set by the task: training and held-out problems come from disjoint seeds"
+            errors.append(_error((*config_loc, key), message, config[key]))
+        elif key not in fields:
+            message = f"not a parameter of generator {name!r}; its parameters: {', '.join(fields)}"
+            errors.append(_error((*config_loc, key), message, config[key]))
+    if errors:
+        return errors
+    refusal = _refusal(name, json.dumps(config, sort_keys=True))
+    if refusal is None:
+        return []
+    # Blame the key the message names first ("max_terms must be >= min_terms": max_terms).
+    named = {
+        m.start(): key for key in config for m in re.finditer(rf"\b{re.escape(key)}\b", refusal)
+    }
+    blamed = named[min(named)] if named else None
+    loc = config_loc if blamed is None else (*config_loc, blamed)
+    message = f"generator {name!r} refuses this config: {refusal}"
+    return [_error(loc, message, config if blamed is None else config[blamed])]
+
+
+def _type_mismatch(default: object, value: object) -> str | None:
+    """What a value should be, judging by the field's default, when it plainly is not (the
+    dataclasses do not check types; a string where a number goes fails deep inside a draw)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if isinstance(default, float):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if number else "a number"
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "a string"
+    return None
+
+
+@lru_cache(maxsize=256)
+def _refusal(name: str, config_json: str) -> str | None:
+    """Why generator ``name`` refuses the config (JSON text, so that it can be a cache key: a
+    run's config is validated at every load), or None. A config can pass the dataclass's
+    ``validate`` and still fail to generate (a wrong type), so one problem is drawn."""
+    dataset_cls, config_cls = _generators()[name]
+    try:
+        config = config_cls(**json.loads(config_json), seed=TRAIN_SEED, size=POOL_SIZE)
+        dataset_cls(config=config)[0]
+    except Exception as exc:  # whatever the generator raises is a refusal of this config
+        return str(exc) or type(exc).__name__
+    return None
+
+
+class GeneratorSpec(BaseModel):
+    """One generator of a mixture (reasoning-gym's ``DatasetSpec``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=100, description="A reasoning-gym generator.")
+    weight: float = Field(1.0, gt=0, le=1e6, description="Its share of the problems, relative.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Its own parameters.")
+
+
+class ReasoningGymParams(TaskParams):
+    dataset: str = Field(
+        "chain_sum",
+        min_length=1,
+        max_length=100,
+        description="The reasoning-gym generator (basic_arithmetic, chain_sum, gsm_symbolic,"
+        " leg_counting, countdown, … about a hundred).",
+        json_schema_extra=_list_generators,
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The generator's own parameters (the fields of its config dataclass, seed"
+        " and size excepted: the task sets those); unset ones take the generator's defaults.",
+    )
+    mixture: list[GeneratorSpec] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Several generators mixed with weights, as reasoning-gym's CompositeDataset"
+        " does: [{name, weight, config}]. When given, it replaces dataset and config.",
+    )
+    answer_format: Literal["answer_tag", "boxed", "last_number"] = Field(
+        "answer_tag",
+        description="What the prompt asks the final answer to be written in, and what the"
+        " verifier reads: the last <answer>…</answer>; the last \\boxed{}; or last_number, the"
+        " last \\boxed{} else the last number (numeric generators, for small models that follow"
+        " neither format: SmolLM2-135M-Instruct writes neither).",
+    )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check_generators(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ReasoningGymParams]
+    ) -> ReasoningGymParams:
+        params = handler(data)
+        errors = []
+        if params.mixture:
+            names = [spec.name for spec in params.mixture]
+            for i, spec in enumerate(params.mixture):
+                if spec.name in names[:i]:
+                    errors.append(_error(("mixture", i, "name"), "named twice", spec.name))
+                    continue
+                at = ("mixture", i)
+                errors += generator_errors(spec.name, spec.config, (*at, "name"), (*at, "config"))
+        else:
+            errors += generator_errors(params.dataset, params.config, ("dataset",), ("config",))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return params
+
+    def specs(self) -> list[GeneratorSpec]:
+        """The generators mixed, with their weights (one of weight 1 without a mixture)."""
+        return self.mixture or [GeneratorSpec(name=self.dataset, config=self.config)]
+
+
+# --------------------------------------------------------------------------------------------
+# The task
+# --------------------------------------------------------------------------------------------
+
+
+def build_split(specs: list[GeneratorSpec], seed: int) -> Any:
+    """reasoning-gym's CompositeDataset of ``specs`` seeded ``seed``: item i picks a generator
+    by weight from Random(seed + i), then draws it from that generator, seeded seed + its
+    position + 1 (reasoning_gym/composite.py)."""
+    from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
+
+    datasets = [DatasetSpec(s.name, s.weight, dict(s.config)) for s in specs]
+    return CompositeDataset(CompositeConfig(size=POOL_SIZE, seed=seed, datasets=datasets))
+
+
+@register_task(
+    "reasoning_gym",
+    params=ReasoningGymParams,
+    description="reasoning-gym's procedural problems (about a hundred generators, or a weighted"
+    " mixture), each scored by its generator's own verifier; answer in <answer></answer> or"
+    " \\boxed{}.",
+)
+class ReasoningGymTask:
+    name = "reasoning_gym"
+
+    def __init__(self, params: ReasoningGymParams) -> None:
+        self.answer_format = params.answer_format
+        self.instruction = INSTRUCTIONS[params.answer_format]
+        self.train = build_split(params.specs(), TRAIN_SEED)
+        self.held_out = build_split(params.specs(), HELD_OUT_SEED)
+
+    def example(self, item: dict[str, Any]) -> Example:
+        """The generator's item as an example: the question and the instruction for the answer's
+        format; the reference answer written in that format (what SFT would teach)."""
+        prompt = f"{item['question'].rstrip()}\n\n{self.instruction}"
+        answer = WRITTEN[self.answer_format].format(item["answer"])
+        return Example(prompt, answer, data={"entry": item})
+
+    def _draw(self, split: Any, rng: random.Random) -> Example:
+        return self.example(split[rng.randrange(POOL_SIZE)])
+
+    def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
+        return sample_split(lambda r: self._draw(self.train, r), rng, n, held_out=False)
+
+    def eval_examples(self, n: int) -> list[Example]:
+        rng = random.Random(EVAL_SAMPLING_SEED)
+        return sample_split(lambda r: self._draw(self.held_out, r), rng, n, held_out=True)
+
+    def score(self, completion: str, example: Example) -> float:
+        """The generator's score of the completion's final answer, in [0, 1]."""
+        answer = extract_answer(completion, self.answer_format)
+        entry = example.data["entry"]
+        return min(max(float(self.train.score_answer(answer, entry)), 0.0), 1.0)
+
+    def verify(self, completion: str, example: Example) -> float:
+        """1.0 at the generator's full score, else 0.0."""
+        return float(self.score(completion, example) >= 1.0)
+
+    def process_reward(self, completion: str, example: Example) -> float:
+        """The generator's partial score (e.g. countdown's 0.01 for a well-formed wrong
+        expression; the default's share of the answer that is the reference)."""
+        return self.score(completion, example)
