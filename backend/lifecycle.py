@@ -404,11 +404,27 @@ def requeue_stale(session: Session, stale_before: datetime, max_attempts: int) -
     return out
 
 
+def recover_stalled(
+    session: Session, run_id: int, stale_before: datetime, max_attempts: int, why: str
+) -> RunStatus | None:
+    """The stale run ``run_id``, whose training process a watchdog killed, recovered at once as
+    ``requeue_stale`` would, the death recorded with ``why``; None if it was not stale."""
+    row = session.execute(select(*STALE_RUN).where(Run.id == run_id, *_stale(stale_before))).first()
+    if row is None:
+        return None
+    return _recover_stale(session, StaleRun(*row), stale_before, max_attempts, why)
+
+
 def _recover_stale(
-    session: Session, stale: StaleRun, stale_before: datetime, max_attempts: int
+    session: Session,
+    stale: StaleRun,
+    stale_before: datetime,
+    max_attempts: int,
+    why: str | None = None,
 ) -> RunStatus | None:
     """One stale run (its ``STALE_RUN`` columns) → cancelled, queued or failed; None if it was
-    no longer stale (renewed, or recovered by someone else)."""
+    no longer stale (renewed, or recovered by someone else). ``why``: what stopped the worker,
+    when known (else it is taken for a death, out of memory most often)."""
     now = utcnow()
     still_stale = update(Run).where(
         Run.id == stale.id,
@@ -421,12 +437,13 @@ def _recover_stale(
     deaths = stale.worker_deaths + 1
     beat = f"{stale.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if stale.heartbeat_at else "none"
     note = (
-        f"worker {stale.worker_host} stopped responding at step {stale.step} "
+        f"worker {stale.worker_host} {why or 'stopped responding'} at step {stale.step} "
         f"(attempt {stale.attempt}, last heartbeat {beat})"
     )
     values: dict[str, Any] = {"worker_deaths": deaths, "last_worker_death": note}
     if deaths >= max_attempts:
-        error = f"worker died {deaths} times (out of memory?); the last time: {note}"
+        guess = "" if why else " (out of memory?)"
+        error = f"worker died {deaths} times{guess}; the last time: {note}"
         values |= {"status": RunStatus.failed, "error": error, "finished_at": now}
     else:
         values |= {"status": RunStatus.queued, "enqueued_at": None}

@@ -626,10 +626,21 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     lacks the rewards list (the web form has none) derives the same reward again.
 
     A listed length reward takes precedence over a default buffer, which is then saved as 0;
-    a different buffer or penalty given explicitly beside it is an error (which was meant?)."""
+    a different buffer or penalty given explicitly beside it is an error (which was meant?).
+
+    The objective's default buffer (DAPO's 8 tokens, sized for long answers), when the config
+    does not give one, shrinks to a quarter of a shorter response cap rather than refusing a
+    config nobody wrote: choosing DAPO with the form's 6-token cap gets a 1-token zone. A
+    buffer given explicitly is checked as given."""
     buffer = cfg.params.get("overlong_buffer", 0)
     if not buffer:
         return []
+    given = data.get("params") if isinstance(data, dict) else None
+    explicit = isinstance(given, dict) and "overlong_buffer" in given
+    if not explicit and buffer >= cfg.sampling.max_new_tokens:
+        buffer = cfg.params["overlong_buffer"] = cfg.sampling.max_new_tokens // 4
+        if not buffer:
+            return []
     penalty = cfg.params.get("overlong_penalty", 1.0)
     listed = [i for i, r in enumerate(cfg.rewards) if r.name == "length"]
     loc = ("params", "overlong_buffer")
@@ -645,7 +656,6 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     length = cfg.rewards[listed[0]]
     if (length.params.get("buffer"), length.weight) == (buffer, penalty):
         return []
-    given = data.get("params") if isinstance(data, dict) else None
     if isinstance(given, dict) and given.get("overlong_buffer"):
         message = (
             f"rewards.{listed[0]} (length) replaces params.overlong_buffer: set its"
@@ -700,7 +710,8 @@ class RunConfig(_Section):
     )
     algorithm: str = Field(
         "conspo",
-        description="Objective: conspo, grpo, dapo or dr_grpo (see /api/presets).",
+        description="The objective: any registered one (conspo.objectives; GET /api/presets"
+        " lists them with their parameters).",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,

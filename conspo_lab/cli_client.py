@@ -23,6 +23,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -625,5 +626,9 @@ _STATUS_STYLE = {
 
 
 def _status_text(run: Run) -> str:
+    """The status as the runs page shows it: a queued run's place and why it waits too."""
     text = run.status + (" (cancel requested)" if run.cancel_requested else "")
-    return f"[{_STATUS_STYLE.get(run.status, 'white')}]{text}[/]"
+    if run.status == "queued" and run.queue_position:
+        text += f" #{run.queue_position}"
+    styled = f"[{_STATUS_STYLE.get(run.status, 'white')}]{escape(text)}[/]"
+    return styled + (f"\n[dim]{escape(run.waiting_reason)}[/]" if run.waiting_reason else "")

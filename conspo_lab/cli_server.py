@@ -151,9 +151,11 @@ class EmbeddedWorker:
 def worker(
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
 ) -> None:
-    """Run one Celery worker: concurrency 1, prefetch 1, consuming the queue of every run size
-    this machine can hold (gpu, gpu-2 … gpu-N, gpu-ray: its GPUs, CONSPO_WORKER_CPU_PROCESSES
-    without GPUs, CONSPO_RAY_ADDRESS); recovers stale runs too."""
+    """Run one Celery worker (one run at a time); it also recovers stale runs.
+
+    Concurrency 1, prefetch 1, consuming the queue of every run size this machine can hold
+    (gpu, gpu-2 … gpu-N, gpu-ray: its GPUs, CONSPO_WORKER_CPU_PROCESSES without GPUs,
+    CONSPO_RAY_ADDRESS)."""
     settings = _settings()
     from worker.capabilities import queues
     from worker.celery_app import celery_app

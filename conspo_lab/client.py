@@ -127,6 +127,9 @@ class Run(_Model):
     error: str | None = None
     summary: dict[str, float | None] = Field(default_factory=dict)
     external: bool = False
+    queue_position: int | None = None  # queued: 1 for the next to start
+    waiting_reason: str | None = None  # queued: why no worker has taken it yet
+    resources_text: str | None = None  # "1 GPU", "1 CPU process"
 
     @property
     def finished(self) -> bool:

@@ -7,17 +7,22 @@ run's heartbeat goes stale, a cancel is never acted on, and the reaper hands the
 the next worker while this one keeps burning a core. The watchdog is a separate process, so
 nothing the training process does can block it. Every ``interval`` it reads the run's row:
 
-* the attempt no longer owns the run (finished, re-queued, deleted), or the training process
-  is gone: the watchdog exits;
+* the training process is gone: the watchdog exits;
+* the attempt no longer owns the run (re-queued by a reaper, deleted) and the process still
+  runs it ``cancel_grace_s`` later: the process is killed (it should have stopped at its next
+  step boundary);
 * a cancel was requested and the run is still running ``cancel_grace_s`` later (the trainer
   stops at its next step boundary, normally within seconds): the run is recorded cancelled
   (``lifecycle.finish``) and the training process killed;
-* the heartbeat is older than ``heartbeat_timeout_s`` while the watchdog itself has reached the
-  database for that long (so it is the process that is stuck, not the database): the process is
-  killed, and the reaper re-queues the run as for any dead worker, failing it at
-  ``max_attempts`` with the reason.
+* the heartbeat is older than ``heartbeat_timeout_s + cancel_grace_s`` (the reapers re-queue
+  the run after the first, unless the stuck process holds its worker's reaper too) while the
+  watchdog itself has reached the database for that long (so it is the process that is stuck,
+  not the database): the process is killed and the run recovered as the reaper recovers a dead
+  worker's (re-queued, or failed at ``max_attempts``), the death recorded as a stall.
 
-Started by ``worker.tasks.execute_run`` (``start``), stopped when the attempt ends.
+Each case gives the process ``cancel_grace_s`` to act before it is killed. Started by
+``worker.tasks.execute_run`` (``start``), stopped when the attempt ends (before its outcome is
+recorded, so a normal end is never taken for a lost attempt).
 """
 
 from __future__ import annotations
@@ -61,8 +66,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def watch(settings: Settings, run_id: int, attempt: int, pid: int) -> str:
     """Watch until the attempt ends or the process is killed; returns what happened."""
     db = Database(settings)
+    grace = settings.cancel_grace_s
+    stall_s = stall_limit(settings)
     reached_since: float | None = None  # start of the current run of successful reads
-    cancel_seen: float | None = None
+    told: dict[str, float] = {}  # "cancel" / "lost" → when the watchdog first saw it
     try:
         while _alive(pid):
             time.sleep(settings.heartbeat_interval_s)
@@ -80,23 +87,40 @@ def watch(settings: Settings, run_id: int, attempt: int, pid: int) -> str:
             now = time.monotonic()
             reached_since = reached_since if reached_since is not None else now
             if row is None or row.status != RunStatus.running or row.attempt != attempt:
-                return "ended"
-            if row.cancel_requested:
-                cancel_seen = cancel_seen if cancel_seen is not None else now
-                if now - cancel_seen >= settings.cancel_grace_s:
-                    return _cancel(db, run_id, attempt, pid, settings.cancel_grace_s)
-            stale = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
-            if row.heartbeat_at < stale and now - reached_since >= settings.heartbeat_timeout_s:
-                log.error(
-                    "run %s: heartbeat stalled over %ss (the training process holds the"
-                    " interpreter); killing process %s",
-                    run_id, settings.heartbeat_timeout_s, pid,
-                )  # fmt: skip
-                _kill(pid)
-                return "killed: stalled"
+                # deleted, or re-queued by a reaper: the trainer stops at its next step
+                if now - told.setdefault("lost", now) >= grace:
+                    log.error("run %s: attempt %s lost, still going %ss on", run_id, attempt, grace)
+                    _kill(pid)
+                    return "killed: lost"
+                continue
+            if row.cancel_requested and now - told.setdefault("cancel", now) >= grace:
+                return _cancel(db, run_id, attempt, pid, grace)
+            stale = utcnow() - timedelta(seconds=stall_s)
+            if row.heartbeat_at < stale and now - reached_since >= stall_s:
+                return _stalled(db, settings, run_id, pid)
         return "process gone"
     finally:
         db.dispose()
+
+
+def stall_limit(settings: Settings) -> float:
+    """Seconds without a heartbeat after which a live process is stuck: the reapers' limit
+    (they re-queue the run then) plus the grace a process has to act on what it is told."""
+    return settings.heartbeat_timeout_s + settings.cancel_grace_s
+
+
+def _stalled(db: Database, settings: Settings, run_id: int, pid: int) -> str:
+    """Kill the stuck process, then recover the run as the reaper would, saying why."""
+    why = (
+        f"was killed by its watchdog: no heartbeat for over {stall_limit(settings):g} s"
+        " while its process lived (the training thread held the interpreter)"
+    )
+    log.error("run %s: %s; killing process %s", run_id, why, pid)
+    _kill(pid)
+    stale_before = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+    with db.session() as session:
+        lifecycle.recover_stalled(session, run_id, stale_before, settings.max_attempts, why)
+    return "killed: stalled"
 
 
 def _cancel(db: Database, run_id: int, attempt: int, pid: int, grace: float) -> str:

@@ -257,33 +257,66 @@ class StreamStart:
     write_seq: int = 0  # the run's write sequence when the stream opened
 
 
-def get_stream_caller(
-    request: Request, session: SessionDep, settings: SettingsDep, credentials: Credentials
-) -> str:
-    """A valid token's user, else the client's address (a made-up token counts as no token,
-    so it cannot dodge the bound). Behind a proxy, list it in CONSPO_TRUSTED_PROXIES so that
-    the address is the client's, not the proxy's. A request carrying X-Forwarded-For when no
-    proxy is trusted may have had its address taken from that header by a server run with
-    uvicorn's defaults (which trust loopback's): all such requests count as one caller, so
-    a new made-up address per stream buys nothing."""
-    if credentials is not None and credentials.credentials:
-        user = user_for_token(session, credentials.credentials)
-        if user is not None:
-            return f"user {user.name}"
+def stream_caller(user: str | None, request: Request, settings: Settings) -> str:
+    """Whose streams a stream counts against: a valid token's user, else the client's address
+    (a made-up token counts as no token, so it cannot dodge the bound). Behind a proxy, list
+    it in CONSPO_TRUSTED_PROXIES so that the address is the client's, not the proxy's. A
+    request carrying X-Forwarded-For when no proxy is trusted may have had its address taken
+    from that header by a server run with uvicorn's defaults (which trust loopback's): all
+    such requests count as one caller, so a new made-up address per stream buys nothing."""
+    if user is not None:
+        return f"user {user}"
     if not settings.trusted_proxies and "x-forwarded-for" in request.headers:
         return "client behind an untrusted X-Forwarded-For"
     return f"client {request.client.host if request.client else 'unknown'}"
 
 
-StreamCaller = Annotated[str, Depends(get_stream_caller)]
+def _read_stream_start(
+    db: Database, run_id: int | None, token: str | None
+) -> tuple[int | None, str | None]:
+    """(the run's write sequence, None if it does not exist; the token's user name)."""
+    with db.session() as session:
+        run = session.get(Run, run_id) if run_id is not None else None
+        user = user_for_token(session, token) if token else None
+        return run.write_seq if run is not None else None, user.name if user is not None else None
 
 
-def start_run_stream(run: RunDep, caller: StreamCaller) -> StreamStart:
-    return StreamStart(caller, run.id, run.write_seq)
+async def _stream_start(
+    request: Request,
+    hub: StreamHub,
+    db: Database,
+    settings: Settings,
+    credentials: HTTPAuthorizationCredentials | None,
+    run_id: int | None,
+) -> StreamStart:
+    """Read on the hub's own connections (``stream_db_connections``), not a request's session
+    slot: opening a stream never waits behind the reads that fill those slots."""
+    token = credentials.credentials if credentials is not None else None
+    write_seq, user = await hub.read(_read_stream_start, db, run_id, token or None)
+    if run_id is not None and write_seq is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id} not found")
+    return StreamStart(stream_caller(user, request, settings), run_id or 0, write_seq or 0)
 
 
-def start_runs_stream(caller: StreamCaller) -> StreamStart:
-    return StreamStart(caller)
+async def start_run_stream(
+    run_id: RunId,
+    request: Request,
+    hub: StreamHubDep,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    credentials: Credentials,
+) -> StreamStart:
+    return await _stream_start(request, hub, db, settings, credentials, run_id)
+
+
+async def start_runs_stream(
+    request: Request,
+    hub: StreamHubDep,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    credentials: Credentials,
+) -> StreamStart:
+    return await _stream_start(request, hub, db, settings, credentials, None)
 
 
 RunStreamStart = Annotated[StreamStart, Depends(start_run_stream)]

@@ -316,11 +316,15 @@ class StreamHub:
 
     # --- the poller -----------------------------------------------------------------------
 
-    def _ensure_poller(self) -> None:
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new loop (tests run several): the old state is dead
             self._loop, self._task = loop, None
             self._reset_loop_state()
+        return loop
+
+    def _ensure_poller(self) -> None:
+        loop = self._ensure_loop()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._poll_while_watched(), name="stream-hub")
 
@@ -383,6 +387,11 @@ class StreamHub:
             self.runs_log.append((self.runs_generation, changed))
             event, self.runs_changed = self.runs_changed, asyncio.Event()
             event.set()
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread on the hub's connections (a stream's start)."""
+        self._ensure_loop()
+        return await self._in_thread(fn, *args)
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         if self._limiter is None:

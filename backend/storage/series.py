@@ -11,7 +11,8 @@ long series finds its complete buckets stored; reads at other widths fill the ca
 
 from __future__ import annotations
 
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,86 @@ class Series:
 def metric_keys(session: Session, run_id: int) -> list[str]:
     stmt = select(Metric.key).where(Metric.run_id == run_id).distinct().order_by(Metric.key)
     return list(session.scalars(stmt))
+
+
+class SeriesCache:
+    """The series this process read lately, so that a run's charts read by many (the compare
+    page of a study, a dashboard on a wall, every tab following a live run) are read from the
+    database and built once per write rather than once per request: building them is most of
+    a read's cost.
+
+    An entry is one run's series for one request's keys and range, keyed by the run's id and
+    creation time (SQLite gives a deleted last row's id to the next run) and its write sequence,
+    which every write of its points bumps: a write makes the entry unreachable, never stale.
+    Bounded by the points held (least recently used first out). The series it returns are
+    shared: read them, do not change them.
+    """
+
+    def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
+        self._entries: OrderedDict[tuple[Any, ...], tuple[dict[str, Series], int]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Series] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: tuple[Any, ...], series: dict[str, Series]) -> None:
+        size = sum(len(s.steps) for s in series.values()) + len(series)
+        if size > self.max_points // 4:  # one huge read would flush everything else
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = (series, size)
+            self._held += size
+            while self._held > self.max_points:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._held -= dropped
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
+
+
+# ~200k points: tens of MB at most, and the 5-run × 6-key compare of 600-step runs ten times
+SERIES_CACHE = SeriesCache(max_points=200_000)
+
+
+def cached_series(
+    session: Session,
+    run_ids: Sequence[int],
+    keys: Sequence[str],
+    max_points: int,
+    since_step: int | None = None,
+    step_max: int | None = None,
+) -> dict[int, dict[str, Series]]:
+    """``query_series``, each run's from ``SERIES_CACHE`` when no write touched it since it
+    was read (the API's reads; a change made behind the writes' back is not seen)."""
+    rows = session.execute(
+        select(Run.id, Run.created_at, Run.write_seq).where(Run.id.in_(run_ids))
+    ).all()
+    request = (tuple(keys), max_points, since_step, step_max)
+    cache_keys = {row[0]: (*row, *request) for row in rows}
+    out: dict[int, dict[str, Series]] = {}
+    for run_id in run_ids:
+        found = SERIES_CACHE.get(cache_keys[run_id]) if run_id in cache_keys else None
+        if found is not None:
+            out[run_id] = found
+    missing = [r for r in run_ids if r not in out]
+    if missing:
+        read = query_series(session, missing, keys, max_points, since_step, step_max)
+        for run_id, series in read.items():
+            if run_id in cache_keys:  # a run that does not exist has nothing to keep
+                SERIES_CACHE.put(cache_keys[run_id], series)
+        out.update(read)
+    return {r: out[r] for r in run_ids}
 
 
 def query_series(

@@ -236,12 +236,15 @@ def validate_arm(
 
 
 def dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
-    """Name an error by the override's own spelling when it used a dotted path."""
+    """Name an error by the override's own spelling when it used a dotted path: the override
+    at or above the error's field, else the first one inside a section the error names (a
+    memory refusal names ``sampling``; the override was ``sampling.max_new_tokens``)."""
     text = ".".join(str(p) for p in loc)
     for key in overrides:
         if "." in key and (text == key or text.startswith(key + ".")):
             return (key, *loc[len(key.split(".")) :])
-    return loc
+    inside = next((key for key in overrides if text and key.startswith(text + ".")), None)
+    return (inside,) if inside is not None else loc
 
 
 def _error(loc: tuple[str | int, ...], message: str) -> dict[str, Any]:

@@ -99,6 +99,12 @@ export const CHARTED_KEYS = SECTIONS.flatMap((s) =>
 );
 
 const CHART_BY_ID = new Map(CHARTS.map((c) => [c.id, c]));
+/** Whether a key is a fraction (its panel's, or its family's, y_range is "unit"): drawn on [0, 1]. */
+export function isFraction(key) {
+  const info = metricInfo(key);
+  return (info?.regex ? info.y_range : CHART_BY_ID.get(info?.chart)?.y_range) === "unit";
+}
+
 /** Whether a key says anything for `run`: its panel applies (a GRPO run's summary has no
  * ConSPO margin). Keys without a panel always do. */
 export function keyApplies(key, run) {

@@ -1,7 +1,7 @@
 // The compare page's figures: one chart per metric (a line per run, or a mean ± std band per
 // group), the A − B difference of two runs, and each group against the baseline group (paired
 // by seed when the seeds match, Welch otherwise).
-import { isDeterministic, unitOf } from "/static/catalogue.js";
+import { isDeterministic, isFraction, unitOf } from "/static/catalogue.js";
 import { bandTraces, baseLayout, lineTraces, sampledAnnotation, X_TITLES } from "/static/charts.js";
 import { aggregate, baseGroup, groups, runColor, runName, S, xAt, xFor } from "/static/compare_state.js";
 import { interp, mean, t975, tHalfWidth, variance } from "/static/series.js";
@@ -220,6 +220,7 @@ export function metricFigure(key) {
   }
   if (!traces.length) return null;
   const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
+  if (isFraction(key)) layout.yaxis.range = [-0.03, 1.03]; // a fraction on its whole range, as on the run page
   const notes = sampledAnnotation(used).map((a) => a.text);
   if (grouped && [...grouped.values()].some((ids) => ids.length > 1))
     notes.push("line = mean across runs (dotted: fewer runs) · band = ±1 std");

@@ -53,7 +53,11 @@ function updatePreview() {
 let estimateSeq = 0;
 
 const GIB = 2 ** 30;
-const gib = (n) => `${(n / GIB).toLocaleString(undefined, { maximumFractionDigits: n < GIB ? 3 : 1 })} GiB`;
+/** Bytes as a person reads them: "3.2 GiB", "632.5 TiB" (never "647,680.9 GiB"). */
+function gib(n) {
+  const [size, unit] = n >= 2 ** 40 ? [n / 2 ** 40, "TiB"] : [n / GIB, "GiB"];
+  return `${size.toLocaleString(undefined, { maximumFractionDigits: n < GIB ? 3 : 1 })} ${unit}`;
+}
 
 /** Ask the server for the config's memory estimate; red when submitting would be refused. */
 async function refreshEstimate() {
@@ -210,7 +214,8 @@ async function init() {
       render(withDefaults(presets.defaults, run.config), {
         name: run.name ? `${run.name}-copy` : null,
         seeds: String(run.seed ?? run.config.seed ?? 0),
-        tags: (run.tags || []).join(", "),
+        // A study's own tag marks its runs; a rerun outside the study is not one of them.
+        tags: (run.tags || []).filter((t) => !/^study:\d+$/.test(t)).join(", "),
       });
       return;
     } catch (err) {

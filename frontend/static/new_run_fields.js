@@ -333,9 +333,22 @@ export function switchEntry(kind, name) {
   if (kind === "kind") applyKind();
 }
 
+/** The algorithm's parameters that differ from its defaults: the server fills in the rest (and
+ * a default may depend on the rest of the config: DAPO's overlong buffer shrinks to fit a short
+ * response cap). */
+function withoutDefaults(params, entry) {
+  const defaults = entry?.defaults || {};
+  return Object.fromEntries(
+    Object.entries(params || {}).filter(([k, v]) => JSON.stringify(v) !== JSON.stringify(defaults[k])),
+  );
+}
+
 export function buildRequest() {
   const config = collect("config") || {};
-  config.params ??= {};
+  config.params = withoutDefaults(
+    config.params,
+    presets.algorithms.find((a) => a.name === config.algorithm),
+  );
   const seedsText = $("[name='seeds']").value.trim();
   let seeds = null;
   if (seedsText) {

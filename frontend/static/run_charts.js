@@ -27,7 +27,16 @@ import {
   X_TITLES,
 } from "/static/charts.js";
 import { heatmapFigure, iqrBands } from "/static/run_rollouts.js";
-import { chartKeys, claimedKeys, refSeries, runId, S, SECTIONS_SHOWN, xOfSteps } from "/static/run_state.js";
+import {
+  alignSteps,
+  chartKeys,
+  claimedKeys,
+  refSeries,
+  runId,
+  S,
+  SECTIONS_SHOWN,
+  xOfSteps,
+} from "/static/run_state.js";
 import { $, fmtNum, h } from "/static/util.js";
 
 // ---- charts ------------------------------------------------------------------------------------
@@ -218,7 +227,12 @@ function lineFigure(def, entry) {
     layout.yaxis.range = [-0.03, 1.03];
     layout.yaxis.autorange = false;
   } else if (def.y_range === "zero") layout.yaxis.rangemode = "tozero";
-  if (def.y_format) {
+  if (def.y_format === "~e") {
+    // Plotly's own exponent labels: 3e−5, and 0 as 0 (d3's "~e" wrote "0e+0")
+    layout.yaxis.exponentformat = "e";
+    layout.yaxis.showexponent = "all";
+    layout.yaxis.hoverformat = ".3~e";
+  } else if (def.y_format) {
     layout.yaxis.tickformat = def.y_format;
     layout.yaxis.hoverformat = ".3~e";
   }
@@ -226,12 +240,15 @@ function lineFigure(def, entry) {
   if (flat !== null && def.y_range !== "unit" && !stack) {
     // Plotly pads a flat line by ±1, which makes e.g. a constant 1e-3 read as 0.
     const pad = Math.abs(flat) * 0.5 || 1;
+    // From zero: a count or a size never goes below it (a flat 0 drew on −1 to 1).
     layout.yaxis.range =
-      def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat + pad)] : [flat - pad, flat + pad];
+      def.y_range === "zero" ? [Math.min(0, flat - pad), Math.max(0, flat) + pad] : [flat - pad, flat + pad];
+    if (def.y_range === "zero" && flat >= 0) layout.yaxis.range[0] = 0;
   }
   // A handful of integer ticks whatever the run's length (early on, Plotly would label every
   // fraction of a step).
   layout.xaxis.nticks = 8;
+  alignSteps(layout.xaxis);
   if (S.xmode === "step") layout.xaxis.tickformat = "d";
   if (S.xmode === "step" && S.maxStep <= 8) layout.xaxis.dtick = 1;
   if (stack) layout.hovermode = "x unified";

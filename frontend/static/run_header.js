@@ -26,6 +26,15 @@ function queueText(run) {
   return parts.join(" · ");
 }
 
+/** A run's group, named as a person would: its study, or the seeds of one submission. */
+function groupLink(run) {
+  const study = /^study-(\d+)$/.exec(run.group_id);
+  const href = `/compare?${new URLSearchParams({ group_id: run.group_id })}`;
+  return study
+    ? h("a", { href: `/studies/${study[1]}` }, `study ${study[1]}`)
+    : h("a", { href, title: "compare the seeds of this submission" }, "its seeds (compare)");
+}
+
 function metaItem(k, v, title, id = null) {
   return h(
     "div",
@@ -89,13 +98,7 @@ export function renderRun() {
     metaItem("resources", resourcesText(run), `strategy ${run.config?.resources?.strategy || "ddp"}`),
     metaItem("owner", run.owner),
     metaItem("seed", String(run.seed ?? "–")),
-    metaItem(
-      "group",
-      run.group_id
-        ? h("a", { href: `/compare?${new URLSearchParams({ group_id: run.group_id })}` }, run.group_id)
-        : "–",
-      run.group_id,
-    ),
+    metaItem("group", run.group_id ? groupLink(run) : "–", run.group_id ? `group ${run.group_id}` : null),
     metaItem(
       "tags",
       (run.tags || []).length
@@ -116,7 +119,8 @@ export function renderRun() {
     metaItem("device", run.device || "–"),
     metaItem("dtype", run.dtype || "–"),
     run.ray_job_id ? metaItem("Ray job", run.ray_job_id) : null,
-    metaItem("kind", run.external ? "external (logged over HTTP)" : "queued job"),
+    // How it was run (the job kind is in the header's "kind:" line).
+    metaItem("source", run.external ? "external (logged over HTTP)" : "queued job"),
   ];
   $("#run-meta").replaceChildren(...meta.filter(Boolean));
   renderProgress();

@@ -4,7 +4,7 @@
 import { errorText, get, qs } from "/static/api.js";
 import { CHARTS, ROLE_COLORS } from "/static/catalogue.js";
 import { alpha, bandTraces, baseLayout, noteAnnotation, withNotes, X_TITLES } from "/static/charts.js";
-import { runId, S, xOfSteps } from "/static/run_state.js";
+import { alignSteps, runId, S, xOfSteps } from "/static/run_state.js";
 import { quantile } from "/static/series.js";
 import { $, fmtNum, h, toast } from "/static/util.js";
 
@@ -111,16 +111,16 @@ export function heatmapFigure() {
   const traces = [trace("pos", POS, "correct", "y", false), trace("neg", NEG, "wrong", "y2", true)];
   const layout = baseLayout({ uirevision: `heat:${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: "" });
   const yTitle = CHART_BY_ID.dist.y_title;
-  layout.yaxis = { ...layout.yaxis, domain: [0.54, 1], title: { text: `correct: ${yTitle}`, font: { size: 10.5 } } };
-  layout.yaxis2 = {
-    ...layout.yaxis,
-    domain: [0, 0.46],
-    anchor: "x",
-    title: { text: `wrong: ${yTitle}`, font: { size: 10.5 } },
-  };
+  // Short titles, one per half (two long ones ran into each other); the unit is said once.
+  layout.yaxis = { ...layout.yaxis, domain: [0.54, 1], title: { text: "correct", font: { size: 10.5 } } };
+  layout.yaxis2 = { ...layout.yaxis, domain: [0, 0.46], anchor: "x", title: { text: "wrong", font: { size: 10.5 } } };
+  layout.xaxis.anchor = "y2"; // the step axis under both halves, not between them
+  layout.xaxis.title = { ...layout.xaxis.title, text: `${X_TITLES[S.xmode]} (y: ${yTitle})` };
   layout.showlegend = false;
   layout.hovermode = "closest";
   layout.xaxis.nticks = 10;
+  if (S.xmode === "step" && S.maxStep <= 10) layout.xaxis.dtick = 1; // no repeated integer ticks
+  alignSteps(layout.xaxis);
   if (S.xmode === "step") layout.xaxis.tickformat = "d";
   const notes = [];
   if (S.rolloutNote) notes.push(S.rolloutNote);

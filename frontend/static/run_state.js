@@ -84,6 +84,15 @@ export function xOfSteps(steps, wall) {
   return steps;
 }
 
+/** Every panel's step axis spans the run's logged steps, first to last: panels line up (one
+ * starting at 1, another padded out to −8 did not), and the autorange stops there. */
+export function alignSteps(xaxis) {
+  if (S.xmode !== "step" || !S.maxStep) return;
+  let first = S.maxStep;
+  for (const s of Object.values(S.series)) if (s.steps.length && s.steps[0] < first) first = s.steps[0];
+  xaxis.autorangeoptions = { include: [first, S.maxStep], minallowed: first, maxallowed: S.maxStep };
+}
+
 // ---- data --------------------------------------------------------------------------------------
 export function mergePoints(key, pts) {
   S.rev += 1;

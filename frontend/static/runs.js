@@ -263,6 +263,7 @@ async function act(kind, id) {
     } else if (kind === "delete") {
       if (!confirm(`Delete run ${id} and all its metrics?`)) return;
       await del(`/api/runs/${id}`);
+      deleted.add(id);
       state.selected.delete(id);
       toast(`Deleted run ${id}`);
       await loadRuns();
@@ -322,6 +323,7 @@ $("#delete-sel-btn").addEventListener("click", async () => {
   for (const id of ids) {
     try {
       await del(`/api/runs/${id}`);
+      deleted.add(id);
     } catch (err) {
       toast(`delete ${id} failed: ${errorText(err)}`, "error");
     }
@@ -369,8 +371,9 @@ async function loadPresets() {
 
 // Live updates: the run stream, with polling as a fallback while it is down.
 const sparkRefresh = new Set();
+const deleted = new Set(); // runs deleted from this page: no more fetches for them
 const flushSparks = debounce(() => {
-  const ids = [...sparkRefresh];
+  const ids = [...sparkRefresh].filter((id) => !deleted.has(id)); // a deleted run's series is a 404
   sparkRefresh.clear();
   loadSparks(ids);
 }, 2000);

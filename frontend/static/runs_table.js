@@ -78,9 +78,9 @@ function rank(key) {
 }
 
 /** The config keys whose values differ among `runs`, ranked as a W&B table would offer them:
- * keys every run sets before keys some lack (a run logged from outside may carry a sparse
- * config, and "missing" is a weaker difference than 5 vs 10), then algorithm parameters, lr, G,
- * prompts per step, then the rest by name. */
+ * algorithm parameters (ε, contrast: set by the runs of the algorithms that have them), lr, G,
+ * prompts per step, then the rest; within each, keys every run sets before keys some lack (a
+ * run logged from outside may carry a sparse config), then by name. */
 export function varyingKeys(runs) {
   const flat = runs.map((r) => flatten(r.config || {}));
   const keys = new Set(flat.flatMap((f) => Object.keys(f)));
@@ -90,7 +90,7 @@ export function varyingKeys(runs) {
     const seen = new Set(flat.map((f) => JSON.stringify(f[key] ?? null)));
     if (seen.size > 1) out.push({ key, partial: flat.some((f) => !(key in f)) ? 1 : 0 });
   }
-  out.sort((a, b) => a.partial - b.partial || rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
+  out.sort((a, b) => rank(a.key) - rank(b.key) || a.partial - b.partial || a.key.localeCompare(b.key));
   return out.map((k) => k.key);
 }
 

@@ -3,7 +3,19 @@
 import { errorText, get, qs } from "/static/api.js";
 import { $, fmtTime, h, toast } from "/static/util.js";
 
-const HEAD = ["id", "name", "status", "arms", "seeds", "baseline", "owner", "created"];
+const HEAD = ["id", "name", "status", "progress", "arms", "seeds", "baseline", "owner", "created"];
+
+/** "1,290/4,500 steps · 5 of 15 runs started": against the planned work, pending runs too. */
+function progressCell(p) {
+  if (!p) return "–";
+  const frac = p.total_steps ? Math.min(1, p.steps / p.total_steps) : 0;
+  return h(
+    "div.progress",
+    { title: `${p.started} of ${p.runs} runs started` },
+    h("div.bar", {}, h("div.fill.st-running", { style: `width:${(frac * 100).toFixed(1)}%` })),
+    h("span.plabel", {}, `${p.steps.toLocaleString()}/${p.total_steps.toLocaleString()}`),
+  );
+}
 
 async function load() {
   let data;
@@ -20,6 +32,7 @@ async function load() {
       h("td.num", {}, h("a", { href: `/studies/${s.id}` }, `#${s.id}`)),
       h("td", {}, h("a", { href: `/studies/${s.id}` }, s.name)),
       h("td", {}, h("span.badge", {}, s.status)),
+      h("td", {}, progressCell(s.progress)),
       h("td", {}, s.search ? h("span.muted", {}, "search") : s.arms.join(", ")),
       h("td", {}, s.seeds.join(", ")),
       h("td", {}, s.baseline || "–"),

@@ -188,6 +188,7 @@ export function curveTraces(curve, arm, colorValue) {
       x: [...xs, ...xs.slice().reverse()],
       y: [...hi, ...lo.slice().reverse()],
       fill: "toself",
+      mode: "lines", // Plotly's default for a short trace adds markers: dots on the band's corners
       fillcolor: `${colorValue}26`,
       line: { width: 0 },
       hoverinfo: "skip",
@@ -231,31 +232,21 @@ function curveCharts(view, colors, Plotly, root) {
     if (!traces.length) continue;
     const sampled = Object.values(perArm).some((c) => c.sampled);
     const div = h("div.chart", { "data-key": key });
-    root.append(h("div.panel.chart-card", {}, h("h4", {}, key), div));
+    // The caption is text under the plot: as an annotation, a narrow chart clipped its start.
     const note = `mean over seeds, band = 95% t CI; dotted = fewer seeds than the arm has (n in the hover); no smoothing${sampled ? "; sampled to 400 steps" : ""}`;
+    root.append(h("div.panel.chart-card", {}, h("h4", {}, key), div, h("p.muted.small.chart-caption", {}, note)));
     Plotly.newPlot(
       div,
       traces,
       {
-        margin: { l: 52, r: 14, t: 40, b: 64 },
+        margin: { l: 52, r: 14, t: 56, b: 44 },
         height: 330,
         hovermode: "x unified",
-        legend: { orientation: "h", x: 0, y: 1.12 },
+        // above the plot, however many rows the arms take: never over the curves
+        legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
         xaxis: { title: { text: "step" } },
         // A bounded metric (a fraction) is drawn on its own range, never past it.
         yaxis: { title: { text: key }, ...(view.bounds?.[key] ? { range: padded(view.bounds[key]) } : {}) },
-        annotations: [
-          {
-            xref: "paper",
-            yref: "paper",
-            x: 1,
-            y: -0.3,
-            xanchor: "right",
-            showarrow: false,
-            text: note,
-            font: { size: 10, color: "#667085" },
-          },
-        ],
       },
       CHART_CONFIG,
     );

@@ -485,3 +485,47 @@ def test_thousands_of_streams_opened_and_closed_leave_the_servers_memory_flat(
         assert grown < streams * 20_000, f"the server grew by {grown / 2**20:.1f} MB"
 
     serve_process(settings, tmp_path, scenario, CONSPO_STREAM_MAX_PER_CLIENT="10000")
+
+
+def test_a_stream_opens_while_reads_hold_every_session_slot(
+    api: Api, settings: Settings, tmp_path: Path
+) -> None:
+    """Opening a stream reads its run and its caller on the stream hub's own connections, so
+    it does not queue behind reads for the request session slots (issue 27: new streams got
+    503 once reads filled them). PostgreSQL, where a table lock can hold a read in place."""
+    if settings.mode != "cluster":
+        return  # SQLite readers are never blocked (WAL): nothing to hold the slot with
+    from sqlalchemy import text
+
+    from backend.db import Database
+
+    run = api.external()
+    log_points(api, run["id"], range(1, 3))
+
+    async def scenario(url: str) -> None:
+        db = Database(settings)
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            with db.engine.connect() as locker:
+                locker.execute(text("LOCK TABLE metrics IN ACCESS EXCLUSIVE MODE"))
+                held = asyncio.create_task(
+                    client.get(f"/api/runs/{run['id']}/metrics", params={"keys": "loss"})
+                )
+                await asyncio.sleep(1.0)  # the read holds the only slot, waiting on the lock
+                refused = await client.get(f"/api/runs/{run['id']}/metrics/keys")
+                assert refused.status_code == 503  # the slot is taken: reads wait, then 503
+                stream = Stream(client, f"/api/runs/{run['id']}/stream", {})
+                await until(lambda: stream.status_code is not None, 30, "the stream's answer")
+                assert stream.status_code == 200, stream.detail
+                locker.rollback()
+            assert (await held).status_code == 200
+            await until(lambda: stream.got("metrics"), 30, "the stream's points")
+            await stream.close()
+        db.dispose()
+
+    serve(
+        settings,
+        tmp_path,
+        scenario,
+        CONSPO_DB_REQUEST_CONCURRENCY="1",
+        CONSPO_DB_POOL_TIMEOUT_S="1",
+    )

@@ -293,3 +293,42 @@ def test_catalogue_is_served_and_injected_into_pages(api: Api) -> None:
     assert {"sep/gap", "optim/loss", "grpo/clip_frac"} <= {m["key"] for m in served["metrics"]}
     page = api.get("/").text
     assert "window.CONSPO_CATALOGUE = {" in page and '"key": "sep/gap"' in page
+
+
+def test_series_reads_are_cached_until_the_next_write_and_never_cross_runs(api: Api) -> None:
+    """The API keeps the series it built (``backend.storage.series.SERIES_CACHE``): a repeated
+    read sends no point query, a write makes the next read fresh, and a run given a deleted
+    run's id (SQLite reuses the last one) never gets the other's series."""
+    from sqlalchemy import event
+
+    engine = api.client.app.state.db.engine
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    def read(run_id: int, keys: str = "a") -> tuple[dict, int]:  # type: ignore[type-arg]
+        statements.clear()
+        r = api.get(f"/api/runs/{run_id}/metrics", params={"keys": keys})
+        assert r.status_code == 200, r.text
+        return r.json()["series"], len(statements)
+
+    run = api.external()
+    log(api, run["id"], [{"step": i, "metrics": {"a": float(i)}} for i in range(1, 4)])
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        first, cold = read(run["id"])
+        again, warm = read(run["id"])
+        assert again == first and first["a"]["steps"] == [1, 2, 3]
+        assert warm < cold, (warm, cold)  # the run and its write sequence, no points
+        log(api, run["id"], [{"step": 4, "metrics": {"a": 4.0}}])
+        assert read(run["id"])[0]["a"]["steps"] == [1, 2, 3, 4]
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    last = api.external()
+    log(api, last["id"], [{"step": 1, "metrics": {"a": 1.0}}])
+    assert read(last["id"])[0]["a"]["values"] == [1.0]
+    assert api.delete(f"/api/runs/{last['id']}").status_code == 204
+    reborn = api.external()
+    log(api, reborn["id"], [{"step": 1, "metrics": {"a": 2.0}}])
+    assert read(reborn["id"])[0]["a"]["values"] == [2.0]

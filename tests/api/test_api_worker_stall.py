@@ -6,7 +6,7 @@ training process that holds the interpreter so long that its own heartbeat threa
   is acted on within 10 s.
 * ``worker.watchdog`` against a real process wedged in Python's ``re`` (the GIL held, no thread
   of it runs): an unanswered cancel is recorded and the process killed; a stalled heartbeat gets
-  the process killed, and the reaper fails the run at the attempt cap saying why.
+  the process killed and the run failed at the attempt cap saying why.
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ def test_a_backtracking_pattern_fails_its_reward_and_the_run_still_cancels_withi
     config = tiny_config(500, rewards=[{"name": "format", "params": {"pattern": BACKTRACKING}}])
     config["sampling"] = {**config["sampling"], "max_new_tokens": 48}
     run_id = submit(api, config)
-    wait_for(lambda: run_state(api, run_id)["step"] >= 3, 300, "three steps")
+    try:
+        wait_for(lambda: run_state(api, run_id)["step"] >= 3, 300, "three steps")
+    except AssertionError:
+        pytest.fail(f"run {run_id}: {run_state(api, run_id)}\n{wp.tail()}")
     wait_for(lambda: "reward format failed on" in wp.tail(400), 60, "the failed reward's log")
     health = api.get("/api/health").json()
     assert len(health["workers"]) == 1 and health["stale_runs"] == [], health
@@ -66,7 +69,7 @@ def claimed(api: Api) -> Run:
     db = Database(api.settings)
     with db.session() as session:
         run = lifecycle.claim(
-            session, run_id, host="stalled", stale_before=utcnow() - timedelta(hours=1),
+            session, run_id, host="gpu-1", stale_before=utcnow() - timedelta(hours=1),
             max_attempts=3,
         )  # fmt: skip
     db.dispose()
@@ -116,16 +119,38 @@ def test_the_watchdog_kills_a_process_whose_heartbeat_stalled_and_the_cap_says_w
     run = claimed(api)
     proc = wedged()
     settings = api.settings.model_copy(
-        update={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5, "max_attempts": 1}
+        update={
+            "heartbeat_interval_s": 0.2,
+            "heartbeat_timeout_s": 1.5,
+            "cancel_grace_s": 1.0,
+            "max_attempts": 1,
+        }
     )
     outcome, took = watched(settings, run, proc)
     assert outcome == "killed: stalled" and proc.returncode == -9
     assert took < 10
+    state = run_state(api, run.id)  # the attempt cap (1 here) reached, and why
+    assert state["status"] == "failed" and state["worker_deaths"] == 1
+    assert state["error"].startswith("worker died 1 times; the last time: worker gpu-1 was")
+    assert "no heartbeat for over 2.5 s while its process lived" in state["error"]
+
+
+def test_the_watchdog_kills_a_process_still_running_an_attempt_it_lost(
+    api: Api, wedged: Any
+) -> None:
+    """A reaper re-queued the run and another attempt took it: the trainer would stop at its
+    next step boundary, but this one never reaches one."""
+    from sqlalchemy import update
+
+    run = claimed(api)
+    proc = wedged()
     db = Database(api.settings)
-    with db.session() as session:  # one pass of a reaper, at an attempt cap of 1
-        stale_before = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
-        recovered = lifecycle.requeue_stale(session, stale_before, settings.max_attempts)
+    with db.session() as session:
+        session.execute(update(Run).where(Run.id == run.id).values(attempt=run.attempt + 1))
+        session.commit()
     db.dispose()
-    assert run.id in recovered.failed
-    state = run_state(api, run.id)
-    assert state["status"] == "failed" and state["error"].startswith("worker died 1 times")
+    settings = api.settings.model_copy(update={"heartbeat_interval_s": 0.2, "cancel_grace_s": 1})
+    outcome, took = watched(settings, run, proc)
+    assert outcome == "killed: lost" and proc.returncode == -9
+    assert took < 10
+    assert run_state(api, run.id)["status"] == "running"  # the newer attempt's, untouched

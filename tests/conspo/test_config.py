@@ -257,9 +257,8 @@ def test_an_overlong_buffer_as_long_as_the_response_cap_is_refused(buffer, max_n
     [error] = info.value.errors()
     assert error["loc"] == ("params", "overlong_buffer")
     assert "sampling.max_new_tokens" in error["msg"] and "params.overlong_buffer" in error["msg"]
-    # DAPO's default buffer (8) needs responses longer than 8 tokens; 0 turns shaping off.
-    with pytest.raises(ValidationError):
-        RunConfig.model_validate({"algorithm": "dapo", "sampling": {"max_new_tokens": 8}})
+    # DAPO's default buffer (8), not given, shrinks to fit a shorter cap; 0 turns shaping off.
+    RunConfig.model_validate({"algorithm": "dapo", "sampling": {"max_new_tokens": 8}})
     RunConfig.model_validate({**data, "params": {"overlong_buffer": 0}})
     RunConfig.model_validate({**data, "params": {"overlong_buffer": max_new_tokens - 1}})
 
@@ -295,3 +294,19 @@ def test_params_are_validated_once_and_passed_typed(monkeypatch):
     assert copied.objective_params().tau == 6.0 and cfg.objective_params().tau == 5.0
     # the cache never makes equal configs differ
     assert RunConfig.model_validate(cfg.model_dump()) == cfg
+
+
+def test_the_default_overlong_buffer_fits_a_short_response_cap() -> None:
+    """Issue 26 item 10: choosing DAPO in the form (max_new_tokens 6) gave an invalid config:
+    its default 8-token buffer covered every answer. The default, not given, shrinks to a quarter
+    of the cap (the form sends only the parameters that differ from the defaults); a buffer given
+    explicitly is still refused when it does not fit."""
+    cfg = RunConfig.model_validate({"algorithm": "dapo", "sampling": {"max_new_tokens": 6}})
+    assert cfg.params["overlong_buffer"] == 1
+    assert [(r.name, r.params) for r in cfg.rewards][-1] == ("length", {"buffer": 1})
+    assert RunConfig.model_validate({"algorithm": "dapo"}).params["overlong_buffer"] == 8
+    with pytest.raises(ValidationError, match="must be smaller than sampling.max_new_tokens"):
+        short = {"max_new_tokens": 6}
+        RunConfig.model_validate(
+            {"algorithm": "dapo", "sampling": short, "params": {"overlong_buffer": 8}}
+        )

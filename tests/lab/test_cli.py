@@ -70,6 +70,10 @@ def test_submit_queues_one_run_per_seed_and_runs_lists_them(lab_server, lab, tmp
     for run in page.items:
         assert str(run.id) in listed.output
     assert "dapo" in listed.output and "3 of 3" in listed.output
+    # Issue 26 item 15: a queued run's place in the queue and why it waits, as on the page.
+    for run in lab.list_runs(tag="cli-submit").items:
+        assert f"queued #{run.queue_position}" in listed.output
+        assert run.waiting_reason and run.waiting_reason in listed.output
 
 
 def test_export_csv_jsonl_parquet(lab_server, logged_run, tmp_path):

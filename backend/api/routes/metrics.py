@@ -10,7 +10,7 @@ from pydantic_core import to_json
 from backend.api.deps import RunDep, SessionDep, found_runs
 from backend.api.query import CommaList, parse_ids, parse_keys
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
-from backend.storage.series import metric_keys, query_series
+from backend.storage.series import cached_series, metric_keys
 from conspo.metrics import Catalogue, catalogue
 
 router = APIRouter(tags=["metrics"])
@@ -63,7 +63,7 @@ def series(
     Steps in (``since_step``, ``step_max``] only.
     """
     wanted = parse_keys(keys, "keys", 200)
-    data = query_series(session, [run.id], wanted, max_points, since_step, step_max)
+    data = cached_series(session, [run.id], wanted, max_points, since_step, step_max)
     return JSONBytes(to_json({"run_id": run.id, "series": data[run.id]}))
 
 
@@ -74,5 +74,5 @@ def compare(
     run_ids = parse_ids(runs, "runs", 50)
     wanted = parse_keys(keys, "keys", 50)
     found_runs(session, run_ids)
-    data = query_series(session, run_ids, wanted, max_points)
+    data = cached_series(session, run_ids, wanted, max_points)
     return JSONBytes(to_json({"runs": {str(r): {"series": data[r]} for r in run_ids}}))
