@@ -76,9 +76,9 @@ def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
     from conspo.generation.forward import logprob_mode
-    from conspo.generation.rollout import encode_prompts, end_token_ids
     from conspo.models.loading import load_pretrained
     from conspo.training.loop import optimiser_step, step_seed
+    from conspo.training.trainer import draw_rollouts
 
     cfg = state.cfg
     params = cfg.typed("kind_params", DistillParams)
@@ -91,29 +91,15 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
             f" {cfg.model.name!r}; distillation compares their distributions token by token"
         )
     teacher.eval().requires_grad_(False)
-    g, temperature = cfg.sampling.group_size, cfg.sampling.temperature
+    temperature = cfg.sampling.temperature
 
     def step(step: int) -> dict[str, float]:
         rng = random.Random(step_seed(cfg.seed, step, "p0"))
         prompts = state.task.train_prompts(rng, cfg.sampling.prompts_per_step)
-        ids, mask = encode_prompts(
-            state.tokenizer, [ex.prompt for ex in prompts for _ in range(g)], state.device
-        )
-        generator = torch.Generator(device=state.device).manual_seed(
-            step_seed(cfg.seed, step, "s0")
-        )
-        state.model.eval()
-        batch = state.engine.sample(
-            state.model,
-            ids,
-            mask,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-            eos_id=end_token_ids(state.tokenizer, state.model),
-            pad_id=state.tokenizer.pad_token_id,
-            temperature=temperature,
-            top_p=cfg.sampling.top_p,
-            generator=generator,
-        )
+        # the prefill unshared, as this kind has always sampled (shared: the same tokens to
+        # float rounding, and faster)
+        seed = step_seed(cfg.seed, step, "s0")
+        batch, _, _ = draw_rollouts(state, prompts, seed, share_prefill=False)
         logprob_mode(state.model)
         seq = torch.cat([batch.prompt_ids, batch.response_ids], 1)
         attn = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)

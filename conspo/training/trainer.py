@@ -267,12 +267,16 @@ def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
     )
 
 
-def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollouts:
-    """G rollouts per prompt, verified; rows [i*G, (i+1)*G) belong to prompts[i]."""
+def draw_rollouts(
+    state: TrainState, prompts: list[Example], seed: int, *, share_prefill: bool = True
+) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor]:
+    """(batch, prompt ids, prompt mask) of ``sampling.group_size`` G samples of each prompt
+    from the policy at the run's sampling settings, drawn from ``seed``; rows [i*G, (i+1)*G)
+    belong to prompts[i]. ``share_prefill``: each group's prompt is prefilled once."""
     cfg = state.cfg
     g = cfg.sampling.group_size
-    expanded = [ex for ex in prompts for _ in range(g)]
-    ids, mask = encode_prompts(state.tokenizer, [ex.prompt for ex in expanded], state.device)
+    texts = [ex.prompt for ex in prompts for _ in range(g)]
+    ids, mask = encode_prompts(state.tokenizer, texts, state.device)
     generator = torch.Generator(device=state.device).manual_seed(seed)
     state.model.eval()
     batch = state.engine.sample(
@@ -285,8 +289,17 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
         temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p,
         generator=generator,
-        group_size=g,
+        group_size=g if share_prefill else 1,
     )
+    return batch, ids, mask
+
+
+def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollouts:
+    """G rollouts per prompt, verified; rows [i*G, (i+1)*G) belong to prompts[i]."""
+    cfg = state.cfg
+    g = cfg.sampling.group_size
+    expanded = [ex for ex in prompts for _ in range(g)]
+    batch, ids, mask = draw_rollouts(state, prompts, seed)
     texts = decode_responses(state.tokenizer, batch)
     scorer = partial(continuation_logprobs, state, ids, mask)
     context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)
