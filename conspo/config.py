@@ -238,11 +238,12 @@ class ModelConfig(_Section):
         "auto",
         json_schema_extra={"advanced": True},
         description="Compute dtype. auto: bfloat16 on CUDA, float32 on CPU. float16 always trains"
-        " float32 master weights under autocast with loss scaling. On a CPU with bfloat16 matmuls,"
-        " bfloat16 with mixed_precision on ran the training forward+backward ~2.0x faster than"
-        " float32 and decoding ~1.6x (token log-probs within ~0.017 nats: bench/levers.py), and"
-        " a whole GRPO step ~1.9x (bench/throughput.py), so it is worth choosing there; auto"
-        " stays float32 on CPU.",
+        " float32 master weights under autocast with loss scaling. On a CPU, measure before"
+        " choosing bfloat16: on the 9.5M-parameter bench model (AVX512-BF16 CPU) bfloat16 with"
+        " mixed_precision ran a GRPO step ~1.9x faster than float32 (bench/throughput.py), but"
+        " a SmolLM2-135M LoRA step ran 2-4x slower (bench/smollm2_step.py), and a CPU without"
+        " AVX512-BF16 or AMX emulates it several times slower (bench/levers.py prints which this"
+        " CPU is). auto stays float32 on CPU.",
     )
     mixed_precision: bool = Field(
         False,

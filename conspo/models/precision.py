@@ -89,7 +89,7 @@ def bfloat16_note() -> str:
     if native is None:
         return "CPU bfloat16: unknown (no /proc/cpuinfo)"
     if native:
-        return f"CPU bfloat16: native ({native})"
+        return f"CPU bfloat16: native ({native}); whether it is faster depends on the shape"
     return (
         "CPU bfloat16: emulated (no AVX512-BF16 or AMX): bfloat16 runs several times slower"
         " than float32 here; train in float32"
