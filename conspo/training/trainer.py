@@ -1,7 +1,10 @@
-"""The RLVR training loop: prompts → rollouts → rewards → log-probs → objective → update → log.
+"""The RLVR step: prompts → rollouts → rewards → log-probs → objective → update → log.
 
     result = train(RunConfig.from_file("run.yaml"), JsonlSink("out/metrics.jsonl"),
                    workdir="out", model_store=ModelStore())
+
+``train`` is the one training loop (``conspo.training.loop.run_loop``: setup, resume,
+checkpoints, evaluation, cancellation) around ``train_step``.
 
 One step samples ``prompts_per_step`` groups of ``group_size`` rollouts, rewards them (the
 configured reward functions, ``conspo.rewards``: the verifier's outcome decides who is positive,
