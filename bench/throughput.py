@@ -1,6 +1,6 @@
 """Rollouts per second: conspo's trainer vs TRL's GRPOTrainer on identical setups, interleaved.
 
-    .venv/bin/python bench/throughput.py [--shapes tiny,b,c,b-noshare] [--repeats 3]
+    .venv/bin/python bench/throughput.py [--shapes tiny,b,c,b-noshare,smol] [--repeats 3]
                                          [--warmup 1] [--steps 2] [--threads 1] [--quick]
                                          [--dtype float32|bf16]
 
@@ -23,6 +23,13 @@ Shapes:
 * ``c``: ``b`` with ~128-token prompts (120 filler characters before each question).
 * ``b-noshare``: ``b`` with conspo's shared-prompt prefill turned off (every row prefills its own
   prompt, in sampling and in the training forward): what the rest of the trainer gives.
+
+* ``smol``: the real-model shape. SmolLM2-135M-Instruct (the model store's
+  ``smollm2-135m-instruct``) with LoRA rank 16 (α 32, every linear layer) on reasoning-gym's
+  1-digit sums in the model's chat template (examples/smollm2_gsm.yaml), 8 prompts x 8 rollouts,
+  up to ``--new-tokens`` (128) new tokens with real stopping on <|im_end|>, temperature 0.7,
+  the task's own verifier as the reward. Both sides get the same rendered prompt strings and
+  the same peft LoraConfig.
 
 Rewards at shapes b and c are a fixed function of the completion text (CRC32 parity), the same
 on both sides: a random model answers nothing right, and groups need mixed rewards for both
@@ -62,16 +69,28 @@ MODEL_DIMS = dict(
 )
 FILLER_CHARS = 120  # shape (c): characters (= tokens) put before every question
 TARGET_B = 2.0  # conspo / TRL rollouts/s at shape (b), issue 15
+TARGET_SMOL = 2.0  # conspo / TRL rollouts/s at the real-model shape, both dtypes (issue 25)
+SMOL_MODEL = "smollm2-135m-instruct"
+SMOL_TASK = {
+    "name": "reasoning_gym",
+    "params": {"dataset": "chain_sum", "answer_format": "last_number",
+               "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+}  # fmt: skip
+SMOL_LORA = {"rank": 16, "alpha": 32}
+SMOL_TEMPERATURE = 0.7  # at 1.0 this small model's samples turn to noise
 
 
 class Shape:
     def __init__(self, name: str, args: argparse.Namespace) -> None:
         self.name = name
         self.tiny = name == "tiny"
+        self.real = name == "smol"  # a pretrained model on a real task: nothing patched
         self.prompts, self.group = (16, 8) if self.tiny else (8, 8)
         self.max_new_tokens = 8 if self.tiny else args.new_tokens
         self.filler = FILLER_CHARS if name == "c" else 0
         self.share = name != "b-noshare"
+        self.task = SMOL_TASK if self.real else TINY_TASK
+        self.temperature = SMOL_TEMPERATURE if self.real else 1.0
 
     @property
     def rollouts(self) -> int:
@@ -105,7 +124,7 @@ def build_forced_model(out: Path) -> None:
 
 def patch_task(shape: Shape) -> None:
     """Shapes b and c: CRC32-parity rewards and (c) long prompts, for both sides alike."""
-    if shape.tiny:
+    if shape.tiny or shape.real:
         return
     import random
 
@@ -169,14 +188,16 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             super().log_step(record)
 
     bf16 = {"dtype": "bfloat16", "mixed_precision": True} if args.dtype == "bf16" else {}
+    real = {"lora": SMOL_LORA} if shape.real else {}
     cfg = RunConfig.model_validate({
         "algorithm": "grpo",
         "params": {"loss_agg": "seq-mean-token-mean", "beta": 0.0},
         "steps": args.warmup + args.steps + 1,
-        "task": TINY_TASK,
-        "model": {"name": model, "device": "cpu", **bf16},
+        "task": shape.task,
+        "prompt": {"chat_template": "on" if shape.real else "auto"},
+        "model": {"name": model, "device": "cpu", **bf16, **real},
         "sampling": {"prompts_per_step": shape.prompts, "group_size": shape.group,
-                     "max_new_tokens": shape.max_new_tokens},
+                     "max_new_tokens": shape.max_new_tokens, "temperature": shape.temperature},
         "optim": {"lr": 1e-4, "mini_batches": 1},
         "eval": {"every": 0, "at_start": False},
         "checkpoint": {"every": 0},
@@ -192,7 +213,10 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
         rate = m[M.BATCH_PASS_RATE]
         pos, neg = m[M.LEN_POS], m[M.LEN_NEG]
         lengths.append((rate * pos if rate else 0.0) + ((1 - rate) * neg if rate < 1 else 0.0))
-    return {"walls": walls, "cpus": cpus, "mean_len": statistics.mean(lengths)}
+    rollout_s = [sink.steps[s].metrics[M.TIME_ROLLOUT_S]
+                 for s in range(args.warmup + 1, args.warmup + args.steps + 1)]  # fmt: skip
+    return {"walls": walls, "cpus": cpus, "mean_len": statistics.mean(lengths),
+            "rollout_s": rollout_s}  # fmt: skip
 
 
 def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
@@ -202,12 +226,16 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from conspo.config import TaskConfig
+    from conspo.config import PromptConfig, TaskConfig
     from conspo.models.store import ModelStore
     from conspo.tasks import make_task
+    from conspo.tasks.prompts import PromptRenderer, with_prompts
 
-    path = ModelStore().resolve(model) if shape.tiny else model
-    task = make_task(TaskConfig.model_validate(TINY_TASK))
+    path = ModelStore().resolve(model) if shape.tiny or shape.real else model
+    task = make_task(TaskConfig.model_validate(shape.task))
+    if shape.real:  # the same rendered chat prompts conspo's trainer samples from
+        chat = PromptConfig.model_validate({"chat_template": "on"})
+        task = with_prompts(task, PromptRenderer(chat, AutoTokenizer.from_pretrained(path)))
     total = args.warmup + args.steps + 1
     examples = task.train_prompts(random.Random(0), shape.prompts * total)
     by_prompt = {ex.prompt: ex for ex in examples}
@@ -241,7 +269,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             learning_rate=1e-4,
             beta=0.0,
             loss_type="grpo",
-            temperature=1.0,
+            temperature=shape.temperature,
             report_to="none",
             logging_steps=1,
             save_strategy="no",
@@ -251,6 +279,13 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             disable_tqdm=True,
             seed=0,
         )
+        lora = None
+        if shape.real:
+            from peft import LoraConfig, TaskType
+
+            lora = LoraConfig(r=SMOL_LORA["rank"], lora_alpha=SMOL_LORA["alpha"],
+                              lora_dropout=0.0, target_modules="all-linear",
+                              task_type=TaskType.CAUSAL_LM)  # fmt: skip
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(path),
             reward_funcs=reward,
@@ -258,6 +293,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             train_dataset=dataset,
             processing_class=AutoTokenizer.from_pretrained(path),
             callbacks=[marks],
+            peft_config=lora,
         )
         trainer.train()
     walls, cpus = step_times(marks.marks, args.warmup, args.steps)
@@ -335,6 +371,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for shape in shapes:
                 model = "tiny-arith" if shape.tiny else str(forced)
+                model = SMOL_MODEL if shape.real else model
                 impls = ("conspo",) if not shape.share else ("conspo", "trl")
                 for impl in impls:
                     results[shape.name][impl].append(run_child(impl, shape.name, model, args))
@@ -364,7 +401,8 @@ def main() -> None:
         best_ratio = ours["rollouts_cpu_best"] / trl["rollouts_cpu_best"]
         cpu_ratio = ours["rollouts_cpu_s"] / trl["rollouts_cpu_s"]
         wall_ratio = ours["rollouts_s"] / trl["rollouts_s"]
-        target = f" (target >= {TARGET_B:.1f}x)" if name == "b" else ""
+        target = {"b": f" (target >= {TARGET_B:.1f}x)",
+                  "smol": f" (target >= {TARGET_SMOL:.1f}x)"}.get(name, "")  # fmt: skip
         against = "" if "trl" in by_impl else " against TRL at b"
         # The min CPU time is the figure least moved by other processes (cache and memory
         # contention inflate CPU time too); the medians are printed beside it.

@@ -304,6 +304,9 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
         "total_params": sum(p.numel() for p in state.model.parameters()),
         "attn_implementation": state.cfg.model.attn_implementation,
         "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
+        # Distinct held-out problems scored: fewer than task.eval_size where the task's
+        # held-out split has fewer (1-digit sums: 24 of 200).
+        "eval_problems": len(state.eval_examples),
     }
     if distributed.active():
         info["world_size"] = distributed.world_size()

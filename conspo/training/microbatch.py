@@ -9,6 +9,7 @@ conspo.generation.forward's shared-prompt path); a group over the budget alone i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -57,6 +58,54 @@ def _split_rows(rows: list[int], cost: Callable[[list[int]], int], budget: int) 
             pieces.append([])
         pieces[-1].append(row)
     return pieces
+
+
+# What one more forward costs beyond its tokens, in token positions (the per-layer calls, and
+# smaller matmuls running below the machine's best rate): a length bucket must save more
+# padding than this to be split off.
+BUCKET_OVERHEAD_TOKENS = 64
+# The longest run of groups the search tries as one piece: it bounds the search's cost at
+# thousands of groups (longer runs are then cut in pieces that cost the overhead more).
+BUCKET_MAX_GROUPS = 256
+
+
+def length_buckets(batch: RolloutBatch, group_size: int) -> list[torch.Tensor]:
+    """Row indices (into ``batch``, (k,) long on the CPU) of whole groups of similar answer
+    length, covering every row once: the pieces one gradient pass runs its forwards on, so that
+    a batch whose answers end at 15 tokens but for one at 128 does not run every row 128 long.
+
+    A piece's cost is its padded positions: groups x longest real prompt (each group's prompt
+    runs once) + rows x longest response, plus ``BUCKET_OVERHEAD_TOKENS``. The groups are sorted
+    by their longest response and cut into consecutive runs of least total cost (dynamic
+    programming over the cut points); one piece when splitting saves nothing.
+    """
+    n = batch.response_ids.shape[0]
+    g = group_size if group_size > 1 and n % group_size == 0 else 1
+    prompt_len = batch.prompt_mask.sum(-1).cpu().view(-1, g).max(-1).values.tolist()
+    response_len = batch.response_mask.sum(-1).cpu().long().clamp(min=1).view(-1, g)
+    longest = response_len.max(-1).values.tolist()
+    order = sorted(range(len(longest)), key=lambda i: longest[i])
+    # best[k]: the least cost of the first k groups in ``order``; cut[k]: where its last run starts
+    best = [0.0] + [math.inf] * len(order)
+    cut = [0] * (len(order) + 1)
+    for k in range(1, len(order) + 1):
+        widest_prompt = 0
+        for j in range(k, max(0, k - BUCKET_MAX_GROUPS), -1):  # last run: order[j-1 .. k-1]
+            widest_prompt = max(widest_prompt, prompt_len[order[j - 1]])
+            groups = k - j + 1
+            run = groups * widest_prompt + groups * g * longest[order[k - 1]]
+            cost = best[j - 1] + run + BUCKET_OVERHEAD_TOKENS
+            if cost < best[k]:
+                best[k], cut[k] = cost, j - 1
+    pieces: list[list[int]] = []
+    k = len(order)
+    while k > 0:
+        pieces.append(sorted(order[cut[k] : k]))
+        k = cut[k]
+    return [
+        torch.tensor([group * g + i for group in piece for i in range(g)])
+        for piece in reversed(pieces)
+    ]
 
 
 def trimmed(batch: RolloutBatch) -> RolloutBatch:

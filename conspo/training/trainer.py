@@ -77,7 +77,7 @@ from conspo.training.loop import (
     run_loop,
     step_seed,
 )
-from conspo.training.microbatch import micro_batches, trimmed
+from conspo.training.microbatch import length_buckets, micro_batches, trimmed
 from conspo.training.stats import offpolicy_stats, separation_stats
 
 
@@ -614,10 +614,7 @@ def backward_chunk(
     ref = reference_logprobs(state, sub, pieces)
     if len(pieces) == 1:
         with state.precision.autocast():
-            logprobs, entropy = token_logprobs(
-                state.model, sub, cfg.sampling.temperature, with_entropy=True, group_size=g
-            )
-        assert entropy is not None
+            logprobs, entropy = bucketed_logprobs(state, sub, length_buckets(sub, g), g)
         batch = policy_batch(state, r, rows, logprobs, old_logprobs, ref, step, entropy.detach())
         out = state.objective(batch, state.params)
         state.precision.backward(out.loss)
@@ -629,6 +626,36 @@ def backward_chunk(
     (dloss_dlogprobs,) = torch.autograd.grad(out.loss, leaf)
     backward_pieces(state, sub, pieces, g, dloss_dlogprobs)
     return batch, entropy, out
+
+
+def bucketed_logprobs(
+    state: TrainState, batch: RolloutBatch, buckets: list[torch.Tensor], g: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) log-probs (with grad) and entropy (no grad) of ``batch`` under π_θ, one forward
+    per length bucket (``length_buckets``: whole groups, each run only as long as its longest
+    answer), every bucket's graph kept for the one backward: the same values and gradient as a
+    single forward over the whole batch, without its padding. 0 past a bucket's longest answer."""
+    temperature = state.cfg.sampling.temperature
+    if len(buckets) == 1:
+        logprobs, entropy = token_logprobs(state.model, batch, temperature, True, g)
+        assert entropy is not None
+        return logprobs, entropy
+    n, t = batch.response_ids.shape
+    parts: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    for idx in buckets:
+        piece = trimmed(batch.select(idx.to(batch.response_ids.device)))
+        logprobs, entropy = token_logprobs(
+            state.model, piece, temperature, True, piece_group_size(idx, g)
+        )
+        assert entropy is not None
+        parts.append(F.pad(logprobs.float(), (0, t - logprobs.shape[1])))
+        entropies.append(F.pad(entropy.float(), (0, t - entropy.shape[1])))
+    order = torch.cat(buckets)
+    where = torch.empty_like(order)
+    where[order] = torch.arange(n)  # row i of the batch is row where[i] of the buckets' rows
+    where = where.to(state.device)
+    return torch.cat(parts)[where], torch.cat(entropies)[where]
 
 
 def backward_sharded(

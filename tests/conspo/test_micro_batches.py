@@ -8,9 +8,9 @@ import torch
 
 from conspo.config import RunConfig
 from conspo.generation.rollout import RolloutBatch
-from conspo.training import trainer
+from conspo.training import microbatch, trainer
 from conspo.training.loop import setup
-from conspo.training.microbatch import micro_batches, trimmed
+from conspo.training.microbatch import length_buckets, micro_batches, trimmed
 from conspo.training.trainer import collect_rollouts, update
 
 
@@ -118,3 +118,43 @@ def test_the_first_mini_batch_reuses_the_frozen_old_logprobs(model_store, arith_
     grads, rollouts = step_gradients(cfg, model_store, budget=10_000_000)
     assert calls.count(False) == 1  # the budget holds everything: one no-grad pass, π_old
     assert len(grads) == 2
+
+
+def test_length_buckets_cut_where_padding_costs_more_than_a_forward():
+    # Groups of two: (5, 1), (2, 2), (100, 6): one forward would run all six rows 100 long.
+    b = batch([3, 3, 3, 3, 3, 3], [5, 1, 2, 2, 100, 6])
+    assert [p.tolist() for p in length_buckets(b, 2)] == [[0, 1, 2, 3], [4, 5]]
+    # Answers of like length: splitting saves less than a forward costs.
+    b = batch([3, 3, 3, 3, 3, 3], [5, 1, 2, 2, 6, 6])
+    assert [p.tolist() for p in length_buckets(b, 2)] == [[0, 1, 2, 3, 4, 5]]
+    # The longest group first in the batch: pieces are whole groups, each in batch order.
+    b = batch([3, 3, 4, 4, 3, 3], [100, 6, 2, 2, 5, 1])
+    assert [p.tolist() for p in length_buckets(b, 2)] == [[2, 3, 4, 5], [0, 1]]
+
+
+@pytest.mark.parametrize("algorithm", ["conspo", "grpo"])
+def test_length_buckets_give_the_single_forward_gradient(algorithm, model_store, arith_base,
+                                                          monkeypatch):  # fmt: skip
+    """One gradient pass over length buckets (each its own forward, one backward through all)
+    gives the gradient of one forward over the whole padded mini-batch."""
+    cfg = config(algorithm, 1)
+    monkeypatch.setattr(
+        trainer, "length_buckets", lambda batch, g: [torch.arange(len(batch.lengths))]
+    )
+    whole, rollouts = step_gradients(cfg, model_store)
+    monkeypatch.undo()
+    monkeypatch.setattr(microbatch, "BUCKET_OVERHEAD_TOKENS", 0)  # split wherever it saves a token
+    buckets = length_buckets(rollouts.batch, 4)
+    assert len(buckets) > 1
+    calls = []
+    real = trainer.token_logprobs
+
+    def spy(model, batch, *args, **kwargs):
+        calls.append(batch.response_ids.shape)
+        return real(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "token_logprobs", spy)
+    bucketed, _ = step_gradients(cfg, model_store, rollouts)
+    assert len(calls) == len(buckets)  # one forward per bucket, no extra no-grad pass
+    assert sum(rows for rows, _ in calls) == len(rollouts.group_ids)
+    assert_same_gradients(bucketed, whole)
