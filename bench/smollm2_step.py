@@ -132,7 +132,7 @@ def main() -> None:
     if args.no_buckets:
         import conspo.training.trainer as trainer
 
-        trainer.length_buckets = lambda batch, g: [torch.arange(len(batch.lengths))]
+        trainer.length_buckets = lambda batch, group_size: [torch.arange(len(batch.lengths))]
 
     if args.threads:
         torch.set_num_threads(args.threads)
