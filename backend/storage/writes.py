@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
-from backend.storage.columns import MetricColumns, RolloutColumns, none_if_nan
+from backend.storage.columns import MetricColumns, RolloutColumns, last_unique, none_if_nan
 from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 from backend.storage.series import refresh_rollups
@@ -96,9 +96,11 @@ def write_points(
        commit order). With ``owner_attempt`` only while that attempt still owns the running
        run; else nothing is written and ``owned`` is False.
     2. one DELETE of the rollup-cache rows of the written keys the new points fall into;
-    3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
-       for their key (every row, in a run that only moves forward) go in with a binary COPY,
-       the others with INSERT … ON CONFLICT DO UPDATE of binary arrays;
+    3. the metric rows and the rollouts' rows (one per step, an array per field): on
+       PostgreSQL, rows above the highest step already stored for their key (every row, in a
+       run that only moves forward) go in with a binary COPY, the others with INSERT … ON
+       CONFLICT DO UPDATE (a stored step's rollouts are read back and merged with the new
+       ones first, so a rollout sent again replaces its twin and the others stay);
     4. the rollups of the written keys' complete buckets at the charts' widths
        (``backend.storage.series.refresh_rollups``: buckets made only of the written points
        aggregated in numpy and copied in; a series growing into a wider width has its narrower
@@ -155,32 +157,6 @@ def _finite_array(values: Sequence[Any]) -> Any:
     return arr
 
 
-def _last_unique(*sort_keys: Any) -> Any:
-    """Indices that sort by ``sort_keys`` (most significant first), keeping the last of equals."""
-    n = len(sort_keys[0])
-    if n <= 1 or _strictly_increasing(*sort_keys):  # the usual batch: in order, no repeats
-        return np.arange(n)
-    order = np.lexsort((np.arange(n), *reversed(sort_keys)))
-    keep = np.ones(n, dtype=bool)
-    same = np.ones(n - 1, dtype=bool)
-    for key in sort_keys:
-        sk = key[order]
-        same &= sk[1:] == sk[:-1]
-    keep[:-1] = ~same  # a row followed by an equal one is superseded by it
-    return order[keep]
-
-
-def _strictly_increasing(*sort_keys: Any) -> bool:
-    """Whether the rows are in strictly increasing order of ``sort_keys`` (most significant
-    first)."""
-    later = np.zeros(len(sort_keys[0]) - 1, dtype=bool)  # row i+1 already after row i
-    tied = np.ones(len(sort_keys[0]) - 1, dtype=bool)  # equal so far
-    for key in sort_keys:
-        later |= tied & (key[1:] > key[:-1])
-        tied &= key[1:] == key[:-1]
-    return bool(later.all())
-
-
 def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
     now = time.time()
     key_col: list[str] = []
@@ -205,7 +181,7 @@ def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
     rank[[slot[k] for k in keys]] = np.arange(len(keys), dtype=np.int32)
     k = rank[codes]
     step = np.asarray(step_col, dtype=np.int64)
-    pick = _last_unique(k, step)
+    pick = last_unique(k, step)
     return MetricColumns(
         keys,
         k[pick],
@@ -244,11 +220,7 @@ def _rollout_columns(
     )
     truncated = np.fromiter(map(_GET["truncated"], every), dtype=bool, count=n)
     reward, score = (_finite_array(list(map(_GET[name], every))) for name in ("reward", "score"))
-    pick = _last_unique(step, group, index)
-    columns = RolloutColumns(
-        step[pick], group[pick], index[pick], reward[pick], score[pick], length[pick],
-        truncated[pick],
-    )  # fmt: skip
+    columns = RolloutColumns.of(step, group, index, reward, score, length, truncated)
     texts: dict[tuple[int, int, int], dict[str, Any]] = {}
     try:
         prompt, completion = list(map(_GET["prompt"], every)), list(map(_GET["completion"], every))

@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 
 from backend.config import Settings
 from backend.db import Database
-from backend.models import Metric, Rollout, Run, RunStatus, User, utcnow
+from backend.models import Metric, RolloutStep, Run, RunStatus, User, utcnow
+from backend.storage.rollouts import query_rollouts
 from backend.storage.series import Series
 from backend.storage.writes import RolloutPoint, StepPoints, write_points
 from conspo.sink import RolloutRecord, StepRecord
@@ -67,7 +68,7 @@ def stored(db: Database, run_id: int) -> tuple[dict[tuple[str, int], float | Non
                 select(Metric.key, Metric.step, Metric.value).where(Metric.run_id == run_id)
             )
         }
-        rollout_steps = list(s.scalars(select(Rollout.step).where(Rollout.run_id == run_id)))
+        rollout_steps = [r["step"] for r in query_rollouts(s, run_id, None, None, 10**6)]
     return points, rollout_steps
 
 
@@ -161,11 +162,9 @@ def test_write_points_dedupes_nulls_and_sorts(db: Database) -> None:
     points, _ = stored(db, run_id)
     assert points == {("a", 1): None, ("b", 1): None, ("a", 2): 5.0, ("b", 2): 1.0}
     with db.session() as s:
-        row = s.scalar(select(Rollout).where(Rollout.run_id == run_id))
-        assert (row.reward, row.score, row.length, row.truncated) == (1.0, -0.5, 4, True)
-        assert (
-            s.scalar(select(func.count()).select_from(Rollout).where(Rollout.run_id == run_id)) == 1
-        )
+        (row,) = query_rollouts(s, run_id, None, None, 10)
+        assert (row["reward"], row["score"], row["length"], row["truncated"]) == (1, -0.5, 4, True)
+        assert s.scalar(select(func.count()).where(RolloutStep.run_id == run_id)) == 1
 
 
 @pytest.fixture
@@ -228,16 +227,12 @@ def test_copy_sends_nulls_texts_and_every_width_exactly(db: Database) -> None:
     points, _ = stored(db, run_id)
     assert points == {(k, p.step): p.metrics[k] for p in steps for k in keys}
     with db.session() as s:
-        rows = s.execute(
-            select(Rollout.step, Rollout.group, Rollout.index, Rollout.reward, Rollout.score)
-            .add_columns(Rollout.length, Rollout.truncated)
-            .where(Rollout.run_id == run_id)
-        ).all()
+        rows = [tuple(r.values()) for r in query_rollouts(s, run_id, None, None, 10**6)]
     want = {
         (r.step, r.group, r.index, r.reward, None if r.group else r.score, r.length, r.truncated)
         for r in rollouts
     }
-    assert {tuple(r) for r in rows} == want and len(rows) == len(rollouts)
+    assert set(rows) == want and len(rows) == len(rollouts)
 
 
 def close(a: float | None, b: float | None) -> bool:
