@@ -454,3 +454,60 @@ def test_storage_dialect_is_chosen_once_per_engine(db: Database) -> None:
         assert dialect_of(a).name == db.engine.dialect.name
     with pytest.raises(ValueError, match="'mysql'; known: postgresql, sqlite"):
         _make("mysql")
+
+
+def test_rollouts_added_to_a_stored_step_keep_the_others(db: Database) -> None:
+    """A step's rollouts are one row: a later write of some of them (a redelivered step, a
+    client sending a step's groups in two calls) replaces those and keeps the rest, once each."""
+    run_id = new_run(db)
+
+    def rollout(step: int, g: int, i: int, reward: float) -> RolloutPoint:
+        return RolloutPoint(step, g, i, reward, -0.5, 4, False)
+
+    first = [rollout(s, 0, i, 0.0) for s in (1, 2) for i in range(3)]
+    later = [rollout(1, 1, 0, 1.0), rollout(1, 0, 1, 2.0), rollout(3, 0, 0, 3.0)]
+    for batch in (first, later, later):  # the second call again: nothing doubles
+        with db.session() as s:
+            write_points(s, run_id, [], batch)
+            s.commit()
+    with db.session() as s:
+        got = [(r["step"], r["group"], r["index"], r["reward"]) for r in query_rollouts(
+            s, run_id, None, None, 100)]  # fmt: skip
+        rows = s.scalar(select(func.count()).where(RolloutStep.run_id == run_id))
+    assert got == [
+        (1, 0, 0, 0.0), (1, 0, 1, 2.0), (1, 0, 2, 0.0), (1, 1, 0, 1.0),
+        (2, 0, 0, 0.0), (2, 0, 1, 0.0), (2, 0, 2, 0.0), (3, 0, 0, 3.0),
+    ]  # fmt: skip
+    assert rows == 3
+
+
+def test_rollout_reads_page_through_steps_and_join_texts(db: Database) -> None:
+    """Reads unpack the per-step rows in (step, group, index) order across pages of step rows,
+    stop at the limit mid-step, and attach each rollout's text (stored_texts: only those
+    with text, with their rewards)."""
+    from backend.storage.rollouts import STEP_ROWS_PER_READ, stored_texts
+
+    run_id = new_run(db)
+    steps = STEP_ROWS_PER_READ * 2 + 5
+    rollouts = [
+        RolloutPoint(s, g, i, float(s), None, 1, False, *(("p", f"c{s}") if i else ("", "")))
+        for s in range(1, steps + 1)
+        for g in range(2)
+        for i in range(2)
+    ]
+    with db.session() as s:
+        write_points(s, run_id, [], rollouts[::-1])  # any order in, sorted out
+        s.commit()
+    with db.session() as s:
+        every = query_rollouts(s, run_id, None, None, 10**6)
+        some = query_rollouts(s, run_id, 3, None, 7, text=True)
+        texts = stored_texts(s, run_id)
+    assert [(r["step"], r["group"], r["index"]) for r in every] == [
+        (r.step, r.group, r.index) for r in rollouts
+    ]
+    assert all(r["score"] is None for r in every)
+    assert [(r["step"], r["group"], r["index"], r["completion"]) for r in some] == [
+        (3, 0, 0, ""), (3, 0, 1, "c3"), (3, 1, 0, ""), (3, 1, 1, "c3"),
+        (4, 0, 0, ""), (4, 0, 1, "c4"), (4, 1, 0, ""),
+    ]  # fmt: skip
+    assert texts == [("p", f"c{s}", float(s)) for s in range(1, steps + 1) for _ in range(2)]
