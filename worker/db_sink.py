@@ -1,16 +1,16 @@
 """A ``conspo.sink.Sink`` that buffers steps and writes them to the database from a thread.
 
 The training thread only buffers: ``log_step`` adds the step to the buffer and, when the buffer
-holds ``max_points`` metric points, rollout rows and prompt rows, or when a step arrives
-``max_delay_s`` after the last hand-over (so dashboards stay live whatever the step rate) and
-the writer is idle, hands the whole buffer to a writer thread as one batch. The writer stores
-each batch in one transaction (``backend.storage.writes.write_points``): every metric, rollout
-and prompt pass rate in bulk, plus one update of the run row (step, summary, heartbeat; only
-while this attempt still owns the run). So a slow commit costs the trainer nothing until
-``max_batches`` batches wait; then ``log_step`` blocks until the writer takes one
-(backpressure: memory stays bounded when the database is slower than training). The writer
-thread exits when it has been idle ``WRITER_IDLE_S`` and starts again with the next batch, so
-a finished sink leaves none behind.
+holds ``max_points`` rows (metric points, prompts, and one row per step for its rollouts), or
+when a step arrives ``max_delay_s`` after the last hand-over (so dashboards stay live whatever
+the step rate) and the writer is idle, hands the whole buffer to a writer thread as one
+batch. The writer stores each batch in one transaction (``backend.storage.writes.write_points``):
+every metric, rollout and prompt pass rate in bulk, plus one update of the run row (step,
+summary, heartbeat; only while this attempt still owns the run). So a slow commit costs the
+trainer nothing until ``max_batches`` batches wait; then ``log_step`` blocks until the writer
+takes one (backpressure: memory stays bounded when the database is slower than training). The
+writer thread exits when it has been idle ``WRITER_IDLE_S`` and starts again with the next
+batch, so a finished sink leaves none behind.
 
 Errors reach the trainer on its own thread: whatever the writer meets (``RunGone``, a
 ``DatabaseUnavailable`` outage past its limit, any other error) is raised by the next
@@ -215,5 +215,6 @@ class DbSink:
 
 
 def _rows(record: StepRecord) -> int:
-    """The rows a step adds to a write: metric points, sampled rollouts and prompts."""
-    return len(record.metrics) + len(record.rollouts) + len(record.prompts)
+    """The rows a step adds to a write: metric points, its rollouts' row (one per step, however
+    many it sampled) and prompts."""
+    return len(record.metrics) + bool(record.rollouts) + len(record.prompts)

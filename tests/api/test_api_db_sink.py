@@ -98,7 +98,7 @@ def test_sink_buffers_until_flush_then_writes_one_batch(db: Database) -> None:
 
 def test_sink_writes_when_full_or_after_its_delay(db: Database) -> None:
     run_id = new_run(db)
-    per_step = len(KEYS) + 8
+    per_step = len(KEYS) + 1  # the metric points, and the rollouts' row
     full = DbSink(db, run_id, attempt=1, max_points=3 * per_step, max_delay_s=1e9)
     for step in range(1, 4):
         full.log_step(record(step))
