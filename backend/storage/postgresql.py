@@ -136,17 +136,22 @@ _ROLLUP_COPY = (
     "COPY metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min, v_max,"
     " last_step, last_wall) FROM STDIN (FORMAT BINARY)"
 )
-# A wider width's buckets from the narrower one's rows, deleted in the same statement.
+# A wider width's buckets from the narrower one's rows (the caller deletes both widths' rows of
+# the keys around it: a plain INSERT skips ON CONFLICT's speculative insertion, a third of the
+# statement's server time).
 _DERIVE_ROLLUPS_SQL = (
-    "WITH gone AS (DELETE FROM metric_rollups WHERE run_id = %(run)s AND width = %(old)s"
-    "  AND key = ANY(%(keys)s::varchar[]) RETURNING *)"
-    " INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
+    "INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
     "  v_max, last_step, last_wall)"
     " SELECT run_id, key, %(new)s, bucket / %(f)s, (bucket / %(f)s + 1) * %(new)s - 1, sum(n),"
     "  sum(n_valid), sum(v_sum), min(v_min), max(v_max), max(last_step), max(last_wall)"
-    " FROM gone GROUP BY run_id, key, bucket / %(f)s HAVING count(*) = %(f)s AND min(n) = %(old)s"
-    + _STORE_ROLLUPS_SQL[_STORE_ROLLUPS_SQL.index(" ON CONFLICT") :]
-    + " RETURNING key, bucket"
+    " FROM metric_rollups WHERE run_id = %(run)s AND width = %(old)s"
+    "  AND key = ANY(%(keys)s::varchar[])"
+    " GROUP BY run_id, key, bucket / %(f)s HAVING count(*) = %(f)s AND min(n) = %(old)s"
+    " RETURNING key, bucket"
+)
+_DELETE_WIDTH_SQL = (
+    "DELETE FROM metric_rollups WHERE run_id = %(run)s AND width = %(w)s"
+    " AND key = ANY(%(keys)s::varchar[])"
 )
 _PG = postgresql.dialect()  # compiles type names and quotes identifiers of generated SQL
 
@@ -258,8 +263,14 @@ class PostgresDialect(Dialect):
     ) -> set[tuple[str, int]]:
         params = {"run": run_id, "keys": list(keys), "old": old, "new": new, "f": new // old}
         with _raw_cursor(session) as cur:
+            # Rows a reader cached at the new width go first (the rest of refresh_rollups
+            # recomputes any bucket not derived); the caller holds the run row's lock, so no
+            # reader adds one meanwhile.
+            cur.execute(_DELETE_WIDTH_SQL, params | {"w": new}, prepare=False)
             cur.execute(_DERIVE_ROLLUPS_SQL, params, prepare=False)
-            return {(key, bucket) for key, bucket in cur}
+            derived = {(key, bucket) for key, bucket in cur}
+            cur.execute(_DELETE_WIDTH_SQL, params | {"w": old}, prepare=False)
+        return derived
 
     def write_rollups(self, session: Session, run_id: int, rollups: RollupColumns) -> None:
         # The caller's rows are buckets past every stored one (see refresh_rollups): COPY,
