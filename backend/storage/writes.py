@@ -75,6 +75,40 @@ class Written:
     seq: int | None = None  # the run's write_seq given to these points
 
 
+@dataclass
+class Encoded:
+    """A batch of points as the columns ``write_encoded`` stores (``encode_points``): built
+    without the database, so a writer can encode the next batch while this one is written."""
+
+    metrics: MetricColumns
+    rollouts: RolloutColumns
+    texts: list[dict[str, Any]]  # rollout_texts rows
+    prompts: list[dict[str, Any]]  # prompt_stats rows
+    last_step: int | None
+    last_values: dict[str, float | None]
+
+
+def encode_points(
+    run_id: int,
+    steps: Sequence[StepPoints],
+    rollouts: Iterable[RolloutPoint] = (),
+    prompts: Iterable[PromptPoint] = (),
+) -> Encoded:
+    """The columns of a batch (see ``write_points``)."""
+    m = _metric_columns(steps)
+    r, texts = _rollout_columns(run_id, steps, rollouts)
+    p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
+    last_values: dict[str, float | None] = {}
+    if len(m.step):
+        ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
+        last_values = {
+            m.keys[k]: none_if_nan(v)
+            for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
+        }
+    last_step = max(s.step for s in steps) if steps else None
+    return Encoded(m, r, texts, p, last_step, last_values)
+
+
 def write_points(
     session: Session,
     run_id: int,
@@ -86,7 +120,7 @@ def write_points(
     run_values: dict[str, Any] | None = None,
 ) -> Written:
     """Upsert metrics, rollouts and prompt pass rates; move the run's step, summary and
-    ``run_values`` along.
+    ``run_values`` along: ``write_encoded`` of ``encode_points``.
 
     A handful of statements whatever the batch size (the caller commits):
 
@@ -111,19 +145,22 @@ def write_points(
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
     with numpy: the per-point Python work is a list extend.
     """
+    batch = encode_points(run_id, steps, rollouts, prompts)
+    return write_encoded(session, run_id, batch, owner_attempt=owner_attempt, run_values=run_values)
+
+
+def write_encoded(
+    session: Session,
+    run_id: int,
+    batch: Encoded,
+    *,
+    owner_attempt: int | None = None,
+    run_values: dict[str, Any] | None = None,
+) -> Written:
+    """``write_points`` of an encoded batch (``batch`` is only read: a retry can write it again)."""
     dialect = dialect_of(session)
-    out = Written()
-    m = _metric_columns(steps)
-    r, texts = _rollout_columns(run_id, steps, rollouts)
-    p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
-    if steps:
-        out.last_step = max(s.step for s in steps)
-    if len(m.step):
-        ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
-        out.last_values = {
-            m.keys[k]: none_if_nan(v)
-            for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
-        }
+    m, r, texts, p = batch.metrics, batch.rollouts, batch.texts, batch.prompts
+    out = Written(last_step=batch.last_step, last_values=batch.last_values)
     seq = _update_run(session, dialect, run_id, out, owner_attempt, run_values or {})
     if seq is None:
         out.owned = False
