@@ -196,7 +196,11 @@ def _finite_array(values: Sequence[Any]) -> Any:
 
 def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
     now = time.time()
-    key_col: list[str] = []
+    slot: dict[str, int] = {}  # key -> its code, in order of first appearance
+    # A step's keys, in order -> their codes: steps mostly log the same keys, so the per-key
+    # Python work is done once per distinct set, not once per point.
+    layouts: dict[tuple[str, ...], Any] = {}
+    code_parts: list[Any] = []
     value_col: list[Any] = []
     step_col: list[int] = []
     wall_col: list[float] = []
@@ -205,14 +209,16 @@ def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
         if not n:
             continue
         wall = s.wall_time if s.wall_time is not None and finite(s.wall_time) is not None else now
-        key_col.extend(s.metrics.keys())
+        names = tuple(s.metrics)
+        codes_of = layouts.get(names)
+        if codes_of is None:
+            codes_of = np.array([slot.setdefault(k, len(slot)) for k in names], dtype=np.int32)
+            layouts[names] = codes_of
+        code_parts.append(codes_of)
         value_col.extend(s.metrics.values())
         step_col.extend([s.step] * n)
         wall_col.extend([wall] * n)
-    slot: dict[str, int] = {}
-    codes = np.fromiter(
-        (slot.setdefault(k, len(slot)) for k in key_col), dtype=np.int32, count=len(key_col)
-    )
+    codes = np.concatenate(code_parts) if code_parts else np.zeros(0, dtype=np.int32)
     keys = sorted(slot)
     rank = np.empty(len(slot), dtype=np.int32)
     rank[[slot[k] for k in keys]] = np.arange(len(keys), dtype=np.int32)
