@@ -56,7 +56,7 @@ from backend.models import (
     Metric,
     MetricRollup,
     PromptStat,
-    Rollout,
+    RolloutStep,
     RolloutText,
     Run,
     RunStatus,
@@ -516,7 +516,7 @@ def delete_run(session: Session, run: Run) -> None:
     # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
     # key to cascade), so the deletes below catch every point.
     session.execute(delete(Run).where(Run.id == run.id))
-    for model in (Metric, MetricRollup, Rollout, RolloutText, PromptStat):
+    for model in (Metric, MetricRollup, RolloutStep, RolloutText, PromptStat):
         session.execute(delete(model).where(model.run_id == run.id))
     session.commit()
 

@@ -5,11 +5,12 @@
 * ``metrics``: long format, primary key (run_id, key, step) → value (NULL for NaN/Inf): the key
   serves both the idempotent upsert and the (run, key, step-range) reads. ``seq`` is the run's
   ``write_seq`` of the write that last touched the point (the live stream's cursor).
-* ``metrics``, ``rollouts`` and ``metric_rollups`` have no foreign key to ``runs``: PostgreSQL
+* ``metrics``, ``rollout_steps`` and ``metric_rollups`` have no foreign key to ``runs``: PostgreSQL
   checks one with a query per inserted row (half the cost of a bulk write). Writers lock the
   run row first (``storage.writes.write_points``, ``storage.series._cache_rollups``) and
   ``lifecycle.delete_run`` deletes the run row before its points.
-* ``rollouts``: a bounded per-step sample of (group, index, reward, score, length, truncated).
+* ``rollout_steps``: a bounded per-step sample of (group, index, reward, score, length,
+  truncated), one row per step holding an array per field.
 * ``users`` / ``api_tokens``: bearer tokens stored as sha256 hex digests only.
 * ``pipelines``: ordered stage configs; ``runs.pipeline_id``/``pipeline_stage`` place a run in one.
 * ``workers``: one row per live worker process, renewed by its reaper (``backend.liveness``),
@@ -37,6 +38,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -216,23 +218,36 @@ class Metric(Base):
     seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
-class Rollout(Base):
-    __tablename__ = "rollouts"
+# A column of numbers per row: a PostgreSQL array, a JSON list on SQLite (no array type). A NULL
+# element is None in Python.
+def _array_of(element: Any) -> Any:
+    return JSON().with_variant(postgresql.ARRAY(element), "postgresql")
+
+
+class RolloutStep(Base):
+    """One step's sampled rollouts: element i of each array is one rollout, in (group, index)
+    order, each (group, index) once, at least one per row.
+
+    One row per step rather than one per rollout: a write stores a row per step (the primary
+    key's index and the per-row costs of a bulk write, paid once per step instead of 64 times).
+    """
+
+    __tablename__ = "rollout_steps"
 
     run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
-    group: Mapped[int] = mapped_column(Integer, primary_key=True)
-    index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    reward: Mapped[float | None] = mapped_column(Float)
-    score: Mapped[float | None] = mapped_column(Float)
-    length: Mapped[int] = mapped_column(Integer)
-    truncated: Mapped[bool] = mapped_column(Boolean)
+    group: Mapped[list[int]] = mapped_column(_array_of(Integer))
+    index: Mapped[list[int]] = mapped_column(_array_of(Integer))
+    reward: Mapped[list[float | None]] = mapped_column(_array_of(Float))
+    score: Mapped[list[float | None]] = mapped_column(_array_of(Float))  # normalised log-prob
+    length: Mapped[list[int]] = mapped_column(_array_of(Integer))  # response tokens incl. EOS
+    truncated: Mapped[list[bool]] = mapped_column(_array_of(Boolean))  # no EOS by the limit
 
 
 class RolloutText(Base):
     """The text of a sampled rollout (``conspo.sink.RolloutRecord``'s prompt and completion,
-    each at most ``ROLLOUT_TEXT_CHARS``), beside its numbers in ``rollouts``: a table of its own
-    so the numeric writes and the distribution reads never carry text."""
+    each at most ``ROLLOUT_TEXT_CHARS``), beside its numbers in ``rollout_steps``: a table of its
+    own so the numeric writes and the distribution reads never carry text."""
 
     __tablename__ = "rollout_texts"
 

@@ -1,7 +1,7 @@
 """Metric store benchmark on PostgreSQL: ingest through the worker's DB sink, compare latency.
 
     CONSPO_BENCH_PG=postgresql+psycopg://postgres@127.0.0.1:5432 python bench/metrics_store.py \
-        [--quick] [--skip-compare]
+        [--quick] [--skip-compare] [--ingest-only [--repeats N]]
 
 1. Ingest: ``worker.db_sink.DbSink`` exactly as a worker drives it, with the trainer's 28 metric
    keys and 64 sampled rollouts per step: once writing every step (max_points=1, the old
@@ -9,7 +9,9 @@
    sink's writer thread: ownership check, metric and rollout bulk insert, step/summary/
    heartbeat); then the bulk path of the external logging endpoint (10,000 points per call).
    Points/s count every step until the final ``flush`` has committed it; beside it, how long
-   each ``log_step`` held the training thread (backpressure is the only wait left on it).
+   each ``log_step`` held the training thread (backpressure is the only wait left on it), and
+   the CPU seconds spent meanwhile by this process (training thread + writer thread) and by the
+   PostgreSQL server processes of the bench database (from /proc: PostgreSQL on this machine).
 2. Compare: ``GET /api/compare`` for 10 runs x 6 keys x 20,000 steps at max_points=1000, through
    the whole FastAPI app (query, bucketing, JSON), p50/p95 over repeated calls, plus the first
    (cold, rollup cache empty) call.
@@ -28,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -78,6 +80,23 @@ def make_runs(db: Database, n: int, status: str) -> list[int]:
         return [r.id for r in runs]
 
 
+def server_cpu_s(db: Database) -> float:
+    """CPU seconds used so far by the server processes of this database (0 when /proc cannot
+    see them: a server on another machine)."""
+    with db.session() as s:
+        pids = s.scalars(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        ).all()
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bool = True) -> None:
     """``DbSink`` as a worker drives it: log_step per step, flush at the end (as the trainer
     does before its final checkpoint). ``batched=False``: a write per step (max_points=1)."""
@@ -98,6 +117,7 @@ def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bo
         )
         for s in range(1, steps + 1)
     ]
+    server0, cpu0 = server_cpu_s(db), time.process_time()
     t0 = time.perf_counter()
     blocked = []  # seconds each log_step held the training thread
     for record in records:
@@ -106,6 +126,7 @@ def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bo
         blocked.append(time.perf_counter() - c0)
     sink.flush()
     dt = time.perf_counter() - t0
+    client_cpu, server_cpu = time.process_time() - cpu0, server_cpu_s(db) - server0
     with db.session() as s:
         stored = s.scalar(select(func.count()).select_from(Metric).where(Metric.run_id == run_id))
     assert stored == steps * n_keys, (stored, steps * n_keys)
@@ -123,7 +144,8 @@ def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bo
         f" {steps / dt:,.0f} steps/s, {points / dt:,.0f} metric points/s{target},"
         f" {rows / dt:,.0f} rows/s (metrics + rollouts), {dt / steps * 1000:.2f} ms/step;"
         f" training thread held per log_step: p50 {1e3 * pct(blocked, 0.5):.3f} ms,"
-        f" p99 {1e3 * pct(blocked, 0.99):.2f} ms, max {1e3 * max(blocked):.1f} ms"
+        f" p99 {1e3 * pct(blocked, 0.99):.2f} ms, max {1e3 * max(blocked):.1f} ms;"
+        f" wall {dt:.2f} s, CPU {client_cpu:.2f} s here + {server_cpu:.2f} s PostgreSQL"
     )
 
 
@@ -189,6 +211,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sink-steps", type=int, default=5000)
     parser.add_argument("--skip-compare", action="store_true", help="Only the ingest figures.")
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="Only the default batched sink (the ingest target), --sink-repeats times.",
+    )
+    parser.add_argument("--sink-repeats", type=int, default=3, help="With --ingest-only.")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=40)
@@ -210,10 +238,14 @@ def main() -> None:
         settings = Settings(database_url=url, broker_url="memory://", data_dir=Path("/tmp"))
         db = Database(settings)
         print(f"PostgreSQL {url.rsplit('@', 1)[-1]}")
-        bench_sink(db, max(args.sink_steps // 10, 10), batched=False)
-        bench_sink(db, args.sink_steps)
-        bench_sink(db, max(args.sink_steps // 10, 10), n_keys=1000)  # a wide step
-        if not args.skip_compare:
+        if args.ingest_only:
+            for _ in range(args.sink_repeats):
+                bench_sink(db, args.sink_steps)
+        else:
+            bench_sink(db, max(args.sink_steps // 10, 10), batched=False)
+            bench_sink(db, args.sink_steps)
+            bench_sink(db, max(args.sink_steps // 10, 10), n_keys=1000)  # a wide step
+        if not args.skip_compare and not args.ingest_only:
             ids = bench_bulk_and_fill(db, args.runs, args.steps)
             bench_compare(settings, ids, args.repeats)
         db.dispose()

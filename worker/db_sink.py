@@ -1,12 +1,14 @@
 """A ``conspo.sink.Sink`` that buffers steps and writes them to the database from a thread.
 
 The training thread only buffers: ``log_step`` adds the step to the buffer and, when the buffer
-holds ``max_points`` metric points, rollout rows and prompt rows, or when a step arrives
-``max_delay_s`` after the last hand-over (so dashboards stay live whatever the step rate) and
-the writer is idle, hands the whole buffer to a writer thread as one batch. The writer stores
-each batch in one transaction (``backend.storage.writes.write_points``): every metric, rollout
-and prompt pass rate in bulk, plus one update of the run row (step, summary, heartbeat; only
-while this attempt still owns the run). So a slow commit costs the trainer nothing until
+holds ``max_points`` rows (metric points, prompts, and one row per step for its rollouts), or
+when a step arrives ``max_delay_s`` after the last hand-over (so dashboards stay live whatever
+the step rate) and the writer is idle, hands the whole buffer to a writer thread as one
+batch. The writer stores each batch in one transaction (``backend.storage.writes``): every
+metric, rollout and prompt pass rate in bulk, plus one update of the run row (step, summary,
+heartbeat; only while this attempt still owns the run). While the database stores one batch,
+a short-lived helper thread encodes the next one's columns (``encode_points``), so that numpy
+work runs beside the database's. So a slow commit costs the trainer nothing until
 ``max_batches`` batches wait; then ``log_step`` blocks until the writer takes one
 (backpressure: memory stays bounded when the database is slower than training). The writer
 thread exits when it has been idle ``WRITER_IDLE_S`` and starts again with the next batch, so
@@ -40,7 +42,7 @@ from typing import Any
 
 from backend.db import Database
 from backend.models import utcnow
-from backend.storage.writes import StepPoints, write_points
+from backend.storage.writes import Encoded, StepPoints, encode_points, write_encoded
 from conspo.sink import StepRecord
 from worker.retry import Outage
 
@@ -82,7 +84,7 @@ class DbSink:
         # The writer's side, all under _cond: batches handed over and not yet committed, oldest
         # (the one being written) first; the writer's first error; the thread.
         self._cond = threading.Condition()
-        self._batches: deque[list[StepRecord]] = deque()
+        self._batches: deque[_Batch] = deque()
         self._error: BaseException | None = None
         self._writer: threading.Thread | None = None
 
@@ -126,7 +128,7 @@ class DbSink:
         self._last_write = self.clock()
         if not self._buffer:
             return
-        batch = list(self._buffer.values())
+        batch = _Batch(self.run_id, list(self._buffer.values()))
         self._buffer = {}
         self._buffered = 0
         with self._cond:
@@ -162,8 +164,13 @@ class DbSink:
                     self._writer = None  # under the lock: the next hand-over starts a new one
                     return
                 batch = self._batches[0]  # left in place: it counts until it is committed
+                after = self._batches[1] if len(self._batches) > 1 else None
+            if after is not None:
+                after.encode_ahead()  # on a helper thread while the database stores this one
             try:
-                what, write = f"run {self.run_id}: storing steps", partial(self._write, batch)
+                encoded = batch.encoded()
+                what = f"run {self.run_id}: storing steps"
+                write = partial(self._write, encoded, batch.total_steps)
                 owned = self.outage.call(what, write) if self.outage else write()
                 error: BaseException | None = (
                     None if owned else RunGone(f"run {self.run_id} was deleted or taken over")
@@ -186,17 +193,15 @@ class DbSink:
         if error is not None:
             raise error
 
-    def _write(self, records: list[StepRecord]) -> bool:
+    def _write(self, batch: Encoded, total_steps: int) -> bool:
         """One transaction for a batch; False when the attempt no longer owns the run."""
-        steps = [StepPoints(r.step, r.metrics, r.wall_time, r.rollouts, r.prompts) for r in records]
-        latest = max(records, key=lambda r: r.step)
         with self.db.session() as session:
-            written = write_points(
+            written = write_encoded(
                 session,
                 self.run_id,
-                steps,
+                batch,
                 owner_attempt=self.attempt,
-                run_values={"heartbeat_at": utcnow(), "total_steps": latest.total_steps},
+                run_values={"heartbeat_at": utcnow(), "total_steps": total_steps},
             )
             if not written.owned:
                 session.rollback()
@@ -214,6 +219,49 @@ class DbSink:
         log.info("run %s: %s %s", self.run_id, kind, data)
 
 
+class _Batch:
+    """Steps handed over together, and their columns (``encode_points``), made once: ahead of
+    time on a helper thread while the writer stores the batch before (numpy work beside the
+    database's), or by the writer when it gets there first."""
+
+    def __init__(self, run_id: int, records: list[StepRecord]) -> None:
+        self.run_id = run_id
+        self.records = records
+        self.total_steps = max(records, key=lambda r: r.step).total_steps
+        self._lock = threading.Lock()  # held while encoding: a second caller waits for it
+        self._encoded: Encoded | None = None
+        self._error: BaseException | None = None
+        self._ahead = False
+
+    def encode_ahead(self) -> None:
+        """Encode on a thread of its own, which ends with the encoding (once; writer only)."""
+        if not self._ahead:
+            self._ahead = True
+            threading.Thread(target=self._encode, name="db-sink-encode", daemon=True).start()
+
+    def encoded(self) -> Encoded:
+        """The columns; raises what encoding them raised."""
+        self._encode()
+        if self._error is not None:
+            raise self._error
+        assert self._encoded is not None
+        return self._encoded
+
+    def _encode(self) -> None:
+        with self._lock:
+            if self._encoded is not None or self._error is not None:
+                return
+            steps = [
+                StepPoints(r.step, r.metrics, r.wall_time, r.rollouts, r.prompts)
+                for r in self.records
+            ]
+            try:
+                self._encoded = encode_points(self.run_id, steps)
+            except Exception as exc:  # the writer raises it when it takes this batch
+                self._error = exc
+
+
 def _rows(record: StepRecord) -> int:
-    """The rows a step adds to a write: metric points, sampled rollouts and prompts."""
-    return len(record.metrics) + len(record.rollouts) + len(record.prompts)
+    """The rows a step adds to a write: metric points, its rollouts' row (one per step, however
+    many it sampled) and prompts."""
+    return len(record.metrics) + bool(record.rollouts) + len(record.prompts)

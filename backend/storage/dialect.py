@@ -86,7 +86,9 @@ class Dialect(ABC):
 
     @abstractmethod
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
-        """Upsert the rollouts (at least one); the caller holds the run row's lock."""
+        """Upsert the rollouts (at least one) on (step, group, index); the caller holds the run
+        row's lock. A step is one ``rollout_steps`` row: its stored rollouts that ``r`` does
+        not replace stay in it (``RolloutColumns.over``). Returns ``r``'s count."""
 
     @abstractmethod
     def advance_run(

@@ -136,3 +136,66 @@ def copy_rows(n: int, columns: Sequence[tuple[str, Any]]) -> bytes:
     for start, end, present in gaps:
         keep[:, start:end] = present[:, None]
     return COPY_HEADER + data[keep].tobytes() + COPY_TRAILER
+
+
+_ELEMENT_OIDS = {">i4": 23, ">i8": 20, ">f8": 701, "u1": 16}  # int4, int8, float8, bool
+
+
+def copy_array_rows(
+    bounds: Any, fields: Sequence[tuple[str, Any]], arrays: Sequence[tuple[str, Any]]
+) -> bytes:
+    """Rows of ``COPY … FROM STDIN (FORMAT BINARY)`` (header and trailer included) that end in
+    one-dimensional arrays.
+
+    Row j is ``fields`` (fixed-width, never NULL: (numpy big-endian dtype, one value per row or
+    a scalar all rows share)), then one array per ``arrays`` entry ((element dtype, every row's
+    elements one after another)) holding elements ``bounds[j]`` to ``bounds[j + 1] - 1``; a
+    NaN float element is a NULL element. An array field is its length, a 20-byte header (one
+    dimension, a has-NULL flag, the element type, the length, lower bound 1), then each
+    element's length and bytes (-1 and none for a NULL). Built a column at a time: the fixed
+    parts as one record per row, the elements as one record per element, then every piece
+    scattered into place with one index array.
+    """
+    bounds = np.asarray(bounds, dtype=np.int64)
+    n = len(bounds) - 1
+    if n == 0:
+        return COPY_HEADER + COPY_TRAILER
+    counts = np.diff(bounds)
+    layout: list[Any] = [("nf", ">i2")]
+    for j, (dtype, _) in enumerate(fields):
+        layout += [(f"l{j}", ">i4"), (f"v{j}", dtype)]
+    lead = np.empty(n, dtype=layout)
+    lead["nf"] = len(fields) + len(arrays)
+    for j, (dtype, values) in enumerate(fields):
+        lead[f"l{j}"] = np.dtype(dtype).itemsize
+        lead[f"v{j}"] = values
+    # Each piece: the bytes it adds to every row, one row after another, and each row's count.
+    pieces: list[tuple[Any, Any]] = [(lead.view(np.uint8), np.full(n, lead.itemsize))]
+    for dtype, values in arrays:
+        size = np.dtype(dtype).itemsize
+        null = np.isnan(values) if dtype == ">f8" else np.zeros(len(values), dtype=bool)
+        elems = np.empty(len(values), dtype=[("len", ">i4"), ("v", dtype)])
+        elems["len"] = np.where(null, -1, size)
+        elems["v"] = values
+        data = elems.view(np.uint8).reshape(len(values), 4 + size)
+        if null.any():
+            keep = np.ones(data.shape, dtype=bool)
+            keep[:, 4:] = ~null[:, None]
+            body = data[keep]
+        else:
+            body = data.reshape(-1)
+        ends = np.concatenate([[0], np.cumsum(np.where(null, 4, 4 + size))])
+        body_bytes = ends[bounds[1:]] - ends[bounds[:-1]]
+        has_null = np.diff(np.concatenate([[0], np.cumsum(null)])[bounds]) > 0
+        head = np.empty(n, dtype=[(f, ">i4") for f in ("len", "ndim", "flags", "oid", "dim", "lb")])
+        head["len"], head["ndim"], head["flags"] = 20 + body_bytes, 1, has_null
+        head["oid"], head["dim"], head["lb"] = _ELEMENT_OIDS[dtype], counts, 1
+        pieces += [(head.view(np.uint8), np.full(n, head.itemsize)), (body, body_bytes)]
+    row_bytes = np.sum([sizes for _, sizes in pieces], axis=0, dtype=np.int64)
+    at = np.concatenate([[0], np.cumsum(row_bytes)[:-1]]).astype(np.int64)  # each row's start
+    out = np.empty(int(row_bytes.sum()), dtype=np.uint8)
+    for data, sizes in pieces:
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        out[np.repeat(at - starts, sizes) + np.arange(len(data))] = data
+        at = at + sizes
+    return COPY_HEADER + out.tobytes() + COPY_TRAILER

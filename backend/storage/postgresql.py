@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import Run
 from backend.storage import pg_arrays
+from backend.storage.columns import RolloutColumns
 from backend.storage.dialect import (
     BUCKET_FIELDS,
     BucketRange,
@@ -38,7 +39,7 @@ from backend.storage.dialect import (
 from backend.storage.pg_arrays import BoolArray, Float8Array, Int4Array, Int8Array
 
 if TYPE_CHECKING:
-    from backend.storage.columns import MetricColumns, RolloutColumns, RollupColumns
+    from backend.storage.columns import MetricColumns, RollupColumns
 
 _METRIC_INSERT = (
     "INSERT INTO metrics (run_id, key, step, value, wall_time, seq)"
@@ -55,20 +56,19 @@ _METRIC_TOP = (
     " (SELECT max(step) FROM metrics m WHERE m.run_id = %(run)s AND m.key = u.k)"
     " FROM unnest(%(keys)s::varchar[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
 )
-_ROLLOUT_INSERT = (
-    'INSERT INTO rollouts (run_id, step, "group", "index", reward, score, length, truncated)'
-    " SELECT %(run)s, u.s, u.g, u.i, NULLIF(u.rw, 'NaN'), NULLIF(u.sc, 'NaN'), u.l, u.t"
-    " FROM unnest(%(s)b, %(g)b, %(i)b, %(rw)b, %(sc)b, %(l)b, %(t)b) AS u(s, g, i, rw, sc, l, t)"
-)
 _METRIC_COPY = "COPY metrics (run_id, key, step, value, wall_time, seq) FROM STDIN (FORMAT BINARY)"
-_ROLLOUT_COPY = (
-    'COPY rollouts (run_id, step, "group", "index", reward, score, length, truncated)'
-    " FROM STDIN (FORMAT BINARY)"
-)
+_ROLLOUT_COLUMNS = 'run_id, step, "group", "index", reward, score, length, truncated'
+_ROLLOUT_COPY = f"COPY rollout_steps ({_ROLLOUT_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _ROLLOUT_UPSERT = (
-    _ROLLOUT_INSERT + ' ON CONFLICT (run_id, step, "group", "index") DO UPDATE SET'
+    f"INSERT INTO rollout_steps ({_ROLLOUT_COLUMNS}) VALUES (%(run_id)s, %(step)s, %(group)s,"
+    " %(index)s, %(reward)s, %(score)s, %(length)s, %(truncated)s) ON CONFLICT (run_id, step)"
+    ' DO UPDATE SET "group" = EXCLUDED."group", "index" = EXCLUDED."index",'
     " reward = EXCLUDED.reward, score = EXCLUDED.score, length = EXCLUDED.length,"
     " truncated = EXCLUDED.truncated"
+)
+_STORED_ROLLOUTS = (
+    'SELECT step, "group", "index", reward, score, length, truncated FROM rollout_steps'
+    " WHERE run_id = %(run)s AND step = ANY(%(steps)s) ORDER BY step"
 )
 _NO_STEP = -(2**62)
 # One pair per row, two index probes each; GROUP BY would read every point.
@@ -121,7 +121,7 @@ _STORE_ROLLUPS_SQL = (
     "  v_min = EXCLUDED.v_min, v_max = EXCLUDED.v_max, last_step = EXCLUDED.last_step,"
     "  last_wall = EXCLUDED.last_wall"
 )
-_ROLLOUT_DTYPES = (">i4", ">i4", ">i4", ">f8", ">f8", ">i4", "u1")  # RolloutColumns.columns()
+_ROLLOUT_DTYPES = (">i4", ">i4", ">f8", ">f8", ">i4", "u1")  # RolloutColumns.ARRAYS
 # Rollup rows computed in Python (``backend.storage.series.RollupColumns``), as binary arrays.
 _ROLLUP_UPSERT = (
     "INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
@@ -136,17 +136,22 @@ _ROLLUP_COPY = (
     "COPY metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min, v_max,"
     " last_step, last_wall) FROM STDIN (FORMAT BINARY)"
 )
-# A wider width's buckets from the narrower one's rows, deleted in the same statement.
+# A wider width's buckets from the narrower one's rows (the caller deletes both widths' rows of
+# the keys around it: a plain INSERT skips ON CONFLICT's speculative insertion, a third of the
+# statement's server time).
 _DERIVE_ROLLUPS_SQL = (
-    "WITH gone AS (DELETE FROM metric_rollups WHERE run_id = %(run)s AND width = %(old)s"
-    "  AND key = ANY(%(keys)s::varchar[]) RETURNING *)"
-    " INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
+    "INSERT INTO metric_rollups (run_id, key, width, bucket, hi_step, n, n_valid, v_sum, v_min,"
     "  v_max, last_step, last_wall)"
     " SELECT run_id, key, %(new)s, bucket / %(f)s, (bucket / %(f)s + 1) * %(new)s - 1, sum(n),"
     "  sum(n_valid), sum(v_sum), min(v_min), max(v_max), max(last_step), max(last_wall)"
-    " FROM gone GROUP BY run_id, key, bucket / %(f)s HAVING count(*) = %(f)s AND min(n) = %(old)s"
-    + _STORE_ROLLUPS_SQL[_STORE_ROLLUPS_SQL.index(" ON CONFLICT") :]
-    + " RETURNING key, bucket"
+    " FROM metric_rollups WHERE run_id = %(run)s AND width = %(old)s"
+    "  AND key = ANY(%(keys)s::varchar[])"
+    " GROUP BY run_id, key, bucket / %(f)s HAVING count(*) = %(f)s AND min(n) = %(old)s"
+    " RETURNING key, bucket"
+)
+_DELETE_WIDTH_SQL = (
+    "DELETE FROM metric_rollups WHERE run_id = %(run)s AND width = %(w)s"
+    " AND key = ANY(%(keys)s::varchar[])"
 )
 _PG = postgresql.dialect()  # compiles type names and quotes identifiers of generated SQL
 
@@ -196,7 +201,7 @@ class PostgresDialect(Dialect):
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
         with _raw_cursor(session) as cur:
             cur.execute(
-                "SELECT max(step) FROM rollouts WHERE run_id = %(run)s",
+                "SELECT max(step) FROM rollout_steps WHERE run_id = %(run)s",
                 {"run": run_id},
                 prepare=False,
             )
@@ -258,8 +263,14 @@ class PostgresDialect(Dialect):
     ) -> set[tuple[str, int]]:
         params = {"run": run_id, "keys": list(keys), "old": old, "new": new, "f": new // old}
         with _raw_cursor(session) as cur:
+            # Rows a reader cached at the new width go first (the rest of refresh_rollups
+            # recomputes any bucket not derived); the caller holds the run row's lock, so no
+            # reader adds one meanwhile.
+            cur.execute(_DELETE_WIDTH_SQL, params | {"w": new}, prepare=False)
             cur.execute(_DERIVE_ROLLUPS_SQL, params, prepare=False)
-            return {(key, bucket) for key, bucket in cur}
+            derived = set(cur.fetchall())  # one C-level fetch: thousands of rows
+            cur.execute(_DELETE_WIDTH_SQL, params | {"w": old}, prepare=False)
+        return derived
 
     def write_rollups(self, session: Session, run_id: int, rollups: RollupColumns) -> None:
         # The caller's rows are buckets past every stored one (see refresh_rollups): COPY,
@@ -332,15 +343,23 @@ def _upsert_metrics(cur: Any, run_id: int, seq: int, m: MetricColumns, rows: Any
 
 
 def _copy_rollouts(cur: Any, run_id: int, r: RolloutColumns, rows: Any) -> None:
-    columns = zip(_ROLLOUT_DTYPES, r.columns(), strict=True)
-    _copy(cur, _ROLLOUT_COPY, rows, [(">i4", run_id), *((dt, c[rows]) for dt, c in columns)])
+    """A row per step, the step's rollouts as arrays."""
+    part = r.take(rows)
+    bounds = part.step_bounds()
+    fields = [(">i4", run_id), (">i4", part.step[bounds[:-1]])]
+    arrays = [(dt, getattr(part, n)) for dt, n in zip(_ROLLOUT_DTYPES, part.ARRAYS, strict=True)]
+    data = pg_arrays.copy_array_rows(bounds, fields, arrays)
+    with cur.copy(_ROLLOUT_COPY) as pipe:
+        pipe.write(data)
 
 
 def _upsert_rollouts(cur: Any, run_id: int, r: RolloutColumns, rows: Any) -> None:
-    kinds = (Int4Array, Int4Array, Int4Array, Float8Array, Float8Array, Int4Array, BoolArray)
-    names = ("s", "g", "i", "rw", "sc", "l", "t")
-    arrays = {n: kind(c[rows]) for n, kind, c in zip(names, kinds, r.columns(), strict=True)}
-    cur.execute(_ROLLOUT_UPSERT, {"run": run_id, **arrays})
+    """The steps' rows rewritten whole: their stored rollouts that ``r`` does not replace, and
+    ``r``'s (a step is one row, so a rollout added to a stored step is a read and a rewrite)."""
+    part = r.take(rows)
+    cur.execute(_STORED_ROLLOUTS, {"run": run_id, "steps": np.unique(part.step).tolist()})
+    merged = part.over(RolloutColumns.from_step_rows(cur.fetchall()))
+    cur.executemany(_ROLLOUT_UPSERT, merged.step_rows(run_id))
 
 
 def _copy_rollups(cur: Any, run_id: int, r: RollupColumns, rows: Any) -> None:

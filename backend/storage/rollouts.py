@@ -1,13 +1,21 @@
-"""Per-rollout samples of a run, in (step, group, index) order."""
+"""Per-rollout samples of a run, in (step, group, index) order.
+
+A step's rollouts are one ``rollout_steps`` row of arrays; these reads unpack them into one
+rollout each.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.models import Rollout, RolloutText
+from backend.models import RolloutStep, RolloutText
+from backend.storage.columns import RolloutColumns, none_if_nan
+
+STEP_ROWS_PER_READ = 64  # rows of rollout_steps fetched at a time while a limit is not reached
 
 
 def query_rollouts(
@@ -18,67 +26,91 @@ def query_rollouts(
     limit: int,
     text: bool = False,
 ) -> list[dict[str, Any]]:
-    """The rollouts of steps ``step_min``..``step_max``; with ``text``, each with its prompt and
-    completion ("" when none was stored)."""
-    if text:
-        return _with_text(session, run_id, step_min, step_max, limit)
-    stmt = select(Rollout).where(Rollout.run_id == run_id)
-    if step_min is not None:
-        stmt = stmt.where(Rollout.step >= step_min)
-    if step_max is not None:
-        stmt = stmt.where(Rollout.step <= step_max)
-    stmt = stmt.order_by(Rollout.step, Rollout.group, Rollout.index).limit(limit)
-    return [_row(r) for r in session.scalars(stmt)]
+    """The first ``limit`` rollouts of steps ``step_min``..``step_max``; with ``text``, each
+    with its prompt and completion ("" when none was stored)."""
+    items: list[dict[str, Any]] = []
+    for r in _step_columns(session, run_id, step_min, step_max):
+        items += _items(r, limit - len(items))
+        if len(items) >= limit:
+            break
+    if text and items:
+        texts = _texts(session, run_id, items[0]["step"], items[-1]["step"])
+        for item in items:
+            prompt, completion = texts.get((item["step"], item["group"], item["index"]), ("", ""))
+            item |= {"prompt": prompt, "completion": completion}
+    return items
 
 
-def _row(r: Rollout) -> dict[str, Any]:
-    return {
-        "step": r.step,
-        "group": r.group,
-        "index": r.index,
-        "reward": r.reward,
-        "score": r.score,
-        "length": r.length,
-        "truncated": r.truncated,
-    }
-
-
-def _text_of() -> Any:
-    """The join of a rollout to its stored prompt and completion."""
-    return and_(
-        RolloutText.run_id == Rollout.run_id,
-        RolloutText.step == Rollout.step,
-        RolloutText.group == Rollout.group,
-        RolloutText.index == Rollout.index,
+def _step_columns(
+    session: Session, run_id: int, step_min: int | None, step_max: int | None
+) -> Iterator[RolloutColumns]:
+    """The rollouts of the steps in range, a few steps at a time, in step order."""
+    s = RolloutStep
+    stmt = select(s.step, s.group, s.index, s.reward, s.score, s.length, s.truncated).where(
+        s.run_id == run_id
     )
+    if step_min is not None:
+        stmt = stmt.where(s.step >= step_min)
+    if step_max is not None:
+        stmt = stmt.where(s.step <= step_max)
+    after = None
+    while True:
+        page = stmt if after is None else stmt.where(s.step > after)
+        rows = session.execute(page.order_by(s.step).limit(STEP_ROWS_PER_READ)).all()
+        if rows:
+            yield RolloutColumns.from_step_rows(rows)
+        if len(rows) < STEP_ROWS_PER_READ:
+            return
+        after = rows[-1][0]
+
+
+def _items(r: RolloutColumns, limit: int) -> list[dict[str, Any]]:
+    cols = [c[:limit].tolist() for c in r.columns()]
+    return [
+        {
+            "step": step,
+            "group": group,
+            "index": index,
+            "reward": none_if_nan(reward),
+            "score": none_if_nan(score),
+            "length": length,
+            "truncated": truncated,
+        }  # fmt: skip
+        for step, group, index, reward, score, length, truncated in zip(*cols, strict=True)
+    ]
+
+
+def _texts(
+    session: Session, run_id: int, first: int, last: int
+) -> dict[tuple[int, int, int], tuple[str, str]]:
+    t = RolloutText
+    rows = session.execute(
+        select(t.step, t.group, t.index, t.prompt, t.completion).where(
+            t.run_id == run_id, t.step >= first, t.step <= last
+        )
+    )
+    return {(step, g, i): (prompt, completion) for step, g, i, prompt, completion in rows}
 
 
 def stored_texts(session: Session, run_id: int) -> list[tuple[str, str, float | None]]:
     """(prompt, completion, reward) of every rollout of ``run_id`` stored with its text, in
     (step, group, index) order (a job kind's inputs: DPO pairs from a run)."""
-    rows = session.execute(
-        select(RolloutText.prompt, RolloutText.completion, Rollout.reward)
-        .join(Rollout, _text_of())
-        .where(RolloutText.run_id == run_id)
-        .order_by(RolloutText.step, RolloutText.group, RolloutText.index)
-    )
-    return [(prompt, completion, reward) for prompt, completion, reward in rows]
-
-
-def _with_text(
-    session: Session, run_id: int, step_min: int | None, step_max: int | None, limit: int
-) -> list[dict[str, Any]]:
-    stmt = (
-        select(Rollout, RolloutText.prompt, RolloutText.completion)
-        .outerjoin(RolloutText, _text_of())
-        .where(Rollout.run_id == run_id)
-    )
-    if step_min is not None:
-        stmt = stmt.where(Rollout.step >= step_min)
-    if step_max is not None:
-        stmt = stmt.where(Rollout.step <= step_max)
-    stmt = stmt.order_by(Rollout.step, Rollout.group, Rollout.index).limit(limit)
+    t = RolloutText
+    texts = session.execute(
+        select(t.step, t.group, t.index, t.prompt, t.completion)
+        .where(t.run_id == run_id)
+        .order_by(t.step, t.group, t.index)
+    ).all()
+    if not texts:
+        return []
+    reward: dict[tuple[int, int, int], float | None] = {}
+    for r in _step_columns(session, run_id, texts[0][0], texts[-1][0]):
+        for step, g, i, value in zip(
+            r.step.tolist(), r.group.tolist(), r.index.tolist(), r.reward.tolist(), strict=True
+        ):
+            reward[(step, g, i)] = none_if_nan(value)
     return [
-        {**_row(r), "prompt": prompt or "", "completion": completion or ""}
-        for r, prompt, completion in session.execute(stmt)
+        (prompt, completion, reward[(step, g, i)])
+        for step, g, i, prompt, completion in texts
+        if (step, g, i) in reward  # a text without its rollout's numbers is left out
     ]

@@ -353,13 +353,13 @@ def refresh_rollups(
     ranges: dict[int, list[StepRange]] = {}  # by width: aggregated in SQL
     own: list[tuple[int, int, int]] = []  # (first row, end row, width): aggregated here
     for key, width, first, fresh, last, r0, steps in plans:
-        b = first
-        while b < min(fresh, last + 1):  # runs of buckets not derived
+        b, end = first, min(fresh, last + 1)
+        while b < end:  # runs of buckets not derived
             if (key, b) in derived:
                 b += 1
                 continue
             run_start = b
-            while b < min(fresh, last + 1) and (key, b) not in derived:
+            while b < end and (key, b) not in derived:
                 b += 1
             ranges.setdefault(width, []).append(
                 StepRange(run_id, key, run_start * width, b * width - 1)

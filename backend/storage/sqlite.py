@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from sqlalchemy import Table, and_, case, func, or_, select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
-from backend.models import Metric, MetricRollup, Rollout, Run
+from backend.models import Metric, MetricRollup, RolloutStep, Run
+from backend.storage.columns import RolloutColumns
 from backend.storage.dialect import (
     BucketRange,
     Buckets,
@@ -25,12 +27,12 @@ from backend.storage.dialect import (
 )
 
 if TYPE_CHECKING:
-    from backend.storage.columns import MetricColumns, RolloutColumns
+    from backend.storage.columns import MetricColumns
 
 METRICS: Table = Metric.__table__  # type: ignore[assignment]
-ROLLOUTS: Table = Rollout.__table__  # type: ignore[assignment]
+ROLLOUT_STEPS: Table = RolloutStep.__table__  # type: ignore[assignment]
 METRIC_KEY = ("run_id", "key", "step")
-ROLLOUT_KEY = ("run_id", "step", "group", "index")
+ROLLOUT_STEP_KEY = ("run_id", "step")
 
 
 class SqliteDialect(Dialect):
@@ -72,7 +74,16 @@ class SqliteDialect(Dialect):
         return before
 
     def write_rollouts(self, session: Session, run_id: int, r: RolloutColumns) -> int:
-        return self.upsert(session, ROLLOUTS, r.rows(run_id), ROLLOUT_KEY)
+        # A step is one row: its stored rollouts that ``r`` does not replace are kept.
+        s = RolloutStep
+        stored = session.execute(
+            select(s.step, s.group, s.index, s.reward, s.score, s.length, s.truncated)
+            .where(s.run_id == run_id, s.step.in_(np.unique(r.step).tolist()))
+            .order_by(s.step)
+        )
+        merged = r.over(RolloutColumns.from_step_rows(stored))
+        self.upsert(session, ROLLOUT_STEPS, merged.step_rows(run_id), ROLLOUT_STEP_KEY)
+        return len(r.step)
 
     def advance_run(
         self, session: Session, run_id: int, last_step: int, last_values: dict[str, float | None]

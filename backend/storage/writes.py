@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
-from backend.storage.columns import MetricColumns, RolloutColumns, none_if_nan
+from backend.storage.columns import MetricColumns, RolloutColumns, last_unique, none_if_nan
 from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 from backend.storage.series import refresh_rollups
@@ -75,6 +75,40 @@ class Written:
     seq: int | None = None  # the run's write_seq given to these points
 
 
+@dataclass
+class Encoded:
+    """A batch of points as the columns ``write_encoded`` stores (``encode_points``): built
+    without the database, so a writer can encode the next batch while this one is written."""
+
+    metrics: MetricColumns
+    rollouts: RolloutColumns
+    texts: list[dict[str, Any]]  # rollout_texts rows
+    prompts: list[dict[str, Any]]  # prompt_stats rows
+    last_step: int | None
+    last_values: dict[str, float | None]
+
+
+def encode_points(
+    run_id: int,
+    steps: Sequence[StepPoints],
+    rollouts: Iterable[RolloutPoint] = (),
+    prompts: Iterable[PromptPoint] = (),
+) -> Encoded:
+    """The columns of a batch (see ``write_points``)."""
+    m = _metric_columns(steps)
+    r, texts = _rollout_columns(run_id, steps, rollouts)
+    p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
+    last_values: dict[str, float | None] = {}
+    if len(m.step):
+        ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
+        last_values = {
+            m.keys[k]: none_if_nan(v)
+            for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
+        }
+    last_step = max(s.step for s in steps) if steps else None
+    return Encoded(m, r, texts, p, last_step, last_values)
+
+
 def write_points(
     session: Session,
     run_id: int,
@@ -86,7 +120,7 @@ def write_points(
     run_values: dict[str, Any] | None = None,
 ) -> Written:
     """Upsert metrics, rollouts and prompt pass rates; move the run's step, summary and
-    ``run_values`` along.
+    ``run_values`` along: ``write_encoded`` of ``encode_points``.
 
     A handful of statements whatever the batch size (the caller commits):
 
@@ -96,9 +130,11 @@ def write_points(
        commit order). With ``owner_attempt`` only while that attempt still owns the running
        run; else nothing is written and ``owned`` is False.
     2. one DELETE of the rollup-cache rows of the written keys the new points fall into;
-    3. the metric and rollout rows: on PostgreSQL, rows above the highest step already stored
-       for their key (every row, in a run that only moves forward) go in with a binary COPY,
-       the others with INSERT … ON CONFLICT DO UPDATE of binary arrays;
+    3. the metric rows and the rollouts' rows (one per step, an array per field): on
+       PostgreSQL, rows above the highest step already stored for their key (every row, in a
+       run that only moves forward) go in with a binary COPY, the others with INSERT … ON
+       CONFLICT DO UPDATE (a stored step's rollouts are read back and merged with the new
+       ones first, so a rollout sent again replaces its twin and the others stay);
     4. the rollups of the written keys' complete buckets at the charts' widths
        (``backend.storage.series.refresh_rollups``: buckets made only of the written points
        aggregated in numpy and copied in; a series growing into a wider width has its narrower
@@ -109,19 +145,22 @@ def write_points(
     A (key, step) or (step, group, index) given twice keeps its last value. Columns are built
     with numpy: the per-point Python work is a list extend.
     """
+    batch = encode_points(run_id, steps, rollouts, prompts)
+    return write_encoded(session, run_id, batch, owner_attempt=owner_attempt, run_values=run_values)
+
+
+def write_encoded(
+    session: Session,
+    run_id: int,
+    batch: Encoded,
+    *,
+    owner_attempt: int | None = None,
+    run_values: dict[str, Any] | None = None,
+) -> Written:
+    """``write_points`` of an encoded batch (``batch`` is only read: a retry can write it again)."""
     dialect = dialect_of(session)
-    out = Written()
-    m = _metric_columns(steps)
-    r, texts = _rollout_columns(run_id, steps, rollouts)
-    p = prompt_rows(run_id, ((s.step, s.prompts) for s in steps), prompts)
-    if steps:
-        out.last_step = max(s.step for s in steps)
-    if len(m.step):
-        ends = np.flatnonzero(np.append(m.k[1:] != m.k[:-1], True))  # last row of each key
-        out.last_values = {
-            m.keys[k]: none_if_nan(v)
-            for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
-        }
+    m, r, texts, p = batch.metrics, batch.rollouts, batch.texts, batch.prompts
+    out = Written(last_step=batch.last_step, last_values=batch.last_values)
     seq = _update_run(session, dialect, run_id, out, owner_attempt, run_values or {})
     if seq is None:
         out.owned = False
@@ -155,35 +194,13 @@ def _finite_array(values: Sequence[Any]) -> Any:
     return arr
 
 
-def _last_unique(*sort_keys: Any) -> Any:
-    """Indices that sort by ``sort_keys`` (most significant first), keeping the last of equals."""
-    n = len(sort_keys[0])
-    if n <= 1 or _strictly_increasing(*sort_keys):  # the usual batch: in order, no repeats
-        return np.arange(n)
-    order = np.lexsort((np.arange(n), *reversed(sort_keys)))
-    keep = np.ones(n, dtype=bool)
-    same = np.ones(n - 1, dtype=bool)
-    for key in sort_keys:
-        sk = key[order]
-        same &= sk[1:] == sk[:-1]
-    keep[:-1] = ~same  # a row followed by an equal one is superseded by it
-    return order[keep]
-
-
-def _strictly_increasing(*sort_keys: Any) -> bool:
-    """Whether the rows are in strictly increasing order of ``sort_keys`` (most significant
-    first)."""
-    later = np.zeros(len(sort_keys[0]) - 1, dtype=bool)  # row i+1 already after row i
-    tied = np.ones(len(sort_keys[0]) - 1, dtype=bool)  # equal so far
-    for key in sort_keys:
-        later |= tied & (key[1:] > key[:-1])
-        tied &= key[1:] == key[:-1]
-    return bool(later.all())
-
-
 def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
     now = time.time()
-    key_col: list[str] = []
+    slot: dict[str, int] = {}  # key -> its code, in order of first appearance
+    # A step's keys, in order -> their codes: steps mostly log the same keys, so the per-key
+    # Python work is done once per distinct set, not once per point.
+    layouts: dict[tuple[str, ...], Any] = {}
+    code_parts: list[Any] = []
     value_col: list[Any] = []
     step_col: list[int] = []
     wall_col: list[float] = []
@@ -192,20 +209,22 @@ def _metric_columns(steps: Sequence[StepPoints]) -> MetricColumns:
         if not n:
             continue
         wall = s.wall_time if s.wall_time is not None and finite(s.wall_time) is not None else now
-        key_col.extend(s.metrics.keys())
+        names = tuple(s.metrics)
+        codes_of = layouts.get(names)
+        if codes_of is None:
+            codes_of = np.array([slot.setdefault(k, len(slot)) for k in names], dtype=np.int32)
+            layouts[names] = codes_of
+        code_parts.append(codes_of)
         value_col.extend(s.metrics.values())
         step_col.extend([s.step] * n)
         wall_col.extend([wall] * n)
-    slot: dict[str, int] = {}
-    codes = np.fromiter(
-        (slot.setdefault(k, len(slot)) for k in key_col), dtype=np.int32, count=len(key_col)
-    )
+    codes = np.concatenate(code_parts) if code_parts else np.zeros(0, dtype=np.int32)
     keys = sorted(slot)
     rank = np.empty(len(slot), dtype=np.int32)
     rank[[slot[k] for k in keys]] = np.arange(len(keys), dtype=np.int32)
     k = rank[codes]
     step = np.asarray(step_col, dtype=np.int64)
-    pick = _last_unique(k, step)
+    pick = last_unique(k, step)
     return MetricColumns(
         keys,
         k[pick],
@@ -244,11 +263,7 @@ def _rollout_columns(
     )
     truncated = np.fromiter(map(_GET["truncated"], every), dtype=bool, count=n)
     reward, score = (_finite_array(list(map(_GET[name], every))) for name in ("reward", "score"))
-    pick = _last_unique(step, group, index)
-    columns = RolloutColumns(
-        step[pick], group[pick], index[pick], reward[pick], score[pick], length[pick],
-        truncated[pick],
-    )  # fmt: skip
+    columns = RolloutColumns.of(step, group, index, reward, score, length, truncated)
     texts: dict[tuple[int, int, int], dict[str, Any]] = {}
     try:
         prompt, completion = list(map(_GET["prompt"], every)), list(map(_GET["completion"], every))

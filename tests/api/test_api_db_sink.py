@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 
 from backend.config import Settings
 from backend.db import Database
-from backend.models import Metric, Rollout, Run, RunStatus, User, utcnow
+from backend.models import Metric, RolloutStep, Run, RunStatus, User, utcnow
+from backend.storage.rollouts import query_rollouts
 from backend.storage.series import Series
 from backend.storage.writes import RolloutPoint, StepPoints, write_points
 from conspo.sink import RolloutRecord, StepRecord
@@ -67,7 +68,7 @@ def stored(db: Database, run_id: int) -> tuple[dict[tuple[str, int], float | Non
                 select(Metric.key, Metric.step, Metric.value).where(Metric.run_id == run_id)
             )
         }
-        rollout_steps = list(s.scalars(select(Rollout.step).where(Rollout.run_id == run_id)))
+        rollout_steps = [r["step"] for r in query_rollouts(s, run_id, None, None, 10**6)]
     return points, rollout_steps
 
 
@@ -97,7 +98,7 @@ def test_sink_buffers_until_flush_then_writes_one_batch(db: Database) -> None:
 
 def test_sink_writes_when_full_or_after_its_delay(db: Database) -> None:
     run_id = new_run(db)
-    per_step = len(KEYS) + 8
+    per_step = len(KEYS) + 1  # the metric points, and the rollouts' row
     full = DbSink(db, run_id, attempt=1, max_points=3 * per_step, max_delay_s=1e9)
     for step in range(1, 4):
         full.log_step(record(step))
@@ -161,11 +162,9 @@ def test_write_points_dedupes_nulls_and_sorts(db: Database) -> None:
     points, _ = stored(db, run_id)
     assert points == {("a", 1): None, ("b", 1): None, ("a", 2): 5.0, ("b", 2): 1.0}
     with db.session() as s:
-        row = s.scalar(select(Rollout).where(Rollout.run_id == run_id))
-        assert (row.reward, row.score, row.length, row.truncated) == (1.0, -0.5, 4, True)
-        assert (
-            s.scalar(select(func.count()).select_from(Rollout).where(Rollout.run_id == run_id)) == 1
-        )
+        (row,) = query_rollouts(s, run_id, None, None, 10)
+        assert (row["reward"], row["score"], row["length"], row["truncated"]) == (1, -0.5, 4, True)
+        assert s.scalar(select(func.count()).where(RolloutStep.run_id == run_id)) == 1
 
 
 @pytest.fixture
@@ -228,16 +227,12 @@ def test_copy_sends_nulls_texts_and_every_width_exactly(db: Database) -> None:
     points, _ = stored(db, run_id)
     assert points == {(k, p.step): p.metrics[k] for p in steps for k in keys}
     with db.session() as s:
-        rows = s.execute(
-            select(Rollout.step, Rollout.group, Rollout.index, Rollout.reward, Rollout.score)
-            .add_columns(Rollout.length, Rollout.truncated)
-            .where(Rollout.run_id == run_id)
-        ).all()
+        rows = [tuple(r.values()) for r in query_rollouts(s, run_id, None, None, 10**6)]
     want = {
         (r.step, r.group, r.index, r.reward, None if r.group else r.score, r.length, r.truncated)
         for r in rollouts
     }
-    assert {tuple(r) for r in rows} == want and len(rows) == len(rollouts)
+    assert set(rows) == want and len(rows) == len(rollouts)
 
 
 def close(a: float | None, b: float | None) -> bool:
@@ -459,3 +454,60 @@ def test_storage_dialect_is_chosen_once_per_engine(db: Database) -> None:
         assert dialect_of(a).name == db.engine.dialect.name
     with pytest.raises(ValueError, match="'mysql'; known: postgresql, sqlite"):
         _make("mysql")
+
+
+def test_rollouts_added_to_a_stored_step_keep_the_others(db: Database) -> None:
+    """A step's rollouts are one row: a later write of some of them (a redelivered step, a
+    client sending a step's groups in two calls) replaces those and keeps the rest, once each."""
+    run_id = new_run(db)
+
+    def rollout(step: int, g: int, i: int, reward: float) -> RolloutPoint:
+        return RolloutPoint(step, g, i, reward, -0.5, 4, False)
+
+    first = [rollout(s, 0, i, 0.0) for s in (1, 2) for i in range(3)]
+    later = [rollout(1, 1, 0, 1.0), rollout(1, 0, 1, 2.0), rollout(3, 0, 0, 3.0)]
+    for batch in (first, later, later):  # the second call again: nothing doubles
+        with db.session() as s:
+            write_points(s, run_id, [], batch)
+            s.commit()
+    with db.session() as s:
+        got = [(r["step"], r["group"], r["index"], r["reward"]) for r in query_rollouts(
+            s, run_id, None, None, 100)]  # fmt: skip
+        rows = s.scalar(select(func.count()).where(RolloutStep.run_id == run_id))
+    assert got == [
+        (1, 0, 0, 0.0), (1, 0, 1, 2.0), (1, 0, 2, 0.0), (1, 1, 0, 1.0),
+        (2, 0, 0, 0.0), (2, 0, 1, 0.0), (2, 0, 2, 0.0), (3, 0, 0, 3.0),
+    ]  # fmt: skip
+    assert rows == 3
+
+
+def test_rollout_reads_page_through_steps_and_join_texts(db: Database) -> None:
+    """Reads unpack the per-step rows in (step, group, index) order across pages of step rows,
+    stop at the limit mid-step, and attach each rollout's text (stored_texts: only those
+    with text, with their rewards)."""
+    from backend.storage.rollouts import STEP_ROWS_PER_READ, stored_texts
+
+    run_id = new_run(db)
+    steps = STEP_ROWS_PER_READ * 2 + 5
+    rollouts = [
+        RolloutPoint(s, g, i, float(s), None, 1, False, *(("p", f"c{s}") if i else ("", "")))
+        for s in range(1, steps + 1)
+        for g in range(2)
+        for i in range(2)
+    ]
+    with db.session() as s:
+        write_points(s, run_id, [], rollouts[::-1])  # any order in, sorted out
+        s.commit()
+    with db.session() as s:
+        every = query_rollouts(s, run_id, None, None, 10**6)
+        some = query_rollouts(s, run_id, 3, None, 7, text=True)
+        texts = stored_texts(s, run_id)
+    assert [(r["step"], r["group"], r["index"]) for r in every] == [
+        (r.step, r.group, r.index) for r in rollouts
+    ]
+    assert all(r["score"] is None for r in every)
+    assert [(r["step"], r["group"], r["index"], r["completion"]) for r in some] == [
+        (3, 0, 0, ""), (3, 0, 1, "c3"), (3, 1, 0, ""), (3, 1, 1, "c3"),
+        (4, 0, 0, ""), (4, 0, 1, "c4"), (4, 1, 0, ""),
+    ]  # fmt: skip
+    assert texts == [("p", f"c{s}", float(s)) for s in range(1, steps + 1) for _ in range(2)]

@@ -17,7 +17,7 @@ from conspo import metrics as M
 from tests.api.conftest import create_pg_database, drop_pg_database
 
 TABLES = {
-    "users", "api_tokens", "runs", "metrics", "metric_rollups", "rollouts", "workers",
+    "users", "api_tokens", "runs", "metrics", "metric_rollups", "rollout_steps", "workers",
     "prompt_stats", "rollout_texts", "studies", "study_runs", "pipelines",
 }  # fmt: skip
 
@@ -186,6 +186,54 @@ def test_0011_moves_job_kinds_out_of_algorithm(dialect: str, tmp_path: Path) -> 
                             (4, "rl", "trl-grpo")]  # fmt: skip
         command.downgrade(alembic_config(url), "0010")
         assert [a for _, _, a in stored()] == ["sft", "grpo", "conspo", "trl-grpo"]
+    finally:
+        engine.dispose()
+        if dialect == "postgresql":
+            drop_pg_database(url)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0012_packs_each_steps_rollouts_into_one_row_and_back(dialect: str, tmp_path: Path) -> None:
+    """Every stored rollout survives the move into per-step rows of arrays (NULL rewards and
+    scores included, (group, index) order whatever the insertion order) and the way back."""
+    from sqlalchemy.orm import Session
+
+    from backend.storage.rollouts import query_rollouts
+
+    url = f"sqlite:///{tmp_path / 'm.db'}" if dialect == "sqlite" else create_pg_database()
+    engine = make_engine(url)
+    rollouts = [  # run, step, group, index, reward, score, length, truncated
+        (run, step, g, i, None if (g, i) == (1, 0) else 0.5 * i, None if i == 2 else -0.1 * i,
+         3 + i, i == 1)
+        for run in (1, 2)
+        for step in (1, 2, 5)
+        for g in (1, 0)  # stored out of order
+        for i in range(3)
+    ]  # fmt: skip
+    columns = '(run_id, step, "group", "index", reward, score, length, truncated)'
+    try:
+        migrate(url, "0011")
+        with engine.begin() as conn:
+            conn.execute(
+                text(f"INSERT INTO rollouts {columns} VALUES (:r, :s, :g, :i, :rw, :sc, :l, :t)"),
+                [dict(zip(("r", "s", "g", "i", "rw", "sc", "l", "t"), r, strict=True))
+                 for r in rollouts],
+            )  # fmt: skip
+        migrate(url, "head")
+        with Session(engine) as session:
+            got = [
+                (run, *item.values())
+                for run in (1, 2)
+                for item in query_rollouts(session, run, None, None, 1000)
+            ]
+            steps = session.execute(text("SELECT count(*) FROM rollout_steps")).scalar()
+        assert got == sorted(rollouts) and steps == 6
+        command.downgrade(alembic_config(url), "0011")
+        with engine.connect() as conn:
+            back = conn.execute(
+                text(f"SELECT {columns[1:-1]} FROM rollouts ORDER BY 1, 2, 3, 4")
+            ).all()
+        assert [tuple(r) for r in back] == sorted(rollouts)
     finally:
         engine.dispose()
         if dialect == "postgresql":

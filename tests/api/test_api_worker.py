@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from backend.db import Database
 from backend.main import create_app
 from backend.migrate import migrate
-from backend.models import Metric, Rollout
+from backend.models import Metric, RolloutStep
 from conspo import metrics as M
 from tests.api.conftest import (
     Api,
@@ -74,12 +74,14 @@ def assert_steps_once(api: Api, run_id: int, n: int) -> None:
         ).all()
         assert sorted(steps) == list(range(1, n + 1))
         per_step = s.execute(
-            select(Rollout.step, func.count())
-            .where(Rollout.run_id == run_id)
-            .group_by(Rollout.step)
+            select(RolloutStep.step, RolloutStep.group, RolloutStep.index).where(
+                RolloutStep.run_id == run_id
+            )
         ).all()
-        assert sorted(r[0] for r in per_step) == list(range(1, n + 1))
-        assert len({r[1] for r in per_step}) == 1  # the same sample size every step, no dupes
+        assert sorted(r[0] for r in per_step) == list(range(1, n + 1))  # a row per step, once
+        for _, groups, indices in per_step:  # no rollout twice within its step
+            assert len(set(zip(groups, indices, strict=True))) == len(groups)
+        assert len({len(r[1]) for r in per_step}) == 1  # the same sample size every step
     db.dispose()
 
 
