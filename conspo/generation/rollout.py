@@ -171,11 +171,19 @@ def sample(
         and max_new_tokens > 1  # one token is the prefill's alone
         and DecodeLoop.supports(model, p + max_new_tokens)
     )
-    state = prefill(model, prompt_ids, prompt_mask, g, p + max_new_tokens if static_cache else None)
+    state = prefill(
+        model,
+        prompt_ids,
+        prompt_mask,
+        g,
+        p + max_new_tokens if static_cache else None,
+        share_prefix=True,
+    )
+    attn[:, :p] = state.mask  # the prompt columns as the cache holds them (a shared prefix first)
     logits = state.logits  # (N, V)
     if loop:
         assert isinstance(state.cache, DynamicCache)  # static_cache is off on this path
-        decoder = DecodeLoop(model, state.cache, prompt_mask, state.next_position, max_new_tokens)
+        decoder = DecodeLoop(model, state.cache, state.mask, state.next_position, max_new_tokens)
         del state  # the loop holds the keys and values now
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens = []

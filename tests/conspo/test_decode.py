@@ -238,3 +238,67 @@ def test_finished_rows_leave_the_batch_and_the_tokens_stay_the_same(monkeypatch)
     assert ended >= 6, "the test needs rows that end early"
     assert rows_per_step[0] == 12 and min(rows_per_step) < 12 - ended // 2
     assert rows_per_step == sorted(rows_per_step, reverse=True)
+
+
+def prompts_with_a_shared_prefix(k: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts whose first ``k`` real tokens are the same (a system prompt), each
+    row's rest of its own length and first token."""
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(1, VOCAB, (k,), generator=gen)
+    rests = [3, 5, 1, 6, 4, 2]
+    width = k + max(rests)
+    ids = torch.zeros(len(rests), width, dtype=torch.long)
+    mask = torch.zeros(len(rests), width, dtype=torch.long)
+    for row, n in enumerate(rests):
+        rest = torch.randint(1, VOCAB, (n,), generator=gen)
+        rest[0] = 1 + (prefix[0] + 1 + row) % (VOCAB - 1)  # differs from row to row
+        ids[row, width - k - n :] = torch.cat([prefix, rest])
+        mask[row, width - k - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("build", [qwen2, llama_gqa])
+@torch.no_grad()
+def test_a_shared_prefix_runs_once_and_the_logits_stay_the_models_own(build, monkeypatch):
+    """Prompts sharing their first tokens (a chat template's system prompt): the prefix runs
+    once, on one row, and every logit after it, prefill and decode, is the model's own."""
+    from conspo.generation import forward
+
+    torch.manual_seed(0)
+    model = build().eval()
+    ids, mask = prompts_with_a_shared_prefix(10)
+    assert forward.shared_prefix_len(ids, mask) == 10
+    widths = []
+    real_run = forward._run
+    monkeypatch.setattr(
+        forward, "_run", lambda m, lg, keep, **kw: widths.append(kw["input_ids"].shape) or
+        real_run(m, lg, keep, **kw),
+    )  # fmt: skip
+    state = prefill(model, ids, mask, 1, share_prefix=True)
+    assert widths == [(1, 10), (6, ids.shape[1] - 10)]  # the prefix once, then each rest
+    torch.testing.assert_close(
+        state.logits.float(), reference_logits(model, ids, mask, ids[:, :0]), rtol=1e-5, atol=1e-5
+    )
+    response = torch.randint(1, VOCAB, (6, 7), generator=torch.Generator().manual_seed(3))
+    loop = DecodeLoop(model, state.cache, state.mask, state.next_position, response.shape[1])
+    for t in range(response.shape[1]):
+        ref = reference_logits(model, ids, mask, response[:, : t + 1])
+        torch.testing.assert_close(loop.step(response[:, t], t), ref, rtol=1e-5, atol=1e-5)
+    # Prompts that share less than MIN_SHARED_PREFIX tokens run whole, as before.
+    assert forward.shared_prefix_len(*prompts()) == 0
+
+
+@pytest.mark.parametrize("decode_loop", [True, False])
+def test_sampler_draws_the_same_tokens_with_a_shared_prefix(decode_loop, monkeypatch):
+    from conspo.generation import forward
+
+    torch.manual_seed(0)
+    model = llama_gqa().eval()
+    ids, mask = (x.repeat_interleave(2, dim=0) for x in prompts_with_a_shared_prefix(12))
+    kw = dict(max_new_tokens=10, eos_id=VOCAB + 5, pad_id=0, temperature=1.0, group_size=2,
+              decode_loop=decode_loop)  # fmt: skip
+    shared = sample(model, ids, mask, generator=torch.Generator().manual_seed(7), **kw)
+    monkeypatch.setattr(forward, "MIN_SHARED_PREFIX", 10**6)  # every prompt run whole
+    whole = sample(model, ids, mask, generator=torch.Generator().manual_seed(7), **kw)
+    assert torch.equal(shared.response_ids, whole.response_ids)
+    assert torch.equal(shared.prompt_mask, mask)  # the rollouts keep the prompts' own layout
