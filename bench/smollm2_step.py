@@ -1,7 +1,7 @@
 """Seconds per GRPO step of SmolLM2-135M-Instruct with LoRA on a CPU, float32 vs bfloat16.
 
     PYTHONPATH=. .venv/bin/python bench/smollm2_step.py [--dtypes float32 bfloat16]
-        [--prompts 8] [--group 8] [--tokens 128] [--threads N] [--phases] [--no-buckets]
+        [--prompts 8] [--group 8] [--tokens 128] [--threads N] [--phases] [--before]
 
 examples/smollm2_gsm.yaml at the issue's shape (8 prompts × 8 rollouts × up to 128 new tokens),
 no evaluation: per dtype, one warm-up step, then one timed step; printed are its wall seconds
@@ -14,8 +14,10 @@ wrapped with timers; nested phases are subtracted from the one around them): the
 prefill, the decode steps (DecodeLoop), picking each next token (softmax and draw), the rest of
 the sampler (masks, stop checks, compaction), the training forward + backward, the optimiser
 step, and what is left of the step (drawing prompts, decoding text, verifying, statistics).
-``--no-buckets``: the gradient pass as one forward over the whole padded batch (as before length
-buckets, conspo.training.microbatch.length_buckets), for the before/after comparison.
+``--before``: the step as it was before issue 25's second round, for the before/after split: the
+gradient pass as one forward over the whole padded batch (no length buckets,
+conspo.training.microbatch.length_buckets) and no shared-prefix prefill in sampling
+(conspo.generation.forward.MIN_SHARED_PREFIX).
 """
 
 from __future__ import annotations
@@ -125,14 +127,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--phases", action="store_true", help="print the timed step's split")
-    parser.add_argument("--no-buckets", action="store_true", help="one padded gradient forward")
+    parser.add_argument("--before", action="store_true", help="no length buckets, no prefix")
     args = parser.parse_args()
     import torch
 
-    if args.no_buckets:
+    if args.before:
+        import conspo.generation.forward as forward
         import conspo.training.trainer as trainer
 
         trainer.length_buckets = lambda batch, group_size: [torch.arange(len(batch.lengths))]
+        forward.MIN_SHARED_PREFIX = 10**9
 
     if args.threads:
         torch.set_num_threads(args.threads)
