@@ -362,7 +362,9 @@ class OptimConfig(_Section):
         json_schema_extra={"advanced": True},
         description="Token budget (padded prompt + response positions) of one forward/backward"
         " pass. A mini-batch above it is split into micro-batches whose gradients add up to the"
-        " mini-batch's gradient exactly. 0: one pass per mini-batch.",
+        " mini-batch's gradient exactly. 0: one gradient pass per mini-batch, its forwards run"
+        " on whole groups of like answer length (so one long answer does not pad every row to"
+        " its length) and one backward through them all.",
     )
 
 
