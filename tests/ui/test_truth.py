@@ -338,3 +338,88 @@ def test_choosing_dapo_in_the_run_form_gives_a_valid_config(page: Any, ui_server
     assert "fix the fields" not in box.inner_text(), box.inner_text()
     assert '"algorithm": "dapo"' in page.inner_text("#preview")
     assert page.locator(".field.has-error").count() == 0
+
+
+def test_legends_count_the_seeds_with_data_and_the_hover_gives_n_per_step(
+    page: Any, ui_server: Any, four_runs: Any, tmp_path: Any
+) -> None:
+    """Item 3's legends: ConSPO's seed 1 stops at step 20 of 30, so 2 seeds have data up to
+    step 20 and 1 after it. A legend cannot change with the step: it gives the range (n = 1–2),
+    never the seeds planned or the most seeds at any step, and the hover gives n at each step.
+    On the compare page and in the study renderer (the comparison report draws with it)."""
+    ids = open_paired_comparison(page, ui_server, four_runs)
+    traces = wait_until(
+        page,
+        lambda: page.evaluate("() => document.getElementById('plot-m-sep_gap')?.data"),
+        what="the grouped sep/gap chart",
+    )
+    legend = [t["name"] for t in traces if t.get("showlegend") is not False]
+    assert "algorithm=conspo (n = 1–2)" in legend and "algorithm=grpo (n = 2)" in legend, legend
+    conspo = next(t for t in traces if t["name"].startswith("algorithm=conspo (n"))
+    hover = dict(zip([round(x) for x in conspo["x"]], conspo["text"], strict=True))
+    assert hover[12] == "n = 2 of 2" and hover[25] == "n = 1 of 2", hover
+
+    report = tmp_path / "report.html"
+    report.write_text(
+        ui_server.http.get(
+            f"/api/compare/report.html?runs={ids}&key={test_compare_groups.KEY}"
+            "&group=algorithm&baseline=algorithm%3Dgrpo&k=3"
+        ).text
+    )
+    from tests.ui.conftest import offline_report
+
+    with offline_report(page.context.browser, report) as opened:
+        opened.wait_for_selector(".chart .main-svg")
+        traces = opened.evaluate("() => document.querySelector('.chart').data")
+        legend = [t["name"] for t in traces if t.get("showlegend") is not False]
+        assert "algorithm=conspo (n = 1–2)" in legend and "algorithm=grpo (n = 2)" in legend
+        conspo = next(t for t in traces if t["name"].startswith("algorithm=conspo (n"))
+        hover = dict(zip(conspo["x"], conspo["text"], strict=True))
+        assert hover[12] == "n = 2 of 2" and hover[25] == "n = 1 of 2", hover
+
+
+# Every text of a chart's head and caption whose end a reader cannot see: cut by its box, an
+# ellipsis, kept on one line, or running past its card.
+CUT_TEXTS = """sel => [...document.querySelectorAll(sel)].filter(el => el.textContent.trim()).map(el => {
+    const css = getComputedStyle(el);
+    const card = el.closest('.chart-card').getBoundingClientRect();
+    const box = el.getBoundingClientRect();
+    return {text: el.textContent.slice(0, 50), css: css.textOverflow + ' ' + css.whiteSpace,
+            cut: el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1,
+            past: box.right > card.right + 1 || box.left < card.left - 1,
+            ellipsis: css.textOverflow === 'ellipsis', nowrap: css.whiteSpace === 'nowrap'};
+}).filter(r => r.cut || r.past || r.ellipsis || r.nowrap)"""
+HEADS = ".chart-card .chart-title, .chart-card .chart-help, .chart-card .chart-note"
+
+
+@pytest.mark.parametrize("width", [1440, 800])
+def test_chart_help_and_captions_wrap_whole(
+    page: Any, ui_server: Any, on_policy_pair: Any, four_runs: Any, tmp_path: Any, width: int
+) -> None:
+    """Chart help texts and captions are read whole: they wrap, never end in an ellipsis or run
+    past the card, on the run page, the compare page and the study renderer's curves."""
+    page.set_viewport_size({"width": width, "height": 900})
+    grpo, _ = on_policy_pair
+    page.goto(f"{ui_server.url}/runs/{grpo['id']}")
+    page.wait_for_selector("#plot-gap .main-svg")
+    helps = page.locator(".chart-card .chart-help")
+    assert helps.count() > 5
+    assert page.evaluate(CUT_TEXTS, HEADS) == []
+
+    ids = open_paired_comparison(page, ui_server, four_runs)
+    page.wait_for_selector("#plot-m-sep_gap .main-svg")
+    assert page.evaluate(CUT_TEXTS, HEADS) == []
+
+    report = tmp_path / "report.html"
+    report.write_text(
+        ui_server.http.get(
+            f"/api/compare/report.html?runs={ids}&key={test_compare_groups.KEY}"
+            "&group=algorithm&baseline=algorithm%3Dgrpo&k=3"
+        ).text
+    )
+    from tests.ui.conftest import offline_report
+
+    with offline_report(page.context.browser, report) as opened:
+        opened.set_viewport_size({"width": width, "height": 900})
+        opened.wait_for_selector(".chart .main-svg")
+        assert opened.evaluate(CUT_TEXTS, ".chart-card .chart-caption, .chart-card h4") == []
