@@ -289,3 +289,12 @@ export function seedsWithData(counts, of) {
   const hi = Math.max(...seen);
   return `n = ${lo === hi ? lo : `${lo}–${hi}`}${hi < of ? ` of ${of}` : ""}`;
 }
+
+/** Resolves once the browser has painted the page as it is now: a page drawing many charts in
+ * one go shows the first before drawing the next (a background tab paints nothing: after `ms`). */
+export function afterPaint(ms = 200) {
+  return new Promise((resolve) => {
+    requestAnimationFrame(() => setTimeout(resolve, 0));
+    setTimeout(resolve, ms);
+  });
+}

@@ -5,11 +5,14 @@ that the page logged no console error and made no request off the server."""
 
 from __future__ import annotations
 
+import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import REQUIRE_SERVICES as REQUIRE
 from tests.ui import test_compare_groups
 from tests.ui.test_compare_groups import open_paired_comparison
 from tests.ui.test_pages import wait_until
@@ -380,7 +383,8 @@ def test_legends_count_the_seeds_with_data_and_the_hover_gives_n_per_step(
 
 # Every text of a chart's head and caption whose end a reader cannot see: cut by its box, an
 # ellipsis, kept on one line, or running past its card.
-CUT_TEXTS = """sel => [...document.querySelectorAll(sel)].filter(el => el.textContent.trim()).map(el => {
+CUT_TEXTS = """sel => [...document.querySelectorAll(sel)].filter(el => el.textContent.trim())
+  .map(el => {
     const css = getComputedStyle(el);
     const card = el.closest('.chart-card').getBoundingClientRect();
     const box = el.getBoundingClientRect();
@@ -423,3 +427,105 @@ def test_chart_help_and_captions_wrap_whole(
         opened.set_viewport_size({"width": width, "height": 900})
         opened.wait_for_selector(".chart .main-svg")
         assert opened.evaluate(CUT_TEXTS, ".chart-card .chart-caption, .chart-card h4") == []
+
+
+def test_the_first_requests_travel_while_plotly_loads(
+    page: Any, ui_server: Any, on_policy_pair: Any
+) -> None:
+    """The first chart's 1.5 s: with Plotly's script held back, the run page has already asked
+    for the run, its keys and its charted series (its <head> sends them), and its modules have
+    loaded; let go, it draws from those answers without asking again. The study and compare
+    pages send theirs the same way."""
+    grpo, _ = on_policy_pair
+    held: list[Any] = []
+    page.route("**/static/plotly*.js", lambda route: held.append(route))
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url.removeprefix(ui_server.url)))
+    page.goto(f"{ui_server.url}/runs/{grpo['id']}", wait_until="commit")
+    base = f"/api/runs/{grpo['id']}"
+    wanted = (base, f"{base}/metrics/keys", f"{base}/metrics?keys=sep%2Fpos_score")
+
+    def sent() -> bool:
+        return all(any(u == w or u.startswith(w + "%") for u in asked) for w in wanted)
+
+    wait_until(page, lambda: held and sent(), what="the run page's requests before Plotly")
+    assert "/static/run_charts.js" in asked  # the whole module graph, named in <head>
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#plot-gap .main-svg")
+    for w in wanted:
+        assert len([u for u in asked if u == w or u.startswith(w + "%")]) == 1, (w, asked)
+
+    study = ui_server.api(
+        "POST",
+        "/api/studies",
+        json={
+            "name": f"i26-early-{uuid.uuid4().hex[:6]}",
+            "config": TINY,
+            "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}],
+            "seeds": [0],
+            "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
+            "concurrency": 1,
+        },
+    )
+    ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+    held.clear()
+    asked.clear()
+    page.goto(f"{ui_server.url}/studies/{study['id']}", wait_until="commit")
+    wait_until(page, lambda: held and f"/api/studies/{study['id']}" in asked, what="study")
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#arm-table")
+
+
+def test_charts_draw_with_plotly_cartesian_bundle_unless_a_search_needs_parcoords(
+    ui_server: Any,
+) -> None:
+    """The run, compare and study pages load Plotly's cartesian bundle (a third of the full one;
+    node_modules, package.json), the same plotly.js version as the full bundle; a search study's
+    page, whose parallel coordinates the cartesian bundle lacks, loads the full one."""
+    import plotly
+
+    from backend.pages import PLOTLY_CARTESIAN
+
+    full = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    served = ui_server.http.get("/static/plotly-cartesian.min.js")
+    assert served.status_code == 200
+    version = re.compile(rb"plotly\.js (?:\([\w -]+\) )?v([\d.]+)")  # the banner
+    cartesian, whole = (version.search(b[:300]) for b in (served.content, full))
+    assert cartesian and whole and cartesian[1] == whole[1]
+    if PLOTLY_CARTESIAN.is_file():
+        assert served.content == PLOTLY_CARTESIAN.read_bytes()
+        assert len(served.content) < len(full) / 2
+    elif REQUIRE:
+        pytest.fail("node_modules lacks plotly.js-cartesian-dist-min: run `npm ci`")
+    src = re.compile(r'<script src="(/static/plotly[^"]*)"')
+    for path in ("/runs/1", "/compare"):
+        assert src.findall(ui_server.http.get(path).text) == ["/static/plotly-cartesian.min.js"]
+    body = {
+        "name": f"i26-bundle-{uuid.uuid4().hex[:6]}",
+        "config": {**TINY, "algorithm": "conspo"},
+        "seeds": [0],
+        "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
+        "concurrency": 1,
+    }
+    arms = ui_server.api(
+        "POST", "/api/studies", json={**body, "arms": [{"name": "a", "overrides": {}}]}
+    )
+    search = ui_server.api(
+        "POST",
+        "/api/studies",
+        json={
+            **body,
+            "arms": [],
+            "search": {
+                "space": {"params.tau": {"type": "float", "low": 0.5, "high": 2.0}},
+                "sampler": "random",
+                "trials": 2,
+            },
+        },
+    )
+    for study, bundle in ((arms, "plotly-cartesian.min.js"), (search, "plotly.min.js")):
+        ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+        html = ui_server.http.get(f"/studies/{study['id']}").text
+        assert src.findall(html) == [f"/static/{bundle}"], study
