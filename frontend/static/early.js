@@ -23,9 +23,22 @@
   const study = /^\/studies\/(\d+)$/.exec(location.pathname);
   if (study) send(`/api/studies/${study[1]}`); // study.js
   if (location.pathname === "/compare") {
-    // compare_state.js: the run picker and each chosen run's keys
+    // compare_state.js: the run picker, each chosen run's keys and their series (loadData, the
+    // keys of the URL or the catalogue's key metrics)
+    const url = new URLSearchParams(location.search);
+    const list = (name) =>
+      (url.get(name) || "")
+        .split(",")
+        .map((s) => s.trim())
+        .filter(Boolean);
     send("/api/runs?limit=200&sort=-created_at");
-    const ids = (new URLSearchParams(location.search).get("runs") || "").split(",");
-    for (const id of ids) if (/^\d+$/.test(id.trim())) send(`/api/runs/${id.trim()}/metrics/keys`);
+    const ids = list("runs").map(Number).filter(Number.isFinite).slice(0, 50);
+    for (const id of ids) send(`/api/runs/${id}/metrics/keys`);
+    const chosen = list("keys").length ? list("keys") : window.CONSPO_CATALOGUE?.key_metrics || [];
+    const axis = url.get("x") === "rollouts" ? [window.CONSPO_CATALOGUE?.rollouts_axis] : [];
+    const keys = [...new Set([...chosen, ...axis])].slice(0, 50);
+    if (ids.length && keys.length && !url.get("group_id")) {
+      send(`/api/compare?${new URLSearchParams({ runs: ids.join(","), keys: keys.join(","), max_points: "1000" })}`);
+    }
   }
 })();

@@ -435,8 +435,8 @@ def test_the_first_requests_travel_while_plotly_loads(
     """The first chart's 1.5 s: with Plotly's script held back, the run page has already asked
     for the run, its keys and its charted series (its <head> sends them), and its modules have
     loaded; let go, it draws from those answers without asking again. The study and compare
-    pages send theirs the same way."""
-    grpo, _ = on_policy_pair
+    pages send theirs the same way (compare: its series too, asked for once)."""
+    grpo, conspo = on_policy_pair
     held: list[Any] = []
     page.route("**/static/plotly*.js", lambda route: held.append(route))
     asked: list[str] = []
@@ -476,6 +476,20 @@ def test_the_first_requests_travel_while_plotly_loads(
     for route in held:
         route.continue_()
     page.wait_for_selector("#arm-table")
+
+    held.clear()
+    asked.clear()
+    page.goto(f"{ui_server.url}/compare?runs={grpo['id']},{conspo['id']}", wait_until="commit")
+    wait_until(
+        page,
+        lambda: held and [u for u in asked if u.startswith("/api/compare?")],
+        what="the compare page's series before Plotly",
+    )
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#compare-charts .main-svg")
+    series = [u for u in asked if u.startswith("/api/compare?")]
+    assert len(series) == 1, series  # the default metrics, asked for once
 
 
 def test_charts_draw_with_plotly_cartesian_bundle_unless_a_search_needs_parcoords(
