@@ -2,7 +2,8 @@
 
 The pages are thin Jinja2 shells; everything they show comes from the REST API (docs/api.md)
 through the plain JS modules in ``frontend/static``. Plotly.js is served from the installed
-``plotly`` package (its ``package_data/plotly.min.js``), never from a CDN, so the UI works offline.
+``plotly`` package (its ``package_data/plotly.min.js``) or, for the pages that need no more, its
+cartesian bundle from ``node_modules`` (``npm ci``); never from a CDN, so the UI works offline.
 
 The API token reaches the page (``window.CONSPO_TOKEN``) only when the server runs with
 ``CONSPO_UI_TOKEN_INJECT=true`` (the embedded default) and the page was asked for by a loopback
@@ -12,6 +13,7 @@ name; see :func:`_ui_token`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -52,6 +54,20 @@ def plotly_js_path() -> Path:
     if not path.is_file():  # pragma: no cover - a broken plotly install
         raise RuntimeError(f"plotly.min.js not found at {path}; reinstall the plotly package")
     return path
+
+
+# Plotly's official cartesian bundle (npm plotly.js-cartesian-dist-min, pinned in package.json to
+# the plotly.js version of the Python package): scatter, bar, heatmap, box, ... but no parcoords,
+# and a third of the full bundle, which took a second or more to compile and run on a loaded
+# 2-core machine before a page could draw its first chart.
+PLOTLY_CARTESIAN = FRONTEND_DIR.parent.joinpath(
+    "node_modules", "plotly.js-cartesian-dist-min", "plotly-cartesian.min.js"
+)
+
+
+def plotly_cartesian_path() -> Path:
+    """The cartesian bundle where ``npm ci`` installed it (``make run`` does), else the full one."""
+    return PLOTLY_CARTESIAN if PLOTLY_CARTESIAN.is_file() else plotly_js_path()
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
@@ -98,16 +114,43 @@ def _catalogue_json() -> str:
     return _script_json(asdict(catalogue()))
 
 
-def _render(request: Request, template: str, page: str, **extra: Any) -> HTMLResponse:
+_IMPORTED = re.compile(r'(?:\bfrom|^import)\s*"(/static/[\w./-]+\.js)"', re.M)
+
+
+def module_graph(entry: str) -> list[str]:
+    """``entry`` and every module it imports, directly or not, as /static paths: the page's
+    <head> names them all (modulepreload), so the browser fetches them at once instead of one
+    level of imports after another. Read at each render: an edited file is seen."""
+    seen: list[str] = []
+    todo = [f"/static/{entry}"]
+    while todo:
+        src = todo.pop()
+        if src in seen:
+            continue
+        seen.append(src)
+        path = STATIC_DIR / src.removeprefix("/static/")
+        todo.extend(_IMPORTED.findall(path.read_text()) if path.is_file() else [])
+    return seen
+
+
+def _render(
+    request: Request, template: str, page: str, entry: str | None = None, **extra: Any
+) -> HTMLResponse:
     context = {
         "page": page,
         "token_json": _script_json(_ui_token(request)),
         "catalogue_json": _catalogue_json(),
+        # a chart page's first API requests, sent from <head> while Plotly and the modules load
+        "early_js": (STATIC_DIR / "early.js").read_text().replace("</", "<\\/") if entry else "",
+        "modules": module_graph(entry) if entry else [],
         **extra,
     }
     response = templates.TemplateResponse(request, template, context)
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+CARTESIAN_SRC = "/static/plotly-cartesian.min.js"
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -122,14 +165,23 @@ def new_run_page(request: Request) -> HTMLResponse:
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: int) -> HTMLResponse:
-    return _render(request, "run.html", "run", title=f"Run {run_id}", run_id=run_id)
+    return _render(
+        request, "run.html", "run", entry="run.js", title=f"Run {run_id}", run_id=run_id,
+        plotly_src=CARTESIAN_SRC,
+    )  # fmt: skip
 
 
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request) -> HTMLResponse:
     fields = _script_json(list(RUN_FIELDS))  # what a group-by path may name besides config paths
     return _render(
-        request, "compare.html", "compare", title="Compare runs", group_fields_json=fields
+        request,
+        "compare.html",
+        "compare",
+        entry="compare.js",
+        plotly_src=CARTESIAN_SRC,
+        title="Compare runs",
+        group_fields_json=fields,
     )
 
 
@@ -171,6 +223,17 @@ def plotly_js() -> FileResponse:
     )
 
 
+@router.api_route("/static/plotly-cartesian.min.js", methods=["GET", "HEAD"])
+def plotly_cartesian_js() -> FileResponse:
+    """What the run and compare pages draw with (a study page too, unless it has a search: its
+    parallel coordinates need the full bundle)."""
+    return FileResponse(
+        plotly_cartesian_path(),
+        media_type=_STATIC_TYPES[".js"],
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
+
+
 @router.api_route("/static/{name:path}", methods=["GET", "HEAD"])
 def static_file(name: str) -> FileResponse:
     if "\x00" in name:  # the OS refuses such a path with an exception, not a 404
@@ -194,9 +257,14 @@ def new_study_page(request: Request) -> HTMLResponse:
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(request: Request, study_id: int, session: SessionDep) -> HTMLResponse:
-    if session.get(Study, study_id) is None:  # a clear 404, not a page loading for ever
+    study = session.get(Study, study_id)
+    if study is None:  # a clear 404, not a page loading for ever
         return not_found_page(request, f"There is no study {study_id} at")
-    return _render(request, "study.html", "study", title=f"Study {study_id}", study_id=study_id)
+    search = bool((study.spec or {}).get("search"))  # parallel coordinates: the full bundle
+    return _render(
+        request, "study.html", "study", entry="study.js", title=f"Study {study_id}",
+        study_id=study_id, plotly_src="/static/plotly.min.js" if search else CARTESIAN_SRC,
+    )  # fmt: skip
 
 
 @router.get("/pipelines", response_class=HTMLResponse)

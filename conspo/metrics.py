@@ -253,6 +253,9 @@ class Catalogue:
     kind_metrics: dict[str, list[str]] = field(default_factory=dict)
     legacy_keys: dict[str, str] = field(default_factory=dict)
     patterns: list[MetricPattern] = field(default_factory=list)
+    # every key a panel draws, in the page's order (section, chart, then catalogue order): the
+    # run page asks for these series first, in the request its <head> sends (early.js)
+    charted_keys: list[str] = field(default_factory=list)
 
 
 # The config under which an update can be off-policy: more than one optimiser update per batch.
@@ -606,6 +609,14 @@ def catalogue() -> Catalogue:
         kind_metrics={k: list(get_job_kind(k).metrics) for k in job_kind_names()},
         legacy_keys=dict(LEGACY_KEYS),
         patterns=list(PATTERNS),
+        charted_keys=[
+            m.key
+            for section in SECTIONS
+            for chart in CHARTS
+            if chart.section == section.id
+            for m in METRICS
+            if m.chart == chart.id
+        ],
     )
 
 

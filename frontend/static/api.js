@@ -16,10 +16,19 @@ function headers(json) {
   return h;
 }
 
+/** The answer to a GET the page's <head> already sent (early.js), once; or null. */
+function takeEarly(path) {
+  const sent = window.CONSPO_EARLY?.get(path);
+  if (!sent) return null;
+  window.CONSPO_EARLY.delete(path);
+  return sent;
+}
+
 export async function request(method, path, body) {
   const init = { method, headers: headers(body !== undefined) };
   if (body !== undefined) init.body = JSON.stringify(body);
-  const resp = await fetch(path, init);
+  const early = method === "GET" ? await takeEarly(path) : null;
+  const resp = early || (await fetch(path, init));
   if (resp.status === 204) return null;
   let data = null;
   const text = await resp.text();

@@ -94,9 +94,7 @@ export const sameAs = (key) => metricInfo(key)?.same_as?.[key];
 export const constantNoteOf = (key) => metricInfo(key)?.constant_note || "";
 
 /** Charted keys in display order (section, chart, then catalogue order). */
-export const CHARTED_KEYS = SECTIONS.flatMap((s) =>
-  CHARTS.filter((c) => c.section === s.id).flatMap((c) => c.metrics.map((m) => m.key)),
-);
+export const CHARTED_KEYS = RAW.charted_keys || [];
 
 const CHART_BY_ID = new Map(CHARTS.map((c) => [c.id, c]));
 /** Whether a key is a fraction (its panel's, or its family's, y_range is "unit"): drawn on [0, 1]. */

@@ -167,7 +167,7 @@ export function chartCard(id, title, help, { wide = false } = {}) {
   const card = h(
     `div.chart-card${wide ? ".wide" : ""}`,
     { "data-chart": id },
-    h("div.chart-head", {}, h("span.chart-title", {}, title), h("span.chart-help", { title: help || "" }, help || "")),
+    h("div.chart-head", {}, h("span.chart-title", {}, title), h("span.chart-help", {}, help || "")),
     plot,
   );
   return { card, plot };

@@ -8,6 +8,7 @@ import { chartCard, react, setCardNote } from "/static/charts.js";
 import { diffFigure, groupDiffFigure, metricFigure } from "/static/compare_figures.js";
 import {
   baseGroup,
+  DEFAULT_KEYS,
   diffKey,
   groups,
   loadData,
@@ -26,10 +27,12 @@ import {
   renderKeyList,
   renderRunList,
 } from "/static/compare_tables.js";
-import { $, debounce, FINISHED, h, toast } from "/static/util.js";
+import { $, afterPaint, debounce, FINISHED, h, toast } from "/static/util.js";
 
-function draw() {
-  const container = $("#compare-charts");
+const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+/** The charts the view asks for, in order (the group difference and the A − B curve first). */
+function wantedCharts() {
   const wanted = S.runIds.length ? S.keys.map((k) => ({ id: `m-${k}`, key: k, title: k, help: helpOf(k) })) : [];
   if (S.diff.length === 2 && S.runIds.length && diffKey()) {
     const k = diffKey();
@@ -56,6 +59,14 @@ function draw() {
         "the group means with a 95% Welch band. Dotted where fewer seeds have reached the step.",
     });
   }
+  return wanted;
+}
+
+/** Draw every chart; `inTurn` (the first draw): one by one, the first painted before the next
+ * is drawn (all in one task kept even the first off screen until the last was done). */
+async function draw({ inTurn = false } = {}) {
+  const container = $("#compare-charts");
+  const wanted = wantedCharts();
   const wantedIds = new Set(wanted.map((w) => w.id));
   for (const [id, entry] of S.cards) {
     if (!wantedIds.has(id)) {
@@ -64,7 +75,10 @@ function draw() {
       S.cards.delete(id);
     }
   }
+  let first = true;
   for (const w of wanted) {
+    if (inTurn && !first) await (wanted.indexOf(w) === 1 ? afterPaint() : nextTask());
+    first = false;
     let entry = S.cards.get(w.id);
     if (!entry) {
       const { card, plot } = chartCard(w.id.replace(/[^\w-]/g, "_"), w.title, w.help);
@@ -252,7 +266,24 @@ async function init() {
   $("#smooth").value = String(S.smooth);
   $("#smooth-val").textContent = S.smooth.toFixed(2);
   $("#show-all-config").checked = S.showAll;
-  await loadPicker();
-  await reload({ keys: true });
+  // The picker, each run's keys and the series at once (early.js sent the three from <head>):
+  // the default metrics are asked for before the keys say which the runs logged.
+  const defaulted = !S.keys.length;
+  if (defaulted) S.keys = DEFAULT_KEYS.slice();
+  let failed = null;
+  await Promise.all([loadPicker(), loadKeys(), loadData().catch((err) => (failed = err))]);
+  if (defaulted) {
+    S.keys = S.keys.filter((k) => S.keysAvailable.includes(k));
+    if (!S.keys.length) {
+      S.keys = S.keysAvailable.slice(0, 4);
+      failed = await loadData().catch((err) => err);
+    }
+  }
+  if (failed) toast(`Could not load metrics: ${errorText(failed)}`, "error");
+  syncUrl();
+  renderRunList();
+  renderKeyList();
+  await draw({ inTurn: true });
+  renderConfigDiff();
 }
 init();

@@ -5,7 +5,7 @@ import { isDeterministic, isFraction, unitOf } from "/static/catalogue.js";
 import { bandTraces, baseLayout, lineTraces, sampledAnnotation, X_TITLES } from "/static/charts.js";
 import { aggregate, baseGroup, groups, runColor, runName, S, xAt, xFor } from "/static/compare_state.js";
 import { interp, mean, t975, tHalfWidth, variance } from "/static/series.js";
-import { color, ema } from "/static/util.js";
+import { color, ema, seedsWithData } from "/static/util.js";
 
 /** seed → run id for a group whose runs all have distinct seeds; null otherwise. */
 function seedMap(ids) {
@@ -183,7 +183,7 @@ export function metricFigure(key) {
         type: "scatter",
         mode: "lines",
         line: { width: 2, color: c },
-        name: `${label} (n=${agg.n})`,
+        name: `${label} (${seedsWithData(agg.counts, agg.n)})`,
         legendgroup: label,
         hovertemplate: `%{y:.4g} · %{text}<extra>${label}</extra>`,
       });

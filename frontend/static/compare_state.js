@@ -5,7 +5,7 @@ import { KEY_METRICS, ROLLOUTS_AXIS } from "/static/catalogue.js";
 import { interp } from "/static/series.js";
 import { color, fmtValue, getPath, toast } from "/static/util.js";
 
-const DEFAULT_KEYS = KEY_METRICS;
+export const DEFAULT_KEYS = KEY_METRICS;
 const ROLLOUTS_KEY = ROLLOUTS_AXIS;
 // Run fields a group-by path names directly (the rest are config paths): the server's list
 // (backend/studies/comparison.py RUN_FIELDS), so the page's groups and the report's agree.
@@ -110,6 +110,8 @@ export async function loadKeys() {
   if (!S.keys.length) S.keys = S.keysAvailable.slice(0, 4);
 }
 
+/** The chosen runs' series of the chosen keys: one request (early.js sends the first from
+ * <head>: keep the two paths the same). */
 export async function loadData() {
   S.data = {};
   if (!S.runIds.length || !S.keys.length) return;

@@ -4,7 +4,7 @@
 // uirevision so zoom survives every update.
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { promptView } from "/static/prompts.js";
-import { drawAll, scheduleDraw } from "/static/run_charts.js";
+import { drawAll, drawInTurn, scheduleDraw } from "/static/run_charts.js";
 import { renderProgress, renderRun } from "/static/run_header.js";
 import { loadRolloutTable } from "/static/run_rollouts.js";
 import { loadMetrics, loadRollouts, mergePoints, runId, S } from "/static/run_state.js";
@@ -154,11 +154,15 @@ async function init() {
   renderRun();
   // The charts draw as soon as the first keys' series are in; the sampled rollouts (megabytes
   // on a long run) and the prompt view load after, and their panels fill in when they arrive.
+  let drawn = null;
   try {
-    await loadMetrics(drawAll);
+    await loadMetrics(() => {
+      drawn = drawInTurn();
+    });
   } catch (err) {
     toast(`Could not load metrics: ${errorText(err)}`, "error");
   }
+  await drawn;
   drawAll();
   if (FINISHED.has(S.run.status)) setConn("done");
   else openStream();

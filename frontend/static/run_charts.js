@@ -37,7 +37,7 @@ import {
   SECTIONS_SHOWN,
   xOfSteps,
 } from "/static/run_state.js";
-import { $, fmtNum, h } from "/static/util.js";
+import { $, afterPaint, fmtNum, h } from "/static/util.js";
 
 // ---- charts ------------------------------------------------------------------------------------
 function ensureCards() {
@@ -369,6 +369,23 @@ export function scheduleDraw(delay = 300) {
 export function drawAll() {
   ensureCards();
   for (const entry of S.cards.values()) drawChart(entry);
+  notePoints();
+}
+
+/** The first draw: panel by panel, the first painted before the next is drawn (the whole page
+ * in one task kept even the top panel off screen until the last one was done). */
+export async function drawInTurn() {
+  ensureCards();
+  let first = true;
+  for (const entry of [...S.cards.values()]) {
+    drawChart(entry);
+    await (first ? afterPaint() : new Promise((resolve) => setTimeout(resolve, 0)));
+    first = false;
+  }
+  notePoints();
+}
+
+function notePoints() {
   const ref = refSeries();
   const n = ref ? ref.total_points : 0;
   S.lastUpdate = Date.now();

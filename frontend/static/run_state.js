@@ -139,32 +139,38 @@ export function mergePoints(key, pts) {
   }
 }
 
-/** Every logged key's series; the charted keys first, in the page's order, so `onFirst` (the
- * first draw) runs once the top panels' data is in, not after the last key. */
+function putSeries(data) {
+  for (const [key, s] of Object.entries(data.series)) {
+    if (!s.steps.length) continue; // a charted key this run does not log
+    S.series[key] = {
+      steps: s.steps,
+      values: s.values,
+      min: s.min || s.values.slice(),
+      max: s.max || s.values.slice(),
+      wall_time: s.wall_time || [],
+      sampled: Boolean(s.sampled),
+      total_points: s.total_points || s.steps.length,
+    };
+    S.maxStep = Math.max(S.maxStep, s.steps[s.steps.length - 1]);
+    const wall = s.wall_time?.[s.wall_time.length - 1];
+    if (wall > S.lastWall) S.lastWall = wall;
+  }
+}
+
+/** Every logged key's series: the charted ones first, logged or not, in one request that the
+ * page's <head> sent already (early.js: keep the two paths the same), so `onFirst` (the first
+ * draw) needs no other answer; then the keys no panel charts, 40 at a time. */
 export async function loadMetrics(onFirst = () => {}) {
-  const { keys: logged } = await get(`/api/runs/${runId}/metrics/keys`);
-  if (!logged.length) return;
-  const rank = new Map(CHARTED_KEYS.map((k, i) => [k, i]));
-  const keys = logged.slice().sort((a, b) => (rank.get(a) ?? Infinity) - (rank.get(b) ?? Infinity));
-  const chunks = [];
-  for (let i = 0; i < keys.length; i += 40) chunks.push(keys.slice(i, i + 40));
-  for (const chunk of chunks) {
-    const data = await get(`/api/runs/${runId}/metrics${qs({ keys: chunk, max_points: 1000 })}`);
-    for (const [key, s] of Object.entries(data.series)) {
-      S.series[key] = {
-        steps: s.steps,
-        values: s.values,
-        min: s.min || s.values.slice(),
-        max: s.max || s.values.slice(),
-        wall_time: s.wall_time || [],
-        sampled: Boolean(s.sampled),
-        total_points: s.total_points || s.steps.length,
-      };
-      if (s.steps.length) S.maxStep = Math.max(S.maxStep, s.steps[s.steps.length - 1]);
-      const wall = s.wall_time?.[s.wall_time.length - 1];
-      if (wall > S.lastWall) S.lastWall = wall;
-    }
-    if (chunk === chunks[0]) onFirst();
+  const [charted, { keys: logged }] = await Promise.all([
+    get(`/api/runs/${runId}/metrics${qs({ keys: CHARTED_KEYS, max_points: 1000 })}`),
+    get(`/api/runs/${runId}/metrics/keys`),
+  ]);
+  putSeries(charted);
+  onFirst();
+  const asked = new Set(CHARTED_KEYS);
+  const rest = logged.filter((k) => !asked.has(k)).sort();
+  for (let i = 0; i < rest.length; i += 40) {
+    putSeries(await get(`/api/runs/${runId}/metrics${qs({ keys: rest.slice(i, i + 40), max_points: 1000 })}`));
   }
 }
 

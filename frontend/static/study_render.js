@@ -3,7 +3,7 @@
 // search the parallel coordinates and parameter importances. Shared by the study page
 // (study.js) and the self-contained HTML report, which inlines this file and util.js with their
 // import/export lines stripped, so it must use nothing but util.js and a global Plotly.
-import { color, fmtNum, h } from "/static/util.js";
+import { color, fmtNum, h, seedsWithData } from "/static/util.js";
 
 const CHART_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
@@ -168,8 +168,9 @@ function runsTable(view, colors) {
   );
 }
 
-/** Mean lines solid where every seed of the arm reached the step, dotted (with n in the hover)
- * where fewer did; the band is the 95% t interval over the seeds at that step. */
+/** Mean lines solid where every seed of the arm reached the step, dotted where fewer did; the
+ * hover gives n at each step, the legend its range; the band is the 95% t interval over the
+ * seeds at that step. */
 export function curveTraces(curve, arm, colorValue) {
   const full = curve.mean.map((m, i) => (curve.n[i] >= curve.seeds ? m : null));
   const partial = curve.mean.map((m, i) => {
@@ -178,7 +179,6 @@ export function curveTraces(curve, arm, colorValue) {
     return short || edge ? m : null;
   });
   const text = curve.n.map((n) => `n = ${n} of ${curve.seeds}`);
-  const withData = Math.max(0, ...curve.n); // the legend counts seeds that have data, not seeds planned
   const traces = [];
   if (curve.lo.some((v) => v !== null)) {
     const xs = curve.steps.filter((_, i) => curve.lo[i] !== null);
@@ -202,7 +202,7 @@ export function curveTraces(curve, arm, colorValue) {
     y: full,
     text,
     mode: "lines",
-    name: `${arm} (n = ${withData}${withData < curve.seeds ? ` of ${curve.seeds}` : ""})`,
+    name: `${arm} (${seedsWithData(curve.n, curve.seeds)})`, // never the seeds planned
     legendgroup: arm,
     line: { color: colorValue, width: 2 },
     hovertemplate: `%{y:.4g} · %{text}<extra>${arm}</extra>`,

@@ -278,3 +278,23 @@ export function debounce(fn, ms) {
     t = setTimeout(() => fn(...args), ms);
   };
 }
+
+/** A legend's n: the seeds (or runs) that have data at a step. A legend cannot follow the step,
+ * so it gives their range over the steps ("n = 1–3 of 5"; "n = 5" where every step has all of
+ * them) and the hover gives n at each step; "of" is said where no step has them all. */
+export function seedsWithData(counts, of) {
+  const seen = counts.filter((n) => n > 0);
+  if (!seen.length) return `n = 0 of ${of}`;
+  const lo = Math.min(...seen);
+  const hi = Math.max(...seen);
+  return `n = ${lo === hi ? lo : `${lo}–${hi}`}${hi < of ? ` of ${of}` : ""}`;
+}
+
+/** Resolves once the browser has painted the page as it is now: a page drawing many charts in
+ * one go shows the first before drawing the next (a background tab paints nothing: after `ms`). */
+export function afterPaint(ms = 200) {
+  return new Promise((resolve) => {
+    requestAnimationFrame(() => setTimeout(resolve, 0));
+    setTimeout(resolve, ms);
+  });
+}

@@ -5,11 +5,14 @@ that the page logged no console error and made no request off the server."""
 
 from __future__ import annotations
 
+import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import REQUIRE_SERVICES as REQUIRE
 from tests.ui import test_compare_groups
 from tests.ui.test_compare_groups import open_paired_comparison
 from tests.ui.test_pages import wait_until
@@ -338,3 +341,205 @@ def test_choosing_dapo_in_the_run_form_gives_a_valid_config(page: Any, ui_server
     assert "fix the fields" not in box.inner_text(), box.inner_text()
     assert '"algorithm": "dapo"' in page.inner_text("#preview")
     assert page.locator(".field.has-error").count() == 0
+
+
+def test_legends_count_the_seeds_with_data_and_the_hover_gives_n_per_step(
+    page: Any, ui_server: Any, four_runs: Any, tmp_path: Any
+) -> None:
+    """Item 3's legends: ConSPO's seed 1 stops at step 20 of 30, so 2 seeds have data up to
+    step 20 and 1 after it. A legend cannot change with the step: it gives the range (n = 1–2),
+    never the seeds planned or the most seeds at any step, and the hover gives n at each step.
+    On the compare page and in the study renderer (the comparison report draws with it)."""
+    ids = open_paired_comparison(page, ui_server, four_runs)
+    traces = wait_until(
+        page,
+        lambda: page.evaluate("() => document.getElementById('plot-m-sep_gap')?.data"),
+        what="the grouped sep/gap chart",
+    )
+    legend = [t["name"] for t in traces if t.get("showlegend") is not False]
+    assert "algorithm=conspo (n = 1–2)" in legend and "algorithm=grpo (n = 2)" in legend, legend
+    conspo = next(t for t in traces if t["name"].startswith("algorithm=conspo (n"))
+    hover = dict(zip([round(x) for x in conspo["x"]], conspo["text"], strict=True))
+    assert hover[12] == "n = 2 of 2" and hover[25] == "n = 1 of 2", hover
+
+    report = tmp_path / "report.html"
+    report.write_text(
+        ui_server.http.get(
+            f"/api/compare/report.html?runs={ids}&key={test_compare_groups.KEY}"
+            "&group=algorithm&baseline=algorithm%3Dgrpo&k=3"
+        ).text
+    )
+    from tests.ui.conftest import offline_report
+
+    with offline_report(page.context.browser, report) as opened:
+        opened.wait_for_selector(".chart .main-svg")
+        traces = opened.evaluate("() => document.querySelector('.chart').data")
+        legend = [t["name"] for t in traces if t.get("showlegend") is not False]
+        assert "algorithm=conspo (n = 1–2)" in legend and "algorithm=grpo (n = 2)" in legend
+        conspo = next(t for t in traces if t["name"].startswith("algorithm=conspo (n"))
+        hover = dict(zip(conspo["x"], conspo["text"], strict=True))
+        assert hover[12] == "n = 2 of 2" and hover[25] == "n = 1 of 2", hover
+
+
+# Every text of a chart's head and caption whose end a reader cannot see: cut by its box, an
+# ellipsis, kept on one line, or running past its card.
+CUT_TEXTS = """sel => [...document.querySelectorAll(sel)].filter(el => el.textContent.trim())
+  .map(el => {
+    const css = getComputedStyle(el);
+    const card = el.closest('.chart-card').getBoundingClientRect();
+    const box = el.getBoundingClientRect();
+    return {text: el.textContent.slice(0, 50), css: css.textOverflow + ' ' + css.whiteSpace,
+            cut: el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1,
+            past: box.right > card.right + 1 || box.left < card.left - 1,
+            ellipsis: css.textOverflow === 'ellipsis', nowrap: css.whiteSpace === 'nowrap'};
+}).filter(r => r.cut || r.past || r.ellipsis || r.nowrap)"""
+HEADS = ".chart-card .chart-title, .chart-card .chart-help, .chart-card .chart-note"
+
+
+@pytest.mark.parametrize("width", [1440, 800])
+def test_chart_help_and_captions_wrap_whole(
+    page: Any, ui_server: Any, on_policy_pair: Any, four_runs: Any, tmp_path: Any, width: int
+) -> None:
+    """Chart help texts and captions are read whole: they wrap, never end in an ellipsis or run
+    past the card, on the run page, the compare page and the study renderer's curves."""
+    page.set_viewport_size({"width": width, "height": 900})
+    grpo, _ = on_policy_pair
+    page.goto(f"{ui_server.url}/runs/{grpo['id']}")
+    page.wait_for_selector("#plot-gap .main-svg")
+    helps = page.locator(".chart-card .chart-help")
+    assert helps.count() > 5
+    assert page.evaluate(CUT_TEXTS, HEADS) == []
+
+    ids = open_paired_comparison(page, ui_server, four_runs)
+    page.wait_for_selector("#plot-m-sep_gap .main-svg")
+    assert page.evaluate(CUT_TEXTS, HEADS) == []
+
+    report = tmp_path / "report.html"
+    report.write_text(
+        ui_server.http.get(
+            f"/api/compare/report.html?runs={ids}&key={test_compare_groups.KEY}"
+            "&group=algorithm&baseline=algorithm%3Dgrpo&k=3"
+        ).text
+    )
+    from tests.ui.conftest import offline_report
+
+    with offline_report(page.context.browser, report) as opened:
+        opened.set_viewport_size({"width": width, "height": 900})
+        opened.wait_for_selector(".chart .main-svg")
+        assert opened.evaluate(CUT_TEXTS, ".chart-card .chart-caption, .chart-card h4") == []
+
+
+def test_the_first_requests_travel_while_plotly_loads(
+    page: Any, ui_server: Any, on_policy_pair: Any
+) -> None:
+    """The first chart's 1.5 s: with Plotly's script held back, the run page has already asked
+    for the run, its keys and its charted series (its <head> sends them), and its modules have
+    loaded; let go, it draws from those answers without asking again. The study and compare
+    pages send theirs the same way (compare: its series too, asked for once)."""
+    grpo, conspo = on_policy_pair
+    held: list[Any] = []
+    page.route("**/static/plotly*.js", lambda route: held.append(route))
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url.removeprefix(ui_server.url)))
+    page.goto(f"{ui_server.url}/runs/{grpo['id']}", wait_until="commit")
+    base = f"/api/runs/{grpo['id']}"
+    wanted = (base, f"{base}/metrics/keys", f"{base}/metrics?keys=sep%2Fpos_score")
+
+    def sent() -> bool:
+        return all(any(u == w or u.startswith(w + "%") for u in asked) for w in wanted)
+
+    wait_until(page, lambda: held and sent(), what="the run page's requests before Plotly")
+    assert "/static/run_charts.js" in asked  # the whole module graph, named in <head>
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#plot-gap .main-svg")
+    for w in wanted:
+        assert len([u for u in asked if u == w or u.startswith(w + "%")]) == 1, (w, asked)
+
+    study = ui_server.api(
+        "POST",
+        "/api/studies",
+        json={
+            "name": f"i26-early-{uuid.uuid4().hex[:6]}",
+            "config": TINY,
+            "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}],
+            "seeds": [0],
+            "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
+            "concurrency": 1,
+        },
+    )
+    ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+    held.clear()
+    asked.clear()
+    page.goto(f"{ui_server.url}/studies/{study['id']}", wait_until="commit")
+    wait_until(page, lambda: held and f"/api/studies/{study['id']}" in asked, what="study")
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#arm-table")
+
+    held.clear()
+    asked.clear()
+    page.goto(f"{ui_server.url}/compare?runs={grpo['id']},{conspo['id']}", wait_until="commit")
+    wait_until(
+        page,
+        lambda: held and [u for u in asked if u.startswith("/api/compare?")],
+        what="the compare page's series before Plotly",
+    )
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#compare-charts .main-svg")
+    series = [u for u in asked if u.startswith("/api/compare?")]
+    assert len(series) == 1, series  # the default metrics, asked for once
+
+
+def test_charts_draw_with_plotly_cartesian_bundle_unless_a_search_needs_parcoords(
+    ui_server: Any,
+) -> None:
+    """The run, compare and study pages load Plotly's cartesian bundle (a third of the full one;
+    node_modules, package.json), the same plotly.js version as the full bundle; a search study's
+    page, whose parallel coordinates the cartesian bundle lacks, loads the full one."""
+    import plotly
+
+    from backend.pages import PLOTLY_CARTESIAN
+
+    full = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    served = ui_server.http.get("/static/plotly-cartesian.min.js")
+    assert served.status_code == 200
+    version = re.compile(rb"plotly\.js (?:\([\w -]+\) )?v([\d.]+)")  # the banner
+    cartesian, whole = (version.search(b[:300]) for b in (served.content, full))
+    assert cartesian and whole and cartesian[1] == whole[1]
+    if PLOTLY_CARTESIAN.is_file():
+        assert served.content == PLOTLY_CARTESIAN.read_bytes()
+        assert len(served.content) < len(full) / 2
+    elif REQUIRE:
+        pytest.fail("node_modules lacks plotly.js-cartesian-dist-min: run `npm ci`")
+    src = re.compile(r'<script src="(/static/plotly[^"]*)"')
+    for path in ("/runs/1", "/compare"):
+        assert src.findall(ui_server.http.get(path).text) == ["/static/plotly-cartesian.min.js"]
+    body = {
+        "name": f"i26-bundle-{uuid.uuid4().hex[:6]}",
+        "config": {**TINY, "algorithm": "conspo"},
+        "seeds": [0],
+        "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
+        "concurrency": 1,
+    }
+    arms = ui_server.api(
+        "POST", "/api/studies", json={**body, "arms": [{"name": "a", "overrides": {}}]}
+    )
+    search = ui_server.api(
+        "POST",
+        "/api/studies",
+        json={
+            **body,
+            "arms": [],
+            "search": {
+                "space": {"params.tau": {"type": "float", "low": 0.5, "high": 2.0}},
+                "sampler": "random",
+                "trials": 2,
+            },
+        },
+    )
+    for study, bundle in ((arms, "plotly-cartesian.min.js"), (search, "plotly.min.js")):
+        ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
+        html = ui_server.http.get(f"/studies/{study['id']}").text
+        assert src.findall(html) == [f"/static/{bundle}"], study
