@@ -319,6 +319,12 @@ def run_child(impl: str, shape: str, model: str, args: argparse.Namespace) -> di
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode < 0:  # killed: SIGKILL is most often the kernel's out-of-memory killer
+        why = f"killed by signal {-out.returncode}"
+        why += " (out of memory? see dmesg)" if out.returncode == -9 else ""
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(f"{impl} at shape {shape}: {why}; largest child so far {peak:.0f} MiB", flush=True)
+        return {"failed": why}
     if out.returncode != 0:
         raise SystemExit(f"{impl} at shape {shape} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -383,7 +389,10 @@ def main() -> None:
           f"{'RSS MiB':>8}")  # fmt: skip
     stats: dict[str, dict[str, dict[str, float]]] = {}
     for shape in shapes:
-        for impl, runs in results[shape.name].items():
+        for impl, all_runs in results[shape.name].items():
+            runs = [r for r in all_runs if "failed" not in r]
+            for failed in (r for r in all_runs if "failed" in r):
+                print(f"{shape.name:<10} {impl:<7} failed: {failed['failed']}")
             if not runs:
                 continue
             s = summary(runs, shape.rollouts)
