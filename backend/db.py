@@ -4,7 +4,13 @@ SQLite gets WAL, a busy timeout and foreign keys so the API, the SSE poller and 
 can share one file; PostgreSQL goes through psycopg 3.
 
 The pool is bounded and a checkout waits ``db_pool_timeout_s`` at most (the API answers 503, see
-``backend.main``), so a burst queues briefly instead of piling up 30-second waits. The API's
+``backend.main``), so a burst queues briefly instead of piling up 30-second waits. On PostgreSQL
+a connection that sat in the pool longer than ``PING_AFTER_IDLE_S`` is pinged before it is
+handed out (one lost by a restart, an idle timeout or a dropped link is replaced); one
+returned just now is not, as ``pool_pre_ping`` would: under load that ping was one round trip
+in three of a read's, each a wait for PostgreSQL's backend and then this thread to get a CPU.
+A connection that died since anyway fails its statement, the pool drops every connection as
+old as it, and that request alone gets the 503 of an unavailable database. The API's
 engine also gets server-side limits on PostgreSQL (``Database(settings, serving=True)``): a
 statement timeout and an idle-in-transaction timeout, so one slow query or a leaked transaction
 cannot hold a connection for ever. Workers and CLI commands keep no such limits: their bulk
@@ -13,12 +19,14 @@ writes and migrations may legitimately run long.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -48,13 +56,44 @@ def make_engine(
         )
         event.listen(engine, "connect", _sqlite_pragmas(sqlite_busy_timeout_s))
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     if server_limits:
         options = " ".join(f"-c {k}={round(v * 1000)}" for k, v in server_limits.items())
         kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "options": options}
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):  # given: every checkout is pinged
+        _ping_after_idle(engine)
+    return engine
+
+
+PING_AFTER_IDLE_S = 1.0
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only if it was idle for ``PING_AFTER_IDLE_S``."""
+
+    def connected(_dbapi_conn: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    def returned(_dbapi_conn: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    def checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("returned_at", 0.0) <= PING_AFTER_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            # the pool drops this connection and every one as old (a restart took them all)
+            # and checks out another, a few times at most
+            error = DisconnectionError(f"pooled connection failed its ping: {exc}")
+            error.invalidate_pool = True
+            raise error from exc
+
+    event.listen(engine, "connect", connected)
+    event.listen(engine, "checkin", returned)
+    event.listen(engine, "checkout", checkout)
 
 
 def _sqlite_pragmas(busy_timeout_s: float) -> Callable[[Any, Any], None]:

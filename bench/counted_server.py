@@ -8,8 +8,8 @@ every engine of the process), split by who issued them: ``stream`` when the live
 ``other``. The totals so far are written to COUNT_FILE (JSON) every 0.25 s and at exit. One
 process only: uvicorn's ``--workers`` children would not be counted.
 
-Where a read's time goes: every GET under /api but the streams is timed from the moment the
-application sees it to its response's start, split into the waits it is made of (see
+Where a request's time goes: every request under /api but the streams is timed from the
+moment the application sees it to its response's start, split into the waits it is made of (see
 :class:`ReadTrace`), and appended to COUNT_FILE with the suffix ``.reads.jsonl``; the event
 loop's lag (how late a 10 ms sleep wakes) goes to ``.lag.jsonl``. Both are written with the
 counts.
@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 import anyio.to_thread
+import psycopg
 import uvicorn
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -52,25 +53,28 @@ class ReadTrace:
 
     ``gate_s``: waiting for a session slot; ``queue_s``: its worker-thread calls waiting to
     start (for a free thread, then for the GIL and a CPU); ``thread_cpu_s``: those calls' CPU;
-    ``sql_s``: their statements from send to result (PostgreSQL's work, the round trips, and
-    getting the GIL back after); ``thread_other_s``: the rest of their time (GIL and CPU
-    waits in Python code); ``resume_s``: from a call's end until the event loop took its
-    result up (a busy loop); ``loop_s``: all else, on the event loop (routing, dependencies,
-    encoding; and waiting for the loop between those steps).
+    ``db_s``: their waits on the database driver (every round trip: the pool's ping, BEGIN,
+    each statement, COMMIT or ROLLBACK; PostgreSQL's work, its backend's wait for a CPU, and
+    this thread's wait to be woken and to get the GIL back); ``thread_other_s``: the rest of
+    their time (GIL and CPU waits in Python code); ``resume_s``: from a call's end until the
+    event loop took its result up (a busy loop); ``loop_s``: all else, on the event loop
+    (routing, dependencies, encoding; and waiting for the loop between those steps).
     """
 
     at: float  # wall clock (time.time) of its start
+    method: str
     path: str
     total_s: float = 0.0
     gate_s: float = 0.0
     queue_s: float = 0.0
     thread_cpu_s: float = 0.0
-    sql_s: float = 0.0
+    db_s: float = 0.0
     thread_other_s: float = 0.0
     resume_s: float = 0.0
     loop_s: float = 0.0
     hops: int = 0
     statements: int = 0
+    db_waits: int = 0  # calls into the driver that may wait on the server (round trips, mostly)
 
 
 _trace: ContextVar[ReadTrace | None] = ContextVar("read_trace", default=None)
@@ -89,16 +93,23 @@ def _count(conn: Any, *_: Any) -> None:
         frame = frame.f_back
     with _lock:
         _counts[who] += 1
-    if _trace.get() is not None:
-        conn.info["bench_sent"] = time.perf_counter()
-
-
-@event.listens_for(Engine, "after_cursor_execute")
-def _statement_done(conn: Any, *_: Any) -> None:
-    trace, sent = _trace.get(), conn.info.pop("bench_sent", None)
-    if trace is not None and sent is not None:
-        trace.sql_s += time.perf_counter() - sent
+    if (trace := _trace.get()) is not None:
         trace.statements += 1
+
+
+_driver_wait = psycopg.Connection.wait
+
+
+def _timed_driver_wait(self: psycopg.Connection[Any], *args: Any, **kwargs: Any) -> Any:
+    trace = _trace.get()
+    if trace is None:
+        return _driver_wait(self, *args, **kwargs)
+    began = time.perf_counter()
+    try:
+        return _driver_wait(self, *args, **kwargs)
+    finally:
+        trace.db_s += time.perf_counter() - began
+        trace.db_waits += 1
 
 
 _run_sync = anyio.to_thread.run_sync
@@ -118,7 +129,7 @@ async def _timed_run_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -
         finally:
             times["cpu"], times["end"] = time.thread_time() - cpu, time.perf_counter()
 
-    sql_before = trace.sql_s
+    db_before = trace.db_s
     try:
         return await _run_sync(timed, *args, **kwargs)
     finally:
@@ -128,7 +139,7 @@ async def _timed_run_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -
             trace.queue_s += times["start"] - submitted
             trace.thread_cpu_s += times["cpu"]
             in_thread = times["end"] - times["start"]
-            trace.thread_other_s += in_thread - times["cpu"] - (trace.sql_s - sql_before)
+            trace.thread_other_s += in_thread - times["cpu"] - (trace.db_s - db_before)
             trace.resume_s += resumed - times["end"]
 
 
@@ -137,24 +148,23 @@ def _traced(app: Any) -> Any:
 
     async def traced_app(scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        is_read = (
+        timed = (
             scope["type"] == "http"
-            and scope["method"] == "GET"
             and path.startswith("/api/")
             and not path.endswith("/stream")
             and not path.startswith("/api/stream/")
         )
-        if not is_read:
+        if not timed:
             await app(scope, receive, send)
             return
-        trace = ReadTrace(time.time(), path)
+        trace = ReadTrace(time.time(), scope["method"], path)
         began = time.perf_counter()
         token = _trace.set(trace)
 
         async def timed_send(message: Any) -> None:
             if message["type"] == "http.response.start":
                 trace.total_s = time.perf_counter() - began
-                off_loop = trace.gate_s + trace.queue_s + trace.thread_cpu_s + trace.sql_s
+                off_loop = trace.gate_s + trace.queue_s + trace.thread_cpu_s + trace.db_s
                 off_loop += trace.thread_other_s + trace.resume_s
                 trace.loop_s = trace.total_s - off_loop
                 with _lock:
@@ -198,6 +208,7 @@ def create_traced_app() -> Any:
     from backend.main import create_app
 
     anyio.to_thread.run_sync = _timed_run_sync
+    psycopg.Connection.wait = _timed_driver_wait  # type: ignore[method-assign]
     _time_gate_waits()
     app = create_app()
     inner = app.router.lifespan_context
@@ -237,7 +248,7 @@ def _keep_writing(path: Path, stop: threading.Event) -> None:
 
 
 def read_traces(path: Path, start: float, end: float) -> tuple[list[dict[str, Any]], list[float]]:
-    """The reads (as :class:`ReadTrace` dicts) that began, and the loop lags (s) measured,
+    """The requests (as :class:`ReadTrace` dicts) that began, and the loop lags (s) measured,
     between the wall clock times ``start`` and ``end``."""
     reads, lags = [], []
     with Path(f"{path}.reads.jsonl").open() as lines:

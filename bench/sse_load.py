@@ -28,10 +28,10 @@ says otherwise.
 
 Where the time goes (one process, Linux): for each window, the server's threads' time on a CPU
 beside their time runnable but waiting for one (``/proc/PID/task/*/schedstat``), the same for
-the database's backends serving it, and the event loop's lag; for the reads of the loaded
-window, their time split into its waits (``bench/counted_server.py``'s ``ReadTrace``: session
-slot, thread queue, thread CPU, SQL, GIL/CPU waits in threads, event loop), on average and over
-the slowest 5%.
+the database's backends serving it, and the event loop's lag; for the requests of the loaded
+window (reads; the runs' logging apart), their time in the server split into its waits
+(``bench/counted_server.py``'s ``ReadTrace``: session slot, thread queue, thread CPU, database
+round trips, GIL/CPU waits in threads, event loop), on average and over the slowest 5%.
 """
 
 from __future__ import annotations
@@ -456,7 +456,7 @@ TRACE_PARTS = {  # ReadTrace field: what it is
     "gate_s": "session slot",
     "queue_s": "thread queue",
     "thread_cpu_s": "thread CPU",
-    "sql_s": "SQL",
+    "db_s": "database round trips",
     "thread_other_s": "GIL/CPU waits in threads",
     "resume_s": "loop resuming",
     "loop_s": "event loop",
@@ -471,10 +471,18 @@ def report_traces(reads: list[dict[str, float]], lags: list[float]) -> None:
             f"  event loop lag (a 10 ms sleep's overshoot), ms: p50 {pct(ms, 0.5):.0f}  "
             f"p95 {pct(ms, 0.95):.0f}  p99 {pct(ms, 0.99):.0f}  max {max(ms):.0f}"
         )
+    writes = [r for r in reads if r["method"] != "GET"]
+    reads = [r for r in reads if r["method"] == "GET"]
     if not reads:
         return
     cut = pct([r["total_s"] for r in reads], 0.95)
-    for name, group in (("all", reads), ("slowest 5%", [r for r in reads if r["total_s"] >= cut])):
+    for name, group in (
+        ("reads, all", reads),
+        ("reads, slowest 5%", [r for r in reads if r["total_s"] >= cut]),
+        ("writes (the runs' logging)", writes),
+    ):
+        if not group:
+            continue
         mean_ms = 1000 * sum(r["total_s"] for r in group) / len(group)
         parts = "  ".join(
             f"{label} {1000 * sum(r[f] for r in group) / len(group):.1f}"
@@ -482,9 +490,13 @@ def report_traces(reads: list[dict[str, float]], lags: list[float]) -> None:
         )
         hops = sum(r["hops"] for r in group) / len(group)
         statements = sum(r["statements"] for r in group) / len(group)
+        waits = sum(r["db_waits"] for r in group) / len(group)
+        ms = [1000 * r["total_s"] for r in group]
         print(
-            f"  reads in the server, {name} ({len(group)}): mean {mean_ms:.1f} ms = {parts}"
-            f"  ({hops:.1f} thread calls, {statements:.1f} statements each)"
+            f"  in the server, {name} ({len(group)}): p50 {pct(ms, 0.5):.0f}  p95 "
+            f"{pct(ms, 0.95):.0f}  p99 {pct(ms, 0.99):.0f}; mean {mean_ms:.1f} ms = {parts}"
+            f"  ({hops:.1f} thread calls, {statements:.1f} statements, {waits:.1f} driver"
+            " waits each)"
         )
 
 

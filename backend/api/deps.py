@@ -5,15 +5,23 @@
 pipelines have the same pair, all made by ``found`` and ``owned``.
 ``SessionDep`` closes when the handler returns, before the response is sent: a slow client, or a
 live stream that lasts hours (``RunStreamStart``), holds no connection.
+
+The busiest reads (a run's series, compare, the runs list) take ``InSessionDep`` instead: all
+their database work, the encoding of their answer and the session's close in one worker-thread
+call. Each sync dependency or handler is a call of its own (plus one to close a session that
+began a transaction, and one to check a ``response_model``); on a busy machine every call waits
+for a thread to be woken and the event loop to be woken back, each behind the other runnable
+processes, so a read made of four calls waited four times as often as one made of one
+(``bench/sse_load.py`` splits a read's time into these waits).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
 import anyio
@@ -122,6 +130,38 @@ async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Sessio
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+class InSession:
+    """Runs ``fn(session, *args)`` in one worker-thread call, in a session of its own that is
+    closed in that same call, under the request's session slot (see the module docstring)."""
+
+    def __init__(self, db: Database, gate: SessionGate) -> None:
+        self._db, self._gate = db, gate
+
+    async def __call__(
+        self, fn: Callable[Concatenate[Session, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        async with self._gate.slot():
+            # not abandoned on cancel: a request cut short still closes its session
+            return await anyio.to_thread.run_sync(lambda: _in_session(self._db, fn, args, kwargs))
+
+
+def _in_session(
+    db: Database, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> R:
+    with db.session() as session:
+        return fn(session, *args, **kwargs)
+
+
+async def get_in_session(request: Request, db: DatabaseDep) -> InSession:
+    return InSession(db, request.app.state.session_gate)
+
+
+InSessionDep = Annotated[InSession, Depends(get_in_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 JobsDep = Annotated[JobQueue, Depends(get_jobs)]
@@ -199,19 +239,27 @@ def owned(thing: T, user: User, noun: str) -> T:
 def found_runs(session: Session, ids: Sequence[int]) -> list[Run]:
     """The runs ``ids`` in that order, else 404 naming every one that does not exist."""
     found = runs_by_id(session, ids)
+    require_runs(ids, found)
+    return [found[i] for i in ids]
+
+
+def require_runs(ids: Sequence[int], found: Container[int]) -> None:
+    """404 naming every one of ``ids`` not in ``found``."""
     missing = [i for i in ids if i not in found]
     if missing:
         detail = f"run(s) {', '.join(map(str, missing))} not found"
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=detail)
-    return [found[i] for i in ids]
 
 
 def get_run(run_id: RunId, session: SessionDep) -> Run:
     return found(session, Run, run_id, "run")
 
 
-def get_owned_run(run: Annotated[Run, Depends(get_run)], user: CurrentUser) -> Run:
-    return owned(run, user, "run")
+def get_owned_run(run_id: RunId, session: SessionDep, credentials: Credentials) -> Run:
+    """``get_run``, then ``get_current_user``, then ``owned``, in one worker-thread call (as
+    three dependencies they were three): a trainer logs through this every step."""
+    run = found(session, Run, run_id, "run")
+    return owned(run, get_current_user(session, credentials), "run")
 
 
 def get_study(study_id: StudyId, session: SessionDep) -> Study:
