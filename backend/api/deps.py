@@ -136,8 +136,9 @@ P = ParamSpec("P")
 
 
 class InSession:
-    """Runs ``fn(session, *args)`` in one worker-thread call, in a session of its own that is
-    closed in that same call, under the request's session slot (see the module docstring)."""
+    """Runs ``fn(session, *args)`` in one worker-thread call, in a read session of its own
+    (``Database.read_session``: no BEGIN, no ROLLBACK) closed in that same call, under the
+    request's session slot (see the module docstring)."""
 
     def __init__(self, db: Database, gate: SessionGate) -> None:
         self._db, self._gate = db, gate
@@ -153,7 +154,7 @@ class InSession:
 def _in_session(
     db: Database, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> R:
-    with db.session() as session:
+    with db.read_session() as session:
         return fn(session, *args, **kwargs)
 
 
@@ -199,7 +200,7 @@ async def require_reader(
 
 
 def _check_reader(db: Database, credentials: HTTPAuthorizationCredentials | None) -> None:
-    with db.session() as session:
+    with db.read_session() as session:
         get_current_user(session, credentials)
 
 
@@ -323,7 +324,7 @@ def _read_stream_start(
     db: Database, run_id: int | None, token: str | None
 ) -> tuple[int | None, str | None]:
     """(the run's write sequence, None if it does not exist; the token's user name)."""
-    with db.session() as session:
+    with db.read_session() as session:
         run = session.get(Run, run_id) if run_id is not None else None
         user = user_for_token(session, token) if token else None
         return run.write_seq if run is not None else None, user.name if user is not None else None

@@ -22,6 +22,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from backend.db import transaction_for
 from backend.models import Metric, Run
 from backend.schemas import INT32_MAX
 from backend.storage.columns import (
@@ -466,17 +467,18 @@ def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int,
     run. A lost race only costs a recomputation.
     """
     runs = sorted({r["run_id"] for r in rows})
-    try:
-        with session.begin_nested():
-            current = session.execute(
-                select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
-            ).all()
-            unchanged = {r for r, seq in current if seen.get(r) == seq}
-            rows = [r for r in rows if r["run_id"] in unchanged]
-            dialect_of(session).insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
-        session.commit()
-    except DBAPIError:
-        session.rollback()
+    with transaction_for(session) as writer:
+        try:
+            with writer.begin_nested():
+                current = writer.execute(
+                    select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
+                ).all()
+                unchanged = {r for r, seq in current if seen.get(r) == seq}
+                rows = [r for r in rows if r["run_id"] in unchanged]
+                dialect_of(writer).insert_ignore(writer, ROLLUPS, rows, ROLLUP_KEY)
+            writer.commit()
+        except DBAPIError:
+            writer.rollback()
 
 
 def _raw_points(

@@ -23,7 +23,7 @@ from backend.api.deps import (
 from backend.api.query import JSONBytes, parse_ids
 from backend.config import Settings
 from backend.errors import InvalidInput
-from backend.models import Run
+from backend.models import Run, RunStatus
 from backend.run_rows import name_base
 from backend.scheduling import Cluster
 from backend.schemas import (
@@ -135,9 +135,13 @@ RUN_LIST = TypeAdapter(RunList)
 def _runs_page(
     session: Session, settings: Settings, where: RunFilter, sort: RunSort, limit: int, offset: int
 ) -> bytes:
-    cluster = Cluster.load(session, settings)
     rows, total = storage_runs.list_runs(session, where, sort, limit, offset)
-    places = storage_runs.queue_positions(session)
+    # What only some rows show is read only when one of them is on the page: the live workers
+    # (what a run that is not external needs of them), the queue (a queued run's place).
+    show_cluster = any(not r.external for r in rows)
+    cluster = Cluster.load(session, settings) if show_cluster else None
+    queued = any(r.status == RunStatus.queued for r in rows)
+    places = storage_runs.queue_positions(session) if queued else {}
     page = {"items": [with_place(run_out(r, cluster), places) for r in rows], "total": total}
     return RUN_LIST.dump_json(RUN_LIST.validate_python(page), by_alias=True)
 
