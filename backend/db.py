@@ -1,4 +1,4 @@
-"""Engine and session factory for either dialect.
+"""Engine and session factories for either dialect.
 
 SQLite gets WAL, a busy timeout and foreign keys so the API, the SSE poller and a worker process
 can share one file; PostgreSQL goes through psycopg 3.
@@ -7,10 +7,12 @@ The pool is bounded and a checkout waits ``db_pool_timeout_s`` at most (the API 
 ``backend.main``), so a burst queues briefly instead of piling up 30-second waits. On PostgreSQL
 a connection that sat in the pool longer than ``PING_AFTER_IDLE_S`` is pinged before it is
 handed out (one lost by a restart, an idle timeout or a dropped link is replaced); one
-returned just now is not, as ``pool_pre_ping`` would: under load that ping was one round trip
-in three of a read's, each a wait for PostgreSQL's backend and then this thread to get a CPU.
-A connection that died since anyway fails its statement, the pool drops every connection as
-old as it, and that request alone gets the 503 of an unavailable database. The API's
+returned just now is not pinged, as ``pool_pre_ping`` would: that ping was one of a read's four
+to six round trips, each a wait for PostgreSQL's backend and then this thread to get a CPU,
+long waits on a busy machine. A connection that died since anyway fails its statement, the
+pool drops every connection as old as it, and that request alone gets the 503 of an
+unavailable database. Short reads take ``Database.read_session`` (autocommit on PostgreSQL: no
+BEGIN or ROLLBACK round trip either). The API's
 engine also gets server-side limits on PostgreSQL (``Database(settings, serving=True)``): a
 statement timeout and an idle-in-transaction timeout, so one slow query or a leaked transaction
 cannot hold a connection for ever. Workers and CLI commands keep no such limits: their bulk
