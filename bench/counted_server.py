@@ -185,9 +185,9 @@ def _time_gate_waits() -> None:
     slot = SessionGate.slot
 
     @asynccontextmanager
-    async def timed_slot(self: SessionGate) -> AsyncIterator[None]:
+    async def timed_slot(self: SessionGate, write: bool = False) -> AsyncIterator[None]:
         trace, waited = _trace.get(), time.perf_counter()
-        async with slot(self):
+        async with slot(self, write):
             if trace is not None:
                 trace.gate_s += time.perf_counter() - waited
             yield

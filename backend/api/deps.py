@@ -75,14 +75,21 @@ class SessionGate:
     that cycle stalls the API until the pool times out), and few threads run handlers at once
     (many would contend for the GIL with the event loop that serves the streams). A request
     waits ``wait_s`` at most for a slot, then gets the pool's 503.
+
+    Writes (every method but GET and HEAD) hold ``write_slots`` at most, a quarter of the
+    slots fewer: trainers logging their steps at the same moment (each write several round
+    trips, long on a busy machine) queue among themselves and never leave a read, which is
+    short, waiting for all of them (``bench/sse_load.py``: that wait was most of the slowest
+    reads' time).
     """
 
     def __init__(self, slots: int, wait_s: float) -> None:
         self.slots, self.wait_s = max(1, slots), wait_s
-        # one semaphore per event loop (tests run several; uvicorn one)
-        self._by_loop: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.Semaphore] = (
-            WeakKeyDictionary()
-        )
+        self.write_slots = self.slots - self.slots // 4
+        # one pair of semaphores (all, writes) per event loop (tests run several; uvicorn one)
+        self._by_loop: WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[anyio.Semaphore, anyio.Semaphore]
+        ] = WeakKeyDictionary()
 
     @classmethod
     def for_settings(cls, settings: Settings) -> SessionGate:
@@ -90,20 +97,28 @@ class SessionGate:
         return cls(min(settings.db_request_concurrency, pool), settings.db_pool_timeout_s)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, write: bool = False) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        semaphore = self._by_loop.get(loop)
-        if semaphore is None:
-            semaphore = self._by_loop[loop] = anyio.Semaphore(self.slots)
+        semaphores = self._by_loop.get(loop)
+        if semaphores is None:
+            semaphores = (anyio.Semaphore(self.slots), anyio.Semaphore(self.write_slots))
+            self._by_loop[loop] = semaphores
+        every, writes = semaphores
+        taken: list[anyio.Semaphore] = []
         try:
             with anyio.fail_after(self.wait_s):
-                await semaphore.acquire()
+                for semaphore in (writes, every) if write else (every,):
+                    await semaphore.acquire()
+                    taken.append(semaphore)
         except TimeoutError:
+            for semaphore in taken:
+                semaphore.release()
             raise PoolTimeout(f"no session slot free within {self.wait_s} s") from None
         try:
             yield
         finally:
-            semaphore.release()
+            for semaphore in taken:
+                semaphore.release()
 
 
 async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Session]:
@@ -116,7 +131,7 @@ async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Sessio
     and is shielded: a cancelled request must still give its connection back.
     """
     gate: SessionGate = request.app.state.session_gate
-    async with gate.slot():
+    async with gate.slot(write=request.method not in {"GET", "HEAD"}):
         session = db.sessions()
         try:
             yield session

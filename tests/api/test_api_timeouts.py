@@ -119,7 +119,20 @@ def test_the_session_gate_admits_its_slots_and_refuses_after_its_wait() -> None:
         async with gate.slot(), gate.slot():  # both slots came back
             pass
 
+    async def writes_leave_reads_a_slot() -> None:
+        gate = SessionGate(slots=4, wait_s=0.2)
+        assert gate.write_slots == 3
+        async with gate.slot(write=True), gate.slot(write=True), gate.slot(write=True):
+            with pytest.raises(PoolTimeout):  # a fourth write waits for one of the three
+                async with gate.slot(write=True):
+                    pass
+            async with gate.slot():  # a read takes the slot writes cannot
+                pass
+        async with gate.slot(), gate.slot(), gate.slot(), gate.slot():  # reads take them all
+            pass
+
     run_async(scenario())
+    run_async(writes_leave_reads_a_slot())
     settings = Settings(db_pool_size=3, db_max_overflow=1, stream_db_connections=2)
     assert SessionGate.for_settings(settings).slots == 2  # capped by the pool, less the hub's
     assert SessionGate.for_settings(Settings()).slots == Settings().db_request_concurrency
