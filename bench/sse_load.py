@@ -25,6 +25,13 @@ second, split into those of the live streams and the rest (the server runs under
 ``bench/counted_server.py``, which counts them; with ``--workers`` > 1 they are not counted).
 The server runs with its default settings (stream poll period included) unless ``--env``
 says otherwise.
+
+Where the time goes (one process, Linux): for each window, the server's threads' time on a CPU
+beside their time runnable but waiting for one (``/proc/PID/task/*/schedstat``), the same for
+the database's backends serving it, and the event loop's lag; for the requests of the loaded
+window (reads; the runs' logging apart), their time in the server split into its waits
+(``bench/counted_server.py``'s ``ReadTrace``: session slot, thread queue, thread CPU, database
+round trips, GIL/CPU waits in threads, event loop), on average and over the slowest 5%.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from counted_server import read_counts  # noqa: E402
+from counted_server import read_counts, read_traces  # noqa: E402
 
 from tests.support import (  # noqa: E402
     ROOT,
@@ -99,24 +106,30 @@ class Window:
     other_statements: int | None
     peak_connections: int
     peak_idle_in_transaction: int
+    sched: dict[str, float]  # on-CPU and runnable-waiting seconds (see Scheduled)
+    started_at: float  # wall clock
 
 
 class Meter:
     """Starts a window: the server's CPU and statements, the client's CPU, the events so far."""
 
-    def __init__(self, server: ServerCpu, counts: Path | None, tally: Tally) -> None:
+    def __init__(
+        self, server: ServerCpu, counts: Path | None, tally: Tally, scheduled: Scheduled
+    ) -> None:
         self._server, self._counts, self._tally = server, counts, tally
+        self._scheduled = scheduled
         self._me = psutil.Process()
         self._start = self._now()
 
-    def _now(self) -> tuple[float, float, float, int, dict[str, int] | None]:
+    def _now(self) -> tuple[float, float, float, int, dict[str, int] | None, dict[str, float]]:
         counts = read_counts(self._counts) if self._counts else None
         events = sum(self._tally.events.values())
         mine = sum(self._me.cpu_times()[:2])
-        return time.time(), self._server.seconds(), mine, events, counts
+        sched = self._scheduled.seconds()
+        return time.time(), self._server.seconds(), mine, events, counts, sched
 
     def window(self, peaks: tuple[int, int]) -> Window:
-        (wall0, cpu0, mine0, events0, counts0), (wall, cpu, mine, events, counts) = (
+        (wall0, cpu0, mine0, events0, counts0, sched0), (wall, cpu, mine, events, counts, sched) = (
             self._start,
             self._now(),
         )
@@ -124,9 +137,43 @@ class Meter:
         if counts is not None and counts0 is not None:
             stream = counts["stream"] - counts0["stream"]
             other = counts["other"] - counts0["other"]
+        spent = {k: sched[k] - sched0.get(k, 0.0) for k in sched}
         return Window(
-            wall - wall0, cpu - cpu0, mine - mine0, events - events0, stream, other, *peaks
-        )
+            wall - wall0, cpu - cpu0, mine - mine0, events - events0, stream, other, *peaks,
+            spent, wall0,
+        )  # fmt: skip
+
+
+class Scheduled:
+    """Seconds on a CPU and runnable but waiting for one (Linux schedstat), so far: of the
+    server's threads (``server_*``), its event loop's thread (``loop_*``) and the database
+    backends serving it (``db_*``, those connected now: the pool keeps them)."""
+
+    def __init__(self, pid: int, pg: PgDatabase) -> None:
+        self._pid, self._pg = pid, pg
+        self._db_seen: dict[int, tuple[float, float]] = {}
+
+    @staticmethod
+    def _read(path: str) -> tuple[float, float]:
+        try:
+            run_ns, wait_ns, _ = Path(path).read_text().split()
+        except (OSError, ValueError):
+            return 0.0, 0.0
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
+    def seconds(self) -> dict[str, float]:
+        out = dict.fromkeys(("server_run", "server_wait", "loop_run", "loop_wait"), 0.0)
+        for task in Path(f"/proc/{self._pid}/task").glob("*"):
+            run, wait = self._read(f"{task}/schedstat")
+            out["server_run"] += run
+            out["server_wait"] += wait
+            if task.name == str(self._pid):
+                out["loop_run"], out["loop_wait"] = run, wait
+        for backend in self._pg.backend_pids():  # a backend gone keeps its last reading
+            self._db_seen[backend] = self._read(f"/proc/{backend}/schedstat")
+        out["db_run"] = sum(run for run, _ in self._db_seen.values())
+        out["db_wait"] = sum(wait for _, wait in self._db_seen.values())
+        return out
 
 
 class PgDatabase:
@@ -155,6 +202,14 @@ class PgDatabase:
                 (self.name,),
             ).fetchone()
         return (row[0], row[1]) if row else (0, 0)
+
+    def backend_pids(self) -> list[int]:
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (self.name,),
+            ).fetchall()
+        return [row[0] for row in rows]
 
 
 async def follow(client: httpx.AsyncClient, path: str, tally: Tally, stop: asyncio.Event) -> None:
@@ -266,10 +321,11 @@ async def load(
         logger = asyncio.create_task(log_steps(api, runs, stop_event, tally))
         await asyncio.sleep(2.0)  # the histories are sent; the streams follow the logging
         server = ServerCpu(pid)
-        quiet = Meter(server, counts, tally)
+        scheduled = Scheduled(pid, pg)
+        quiet = Meter(server, counts, tally, scheduled)
         peaks = await asyncio.to_thread(sample_connections, pg, args.quiet_seconds)
         quiet_window = quiet.window(peaks)
-        loaded = Meter(server, counts, tally)
+        loaded = Meter(server, counts, tally, scheduled)
         sampler = asyncio.create_task(asyncio.to_thread(sample_connections, pg, args.seconds))
         await offer_reads(reader, runs, args.rps, args.seconds, tally)
         loaded_window = loaded.window(await sampler)
@@ -280,6 +336,10 @@ async def load(
         await asyncio.gather(logger, *followers, return_exceptions=True)
         recovery = await time_to_recover(reader)
     report(args, tally, quiet_window, loaded_window)
+    if counts is not None:
+        await asyncio.sleep(0.5)  # the server's last traces written
+        start = loaded_window.started_at
+        report_traces(*read_traces(counts, start, start + loaded_window.wall_s))
     print(f"  after the load stopped, the runs list answered 200 {recovery}")
 
 
@@ -382,6 +442,62 @@ def report_cost(args: argparse.Namespace, w: Window) -> None:
         f"    server's PostgreSQL connections, peak: {w.peak_connections} "
         f"(idle in transaction: {w.peak_idle_in_transaction})"
     )
+    t = w.sched
+    if t.get("server_run") or t.get("server_wait"):
+        print(
+            f"    on a CPU / runnable but waiting for one, share of the wall time: server threads"
+            f" {t['server_run'] / wall:.0%} / {t['server_wait'] / wall:.0%}, its event loop"
+            f" {t['loop_run'] / wall:.0%} / {t['loop_wait'] / wall:.0%}, its database backends"
+            f" {t['db_run'] / wall:.0%} / {t['db_wait'] / wall:.0%}"
+        )
+
+
+TRACE_PARTS = {  # ReadTrace field: what it is
+    "gate_s": "session slot",
+    "queue_s": "thread queue",
+    "thread_cpu_s": "thread CPU",
+    "db_s": "database round trips",
+    "thread_other_s": "GIL/CPU waits in threads",
+    "resume_s": "loop resuming",
+    "loop_s": "event loop",
+}
+
+
+def report_traces(reads: list[dict[str, float]], lags: list[float]) -> None:
+    """The loaded window's reads split into their waits, and the event loop's lag."""
+    if lags:
+        ms = [1000 * lag for lag in lags]
+        print(
+            f"  event loop lag (a 10 ms sleep's overshoot), ms: p50 {pct(ms, 0.5):.0f}  "
+            f"p95 {pct(ms, 0.95):.0f}  p99 {pct(ms, 0.99):.0f}  max {max(ms):.0f}"
+        )
+    writes = [r for r in reads if r["method"] != "GET"]
+    reads = [r for r in reads if r["method"] == "GET"]
+    if not reads:
+        return
+    cut = pct([r["total_s"] for r in reads], 0.95)
+    for name, group in (
+        ("reads, all", reads),
+        ("reads, slowest 5%", [r for r in reads if r["total_s"] >= cut]),
+        ("writes (the runs' logging)", writes),
+    ):
+        if not group:
+            continue
+        mean_ms = 1000 * sum(r["total_s"] for r in group) / len(group)
+        parts = "  ".join(
+            f"{label} {1000 * sum(r[f] for r in group) / len(group):.1f}"
+            for f, label in TRACE_PARTS.items()
+        )
+        hops = sum(r["hops"] for r in group) / len(group)
+        statements = sum(r["statements"] for r in group) / len(group)
+        waits = sum(r["db_waits"] for r in group) / len(group)
+        ms = [1000 * r["total_s"] for r in group]
+        print(
+            f"  in the server, {name} ({len(group)}): p50 {pct(ms, 0.5):.0f}  p95 "
+            f"{pct(ms, 0.95):.0f}  p99 {pct(ms, 0.99):.0f}; mean {mean_ms:.1f} ms = {parts}"
+            f"  ({hops:.1f} thread calls, {statements:.1f} statements, {waits:.1f} driver"
+            " waits each)"
+        )
 
 
 def load_average() -> str:

@@ -5,15 +5,23 @@
 pipelines have the same pair, all made by ``found`` and ``owned``.
 ``SessionDep`` closes when the handler returns, before the response is sent: a slow client, or a
 live stream that lasts hours (``RunStreamStart``), holds no connection.
+
+The busiest reads (a run's series, compare, the runs list) take ``InSessionDep`` instead: all
+their database work, the encoding of their answer and the session's close in one worker-thread
+call. Each sync dependency or handler is a call of its own (plus one to close a session that
+began a transaction, and one to check a ``response_model``); on a busy machine every call waits
+for a thread to be woken and the event loop to be woken back, each behind the other runnable
+processes, so a read made of four calls waited four times as often as one made of one
+(``bench/sse_load.py`` splits a read's time into these waits).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
 import anyio
@@ -67,14 +75,21 @@ class SessionGate:
     that cycle stalls the API until the pool times out), and few threads run handlers at once
     (many would contend for the GIL with the event loop that serves the streams). A request
     waits ``wait_s`` at most for a slot, then gets the pool's 503.
+
+    Writes (every method but GET and HEAD) hold ``write_slots`` at most, a quarter of the
+    slots fewer: trainers logging their steps at the same moment (each write several round
+    trips, long on a busy machine) queue among themselves and never leave a read, which is
+    short, waiting for all of them (``bench/sse_load.py``: that wait was most of the slowest
+    reads' time).
     """
 
     def __init__(self, slots: int, wait_s: float) -> None:
         self.slots, self.wait_s = max(1, slots), wait_s
-        # one semaphore per event loop (tests run several; uvicorn one)
-        self._by_loop: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.Semaphore] = (
-            WeakKeyDictionary()
-        )
+        self.write_slots = self.slots - self.slots // 4
+        # one pair of semaphores (all, writes) per event loop (tests run several; uvicorn one)
+        self._by_loop: WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[anyio.Semaphore, anyio.Semaphore]
+        ] = WeakKeyDictionary()
 
     @classmethod
     def for_settings(cls, settings: Settings) -> SessionGate:
@@ -82,20 +97,28 @@ class SessionGate:
         return cls(min(settings.db_request_concurrency, pool), settings.db_pool_timeout_s)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, write: bool = False) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        semaphore = self._by_loop.get(loop)
-        if semaphore is None:
-            semaphore = self._by_loop[loop] = anyio.Semaphore(self.slots)
+        semaphores = self._by_loop.get(loop)
+        if semaphores is None:
+            semaphores = (anyio.Semaphore(self.slots), anyio.Semaphore(self.write_slots))
+            self._by_loop[loop] = semaphores
+        every, writes = semaphores
+        taken: list[anyio.Semaphore] = []
         try:
             with anyio.fail_after(self.wait_s):
-                await semaphore.acquire()
+                for semaphore in (writes, every) if write else (every,):
+                    await semaphore.acquire()
+                    taken.append(semaphore)
         except TimeoutError:
+            for semaphore in taken:
+                semaphore.release()
             raise PoolTimeout(f"no session slot free within {self.wait_s} s") from None
         try:
             yield
         finally:
-            semaphore.release()
+            for semaphore in taken:
+                semaphore.release()
 
 
 async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Session]:
@@ -108,7 +131,7 @@ async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Sessio
     and is shielded: a cancelled request must still give its connection back.
     """
     gate: SessionGate = request.app.state.session_gate
-    async with gate.slot():
+    async with gate.slot(write=request.method not in {"GET", "HEAD"}):
         session = db.sessions()
         try:
             yield session
@@ -122,6 +145,39 @@ async def get_session(request: Request, db: DatabaseDep) -> AsyncIterator[Sessio
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+class InSession:
+    """Runs ``fn(session, *args)`` in one worker-thread call, in a read session of its own
+    (``Database.read_session``: no BEGIN, no ROLLBACK) closed in that same call, under the
+    request's session slot (see the module docstring)."""
+
+    def __init__(self, db: Database, gate: SessionGate) -> None:
+        self._db, self._gate = db, gate
+
+    async def __call__(
+        self, fn: Callable[Concatenate[Session, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        async with self._gate.slot():
+            # not abandoned on cancel: a request cut short still closes its session
+            return await anyio.to_thread.run_sync(lambda: _in_session(self._db, fn, args, kwargs))
+
+
+def _in_session(
+    db: Database, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> R:
+    with db.read_session() as session:
+        return fn(session, *args, **kwargs)
+
+
+async def get_in_session(request: Request, db: DatabaseDep) -> InSession:
+    return InSession(db, request.app.state.session_gate)
+
+
+InSessionDep = Annotated[InSession, Depends(get_in_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 JobsDep = Annotated[JobQueue, Depends(get_jobs)]
@@ -159,7 +215,7 @@ async def require_reader(
 
 
 def _check_reader(db: Database, credentials: HTTPAuthorizationCredentials | None) -> None:
-    with db.session() as session:
+    with db.read_session() as session:
         get_current_user(session, credentials)
 
 
@@ -199,19 +255,27 @@ def owned(thing: T, user: User, noun: str) -> T:
 def found_runs(session: Session, ids: Sequence[int]) -> list[Run]:
     """The runs ``ids`` in that order, else 404 naming every one that does not exist."""
     found = runs_by_id(session, ids)
+    require_runs(ids, found)
+    return [found[i] for i in ids]
+
+
+def require_runs(ids: Sequence[int], found: Container[int]) -> None:
+    """404 naming every one of ``ids`` not in ``found``."""
     missing = [i for i in ids if i not in found]
     if missing:
         detail = f"run(s) {', '.join(map(str, missing))} not found"
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=detail)
-    return [found[i] for i in ids]
 
 
 def get_run(run_id: RunId, session: SessionDep) -> Run:
     return found(session, Run, run_id, "run")
 
 
-def get_owned_run(run: Annotated[Run, Depends(get_run)], user: CurrentUser) -> Run:
-    return owned(run, user, "run")
+def get_owned_run(run_id: RunId, session: SessionDep, credentials: Credentials) -> Run:
+    """``get_run``, then ``get_current_user``, then ``owned``, in one worker-thread call (as
+    three dependencies they were three): a trainer logs through this every step."""
+    run = found(session, Run, run_id, "run")
+    return owned(run, get_current_user(session, credentials), "run")
 
 
 def get_study(study_id: StudyId, session: SessionDep) -> Study:
@@ -275,7 +339,7 @@ def _read_stream_start(
     db: Database, run_id: int | None, token: str | None
 ) -> tuple[int | None, str | None]:
     """(the run's write sequence, None if it does not exist; the token's user name)."""
-    with db.session() as session:
+    with db.read_session() as session:
         run = session.get(Run, run_id) if run_id is not None else None
         user = user_for_token(session, token) if token else None
         return run.write_seq if run is not None else None, user.name if user is not None else None

@@ -1,5 +1,6 @@
 """Query parameters parsed in one place: comma-separated lists (``keys=a,b``, ``runs=1,2``),
-and every query's text decoded strictly (``query_is_utf8``).
+and every query's text decoded strictly (``query_is_utf8``); ``JSONBytes``, the answer of a
+read that encoded its JSON itself.
 
 Bad values are 422s located at the query field, like FastAPI's own validation errors.
 """
@@ -9,11 +10,18 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import unquote, unquote_to_bytes
 
-from fastapi import Query, Request
+from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 from backend.schemas import INT32_MAX
 from conspo.input_checks import label_problem
+
+
+class JSONBytes(Response):
+    """JSON encoded by the handler (in its worker thread, off the event loop)."""
+
+    media_type = "application/json"
+
 
 CommaList = Annotated[str, Query(min_length=1, max_length=20_000, description="Comma-separated.")]
 

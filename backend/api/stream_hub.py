@@ -409,7 +409,7 @@ def _forget_failed(
 
 
 def _read_points(db: Database, run_id: int, cursor: StreamCursor) -> SharedChunk:
-    with db.session() as session:
+    with db.read_session() as session:
         return SharedChunk.read(query_new_points(session, run_id, cursor))
 
 
@@ -434,7 +434,7 @@ def _read_runs(
     """In one short session: the row key of every watched run (``known``: as last read), and
     the list's columns of the runs updated since ``since`` (none when it is None; ``seen``: as
     last read, None for none); then, in full, only the runs whose columns moved."""
-    with db.session() as session:
+    with db.read_session() as session:
         keys = stored_runs.columns_of(session, known, ROW_KEY)
         moved = [run_id for run_id in known if keys.get(run_id) != known[run_id]]
         signatures: dict[int, tuple[Any, ...]] = {}

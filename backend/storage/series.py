@@ -22,6 +22,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from backend.db import transaction_for
 from backend.models import Metric, Run
 from backend.schemas import INT32_MAX
 from backend.storage.columns import (
@@ -119,6 +120,18 @@ class SeriesCache:
 SERIES_CACHE = SeriesCache(max_points=200_000)
 
 
+RunVersions = dict[int, tuple[Any, ...]]  # run id → what SERIES_CACHE keys its series on
+
+
+def series_versions(session: Session, run_ids: Sequence[int]) -> RunVersions:
+    """The stored runs among ``run_ids`` (a deleted one is absent), each with what its cached
+    series are keyed on: its creation time and write sequence (one small query)."""
+    rows = session.execute(
+        select(Run.id, Run.created_at, Run.write_seq).where(Run.id.in_(run_ids))
+    ).all()
+    return {row[0]: tuple(row) for row in rows}
+
+
 def cached_series(
     session: Session,
     run_ids: Sequence[int],
@@ -126,14 +139,15 @@ def cached_series(
     max_points: int,
     since_step: int | None = None,
     step_max: int | None = None,
+    versions: RunVersions | None = None,
 ) -> dict[int, dict[str, Series]]:
     """``query_series``, each run's from ``SERIES_CACHE`` when no write touched it since it
-    was read (the API's reads; a change made behind the writes' back is not seen)."""
-    rows = session.execute(
-        select(Run.id, Run.created_at, Run.write_seq).where(Run.id.in_(run_ids))
-    ).all()
+    was read (the API's reads; a change made behind the writes' back is not seen).
+    ``versions``: ``series_versions`` of ``run_ids`` if the caller has just read them."""
+    if versions is None:
+        versions = series_versions(session, run_ids)
     request = (tuple(keys), max_points, since_step, step_max)
-    cache_keys = {row[0]: (*row, *request) for row in rows}
+    cache_keys = {run_id: (*version, *request) for run_id, version in versions.items()}
     out: dict[int, dict[str, Series]] = {}
     for run_id in run_ids:
         found = SERIES_CACHE.get(cache_keys[run_id]) if run_id in cache_keys else None
@@ -453,17 +467,18 @@ def _cache_rollups(session: Session, rows: list[dict[str, Any]], seen: dict[int,
     run. A lost race only costs a recomputation.
     """
     runs = sorted({r["run_id"] for r in rows})
-    try:
-        with session.begin_nested():
-            current = session.execute(
-                select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
-            ).all()
-            unchanged = {r for r, seq in current if seen.get(r) == seq}
-            rows = [r for r in rows if r["run_id"] in unchanged]
-            dialect_of(session).insert_ignore(session, ROLLUPS, rows, ROLLUP_KEY)
-        session.commit()
-    except DBAPIError:
-        session.rollback()
+    with transaction_for(session) as writer:
+        try:
+            with writer.begin_nested():
+                current = writer.execute(
+                    select(Run.id, Run.write_seq).where(Run.id.in_(runs)).with_for_update(read=True)
+                ).all()
+                unchanged = {r for r, seq in current if seen.get(r) == seq}
+                rows = [r for r in rows if r["run_id"] in unchanged]
+                dialect_of(writer).insert_ignore(writer, ROLLUPS, rows, ROLLUP_KEY)
+            writer.commit()
+        except DBAPIError:
+            writer.rollback()
 
 
 def _raw_points(

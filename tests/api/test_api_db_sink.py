@@ -376,6 +376,48 @@ def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
     assert min(series.min) == -1.0 and cached() > 0
 
 
+def test_a_read_session_opens_no_transaction_and_its_cache_writes_still_commit(
+    db: Database,
+) -> None:
+    """On PostgreSQL a read session runs in autocommit (no BEGIN, no ROLLBACK round trips);
+    the buckets a read caches are written in a transaction of their own, skipped as before
+    for a run that a write touched since its points were read."""
+    from psycopg.pq import TransactionStatus
+
+    from backend.models import MetricRollup
+    from backend.storage.series import _cache_rollups, query_series
+
+    run_id = new_run(db)
+    with db.session() as s:
+        write_points(s, run_id, [StepPoints(i, {"a": float(i)}) for i in range(1, 401)])
+        s.commit()
+
+    def cached() -> int:
+        with db.session() as s:
+            q = select(func.count()).select_from(MetricRollup)
+            return s.scalar(q.where(MetricRollup.run_id == run_id)) or 0
+
+    with db.read_session() as reader:
+        seen_before = run_row(db, run_id).write_seq
+        series = query_series(reader, [run_id], ["a"], 20)[run_id]["a"]
+        if db.engine.dialect.name == "postgresql":
+            driver = reader.connection().connection.dbapi_connection
+            assert driver is not None
+            assert driver.pgconn.transaction_status == TransactionStatus.IDLE
+    assert series.sampled and cached() > 0  # committed, though the reader never did
+    with db.session() as s:  # a rewrite drops the cache from step 10 on
+        write_points(s, run_id, [StepPoints(10, {"a": -1.0})])
+        s.commit()
+    stale = [
+        {"run_id": run_id, "key": "a", "width": 32, "bucket": 1, "hi_step": 63, "n": 32,
+         "n_valid": 32, "v_sum": 0.0, "v_min": 0.0, "v_max": 0.0, "last_step": 63,
+         "last_wall": 0.0}
+    ]  # fmt: skip
+    with db.read_session() as reader:
+        _cache_rollups(reader, stale, {run_id: seen_before})  # computed before the rewrite
+    assert cached() == 0
+
+
 def test_writes_maintain_the_rollups_a_first_read_uses(db: Database) -> None:
     """Metric writes store the chart width's complete buckets, recomputed from their points: a
     first read caches nothing new and equals a read computed from the raw points; redelivered

@@ -119,7 +119,71 @@ def test_the_session_gate_admits_its_slots_and_refuses_after_its_wait() -> None:
         async with gate.slot(), gate.slot():  # both slots came back
             pass
 
+    async def writes_leave_reads_a_slot() -> None:
+        gate = SessionGate(slots=4, wait_s=0.2)
+        assert gate.write_slots == 3
+        async with gate.slot(write=True), gate.slot(write=True), gate.slot(write=True):
+            with pytest.raises(PoolTimeout):  # a fourth write waits for one of the three
+                async with gate.slot(write=True):
+                    pass
+            async with gate.slot():  # a read takes the slot writes cannot
+                pass
+        async with gate.slot(), gate.slot(), gate.slot(), gate.slot():  # reads take them all
+            pass
+
     run_async(scenario())
+    run_async(writes_leave_reads_a_slot())
     settings = Settings(db_pool_size=3, db_max_overflow=1, stream_db_connections=2)
     assert SessionGate.for_settings(settings).slots == 2  # capped by the pool, less the hub's
     assert SessionGate.for_settings(Settings()).slots == Settings().db_request_concurrency
+
+
+def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
+    pg_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One returned just now is handed out as it is (no round trip); one idle longer that
+    PostgreSQL dropped meanwhile is replaced before use; one dropped and reused at once fails
+    its statement, and the pool drops the connections as old as it."""
+    import psycopg
+
+    from backend import db as db_module
+
+    monkeypatch.setattr(db_module, "PING_AFTER_IDLE_S", 0.3)
+    database = Database(make_settings(tmp_path, pg_url, redis_url), serving=True)
+    pings = 0
+    ping = database.engine.dialect.do_ping
+
+    def counted_ping(dbapi_connection: object) -> bool:
+        nonlocal pings
+        pings += 1
+        return ping(dbapi_connection)
+
+    monkeypatch.setattr(database.engine.dialect, "do_ping", counted_ping)
+
+    def select_one() -> int | None:
+        with database.session() as session:
+            return session.scalar(text("SELECT 1"))
+
+    def drop_connections() -> None:
+        admin = pg_url.replace("postgresql+psycopg://", "postgresql://").rsplit("/", 1)[0]
+        with psycopg.connect(f"{admin}/postgres", autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (pg_url.rsplit("/", 1)[1],),
+            )
+
+    try:
+        assert select_one() == 1 and select_one() == 1
+        assert pings == 0  # both checkouts came right after a return (or a connect)
+        drop_connections()
+        time.sleep(0.5)
+        assert select_one() == 1  # pinged, found dead, replaced: the read never saw it
+        assert pings >= 1
+        drop_connections()
+        time.sleep(0.1)  # PostgreSQL closes the connection; the pool does not know yet
+        with pytest.raises(OperationalError):
+            select_one()
+        assert select_one() == 1  # the pool dropped the dead ones: the next read works
+    finally:
+        database.dispose()

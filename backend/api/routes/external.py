@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Response, status
+from pydantic_core import to_json
 
 from backend import lifecycle
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import CurrentUser, OwnedRunDep, SessionDep
+from backend.api.query import JSONBytes
 from backend.models import RunStatus, utcnow
 from backend.schemas import (
     MAX_LOG_POINTS,
@@ -44,7 +46,7 @@ def create_external(
 
 
 @router.post("/{run_id}/log", response_model=LogResult)
-def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> dict[str, int]:
+def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> Response:
     """Idempotent upsert of points on (run, key, step), rollouts on (run, step, group, index)
     and prompt pass rates on (run, step, key); at most 10,000 points and 10,000 prompts per
     call."""
@@ -84,4 +86,6 @@ def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> dict[str
     if body.status in ("succeeded", "failed"):  # in the same transaction as the last points
         lifecycle.close_external(session, run.id, RunStatus(body.status), body.error)
     session.commit()
-    return {"written": written.points + written.rollouts + written.prompts}
+    # encoded here, in the handler's thread: a dict would be checked against LogResult in
+    # another worker-thread call
+    return JSONBytes(to_json({"written": written.points + written.rollouts + written.prompts}))

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic_core import to_json
+from sqlalchemy.orm import Session
 
-from backend.api.deps import RunDep, SessionDep, found_runs
-from backend.api.query import CommaList, parse_ids, parse_keys
+from backend.api.deps import InSessionDep, RunDep, RunId, SessionDep, require_runs
+from backend.api.query import CommaList, JSONBytes, parse_ids, parse_keys
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
-from backend.storage.series import cached_series, metric_keys
+from backend.storage.series import cached_series, metric_keys, series_versions
 from conspo.metrics import Catalogue, catalogue
 
 router = APIRouter(tags=["metrics"])
 
 MaxPoints = Annotated[int, Query(ge=2, le=10_000, description="Most points per series.")]
-
-
-class JSONBytes(Response):
-    media_type = "application/json"
 
 
 @router.get("/metrics/catalogue", response_model=Catalogue)
@@ -38,9 +35,9 @@ def keys(run: RunDep, session: SessionDep) -> dict[str, list[str]]:
 
 
 @router.get("/runs/{run_id}/metrics", response_model=RunSeries)
-def series(
-    run: RunDep,
-    session: SessionDep,
+async def series(
+    run_id: RunId,
+    in_session: InSessionDep,
     keys: CommaList,
     max_points: MaxPoints = 1000,
     since_step: Annotated[
@@ -62,17 +59,37 @@ def series(
     ``x`` names the axis the caller plots; every series carries both steps and wall times.
     Steps in (``since_step``, ``step_max``] only.
     """
+    body = await in_session(_series_json, run_id, keys, max_points, since_step, step_max)
+    return JSONBytes(body)
+
+
+def _series_json(
+    session: Session,
+    run_id: int,
+    keys: str,
+    max_points: int,
+    since_step: int | None,
+    step_max: int | None,
+) -> bytes:
+    versions = series_versions(session, [run_id])
+    if run_id not in versions:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id} not found")
     wanted = parse_keys(keys, "keys", 200)
-    data = cached_series(session, [run.id], wanted, max_points, since_step, step_max)
-    return JSONBytes(to_json({"run_id": run.id, "series": data[run.id]}))
+    data = cached_series(session, [run_id], wanted, max_points, since_step, step_max, versions)
+    return to_json({"run_id": run_id, "series": data[run_id]})
 
 
 @router.get("/compare", response_model=Compare)
-def compare(
-    session: SessionDep, runs: CommaList, keys: CommaList, max_points: MaxPoints = 1000
+async def compare(
+    in_session: InSessionDep, runs: CommaList, keys: CommaList, max_points: MaxPoints = 1000
 ) -> Response:
+    return JSONBytes(await in_session(_compare_json, runs, keys, max_points))
+
+
+def _compare_json(session: Session, runs: str, keys: str, max_points: int) -> bytes:
     run_ids = parse_ids(runs, "runs", 50)
     wanted = parse_keys(keys, "keys", 50)
-    found_runs(session, run_ids)
-    data = cached_series(session, run_ids, wanted, max_points)
-    return JSONBytes(to_json({"runs": {str(r): {"series": data[r]} for r in run_ids}}))
+    versions = series_versions(session, run_ids)
+    require_runs(run_ids, versions)
+    data = cached_series(session, run_ids, wanted, max_points, versions=versions)
+    return to_json({"runs": {str(r): {"series": data[r]} for r in run_ids}})

@@ -5,23 +5,27 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from sqlalchemy.orm import Session
 
 from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
     CurrentUser,
+    InSessionDep,
     JobsDep,
     OwnedRunDep,
     RunDep,
     SessionDep,
     SettingsDep,
 )
-from backend.api.query import parse_ids
+from backend.api.query import JSONBytes, parse_ids
+from backend.config import Settings
 from backend.errors import InvalidInput
-from backend.models import Run
+from backend.models import Run, RunStatus
 from backend.run_rows import name_base
+from backend.scheduling import Cluster
 from backend.schemas import (
     FreeJSON,
     Label,
@@ -101,9 +105,9 @@ def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
 
 
 @router.get("", response_model=RunList)
-def list_runs(
-    session: SessionDep,
-    cluster: ClusterDep,
+async def list_runs(
+    in_session: InSessionDep,
+    settings: SettingsDep,
     status_: Annotated[RunStatusName | None, Query(alias="status")] = None,
     kind: ShortText | None = None,
     algorithm: ShortText | None = None,
@@ -117,14 +121,29 @@ def list_runs(
     sort: RunSort = "-created_at",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-) -> dict[str, Any]:
+) -> Response:
     where = RunFilter(
         status=status_, kind=kind, algorithm=algorithm, task=task, tag=tag, group_id=group_id,
         name_contains=q, ids=parse_ids(ids, "ids", 500) if ids is not None else None,
     )  # fmt: skip
+    return JSONBytes(await in_session(_runs_page, settings, where, sort, limit, offset))
+
+
+RUN_LIST = TypeAdapter(RunList)
+
+
+def _runs_page(
+    session: Session, settings: Settings, where: RunFilter, sort: RunSort, limit: int, offset: int
+) -> bytes:
     rows, total = storage_runs.list_runs(session, where, sort, limit, offset)
-    places = storage_runs.queue_positions(session)
-    return {"items": [with_place(run_out(r, cluster), places) for r in rows], "total": total}
+    # What only some rows show is read only when one of them is on the page: the live workers
+    # (what a run that is not external needs of them), the queue (a queued run's place).
+    show_cluster = any(not r.external for r in rows)
+    cluster = Cluster.load(session, settings) if show_cluster else None
+    queued = any(r.status == RunStatus.queued for r in rows)
+    places = storage_runs.queue_positions(session) if queued else {}
+    page = {"items": [with_place(run_out(r, cluster), places) for r in rows], "total": total}
+    return RUN_LIST.dump_json(RUN_LIST.validate_python(page), by_alias=True)
 
 
 @router.get("/{run_id}", response_model=RunOut)
