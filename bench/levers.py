@@ -1,10 +1,16 @@
 """Throughput levers of the native sampler and the training forward, each measured alone.
 
-    .venv/bin/python bench/levers.py [--repeats 3] [--rows 64] [--prompt-tokens 10]
-                                     [--new-tokens 128] [--threads 1] [--quick]
+    .venv/bin/python bench/levers.py [--model b|smol] [--repeats 3] [--rows 64]
+                                     [--prompt-tokens 10] [--new-tokens 128] [--threads 1]
+                                     [--quick]
 
-The model is the ~10M-parameter random-init Qwen2 of bench/throughput.py's shape (b) (hidden
-384, 4 layers, MLP 1536, the character tokenizer). Every variant runs in this one process, one
+``--model b`` (the default) is the ~10M-parameter random-init Qwen2 of bench/throughput.py's
+shape (b) (hidden 384, 4 layers, MLP 1536, the character tokenizer). ``--model smol`` is the
+real-model shape of bench/throughput.py: SmolLM2-135M-Instruct (hidden 576, 30 layers, MLP
+1536, grouped-query attention with 3 key/value heads, a 49,152-token vocabulary) with LoRA rank
+16 on every linear layer, its prompts the chat-template renderings of reasoning-gym sums
+(~50 tokens); there only ``hf``, ``loop``, ``loop bf16`` and the shipped training passes run
+(the others are the small model's questions, and at this size cost minutes each). Every variant runs in this one process, one
 thread, its repeats interleaved with the other variants' (A B C A B C ...), so a change of load
 on the machine hits every variant alike. Reported per variant: CPU time (process time) and wall
 time per generated token step, min and median over the repeats, and the speed-up over the
@@ -65,6 +71,33 @@ from conspo.models.precision import bfloat16_note  # noqa: E402
 from conspo.models.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 
 GROUP = 8
+SMOL_ONLY = ("hf", "loop", "loop bf16", "train fp32", "train bf16")  # --model smol's variants
+
+
+def smol_setup(rows: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """SmolLM2-135M-Instruct with bench/throughput.py's LoRA, in training mode as the trainer
+    holds it, and (rows // GROUP) chat prompts of its task, left-padded, each repeated GROUP
+    times: (model, ids, mask)."""
+    import random
+
+    from bench.throughput import SMOL_LORA, SMOL_MODEL, SMOL_TASK
+    from conspo.config import ModelConfig, PromptConfig, TaskConfig
+    from conspo.models.loading import load_pretrained, prepare_for_training
+    from conspo.models.store import ModelStore
+    from conspo.tasks import make_task
+    from conspo.tasks.prompts import PromptRenderer, with_prompts
+
+    cfg = ModelConfig.model_validate({"name": SMOL_MODEL, "device": "cpu", "lora": SMOL_LORA})
+    model, tokenizer = load_pretrained(ModelStore().resolve(SMOL_MODEL), torch.device("cpu"),
+                                       torch.float32)  # fmt: skip
+    model = prepare_for_training(model, cfg)
+    chat = PromptConfig.model_validate({"chat_template": "on"})
+    task = with_prompts(make_task(TaskConfig.model_validate(SMOL_TASK)),
+                        PromptRenderer(chat, tokenizer))  # fmt: skip
+    prompts = [ex.prompt for ex in task.train_prompts(random.Random(0), rows // GROUP)]
+    enc = tokenizer(prompts, padding=True, return_tensors="pt", add_special_tokens=False)
+    ids = enc["input_ids"].repeat_interleave(GROUP, dim=0)
+    return model, ids, enc["attention_mask"].repeat_interleave(GROUP, dim=0)
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, float]:
@@ -89,12 +122,15 @@ def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 20)
 def model_flops_per_token(cfg: object, context: int) -> float:
     """FLOPs of one token through the model (2 per multiply-add), attending to ``context``."""
     h, f, layers, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size  # type: ignore[attr-defined]
-    per_layer = 2 * (4 * h * h + 3 * h * f) + 2 * 2 * h * context
+    heads = cfg.num_attention_heads  # type: ignore[attr-defined]
+    kv = h // heads * getattr(cfg, "num_key_value_heads", heads)  # grouped-query: narrower k, v
+    per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * f) + 2 * 2 * h * context
     return layers * per_layer + 2 * h * v
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["b", "smol"], default="b")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rows", type=int, default=64, help="rollouts (groups of 8)")
     parser.add_argument("--prompt-tokens", type=int, default=10)
@@ -105,21 +141,27 @@ def main() -> None:
     if args.quick:
         args.rows, args.new_tokens = 32, 64
     torch.set_num_threads(args.threads)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(tokenizer, 0, MODEL_DIMS).eval()
+    n, t = args.rows, args.new_tokens
+    if args.model == "smol":
+        model, ids, mask = smol_setup(n)
+        p = ids.shape[1]
+    else:
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer, 0, MODEL_DIMS).eval()
+        p = args.prompt_tokens
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(4, model.config.vocab_size, (n // GROUP, p), generator=gen)
+        ids = prompts.repeat_interleave(GROUP, dim=0)
+        mask = torch.ones_like(ids)
     cfg = model.config
-    n_params = sum(p.numel() for p in model.parameters())
-    n, p, t = args.rows, args.prompt_tokens, args.new_tokens
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(4, cfg.vocab_size, (n // GROUP, p), generator=gen)
-    ids = prompts.repeat_interleave(GROUP, dim=0)
-    mask = torch.ones_like(ids)
+    n_params = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    n_params = n_params or sum(p.numel() for p in model.parameters())  # no LoRA: all of them
     never = cfg.vocab_size  # an EOS id the model cannot draw: every answer is t tokens long
 
     def sampler(loop: bool, static: bool, check: int, bf16: bool) -> Callable[[], RolloutBatch]:
         def run() -> RolloutBatch:
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-            with ctx:
+            with ctx, torch.no_grad():
                 return sample(model, ids, mask, max_new_tokens=t, eos_id=never, pad_id=0,
                               generator=torch.Generator().manual_seed(1), group_size=GROUP,
                               static_cache=static, stop_check_every=check,
@@ -135,11 +177,15 @@ def main() -> None:
         "hf bf16": sampler(False, False, 1, True),
         "loop bf16": sampler(True, False, 1, True),
     }
-    batch = sampling["hf"]()
-    same = {
-        name: torch.equal(batch.response_ids, sampling[name]().response_ids)
-        for name in ("hf static", "loop")
-    }
+    if args.model == "smol":
+        sampling = {k: v for k, v in sampling.items() if k in SMOL_ONLY}
+    with torch.no_grad():
+        batch = sampling["hf"]()
+        same = {
+            name: torch.equal(batch.response_ids, sampling[name]().response_ids)
+            for name in ("hf static", "loop")
+            if name in sampling
+        }
 
     def train_pass(bf16: bool, attention: str) -> Callable[[], torch.Tensor]:
         """``attention``: "shipped" (sdpa in float32; eager under bf16 autocast at this shape,
@@ -167,6 +213,8 @@ def main() -> None:
         "train bf16 sdpa": train_pass(True, "sdpa"),
         "train bf16": train_pass(True, "shipped"),
     }
+    if args.model == "smol":
+        training = {k: v for k, v in training.items() if k in SMOL_ONLY}
     with torch.no_grad():
         lp32 = token_logprobs(model, batch, 1.0, group_size=GROUP)[0]
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -177,17 +225,29 @@ def main() -> None:
         for name, fn in variants.items():  # interleaved: A B C ... A B C ...
             times[name].append(timed(fn))
 
-    h = cfg.hidden_size
+    h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+
+    def best_of(m: int, dtype: torch.dtype, repeats: int) -> float:
+        """The faster of the MLP's and the LM head's matmul shape: the ceiling is the best the
+        CPU does at this model's shapes, not the worst."""
+        return max(matmul_gflops(m, h, f, dtype, repeats), matmul_gflops(m, h, v, dtype, repeats))
+
     ceiling = {
-        "fp32": matmul_gflops(n, h, cfg.intermediate_size, torch.float32),
-        "bf16": matmul_gflops(n, h, cfg.intermediate_size, torch.bfloat16),
-        "fp32 train": matmul_gflops(n * (p + t), h, cfg.intermediate_size, torch.float32, 5),
-        "bf16 train": matmul_gflops(n * (p + t), h, cfg.intermediate_size, torch.bfloat16, 5),
+        "fp32": best_of(n, torch.float32, 20),
+        "bf16": best_of(n, torch.bfloat16, 20),
+        "fp32 train": best_of(n * (p + t), torch.float32, 3),
+        "bf16 train": best_of(n * (p + t), torch.bfloat16, 3),
     }
-    decode_flops = n * sum(model_flops_per_token(cfg, p + i) for i in range(t))
-    train_flops = 3 * n * sum(model_flops_per_token(cfg, p + i) for i in range(t))  # fwd + 2x bwd
-    print(f"model {n_params / 1e6:.1f}M params; {n} rollouts ({n // GROUP} prompts x {GROUP}), "
-          f"{p}-token prompts, {t} new tokens (forced), {args.threads} thread(s), "
+    # Work done, not padding skipped: each group's prompt once (the shared-prompt prefill),
+    # then every row's t tokens. Training: forward + backward; the backward of a frozen base
+    # (LoRA) computes only the inputs' gradients (1x the forward), of a trained one also the
+    # weights' (2x).
+    prompt_flops = n // GROUP * sum(model_flops_per_token(cfg, i) for i in range(p))
+    decode_flops = prompt_flops + n * sum(model_flops_per_token(cfg, p + i) for i in range(t))
+    frozen = any(not q.requires_grad for q in model.parameters())
+    train_flops = (2 if frozen else 3) * decode_flops
+    print(f"model {args.model}: {n_params / 1e6:.1f}M params; {n} rollouts ({n // GROUP} prompts x {GROUP}), "
+          f"{p}-token prompts (padded), {t} new tokens (forced), {args.threads} thread(s), "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     print("the same tokens as transformers' forward (fp32, same seed): "
           + ", ".join(f"{k} {v}" for k, v in same.items()))  # fmt: skip

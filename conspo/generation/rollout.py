@@ -161,9 +161,9 @@ def sample(
     device = prompt_ids.device
     stops = _stop_tensor(eos_id, device)
     # The full attention mask, sliced as the sequence grows; response positions are all real
-    # (finished rows keep decoding pad tokens that are masked out of the result below).
+    # (finished rows keep decoding pad tokens that are masked out of the result below). Its
+    # prompt columns are the prefill's mask, set below.
     attn = torch.ones(n, p + max_new_tokens, dtype=prompt_mask.dtype, device=device)
-    attn[:, :p] = prompt_mask
     g = group_size if group_size > 1 and n % group_size == 0 else 1
     loop = (
         decode_loop
