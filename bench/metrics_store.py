@@ -5,7 +5,7 @@
 
 1. Ingest: ``worker.db_sink.DbSink`` exactly as a worker drives it, with the trainer's 28 metric
    keys and 64 sampled rollouts per step: once writing every step (max_points=1, the old
-   behaviour), then batched (the default: one transaction per 20,000 rows or per 0.2 s, on the
+   behaviour), then batched (the default: one transaction per 50,000 rows or per 0.2 s, on the
    sink's writer thread: ownership check, metric and rollout bulk insert, step/summary/
    heartbeat); then the bulk path of the external logging endpoint (10,000 points per call).
    Points/s count every step until the final ``flush`` has committed it; beside it, how long
@@ -101,7 +101,7 @@ def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bo
     """``DbSink`` as a worker drives it: log_step per step, flush at the end (as the trainer
     does before its final checkpoint). ``batched=False``: a write per step (max_points=1)."""
     (run_id,) = make_runs(db, 1, RunStatus.running)
-    sink = DbSink(db, run_id, attempt=1, max_points=20_000 if batched else 1)
+    sink = DbSink(db, run_id, attempt=1) if batched else DbSink(db, run_id, 1, max_points=1)
     keys = [f"bench/key_{i:03d}" for i in range(n_keys)]
     records = [
         StepRecord(
@@ -209,7 +209,7 @@ def bench_compare(settings: Settings, ids: list[int], repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sink-steps", type=int, default=5000)
+    parser.add_argument("--sink-steps", type=int, default=10_000)
     parser.add_argument("--skip-compare", action="store_true", help="Only the ingest figures.")
     parser.add_argument(
         "--ingest-only",
