@@ -195,7 +195,22 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
         "update": estimate.update,
     }
     report = {"total_bytes": estimate.total, "parts": parts, "limit_bytes": limit}
+    if warning := _slow_dtype(config):
+        text = f"{text}; {warning}: pick float32 here"
     return {**report, "fits": fits, "text": text}
+
+
+def _slow_dtype(config: RunConfig) -> str | None:
+    """The warning when ``config`` would compute in bfloat16 on this machine's CPU, which has no
+    native bfloat16 (a worker on the same kind of CPU: the embedded default, a CPU cluster)."""
+    import torch
+
+    from conspo.models.precision import emulated_bfloat16
+
+    cpu = config.model.device == "cpu" or (
+        config.model.device == "auto" and not torch.cuda.is_available()
+    )
+    return emulated_bfloat16("cpu", config.model.dtype) if cpu else None
 
 
 def report_limit(settings: Settings) -> int:

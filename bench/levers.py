@@ -10,11 +10,12 @@ real-model shape of bench/throughput.py: SmolLM2-135M-Instruct (hidden 576, 30 l
 1536, grouped-query attention with 3 key/value heads, a 49,152-token vocabulary) with LoRA rank
 16 on every linear layer, its prompts the chat-template renderings of reasoning-gym sums
 (~50 tokens); there only ``hf``, ``loop``, ``loop bf16`` and the shipped training passes run
-(the others are the small model's questions, and at this size cost minutes each). Every variant runs in this one process, one
-thread, its repeats interleaved with the other variants' (A B C A B C ...), so a change of load
-on the machine hits every variant alike. Reported per variant: CPU time (process time) and wall
-time per generated token step, min and median over the repeats, and the speed-up over the
-baseline on the CPU-time median.
+(the others are the small model's questions, and at this size cost minutes each).
+
+Every variant runs in this one process, one thread, its repeats interleaved with the other
+variants' (A B C A B C ...), so a change of load on the machine hits every variant alike.
+Reported per variant: CPU time (process time) and wall time per generated token step, min and
+median over the repeats, and the speed-up over the baseline on the CPU-time median.
 
 Sampling variants (answers are forced to ``--new-tokens``: the EOS id is one the model can never
 draw, so every variant decodes the same number of tokens):
@@ -23,9 +24,8 @@ draw, so every variant decodes the same number of tokens):
   before the decode loop; ``sample(decode_loop=False)``)
 * ``hf static``: transformers' ``StaticCache``, preallocated and written in place
   (``sample(static_cache=True)``); attention then runs over every preallocated position
-* ``loop``: ``conspo.generation.decode.DecodeLoop`` (the default for Llama/Qwen2/Mistral): keys and
-values
-  in place, attention over the written positions only, fused q/k/v and gate/up matmuls
+* ``loop``: ``conspo.generation.decode.DecodeLoop`` (the default for Llama/Qwen2/Mistral): keys
+  and values in place, attention over the written positions only, fused q/k/v and gate/up matmuls
 * ``loop+check8``: also asks "has every row finished?" every 8 tokens instead of every token
 * ``hf bf16`` / ``loop bf16``: bfloat16 autocast over float32 weights (``model.dtype: bfloat16``
   with ``mixed_precision: true``); the loop casts the weights once per call, autocast once per
@@ -246,7 +246,8 @@ def main() -> None:
     decode_flops = prompt_flops + n * sum(model_flops_per_token(cfg, p + i) for i in range(t))
     frozen = any(not q.requires_grad for q in model.parameters())
     train_flops = (2 if frozen else 3) * decode_flops
-    print(f"model {args.model}: {n_params / 1e6:.1f}M params; {n} rollouts ({n // GROUP} prompts x {GROUP}), "
+    print(f"model {args.model}: {n_params / 1e6:.1f}M params; {n} rollouts "
+          f"({n // GROUP} prompts x {GROUP}), "
           f"{p}-token prompts (padded), {t} new tokens (forced), {args.threads} thread(s), "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     print("the same tokens as transformers' forward (fp32, same seed): "

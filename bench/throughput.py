@@ -29,7 +29,8 @@ Shapes:
   1-digit sums in the model's chat template (examples/smollm2_gsm.yaml), 8 prompts x 8 rollouts,
   up to ``--new-tokens`` (128) new tokens with real stopping on <|im_end|>, temperature 0.7,
   the task's own verifier as the reward. Both sides get the same rendered prompt strings and
-  the same peft LoraConfig.
+  the same peft LoraConfig. TRL trains in micro-batches of 16 accumulated into the step's one
+  update (all 64 at once it was killed out of memory at 23 GB); conspo picks its own.
 
 Rewards at shapes b and c are a fixed function of the completion text (CRC32 parity), the same
 on both sides: a random model answers nothing right, and groups need mixed rewards for both
@@ -78,6 +79,7 @@ SMOL_TASK = {
 }  # fmt: skip
 SMOL_LORA = {"rank": 16, "alpha": 32}
 SMOL_TEMPERATURE = 0.7  # at 1.0 this small model's samples turn to noise
+TRL_SMOL_MICRO_BATCH = 16  # TRL's training micro-batch at the real-model shape (see bench_trl)
 
 
 class Shape:
@@ -258,14 +260,21 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
 
     marks = StepMarks()
     with tempfile.TemporaryDirectory() as out:
+        # At the real-model shape TRL's training pass over all 64 rollouts at once holds every
+        # layer's activations and was killed by the kernel at 23 GB: it takes them in micro-
+        # batches, accumulated into the one optimiser step per generation batch of 64 (the
+        # same update; "grpo" loss: per-sequence means, averaged over the 64 rollouts).
+        micro = TRL_SMOL_MICRO_BATCH if shape.real else shape.rollouts
+        accumulate = shape.rollouts // micro
         config = GRPOConfig(
             output_dir=out,
-            per_device_train_batch_size=shape.rollouts,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=accumulate,
             num_generations=shape.group,
-            steps_per_generation=1,
+            steps_per_generation=accumulate,  # one generation batch of 64 per optimiser step
             num_iterations=1,
             max_completion_length=shape.max_new_tokens,
-            max_steps=total,
+            max_steps=max(args.warmup, 1) + args.steps,  # step_times: a mark before the first
             learning_rate=1e-4,
             beta=0.0,
             loss_type="grpo",

@@ -168,12 +168,15 @@ def device_and_dtype(config: Any) -> tuple[str, str]:
     import torch
 
     from conspo.models.loading import pick_device
+    from conspo.models.precision import emulated_bfloat16
 
     device, dtype = pick_device(config.model)
     name = "cpu"
     if device.type == "cuda":
         index = torch.cuda.current_device()
         name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    elif warning := emulated_bfloat16("cpu", dtype):  # the run page shows it beside the dtype
+        name = f"cpu ({warning})"
     return name, str(dtype).removeprefix("torch.")
 
 

@@ -83,6 +83,15 @@ def cpu_bfloat16() -> str | None:
     return ", ".join(f for f in NATIVE_BF16_FLAGS if f in flags)
 
 
+def emulated_bfloat16(device_type: str, dtype: torch.dtype | str) -> str | None:
+    """The warning for computing in bfloat16 on a CPU without native bfloat16, else None (a GPU,
+    another dtype, a CPU with it, or one whose flags are unknown)."""
+    name = str(dtype).removeprefix("torch.")
+    if device_type != "cpu" or name != "bfloat16" or cpu_bfloat16() != "":
+        return None
+    return "no native bfloat16 on this CPU: bfloat16 runs several times slower than float32"
+
+
 def bfloat16_note() -> str:
     """One line for benches and logs: whether bfloat16 is a speed lever on this CPU."""
     native = cpu_bfloat16()

@@ -172,6 +172,34 @@ def test_the_memory_estimate_follows_the_config_and_agrees_with_submit(api: Api)
     assert "sampling.group_size" in invalid["text"]
 
 
+def test_the_estimate_and_the_run_say_when_this_cpu_has_no_native_bfloat16(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU without AVX512-BF16 or AMX, a bfloat16 config on the CPU is flagged by the
+    form's estimate and by the device a worker records (the run page shows it); float32 is
+    not, and nor is bfloat16 where the CPU has it natively."""
+    from conspo.config import RunConfig
+    from conspo.models import precision
+    from worker.tasks import device_and_dtype
+
+    bf16 = tiny_config(1, model={"name": "tiny", "device": "cpu", "dtype": "bfloat16"})
+    fp32 = tiny_config(1, model={"name": "tiny", "device": "cpu", "dtype": "float32"})
+
+    def text(config: dict[str, Any]) -> str:
+        r = api.post("/api/runs/estimate", json={"config": config, "seeds": [0], "tags": []})
+        assert r.status_code == 200, r.text
+        return r.json()["text"]
+
+    for flags, flagged in (("", True), ("avx512_bf16", False)):
+        monkeypatch.setattr(precision, "cpu_bfloat16", lambda flags=flags: flags)
+        assert ("no native bfloat16" in text(bf16)) is flagged
+        assert "no native bfloat16" not in text(fp32)
+        device, dtype = device_and_dtype(RunConfig.model_validate(bf16))
+        assert dtype == "bfloat16" and ("no native bfloat16" in device) is flagged
+        assert device_and_dtype(RunConfig.model_validate(fp32)) == ("cpu", "float32")
+        assert len(device) <= Run.device.type.length  # type: ignore[attr-defined]
+
+
 def errors_of(response: Any) -> list[dict[str, Any]]:
     assert response.status_code == 422, response.text
     return list(response.json()["detail"])

@@ -97,3 +97,9 @@ def test_cpu_bfloat16_reads_the_cpu_flags(monkeypatch, tmp_path):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
     assert precision.cpu_bfloat16() == ""
     assert "emulated" in precision.bfloat16_note() and "float32" in precision.bfloat16_note()
+    assert "no native bfloat16" in str(precision.emulated_bfloat16("cpu", torch.bfloat16))
+    assert precision.emulated_bfloat16("cpu", "bfloat16") is not None
+    assert precision.emulated_bfloat16("cpu", torch.float32) is None
+    assert precision.emulated_bfloat16("cuda", torch.bfloat16) is None
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512_bf16\n")
+    assert precision.emulated_bfloat16("cpu", torch.bfloat16) is None
