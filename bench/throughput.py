@@ -410,6 +410,10 @@ def main() -> None:
                   f"{s['cpu_min']:8.3f} {s['cpu_med']:8.3f} {s['wall_min']:8.3f} "
                   f"{s['wall_med']:8.3f} "
                   f"{s['rollouts_s']:10.1f} {s['tokens_s']:9.0f} {s['rss']:8.0f}")  # fmt: skip
+            each = "; ".join(" ".join(f"{c:.1f}/{w:.1f}" for c, w in
+                                      zip(r["cpus"], r["walls"], strict=True))
+                             for r in runs)  # fmt: skip
+            print(f"{'':<10} {impl:<7} each repeat's steps, CPU/wall s: {each}")
     trl_b = stats.get("b", {}).get("trl")
     for name, by_impl in stats.items():
         trl = by_impl.get("trl") or trl_b

@@ -71,27 +71,41 @@ BUCKET_MAX_GROUPS = 256
 
 def length_buckets(batch: RolloutBatch, group_size: int) -> list[torch.Tensor]:
     """Row indices (into ``batch``, (k,) long on the CPU) of whole groups of similar answer
-    length, covering every row once: the pieces one gradient pass runs its forwards on, so that
-    a batch whose answers end at 15 tokens but for one at 128 does not run every row 128 long.
+    length, or of one group's rows, covering every row once: the pieces one gradient pass runs
+    its forwards on, so that a batch whose answers end at 15 tokens but for one at 128 does not
+    run every row 128 long.
 
     A piece's cost is its padded positions: groups x longest real prompt (each group's prompt
-    runs once) + rows x longest response, plus ``BUCKET_OVERHEAD_TOKENS``. The groups are sorted
-    by their longest response and cut into consecutive runs of least total cost (dynamic
-    programming over the cut points); one piece when splitting saves nothing.
+    runs once) + rows x longest response, plus ``BUCKET_OVERHEAD_TOKENS``. First, a group whose
+    longest answers run far past the rest (an answer cut at ``max_new_tokens`` among short
+    ones) is split in two pieces of its own, its shorter rows and its longer ones, when that
+    costs less than the group alone (its prompt then runs twice, each piece sharing it across
+    its rows). The other groups are sorted by their longest response and cut into consecutive
+    runs of least total cost (dynamic programming over the cut points); one piece when
+    splitting saves nothing.
     """
     n = batch.response_ids.shape[0]
     g = group_size if group_size > 1 and n % group_size == 0 else 1
     prompt_len = batch.prompt_mask.sum(-1).cpu().view(-1, g).max(-1).values.tolist()
-    response_len = batch.response_mask.sum(-1).cpu().long().clamp(min=1).view(-1, g)
-    longest = response_len.max(-1).values.tolist()
-    order = sorted(range(len(longest)), key=lambda i: longest[i])
+    response_len = batch.response_mask.sum(-1).cpu().long().clamp(min=1).view(-1, g).tolist()
+    split: list[list[int]] = []
+    whole: list[int] = []  # groups left for the search
+    for group, lengths in enumerate(response_len):
+        rows = sorted(range(g), key=lambda i: lengths[i])
+        cut = _group_cut([lengths[i] for i in rows], prompt_len[group])
+        if cut:
+            split += [sorted(group * g + i for i in part) for part in (rows[:cut], rows[cut:])]
+        else:
+            whole.append(group)
+    longest = [max(response_len[group]) for group in whole]
+    order = sorted(range(len(whole)), key=lambda i: longest[i])
     # best[k]: the least cost of the first k groups in ``order``; cut[k]: where its last run starts
     best = [0.0] + [math.inf] * len(order)
     cut = [0] * (len(order) + 1)
     for k in range(1, len(order) + 1):
         widest_prompt = 0
         for j in range(k, max(0, k - BUCKET_MAX_GROUPS), -1):  # last run: order[j-1 .. k-1]
-            widest_prompt = max(widest_prompt, prompt_len[order[j - 1]])
+            widest_prompt = max(widest_prompt, prompt_len[whole[order[j - 1]]])
             groups = k - j + 1
             run = groups * widest_prompt + groups * g * longest[order[k - 1]]
             cost = best[j - 1] + run + BUCKET_OVERHEAD_TOKENS
@@ -100,12 +114,24 @@ def length_buckets(batch: RolloutBatch, group_size: int) -> list[torch.Tensor]:
     pieces: list[list[int]] = []
     k = len(order)
     while k > 0:
-        pieces.append(sorted(order[cut[k] : k]))
+        pieces.append(sorted(whole[i] for i in order[cut[k] : k]))
         k = cut[k]
-    return [
-        torch.tensor([group * g + i for group in piece for i in range(g)])
-        for piece in reversed(pieces)
-    ]
+    rows_of = [[group * g + i for group in piece for i in range(g)] for piece in reversed(pieces)]
+    return [torch.tensor(rows) for rows in rows_of + split]
+
+
+def _group_cut(lengths: list[int], prompt_len: int) -> int:
+    """Where one group's ascending answer ``lengths`` are best cut in two pieces (the first
+    ``cut`` rows, then the rest), or 0 when running the group whole costs no more."""
+    g = len(lengths)
+    whole = prompt_len + g * lengths[-1] + BUCKET_OVERHEAD_TOKENS
+    best, where = whole, 0
+    for cut in range(1, g):
+        two = 2 * (prompt_len + BUCKET_OVERHEAD_TOKENS) + cut * lengths[cut - 1]
+        two += (g - cut) * lengths[-1]
+        if two < best:
+            best, where = two, cut
+    return where
 
 
 def trimmed(batch: RolloutBatch) -> RolloutBatch:

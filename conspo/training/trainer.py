@@ -632,9 +632,10 @@ def bucketed_logprobs(
     state: TrainState, batch: RolloutBatch, buckets: list[torch.Tensor], g: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, T) log-probs (with grad) and entropy (no grad) of ``batch`` under π_θ, one forward
-    per length bucket (``length_buckets``: whole groups, each run only as long as its longest
-    answer), every bucket's graph kept for the one backward: the same values and gradient as a
-    single forward over the whole batch, without its padding. 0 past a bucket's longest answer."""
+    per length bucket (``length_buckets``: whole groups or one group's rows, each run only as
+    long as its longest answer), every bucket's graph kept for the one backward: the same
+    values and gradient as a single forward over the whole batch, without its padding. 0 past a
+    bucket's longest answer."""
     temperature = state.cfg.sampling.temperature
     if len(buckets) == 1:
         logprobs, entropy = token_logprobs(state.model, batch, temperature, True, g)

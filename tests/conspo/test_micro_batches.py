@@ -121,15 +121,27 @@ def test_the_first_mini_batch_reuses_the_frozen_old_logprobs(model_store, arith_
 
 
 def test_length_buckets_cut_where_padding_costs_more_than_a_forward():
-    # Groups of two: (5, 1), (2, 2), (100, 6): one forward would run all six rows 100 long.
-    b = batch([3, 3, 3, 3, 3, 3], [5, 1, 2, 2, 100, 6])
+    # Groups of two: (5, 1), (2, 2), (100, 90): one forward would run all six rows 100 long.
+    b = batch([3, 3, 3, 3, 3, 3], [5, 1, 2, 2, 100, 90])
     assert [p.tolist() for p in length_buckets(b, 2)] == [[0, 1, 2, 3], [4, 5]]
     # Answers of like length: splitting saves less than a forward costs.
     b = batch([3, 3, 3, 3, 3, 3], [5, 1, 2, 2, 6, 6])
     assert [p.tolist() for p in length_buckets(b, 2)] == [[0, 1, 2, 3, 4, 5]]
     # The longest group first in the batch: pieces are whole groups, each in batch order.
-    b = batch([3, 3, 4, 4, 3, 3], [100, 6, 2, 2, 5, 1])
+    b = batch([3, 3, 4, 4, 3, 3], [100, 90, 2, 2, 5, 1])
     assert [p.tolist() for p in length_buckets(b, 2)] == [[2, 3, 4, 5], [0, 1]]
+
+
+def test_length_buckets_split_a_group_whose_one_answer_runs_to_the_limit():
+    """A group of four whose third answer ran to 128 tokens among answers of 4-6: its three
+    short rows and its long one become two pieces (the prompt runs twice), not four rows 128
+    long; the group of like lengths stays whole, and every row is in one piece."""
+    b = batch([3] * 8, [5, 6, 128, 4, 5, 5, 6, 7])
+    pieces = [p.tolist() for p in length_buckets(b, 4)]
+    assert pieces == [[4, 5, 6, 7], [0, 1, 3], [2]]
+    # Two long answers of four: cut after the short ones; one of 9 among 4-6: not worth a forward.
+    b = batch([3] * 8, [128, 6, 120, 4, 5, 9, 6, 4])
+    assert [p.tolist() for p in length_buckets(b, 4)] == [[4, 5, 6, 7], [1, 3], [0, 2]]
 
 
 @pytest.mark.parametrize("algorithm", ["conspo", "grpo"])
@@ -158,3 +170,11 @@ def test_length_buckets_give_the_single_forward_gradient(algorithm, model_store,
     assert len(calls) == len(buckets)  # one forward per bucket, no extra no-grad pass
     assert sum(rows for rows, _ in calls) == len(rollouts.group_ids)
     assert_same_gradients(bucketed, whole)
+    # A group cut in two pieces (each sharing its prompt across its rows), the rest whole.
+    n = len(rollouts.group_ids)
+    cut = [torch.tensor([0, 2]), torch.tensor([1, 3]), torch.arange(4, n)]
+    monkeypatch.setattr(trainer, "length_buckets", lambda batch, g: cut)
+    calls.clear()
+    split, _ = step_gradients(cfg, model_store, rollouts)
+    assert len(calls) == 3
+    assert_same_gradients(split, whole)
