@@ -92,9 +92,9 @@ def length_buckets(batch: RolloutBatch, group_size: int) -> list[torch.Tensor]:
     whole: list[int] = []  # groups left for the search
     for group, lengths in enumerate(response_len):
         rows = sorted(range(g), key=lambda i: lengths[i])
-        cut = _group_cut([lengths[i] for i in rows], prompt_len[group])
-        if cut:
-            split += [sorted(group * g + i for i in part) for part in (rows[:cut], rows[cut:])]
+        at = _group_cut([lengths[i] for i in rows], prompt_len[group])
+        if at:
+            split += [sorted(group * g + i for i in part) for part in (rows[:at], rows[at:])]
         else:
             whole.append(group)
     longest = [max(response_len[group]) for group in whole]
