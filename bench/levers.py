@@ -266,6 +266,7 @@ def main() -> None:
                 "train": statistics.median(c for c, _ in times["train fp32"])}  # fmt: skip
     print(f"{'variant':<15} {'CPU min':>8} {'CPU med':>8} {'wall min':>8} {'wall med':>8} "
           f"{'ms/token':>8} {'speed-up':>8} {'of ceiling':>10}")  # fmt: skip
+    each: list[str] = []
     for name, ts in times.items():
         cpu, wall = [c for c, _ in ts], [w for _, w in ts]
         is_train = name.startswith("train")
@@ -273,9 +274,11 @@ def main() -> None:
         flops = train_flops if is_train else decode_flops
         ceil = ceiling[("bf16" if "bf16" in name else "fp32") + (" train" if is_train else "")]
         achieved = flops / min(cpu) / 1e9  # CPU time: a preempted process does no work
+        each.append(f"{name} " + " ".join(f"{c:.1f} ({flops / c / 1e9 / ceil:.0%})" for c in cpu))
         print(f"{name:<15} {min(cpu):8.3f} {statistics.median(cpu):8.3f} {min(wall):8.3f} "
               f"{statistics.median(wall):8.3f} {1e3 * statistics.median(cpu) / t:8.2f} "
               f"{base / statistics.median(cpu):7.2f}x {achieved / ceil:9.0%}")  # fmt: skip
+    print("each repeat, CPU s (of ceiling): " + "; ".join(each))
 
 
 if __name__ == "__main__":
