@@ -171,8 +171,10 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
     and attention score matrices (SDPA kernels do not keep them; a CPU's short training forwards
     run eager attention, which keeps up to ``conspo.generation.forward.EAGER_ATTENTION_BYTES``). So
-    it is near, and mostly below,
-    the real peak: a config refused by it does not fit. tests/conspo/test_resources.py compares it
+    it is near, and mostly below, the real peak of a step whose answers all run to
+    ``max_new_tokens``: a config refused by it does not fit. A step of shorter answers peaks lower
+    (the gradient pass runs on length buckets, ``conspo.training.microbatch.length_buckets``).
+    tests/conspo/test_resources.py compares it
     with the measured peak RSS of a CPU run.
     """
     b, s, m = dtype_bytes, cfg.sampling, cfg.model
