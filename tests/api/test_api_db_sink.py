@@ -338,21 +338,33 @@ def test_postgres_rollups_of_written_points_are_bit_for_bit_sqls(pg_db: Database
         assert close(written[b][2], recomputed[b][2])
 
 
-def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
-    """A reader caches buckets only for runs whose write_seq is what it was before it read the
-    points, so buckets computed before a rewrite are never cached after it."""
-    from backend.models import MetricRollup
-    from backend.storage.series import query_series
-
+def run_of_400_steps(db: Database) -> int:
+    """A new run with key "a" = step at steps 1..400."""
     run_id = new_run(db)
     with db.session() as s:
         write_points(s, run_id, [StepPoints(i, {"a": float(i)}) for i in range(1, 401)])
         s.commit()
+    return run_id
+
+
+def cached_rollups(db: Database, run_id: int) -> int:
+    """The rollup-cache rows stored for ``run_id``."""
+    from backend.models import MetricRollup
+
+    with db.session() as s:
+        q = select(func.count()).select_from(MetricRollup)
+        return s.scalar(q.where(MetricRollup.run_id == run_id)) or 0
+
+
+def test_rollup_cache_skips_buckets_a_write_made_stale(db: Database) -> None:
+    """A reader caches buckets only for runs whose write_seq is what it was before it read the
+    points, so buckets computed before a rewrite are never cached after it."""
+    from backend.storage.series import query_series
+
+    run_id = run_of_400_steps(db)
 
     def cached() -> int:
-        with db.session() as s:
-            q = select(func.count()).select_from(MetricRollup)
-            return s.scalar(q.where(MetricRollup.run_id == run_id)) or 0
+        return cached_rollups(db, run_id)
 
     with db.session() as reader:
         seen_before = run_row(db, run_id).write_seq
@@ -384,18 +396,12 @@ def test_a_read_session_opens_no_transaction_and_its_cache_writes_still_commit(
     for a run that a write touched since its points were read."""
     from psycopg.pq import TransactionStatus
 
-    from backend.models import MetricRollup
     from backend.storage.series import _cache_rollups, query_series
 
-    run_id = new_run(db)
-    with db.session() as s:
-        write_points(s, run_id, [StepPoints(i, {"a": float(i)}) for i in range(1, 401)])
-        s.commit()
+    run_id = run_of_400_steps(db)
 
     def cached() -> int:
-        with db.session() as s:
-            q = select(func.count()).select_from(MetricRollup)
-            return s.scalar(q.where(MetricRollup.run_id == run_id)) or 0
+        return cached_rollups(db, run_id)
 
     with db.read_session() as reader:
         seen_before = run_row(db, run_id).write_seq
