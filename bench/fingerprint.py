@@ -24,7 +24,12 @@ from typing import Any
 import torch
 
 from conspo.config import RunConfig
-from conspo.distributed.launch import launch_local
+from conspo.jobs import train_job
+
+try:
+    from conspo.launch.local import launch_local
+except ImportError:  # the code before conspo.launch (a fingerprint of an older tree)
+    from conspo.distributed.launch import launch_local  # type: ignore[no-redef]
 from conspo.models.store import ModelStore
 from conspo.sink import MemorySink
 
@@ -43,9 +48,11 @@ BASE: dict[str, Any] = {
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(
-            out.get(key), dict
-        ) else value
+        out[key] = (
+            merged(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
     return out
 
 
@@ -68,8 +75,12 @@ CONFIGS: dict[str, tuple[dict[str, Any], int]] = {
     "ispo_info_gain": (
         {
             "algorithm": "grpo",
-            "rewards": [{"name": "verifier"}, {"name": "info_gain", "weight": 0.1},
-                        {"name": "format", "weight": 0.1}, {"name": "length", "weight": 0.1}],
+            "rewards": [
+                {"name": "verifier"},
+                {"name": "info_gain", "weight": 0.1},
+                {"name": "format", "weight": 0.1},
+                {"name": "length", "weight": 0.1, "params": {"buffer": 3}},
+            ],
         },
         1,
     ),
@@ -100,7 +111,10 @@ def run(name: str, extra: dict[str, Any], nprocs: int, store: ModelStore) -> dic
     sink = MemorySink()
     with tempfile.TemporaryDirectory() as workdir:
         torch.manual_seed(0)
-        launch_local(config, sink, workdir=workdir, nprocs=nprocs, model_store=store)
+        if nprocs == 1:
+            train_job(config, sink, workdir=workdir, model_store=store)
+        else:
+            launch_local(config, sink, workdir=workdir, nprocs=nprocs, model_store=store)
     steps = {}
     for step, record in sorted(sink.steps.items()):
         metrics = {k: v for k, v in record.metrics.items() if not k.startswith(DROPPED)}
@@ -137,10 +151,15 @@ def main() -> None:
         for step in sorted(set(old) | set(new), key=int):
             if old.get(step) != new.get(step):
                 a, b = old.get(step, {}), new.get(step, {})
-                keys = [k for k in set(a.get("metrics", {})) | set(b.get("metrics", {}))
-                        if a.get("metrics", {}).get(k) != b.get("metrics", {}).get(k)]
-                print(f"  {n} step {step}: metrics differ {sorted(keys)[:8]};"
-                      f" rollouts {'same' if a.get('rollouts') == b.get('rollouts') else 'differ'}")
+                keys = [
+                    k
+                    for k in set(a.get("metrics", {})) | set(b.get("metrics", {}))
+                    if a.get("metrics", {}).get(k) != b.get("metrics", {}).get(k)
+                ]
+                print(
+                    f"  {n} step {step}: metrics differ {sorted(keys)[:8]};"
+                    f" rollouts {'same' if a.get('rollouts') == b.get('rollouts') else 'differ'}"
+                )
                 break
     print(f"identical: {len(names) - len(differ)} of {len(names)}; differ: {differ or 'none'}")
     sys.exit(1 if differ else 0)

@@ -31,20 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conspo import metrics as M  # noqa: E402
 from conspo.config import RunConfig  # noqa: E402
-from conspo.generation.forward import logprob_mode, token_logprobs  # noqa: E402
 from conspo.models.store import ModelStore  # noqa: E402
 from conspo.objectives.base import ObjectiveParams  # noqa: E402
 from conspo.objectives.grpo import GRPOParams  # noqa: E402
 from conspo.registry import get_objective  # noqa: E402
-from conspo.training.trainer import (  # noqa: E402
-    Rollouts,
-    TrainState,
-    collect_rollouts,
-    mixed_groups,
+from conspo.training.logprobs import logprob_mode, token_logprobs  # noqa: E402
+from conspo.training.loop import TrainState, setup  # noqa: E402
+from conspo.training.rollouts import Rollouts, collect_rollouts, mixed_groups  # noqa: E402
+from conspo.training.update import (  # noqa: E402
     no_grad_logprobs,
     optimise_chunk,
     policy_batch,
-    setup,
     update_plan,
 )
 
@@ -72,7 +69,7 @@ def gradients(
     step: int,
 ) -> tuple[dict[str, torch.Tensor], float]:
     """Each arm's flattened gradient in the trainable parameters on the rows' mini-batch, through
-    one forward at the current π_θ (as backward_chunk's single-piece path), and GRPO's clip
+    one forward at the current π_θ (as the single-piece path of update.backward), and GRPO's clip
     fraction there."""
     cfg = state.cfg
     sub = r.batch.select(rows)

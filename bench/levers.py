@@ -65,10 +65,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import conspo.generation.forward  # noqa: E402
 from bench.throughput import MODEL_DIMS  # noqa: E402  (shape b's model: the same dims)
-from conspo.generation.forward import token_logprobs  # noqa: E402
-from conspo.generation.rollout import RolloutBatch, sample  # noqa: E402
+from conspo.generation.batch import RolloutBatch  # noqa: E402
+from conspo.generation.rollout import sample  # noqa: E402
 from conspo.models.precision import bfloat16_note  # noqa: E402
 from conspo.models.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
+from conspo.training.logprobs import token_logprobs  # noqa: E402
 
 GROUP = 8
 SMOL_ONLY = ("hf", "loop", "loop bf16", "train fp32", "train bf16")  # --model smol's variants

@@ -102,7 +102,7 @@ def one_run(args: argparse.Namespace, procs: int, strategy: str) -> dict[str, fl
     import torch
 
     from conspo.config import RunConfig
-    from conspo.distributed.launch import launch_local
+    from conspo.launch.local import launch_local
     from conspo.models.store import ModelStore
 
     torch.set_num_threads(args.threads)

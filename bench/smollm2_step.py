@@ -92,14 +92,14 @@ class Phases:
 
         import conspo.generation.engines as engines
         import conspo.generation.rollout as rollout
-        import conspo.training.trainer as trainer
+        import conspo.training.update as update
         from conspo.generation.decode import DecodeLoop
 
         self.wrap(engines.NativeEngine, "sample", "sampler, other")
         self.wrap(rollout, "prefill", "prefill")
         self.wrap(DecodeLoop, "step", "decode")
         self.wrap(rollout, "_next_token", "next token")
-        self.wrap(trainer, "backward_chunk", "train fwd+bwd")
+        self.wrap(update, "backward", "train fwd+bwd")
         self.wrap(torch.optim.AdamW, "step", "optimiser")
 
 
@@ -133,9 +133,9 @@ def main() -> None:
 
     if args.before:
         import conspo.generation.forward as forward
-        import conspo.training.trainer as trainer
+        import conspo.training.update as update
 
-        trainer.length_buckets = lambda batch, group_size: [torch.arange(len(batch.lengths))]
+        update.length_buckets = lambda batch, group_size: [torch.arange(len(batch.lengths))]
         forward.MIN_SHARED_PREFIX = 10**9
 
     if args.threads:

@@ -80,7 +80,7 @@ def same_config(path: Path, cfg: RunConfig) -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from conspo.distributed.launch import launch_local
+    from conspo.launch import launch
     from conspo.models.store import ModelStore
 
     overrides = {"steps": args.steps} if args.steps else {}
@@ -104,15 +104,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     truncate_metrics(out / "metrics.jsonl", start)
     sink = ProgressSink(out / "metrics.jsonl", cfg.steps, start)
     try:
-        # resources.gpus > 1: that many processes of this machine (conspo.distributed.collectives);
-        # one process trains any job kind (conspo.jobs.train_job dispatches on config.kind).
-        result = launch_local(
-            cfg,
-            sink,
-            workdir=out,
-            nprocs=cfg.resources.gpus,
-            model_store=ModelStore(args.model_store),
-        )
+        # One process, or resources.gpus processes of this machine (conspo.launch); a multi-node
+        # config needs a Ray cluster, which the platform's workers have and this command not.
+        result = launch(cfg, sink, workdir=out, model_store=ModelStore(args.model_store))
     except (FileNotFoundError, DatasetTooLarge) as exc:  # model.name or a dataset (conspo.access)
         sink.bar.close()
         print(exc, file=sys.stderr)

@@ -1,9 +1,16 @@
-"""Evaluation as the paper reports it: benchmark files scored with avg@k and pass@k, and the best
-checkpoint kept.
+"""Evaluation, all of it: the held-out split's greedy accuracy and pass@k, benchmark files scored
+with avg@k and pass@k as the paper reports them, and the best checkpoint kept.
+
+    metrics = evaluate(model, tokenizer, task, examples, max_new_tokens=16, pass_k=4,
+                       temperature=1.0, generator=g, engine=engine)
+
+Every sample is drawn by the run's generation engine (``conspo.generation.batch.Engine``) and
+verified by the task; ``sampled_pass_at_k`` is the one place k samples per problem are drawn,
+verified and turned into pass@k (the held-out split's and every benchmark's).
 
 For each benchmark of ``eval.benchmarks`` every problem gets k samples at eval.temperature and
 eval.top_p; ``eval/<name>/avg@k`` is the mean correctness over all samples and problems, and
-``eval/<name>/pass@k`` the mean unbiased pass@k (``conspo.generation.rollout.pass_at_k``), with the
+``eval/<name>/pass@k`` the mean unbiased pass@k (``pass_at_k``), with the
 actual k in the key (eval/math500/avg@16). Answers are verified as in the math task.
 
 ``eval.best_metric`` (one of the keys an evaluation logs: the config refuses any other): after an
@@ -30,11 +37,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from conspo import metrics as M
 from conspo.access import DataFiles
 from conspo.config import BenchmarkConfig
-from conspo.generation.engines import Engine
-from conspo.generation.rollout import generate_and_verify, pass_at_k
+from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
+from conspo.generation.engines import NativeEngine
+from conspo.generation.rollout import decode_responses, encode_prompts, end_token_ids
 from conspo.objectives.base import positive_mask
 from conspo.tasks.answers import verify_math
-from conspo.tasks.base import Example
+from conspo.tasks.base import Example, Task
 from conspo.tasks.datasets import load_problems
 
 BEST_DIR = "best"
@@ -78,6 +86,116 @@ class MathVerifier:
         return verify_math(completion, example)
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021): 1 - C(n-c,k)/C(n,k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def generate_and_verify(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    engine: Engine | None = None,
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """Sample one response per example with ``engine`` (default: the native sampler); returns
+    the rollouts and their (N,) rewards on CPU."""
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
+    request = SampleRequest(
+        max_new_tokens=max_new_tokens,
+        eos_id=end_token_ids(tokenizer, model),
+        pad_id=tokenizer.pad_token_id,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+    )
+    batch = (engine or NativeEngine()).sample(model, ids, mask, request)
+    texts = decode_responses(tokenizer, batch)
+    rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
+    return batch, rewards
+
+
+def sampled_pass_at_k(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    k: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    engine: Engine | None = None,
+) -> tuple[torch.Tensor, float]:
+    """(the (N·k,) rewards of k samples of each example, the mean unbiased pass@k over the
+    examples): each problem counts as solved by its positive samples (``positive_mask``)."""
+    repeated = [ex for ex in examples for _ in range(k)]
+    _, rewards = generate_and_verify(
+        model,
+        tokenizer,
+        task,
+        repeated,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        engine=engine,
+    )
+    per_problem = positive_mask(rewards.view(len(examples), k)).sum(-1).tolist()
+    passes = [pass_at_k(k, int(c), k) for c in per_problem]
+    return rewards, sum(passes) / len(passes)
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    *,
+    max_new_tokens: int,
+    pass_k: int,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    engine: Engine | None = None,
+) -> dict[str, float]:
+    """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
+    ``top_p``) on the held-out ``examples``."""
+    if not examples:
+        return {M.EVAL_ACCURACY: float("nan"), M.EVAL_PASS_AT_K: float("nan")}
+    _, greedy = generate_and_verify(
+        model,
+        tokenizer,
+        task,
+        examples,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        engine=engine,
+    )
+    _, pass_k_value = sampled_pass_at_k(
+        model,
+        tokenizer,
+        task,
+        examples,
+        pass_k,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        engine=engine,
+    )
+    return {M.EVAL_ACCURACY: greedy.mean().item(), M.EVAL_PASS_AT_K: pass_k_value}
+
+
 def score_benchmark(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -87,28 +205,25 @@ def score_benchmark(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None,
-    verifier: object | None = None,
+    verifier: Task | None = None,
     engine: Engine | None = None,
 ) -> dict[str, float]:
     """{avg@k, pass@k} of ``benchmark``: k samples per problem, drawn by ``engine`` (default: the
     native sampler). ``verifier``: anything with a task's ``verify`` (default: math answers)."""
-    k = benchmark.k
-    repeated = [ex for ex in benchmark.examples for _ in range(k)]
-    _, correct = generate_and_verify(
+    correct, pass_value = sampled_pass_at_k(
         model,
         tokenizer,
         verifier or MathVerifier(),  # type: ignore[arg-type]
-        repeated,
+        benchmark.examples,
+        benchmark.k,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
         generator=generator,
         engine=engine,
     )
-    per_problem = positive_mask(correct.view(len(benchmark.examples), k)).sum(-1).tolist()
-    passes = [pass_at_k(k, int(c), k) for c in per_problem]
     avg_key, pass_key = benchmark.keys
-    return {avg_key: correct.mean().item(), pass_key: sum(passes) / len(passes)}
+    return {avg_key: correct.mean().item(), pass_key: pass_value}
 
 
 # --------------------------------------------------------------------------------------------

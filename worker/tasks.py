@@ -31,7 +31,6 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
@@ -52,11 +51,7 @@ from worker.retry import DatabaseUnavailable, Outage, is_transient, short
 from worker.shutdown import SHUTDOWN, Interrupt
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from conspo.config import RunConfig
-    from conspo.sink import Sink
-    from conspo.training.loop import TrainResult
+    from conspo.launch import RayCluster
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +255,7 @@ def train_attempt(
 ) -> Outcome:
     """Train the claimed run; how the attempt ended (nothing is recorded yet)."""
     from conspo.config import RunConfig
+    from conspo.launch import launch
     from worker.job_inputs import prepare
 
     sink = DbSink(db, run.id, run.attempt, outage=outage)
@@ -273,8 +269,9 @@ def train_attempt(
         workdir = settings.run_dir(run.id)
         workdir.mkdir(parents=True, exist_ok=True)
         # the job kind's train function (rl: conspo.training.trainer.train), on the prepared inputs
+        # and on the processes the config's resources ask for (conspo.launch)
         config, store = prepare(db, settings, config, workdir)
-        result = train_run(
+        result = launch(
             config,
             sink,
             lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
@@ -282,7 +279,7 @@ def train_attempt(
             model_store=store,
             files=run_inputs.data_files(settings),
             memory_limit=run_inputs.memory_limit(settings),
-            on_ray=on_ray(db, settings, run, outage) if config.resources.nodes > 1 else None,
+            ray=on_ray(db, settings, run, outage) if config.resources.nodes > 1 else None,
         )
     except RunGone as exc:
         log.warning("%s; stopping", exc)
@@ -305,11 +302,11 @@ def train_attempt(
     return _why_stopped(heartbeat, shutdown)
 
 
-def on_ray(db: Database, settings: Settings, run: Run, outage: Outage) -> Any:
-    """``train`` for a multi-node run: submitted to the Ray cluster at ``ray_address``
-    (``conspo.distributed.ray_train``), its Ray job recorded on the run. ``workdir`` must be on
+def on_ray(db: Database, settings: Settings, run: Run, outage: Outage) -> RayCluster:
+    """Where a multi-node run goes: the Ray cluster at ``ray_address``
+    (``conspo.launch.ray_cluster``), its Ray job recorded on the run. ``workdir`` must be on
     storage every Ray node shares; a later attempt resubmits and resumes from its checkpoint."""
-    from conspo.distributed.ray_train import train_on_ray
+    from conspo.launch import RayCluster
 
     def submitted(ray_job_id: str) -> None:
         def write() -> None:
@@ -318,40 +315,7 @@ def on_ray(db: Database, settings: Settings, run: Run, outage: Outage) -> Any:
 
         outage.call(f"run {run.id}: record the Ray job", write)
 
-    return partial(
-        train_on_ray,
-        address=settings.ray_address,
-        name=f"conspo-run-{run.id}-a{run.attempt}",
-        on_submitted=submitted,
-    )
-
-
-def train_run(
-    config: RunConfig,
-    sink: Sink,
-    should_stop: Callable[[], bool],
-    on_ray: Callable[..., Any] | None = None,
-    **where: Any,
-) -> TrainResult:
-    """Train ``config`` on the processes its ``resources`` ask for: one (``conspo.train``),
-    ``gpus`` on this machine (``conspo.distributed.launch.launch_local``: rank 0 in this process, so
-    ``sink`` and ``should_stop`` work as for one), or several machines (``nodes > 1``: a Ray
-    cluster, through ``on_ray``, the train function that ``on_ray()`` above builds).
-    ``where``: train's keyword arguments (workdir, model_store, files, memory_limit). Job kinds
-    other than rl train on one process (``RunConfig`` refuses more).
-    """
-    from conspo.distributed.launch import launch_local
-    from conspo.jobs import train_job
-
-    resources = config.resources
-    if resources.nodes > 1:
-        if on_ray is None:
-            raise RuntimeError(f"resources.nodes is {resources.nodes}: no Ray cluster to submit to")
-        result: TrainResult = on_ray(config, sink, should_stop, **where)
-        return result
-    if resources.gpus > 1:
-        return launch_local(config, sink, should_stop, nprocs=resources.gpus, **where)
-    return train_job(config, sink, should_stop, **where)
+    return RayCluster(settings.ray_address, f"conspo-run-{run.id}-a{run.attempt}", submitted)
 
 
 def _why_stopped(heartbeat: Heartbeat, shutdown: Interrupt) -> Outcome:

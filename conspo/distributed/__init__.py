@@ -1,2 +1,2 @@
-"""Distributed training: the collectives a rank calls (``collectives``), the process launcher
-(``launch``) and multi-node runs on Ray (``ray_train``)."""
+"""Distributed training: the collectives a rank calls (``collectives``). Starting the ranks (local
+processes, a Ray cluster) is ``conspo.launch``'s."""

@@ -1,6 +1,6 @@
 """Data-parallel training on ``torch.distributed``: who this process is, how a step's groups are
-shared between processes, the collectives the trainer needs. The local launcher is
-``conspo.distributed.launch``.
+shared between processes, the collectives the trainer needs. The ranks are started by
+``conspo.launch`` (local processes or Ray Train).
 
 ``conspo.training.trainer.train`` runs unchanged inside any initialized process group (the
 launcher's, or Ray Train's ``TorchTrainer``); without one, or with a world of 1, nothing here does

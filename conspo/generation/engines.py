@@ -1,8 +1,7 @@
 """Generation engines: what samples rollouts (``sampling.engine``), behind one interface.
 
     engine = make_engine(cfg.sampling, model_path, dtype)
-    batch = engine.sample(model, prompt_ids, prompt_mask, max_new_tokens=..., eos_id=...,
-                          pad_id=..., temperature=1.0, top_p=1.0, generator=g, group_size=G)
+    batch = engine.sample(model, prompt_ids, prompt_mask, SampleRequest(max_new_tokens=..., ...))
     ...                      # the optimiser updates the model
     engine.sync(model)       # once per step, after the update
 
@@ -22,47 +21,41 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from conspo.config import SamplingConfig
-from conspo.generation.rollout import RolloutBatch, finish_responses, sample
-
-
-class Engine(Protocol):
-    def sample(
-        self,
-        model: PreTrainedModel,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        eos_id: int | Sequence[int],
-        pad_id: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
-        group_size: int = 1,
-    ) -> RolloutBatch:
-        """One response per row of ``prompt_ids`` (N, P), left-padded; with ``group_size`` G > 1
-        rows come in runs of G copies of one prompt (``conspo.generation.rollout.sample``)."""
-        ...
-
-    def sync(self, model: PreTrainedModel) -> None:
-        """Make the engine sample from ``model``'s current weights (after an update)."""
-        ...
+from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
+from conspo.generation.rollout import finish_responses, sample
 
 
 class NativeEngine:
     """``conspo.generation.rollout.sample``: it reads the model's weights directly, so nothing to
     sync."""
 
-    def sample(self, model: PreTrainedModel, *args: Any, **kwargs: Any) -> RolloutBatch:
-        return sample(model, *args, **kwargs)
+    def sample(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+    ) -> RolloutBatch:
+        return sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=request.max_new_tokens,
+            eos_id=request.eos_id,
+            pad_id=request.pad_id,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            generator=request.generator,
+            group_size=request.group_size,
+        )
 
     def sync(self, model: PreTrainedModel) -> None:
         pass
@@ -85,41 +78,34 @@ class HfEngine:
         model: PreTrainedModel,
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        eos_id: int | Sequence[int],
-        pad_id: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
-        group_size: int = 1,
+        request: SampleRequest,
     ) -> RolloutBatch:
         # A fresh generation config, not the checkpoint's generation_config.json: its top_k,
         # repetition penalty or preset temperature would sample from another distribution than
         # the policy π_θ at `temperature` whose log-probs the objective uses.
-        greedy = temperature == 0
+        greedy = request.temperature == 0
         config = GenerationConfig(
             do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_p=None if greedy else top_p,
+            temperature=None if greedy else request.temperature,
+            top_p=None if greedy else request.top_p,
             top_k=None,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
+            max_new_tokens=request.max_new_tokens,
+            pad_token_id=request.pad_id,
+            eos_token_id=request.eos_id,
         )
         device = prompt_ids.device
         # generate draws from the global RNG; fork it so the draw is reproducible from the step's
         # seed and leaves the caller's random state untouched.
         devices = [device.index or torch.cuda.current_device()] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(_draw_seed(generator))
+            torch.manual_seed(_draw_seed(request.generator))
             # PreTrainedModel does not declare generate (GenerationMixin, or peft, provides it):
             # mypy resolves the name through nn.Module.__getattr__.
             out = model.generate(  # type: ignore[operator]
                 input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
             )
         response = out[:, prompt_ids.shape[1] :]  # (N, T'), pad_id after a row's EOS
-        return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
+        return finish_responses(prompt_ids, prompt_mask, response, request.eos_id, request.pad_id)
 
     def sync(self, model: PreTrainedModel) -> None:
         pass
@@ -166,14 +152,7 @@ class VllmEngine:
         model: PreTrainedModel,
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        eos_id: int | Sequence[int],
-        pad_id: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
-        group_size: int = 1,
+        request: SampleRequest,
     ) -> RolloutBatch:
         from vllm import SamplingParams
 
@@ -181,7 +160,7 @@ class VllmEngine:
         llm = self._engine()
         if self._stale:
             self._push_weights(model)
-        g = group_size if group_size > 1 and n % group_size == 0 else 1
+        g = request.group_size if request.group_size > 1 and n % request.group_size == 0 else 1
         # One request per prompt asking for its G samples; each request seeded from `generator`.
         requests = [
             {"prompt_token_ids": ids[mask.bool()].tolist()}
@@ -190,19 +169,19 @@ class VllmEngine:
         params = [
             SamplingParams(
                 n=g,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_new_tokens,
-                stop_token_ids=[eos_id] if isinstance(eos_id, int) else list(eos_id),
+                temperature=request.temperature,
+                top_p=request.top_p,
+                max_tokens=request.max_new_tokens,
+                stop_token_ids=request.stop_ids,
                 ignore_eos=False,
-                seed=_draw_seed(generator),
+                seed=_draw_seed(request.generator),
             )
             for _ in requests
         ]
         outputs = llm.generate(requests, sampling_params=params, use_tqdm=False)
         rows = [list(done.token_ids) for out in outputs for done in out.outputs]
-        response = _right_padded(rows, pad_id, prompt_ids.device)
-        return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
+        response = _right_padded(rows, request.pad_id, prompt_ids.device)
+        return finish_responses(prompt_ids, prompt_mask, response, request.eos_id, request.pad_id)
 
     def sync(self, model: PreTrainedModel) -> None:
         # Pushed by the next sample: a run that stops after this update never needs them.

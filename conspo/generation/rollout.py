@@ -1,4 +1,4 @@
-"""Rollouts: batched sampling with a KV cache, greedy evaluation and pass@k.
+"""Rollouts: batched sampling with a KV cache (the ``native`` engine).
 
 The sampling loop is written out instead of calling ``model.generate``, for two reasons:
 
@@ -16,54 +16,26 @@ The preallocated transformers cache (``static_cache``) and sparser stop checks
 there for accelerators, where host syncs and reallocation cost more.
 
 It is the ``native`` generation engine; ``conspo.generation.engines`` puts it beside ``generate``
-(``hf``) and vLLM behind one interface, and evaluation samples through whichever ``sampling.engine``
-names.
+(``hf``) and vLLM behind one interface (``conspo.generation.batch.Engine``), and evaluation
+(``conspo.evaluation``) samples through whichever ``sampling.engine`` names.
 
 Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens response positions.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo.generation.batch import RolloutBatch
 from conspo.generation.decode import DecodeLoop
 from conspo.generation.forward import extend, prefill
-from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K
-from conspo.tasks import Example, Task
-
-if TYPE_CHECKING:  # engines build on this module's sampler
-    from conspo.generation.engines import Engine
 
 # How often (tokens) the sampler asks whether finished rows should leave the decode batch: a
 # host sync, cheap on a CPU and a stall on a GPU, so not every token.
 COMPACT_CHECK_EVERY = 8
-
-
-@dataclass
-class RolloutBatch:
-    prompt_ids: torch.Tensor  # (N, P) left-padded with pad_id
-    prompt_mask: torch.Tensor  # (N, P) long, 1 on prompt tokens
-    response_ids: torch.Tensor  # (N, T') right-padded with pad_id, T' <= T
-    response_mask: torch.Tensor  # (N, T') float, 1 on response tokens incl. EOS, 0 on padding
-    lengths: torch.Tensor  # (N,) long, response tokens incl. EOS
-    truncated: torch.Tensor  # (N,) bool, hit max_new_tokens without EOS
-
-    def select(self, rows: torch.Tensor) -> RolloutBatch:
-        """The rollouts at ``rows`` ((N,) bool mask or index tensor on the batch's device)."""
-        return RolloutBatch(
-            self.prompt_ids[rows],
-            self.prompt_mask[rows],
-            self.response_ids[rows],
-            self.response_mask[rows],
-            self.lengths[rows],
-            self.truncated[rows],
-        )
 
 
 def end_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
@@ -229,94 +201,3 @@ def finish_responses(
 def decode_responses(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
     """Response text without EOS or padding."""
     return tokenizer.batch_decode(batch.response_ids.cpu().tolist(), skip_special_tokens=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Evaluation on the held-out split
-# --------------------------------------------------------------------------------------------
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al., 2021): 1 - C(n-c,k)/C(n,k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def generate_and_verify(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    examples: list[Example],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    engine: Engine | None = None,
-) -> tuple[RolloutBatch, torch.Tensor]:
-    """Sample one response per example with ``engine`` (default: ``sample``); returns the
-    rollouts and their (N,) rewards on CPU."""
-    device = next(model.parameters()).device
-    ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
-    sampler = sample if engine is None else engine.sample
-    batch = sampler(
-        model,
-        ids,
-        mask,
-        max_new_tokens=max_new_tokens,
-        eos_id=end_token_ids(tokenizer, model),
-        pad_id=tokenizer.pad_token_id,
-        temperature=temperature,
-        top_p=top_p,
-        generator=generator,
-    )
-    texts = decode_responses(tokenizer, batch)
-    rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
-    return batch, rewards
-
-
-def evaluate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    examples: list[Example],
-    *,
-    max_new_tokens: int,
-    pass_k: int,
-    temperature: float,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    engine: Engine | None = None,
-) -> dict[str, float]:
-    """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
-    ``top_p``)."""
-    if not examples:
-        return {EVAL_ACCURACY: float("nan"), EVAL_PASS_AT_K: float("nan")}
-    _, greedy = generate_and_verify(
-        model,
-        tokenizer,
-        task,
-        examples,
-        max_new_tokens=max_new_tokens,
-        temperature=0.0,
-        engine=engine,
-    )
-    repeated = [ex for ex in examples for _ in range(pass_k)]
-    _, sampled = generate_and_verify(
-        model,
-        tokenizer,
-        task,
-        repeated,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        generator=generator,
-        engine=engine,
-    )
-    correct = sampled.view(len(examples), pass_k).sum(-1).long().tolist()
-    pass_k_values = [pass_at_k(pass_k, c, pass_k) for c in correct]
-    return {
-        EVAL_ACCURACY: greedy.mean().item(),
-        EVAL_PASS_AT_K: sum(pass_k_values) / len(pass_k_values),
-    }

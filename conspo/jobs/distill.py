@@ -75,10 +75,10 @@ def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
-    from conspo.generation.forward import logprob_mode
     from conspo.models.loading import load_pretrained
+    from conspo.training.logprobs import logprob_mode
     from conspo.training.loop import optimiser_step, step_seed
-    from conspo.training.trainer import draw_rollouts
+    from conspo.training.rollouts import draw_rollouts
 
     cfg = state.cfg
     params = cfg.typed("kind_params", DistillParams)

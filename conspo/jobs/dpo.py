@@ -193,7 +193,8 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
     import copy
 
     from conspo.tasks.prompts import PromptRenderer
-    from conspo.training.loop import optimiser_step, sequence_logprobs, step_seed
+    from conspo.training.logprobs import sequence_logprobs
+    from conspo.training.loop import optimiser_step, step_seed
     from conspo.training.sft import answer_rows
 
     cfg = state.cfg

@@ -38,14 +38,15 @@ from conspo.distributed import collectives as distributed
 from conspo.evaluation import (
     Benchmark,
     best_so_far,
+    evaluate,
     improves,
     load_benchmarks,
     rendered,
     save_best,
     score_benchmark,
 )
-from conspo.generation.engines import Engine, make_engine
-from conspo.generation.rollout import evaluate
+from conspo.generation.batch import Engine
+from conspo.generation.engines import make_engine
 from conspo.models.loading import (
     device_memory,
     load_pretrained,
@@ -431,32 +432,9 @@ def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) 
 
 
 def optimiser_step(state: TrainState, loss: torch.Tensor) -> float:
-    """Backward ``loss`` (scaled under float16), clip at optim.max_grad_norm, step; returns the
-    gradient norm before clipping."""
-    precision = state.precision
+    """Backward ``loss`` and one optimiser step through the run's ``Precision`` (scaled under
+    float16, clipped at optim.max_grad_norm); returns the gradient norm before clipping."""
     state.optimizer.zero_grad(set_to_none=True)
-    if precision.scaler is not None:
-        precision.scaler.scale(loss).backward()
-        precision.scaler.unscale_(state.optimizer)
-    else:
-        loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(state.trainable, state.cfg.optim.max_grad_norm)
-    if precision.scaler is not None:
-        precision.scaler.step(state.optimizer)
-        precision.scaler.update()
-    else:
-        state.optimizer.step()
+    state.precision.backward(loss)
+    norm = state.precision.step(state.optimizer, state.trainable, state.cfg.optim.max_grad_norm)
     return float(norm)
-
-
-def sequence_logprobs(
-    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B,) summed log-probs of the labelled tokens of each row, and (B,) their count.
-
-    ``ids``/``mask``/``labels`` are (B, L) right-padded; labels are -100 where not scored."""
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-    targets = labels[:, 1:]
-    scored = targets != -100
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
-    return (logp * scored).sum(-1), scored.sum(-1)

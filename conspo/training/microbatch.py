@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from conspo.generation.rollout import RolloutBatch
+from conspo.generation.batch import RolloutBatch
 
 
 def micro_batches(batch: RolloutBatch, group_size: int, budget: int) -> list[torch.Tensor]:

@@ -1,5 +1,5 @@
 """A data-parallel run (``resources.gpus: 2``) through a real worker: on a CPU worker the two
-ranks are gloo processes, rank 0 the worker itself (``conspo.distributed.launch.launch_local``).
+ranks are gloo processes, rank 0 the worker itself (``conspo.launch.local.launch_local``).
 
 The worker is killed with SIGKILL alone (not its process group): rank 1 must die with it
 (``PR_SET_PDEATHSIG``) instead of waiting in a collective, and a new worker must resume the run
@@ -33,7 +33,7 @@ def rank_children(pid: int) -> set[int]:
         except OSError:
             continue
         ppid = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
-        if int(ppid) == pid and b"conspo.distributed.launch" in cmdline:
+        if int(ppid) == pid and b"conspo.launch.local" in cmdline:
             found.add(int(entry.name))
     return found
 

@@ -269,7 +269,7 @@ def test_a_shared_prefix_runs_once_and_the_logits_stay_the_models_own(build, mon
     ids, mask = prompts_with_a_shared_prefix(10)
     assert forward.shared_prefix_len(ids, mask) == 10
     widths = []
-    real_run = forward._run
+    real_run = forward.last_positions
     monkeypatch.setattr(
         forward, "_run", lambda m, lg, keep, **kw: widths.append(kw["input_ids"].shape) or
         real_run(m, lg, keep, **kw),

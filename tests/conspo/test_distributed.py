@@ -1,7 +1,7 @@
 """Data-parallel training (conspo.distributed.collectives) on 2 gloo processes against 1 process.
 
 The equivalence tests give both the same rollout batch (sampled from the same seed by every
-process) and compare one ``trainer.update``: 2 ranks, each differentiating half of the groups,
+process) and compare one ``update.update``: 2 ranks, each differentiating half of the groups,
 must give the 1-process loss, gradients, parameters and logged statistics. Every scenario runs
 in one spawn of the 2 ranks (a process start costs seconds here).
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import random
 import socket
 import tempfile
 from pathlib import Path
@@ -29,10 +30,10 @@ import torch.multiprocessing as mp
 from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
-from conspo.distributed import launch
+from conspo.launch import local as launch
 from conspo.models.store import ModelStore
 from conspo.sink import MemorySink
-from conspo.training import loop, trainer
+from conspo.training import loop, rollouts, trainer, update
 
 TASK = {"name": "arith", "params": {"digits": 1, "num_operands": 3}, "eval_size": 4}
 
@@ -82,12 +83,12 @@ def scenario_config(name: str) -> RunConfig:
 
 def one_update(name: str, store: ModelStore) -> dict[str, Any]:
     """Set up ``name``'s run, sample the step's whole batch as one process would, take one
-    ``trainer.update``; the stats, the last update's gradient and the weights after it."""
+    ``update.update``; the stats, the last update's gradient and the weights after it."""
     cfg = scenario_config(name)
     state = loop.setup(cfg, store)
-    prompts = state.task.train_prompts(trainer.random.Random(7), cfg.sampling.prompts_per_step)
-    r = trainer.sample_groups(state, prompts, seed=11)
-    stats, scores, updates = trainer.update(state, r, step=2, lr=cfg.optim.lr)
+    prompts = state.task.train_prompts(random.Random(7), cfg.sampling.prompts_per_step)
+    r = rollouts.sample_groups(state, prompts, seed=11)
+    stats, scores, updates = update.update(state, r, step=2, lr=cfg.optim.lr)
     # fsdp's are this rank's shards: the whole tensors (a collective).
     grads = torch.cat(
         [distributed.plain(p.grad).flatten() for p in state.trainable if p.grad is not None]
@@ -108,7 +109,7 @@ def refill(store: ModelStore) -> dict[str, Any]:
     """One step's rollouts under dynamic sampling (DAPO), as this rank ends up holding them."""
     cfg = scenario_config("dapo").model_copy(update={"params": {"overlong_buffer": 2}})
     state = loop.setup(cfg, store)
-    r = trainer.collect_rollouts(state, 1, distributed.agreed(lambda: False))
+    r = rollouts.collect_rollouts(state, 1, distributed.agreed(lambda: False))
     assert r is not None
     return {
         "responses": r.batch.response_ids.cpu(),

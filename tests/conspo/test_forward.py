@@ -10,15 +10,11 @@ import pytest
 import torch
 
 from conspo.config import ModelConfig
-from conspo.generation.forward import (
-    logprob_mode,
-    prefill,
-    prompt_positions,
-    shares_prompts,
-    token_logprobs,
-)
-from conspo.generation.rollout import RolloutBatch, sample
+from conspo.generation.batch import RolloutBatch
+from conspo.generation.forward import prefill, prompt_positions
+from conspo.generation.rollout import sample
 from conspo.models.loading import prepare_for_training
+from conspo.training.logprobs import logprob_mode, shares_prompts, token_logprobs
 
 
 def test_prefill_runs_each_prompt_once_and_repeats_it_per_rollout(policy, prompts):

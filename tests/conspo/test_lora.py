@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM
 from conspo import metrics as M
 from conspo.cli import main
 from conspo.config import RunConfig
-from conspo.generation.forward import token_logprobs
 from conspo.generation.rollout import sample
 from conspo.models.export import export_merged
 from conspo.models.loading import load_pretrained
 from conspo.sink import MemorySink
+from conspo.training.logprobs import token_logprobs
 from conspo.training.loop import setup
 from conspo.training.trainer import train, train_step
 from tests.conspo.test_resume import comparable

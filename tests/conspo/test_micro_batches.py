@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from conspo.config import RunConfig
-from conspo.generation.rollout import RolloutBatch
-from conspo.training import microbatch, trainer
+from conspo.generation.batch import RolloutBatch
+from conspo.training import microbatch
+from conspo.training import update as update_module
 from conspo.training.loop import setup
 from conspo.training.microbatch import length_buckets, micro_batches, trimmed
-from conspo.training.trainer import collect_rollouts, update
+from conspo.training.rollouts import collect_rollouts
+from conspo.training.update import update
 
 
 def config(algorithm: str, mini_batches: int, **model) -> RunConfig:
@@ -107,13 +109,13 @@ def test_the_first_mini_batch_reuses_the_frozen_old_logprobs(model_store, arith_
                                                              monkeypatch):  # fmt: skip
     """With mini-batches and micro-batches, π_old's pass is also the first mini-batch's."""
     calls = []
-    real = trainer.token_logprobs
+    real = update_module.token_logprobs
 
     def spy(*args, **kwargs):
         calls.append(torch.is_grad_enabled())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "token_logprobs", spy)
+    monkeypatch.setattr(update_module, "token_logprobs", spy)
     cfg = config("grpo", 2)
     grads, rollouts = step_gradients(cfg, model_store, budget=10_000_000)
     assert calls.count(False) == 1  # the budget holds everything: one no-grad pass, π_old
@@ -151,7 +153,7 @@ def test_length_buckets_give_the_single_forward_gradient(algorithm, model_store,
     gives the gradient of one forward over the whole padded mini-batch."""
     cfg = config(algorithm, 1)
     monkeypatch.setattr(
-        trainer, "length_buckets", lambda batch, g: [torch.arange(len(batch.lengths))]
+        update_module, "length_buckets", lambda batch, g: [torch.arange(len(batch.lengths))]
     )
     whole, rollouts = step_gradients(cfg, model_store)
     monkeypatch.undo()
@@ -159,13 +161,13 @@ def test_length_buckets_give_the_single_forward_gradient(algorithm, model_store,
     buckets = length_buckets(rollouts.batch, 4)
     assert len(buckets) > 1
     calls = []
-    real = trainer.token_logprobs
+    real = update_module.token_logprobs
 
     def spy(model, batch, *args, **kwargs):
         calls.append(batch.response_ids.shape)
         return real(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "token_logprobs", spy)
+    monkeypatch.setattr(update_module, "token_logprobs", spy)
     bucketed, _ = step_gradients(cfg, model_store, rollouts)
     assert len(calls) == len(buckets)  # one forward per bucket, no extra no-grad pass
     assert sum(rows for rows, _ in calls) == len(rollouts.group_ids)
@@ -173,7 +175,7 @@ def test_length_buckets_give_the_single_forward_gradient(algorithm, model_store,
     # A group cut in two pieces (each sharing its prompt across its rows), the rest whole.
     n = len(rollouts.group_ids)
     cut = [torch.tensor([0, 2]), torch.tensor([1, 3]), torch.arange(4, n)]
-    monkeypatch.setattr(trainer, "length_buckets", lambda batch, g: cut)
+    monkeypatch.setattr(update_module, "length_buckets", lambda batch, g: cut)
     calls.clear()
     split, _ = step_gradients(cfg, model_store, rollouts)
     assert len(calls) == 3

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from conspo import metrics as M
 from conspo.config import RunConfig
+from conspo.generation.rollout import encode_prompts
 from conspo.rewards import (
     InfoGainParams,
     RewardContext,
@@ -25,7 +26,7 @@ from conspo.rewards import (
 from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask, intermediate_results
 from conspo.tasks.base import Example
-from conspo.training import loop, trainer
+from conspo.training import loop, rollouts, trainer
 
 ARITH = ArithTask(ArithParams(num_operands=3, operators="+-*"))
 # "3*4+7=": intermediate results 12 then 19.
@@ -182,7 +183,7 @@ def test_sample_groups_gives_the_objective_the_shaped_sum(model_store, arith_bas
     })  # fmt: skip
     state = loop.setup(cfg, model_store)
     prompts = state.task.train_prompts(random.Random(0), 4)
-    r = trainer.sample_groups(state, prompts, seed=1)
+    r = rollouts.sample_groups(state, prompts, seed=1)
     parts = r.reward_parts
     assert set(parts) == {"verifier", "format", "length", "process"}
     weighted = sum(w * parts[n] for n, w in [("verifier", 1), ("format", 0.5),
@@ -271,10 +272,10 @@ def manual_mean_logprob(state, prompt: str, context: str, answer: str) -> float:
 def test_info_gain_is_the_answers_log_prob_gain_from_the_reasoning(arith_state):
     state = arith_state
     prompts = ["3+4=", "3+4=", "2+2=", "2+2="]
-    ids, mask = trainer.encode_prompts(state.tokenizer, prompts, state.device)
+    ids, mask = encode_prompts(state.tokenizer, prompts, state.device)
     completions = ["3+4 makes \\boxed{7}", "7", "2+2=4 so 4", "1+1=2 so 5"]
     examples = [Example(p, "") for p in prompts]
-    score = functools.partial(trainer.continuation_logprobs, state, ids, mask)
+    score = functools.partial(rollouts.continuation_logprobs, state, ids, mask)
     got = score([0, 2], ["3+4 makes \\boxed{", "2+2=4 so "], ["7", "4"])
     expected = [manual_mean_logprob(state, "3+4=", "3+4 makes \\boxed{", "7"),
                 manual_mean_logprob(state, "2+2=", "2+2=4 so ", "4")]  # fmt: skip

@@ -5,9 +5,10 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import TaskConfig
-from conspo.generation.forward import token_logprobs
-from conspo.generation.rollout import _next_token, evaluate, finish_responses, pass_at_k, sample
+from conspo.evaluation import evaluate, pass_at_k
+from conspo.generation.rollout import _next_token, finish_responses, sample
 from conspo.tasks import make_task
+from conspo.training.logprobs import token_logprobs
 
 EOS, PAD = 1, 0
 

@@ -7,12 +7,12 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import RunConfig, TaskConfig
-from conspo.generation.rollout import evaluate
+from conspo.evaluation import evaluate
 from conspo.models.loading import load_pretrained
 from conspo.objectives.base import clipped_ratio_scores, group_advantages
 from conspo.sink import MemorySink, prompt_key
 from conspo.tasks import make_task
-from conspo.training import loop, trainer
+from conspo.training import loop, rollouts, update
 from conspo.training.stats import separation_stats
 from conspo.training.trainer import train
 
@@ -177,8 +177,8 @@ def test_separation_statistics_use_the_objectives_tau_margin_and_clip(
         calls.append((args, kwargs))
         return separation_stats(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "clipped_ratio_scores", clipped_spy)
-    monkeypatch.setattr(trainer, "separation_stats", separation_spy)
+    monkeypatch.setattr(update, "clipped_ratio_scores", clipped_spy)
+    monkeypatch.setattr(update, "separation_stats", separation_spy)
     cfg = small_config(algorithm=algorithm, steps=4, params=params,
                        optim={"mini_batches": 2, "lr": 1e-3}, eval={"every": 0})  # fmt: skip
     sink = MemorySink()
@@ -203,15 +203,15 @@ QUIET = {"eval": {"every": 0, "at_start": False}, "checkpoint": {"every": 0}}
 
 def test_each_epoch_covers_every_group_once_in_a_fresh_order():
     cfg = small_config(optim={"epochs": 3, "mini_batches": 2})
-    plan = trainer.update_plan(cfg, 8, step=5)
+    plan = update.update_plan(cfg, 8, step=5)
     assert len(plan) == 6 and all(len(chunk) == 4 for chunk in plan)
     epochs = [torch.cat(plan[2 * e : 2 * e + 2]) for e in range(3)]
     assert epochs[0].tolist() == list(range(8))  # the first pass in sampled order
     assert all(sorted(e.tolist()) == list(range(8)) for e in epochs)
     assert len({tuple(e.tolist()) for e in epochs}) == 3  # reshuffled each later epoch
-    assert all((a == b).all() for a, b in zip(plan, trainer.update_plan(cfg, 8, 5), strict=True))
+    assert all((a == b).all() for a, b in zip(plan, update.update_plan(cfg, 8, 5), strict=True))
     one = small_config(optim={"epochs": 2})  # one mini-batch: the whole batch, twice
-    assert [c.tolist() for c in trainer.update_plan(one, 3, 1)] == [[0, 1, 2], [0, 1, 2]]
+    assert [c.tolist() for c in update.update_plan(one, 3, 1)] == [[0, 1, 2], [0, 1, 2]]
 
 
 def test_several_updates_per_rollout_batch_move_the_ratio_and_clip(model_store, arith_base,
@@ -267,10 +267,10 @@ def test_batch_scaled_advantages_divide_by_the_whole_rollout_batchs_std(model_st
     cfg = small_config(algorithm="grpo", params={"scale_rewards": "batch"},
                        optim={"mini_batches": 2})  # fmt: skip
     state = loop.setup(cfg, model_store)
-    r = trainer.collect_rollouts(state, 1, lambda: False)
+    r = rollouts.collect_rollouts(state, 1, lambda: False)
     rows = r.group_ids < 4  # the first mini-batch's groups
     logprobs = torch.zeros(int(rows.sum()), r.batch.response_ids.shape[1])
-    batch = trainer.policy_batch(state, r, rows, logprobs, None, None, 1)
+    batch = update.policy_batch(state, r, rows, logprobs, None, None, 1)
     whole_std = r.rewards.std(correction=0)
     assert not torch.isclose(r.rewards[rows].std(correction=0), whole_std)  # the test can tell
     adv = group_advantages(

@@ -1,9 +1,10 @@
-"""The local launcher: ``train`` on several processes of this machine.
+"""Local ranks: ``train`` on several processes of this machine (``conspo.launch.launch`` picks
+it for ``resources.gpus`` > 1).
 
     result = launch_local(config, sink, should_stop, workdir="out", nprocs=2)
 
 The launcher runs rank 0 in the calling process (the worker's sink, heartbeat and cancel keep
-working) and ranks 1..n-1 as ``python -m conspo.distributed.launch`` children that die with their
+working) and ranks 1..n-1 as ``python -m conspo.launch.local`` children that die with their
 parent (``PR_SET_PDEATHSIG``: the signal follows the *thread* that started them, so call it from a
 thread that lives as long as the run, e.g. the Celery task's); a child that fails fails the run
 with its own traceback. gloo notices a dead peer at once; NCCL may only at the collective
@@ -59,18 +60,17 @@ def launch_local(
     memory_limit: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> TrainResult:
-    """``train`` on ``nprocs`` processes of this machine: rank 0 here, the others children.
+    """``train`` on ``nprocs`` (≥ 2) processes of this machine: rank 0 here, the others children.
 
     gloo on the CPU, NCCL with one CUDA device per rank when the config trains on CUDA. The
     group is destroyed and every child reaped before this returns or raises; a child's failure
     (its exit code and traceback) becomes this call's ``RankFailed``.
     """
-    from conspo.jobs import train_job
     from conspo.training.trainer import train
 
     where: dict[str, Any] = {"workdir": workdir, "model_store": model_store, "files": files}
-    if nprocs == 1:  # one process trains any job kind; more train rl only (RunConfig refuses)
-        return train_job(config, sink, should_stop, memory_limit=memory_limit, **where)
+    if nprocs < 2:
+        raise ValueError(f"launch_local: nprocs is {nprocs}; one process trains without it")
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("launch_local: this process is already in a process group")
     cuda = _on_cuda(config, nprocs)
@@ -144,10 +144,10 @@ def _reap(children: list[subprocess.Popen[bytes]], scratch: Path) -> None:
 
 def _spawn(rank_: int, scratch: Path) -> subprocess.Popen[bytes]:
     """Rank ``rank_`` as a child that dies with this process (``PR_SET_PDEATHSIG``)."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, "-m", "conspo.distributed.launch", str(scratch), str(rank_)],
+        [sys.executable, "-m", "conspo.launch.local", str(scratch), str(rank_)],
         env=env,
         preexec_fn=_die_with_parent,
         stdin=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
-"""Multi-node runs on a Ray cluster: ``train_on_ray`` has ``conspo.training.trainer.train``'s
-signature.
+"""Multi-node runs on a Ray cluster (``conspo.launch.launch`` picks it for ``resources.nodes`` >
+1): ``train_on_ray`` has ``conspo.training.trainer.train``'s signature.
 
-    from conspo.distributed.ray_train import train_on_ray
+    from conspo.launch.ray_cluster import train_on_ray
     result = train_on_ray(config, sink, should_stop, workdir="/shared/runs/7",
                           address="ray://head:10001", name="conspo-run-7-a1")
 

@@ -1,0 +1,473 @@
+"""The update of one RL step: optimiser steps on mini-batches of whole groups, the objective's
+gradient in micro-batches, and the statistics the step logs.
+
+    stats, scores, taken = update(state, rollouts, step, lr)
+
+``update_plan`` orders the step's mini-batches (``optim.epochs`` × ``optim.mini_batches``);
+``optimise_chunk`` runs one of them (backward, gradient sync, clip, step); ``backward`` is the
+one routine that puts a mini-batch's gradient in the trainable parameters, in one process and
+in a process group alike: it is handed the rows this rank computes, runs the model on those
+only, and either differentiates the loss through one forward's graph or takes the two-pass
+route (no-grad log-probs, ∂loss/∂log-probs, then one forward per micro-batch). π_old, the
+reference policy and the objective's input (``policy_batch``) are built here too.
+
+Shapes: N rollouts of the step, B of a mini-batch, b of this rank's share, T response positions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from conspo import metrics as M
+from conspo.config import RunConfig
+from conspo.distributed import collectives as distributed
+from conspo.generation.batch import RolloutBatch
+from conspo.objectives.base import (
+    ObjectiveOutput,
+    PolicyBatch,
+    SeparationView,
+    clipped_ratio_scores,
+    k3_kl,
+    positive_mask,
+    sequence_scores,
+)
+from conspo.training.logprobs import logprob_mode, token_logprobs
+from conspo.training.loop import TrainState, step_seed
+from conspo.training.microbatch import length_buckets, micro_batches, trimmed
+from conspo.training.rollouts import Rollouts
+from conspo.training.stats import offpolicy_stats, separation_stats
+
+
+def update(
+    state: TrainState, r: Rollouts, step: int, lr: float
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """Optimiser steps at ``lr`` on mini-batches of whole groups, ``optim.epochs`` passes over
+    the rollout batch; returns (stats, (N,) scores s_θ, optimiser steps taken).
+
+    Loss-side stats (loss, grad_norm, ...) are averaged over updates (the off-policy ratio's
+    extremes are the extremes over updates); the §4 separation statistics are computed once on
+    the whole rollout batch, so group counts add up and one mini-batch without a valid group
+    cannot turn the step's curves into NaN.
+    """
+    cfg, device = state.cfg, state.device
+    logprob_mode(state.model)
+    plan = update_plan(cfg, len(r.group_ids) // cfg.sampling.group_size, step)
+    before_update = None
+    if len(plan) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
+        before_update = whole_no_grad_logprobs(state, r)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    view = state.params.separation_view(step / cfg.steps)
+    per_update: list[dict[str, torch.Tensor]] = []
+    scores = torch.empty(len(r.group_ids), device=device)
+    clipped = torch.empty(len(r.group_ids), device=device)
+    taken = 0
+    for i, chunk in enumerate(plan):
+        rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
+        # The first mini-batch's π_θ is still π_old: its no-grad pass is already done.
+        known = None
+        if before_update is not None and i == 0:
+            known = before_update[0][rows], before_update[1][rows]
+        old_logprobs = None if before_update is None else before_update[0][rows]
+        # Behaviour scores are π_old's in every epoch; clipped-ratio scores end as the last's.
+        stats, scores[rows], clipped[rows], stepped = optimise_chunk(
+            state, r, rows, old_logprobs, step, view, known
+        )
+        per_update.append(stats)
+        taken += stepped
+    # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
+    sep = separation_stats(
+        scores,
+        r.correct.to(device),
+        r.group_ids.to(device),
+        r.batch.lengths.to(device),
+        margin=view.margin,
+        tau=view.tau,
+        clipped_scores=clipped,
+    )
+    truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
+    return {**combined(per_update), **sep, **truncated}, scores, taken
+
+
+def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:
+    """The group indices of each update of a step, in order: ``optim.epochs`` passes, each
+    split into ``optim.mini_batches`` of whole groups. The first pass takes the groups in sampled
+    order (the prompts are already a random draw); each later one reshuffles them from
+    (seed, step, epoch)."""
+    plan: list[torch.Tensor] = []
+    for epoch in range(cfg.optim.epochs):
+        order = torch.arange(n_groups)
+        if epoch > 0 and cfg.optim.mini_batches > 1:
+            generator = torch.Generator().manual_seed(step_seed(cfg.seed, step, f"mb{epoch}"))
+            order = torch.randperm(n_groups, generator=generator)
+        plan += [c for c in order.tensor_split(cfg.optim.mini_batches) if len(c)]
+    return plan
+
+
+# How one step's per-update statistics combine: the mean, except the ratio's extremes and the
+# split entropies (NaN for an update without correct, or without wrong, rollouts).
+COMBINE = {
+    M.OFFPOLICY_RATIO_MAX: torch.amax,
+    M.OFFPOLICY_RATIO_MIN: torch.amin,
+    M.ENTROPY_POS: torch.nanmean,
+    M.ENTROPY_NEG: torch.nanmean,
+}
+
+
+def combined(per_update: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One value per key over the step's updates (``COMBINE``, else the mean)."""
+    return {
+        k: COMBINE.get(k, torch.mean)(torch.stack([s[k] for s in per_update]))
+        for k in per_update[0]
+    }
+
+
+def optimise_chunk(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    step: int,
+    view: SeparationView,
+    known: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, bool]:
+    """Score, objective, backward, clip, step on the rollouts in ``rows`` (N,) bool.
+
+    ``known``: their (log-probs, entropy) under the current π_θ when already computed.
+    Returns (loss-side and off-policy stats, behaviour-policy scores s_θ, clipped-ratio scores of
+    §1 at ``view.clip_eps``, whether an optimiser step was taken), the scores (B,) for the B
+    rollouts of ``rows``.
+    """
+    state.optimizer.zero_grad(set_to_none=True)
+    batch, entropy, out = backward(state, r, rows, old_logprobs, step, known)
+    # Each rank holds its rows' share: summed (fsdp: into each rank's shard).
+    if distributed.is_sharded(state.model):
+        distributed.sync_sharded_gradients(state.model, partial(zero_backward, state, r))
+    else:
+        distributed.reduce_gradients(state.trainable)
+    stepped = has_gradient(state.trainable)
+    if stepped:
+        grad_norm = distributed.plain(
+            state.precision.step(state.optimizer, state.trainable, state.cfg.optim.max_grad_norm)
+        )
+    else:  # AdamW would still move the weights (momentum, decay) on a zero gradient
+        grad_norm = torch.zeros((), device=state.device)
+    distributed.gather_parameters(state.model)  # fsdp: the updated weights, for what follows
+    logprobs, mask = batch.logprobs.detach(), batch.mask
+    # Scores of the policy that sampled (π_old): before this chunk's update.
+    behaviour = logprobs if batch.old_logprobs is None else batch.old_logprobs
+    scores = sequence_scores(behaviour, mask)
+    # π_θ here may already have moved (earlier mini-batches), which is what grpo/clip_gap shows.
+    clipped = clipped_ratio_scores(logprobs, batch.old_logprobs, mask, batch.outcome, view.clip_eps)
+    stats = {
+        **out.stats,
+        **offpolicy_stats(
+            logprobs, batch.old_logprobs, mask, clip_low=view.clip_low, clip_high=view.clip_eps
+        ),
+        M.LOSS: out.loss.detach(),
+        M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
+        **entropy_by_outcome(entropy, mask, batch.outcome),
+        M.GRAD_NORM: grad_norm.detach(),
+    }
+    ref = batch.ref_logprobs
+    if ref is not None and M.KL not in stats:
+        stats[M.KL] = (k3_kl(logprobs, ref, mask) * mask).sum() / mask.sum().clamp(min=1)
+    return {k: v.float() for k, v in stats.items()}, scores, clipped, stepped
+
+
+def entropy_by_outcome(
+    entropy: torch.Tensor, mask: torch.Tensor, outcome: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Token-mean entropy (B, T) over the correct and over the wrong rollouts ((B,) verified
+    outcome); NaN for a side without a token, so the step's value averages the updates with one."""
+    pos = positive_mask(outcome)[:, None]
+    out = {}
+    for key, rows in ((M.ENTROPY_POS, pos), (M.ENTROPY_NEG, ~pos)):
+        tokens = mask * rows
+        out[key] = (entropy * tokens).sum() / tokens.sum()  # 0/0 = NaN: no such rollout
+    return out
+
+
+def has_gradient(params: list[torch.nn.Parameter]) -> bool:
+    """Whether any trainable parameter got a non-zero gradient: an objective without signal (no
+    valid group, zero advantages, no KL term) gives exactly 0. One host sync per update (fsdp:
+    the max over every rank's shards, so all ranks agree)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return bool(grads) and bool(
+        distributed.plain(torch.nn.utils.get_total_norm(grads, math.inf)) > 0
+    )
+
+
+def zero_backward(state: TrainState, r: Rollouts) -> None:
+    """A one-token forward of the whole model and a backward of 0 × its logits: a gradient of
+    exactly zero that every rank runs once per update, for fsdp's reduce-scatter (``distributed.
+    sync_sharded_gradients``) to fire in lockstep whatever each rank's own backwards were. It must
+    call the model itself: FSDP's hooks are on its forward, which ``token_logprobs`` bypasses
+    (decoder and head apart), so the backwards before only accumulated gradients."""
+    token = r.batch.prompt_ids[:1, -1:]  # (1, 1)
+    with state.precision.autocast():
+        logits = state.model(input_ids=token, use_cache=False).logits
+    state.precision.backward(logits.float().sum() * 0.0)
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """Which rows of a mini-batch this process runs the model on, and how their results become
+    the whole mini-batch's: in one process every row, as computed; in a process group this
+    rank's own groups, gathered from every rank (``distributed.gather_rows``) so that the
+    objective sees the whole mini-batch on each."""
+
+    mine: torch.Tensor  # (N,) bool: the rows of the step's batch this process computes
+    owners: torch.Tensor | None  # (B,) the rank computing each mini-batch row; None: this one
+    own_in_batch: torch.Tensor | None  # (B,) bool: which mini-batch rows are this rank's
+
+    @classmethod
+    def of(cls, r: Rollouts, rows: torch.Tensor) -> RankRows:
+        if not distributed.active():
+            return cls(rows, None, None)
+        mine = rows & distributed.owned(r.group_ids).to(rows.device)
+        return cls(mine, distributed.owner(r.group_ids[rows.cpu()]), mine[rows])
+
+    @property
+    def sharded(self) -> bool:
+        return self.owners is not None
+
+    def gather(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """(b, T) tensors of this rank's rows → the (B, T) tensors of the whole mini-batch."""
+        return tensors if self.owners is None else distributed.gather_rows(self.owners, tensors)
+
+    def own(self, values: torch.Tensor) -> torch.Tensor:
+        """(B, T) values of the whole mini-batch → (b, T) those of this rank's rows, in order."""
+        return values if self.own_in_batch is None else values[self.own_in_batch]
+
+
+def backward(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    step: int,
+    known: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
+    """The objective on the rollouts in ``rows`` and its gradient in the trainable parameters'
+    ``.grad``; returns (the objective's input, its (B, T) entropy, the objective's output).
+    ``known``: the rows' (log-probs, entropy) under the current π_θ when already computed.
+
+    The model runs on this process's rows only (``RankRows``); the objective always on the
+    whole mini-batch. Within ``optim.micro_batch_tokens`` one forward (in length buckets) keeps
+    its graph. In one process the loss is differentiated through it directly. Otherwise the
+    gradient comes in two passes, exactly the same: the objective is not a sum over rows (group
+    normalisation, ConSPO's in-group InfoNCE, the token mean over the mini-batch), but it is a
+    function of the (B, T) log-probs alone, so (a) the log-probs are computed (no grad, per
+    micro-batch; or taken from the graph, or ``known``), (b) the objective's gradient in them,
+    g = ∂loss/∂logprobs, comes from a backward through the objective only, and (c) each of this
+    rank's micro-batches backpropagates Σ logprobs_mb · g_mb, whose gradients add up to the
+    mini-batch's by the chain rule; in a process group the ranks' gradients then sum to the
+    one-process gradient whatever the objective normalises by.
+    """
+    cfg, g = state.cfg, state.cfg.sampling.group_size
+    share = RankRows.of(r, rows)
+    sub = r.batch.select(share.mine)
+    pieces = micro_batches(sub, g, cfg.optim.micro_batch_tokens) if bool(share.mine.any()) else []
+    ref = None
+    if state.params.beta > 0:
+        own_ref = reference_logprobs(state, sub, pieces) if pieces else empty_rows(state, sub)
+        assert own_ref is not None
+        (ref,) = share.gather([own_ref])
+    graph: torch.Tensor | None = None  # one forward with grad: its graph is kept for backward
+    # Log-probs already known spare a process group nothing (its loss needs the gathered values
+    # either way), so it reuses them; one process still runs its one forward with grad.
+    if len(pieces) == 1 and (known is None or not share.sharded):
+        with state.precision.autocast():
+            graph, own_entropy = bucketed_logprobs(state, sub, length_buckets(sub, g), g)
+        values, entropy = share.gather([graph.detach(), own_entropy.detach()])
+    elif known is not None:
+        values, entropy = known
+    else:
+        own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
+        values, entropy = share.gather(list(own))
+    if graph is not None and not share.sharded:
+        batch = policy_batch(state, r, rows, graph, old_logprobs, ref, step, entropy)
+        out = state.objective(batch, state.params)
+        state.precision.backward(out.loss)
+        return batch, entropy, out
+    leaf = values.detach().requires_grad_()
+    batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step, entropy)
+    out = state.objective(batch, state.params)
+    (dloss,) = torch.autograd.grad(out.loss, leaf, allow_unused=True)
+    if dloss is None:  # the loss does not depend on the log-probs: no gradient anywhere
+        return batch, entropy, out
+    own_dloss = share.own(dloss)
+    if graph is not None:
+        state.precision.backward((graph * own_dloss[:, : graph.shape[1]]).sum())
+    else:
+        backward_pieces(state, sub, pieces, g, own_dloss)
+    return batch, entropy, out
+
+
+def bucketed_logprobs(
+    state: TrainState, batch: RolloutBatch, buckets: list[torch.Tensor], g: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) log-probs (with grad) and entropy (no grad) of ``batch`` under π_θ, one forward
+    per length bucket (``length_buckets``: whole groups or one group's rows, each run only as
+    long as its longest answer), every bucket's graph kept for the one backward: the same
+    values and gradient as a single forward over the whole batch, without its padding. 0 past a
+    bucket's longest answer."""
+    temperature = state.cfg.sampling.temperature
+    if len(buckets) == 1:
+        logprobs, entropy = token_logprobs(state.model, batch, temperature, True, g)
+        assert entropy is not None
+        return logprobs, entropy
+    n, t = batch.response_ids.shape
+    parts: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    for idx in buckets:
+        piece = trimmed(batch.select(idx.to(batch.response_ids.device)))
+        logprobs, entropy = token_logprobs(
+            state.model, piece, temperature, True, piece_group_size(idx, g)
+        )
+        assert entropy is not None
+        parts.append(F.pad(logprobs.float(), (0, t - logprobs.shape[1])))
+        entropies.append(F.pad(entropy.float(), (0, t - entropy.shape[1])))
+    order = torch.cat(buckets)
+    where = torch.empty_like(order)
+    where[order] = torch.arange(n)  # row i of the batch is row where[i] of the buckets' rows
+    where = where.to(state.device)
+    return torch.cat(parts)[where], torch.cat(entropies)[where]
+
+
+def backward_pieces(
+    state: TrainState, sub: RolloutBatch, pieces: list[torch.Tensor], g: int, dloss: torch.Tensor
+) -> None:
+    """The second pass: each micro-batch's log-probs again, with grad, backpropagated weighted
+    by ∂loss/∂log-prob (``dloss``, one row per row of ``sub``) — the exact gradient of the
+    objective on the whole mini-batch, one micro-batch's activations at a time."""
+    for idx in pieces:
+        piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
+        with state.precision.autocast():
+            logprobs, _ = token_logprobs(
+                state.model,
+                piece,
+                state.cfg.sampling.temperature,
+                group_size=piece_group_size(idx, g),
+            )
+        weights = dloss[idx.to(dloss.device), : logprobs.shape[1]]
+        state.precision.backward((logprobs * weights).sum())
+
+
+def empty_rows(state: TrainState, batch: RolloutBatch) -> torch.Tensor:
+    """(0, T): what a rank without rows in a mini-batch contributes to a gathered tensor."""
+    return torch.zeros(0, batch.response_ids.shape[1], device=state.device)
+
+
+def whole_no_grad_logprobs(state: TrainState, r: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
+    """``no_grad_logprobs`` of the whole rollout batch; in a process group each rank computes
+    its own groups' and they are gathered."""
+    if not distributed.active():
+        return no_grad_logprobs(state, r.batch)
+    mine = distributed.owned(r.group_ids).to(r.batch.response_ids.device)
+    sub = r.batch.select(mine)
+    own = no_grad_logprobs(state, sub) if bool(mine.any()) else (empty_rows(state, sub),) * 2
+    values, entropy = distributed.gather_rows(distributed.owner(r.group_ids), list(own))
+    return values, entropy
+
+
+def no_grad_logprobs(
+    state: TrainState, batch: RolloutBatch, pieces: list[torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) log-probs and entropy of every row under the current π_θ, without grad, one
+    micro-batch (``pieces``, default by optim.micro_batch_tokens) at a time."""
+    temperature = state.cfg.sampling.temperature
+
+    def run(piece: RolloutBatch, size: int) -> list[torch.Tensor]:
+        logprobs, entropy = token_logprobs(state.model, piece, temperature, True, size)
+        assert entropy is not None
+        return [logprobs, entropy]
+
+    logprobs, entropy = per_micro_batch(state, batch, pieces, run)
+    return logprobs, entropy
+
+
+def reference_logprobs(
+    state: TrainState, batch: RolloutBatch, pieces: list[torch.Tensor]
+) -> torch.Tensor | None:
+    """(N, T) log π_ref (no grad), or None without a reference (β = 0). With LoRA π_ref is the
+    base model: the policy with its adapters disabled."""
+    if state.params.beta <= 0:
+        return None
+    temperature = state.cfg.sampling.temperature
+
+    def run(piece: RolloutBatch, size: int) -> list[torch.Tensor]:
+        if state.ref_model is not None:
+            return [token_logprobs(state.ref_model, piece, temperature, group_size=size)[0]]
+        with state.model.disable_adapter():  # type: ignore[operator]  # a peft model
+            return [token_logprobs(state.model, piece, temperature, group_size=size)[0]]
+
+    (logprobs,) = per_micro_batch(state, batch, pieces, run)
+    return logprobs
+
+
+def per_micro_batch(
+    state: TrainState,
+    batch: RolloutBatch,
+    pieces: list[torch.Tensor] | None,
+    run: Callable[[RolloutBatch, int], list[torch.Tensor]],
+) -> list[torch.Tensor]:
+    """The (k, t) results of ``run(micro-batch, its group size)`` on each micro-batch, without
+    grad, assembled into (N, T) float32 (0 past a micro-batch's t: ``trimmed``)."""
+    g = state.cfg.sampling.group_size
+    if pieces is None:
+        pieces = micro_batches(batch, g, state.cfg.optim.micro_batch_tokens)
+    n, t = batch.response_ids.shape
+    results: list[torch.Tensor] = []
+    with torch.no_grad(), state.precision.autocast():
+        for idx in pieces:
+            rows = idx.to(batch.response_ids.device)
+            parts = run(trimmed(batch.select(rows)), piece_group_size(idx, g))
+            if not results:
+                results = [torch.zeros(n, t, device=state.device) for _ in parts]
+            for full, part in zip(results, parts, strict=True):
+                full[rows, : part.shape[1]] = part.float()
+    return results
+
+
+def piece_group_size(idx: torch.Tensor, g: int) -> int:
+    """The prompt-sharing group size of a micro-batch: G for whole groups; a piece of one group
+    shares its prompt across all its rows (token_logprobs checks either claim)."""
+    return len(idx) if len(idx) < g else g
+
+
+def policy_batch(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    step: int,
+    entropy: torch.Tensor | None = None,
+) -> PolicyBatch:
+    """The objective's input for the rollouts in ``rows`` (N,) bool, whose π_θ log-probs are
+    ``logprobs`` (B, T) (with grad) and per-token entropy ``entropy`` (B, T) (no grad)."""
+    cfg, device = state.cfg, state.device
+    rows_cpu = rows.cpu()
+    return PolicyBatch(
+        logprobs=logprobs,
+        mask=r.batch.response_mask[rows],
+        rewards=r.rewards[rows_cpu].to(device),
+        group_ids=r.group_ids[rows_cpu].to(device),
+        progress=step / cfg.steps,
+        max_response_len=cfg.sampling.max_new_tokens,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        batch_reward_std=r.reward_std,  # the whole rollout batch's, not this mini-batch's
+        whole=None if bool(rows_cpu.all()) else r.whole,
+        correct=r.correct[rows_cpu].to(device),
+        entropy=entropy,
+    )
