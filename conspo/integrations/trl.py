@@ -29,6 +29,13 @@ splits it into ``steps_per_generation`` micro-batches. So:
 - ``_prepare_inputs`` shuffles *groups* (``shuffle_groups``: a permutation of the groups, rows
   of a group kept together and in order) where TRL shuffles rows, then splits as TRL does.
 
+Batch normalisers. What an objective normalises over the whole rollout batch (REINFORCE++'s
+whitening, ``PolicyBatch.whole``; ``scale_rewards="batch"``'s std, ``batch_reward_std``) spans the
+whole generation batch of every process, as in ``conspo.training.trainer``: its rewards are TRL's
+(gathered over processes), its group ids global, its lengths gathered the same way, captured once
+per generation batch and handed to each of its micro-batches (``WHOLE``), not recomputed per
+micro-batch and process.
+
 Positives (who is correct) are the verified outcome, never a shaped reward: with
 ``verifier=None`` the weighted sum of the reward functions must be binary (0/1, checked on
 every batch: a clear error otherwise); with ``verifier="name"`` that reward function's raw value
@@ -73,6 +80,7 @@ from conspo.objectives.base import (
     ObjectiveParams,
     PolicyBatch,
     SeparationView,
+    WholeBatch,
     clipped_ratio_scores,
     sequence_scores,
 )
@@ -94,6 +102,9 @@ REWARDS, OUTCOME, GROUP_IDS, REWARD_STD = (
     "conspo_group_ids",
     "conspo_reward_std",
 )
+# The whole generation batch of every process (a ``WholeBatch``, not a column: every micro-batch
+# of the generation batch gets the same one, attached after TRL's split).
+WHOLE = "conspo_whole"
 
 
 def shuffle_groups(batch: Mapping[str, Any], group_size: int) -> dict[str, Any]:
@@ -254,6 +265,14 @@ class ConSPOTrainer(GRPOTrainer):
         output[OUTCOME] = outcome[rows]
         output[GROUP_IDS] = torch.div(rows, g, rounding_mode="floor")  # global: whole groups
         output[REWARD_STD] = rewards.std(correction=0)  # scale_rewards="batch": the whole batch's
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        # REINFORCE++ whitens over every rollout of the step: every process's, gathered in the
+        # order TRL gathered the rewards (process by process, each its contiguous slice).
+        lengths = self.accelerator.gather(mask.sum(-1))  # (N_global,)
+        every = torch.arange(len(rewards), device=rewards.device)
+        output[WHOLE] = WholeBatch(rewards, torch.div(every, g, rounding_mode="floor"), lengths)
         return output
 
     def _prepare_inputs(self, generation_batch):
@@ -266,9 +285,10 @@ class ConSPOTrainer(GRPOTrainer):
             or self._buffered_inputs is None
         ):
             batch = self._generate_and_score_completions(generation_batch)
+            whole = batch.pop(WHOLE, None)  # not a column: TRL's split would slice it
             batch = shuffle_groups(split_pixel_values_by_grid(batch), self.num_generations)
             self._buffered_inputs = [
-                unsplit_pixel_values_by_grid(cast(Any, b))
+                unsplit_pixel_values_by_grid(cast(Any, b)) | {WHOLE: whole}
                 for b in split_tensor_dict(batch, per_generation)
             ]
             self._pending_rollouts = []
@@ -279,10 +299,17 @@ class ConSPOTrainer(GRPOTrainer):
     def policy_batch(
         self, inputs: Mapping[str, Any], logprobs: torch.Tensor, entropy: torch.Tensor | None
     ) -> PolicyBatch:
-        """The objective's input for one TRL micro-batch; ``logprobs`` (B, T) with grad."""
+        """The objective's input for one TRL micro-batch; ``logprobs`` (B, T) with grad.
+
+        Its batch-level normalisers are those of the whole generation batch of every process:
+        ``batch_reward_std`` and ``whole`` (None when this micro-batch is all of it, as in
+        ``conspo.training.trainer.policy_batch``: its rows are a subset of the whole's)."""
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
+        whole: WholeBatch | None = inputs.get(WHOLE)
+        if whole is not None and len(whole.rewards) == len(mask):
+            whole = None
         return PolicyBatch(
             logprobs=logprobs,
             mask=mask.to(logprobs.dtype),
@@ -293,6 +320,7 @@ class ConSPOTrainer(GRPOTrainer):
             old_logprobs=inputs.get("old_per_token_logps"),
             ref_logprobs=inputs.get("ref_per_token_logps"),
             batch_reward_std=float(inputs[REWARD_STD]),
+            whole=whole,
             correct=inputs[OUTCOME],
             entropy=entropy,
         )

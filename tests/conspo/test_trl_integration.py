@@ -12,6 +12,10 @@ atol 1e-6 (max over parameters), statistics rtol 1e-5 / atol 1e-6.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from typing import Any, cast
 
 import pytest
 import torch
@@ -21,7 +25,14 @@ from trl import GRPOConfig
 from conspo import metrics as M
 from conspo.integrations.trl import GROUP_IDS, ConSPOTrainer, shuffle_groups
 from conspo.models.tiny import build_char_tokenizer, build_tiny_model
-from conspo.objectives.base import PolicyBatch, clipped_ratio_scores, sequence_scores
+from conspo.objectives.base import (
+    PolicyBatch,
+    clipped_ratio_scores,
+    clipped_surrogate,
+    group_advantages,
+    sequence_scores,
+)
+from conspo.objectives.reinforce_pp import reinforce_pp_advantages
 from conspo.registry import get_objective
 from conspo.training.stats import separation_stats
 
@@ -176,6 +187,96 @@ def test_groups_stay_whole_through_the_shuffle_and_split(tmp_path):
     assert shuffled["names"] == ["abcdefghijkl"[i] for i in shuffled["x"].tolist()]
 
 
+WHOLE_BATCH_CASES = [
+    ("reinforce_pp", {}),
+    ("reinforce_pp", {"baseline": "group_mean"}),
+    ("grpo", {"scale_rewards": "batch"}),
+]
+
+
+def check_whole_batch_normalisers(trainer: ConSPOTrainer, prompts: list[str]) -> None:
+    """Train-mode ``compute_loss`` on each micro-batch of one generation batch of this process's
+    ``prompts``; assert that every micro-batch's advantages and loss are those of the objective's
+    batch normaliser on the whole generation batch at once (every process's rollouts)."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    seen: list[PolicyBatch] = []
+    objective = trainer.objective_fn
+    trainer.objective_fn = lambda batch, p: seen.append(batch) or objective(batch, p)
+    torch.manual_seed(0)
+    rows = [{"prompt": p} for p in prompts for _ in range(G)]  # TRL's order: G rows per prompt
+    losses = []
+    for step in range(trainer._per_generation):
+        trainer._step = step
+        losses.append(trainer.compute_loss(trainer.model, trainer._prepare_inputs(rows)).detach())
+
+    # Every rollout of every process once; sorted by group id, that is TRL's row order.
+    acc, width = trainer.accelerator, trainer.max_completion_length
+    masks = [torch.nn.functional.pad(b.mask, (0, width - b.mask.shape[1])) for b in seen]
+    local = {
+        "rewards": torch.cat([b.rewards for b in seen]),
+        "groups": torch.cat([b.group_ids for b in seen]),
+        "mask": torch.cat(masks),
+    }
+    every = {k: acc.gather(v) for k, v in local.items()}
+    order = torch.sort(every["groups"], stable=True).indices
+    groups, rewards = every["groups"][order], every["rewards"][order]
+    assert groups.tolist() == (torch.arange(len(groups)) // G).tolist()
+    assert rewards.std() > 0, "the batch needs mixed rewards"
+    assert len(groups) == len(rows) * acc.num_processes > len(seen[0].rewards)
+    algorithm = trainer.algorithm
+    p = cast(Any, trainer.objective_params)
+    if algorithm == "reinforce_pp":  # the whole batch at once (whole=None: this is all of it)
+        at_once = reinforce_pp_advantages(
+            rewards, groups, every["mask"][order], p.baseline, p.normalize
+        )
+    else:
+        at_once = group_advantages(rewards, groups, "batch")
+    expected = torch.empty_like(at_once)
+    expected[order] = at_once  # back in the gathered micro-batches' order
+    start = acc.process_index * len(local["rewards"])  # this process's rows of the gather
+    for batch, loss in zip(seen, losses, strict=True):
+        n = len(batch.rewards)
+        adv = expected[start : start + n]
+        start += n
+        if algorithm == "reinforce_pp":  # what the objective whitened this micro-batch with
+            got = reinforce_pp_advantages(
+                batch.rewards, batch.group_ids, batch.mask, p.baseline, p.normalize, batch.whole
+            )
+            want, _ = clipped_surrogate(batch, adv, p.clip_low, p.clip_high, p.loss_agg)
+        else:  # one pass: ρ = 1, so GRPO's loss is −mean_i Â_i
+            got = group_advantages(
+                batch.rewards, batch.group_ids, "batch", batch_std=batch.batch_reward_std
+            )
+            want = -adv.mean()
+        torch.testing.assert_close(got, adv, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("algorithm", "params"), WHOLE_BATCH_CASES)
+def test_batch_normalisers_span_the_whole_generation_batch(tmp_path, algorithm, params):
+    """A generation batch of 4 groups in 2 micro-batches: REINFORCE++ whitens (GRPO's
+    scale_rewards=batch divides) over all 16 rollouts, as the objective on the whole batch at
+    once does, not over each micro-batch's 8 (issue 32)."""
+    trainer = make_trainer(
+        tmp_path, algorithm, params, per_device_train_batch_size=2 * G, steps_per_generation=2
+    )
+    check_whole_batch_normalisers(trainer, PROMPTS)
+
+
+@pytest.mark.slow
+def test_two_processes_normalise_over_both_processes_rollouts():
+    """The same with two processes (torchrun, gloo), each 4 groups in 2 micro-batches: the
+    normalisers span all 8 groups of both processes (this file's __main__ is the worker)."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [*launch, "2", __file__], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("whole batch of 2 processes") == len(WHOLE_BATCH_CASES)
+
+
 def test_refusals_name_what_to_change(tmp_path):
     with pytest.raises(ValueError, match="multiple of num_generations"):
         make_trainer(tmp_path, per_device_train_batch_size=6, steps_per_generation=2)
@@ -185,3 +286,19 @@ def test_refusals_name_what_to_change(tmp_path):
         make_trainer(tmp_path, params={"beta": 0.1})
     with pytest.raises(ValueError, match="top_entropy_quantile"):
         make_trainer(tmp_path, top_entropy_quantile=0.5)
+
+
+if __name__ == "__main__":  # a worker of test_two_processes_normalise_over_both_processes_rollouts
+    import tempfile
+
+    more = [*PROMPTS, "5+5=", "3-1=", "20+2=", "8-6="]
+    for name, options in WHOLE_BATCH_CASES:
+        with tempfile.TemporaryDirectory() as out:
+            trl = make_trainer(
+                out, name, options, per_device_train_batch_size=2 * G, steps_per_generation=2
+            )
+            world, rank = trl.accelerator.num_processes, trl.accelerator.process_index
+            mine = more[rank * len(more) // world : (rank + 1) * len(more) // world]
+            check_whole_batch_normalisers(trl, mine)
+            if trl.accelerator.is_main_process:
+                print(f"{name} {options}: whole batch of {world} processes", flush=True)
