@@ -24,9 +24,7 @@ from backend.config import Settings
 from backend.models import Run
 from backend.run_rows import run_label
 from backend.storage.runs import finished_worker_runs
-from conspo.models.lineage import Which, checkpoint_for, describe, is_adapter
-
-TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")  # conspo.training.checkpoint.TRAINING_FILES
+from conspo.models.lineage import TRAINING_FILES, Which, checkpoint_for, describe, is_adapter
 
 
 def lineage(session: Session, run: Run) -> list[dict[str, Any]]:

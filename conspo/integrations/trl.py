@@ -303,7 +303,7 @@ class ConSPOTrainer(GRPOTrainer):
 
         Its batch-level normalisers are those of the whole generation batch of every process:
         ``batch_reward_std`` and ``whole`` (None when this micro-batch is all of it, as in
-        ``conspo.training.trainer.policy_batch``: its rows are a subset of the whole's)."""
+        ``conspo.training.update.policy_batch``: its rows are a subset of the whole's)."""
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from conspo.models.lineage import ADAPTER_CONFIG
-from conspo.training.checkpoint import TRAINING_FILES
+from conspo.models.lineage import ADAPTER_CONFIG, TRAINING_FILES
 
 
 def recorded_base(checkpoint_dir: str | Path) -> str:

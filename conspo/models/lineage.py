@@ -21,6 +21,8 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 BEST_DIR = "best"  # conspo.evaluation.BEST_DIR
 COMPLETE_MARKER = "trainer_state.pt"  # written last by conspo.training.checkpoint.save_checkpoint
 ADAPTER_CONFIG = "adapter_config.json"
+# What a checkpoint holds for resuming only: left out of an exported model.
+TRAINING_FILES = ("optimizer.pt", COMPLETE_MARKER)
 
 Which = Literal["best", "last"] | int
 

@@ -120,7 +120,8 @@ def prepare_for_training(
         # switch is process-wide: a training process trains one model.
         torch.backends.cuda.enable_cudnn_sdp(False)
     # model.config.use_cache is left as it is (it is saved with checkpoints and read by
-    # generate): every forward of conspo.generation.forward says whether it wants a KV cache.
+    # generate): every forward (conspo.generation.forward, conspo.training.logprobs) says
+    # whether it wants a KV cache.
     if cfg.gradient_checkpointing:
         # Non-reentrant: it needs no input that requires grad (a frozen LoRA base has none).
         model.activation_checkpointing_enable(

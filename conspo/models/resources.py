@@ -28,7 +28,7 @@ Loc = tuple[str, ...]
 MAX_CONFIG_JSON_BYTES = 2**20
 FLOAT32 = 4
 INT64 = 8
-# Float32 logits the training forward holds at once (conspo.generation.forward.token_logprobs
+# Float32 logits the training forward holds at once (conspo.training.logprobs.token_logprobs
 # applies the LM head to this many bytes' worth of positions at a time): 256 MiB, 441 positions of a
 # 151,936 vocabulary.
 LOGIT_CHUNK_BYTES = 2**28
@@ -170,7 +170,7 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it), the
     process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
     and attention score matrices (SDPA kernels do not keep them; a CPU's short training forwards
-    run eager attention, which keeps up to ``conspo.generation.forward.EAGER_ATTENTION_BYTES``). So
+    run eager attention, which keeps up to ``conspo.training.logprobs.EAGER_ATTENTION_BYTES``). So
     it is near, and mostly below, the real peak of a step whose answers all run to
     ``max_new_tokens``: a config refused by it does not fit. A step of shorter answers peaks lower
     (the gradient pass runs on length buckets, ``conspo.training.microbatch.length_buckets``).

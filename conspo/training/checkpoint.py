@@ -26,8 +26,6 @@ from conspo.distributed import collectives as distributed
 from conspo.models.lineage import step_checkpoints
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# What a checkpoint holds for resuming only: left out of an exported model.
-TRAINING_FILES = ("optimizer.pt", "trainer_state.pt")
 
 
 def checkpoint_dir(workdir: str | Path) -> Path:
