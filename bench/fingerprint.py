@@ -25,12 +25,15 @@ import torch
 
 from conspo.config import RunConfig
 from conspo.jobs import train_job
+from conspo.models.store import ModelStore
 
 try:
     from conspo.launch.local import launch_local
+    from conspo.models.builtins import builtin_store
 except ImportError:  # the code before conspo.launch (a fingerprint of an older tree)
     from conspo.distributed.launch import launch_local  # type: ignore[no-redef]
-from conspo.models.store import ModelStore
+
+    builtin_store = ModelStore  # type: ignore[assignment,misc]
 from conspo.sink import MemorySink
 
 BASE: dict[str, Any] = {
@@ -134,7 +137,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated config names")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    store = ModelStore(tempfile.mkdtemp(prefix="fingerprint-store-"))
+    store = builtin_store(tempfile.mkdtemp(prefix="fingerprint-store-"))
     names = args.only.split(",") if args.only else list(CONFIGS)
     result = {}
     for name in names:

@@ -75,10 +75,10 @@ def base_config(smoke: bool, steps: int | None) -> dict[str, Any]:
 
 def materialise_model() -> None:
     """Build smollm2-135m-instruct into the model store once, before the runs start."""
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
 
     started = time.perf_counter()
-    path = ModelStore().resolve("smollm2-135m-instruct")
+    path = builtin_store().resolve("smollm2-135m-instruct")
     print(f"model store: {path} ({time.perf_counter() - started:.0f} s)", flush=True)
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conspo import metrics as M  # noqa: E402
 from conspo.config import RunConfig  # noqa: E402
-from conspo.models.store import ModelStore  # noqa: E402
+from conspo.models.builtins import builtin_store  # noqa: E402
 from conspo.objectives.base import ObjectiveParams  # noqa: E402
 from conspo.objectives.grpo import GRPOParams  # noqa: E402
 from conspo.registry import get_objective  # noqa: E402
@@ -103,7 +103,7 @@ def measure(
     """Per step: the cosines (and GRPO's clip fraction) at its first update and, with several
     updates, at its last one; steps whose mini-batch has no group with both outcomes are left out
     (every group-relative gradient is 0 there)."""
-    state = setup(cfg, ModelStore())
+    state = setup(cfg, builtin_store())
     arms = objectives(conspo_params)
     g = cfg.sampling.group_size
     torch.manual_seed(cfg.seed)

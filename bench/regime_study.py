@@ -80,7 +80,7 @@ def train_one(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from conspo import metrics as M
     from conspo.config import RunConfig
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
     from conspo.sink import MemorySink
     from conspo.training.trainer import train
 
@@ -89,7 +89,7 @@ def train_one(cfg: dict[str, Any]) -> dict[str, Any]:
     sink = MemorySink()
     wall, cpu = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as workdir:
-        train(config, sink, workdir=workdir, model_store=ModelStore())
+        train(config, sink, workdir=workdir, model_store=builtin_store())
     last = sink.steps[config.steps].metrics
     clip = [s.metrics.get(M.CLIP_FRAC) for s in sink.steps.values() if M.CLIP_FRAC in s.metrics]
     return {

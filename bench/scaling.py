@@ -103,7 +103,7 @@ def one_run(args: argparse.Namespace, procs: int, strategy: str) -> dict[str, fl
 
     from conspo.config import RunConfig
     from conspo.launch.local import launch_local
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
 
     torch.set_num_threads(args.threads)
     cfg = RunConfig.model_validate(
@@ -124,7 +124,7 @@ def one_run(args: argparse.Namespace, procs: int, strategy: str) -> dict[str, fl
     )
     sink = TimingSink()
     with tempfile.TemporaryDirectory() as workdir:
-        launch_local(cfg, sink, workdir=workdir, nprocs=procs, model_store=ModelStore())
+        launch_local(cfg, sink, workdir=workdir, nprocs=procs, model_store=builtin_store())
     timed = sink.steps[args.warmup :]
     cpu_before = sink.steps[args.warmup - 1]["cpu"] if args.warmup else timed[0]["cpu"]
     n = len(timed) if args.warmup else len(timed) - 1

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from conspo import metrics as M  # noqa: E402
 from conspo.config import RunConfig  # noqa: E402
-from conspo.models.store import ModelStore  # noqa: E402
+from conspo.models.builtins import builtin_store  # noqa: E402
 from conspo.sink import MemorySink, StepRecord  # noqa: E402
 from conspo.training.trainer import train  # noqa: E402
 
@@ -140,7 +140,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    store = ModelStore()
+    store = builtin_store()
     store.resolve("smollm2-135m-instruct")
     print(
         f"torch threads {torch.get_num_threads()}, shape {args.prompts}x{args.group}x{args.tokens}"

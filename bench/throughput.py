@@ -166,7 +166,7 @@ def step_times(
 def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     from conspo import metrics as M
     from conspo.config import RunConfig
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
     from conspo.sink import MemorySink
     from conspo.training.trainer import train
 
@@ -207,7 +207,7 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     })  # fmt: skip
     sink = TimedSink()
     with tempfile.TemporaryDirectory() as workdir:
-        train(cfg, sink, workdir=workdir, model_store=ModelStore())
+        train(cfg, sink, workdir=workdir, model_store=builtin_store())
     walls, cpus = step_times(sink.marks, args.warmup, args.steps)
     lengths = []
     for s in range(args.warmup + 1, args.warmup + args.steps + 1):
@@ -229,11 +229,11 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from conspo.config import PromptConfig, TaskConfig
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
     from conspo.tasks import make_task
     from conspo.tasks.prompts import PromptRenderer, with_prompts
 
-    path = ModelStore().resolve(model) if shape.tiny or shape.real else model
+    path = builtin_store().resolve(model) if shape.tiny or shape.real else model
     task = make_task(TaskConfig.model_validate(shape.task))
     if shape.real:  # the same rendered chat prompts conspo's trainer samples from
         chat = PromptConfig.model_validate({"chat_template": "on"})

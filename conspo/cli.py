@@ -81,7 +81,7 @@ def same_config(path: Path, cfg: RunConfig) -> bool:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from conspo.launch import launch
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
 
     overrides = {"steps": args.steps} if args.steps else {}
     try:
@@ -106,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         # One process, or resources.gpus processes of this machine (conspo.launch); a multi-node
         # config needs a Ray cluster, which the platform's workers have and this command not.
-        result = launch(cfg, sink, workdir=out, model_store=ModelStore(args.model_store))
+        result = launch(cfg, sink, workdir=out, model_store=builtin_store(args.model_store))
     except (FileNotFoundError, DatasetTooLarge) as exc:  # model.name or a dataset (conspo.access)
         sink.bar.close()
         print(exc, file=sys.stderr)
@@ -117,7 +117,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
     from conspo.training.sft import sft
 
     try:
@@ -125,7 +125,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(config_errors(exc), file=sys.stderr)
         return 2
-    base = ModelStore(args.model_store).resolve(args.base)
+    base = builtin_store(args.model_store).resolve(args.base)
     out = sft(base, [task], args.out, steps=args.steps)
     print(f"saved {out}")
     return 0

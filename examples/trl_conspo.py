@@ -29,7 +29,7 @@ from trl import GRPOConfig
 
 from conspo.config import TaskConfig
 from conspo.integrations.trl import ConSPOTrainer  # <- ConSPO
-from conspo.models.store import ModelStore
+from conspo.models.builtins import builtin_store
 from conspo.tasks import Example, make_task
 from conspo_lab.trl_bridge import ConSPOLabCallback
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         ]
 
-    path = ModelStore(args.model_store).resolve(args.model)
+    path = builtin_store(args.model_store).resolve(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from conspo.config import TaskConfig
-from conspo.models.store import ModelStore
+from conspo.models.builtins import builtin_store
 from conspo.tasks import Example, make_task
 from conspo_lab.trl_bridge import ConSPOLabCallback
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         ]
 
-    path = ModelStore(args.model_store).resolve(args.model)
+    path = builtin_store(args.model_store).resolve(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -40,7 +40,7 @@ START_MODEL = "start_model"
 def prepare(
     db: Database, settings: Settings, config: RunConfig, workdir: Path
 ) -> tuple[RunConfig, ModelStore]:
-    from conspo.models.store import ModelStore
+    from conspo.models.builtins import builtin_store
 
     sources = run_inputs.model_sources(settings)
     if config.model.from_run is not None:
@@ -51,7 +51,7 @@ def prepare(
         assert sources.roots is not None
         sources = ModelSources((*sources.roots, start.parent), sources.hub_allow)
     prepare_inputs(config, workdir, partial(_stored_texts, db))
-    return config, ModelStore(settings.model_store, sources)
+    return config, builtin_store(settings.model_store, sources)
 
 
 def _stored_texts(db: Database, run_id: int) -> list[tuple[str, str, float | None]]:

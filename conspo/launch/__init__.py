@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conspo.sink import Sink
 
@@ -53,7 +53,7 @@ def launch(
     """Train ``config`` to ``config.steps`` on one process, local ranks or a Ray cluster (see the
     module), resuming from ``workdir``'s latest checkpoint. The keyword arguments are
     ``conspo.training.trainer.train``'s, plus ``ray`` for ``resources.nodes`` > 1."""
-    where = {
+    where: dict[str, Any] = {
         "workdir": workdir,
         "model_store": model_store,
         "files": files,

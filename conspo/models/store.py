@@ -1,11 +1,11 @@
 """The model store: where policies come from, the built-ins built once into a local directory.
 
-The `tiny` family is built by conspo/models/tiny.py, `tiny-chat` by conspo/models/tiny_chat.py.
-The warm-started ones (`tiny-arith`, ...) are `tiny` after a short SFT warm start on a task
-(conspo/training/sft.py), so RL starts from a policy that is right part of the time. What each
-built-in name is and its recipe are in conspo/models/catalog.py.
+The store knows how to keep a built model, not how to make one: its ``builder`` is handed in,
+and the library's is ``conspo.models.builtins.build_builtin`` (the recipes: `tiny`, `tiny-chat`,
+SmolLM2 from its package, and the warm-started ones, which train), so that this room imports
+nothing of training. What each built-in name is lives in conspo/models/catalog.py.
 
-    store = ModelStore()                      # $CONSPO_MODEL_STORE or ~/.cache/conspo/models
+    store = builtin_store()                   # $CONSPO_MODEL_STORE or ~/.cache/conspo/models
     path = store.resolve("tiny-arith")        # built once, then reused by every run
 
 Other names load from a local directory or the hub; a store made with
@@ -26,17 +26,21 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from conspo.access import ModelSources
-from conspo.config import ModelConfig, TaskConfig
+from conspo.access import ModelSources, Unavailable
+from conspo.config import ModelConfig
 from conspo.models.catalog import BUILTIN_MODELS
 from conspo.models.loading import load_pretrained, pick_device
-from conspo.models.tiny import save_tiny
 
 # Bumped whenever what the store builds changes (architecture, tokenizer, SFT recipe): a store
 # directory built under another version is rebuilt on its next resolve(). 2: Qwen2, byte-level
 # character tokenizer, SFT lr 1e-3 (1: Qwen3, WordLevel tokenizer, SFT lr 5e-3).
 STORE_VERSION = 2
 MARKER = "BUILT_BY_CONSPO"
+
+
+# builder(name, resolve) -> build(out): how to write the built-in ``name`` into the directory
+# ``out``; ``resolve(base)`` is the path of another built-in it starts from (built first).
+Builder = Callable[[str, Callable[[str], Path]], Callable[[Path], object]]
 
 
 class ModelStore:
@@ -46,11 +50,19 @@ class ModelStore:
     so two worker processes resolving the same name never build it twice or see half a model.
     """
 
-    def __init__(self, root: str | Path | None = None, sources: ModelSources | None = None) -> None:
-        """``sources``: where other models may load from (default: any directory, any hub id)."""
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        sources: ModelSources | None = None,
+        builder: Builder | None = None,
+    ) -> None:
+        """``sources``: where other models may load from (default: any directory, any hub id);
+        ``builder``: the built-ins' recipes (``conspo.models.builtins.build_builtin``; None: a
+        store that refuses built-in names)."""
         root = root or os.environ.get("CONSPO_MODEL_STORE") or "~/.cache/conspo/models"
         self.root = Path(root).expanduser()
         self.sources = sources or ModelSources()
+        self.builder = builder
 
     def builtin_names(self) -> list[str]:
         return list(BUILTIN_MODELS)
@@ -66,29 +78,14 @@ class ModelStore:
         return source.path or name  # a hub id: from_pretrained decides whether it is cached
 
     def _builtin(self, name: str) -> Path:
-        entry = BUILTIN_MODELS[name]
-        if entry.family == "smollm2":
-            from conspo.models.smollm2 import save_smollm2
+        if self.builder is None:
+            raise Unavailable(
+                f"model.name {name!r} is a built-in model, and this model store has no builder"
+                " for built-ins (conspo.models.builtins.builtin_store makes one that has)"
+            )
+        return self._build_once(name, self.builder(name, self._builtin))
 
-            return self._build_once(name, save_smollm2)
-        if entry.family == "tiny-chat":
-            return self._builtin_chat(name)
-        if entry.base is None:
-            return self._build_once(name, lambda out: save_tiny(out))
-        base = self._builtin(entry.base)
-        tasks = [TaskConfig.model_validate(t) for t in entry.warm_start]
-        return self._build_once(name, lambda out: _warm_start(base, tasks, entry.sft_steps, out))
-
-    def _builtin_chat(self, name: str) -> Path:
-        from conspo.models.tiny_chat import save_tiny_chat, warm_start_chat
-
-        entry = BUILTIN_MODELS[name]
-        if entry.base is None:
-            return self._build_once(name, lambda out: save_tiny_chat(out))
-        base = self._builtin(entry.base)
-        return self._build_once(name, lambda out: warm_start_chat(base, out, steps=entry.sft_steps))
-
-    def _build_once(self, name: str, build: Callable[[Path], None]) -> Path:
+    def _build_once(self, name: str, build: Callable[[Path], object]) -> Path:
         final = self.root / name
         if _is_current(final):
             return final
@@ -130,17 +127,11 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _warm_start(base: Path, tasks: list[TaskConfig], steps: int, out: Path) -> None:
-    from conspo.training.sft import sft
-
-    sft(base, tasks, out, steps=steps)
-
-
 def load_policy(
     cfg: ModelConfig, store: ModelStore | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.device, torch.dtype]:
     """Resolve ``cfg.name`` through the store and load it on the auto-selected device."""
-    store = store or ModelStore()
+    store = store or ModelStore()  # local directories and hub ids; hand a builder for built-ins
     device, dtype = pick_device(cfg)
     model, tokenizer = load_pretrained(store.resolve(cfg.name), device, dtype)
     return model, tokenizer, device, dtype

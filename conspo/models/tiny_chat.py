@@ -12,8 +12,6 @@ SFT warm start on the easy word problems, answering "\\boxed{n}" in the chat for
 from __future__ import annotations
 
 import json
-import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import Qwen2ForCausalLM, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-from conspo.config import PROMPT_TEMPLATES, PromptConfig, TaskConfig
+from conspo.config import PROMPT_TEMPLATES, PromptConfig
 from conspo.models.catalog import (
     CHAT_CONFIG,
     CHAT_MAX_POSITIONS,
@@ -33,7 +31,7 @@ from conspo.models.catalog import (
     IM_START,
 )
 from conspo.models.tiny import build_tiny_model
-from conspo.tasks.math_fixtures import easy_problems, fixture_sets
+from conspo.tasks.math_fixtures import fixture_sets
 from conspo.templates import render
 
 # The warm start: the prompt format tiny-chat-math is trained on (and expects in RL).
@@ -92,24 +90,3 @@ def save_tiny_chat(out: Path, seed: int = 0) -> None:
     tokenizer = build_chat_tokenizer()
     build_chat_model(tokenizer, seed).save_pretrained(out)
     tokenizer.save_pretrained(out)
-
-
-def warm_start_chat(base: Path, out: Path, *, steps: int, seed: int = 0) -> None:
-    """Warm-start ``base`` on the easy word problems' training split
-    (``conspo.training.sft.warm_start``): prompt rendered with ``WARM_START_PROMPT``, target
-    "\\boxed{answer}" then <|im_end|>; 32 problems a step, lr 2e-3."""
-    from conspo.tasks import make_task
-    from conspo.tasks.prompts import PromptRenderer
-    from conspo.training.sft import Pairs, warm_start
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "easy.jsonl"
-        path.write_text("".join(json.dumps(row) + "\n" for row in easy_problems()))
-        task = make_task(TaskConfig(name="math", params={"path": str(path)}))
-
-    def draw(rng: random.Random, tokenizer: Any) -> Pairs:
-        render = PromptRenderer(WARM_START_PROMPT, tokenizer)
-        drawn = task.train_prompts(rng, 32)
-        return [(render(ex.prompt), f"\\boxed{{{ex.answer}}}") for ex in drawn]
-
-    warm_start(base, out, draw, steps=steps, lr=2e-3, warmup=steps // 10, seed=seed)

@@ -47,6 +47,7 @@ from conspo.evaluation import (
 )
 from conspo.generation.batch import Engine
 from conspo.generation.engines import make_engine
+from conspo.models.builtins import builtin_store
 from conspo.models.loading import (
     device_memory,
     load_pretrained,
@@ -131,7 +132,7 @@ def run_loop(
         sink = NullSink()
     should_stop = distributed.agreed(should_stop)
     files = files or DataFiles()
-    store = model_store or ModelStore()
+    store = model_store or builtin_store()
     state = setup(config, store, files, memory_limit)
     step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
     last_step = resume(state, workdir, sink)

@@ -1,7 +1,7 @@
 """The RLVR step: prompts → rollouts → rewards → log-probs → objective → update → log.
 
     result = train(RunConfig.from_file("run.yaml"), JsonlSink("out/metrics.jsonl"),
-                   workdir="out", model_store=ModelStore())
+                   workdir="out", model_store=builtin_store())
 
 ``train`` is the one training loop (``conspo.training.loop.run_loop``: setup, resume,
 checkpoints, evaluation, cancellation) around ``train_step``.

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conspo.generation.rollout import encode_prompts
+from conspo.models.builtins import builtin_store
 from conspo.models.loading import load_pretrained
 from conspo.models.store import ModelStore
 from tests.support import shared_model_store
@@ -21,7 +22,7 @@ def _single_thread():
 
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory) -> ModelStore:
-    return ModelStore(shared_model_store(tmp_path_factory))
+    return builtin_store(shared_model_store(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from conspo.access import DataFiles, DatasetTooLarge, ModelSources, Unavailable
 from conspo.config import ModelConfig, TaskConfig
-from conspo.models.store import ModelStore, load_policy
+from conspo.models.builtins import builtin_store
+from conspo.models.store import load_policy
 from conspo.models.tiny import save_tiny
 from conspo.tasks import make_task
 
@@ -186,8 +187,8 @@ def test_dot_dot_names_never_reach_transformers(monkeypatch, tmp_path):
 
     for loader in (models.AutoTokenizer, models.AutoModelForCausalLM, models.AutoConfig):
         monkeypatch.setattr(loader, "from_pretrained", forbidden)
-    bounded = ModelStore(tmp_path, ModelSources(roots=(tmp_path,), hub_allow=()))
-    unbounded = ModelStore(tmp_path)  # the library's default: any directory, any hub id
+    bounded = builtin_store(tmp_path, ModelSources(roots=(tmp_path,), hub_allow=()))
+    unbounded = builtin_store(tmp_path)  # the library's default: any directory, any hub id
     for store in (bounded, unbounded):
         for name in ("../../..", "..", "../", "./", "/"):
             with pytest.raises(Unavailable, match="model.name"):
@@ -197,7 +198,7 @@ def test_dot_dot_names_never_reach_transformers(monkeypatch, tmp_path):
 def test_an_allowed_hub_id_not_in_the_cache_fails_offline_without_a_download(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a download attempt would not work
-    store = ModelStore(tmp_path, ModelSources(roots=(tmp_path,), hub_allow=("conspo-test/*",)))
+    store = builtin_store(tmp_path, ModelSources(roots=(tmp_path,), hub_allow=("conspo-test/*",)))
     with pytest.raises(Unavailable, match="HF_HUB_OFFLINE=1 forbids downloading it"):
         load_policy(ModelConfig(name="conspo-test/not-cached", device="cpu"), store)
     with pytest.raises(Unavailable, match="a hub id the operator allows \\(conspo-test/\\*\\)"):

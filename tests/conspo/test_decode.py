@@ -271,7 +271,7 @@ def test_a_shared_prefix_runs_once_and_the_logits_stay_the_models_own(build, mon
     widths = []
     real_run = forward.last_positions
     monkeypatch.setattr(
-        forward, "_run", lambda m, lg, keep, **kw: widths.append(kw["input_ids"].shape) or
+        forward, "last_positions", lambda m, lg, keep, **kw: widths.append(kw["input_ids"].shape) or
         real_run(m, lg, keep, **kw),
     )  # fmt: skip
     state = prefill(model, ids, mask, 1, share_prefix=True)

@@ -31,6 +31,7 @@ from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
 from conspo.launch import local as launch
+from conspo.models.builtins import build_builtin, builtin_store
 from conspo.models.store import ModelStore
 from conspo.sink import MemorySink
 from conspo.training import loop, rollouts, trainer, update
@@ -125,7 +126,7 @@ def _rank(rank: int, world: int, port: int, store_root: str, out: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        store = ModelStore(store_root)
+        store = builtin_store(store_root)
         results = {name: one_update(name, store) for name in SCENARIOS}
         results["refill"] = refill(store)
     finally:
@@ -235,7 +236,7 @@ def test_a_failing_child_fails_the_run_with_its_own_error(
     here = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     cfg = scenario_config("grpo")
-    broken = BrokenOnRankOne(model_store.root)
+    broken = BrokenOnRankOne(model_store.root, builder=build_builtin)
     with pytest.raises(launch.RankFailed, match="rank 1 cannot load its model"):
         launch.launch_local(
             cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120

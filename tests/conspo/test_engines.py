@@ -10,6 +10,7 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import RunConfig, SamplingConfig
+from conspo.generation.batch import SampleRequest
 from conspo.generation.engines import ENGINES, HfEngine, NativeEngine, make_engine
 from conspo.sink import MemorySink
 from conspo.training.trainer import train
@@ -18,8 +19,9 @@ from conspo.training.trainer import train
 def _sample(engine, policy, prompts, **kw):
     model, tok = policy
     ids, mask = prompts
-    return engine.sample(model, ids, mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                         **{"max_new_tokens": 8, **kw})  # fmt: skip
+    request = SampleRequest(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                            **{"max_new_tokens": 8, **kw})  # fmt: skip
+    return engine.sample(model, ids, mask, request)
 
 
 def _assert_valid(batch, tok, n, max_new_tokens):
@@ -39,9 +41,9 @@ def test_engines_give_valid_rollout_batches(engine, policy, prompts):
     _, tok = policy
     ids, mask = prompts
     grouped_ids, grouped_mask = ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)
-    batch = engine.sample(policy[0], grouped_ids, grouped_mask, max_new_tokens=8,
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                          generator=torch.Generator().manual_seed(0), group_size=3)  # fmt: skip
+    request = SampleRequest(max_new_tokens=8, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                            generator=torch.Generator().manual_seed(0), group_size=3)  # fmt: skip
+    batch = engine.sample(policy[0], grouped_ids, grouped_mask, request)
     _assert_valid(batch, tok, len(grouped_ids), 8)
     assert torch.equal(batch.prompt_ids, grouped_ids)
     assert torch.equal(batch.prompt_mask, grouped_mask)

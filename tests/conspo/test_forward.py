@@ -96,7 +96,17 @@ def test_shared_prompt_forward_matches_the_full_forward_in_values_and_gradients(
     torch.testing.assert_close(shared[m], full[m], atol=1e-5, rtol=1e-5)
     assert len(full_grads) == len(shared_grads)
     for a, b in zip(full_grads, shared_grads, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        assert_same_gradient(b, a)
+
+
+def assert_same_gradient(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The same gradient up to float32 summation order: relative error of the whole tensor under
+    1e-4. Element by element is too strict for it: float32 kernels sum in another order at
+    another batch shape (on AVX2-only CPUs a few of 12,800 entries differ by 2-5e-5), while a
+    wrong path (a prompt's gradient missing, a token counted twice) is off by its whole size."""
+    assert got.shape == want.shape
+    error = float((got - want).norm() / want.norm().clamp(min=1e-12))
+    assert error < 1e-4, f"gradients differ: relative error {error:.2e}"
 
 
 def plain_logprobs(model, out, temperature):
@@ -138,7 +148,7 @@ def test_chunked_logprobs_equal_the_full_vocabulary_ones(group_size, chunk_token
     torch.testing.assert_close(got[m], want[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_entropy[m], want_entropy[m], atol=1e-5, rtol=1e-5)
     for a, b in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        assert_same_gradient(a, b)
 
 
 def test_logprob_passes_run_without_dropout(policy, prompts):
@@ -178,7 +188,7 @@ def test_short_sequence_attention_is_eager_under_bf16_on_a_cpu(policy, prompts, 
     afterwards; float32, and a batch over the byte budget, keep sdpa."""
     import contextlib
 
-    import conspo.generation.forward
+    import conspo.training.logprobs
 
     model, tok = policy
     g = 3
@@ -204,7 +214,7 @@ def test_short_sequence_attention_is_eager_under_bf16_on_a_cpu(policy, prompts, 
         assert set(seen) == {"sdpa"}
         eager, eager_grads = value_and_grads(bf16=True)
         assert set(seen) == {"eager"}
-        monkeypatch.setattr(conspo.generation.forward, "EAGER_ATTENTION_BYTES", 0)
+        monkeypatch.setattr(conspo.training.logprobs, "EAGER_ATTENTION_BYTES", 0)
         flash, flash_grads = value_and_grads(bf16=True)
         assert set(seen) == {"sdpa"}
     finally:

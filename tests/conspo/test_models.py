@@ -12,7 +12,8 @@ from transformers import (
 )
 
 from conspo.config import ModelConfig
-from conspo.models.store import STORE_VERSION, ModelStore, load_policy
+from conspo.models.builtins import builtin_store
+from conspo.models.store import STORE_VERSION, load_policy
 from conspo.models.tiny import build_char_tokenizer, build_tiny_model, save_tiny
 
 
@@ -59,7 +60,7 @@ def test_trl_processing_class_loads_the_same_tokenizer(tmp_path):
 
 
 def test_store_rebuilds_a_model_built_by_another_version(tmp_path):
-    store = ModelStore(tmp_path)
+    store = builtin_store(tmp_path)
     path = store.resolve("tiny")
     marker = path / "BUILT_BY_CONSPO"
     assert marker.read_text() == f"tiny\nversion {STORE_VERSION}\n"
@@ -74,13 +75,13 @@ def test_store_builds_once_and_reuses(model_store, arith_base):
     marker = arith_base / "BUILT_BY_CONSPO"
     before = marker.stat().st_mtime_ns
     assert model_store.resolve("tiny-arith") == arith_base
-    assert ModelStore(model_store.root).resolve("tiny-arith") == arith_base
+    assert builtin_store(model_store.root).resolve("tiny-arith") == arith_base
     assert marker.stat().st_mtime_ns == before
     assert (model_store.root / "tiny" / "config.json").exists()  # the base it was built from
 
 
 def test_concurrent_builds_build_once(tmp_path):
-    store = ModelStore(tmp_path)
+    store = builtin_store(tmp_path)
     builds = []
 
     def build(out):
@@ -98,12 +99,12 @@ def test_concurrent_builds_build_once(tmp_path):
 
 def test_store_root_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("CONSPO_MODEL_STORE", str(tmp_path))
-    assert ModelStore().root == tmp_path
+    assert builtin_store().root == tmp_path
 
 
 def test_unknown_model_gives_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    store = ModelStore(tmp_path)
+    store = builtin_store(tmp_path)
     with pytest.raises(FileNotFoundError, match="not in this machine's Hugging Face cache"):
         load_policy(ModelConfig(name="nobody/no-such-model-xyz"), store)
     with pytest.raises(FileNotFoundError, match="no such model directory"):

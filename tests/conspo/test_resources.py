@@ -139,13 +139,14 @@ MEASURE = textwrap.dedent(
     import torch
     from conspo.access import ModelSources
     from conspo.config import RunConfig
+    from conspo.models.builtins import builtin_store
     from conspo.models.store import ModelStore
     from conspo.models.resources import estimate_memory, source_dims
     from conspo.sink import MemorySink
     from conspo.training.trainer import train
 
     torch.set_num_threads(1)
-    store, workdir, overrides = ModelStore(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+    store, workdir, overrides = builtin_store(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     base = {"algorithm": "grpo", "steps": 1, "model": {"name": "tiny", "device": "cpu"},
             "task": {"name": "arith", "eval_size": 4}, "eval": {"every": 0, "pass_k": 1},
             "checkpoint": {"every": 0}, "params": {"beta": 0.1}}

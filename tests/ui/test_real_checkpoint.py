@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from conspo.models.store import MARKER, ModelStore
+from conspo.models.builtins import builtin_store
+from conspo.models.store import MARKER
 from tests.support import ROOT
 from tests.ui.test_pages import trace_points, wait_until
 
@@ -29,7 +30,7 @@ FIXTURES = ROOT / "examples" / "data" / "math"
 
 def _checkpoint_directory(root: Path) -> Path:
     """tiny-chat-math as a plain HF directory under ``root`` (no model-store marker)."""
-    built = ModelStore().resolve("tiny-chat-math")
+    built = builtin_store().resolve("tiny-chat-math")
     assert isinstance(built, Path)
     out = root / "chat-math-checkpoint"
     if not out.exists():
