@@ -603,11 +603,11 @@ def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
             first = names.index(reward.name)
             message = f"reward {reward.name!r} is listed twice (also rewards.{first}); list it once"
             details.append(_error(("rewards", i, "name"), message, reward.name))
-        method = REWARDS.get(reward.name).task_method
-        if method and not hasattr(task.cls, method):
+        registered = REWARDS.get(reward.name)
+        if not registered.applies_to(task):
             message = (
-                f"reward {reward.name!r} needs a task that provides {method}(); task"
-                f" {cfg.task.name!r} does not"
+                f"reward {reward.name!r} needs a task that provides {registered.task_method}();"
+                f" task {cfg.task.name!r} does not"
             )
             details.append(_error(("rewards", i, "name"), message, reward.name))
         buffer = reward.params.get("buffer", 0) if reward.name == "length" else 0

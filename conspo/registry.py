@@ -96,6 +96,10 @@ class RegisteredReward:
     def code(self) -> object:
         return self.fn
 
+    def applies_to(self, task: RegisteredTask) -> bool:
+        """Whether a run of ``task`` may have this reward (the task has its ``task_method``)."""
+        return self.task_method is None or hasattr(task.cls, self.task_method)
+
 
 class Registry(Generic[E]):
     """Names of one kind (``"algorithm"``, ``"task"``) → entries.
@@ -259,7 +263,7 @@ def task_names() -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# Reward functions (conspo/rewards.py)
+# Reward functions (a module each, conspo/rewards/)
 # --------------------------------------------------------------------------------------------
 
 REWARDS: Registry[RegisteredReward] = Registry("reward", "conspo.rewards")
