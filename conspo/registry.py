@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -316,7 +316,8 @@ class RegisteredJobKind:
     fn: Callable[..., Any]
     params: type[BaseModel]  # validates config.kind_params
     description: str
-    # Catalogue keys this kind logs besides the evaluation's (the run page draws their panels).
+    # Catalogue keys this kind logs besides what every kind logs (conspo.metrics.EVERY_KIND: the
+    # learning rate, the step time, the evaluation); the run page draws their panels.
     metrics: tuple[str, ...] = ()
     # The RunConfig sections only some kinds train with ("algorithm": algorithm and params,
     # "sampling", "rewards") that this one does: the form shows those, hides the others.
@@ -329,6 +330,11 @@ class RegisteredJobKind:
     # rollouts_of(run_id) yields that run's stored (prompt, completion, reward).
     input_runs: tuple[str, ...] = ()
     inputs: Callable[..., None] | None = None
+    # kind_params of a short run on a tiny model that trains in seconds: what the registry-wide
+    # test trains every kind from (tests/conspo/test_registries.py), so a new kind is exercised
+    # by its registration alone. A kind reading another run's rollouts (input_runs) names one;
+    # whoever runs the example supplies those rollouts to its ``inputs`` hook.
+    example_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def code(self) -> object:
@@ -360,14 +366,18 @@ def register_job_kind(
     distributed: bool = False,
     input_runs: tuple[str, ...] = (),
     inputs: Callable[..., None] | None = None,
+    example_params: dict[str, Any],
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
-    module must stay torch-free at import (``conspo.lazy``): the API validates configs."""
+    module must stay torch-free at import (``conspo.lazy``): the API validates configs.
+    ``example_params``: kind_params of a seconds-long run on a tiny model (checked against
+    ``params`` here), from which the registry-wide test trains the kind."""
+    params.model_validate(example_params)  # a wrong example fails at import, not in a test
 
     def decorator(fn: F) -> F:
         kind = RegisteredJobKind(
             name, fn, params, description, tuple(metrics), tuple(sections), distributed,
-            tuple(input_runs), inputs,
+            tuple(input_runs), inputs, dict(example_params),
         )  # fmt: skip
         JOB_KINDS.add(kind)
         return fn
