@@ -6,8 +6,8 @@
 Every row comes from ``conspo.config.RunConfig`` (and its sections) or from the parameter model a
 job kind, an algorithm, a task or a reward function registered (``conspo.registry``): name, type
 and bounds, default, description (``conspo.config.field_help``: a field that lists a registry's
-names reads them from the registry here, as its JSON schema does). A test compares the committed file with a fresh render, so the reference
-cannot drift from the code.
+names reads them from the registry here, as its JSON schema does). A test compares the
+committed file with a fresh render, so the reference cannot drift from the code.
 """
 
 from __future__ import annotations
