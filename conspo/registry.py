@@ -11,8 +11,10 @@
 
 An entry holds the code (a function, a class), its pydantic parameter model (defaults, help text,
 validation) and a one-line description. The config model, the trainer, the REST presets
-endpoint, the web form and docs/config.md all read the registries, so adding an algorithm or a
-task is one file (and its test) and nothing else. One generic ``Registry`` serves every kind;
+endpoint, the web form and docs/config.md all read the registries, so adding an algorithm, a
+task, a reward or a job kind is one file (and its test; docs/config.md regenerated) and nothing
+else: tests/conspo/test_registries.py holds every entry to the same rules by its registration
+alone. One generic ``Registry`` serves every kind;
 ``register_objective`` / ``register_task`` / ``register_reward`` and their getters are its typed
 faces.
 """
