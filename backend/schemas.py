@@ -418,6 +418,14 @@ class RegisteredPreset(NamedPreset):
     defaults: dict[str, Any]
 
 
+class RewardPreset(RegisteredPreset):
+    default_weight: float = Field(description="Its weight when the config gives none.")
+    tasks: list[str] = Field(
+        description="The registered tasks a run may have it with (a reward may need a method of"
+        " the task's, e.g. process its process signal); the config refuses it with the others."
+    )
+
+
 class KindPreset(RegisteredPreset):
     sections: list[str] = Field(
         description="The config sections only some kinds train with (algorithm, sampling,"
@@ -431,6 +439,10 @@ class Presets(BaseModel):
     )
     algorithms: list[RegisteredPreset]
     tasks: list[RegisteredPreset]
+    rewards: list[RewardPreset] = Field(
+        description="Reward functions (config.rewards[].name) with their params schema, defaults,"
+        " default weight and the tasks they apply to."
+    )
     models: list[NamedPreset]
     config_schema: dict[str, Any]
     defaults: dict[str, Any] = Field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
 
@@ -24,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
@@ -39,6 +41,39 @@ from conspo.registry import (
     relocated,
 )
 from conspo.templates import placeholders, template_problem
+
+
+class RegistryListing:
+    """A field's ``json_schema_extra`` that ends its help text with what a registry holds.
+
+    The text is read when the JSON schema (the form's help, OpenAPI) or docs/config.md
+    (``field_help``) is made, when every entry has registered, not when this module is imported
+    (the registered modules import it): so no help text types a registered name, and a new
+    entry is listed by itself.
+    """
+
+    def __init__(self, listing: Callable[[], str]) -> None:
+        self.listing = listing
+
+    def __call__(self, schema: dict[str, Any]) -> None:
+        schema["description"] = f"{schema['description']} {self.listing()}"
+
+
+def field_help(field: FieldInfo) -> str:
+    """A field's whole help text, as its JSON schema says it: its description, and what the
+    registry holds when it lists one (``RegistryListing``)."""
+    extra = field.json_schema_extra
+    listing = f" {extra.listing()}" if isinstance(extra, RegistryListing) else ""
+    return (field.description or "") + listing
+
+
+def _names_in(registry: Registry[Any]) -> RegistryListing:
+    return RegistryListing(lambda: f"Registered: {', '.join(registry.names())}.")
+
+
+def _default_weights() -> str:
+    weights = (f"{name} {REWARDS.get(name).default_weight:g}" for name in REWARDS.names())
+    return f"Default weights: {', '.join(weights)}."
 
 
 class _WithParams(Protocol):
@@ -142,7 +177,8 @@ class TaskConfig(_Section):
     name: str = Field(
         "arith",
         description="The task: where prompts come from and how answers are checked (a"
-        " registered name; GET /api/presets lists them).",
+        " registered name; GET /api/presets lists them with their parameters).",
+        json_schema_extra=_names_in(TASKS),
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -560,15 +596,17 @@ class RewardConfig(_Section):
 
     name: str = Field(
         "verifier",
-        description="A registered reward function (verifier, format, length, process, info_gain:"
-        " docs/config.md, 'Reward functions').",
+        description="A registered reward function (docs/config.md, 'Reward functions'; GET"
+        " /api/presets lists them with their parameters).",
+        json_schema_extra=_names_in(REWARDS),
     )
     weight: float | None = Field(
         None,
         ge=-MAX_REWARD_WEIGHT,
         le=MAX_REWARD_WEIGHT,
         description="Its weight in the shaped reward Σ weight · reward (null: the reward's own"
-        " default, 1; process: 0.2, RLVP's β). Weights never change who is positive.",
+        " default). Weights never change who is positive.",
+        json_schema_extra=RegistryListing(_default_weights),
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -603,11 +641,11 @@ def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
             first = names.index(reward.name)
             message = f"reward {reward.name!r} is listed twice (also rewards.{first}); list it once"
             details.append(_error(("rewards", i, "name"), message, reward.name))
-        method = REWARDS.get(reward.name).task_method
-        if method and not hasattr(task.cls, method):
+        registered = REWARDS.get(reward.name)
+        if not registered.applies_to(task):
             message = (
-                f"reward {reward.name!r} needs a task that provides {method}(); task"
-                f" {cfg.task.name!r} does not"
+                f"reward {reward.name!r} needs a task that provides {registered.task_method}();"
+                f" task {cfg.task.name!r} does not"
             )
             details.append(_error(("rewards", i, "name"), message, reward.name))
         buffer = reward.params.get("buffer", 0) if reward.name == "length" else 0
@@ -704,8 +742,9 @@ class RunConfig(_Section):
     name: str | None = Field(None, max_length=200, description="Display name of the run.")
     kind: str = Field(
         "rl",
-        description="What the run trains: rl (the algorithm on verified rewards), sft, distill"
-        " or dpo (GET /api/presets lists them); each takes its own kind_params.",
+        description="What the run trains: a registered job kind, each with its own kind_params"
+        " (docs/config.md, 'Job kind parameters'; GET /api/presets lists them).",
+        json_schema_extra=_names_in(JOB_KINDS),
     )
     kind_params: dict[str, Any] = Field(
         default_factory=dict,
@@ -715,6 +754,7 @@ class RunConfig(_Section):
         "conspo",
         description="The objective: any registered one (conspo.objectives; GET /api/presets"
         " lists them with their parameters).",
+        json_schema_extra=_names_in(OBJECTIVES),
     )
     params: dict[str, Any] = Field(
         default_factory=dict,

@@ -130,6 +130,12 @@ KEY_METRICS: tuple[str, ...] = (
     EVAL_ACCURACY,
 )
 
+# What every job kind logs besides the keys its registration declares (``metrics=``): the learning
+# rate and step time of each step, and the held-out evaluation when it is due (the shared loop,
+# conspo.training.loop.one_update_per_step, and the RL trainer alike). A kind that trains an
+# algorithm (rl) also logs the "every run" keys and its objective's.
+EVERY_KIND: tuple[str, ...] = (LR, TIME_STEP_S, EVAL_ACCURACY, EVAL_PASS_AT_K)
+
 # Keys written before the top-level ones were namespaced (migration 0003 renamed them in stored
 # worker runs); readers of older exports can map them with this.
 LEGACY_KEYS: dict[str, str] = {

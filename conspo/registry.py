@@ -11,8 +11,10 @@
 
 An entry holds the code (a function, a class), its pydantic parameter model (defaults, help text,
 validation) and a one-line description. The config model, the trainer, the REST presets
-endpoint, the web form and docs/config.md all read the registries, so adding an algorithm or a
-task is one file (and its test) and nothing else. One generic ``Registry`` serves every kind;
+endpoint, the web form and docs/config.md all read the registries, so adding an algorithm, a
+task, a reward or a job kind is one file (and its test; docs/config.md regenerated) and nothing
+else: tests/conspo/test_registries.py holds every entry to the same rules by its registration
+alone. One generic ``Registry`` serves every kind;
 ``register_objective`` / ``register_task`` / ``register_reward`` and their getters are its typed
 faces.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -95,6 +97,10 @@ class RegisteredReward:
     @property
     def code(self) -> object:
         return self.fn
+
+    def applies_to(self, task: RegisteredTask) -> bool:
+        """Whether a run of ``task`` may have this reward (the task has its ``task_method``)."""
+        return self.task_method is None or hasattr(task.cls, self.task_method)
 
 
 class Registry(Generic[E]):
@@ -259,7 +265,7 @@ def task_names() -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# Reward functions (conspo/rewards.py)
+# Reward functions (a module each, conspo/rewards/)
 # --------------------------------------------------------------------------------------------
 
 REWARDS: Registry[RegisteredReward] = Registry("reward", "conspo.rewards")
@@ -312,7 +318,8 @@ class RegisteredJobKind:
     fn: Callable[..., Any]
     params: type[BaseModel]  # validates config.kind_params
     description: str
-    # Catalogue keys this kind logs besides the evaluation's (the run page draws their panels).
+    # Catalogue keys this kind logs besides what every kind logs (conspo.metrics.EVERY_KIND: the
+    # learning rate, the step time, the evaluation); the run page draws their panels.
     metrics: tuple[str, ...] = ()
     # The RunConfig sections only some kinds train with ("algorithm": algorithm and params,
     # "sampling", "rewards") that this one does: the form shows those, hides the others.
@@ -325,6 +332,11 @@ class RegisteredJobKind:
     # rollouts_of(run_id) yields that run's stored (prompt, completion, reward).
     input_runs: tuple[str, ...] = ()
     inputs: Callable[..., None] | None = None
+    # kind_params of a short run on a tiny model that trains in seconds: what the registry-wide
+    # test trains every kind from (tests/conspo/test_registries.py), so a new kind is exercised
+    # by its registration alone. A kind reading another run's rollouts (input_runs) names one;
+    # whoever runs the example supplies those rollouts to its ``inputs`` hook.
+    example_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def code(self) -> object:
@@ -356,14 +368,18 @@ def register_job_kind(
     distributed: bool = False,
     input_runs: tuple[str, ...] = (),
     inputs: Callable[..., None] | None = None,
+    example_params: dict[str, Any],
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
-    module must stay torch-free at import (``conspo.lazy``): the API validates configs."""
+    module must stay torch-free at import (``conspo.lazy``): the API validates configs.
+    ``example_params``: kind_params of a seconds-long run on a tiny model (checked against
+    ``params`` here), from which the registry-wide test trains the kind."""
+    params.model_validate(example_params)  # a wrong example fails at import, not in a test
 
     def decorator(fn: F) -> F:
         kind = RegisteredJobKind(
             name, fn, params, description, tuple(metrics), tuple(sections), distributed,
-            tuple(input_runs), inputs,
+            tuple(input_runs), inputs, dict(example_params),
         )  # fmt: skip
         JOB_KINDS.add(kind)
         return fn

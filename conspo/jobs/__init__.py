@@ -1,6 +1,7 @@
 """Job kinds: what a run trains (``config.kind``), each one module here with its parameter model
-and one registration (``conspo.registry.register_job_kind``), found by the registry on first
-lookup like the objectives.
+and one registration (``conspo.registry.register_job_kind``, with the example kind_params the
+registry-wide test trains it from), found by the registry on first lookup like the objectives;
+``base`` holds what several kinds' parameters share (a local dataset).
 
 * ``rl``: the RLVR trainer (``conspo.training.trainer.train``) with the configured objective.
 * ``sft``: supervised fine-tuning on reference answers (``conspo.jobs.sft``).

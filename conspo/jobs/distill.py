@@ -67,6 +67,7 @@ class DistillParams(BaseModel):
         M.DISTILL_LENGTH,
     ),
     sections=("sampling",),
+    example_params={"teacher": "tiny"},  # the smallest built-in model, built locally in seconds
 )
 def train_distill(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.training.loop import one_update_per_step, run_loop

@@ -26,12 +26,12 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from conspo import metrics as M
-from conspo.input_checks import Label
+from conspo.jobs.base import DatasetParams
 from conspo.lazy import lazy_import
 from conspo.registry import register_job_kind
 
@@ -48,19 +48,8 @@ else:
 PAIRS_FILE = "dpo_pairs.jsonl"  # in the job's workdir, for kind_params.from_run
 
 
-class DPOParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # the fields naming a dataset (file or directory) in the data roots: checked at submit time
-    # like a task's (backend.run_inputs), read through DataFiles.check_path here
-    data_paths: ClassVar[tuple[str, ...]] = ("path",)
-    dataset_dirs: ClassVar[bool] = True
-
-    path: Label | None = Field(
-        None,
-        max_length=1000,
-        description="A local dataset of pairs (columns prompt, chosen, rejected; the prompt a"
-        " question, rendered like every prompt) inside the data roots.",
-    )
+class DPOParams(DatasetParams):
+    # path: the pairs, columns prompt (a question, rendered like every prompt), chosen, rejected
     from_run: int | None = Field(
         None,
         ge=1,
@@ -143,11 +132,16 @@ def pairs_from_run(
 @register_job_kind(
     "dpo",
     params=DPOParams,
-    description="Direct preference optimisation on (chosen, rejected) pairs: a dataset, or a"
-    " finished run's correct vs wrong rollouts.",
+    description="Direct preference optimisation on (chosen, rejected) pairs: a dataset"
+    " (kind_params.path, columns prompt, chosen, rejected; the prompt a question, rendered like"
+    " every prompt), or a finished run's correct vs wrong rollouts.",
     metrics=(M.LOSS, M.GRAD_NORM, M.DPO_ACCURACY, M.DPO_MARGIN, M.DPO_CHOSEN, M.DPO_REJECTED),
     input_runs=("from_run",),
     inputs=pairs_from_run,
+    # pairs from run 1's stored rollouts: whoever runs the example hands pairs_from_run a few
+    # (prompt, completion, reward) of that run (the registry test: a correct and a wrong answer
+    # to some of the task's prompts), so no dataset file is needed
+    example_params={"from_run": 1},
 )
 def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.training.loop import one_update_per_step, run_loop

@@ -27,6 +27,7 @@ class RLParams(BaseModel):
     " (config.algorithm).",
     sections=("algorithm", "sampling", "rewards"),
     distributed=True,
+    example_params={},  # none of its own: the run's algorithm and rewards are what it trains
 )
 def train_rl(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.training.trainer import train

@@ -16,13 +16,13 @@ concatenates examples into rows of at most ``max_tokens`` tokens
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from conspo import metrics as M
 from conspo.config import DatasetFields
-from conspo.input_checks import Label
+from conspo.jobs.base import DatasetParams
 from conspo.lazy import lazy_import
 from conspo.registry import register_job_kind
 from conspo.templates import placeholders, render, template_problem
@@ -39,20 +39,12 @@ else:
     torch = lazy_import("torch")
 
 
-class SFTParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # the fields naming a dataset (file or directory) in the data roots: checked at submit time
-    # like a task's (backend.run_inputs), read through DataFiles.check_path here
-    data_paths: ClassVar[tuple[str, ...]] = ("path",)
-    dataset_dirs: ClassVar[bool] = True
-
-    path: Label | None = Field(
-        None,
-        max_length=1000,
-        description="A local dataset (parquet, jsonl, json, arrow, or a save_to_disk directory)"
-        " inside the data roots; none: the task's training problems.",
+class SFTParams(DatasetParams):
+    # path: the problems (columns chosen by fields); none: the task's training problems
+    fields: DatasetFields = Field(
+        default_factory=DatasetFields,
+        description="Which columns of path hold the question and answer.",
     )
-    fields: DatasetFields = Field(default_factory=DatasetFields)
     target: str = Field(
         "{answer}",
         min_length=1,
@@ -84,8 +76,11 @@ class SFTParams(BaseModel):
 @register_job_kind(
     "sft",
     params=SFTParams,
-    description="Supervised fine-tuning on reference answers (loss on answer tokens only).",
+    description="Supervised fine-tuning on reference answers (loss on answer tokens only): the"
+    " problems of kind_params.path (columns chosen by kind_params.fields), or without one the"
+    " task's training problems.",
     metrics=(M.LOSS, M.GRAD_NORM, M.SFT_TOKEN_ACC, M.SFT_TOKENS),
+    example_params={"batch_size": 4},  # the task's own problems: no dataset to provide
 )
 def train_sft(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     from conspo.training.loop import one_update_per_step, run_loop

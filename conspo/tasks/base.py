@@ -56,7 +56,7 @@ class Task(Protocol):
         ...
 
     # Optional: ``process_reward(completion, example) -> float``, a process signal Φ ∈ [0, 1]
-    # (partial credit) for the ``process`` reward (conspo.rewards.ProcessSignalTask).
+    # (partial credit) for the ``process`` reward (conspo.rewards.process.ProcessSignalTask).
 
 
 def is_held_out(key: str, fraction: float = HELD_OUT_FRACTION) -> bool:

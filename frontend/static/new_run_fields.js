@@ -1,10 +1,12 @@
 // The run form's RunConfig fields: the registries (job kinds, algorithms, tasks) whose chosen
-// entry's params_schema renders its own parameters, the sections shown openly and under
-// "Advanced", what a job kind hides, and the request the inputs spell. Shared by the run form
+// entry's params_schema renders its own parameters, the reward functions (new_run_rewards.js),
+// the sections shown openly and under "Advanced", what a job kind hides, and the request the
+// inputs spell. Shared by the run form
 // and each of its pipeline stages (new_run_pipeline.js).
 import { KEY_METRICS } from "/static/catalogue.js";
 import { anyField, collect, configureForm, field, resolve, titleCase, withDefs } from "/static/form.js";
 import { lineageText } from "/static/lineage.js";
+import { refreshRewardChoices, rewardsField } from "/static/new_run_rewards.js";
 import { $, $$, h } from "/static/util.js";
 
 // The held-out accuracy: the one key metric of the eval namespace (conspo.metrics.KEY_METRICS).
@@ -82,7 +84,6 @@ const ADVANCED = [
   { key: "eval", title: "Evaluation and benchmarks" },
   { key: "checkpoint", title: "Checkpoints" },
   { key: "logging", title: "Logging" },
-  { list: "rewards", title: "Reward functions" }, // a list of {name, weight, params} rows
 ];
 
 function entryOptions(kind) {
@@ -259,6 +260,16 @@ export function render(config, extra = {}) {
     { "data-section": "kind_params" },
     paramsBox("kind", current.kind, REGISTRIES.kind.values(config)),
   );
+  const rewards = h(
+    "div.form-section",
+    { "data-section": "rewards", "data-uses": "rewards" },
+    h("h3", {}, "Reward functions"),
+    h(
+      "div.fields",
+      {},
+      rewardsField(config.rewards, presets, schema.properties.rewards, () => current.task, changed),
+    ),
+  );
   const sections = SECTIONS.map((s) =>
     h(
       "div.form-section",
@@ -271,7 +282,7 @@ export function render(config, extra = {}) {
   const adv = h(
     "details.adv",
     { open: extra.openAdvanced || null },
-    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, checkpoints, logging, rewards"),
+    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, checkpoints, logging"),
     ADVANCED.map((s) =>
       h(
         "div.form-section",
@@ -280,9 +291,7 @@ export function render(config, extra = {}) {
         h(
           "div.fields",
           {},
-          s.list
-            ? anyField(`config.${s.list}`, schema.properties[s.list], config[s.list])
-            : (s.keys || [s.key]).flatMap((k) => sectionFields(k, config[k], Boolean(s.advanced))),
+          (s.keys || [s.key]).flatMap((k) => sectionFields(k, config[k], Boolean(s.advanced))),
         ),
       ),
     ),
@@ -293,7 +302,7 @@ export function render(config, extra = {}) {
     presets.models.map((m) => h("option", { value: m.name }, m.description)),
   );
   const steps = h("datalist#step-list", {}, h("option", { value: "last" }), h("option", { value: "best" }));
-  $("#form-body").replaceChildren(top, kindParams, params, ...sections, adv, models, steps);
+  $("#form-body").replaceChildren(top, kindParams, params, ...sections, rewards, adv, models, steps);
   applyKind();
   changed();
 }
@@ -306,8 +315,6 @@ export function applyKind() {
   for (const el of $$("[data-uses]")) el.hidden = !uses.has(el.dataset.uses);
   for (const el of $$("[data-field^='config.sampling.']"))
     el.hidden = !uses.has("sampling") && !EVERY_KIND_FIELDS.has(el.dataset.field);
-  const rewards = $("[data-field='config.rewards']")?.closest(".form-section");
-  if (rewards) rewards.hidden = !uses.has("rewards");
   const laterStage = pipeline.on && pipeline.at > 0;
   const fromRun = $("[data-field='config.model.from_run']");
   fromRun.hidden = laterStage; // a later stage starts from the stage before it
@@ -331,6 +338,7 @@ export function switchEntry(kind, name) {
   current[kind] = name;
   $(`#params-${kind}`).replaceWith(paramsBox(kind, name, null));
   if (kind === "kind") applyKind();
+  if (kind === "task") refreshRewardChoices(); // a reward may need a method of the task's
 }
 
 /** The algorithm's parameters that differ from its defaults: the server fills in the rest (and

@@ -10,7 +10,7 @@ from backend.main import create_app
 from conspo.config import RunConfig
 from conspo.demo import DEMO_CONFIG
 from conspo.models.catalog import BUILTIN_MODELS
-from conspo.registry import get_task, task_names
+from conspo.registry import get_reward, get_task, reward_names, task_names
 from tests.api.conftest import Api, make_settings, make_tokens, tiny_config
 
 
@@ -228,3 +228,24 @@ def test_presets_list_the_registered_tasks_with_their_params(api: Api) -> None:
     assert presets["defaults"] == RunConfig.model_validate(DEMO_CONFIG).model_dump(mode="json")
     models = {m["name"]: m["description"] for m in presets["models"]}
     assert models == {name: m.description for name, m in BUILTIN_MODELS.items()}
+
+
+def test_presets_list_the_registered_rewards_with_their_params(api: Api) -> None:
+    rewards = {r["name"]: r for r in api.get("/api/presets").json()["rewards"]}
+    assert list(rewards) == reward_names()
+    for name, preset in rewards.items():
+        registered = get_reward(name)
+        assert preset["description"] == registered.description
+        assert preset["params_schema"] == registered.params.model_json_schema()
+        required = set(preset["params_schema"].get("required", []))
+        assert set(preset["defaults"]) == set(registered.params.model_fields) - required
+        assert preset["default_weight"] == registered.default_weight
+        # the tasks a run may have it with: those that have the method it needs (the config
+        # refuses the others: tests/conspo/test_registries.py)
+        method = registered.task_method
+        needs = [t for t in task_names() if method is None or hasattr(get_task(t).cls, method)]
+        assert preset["tasks"] == needs, name
+    assert rewards["length"]["defaults"] == {"buffer": 8}
+    assert (
+        rewards["process"]["default_weight"] == 0.2 and "jsonl" not in rewards["process"]["tasks"]
+    )

@@ -81,45 +81,16 @@ def test_keys_every_run_logs_are_logged_by_every_objective(logged) -> None:
         assert always <= keys, f"{algorithm} does not log {always - keys}"
 
 
-KIND_PARAMS = {"sft": {"batch_size": 4}, "distill": {"teacher": "tiny"}, "dpo": {"from_run": 1}}
-
-
-@pytest.fixture(scope="module")
-def kind_logged(model_store, tmp_path_factory) -> dict[str, set[str]]:
-    """Keys logged by two steps of every job kind other than rl (conspo.jobs), on tiny."""
-    from conspo.jobs import train_job
-    from conspo.jobs.dpo import PAIRS_FILE, Pair, write_pairs
-
-    tmp = tmp_path_factory.mktemp("kind-runs")
-    logged = {}
-    for kind, params in KIND_PARAMS.items():
-        cfg = RunConfig.model_validate({
-            "kind": kind, "kind_params": params, "steps": 2, "model": {"name": "tiny"},
-            "task": {"name": "arith", "eval_size": 2},
-            "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
-            "eval": {"every": 0, "pass_k": 1}, "checkpoint": {"every": 0},
-        })  # fmt: skip
-        (tmp / kind).mkdir()
-        write_pairs([Pair("1+2=", "3", "4"), Pair("2+2=", "4", "5")], tmp / kind / PAIRS_FILE)
-        sink = MemorySink()
-        train_job(cfg, sink, workdir=tmp / kind, model_store=model_store)
-        logged[kind] = set().union(*(record.metrics for record in sink.steps.values()))
-    return logged
-
-
-def test_job_kinds_log_what_they_declare(kind_logged) -> None:
-    for kind, keys in kind_logged.items():
-        lacking = {k for k in keys - KEYS if M.pattern(k) is None}
-        assert not lacking, f"{kind} logs keys the catalogue lacks: {lacking}"
-        assert set(CATALOGUE.kind_metrics[kind]) <= keys, kind
-        assert {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K, M.LR} <= keys, kind
+# Job kinds: every kind's two steps from its registration's example (the job_kind_runs fixture,
+# conftest.py); that each logs exactly the keys it declares is tests/conspo/test_registries.py's.
 
 
 def test_every_catalogue_key_is_logged_by_some_run(
-    logged, kind_logged, model_store, tmp_path
+    logged, job_kind_runs, model_store, tmp_path
 ) -> None:
     # The KL to a reference model is logged only when one is loaded (beta > 0).
     with_reference = _logged_keys("grpo", {"beta": 0.1}, model_store, tmp_path)
-    never = KEYS - with_reference - set().union(*logged.values(), *kind_logged.values())
+    by_kinds = [run.logged for run in job_kind_runs.values()]
+    never = KEYS - with_reference - set().union(*logged.values(), *by_kinds)
     assert not never, f"catalogue keys no run logs: {never}"
     assert M.KL in with_reference and not any(M.KL in keys for keys in logged.values())

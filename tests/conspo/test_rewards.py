@@ -13,15 +13,14 @@ from pydantic import ValidationError
 from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.generation.rollout import encode_prompts
-from conspo.rewards import (
+from conspo.registry import reward_names
+from conspo.rewards import RewardContext, build_rewards, score_rollouts
+from conspo.rewards.format import PATTERN_TIMEOUT_S, has_one_boxed_answer, matches
+from conspo.rewards.info_gain import (
     InfoGainParams,
-    RewardContext,
     answer_span,
-    build_rewards,
     group_normalised,
-    has_one_boxed_answer,
     info_gain_reward,
-    score_rollouts,
 )
 from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask, intermediate_results
@@ -120,7 +119,7 @@ def error_of(data: dict) -> tuple[tuple, str]:
 @pytest.mark.parametrize(
     ("rewards", "loc", "words"),
     [
-        ([{"name": "nope"}], ("rewards", 0, "name"), "valid rewards: format, info_gain, length"),
+        ([{"name": "nope"}], ("rewards", 0, "name"), "valid rewards: " + ", ".join(reward_names())),
         ([{"name": "format", "params": {"pattern": "("}}], ("rewards", 0, "params", "pattern"),
          "not a regular expression"),
         ([{"name": "length", "params": {"bufer": 2}}], ("rewards", 0, "params", "bufer"),
@@ -328,7 +327,6 @@ def test_a_backtracking_pattern_fails_the_reward_within_its_timeout_without_hold
     import time
 
     from conspo.config import RewardConfig
-    from conspo.rewards import PATTERN_TIMEOUT_S
 
     rewards = build_rewards(
         [
@@ -358,6 +356,4 @@ def test_a_backtracking_pattern_fails_the_reward_within_its_timeout_without_hold
 
 
 def test_the_issues_redos_pattern_is_matched_at_once() -> None:
-    from conspo.rewards import matches
-
     assert not matches("(.+)+#", "a" * 10_000)

@@ -123,48 +123,12 @@ def test_jsonl_with_an_eval_file_and_a_bad_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# The registry: every task, whatever it is, builds, samples and accepts its own reference answers
+# The registry (every task building from its defaults and verifying its own references, every
+# parameter described: tests/conspo/test_registries.py)
 # ------------------------------------------------------------------------------------------------
 
 
 FIXTURES = Path(__file__).parents[2] / "examples" / "data" / "math"
-
-
-def sample_jsonl(tmp_path: Path) -> dict[str, Any]:
-    path = tmp_path / "sample.jsonl"
-    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(50)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return {"path": str(path)}
-
-
-# Parameters a task cannot default (a file of your own): the values the test below builds it
-# with. A task whose parameters all have defaults needs nothing here.
-REQUIRED_PARAMS = {
-    "jsonl": sample_jsonl,
-    "math": lambda _: {"path": str(FIXTURES / "gsm8k.parquet")},
-}
-
-
-@pytest.mark.parametrize("name", task_names())
-def test_every_registered_task_builds_samples_and_verifies_its_references(name, tmp_path):
-    required = REQUIRED_PARAMS[name](tmp_path) if name in REQUIRED_PARAMS else {}
-    task = make_task(TaskConfig(name=name, params=required))
-    assert task.name == name
-    train = task.train_prompts(random.Random(0), 32)
-    held_out = task.eval_examples(8)
-    assert len(train) == 32 and held_out
-    assert not {ex.prompt for ex in train} & {ex.prompt for ex in held_out}
-    for ex in train + held_out:
-        assert ex.prompt and task.verify(ex.answer, ex) == 1.0, ex
-    assert task.verify("", train[0]) == 0.0
-
-
-def test_every_task_parameter_is_documented():
-    for name in task_names():
-        registered = get_task(name)
-        assert registered.description
-        for field, info in registered.params.model_fields.items():
-            assert info.description, f"{name}.params.{field} has no description"
 
 
 def test_a_task_name_cannot_be_registered_twice_with_different_code():

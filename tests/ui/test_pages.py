@@ -163,7 +163,7 @@ def test_edit_and_rerun_keeps_the_reward_functions(page: Any, ui_server: Any) ->
     old = ui_server.external_run("ui-rewards", config)
     page.goto(f"{ui_server.url}/runs/new?from={old['id']}")
     page.wait_for_selector('[name="config.rewards.1.name"]', state="attached")
-    page.click("details.adv > summary")  # the rewards are under Advanced
+    assert page.input_value('[name="config.rewards.1.params.pattern"]') == "\\d+"
     assert page.input_value('[name="config.rewards.1.weight"]') == "0.5"
     page.fill('[name="config.rewards.1.weight"]', "0.25")
     page.click("#submit-btn")
@@ -171,6 +171,51 @@ def test_edit_and_rerun_keeps_the_reward_functions(page: Any, ui_server: Any) ->
     run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
     ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
     assert run["config"]["rewards"] == [rewards[0], {**rewards[1], "weight": 0.25}]
+
+
+def test_the_reward_picker_adds_a_registered_reward_with_its_weight_and_params(
+    page: Any, shot: Any, ui_server: Any
+) -> None:
+    rewards = {r["name"]: r for r in ui_server.api("GET", "/api/presets")["rewards"]}
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.rewards.0.name"]', state="attached")
+    # the verifier is always there and cannot be removed; the picker offers the others
+    assert page.input_value('[name="config.rewards.0.name"]') == "verifier"
+    assert page.locator('[data-field="config.rewards.0"] [data-remove]').count() == 0
+    offered = page.eval_on_selector_all("#reward-choice option", "os => os.map(o => o.value)")
+    assert "verifier" not in offered and {"format", "length"} <= set(offered)
+    page.fill('[name="config.sampling.max_new_tokens"]', "12")
+    page.select_option("#reward-choice", "length")
+    page.click("#add-reward")
+    buffer = '[name="config.rewards.1.params.buffer"]'
+    page.wait_for_selector(buffer)  # the reward's own params, from its schema, at its defaults
+    assert page.input_value(buffer) == str(rewards["length"]["defaults"]["buffer"])
+    assert page.input_value('[name="config.rewards.1.weight"]') == "1"
+    assert "length" not in page.eval_on_selector_all(
+        "#reward-choice option", "os => os.map(o => o.value)"
+    )
+    page.fill('[name="config.rewards.1.weight"]', "0.5")
+    page.fill(buffer, "4")
+    # a reward added and removed again leaves no row behind
+    page.select_option("#reward-choice", "format")
+    page.click("#add-reward")
+    page.wait_for_selector('[name="config.rewards.2.params.pattern"]', state="attached")
+    page.click('[data-remove="config.rewards.2"]')
+    assert page.locator('[name="config.rewards.2.name"]').count() == 0
+    # the process reward needs the task's process signal: jsonl has none, so it is not offered
+    page.select_option('[name="config.task.name"]', "jsonl")
+    offered = page.eval_on_selector_all("#reward-choice option", "os => os.map(o => o.value)")
+    assert "process" in rewards and "process" not in offered
+    page.select_option('[name="config.task.name"]', "arith")
+    shot(page, "new_run_rewards")
+    page.click("#submit-btn")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
+    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+    assert run["config"]["rewards"] == [
+        {"name": "verifier", "weight": 1.0, "params": {}},
+        {"name": "length", "weight": 0.5, "params": {"buffer": 4}},
+    ]
 
 
 def test_run_page_shows_separation_dashboards(

@@ -13,7 +13,7 @@ from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
 from conspo.demo import DEMO_CONFIG
 from conspo.models.catalog import BUILTIN_MODELS
-from conspo.registry import JOB_KINDS, OBJECTIVES, TASKS, Registry
+from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, Registry
 
 router = APIRouter(tags=["presets"])
 
@@ -28,6 +28,7 @@ def presets() -> dict[str, Any]:
         ],
         "algorithms": _registered(OBJECTIVES),
         "tasks": _registered(TASKS),
+        "rewards": _rewards(),
         "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],
         "config_schema": RunConfig.model_json_schema(),
         # The form starts from the demo's settings, so an untouched form's run compares with them.
@@ -49,6 +50,17 @@ def _registered(registry: Registry[Any]) -> list[dict[str, Any]]:
                 "defaults": _defaults(entry.params),
             }
         )
+    return out
+
+
+def _rewards() -> list[dict[str, Any]]:
+    """Each reward as the form offers it: its entry, its weight when none is given, and the tasks
+    a run may have it with (the config's own check: RegisteredReward.applies_to)."""
+    out = []
+    for preset in _registered(REWARDS):
+        reward = REWARDS.get(preset["name"])
+        tasks = [name for name in TASKS.names() if reward.applies_to(TASKS.get(name))]
+        out.append({**preset, "default_weight": reward.default_weight, "tasks": tasks})
     return out
 
 
