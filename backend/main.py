@@ -35,7 +35,7 @@ from backend.api.routes import (
 from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
-from backend.queue import JobQueue, make_celery
+from backend.runs.queue import JobQueue, make_celery
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Start it with ``conspo-lab worker`` (concurrency 1, prefetch 1, the queues of every capacity
 class this machine can hold: ``gpu``, ``gpu-2`` … ``gpu-N``, ``gpu-ray``; see
-``backend.scheduling``) or ``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
+``backend.runs.scheduling``) or ``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
 
 Stale runs are recovered by a thread in every worker instead of celery beat: there is no extra
 process to deploy (embedded mode has exactly one worker), a restarted worker recovers the runs
@@ -25,7 +25,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from backend.config import get_settings
 from backend.db import Database
-from backend.queue import JobQueue, make_celery
+from backend.runs.queue import JobQueue, make_celery
 from worker import shutdown  # noqa: F401  (connects the SIGTERM handling: see its docstring)
 
 log = logging.getLogger(__name__)

@@ -39,10 +39,10 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from backend import lifecycle
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
+from backend.runs import lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.models import Pipeline, Run
-from backend.run_rows import new_run, unique_names
+from backend.runs.rows import new_run, unique_names
 from conspo.config import RunConfig
 
 STOPPED = -1  # pipelines.released of a cancelled pipeline: no later stage is ever released

@@ -20,8 +20,8 @@ import numpy as np
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
+from backend.runs.lifecycle import owned_by
 from backend.storage.columns import MetricColumns, RolloutColumns, last_unique, none_if_nan
 from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts

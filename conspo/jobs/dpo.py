@@ -51,7 +51,7 @@ PAIRS_FILE = "dpo_pairs.jsonl"  # in the job's workdir, for kind_params.from_run
 class DPOParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # the fields naming a dataset (file or directory) in the data roots: checked at submit time
-    # like a task's (backend.run_inputs), read through DataFiles.check_path here
+    # like a task's (backend.runs.inputs), read through DataFiles.check_path here
     data_paths: ClassVar[tuple[str, ...]] = ("path",)
     dataset_dirs: ClassVar[bool] = True
 

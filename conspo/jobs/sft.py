@@ -42,7 +42,7 @@ else:
 class SFTParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # the fields naming a dataset (file or directory) in the data roots: checked at submit time
-    # like a task's (backend.run_inputs), read through DataFiles.check_path here
+    # like a task's (backend.runs.inputs), read through DataFiles.check_path here
     data_paths: ClassVar[tuple[str, ...]] = ("path",)
     dataset_dirs: ClassVar[bool] = True
 

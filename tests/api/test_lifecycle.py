@@ -1,4 +1,4 @@
-"""Every transition of backend.lifecycle, on SQLite and PostgreSQL, with the real brokers.
+"""Every transition of backend.runs.lifecycle, on SQLite and PostgreSQL, with the real brokers.
 
 Each test drives one transition from every state it may start in and checks what it refuses;
 messages are read back from the broker the workers consume (Redis, or kombu's SQLAlchemy
@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
 from backend.config import Settings
 from backend.db import Database
-from backend.lifecycle import Beat
 from backend.models import Metric, Run, RunStatus, User, utcnow
-from backend.queue import TASK_NAME, JobQueue, make_celery
+from backend.runs import lifecycle
+from backend.runs.lifecycle import Beat
+from backend.runs.queue import TASK_NAME, JobQueue, make_celery
 from backend.security import get_or_create_user
 from backend.storage.writes import StepPoints, write_points
 from conspo.config import RunConfig

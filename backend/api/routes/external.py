@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic_core import to_json
 
-from backend import lifecycle
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import CurrentUser, OwnedRunDep, SessionDep
 from backend.api.query import JSONBytes
 from backend.models import RunStatus, utcnow
+from backend.runs import lifecycle
 from backend.schemas import (
     MAX_LOG_POINTS,
     ExternalRunCreate,

@@ -64,9 +64,9 @@ from backend.models import (
     utcnow,
 )
 from backend.pipelines import stages
-from backend.queue import JobQueue
-from backend.run_rows import commit_named, new_run
-from backend.scheduling import resources_of
+from backend.runs.queue import JobQueue
+from backend.runs.rows import commit_named, new_run
+from backend.runs.scheduling import resources_of
 from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def queue_runs(
 
 def send(session: Session, jobs: JobQueue, run_id: int) -> bool:
     """Hand a queued run to the broker, on the queue of workers that can hold it
-    (``backend.scheduling``), and stamp ``enqueued_at``; False if it is not queued.
+    (``backend.runs.scheduling``), and stamp ``enqueued_at``; False if it is not queued.
 
     The stamp is written first, inside a transaction that stays open while the job is
     published: the UPDATE holds the run row, so a second sender (another worker's reaper)
