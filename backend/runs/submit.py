@@ -22,10 +22,9 @@ from typing import Any, NamedTuple
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
-from backend.errors import InvalidInput
+from backend.errors import InvalidInput, dotted_loc
 from backend.runs import chaining, inputs
 from backend.runs.inputs import Loc, Problem
-from backend.studies.spec import dotted_loc
 from conspo.config import RunConfig
 
 
