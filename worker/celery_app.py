@@ -13,6 +13,9 @@ holds the GPUs and optional packages the worker found at start (``worker.capabil
 
 A warm shutdown (SIGTERM) stops the run in progress at its next step boundary and hands it back
 to the queue (``worker.shutdown``).
+
+Importing this module registers the lifecycle's hooks (``backend.pipelines.stages.install_hooks``:
+a succeeded stage releases its pipeline's next stage), so every process that runs tasks has them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from backend.config import get_settings
 from backend.db import Database
+from backend.pipelines.stages import install_hooks
 from backend.runs.queue import JobQueue, make_celery
 from worker import shutdown  # noqa: F401  (connects the SIGTERM handling: see its docstring)
 
@@ -34,6 +38,7 @@ settings = get_settings()
 celery_app = make_celery(settings)
 celery_app.conf.include = ["worker.tasks"]
 app = celery_app  # `celery -A worker.celery_app` looks for `app` or `celery`
+install_hooks()  # lifecycle.finish (in worker.tasks) releases a pipeline's next stage
 
 _reaper: Any = None
 
