@@ -41,7 +41,7 @@ What else a finish sets off is not the lifecycle's business: a room above it reg
 is released that way: ``backend.pipelines.stages.install_hooks``, called at start by every
 process that finishes runs: the API's ``create_app``, the worker's ``worker.celery_app``, its
 ``worker.watchdog``). The other ways a run ends (a cancel, ``requeue_stale`` failing a run,
-``close_external``) call no hook, as they released no stage before.
+``close_external``) call no hook: none of them is a worker run succeeding.
 """
 
 from __future__ import annotations
