@@ -64,20 +64,7 @@ def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> Response
             ],
         )
     steps = [StepPoints(s.step, dict(s.metrics), s.wall_time) for s in body.steps]
-    rollouts = [
-        RolloutPoint(
-            r.step,
-            r.group,
-            r.index,
-            r.reward,
-            r.score,
-            r.length,
-            r.truncated,
-            r.prompt,
-            r.completion,
-        )  # fmt: skip
-        for r in body.rollouts
-    ]
+    rollouts = [RolloutPoint.model_validate(r, from_attributes=True) for r in body.rollouts]
     prompts = [PromptPoint(p.step, p.key, p.n, p.correct) for p in body.prompts]
     values: dict[str, Any] = {"heartbeat_at": utcnow()}
     if body.error is not None:
