@@ -3,6 +3,10 @@ submit checks, studies, pipelines) whoever calls them (the API, the CLI, the wor
 
 ``backend.api.errors`` is the one place each class becomes an HTTP status; nothing below the
 API raises FastAPI's exceptions.
+
+``dotted_loc`` names an error by an override's own spelling (``params.tau``): a study's arm
+validation (``backend.studies.spec``) and the submit checks (``backend.runs.submit``) both
+locate errors with it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,18 @@ class InvalidInput(DomainError):
     def under(self, prefix: Loc) -> InvalidInput:
         """The same errors located under ``prefix`` (``body``, ``body.overrides``)."""
         return InvalidInput([{**e, "loc": (*prefix, *e["loc"])} for e in self.errors])
+
+
+def dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
+    """Name an error by the override's own spelling when it used a dotted path: the override
+    at or above the error's field, else the first one inside a section the error names (a
+    memory refusal names ``sampling``; the override was ``sampling.max_new_tokens``)."""
+    text = ".".join(str(p) for p in loc)
+    for key in overrides:
+        if "." in key and (text == key or text.startswith(key + ".")):
+            return (key, *loc[len(key.split(".")) :])
+    inside = next((key for key in overrides if text and key.startswith(text + ".")), None)
+    return (inside,) if inside is not None else loc
 
 
 def _dotted(loc: Sequence[Any]) -> str:

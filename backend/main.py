@@ -35,7 +35,8 @@ from backend.api.routes import (
 from backend.api.stream_hub import StreamHub
 from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
-from backend.queue import JobQueue, make_celery
+from backend.pipelines.stages import install_hooks
+from backend.runs.queue import JobQueue, make_celery
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ async def _plain(send: Send, status: int, detail: str, retry_after: int | None =
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    install_hooks()  # lifecycle.finish releases a pipeline's next stage
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

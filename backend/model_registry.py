@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import Run
-from backend.run_rows import run_label
+from backend.runs.rows import run_label
 from backend.storage.runs import finished_worker_runs
 from conspo.models.lineage import TRAINING_FILES, Which, checkpoint_for, describe, is_adapter
 

@@ -1,7 +1,7 @@
 """The schema (SQLAlchemy 2 typed ORM). Alembic (migrations/) is the only way it changes.
 
 * ``runs``: one row per training job, status machine queued → running → succeeded|failed|cancelled
-  (every transition is in ``backend.lifecycle``).
+  (every transition is in ``backend.runs.lifecycle``).
 * ``metrics``: long format, primary key (run_id, key, step) → value (NULL for NaN/Inf): the key
   serves both the idempotent upsert and the (run, key, step-range) reads. ``seq`` is the run's
   ``write_seq`` of the write that last touched the point (the live stream's cursor).

@@ -2,8 +2,9 @@
 
 The pages are thin Jinja2 shells; everything they show comes from the REST API (docs/api.md)
 through the plain JS modules in ``frontend/static``. Plotly.js is served from the installed
-``plotly`` package (its ``package_data/plotly.min.js``) or, for the pages that need no more, its
-cartesian bundle from ``node_modules`` (``npm ci``); never from a CDN, so the UI works offline.
+``plotly`` package or, for the pages that need no more, its cartesian bundle from
+``node_modules``; never from a CDN, so the UI works offline. Where those files lie is
+``backend.assets`` (shared with the exported reports, ``backend.studies.report``).
 
 The API token reaches the page (``window.CONSPO_TOKEN``) only when the server runs with
 ``CONSPO_UI_TOKEN_INJECT=true`` (the embedded default) and the page was asked for by a loopback
@@ -16,7 +17,6 @@ import json
 import re
 from dataclasses import asdict
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
@@ -24,14 +24,11 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from backend.api.deps import SessionDep
+from backend.assets import STATIC_DIR, TEMPLATES_DIR, plotly_cartesian_path, plotly_js_path
 from backend.config import Settings
 from backend.models import Pipeline, Study
 from backend.studies.comparison import RUN_FIELDS
 from conspo.metrics import catalogue
-
-FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
-TEMPLATES_DIR = FRONTEND_DIR / "templates"
-STATIC_DIR = FRONTEND_DIR / "static"
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
@@ -43,31 +40,6 @@ _STATIC_TYPES = {
     ".png": "image/png",
     ".ico": "image/x-icon",
 }
-
-
-@lru_cache(maxsize=1)
-def plotly_js_path() -> Path:
-    """The plotly.min.js bundled with the installed ``plotly`` Python package."""
-    import plotly
-
-    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-    if not path.is_file():  # pragma: no cover - a broken plotly install
-        raise RuntimeError(f"plotly.min.js not found at {path}; reinstall the plotly package")
-    return path
-
-
-# Plotly's official cartesian bundle (npm plotly.js-cartesian-dist-min, pinned in package.json to
-# the plotly.js version of the Python package): scatter, bar, heatmap, box, ... but no parcoords,
-# and a third of the full bundle, which took a second or more to compile and run on a loaded
-# 2-core machine before a page could draw its first chart.
-PLOTLY_CARTESIAN = FRONTEND_DIR.parent.joinpath(
-    "node_modules", "plotly.js-cartesian-dist-min", "plotly-cartesian.min.js"
-)
-
-
-def plotly_cartesian_path() -> Path:
-    """The cartesian bundle where ``npm ci`` installed it (``make run`` does), else the full one."""
-    return PLOTLY_CARTESIAN if PLOTLY_CARTESIAN.is_file() else plotly_js_path()
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})

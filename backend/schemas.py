@@ -18,8 +18,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, to_json
 
-from backend.run_rows import run_label
-from backend.scheduling import Cluster, describe_needs, machine_of, resources_of
+from backend.runs.rows import run_label
+from backend.runs.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
 

@@ -271,9 +271,9 @@ def _queue_demo(settings: Settings) -> None:
     from sqlalchemy import func, select
 
     from backend.db import Database
-    from backend.lifecycle import LifecycleError
     from backend.models import Run
-    from backend.queue import JobQueue
+    from backend.runs.lifecycle import LifecycleError
+    from backend.runs.queue import JobQueue
     from backend.security import get_or_create_user
     from backend.studies.service import create_study
     from backend.studies.spec import StudyCreate, validate_arm

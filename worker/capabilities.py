@@ -3,8 +3,8 @@ configs need.
 
 Probed once at start, logged, and stored in the worker's ``workers`` row
 (``backend.liveness``): ``/api/health`` lists it, the API accepts a config that needs
-vLLM or flash-attn when a live worker advertises it (``backend.run_inputs``), even though the
-API process itself has neither, and says why a queued run waits (``backend.scheduling``). The
+vLLM or flash-attn when a live worker advertises it (``backend.runs.inputs``), even though the
+API process itself has neither, and says why a queued run waits (``backend.runs.scheduling``). The
 queues the worker consumes follow from the same probe (``capacity``, ``queues``).
 """
 
@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from backend.config import Settings
-from backend.scheduling import Capacity, queues_served
+from backend.runs.scheduling import Capacity, queues_served
 from conspo.generation.engines import ENGINES
 
 # Engines that need a package beyond the training stack, and the module that provides it.
@@ -66,7 +66,7 @@ def _probe_machine() -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
 
 
 def capacity(settings: Settings | None = None) -> Capacity:
-    """What runs this worker can hold (``backend.scheduling``)."""
+    """What runs this worker can hold (``backend.runs.scheduling``)."""
     return Capacity.advertised(*probe(settings))
 
 

@@ -2,7 +2,7 @@
 
 Start it with ``conspo-lab worker`` (concurrency 1, prefetch 1, the queues of every capacity
 class this machine can hold: ``gpu``, ``gpu-2`` … ``gpu-N``, ``gpu-ray``; see
-``backend.scheduling``) or ``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
+``backend.runs.scheduling``) or ``celery -A worker.celery_app worker -Q gpu -c 1 -P solo``.
 
 Stale runs are recovered by a thread in every worker instead of celery beat: there is no extra
 process to deploy (embedded mode has exactly one worker), a restarted worker recovers the runs
@@ -13,6 +13,9 @@ holds the GPUs and optional packages the worker found at start (``worker.capabil
 
 A warm shutdown (SIGTERM) stops the run in progress at its next step boundary and hands it back
 to the queue (``worker.shutdown``).
+
+Importing this module registers the lifecycle's hooks (``backend.pipelines.stages.install_hooks``:
+a succeeded stage releases its pipeline's next stage), so every process that runs tasks has them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from celery.signals import worker_ready, worker_shutdown
 
 from backend.config import get_settings
 from backend.db import Database
-from backend.queue import JobQueue, make_celery
+from backend.pipelines.stages import install_hooks
+from backend.runs.queue import JobQueue, make_celery
 from worker import shutdown  # noqa: F401  (connects the SIGTERM handling: see its docstring)
 
 log = logging.getLogger(__name__)
@@ -34,6 +38,7 @@ settings = get_settings()
 celery_app = make_celery(settings)
 celery_app.conf.include = ["worker.tasks"]
 app = celery_app  # `celery -A worker.celery_app` looks for `app` or `celery`
+install_hooks()  # lifecycle.finish (in worker.tasks) releases a pipeline's next stage
 
 _reaper: Any = None
 

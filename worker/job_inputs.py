@@ -22,9 +22,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backend import run_inputs
 from backend.config import Settings
 from backend.db import Database
+from backend.runs import inputs as run_inputs
 from backend.storage.rollouts import stored_texts
 from conspo.access import ModelSources
 from conspo.jobs import prepare_inputs

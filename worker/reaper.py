@@ -10,7 +10,7 @@
   queue holds fewer jobs than runs waiting (Redis lost them: no persistence, the AOF fsync
   window, a failover): published again (``lifecycle.stranded``).
 
-Every transition is one of ``backend.lifecycle``'s conditional UPDATEs, so concurrent reapers
+Every transition is one of ``backend.runs.lifecycle``'s conditional UPDATEs, so concurrent reapers
 (one per worker) never double up. Stale heartbeats are only acted on once this reaper has
 reached the database for a whole ``heartbeat_timeout_s``: after an outage, every heartbeat is
 stale because no worker could write one, not because the workers died.
@@ -25,12 +25,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from backend import lifecycle, liveness
+from backend import liveness
 from backend.config import Settings
 from backend.db import Database
 from backend.liveness import WorkerIdentity
 from backend.models import utcnow
-from backend.queue import JobQueue
+from backend.runs import lifecycle
+from backend.runs.queue import JobQueue
 from backend.studies import service as studies
 from worker.retry import short
 

@@ -35,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
 
-from backend import lifecycle, run_inputs
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
 from backend.pipelines import service as pipelines
-from backend.queue import TASK_NAME, JobQueue
-from backend.scheduling import resources_of
+from backend.runs import inputs as run_inputs
+from backend.runs import lifecycle
+from backend.runs.queue import TASK_NAME, JobQueue
+from backend.runs.scheduling import resources_of
 from backend.storage.runs import config_of
 from backend.studies import service as studies
 from worker import watchdog

@@ -39,10 +39,11 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from backend import lifecycle
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, RunStatus, utcnow
+from backend.pipelines.stages import install_hooks
+from backend.runs import lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s watchdog %(message)s")
     settings = Settings.model_validate_json(os.environ["CONSPO_WATCHDOG_SETTINGS"])
+    install_hooks()  # it finishes runs too (cancelled), like every process that does
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log.info("run %s attempt %s: %s", args.run, args.attempt, watch(settings, **_ids(args)))
 

@@ -35,8 +35,8 @@ from backend.api.stream_hub import StreamHub
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Pipeline, Run, Study, User
-from backend.queue import JobQueue
-from backend.scheduling import Cluster
+from backend.runs.queue import JobQueue
+from backend.runs.scheduling import Cluster
 from backend.schemas import INT32_MAX
 from backend.security import user_for_token
 from backend.storage.runs import runs_by_id

@@ -27,7 +27,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.config import Settings
 from backend.errors import DomainError, InvalidInput
-from backend.lifecycle import Conflict, QueueUnavailable
+from backend.runs.lifecycle import Conflict, QueueUnavailable
 from backend.schemas import renderable
 
 log = logging.getLogger(__name__)

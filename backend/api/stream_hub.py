@@ -42,7 +42,7 @@ from sse_starlette import ServerSentEvent
 from backend.config import Settings
 from backend.db import Database
 from backend.models import FINISHED, RunStatus, utcnow
-from backend.scheduling import Cluster
+from backend.runs.scheduling import Cluster
 from backend.schemas import run_out
 from backend.storage import runs as stored_runs
 from backend.storage.stream import StreamChunk, StreamCursor, query_new_points

@@ -13,13 +13,13 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
 from backend.errors import InvalidInput, Loc
 from backend.models import DEFAULT_KIND, FINISHED, Pipeline, Run, RunStatus, User
 from backend.pipelines.stages import STOPPED, stage_run
-from backend.queue import JobQueue
-from backend.run_rows import algorithm_of, commit_named, run_label
-from backend.scheduling import Cluster
+from backend.runs import lifecycle
+from backend.runs.queue import JobQueue
+from backend.runs.rows import algorithm_of, commit_named, run_label
+from backend.runs.scheduling import Cluster
 from backend.schemas import run_out
 from backend.storage import pipelines as stored
 from backend.storage.series import points_under

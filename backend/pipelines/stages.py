@@ -1,8 +1,11 @@
 """A pipeline's stage runs: made from the stage's config, starting from the previous stage's
 run, and released once when that run succeeds.
 
-Below the lifecycle: ``lifecycle.finish`` releases the next stage in its own transaction, so
-this module makes rows and never changes a run's status.
+Above the lifecycle, which never imports pipelines: ``install_hooks`` registers
+``on_run_finished`` with ``lifecycle.on_finished``, so ``lifecycle.finish`` releases the next
+stage in its own transaction. Every process that finishes runs calls it at start (the API's
+``backend.main.create_app``, the worker's ``worker.celery_app``, ``worker.watchdog``). This
+module makes rows and never changes a run's status.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend.models import Pipeline, Run
-from backend.run_rows import new_run, unique_names
+from backend.models import Pipeline, Run, RunStatus
+from backend.runs import lifecycle
+from backend.runs.rows import new_run, unique_names
 from conspo.config import RunConfig
 
 STOPPED = -1  # pipelines.released of a cancelled pipeline: no later stage is ever released
@@ -60,3 +64,15 @@ def release_next_stage(session: Session, run_id: int) -> int | None:
     session.add(run)
     session.flush()
     return run.id
+
+
+def on_run_finished(session: Session, run_id: int, status: RunStatus) -> None:
+    """The lifecycle's hook (``lifecycle.on_finished``): a stage that succeeded releases the
+    next one (``release_next_stage``), in the transaction of its finish."""
+    if status is RunStatus.succeeded:
+        release_next_stage(session, run_id)
+
+
+def install_hooks() -> None:
+    """Register the pipelines' part of ``lifecycle.finish`` in this process (idempotent)."""
+    lifecycle.on_finished(on_run_finished)

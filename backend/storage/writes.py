@@ -20,8 +20,9 @@ import numpy as np
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from backend.lifecycle import owned_by
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
+from backend.runs.lifecycle import owned_by
+from backend.schemas import RolloutOut
 from backend.storage.columns import MetricColumns, RolloutColumns, last_unique, none_if_nan
 from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
@@ -47,15 +48,10 @@ class StepPoints:
     prompts: Sequence[Any] = ()
 
 
-@dataclass
-class RolloutPoint:
-    step: int
-    group: int
-    index: int
-    reward: float | None
-    score: float | None
-    length: int
-    truncated: bool
+class RolloutPoint(RolloutOut):
+    """One rollout to write: the fields a read gives back (``RolloutOut``, the API's), its text
+    "" when it has none (a read leaves the text out unless asked for it)."""
+
     prompt: str = ""
     completion: str = ""
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 from html import escape
 from typing import Any
 
-from backend.pages import STATIC_DIR, plotly_js_path
+from backend.assets import STATIC_DIR, plotly_js_path
 
 # Belt and braces: even a browser that follows a stray URL in Plotly's bundle may fetch nothing.
 CSP = (

@@ -23,7 +23,6 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-from backend import lifecycle, run_inputs
 from backend.config import Settings
 from backend.errors import InvalidInput
 from backend.models import (
@@ -34,12 +33,14 @@ from backend.models import (
     StudyRun,
     StudyRunState,
 )
-from backend.queue import JobQueue
+from backend.runs import inputs as run_inputs
+from backend.runs import lifecycle
+from backend.runs.queue import JobQueue
+from backend.runs.submit import Submitted
 from backend.storage.series import whole_series
 from backend.studies.arms import add_arms
 from backend.studies.objective import reduce_series
 from backend.studies.spec import Search, SearchParam, StudyCreate, validate_arm
-from backend.submit_checks import Submitted
 from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def _load(session: Session, study: Study) -> Any:
 def check_space(body: StudyCreate) -> list[Submitted]:
     """Each search path must be a config path whose low/high or choices validate: 422 at
     body.search.space.<path> otherwise, before anything is stored. Returns the configs the
-    submit checks look at (``backend.submit_checks``): the base, and the base with each value
+    submit checks look at (``backend.runs.submit``): the base, and the base with each value
     of each parameter (the low and high of a range), named by its path."""
     assert body.search is not None
     errors: list[dict[str, Any]] = []

@@ -21,7 +21,6 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
 from backend.errors import InvalidInput, Loc
 from backend.models import (
     FINISHED,
@@ -34,8 +33,9 @@ from backend.models import (
     User,
     utcnow,
 )
-from backend.queue import JobQueue
-from backend.run_rows import name_uniquely, new_run
+from backend.runs import lifecycle
+from backend.runs.queue import JobQueue
+from backend.runs.rows import name_uniquely, new_run
 from backend.storage import studies as stored
 from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series

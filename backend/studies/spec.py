@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from backend.errors import dotted_loc
 from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
 from conspo import metrics as M
 from conspo.config import RunConfig, deep_merge, with_overrides
@@ -233,18 +234,6 @@ def validate_arm(
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
         return None, [{**e, "loc": (*loc, *dotted_loc(e["loc"], overrides))} for e in errors]
-
-
-def dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
-    """Name an error by the override's own spelling when it used a dotted path: the override
-    at or above the error's field, else the first one inside a section the error names (a
-    memory refusal names ``sampling``; the override was ``sampling.max_new_tokens``)."""
-    text = ".".join(str(p) for p in loc)
-    for key in overrides:
-        if "." in key and (text == key or text.startswith(key + ".")):
-            return (key, *loc[len(key.split(".")) :])
-    inside = next((key for key in overrides if text and key.startswith(text + ".")), None)
-    return (inside,) if inside is not None else loc
 
 
 def _error(loc: tuple[str | int, ...], message: str) -> dict[str, Any]:

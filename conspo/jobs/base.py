@@ -13,7 +13,7 @@ class DatasetParams(BaseModel):
     """Base of the parameters of a kind that trains on a local dataset named by ``path`` (sft's
     problems, dpo's pairs: each kind's description says what its rows hold).
 
-    ``path`` is checked at submit time like a task's data files (``backend.run_inputs`` reads
+    ``path`` is checked at submit time like a task's data files (``backend.runs.inputs`` reads
     ``data_paths``), and the kind reads it through ``DataFiles.check_path``: a directory may
     hold the dataset (``dataset_dirs``).
     """

@@ -41,7 +41,7 @@ else:
 
 class DistillParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # the fields naming a model: checked at submit time like model.name (backend.run_inputs),
+    # the fields naming a model: checked at submit time like model.name (backend.runs.inputs),
     # and again by the model store when loaded
     model_names: ClassVar[tuple[str, ...]] = ("teacher",)
 

@@ -5,7 +5,7 @@
   find it on the Ray dashboard. NULL for runs that never went to Ray.
 
 Scheduling needs no column: a run's capacity class comes from its stored config
-(``backend.scheduling``) and a worker's capacity from its ``workers`` row.
+(``backend.runs.scheduling``) and a worker's capacity from its ``workers`` row.
 
 Revision ID: 0007
 Revises: 0006

@@ -360,7 +360,7 @@ def own_api(own_settings: Settings) -> Iterator[Api]:
 def run_in_worker(api: Api, config: dict[str, Any]) -> dict[str, Any]:
     """Submit ``config`` and run its job with the worker's own code, in this process."""
     from backend.db import Database
-    from backend.queue import JobQueue, make_celery
+    from backend.runs.queue import JobQueue, make_celery
     from worker.tasks import execute_run
 
     r = api.post("/api/runs", json={"config": config})

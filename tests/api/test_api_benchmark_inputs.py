@@ -1,5 +1,5 @@
 """Dataset directories and benchmark files a config names are checked at submit like task data
-files (backend/run_inputs.py): inside the data roots and under the cap, else a 422 at the field."""
+files (backend/runs/inputs.py): inside the data roots and under the cap, else a 422 at the field."""
 
 from __future__ import annotations
 

@@ -60,6 +60,24 @@ def record(step: int, scale: float = 1.0) -> StepRecord:
     )
 
 
+def point(
+    step: int,
+    group: int,
+    index: int,
+    reward: float | None,
+    score: float | None,
+    length: int,
+    truncated: bool,
+    prompt: str = "",
+    completion: str = "",
+) -> RolloutPoint:
+    """A rollout to write, its fields in the API's order (``RolloutOut``)."""
+    return RolloutPoint(
+        step=step, group=group, index=index, reward=reward, score=score, length=length,
+        truncated=truncated, prompt=prompt, completion=completion,
+    )  # fmt: skip
+
+
 def stored(db: Database, run_id: int) -> tuple[dict[tuple[str, int], float | None], list[int]]:
     with db.session() as s:
         points = {
@@ -151,8 +169,8 @@ def test_write_points_dedupes_nulls_and_sorts(db: Database) -> None:
         StepPoints(2, {"a": 5.0}, 1.7e9),  # the same (key, step) again: the last one wins
     ]
     rollouts = [
-        RolloutPoint(1, 0, 0, None, math.nan, 3, False),
-        RolloutPoint(1, 0, 0, 1.0, -0.5, 4, True),  # the same row again: the last one wins
+        point(1, 0, 0, None, math.nan, 3, False),
+        point(1, 0, 0, 1.0, -0.5, 4, True),  # the same row again: the last one wins
     ]
     with db.session() as s:
         written = write_points(s, run_id, steps, rollouts)
@@ -213,7 +231,7 @@ def test_copy_sends_nulls_texts_and_every_width_exactly(db: Database) -> None:
         for s in range(1, 40)
     ]
     rollouts = [
-        RolloutPoint(s, g, i, None if i == 1 else 0.5 * i, math.nan if g else -i, 7 + i, i == 2)
+        point(s, g, i, None if i == 1 else 0.5 * i, math.nan if g else -i, 7 + i, i == 2)
         for s in range(1, 40)
         for g in range(2)
         for i in range(3)
@@ -510,7 +528,7 @@ def test_rollouts_added_to_a_stored_step_keep_the_others(db: Database) -> None:
     run_id = new_run(db)
 
     def rollout(step: int, g: int, i: int, reward: float) -> RolloutPoint:
-        return RolloutPoint(step, g, i, reward, -0.5, 4, False)
+        return point(step, g, i, reward, -0.5, 4, False)
 
     first = [rollout(s, 0, i, 0.0) for s in (1, 2) for i in range(3)]
     later = [rollout(1, 1, 0, 1.0), rollout(1, 0, 1, 2.0), rollout(3, 0, 0, 3.0)]
@@ -538,7 +556,7 @@ def test_rollout_reads_page_through_steps_and_join_texts(db: Database) -> None:
     run_id = new_run(db)
     steps = STEP_ROWS_PER_READ * 2 + 5
     rollouts = [
-        RolloutPoint(s, g, i, float(s), None, 1, False, *(("p", f"c{s}") if i else ("", "")))
+        point(s, g, i, float(s), None, 1, False, *(("p", f"c{s}") if i else ("", "")))
         for s in range(1, steps + 1)
         for g in range(2)
         for i in range(2)

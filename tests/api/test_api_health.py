@@ -17,7 +17,7 @@ from backend.db import Database
 from backend.liveness import WorkerIdentity
 from backend.main import create_app
 from backend.models import Worker, utcnow
-from backend.queue import JobQueue
+from backend.runs.queue import JobQueue
 from tests.api.conftest import lose_queued_jobs, make_tokens, tiny_config, wait_for
 from worker.reaper import reap
 

@@ -1,4 +1,4 @@
-"""What a submitted config may make a worker read, load or allocate (backend/run_inputs.py):
+"""What a submitted config may make a worker read, load or allocate (backend/runs/inputs.py):
 refused at submit with a 422 at the field, and again by a real worker with its own settings."""
 
 from __future__ import annotations

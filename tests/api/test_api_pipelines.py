@@ -24,7 +24,7 @@ BASE = {**TINY, "eval": EVAL, "checkpoint": {"every": 0}}
 
 def execute(api: Any, run_id: int) -> dict[str, Any]:
     from backend.db import Database
-    from backend.queue import JobQueue, make_celery
+    from backend.runs.queue import JobQueue, make_celery
     from worker.tasks import execute_run
 
     settings = api.settings

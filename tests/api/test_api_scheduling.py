@@ -15,8 +15,8 @@ from sqlalchemy import update
 from backend.db import Database
 from backend.liveness import WorkerIdentity
 from backend.models import Run, RunStatus
-from backend.queue import JobQueue, make_celery
-from backend.scheduling import Capacity, Cluster, LiveWorker, queue_for, queues_served
+from backend.runs.queue import JobQueue, make_celery
+from backend.runs.scheduling import Capacity, Cluster, LiveWorker, queue_for, queues_served
 from conspo.config import ResourcesConfig
 from tests.api.conftest import TINY, Api, tiny_config
 from tests.api.test_api_engines import alive

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from backend.db import Database
 from backend.models import Study, StudyRun
-from backend.queue import JobQueue, make_celery
+from backend.runs.queue import JobQueue, make_celery
 from tests.api.conftest import Api, tiny_config
 
 pytestmark = pytest.mark.services

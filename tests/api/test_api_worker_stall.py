@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from backend import lifecycle
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Run, utcnow
+from backend.runs import lifecycle
 from tests.api.conftest import Api, tiny_config, wait_for
 from tests.api.test_api_worker import finished, mode_api, run_state, submit
 from worker.watchdog import watch

@@ -1,4 +1,4 @@
-"""Every transition of backend.lifecycle, on SQLite and PostgreSQL, with the real brokers.
+"""Every transition of backend.runs.lifecycle, on SQLite and PostgreSQL, with the real brokers.
 
 Each test drives one transition from every state it may start in and checks what it refuses;
 messages are read back from the broker the workers consume (Redis, or kombu's SQLAlchemy
@@ -7,7 +7,10 @@ transport) rather than from a stand-in.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,16 +20,16 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
 from backend.config import Settings
 from backend.db import Database
-from backend.lifecycle import Beat
 from backend.models import Metric, Run, RunStatus, User, utcnow
-from backend.queue import TASK_NAME, JobQueue, make_celery
+from backend.runs import lifecycle
+from backend.runs.lifecycle import Beat
+from backend.runs.queue import TASK_NAME, JobQueue, make_celery
 from backend.security import get_or_create_user
 from backend.storage.writes import StepPoints, write_points
 from conspo.config import RunConfig
-from tests.api.conftest import lose_queued_jobs
+from tests.api.conftest import ROOT, lose_queued_jobs
 
 CONFIG = RunConfig.model_validate({"algorithm": "grpo", "steps": 3})
 LONG_AGO = timedelta(hours=1)
@@ -215,6 +218,71 @@ def test_finish_and_fail_end_an_owned_run(session, jobs, owner) -> None:
     )
     with pytest.raises(ValueError, match="final status"):
         lifecycle.finish(session, run.id, 1, RunStatus.running)
+
+
+def test_finish_calls_the_registered_hooks_in_its_own_transaction(
+    session, jobs, owner, monkeypatch
+) -> None:
+    """The rooms above hook into a finish (``on_finished``): each hook once, with the status,
+    before the commit (what it writes is committed with the finish, or neither is), and never
+    for a finish that is refused."""
+    monkeypatch.setattr(lifecycle, "_on_finished", [])  # this process's own hooks come back after
+    calls: list[tuple[int, RunStatus, RunStatus]] = []
+
+    def hook(s: Session, run_id: int, status: RunStatus) -> None:
+        assert s is session and s.in_transaction()
+        stored = s.scalar(select(Run.status).where(Run.id == run_id))  # the finish, uncommitted
+        calls.append((run_id, status, RunStatus(stored)))
+
+    assert lifecycle.on_finished(hook) is hook
+    lifecycle.on_finished(hook)  # registered once
+    assert lifecycle.finished_hooks() == (hook,)
+    run = running(session, jobs, owner)
+    assert lifecycle.finish(session, run.id, 1, RunStatus.succeeded)
+    assert not lifecycle.finish(session, run.id, 1, RunStatus.failed)  # refused: no hook
+    other = running(session, jobs, owner)
+    assert lifecycle.fail(session, other.id, 1, "boom")
+    assert calls == [
+        (run.id, RunStatus.succeeded, RunStatus.succeeded),
+        (other.id, RunStatus.failed, RunStatus.failed),
+    ]
+
+    def broken(s: Session, run_id: int, status: RunStatus) -> None:
+        raise RuntimeError("hook failed")
+
+    lifecycle.on_finished(broken)
+    third = running(session, jobs, owner)
+    with pytest.raises(RuntimeError, match="hook failed"):
+        lifecycle.finish(session, third.id, 1, RunStatus.succeeded)
+    session.rollback()  # what the caller's session does with the error: neither is written
+    assert state(session, third.id).status == RunStatus.running
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        "import worker.tasks",  # a Celery worker (`conspo-lab worker`, serve --embedded's too)
+        "from backend.main import create_app; create_app()",  # the API
+    ],
+)
+def test_every_process_that_finishes_runs_has_the_pipelines_hook(start: str, tmp_path) -> None:
+    """A succeeded stage releases its pipeline's next one in whichever process finishes it: the
+    lifecycle does not import pipelines; each process registers its hook when it starts."""
+    code = "\n".join(
+        [
+            "from backend.runs import lifecycle",
+            "assert not lifecycle.finished_hooks()",
+            start,
+            "from backend.pipelines.stages import on_run_finished",
+            "assert lifecycle.finished_hooks() == (on_run_finished,), lifecycle.finished_hooks()",
+        ]
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONSPO_")}
+    env["CONSPO_DATA_DIR"] = str(tmp_path)  # embedded defaults: nothing is reached at start
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_requeue_stale_requeues_or_cancels_only_stale_worker_runs(session, jobs, owner) -> None:

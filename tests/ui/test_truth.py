@@ -500,7 +500,7 @@ def test_charts_draw_with_plotly_cartesian_bundle_unless_a_search_needs_parcoord
     page, whose parallel coordinates the cartesian bundle lacks, loads the full one."""
     import plotly
 
-    from backend.pages import PLOTLY_CARTESIAN
+    from backend.assets import PLOTLY_CARTESIAN
 
     full = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
     served = ui_server.http.get("/static/plotly-cartesian.min.js")

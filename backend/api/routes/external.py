@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic_core import to_json
 
-from backend import lifecycle
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import CurrentUser, OwnedRunDep, SessionDep
 from backend.api.query import JSONBytes
 from backend.models import RunStatus, utcnow
+from backend.runs import lifecycle
 from backend.schemas import (
     MAX_LOG_POINTS,
     ExternalRunCreate,
@@ -64,20 +64,7 @@ def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> Response
             ],
         )
     steps = [StepPoints(s.step, dict(s.metrics), s.wall_time) for s in body.steps]
-    rollouts = [
-        RolloutPoint(
-            r.step,
-            r.group,
-            r.index,
-            r.reward,
-            r.score,
-            r.length,
-            r.truncated,
-            r.prompt,
-            r.completion,
-        )  # fmt: skip
-        for r in body.rollouts
-    ]
+    rollouts = [RolloutPoint.model_validate(r, from_attributes=True) for r in body.rollouts]
     prompts = [PromptPoint(p.step, p.key, p.n, p.correct) for p in body.prompts]
     values: dict[str, Any] = {"heartbeat_at": utcnow()}
     if body.error is not None:

@@ -26,12 +26,13 @@ from fastapi import APIRouter, Response, status
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from backend import lifecycle, liveness
+from backend import liveness
 from backend.api.deps import CeleryDep, DatabaseDep, JobsDep, SettingsDep, StreamHubDep
 from backend.config import VERSION, Settings
 from backend.db import Database
 from backend.models import RunStatus, Worker, utcnow
-from backend.queue import JobQueue
+from backend.runs import lifecycle
+from backend.runs.queue import JobQueue
 from backend.schemas import Health
 from backend.storage.runs import count_in, count_queued, stale_running
 

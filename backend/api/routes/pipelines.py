@@ -20,9 +20,9 @@ from backend.api.deps import (
     SettingsDep,
 )
 from backend.pipelines import service
+from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import PipelineCreate, PipelineList, PipelineOut
 from backend.storage import pipelines as stored
-from backend.submit_checks import Submitted, refuse_unfit
 
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], route_class=JSONBodyRoute)
 

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
-from backend import lifecycle, run_inputs
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
@@ -24,8 +23,11 @@ from backend.api.query import JSONBytes, parse_ids
 from backend.config import Settings
 from backend.errors import InvalidInput
 from backend.models import Run, RunStatus
-from backend.run_rows import name_base
-from backend.scheduling import Cluster
+from backend.runs import inputs as run_inputs
+from backend.runs import lifecycle
+from backend.runs.rows import name_base
+from backend.runs.scheduling import Cluster
+from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import (
     FreeJSON,
     Label,
@@ -40,7 +42,6 @@ from backend.schemas import (
 )
 from backend.storage import runs as storage_runs
 from backend.storage.runs import RunFilter, RunSort
-from backend.submit_checks import Submitted, refuse_unfit
 from conspo.config import RunConfig, with_overrides
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JSONBodyRoute)

@@ -17,11 +17,11 @@ from backend.api.deps import (
     SettingsDep,
     StudyDep,
 )
+from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import StudyList, StudyOut, StudyPlan
 from backend.storage import studies as stored
 from backend.studies import report, search, service
 from backend.studies.spec import StudyCreate
-from backend.submit_checks import Submitted, refuse_unfit
 from conspo.config import RunConfig
 
 router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRoute)

@@ -2,7 +2,7 @@
 
 * ``start_problems(config, ...)``: ``model.from_run`` (or ``kind_params.from_run``) unless that
   run exists, has finished without failing and (for a model) has the checkpoint ``model.step``
-  names on disk, checked at submit time (``backend.submit_checks``); the worker resolves it
+  names on disk, checked at submit time (``backend.runs.submit``); the worker resolves it
   again (``worker.job_inputs``).
 
 The model registry built from finished runs is ``backend.model_registry``.

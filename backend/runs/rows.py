@@ -4,7 +4,7 @@
 runs, a pipeline's stages): what it trains (``kind``, and the ``algorithm`` only for a kind that
 trains one: ``conspo.registry.RegisteredJobKind``), its name, task and model all come from the
 validated config, stored as validated. It makes the row; committing it and sending it are the
-lifecycle's (``backend.lifecycle``).
+lifecycle's (``backend.runs.lifecycle``).
 """
 
 from __future__ import annotations

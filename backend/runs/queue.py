@@ -1,9 +1,9 @@
 """Handing runs to the Celery queue (the backend only sends; worker/ consumes).
 
-``JobQueue.publish`` is the only place a training job is sent; ``backend.lifecycle.send`` calls
-it as part of the queued run's hand-over, to the queue of the run's capacity class
-(``backend.scheduling``: ``gpu``, ``gpu-N``, ``gpu-ray``). ``JobQueue.waiting`` counts the jobs
-in one queue, so the reaper and ``/api/health`` can tell when the broker lost some
+``JobQueue.publish`` is the only place a training job is sent; ``backend.runs.lifecycle.send``
+calls it as part of the queued run's hand-over, to the queue of the run's capacity class
+(``backend.runs.scheduling``: ``gpu``, ``gpu-N``, ``gpu-ray``). ``JobQueue.waiting`` counts the
+jobs in one queue, so the reaper and ``/api/health`` can tell when the broker lost some
 (``lifecycle.stranded``).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from celery import Celery
 
 from backend.config import Settings
-from backend.scheduling import queue_for
+from backend.runs.scheduling import queue_for
 from conspo.config import ResourcesConfig
 
 TASK_NAME = "worker.tasks.run_training"
@@ -58,7 +58,7 @@ def make_celery(settings: Settings) -> Celery:
 @dataclass(frozen=True)
 class JobQueue:
     """Where training jobs go: a Celery app and the base queue its GPU workers consume (runs
-    needing more than one process go to queues named after it, ``backend.scheduling``)."""
+    needing more than one process go to queues named after it, ``backend.runs.scheduling``)."""
 
     celery: Celery
     queue: str

@@ -35,13 +35,20 @@ External runs (a trainer elsewhere logs over HTTP)::
 came back): it counts the death as ``requeue_stale`` would, then starts a new attempt, and every
 write of the old one (heartbeat, points, finish) is refused from then on, because each is
 conditional on (status running, attempt).
+
+What else a finish sets off is not the lifecycle's business: a room above it registers an
+``on_finished`` hook, which ``finish`` calls inside its own transaction (a pipeline's next stage
+is released that way: ``backend.pipelines.stages.install_hooks``, called at start by every
+process that finishes runs: the API's ``create_app``, the worker's ``worker.celery_app``, its
+``worker.watchdog``). The other ways a run ends (a cancel, ``requeue_stale`` failing a run,
+``close_external``) call no hook: none of them is a worker run succeeding.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -63,10 +70,9 @@ from backend.models import (
     User,
     utcnow,
 )
-from backend.pipelines import stages
-from backend.queue import JobQueue
-from backend.run_rows import commit_named, new_run
-from backend.scheduling import resources_of
+from backend.runs.queue import JobQueue
+from backend.runs.rows import commit_named, new_run
+from backend.runs.scheduling import resources_of
 from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,31 @@ class QueueUnavailable(LifecycleError):
 
 class Conflict(LifecycleError):
     """The run is not in a state that allows this (e.g. logging into a finished run)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Hooks: what a finish sets off in the rooms above (pipelines)
+# --------------------------------------------------------------------------------------------
+
+OnFinished = Callable[[Session, int, RunStatus], None]
+"""``hook(session, run_id, status)``: ``finish`` has just moved ``run_id`` to ``status`` (one of
+``FINISHED``), in ``session``'s open transaction; whatever the hook writes there is committed
+with the finish (both or neither). It must not commit."""
+
+_on_finished: list[OnFinished] = []
+
+
+def on_finished(hook: OnFinished) -> OnFinished:
+    """Register ``hook`` for every later ``finish`` of this process (once: registering the same
+    hook again changes nothing); returns it."""
+    if hook not in _on_finished:
+        _on_finished.append(hook)
+    return hook
+
+
+def finished_hooks() -> tuple[OnFinished, ...]:
+    """The hooks ``finish`` calls, in the order they were registered."""
+    return tuple(_on_finished)
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,7 +194,7 @@ def queue_runs(
 
 def send(session: Session, jobs: JobQueue, run_id: int) -> bool:
     """Hand a queued run to the broker, on the queue of workers that can hold it
-    (``backend.scheduling``), and stamp ``enqueued_at``; False if it is not queued.
+    (``backend.runs.scheduling``), and stamp ``enqueued_at``; False if it is not queued.
 
     The stamp is written first, inside a transaction that stays open while the job is
     published: the UPDATE holds the run row, so a second sender (another worker's reaper)
@@ -310,10 +341,12 @@ def finish(
     *,
     error: str | None = None,
 ) -> bool:
-    """running → succeeded | cancelled | failed, while ``attempt`` owns the run.
+    """running → succeeded | cancelled | failed, while ``attempt`` owns the run, and the
+    ``on_finished`` hooks called in the same transaction (a succeeded pipeline stage releases
+    the next stage's run).
 
     False when it does not (deleted, or re-queued and taken by a newer attempt): the newer
-    attempt's outcome is the one that counts.
+    attempt's outcome is the one that counts, and no hook is called.
     """
     if status not in FINISHED:
         raise ValueError(f"finish needs a final status, not {status!r}")
@@ -323,8 +356,9 @@ def finish(
         .where(*owned_by(run_id, attempt))
         .values(status=status, error=error, finished_at=now, heartbeat_at=now, updated_at=now)
     )
-    if _rows(done) and status is RunStatus.succeeded:
-        stages.release_next_stage(session, run_id)  # in the same transaction: both or neither
+    if _rows(done):
+        for hook in _on_finished:  # in the same transaction: both or neither
+            hook(session, run_id, status)
     session.commit()
     return _rows(done) > 0
 

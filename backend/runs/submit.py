@@ -8,8 +8,8 @@ models (``model.name``, a job kind's ``model_names`` such as distillation's teac
 memory. ``refuse_unfit`` checks all of them, with the operator's settings, for every config of
 one request, and raises one ``InvalidInput`` (a 422) holding every problem, each located
 at the field as the request spelled it; nothing is stored before it returns. The rules are
-``backend.run_inputs`` (files, models, memory, software) and ``backend.chaining`` (runs started
-from); the worker checks again with its own settings when it runs the config.
+``backend.runs.inputs`` (files, models, memory, software) and ``backend.runs.chaining`` (runs
+started from); the worker checks again with its own settings when it runs the config.
 
     refuse_unfit(session, settings, [Submitted(("body", "config"), config)])
 """
@@ -21,11 +21,10 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from backend import chaining, run_inputs
 from backend.config import Settings
-from backend.errors import InvalidInput
-from backend.run_inputs import Loc, Problem
-from backend.studies.spec import dotted_loc
+from backend.errors import InvalidInput, dotted_loc
+from backend.runs import chaining, inputs
+from backend.runs.inputs import Loc, Problem
 from conspo.config import RunConfig
 
 
@@ -40,8 +39,8 @@ def problems(config: RunConfig, session: Session, settings: Settings) -> list[Pr
     """Everything ``config`` names that cannot be used here, as (where in the config, message,
     offending value)."""
     return [
-        *run_inputs.missing_software(config, session, settings),
-        *run_inputs.problems(config, settings),
+        *inputs.missing_software(config, session, settings),
+        *inputs.problems(config, settings),
         *chaining.start_problems(config, session, settings),
     ]
 

@@ -5,7 +5,7 @@ A config names dataset files (``task.params.path``, ``kind_params.path``,
 set how much memory a step takes. The settings bound each (``CONSPO_DATA_ROOTS``,
 ``CONSPO_MAX_DATASET_BYTES``, ``CONSPO_MODEL_ROOTS``, ``CONSPO_HUB_ALLOW``,
 ``CONSPO_MAX_RUN_MEMORY_GIB``). The API refuses a config outside them at submit time
-(``backend.submit_checks``: a 422 at the field), and the worker checks again with its own
+(``backend.runs.submit``: a 422 at the field), and the worker checks again with its own
 settings, which are the ones that count (it passes them to ``conspo.train``). The rules
 themselves are conspo's (``conspo.access``, ``conspo.models.resources``); this module turns
 settings into them. Torch-free.
