@@ -49,7 +49,41 @@ BACKEND_ROOMS: Rooms = (
     ("backend.pages",),
     ("backend.main",),
 )
-ROOMS: dict[str, Rooms] = {"backend": BACKEND_ROOMS}
+# conspo, from the bottom up. The base: the config and its checks, the registries, the metric
+# catalogue, the sink, access to files and models, the catalogue of built-in models and the
+# task interface (what the registry's entries are typed against). Then what registers there
+# (tasks, objectives, rewards); the models (loading, precision, the store, resources); generation
+# and the collectives; evaluation; supervised fine-tuning, which the built-ins' warm starts run
+# (``models.builtins``: the one module of models/ that trains, handed to the store as its
+# builder); the RL trainer and the loop; the job kinds and the TRL integration; the launcher; the
+# command line.
+CONSPO_ROOMS: Rooms = (
+    (
+        "conspo.lazy",
+        "conspo.input_checks",
+        "conspo.templates",
+        "conspo.spreadsheet",
+        "conspo.metrics",
+        "conspo.registry",
+        "conspo.sink",
+        "conspo.access",
+        "conspo.config",
+        "conspo.demo",
+        "conspo.models.catalog",
+        "conspo.tasks.base",
+    ),
+    ("conspo.tasks", "conspo.objectives", "conspo.rewards"),
+    ("conspo.models",),
+    ("conspo.generation", "conspo.distributed"),
+    ("conspo.evaluation",),
+    ("conspo.training.sft",),
+    ("conspo.models.builtins",),
+    ("conspo.training",),
+    ("conspo.jobs", "conspo.integrations"),
+    ("conspo.launch",),
+    ("conspo.cli", "conspo.__main__"),
+)
+ROOMS: dict[str, Rooms] = {"backend": BACKEND_ROOMS, "conspo": CONSPO_ROOMS}
 
 
 def module_name(path: Path) -> str:
