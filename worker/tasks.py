@@ -161,19 +161,10 @@ class Heartbeat(threading.Thread):
 
 def device_and_dtype(config: Any) -> tuple[str, str]:
     """Where and in what dtype ``config`` trains here: ("cuda:0 (NVIDIA H200)", "bfloat16")."""
-    import torch
-
-    from conspo.models.loading import pick_device
-    from conspo.models.precision import emulated_bfloat16
+    from conspo.models.loading import describe_device, pick_device
 
     device, dtype = pick_device(config.model)
-    name = "cpu"
-    if device.type == "cuda":
-        index = torch.cuda.current_device()
-        name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    elif warning := emulated_bfloat16("cpu", dtype):  # the run page shows it beside the dtype
-        name = f"cpu ({warning})"
-    return name, str(dtype).removeprefix("torch.")
+    return describe_device(device, dtype), str(dtype).removeprefix("torch.")
 
 
 OUT_OF_MEMORY_ADVICE = (

@@ -19,6 +19,7 @@ from transformers import (
 
 from conspo.access import Unavailable, hub_offline
 from conspo.config import ModelConfig
+from conspo.models.precision import emulated_bfloat16
 from conspo.models.resources import ModelDims, host_memory_bytes
 
 
@@ -33,6 +34,18 @@ def pick_device(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     else:
         dtype = getattr(torch, cfg.dtype)
     return device, dtype
+
+
+def describe_device(device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """Where a run trains, for people: "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"; with the
+    ``dtype``, a CPU without native bfloat16 says so ("cpu (bfloat16 is emulated …)"), which the
+    run page shows beside the dtype."""
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    if dtype is not None and (warning := emulated_bfloat16(device.type, dtype)):
+        return f"{device} ({warning})"
+    return str(device)
 
 
 def device_memory(device: torch.device) -> int:

@@ -49,6 +49,7 @@ from conspo.generation.batch import Engine
 from conspo.generation.engines import make_engine
 from conspo.models.builtins import builtin_store
 from conspo.models.loading import (
+    describe_device,
     device_memory,
     load_pretrained,
     model_dims,
@@ -324,14 +325,6 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
         state.precision.scaler.load_state_dict(saved["counters"]["scaler"])
     sink.log_event("resumed", {**info, "step": step, "path": str(path)})
     return step
-
-
-def describe_device(device: torch.device) -> str:
-    """ "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"."""
-    if device.type != "cuda":
-        return str(device)
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
 def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
