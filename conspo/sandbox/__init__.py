@@ -3,7 +3,7 @@ once through a bounded pool (``run_many``), and a probe of whether this machine 
 (``sandbox_available``). Standard library only."""
 
 from conspo.sandbox.base import Limits, SandboxResult, SandboxUnavailable, Snippet
-from conspo.sandbox.run import Probe, run, run_many, sandbox_available
+from conspo.sandbox.runner import Probe, run, run_many, sandbox_available
 
 __all__ = [
     "Limits",

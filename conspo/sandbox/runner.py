@@ -135,6 +135,9 @@ def bwrap_argv(python: str, snippet_file: str, limits: Limits) -> list[str]:
         SNIPPET_PATH,
         "--chdir",
         "/tmp",
+        # The root bwrap builds the view in (and /etc, /sandbox in it) is writable otherwise.
+        "--remount-ro",
+        "/",
         "--clearenv",
     ]
     for name, value in _sandbox_env(python).items():

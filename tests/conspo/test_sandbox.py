@@ -1,0 +1,247 @@
+"""The sandbox holds: each test runs a real snippet through bwrap and checks what it could not do.
+
+bwrap missing: the file skips, or fails when CONSPO_REQUIRE_SERVICES=1 (CI), as the services
+of tests/api/conftest.py do. Time bounds are generous (the limit plus 10 s): these tests run
+beside a loaded CI machine, and only prove that a limit holds, not how fast.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import conspo.sandbox.runner as sandbox_runner
+from conspo.sandbox import Limits, SandboxUnavailable, Snippet, run, run_many, sandbox_available
+
+REQUIRE = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
+PROBE = sandbox_available()
+SLACK = 10.0  # seconds beyond a limit that a loaded machine may take
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_here() -> None:
+    if not PROBE:
+        if REQUIRE:
+            pytest.fail(f"CONSPO_REQUIRE_SERVICES=1 but the sandbox is unavailable: {PROBE.reason}")
+        pytest.skip(f"sandbox unavailable: {PROBE.reason}")
+
+
+def _host_accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(3)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("port", [5432, 6379], ids=["postgresql", "redis"])
+def test_no_network(port: int) -> None:
+    if not _host_accepts(port):
+        if REQUIRE:
+            pytest.fail(f"nothing listens on 127.0.0.1:{port} on the host")
+        pytest.skip(f"nothing listens on 127.0.0.1:{port}: the test would prove nothing")
+    result = run(
+        "import socket\n"
+        "s = socket.socket(); s.settimeout(3)\n"
+        f"print(s.connect_ex(('127.0.0.1', {port})))\n"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert int(result.stdout) != 0  # refused: the sandbox's loopback has nobody listening
+
+
+def test_worker_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONSPO_DATABASE_URL", "postgresql://secret")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    result = run(
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        "print(open('/proc/1/environ', 'rb').read())\n"
+        "print(os.listdir('/proc'))\n"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "secret" not in result.stdout
+    assert "CONSPO_DATABASE_URL" not in result.stdout
+    # Its /proc shows its own PID namespace only: no host process to read the environ of.
+    pids = [entry for entry in eval(result.stdout.splitlines()[2]) if entry.isdigit()]
+    assert len(pids) <= 3, pids
+
+
+@pytest.mark.parametrize("target", [str(Path(__file__).resolve().parent), "/usr", "/etc", "/"])
+def test_cannot_write_outside_its_tmpfs(target: str) -> None:
+    result = run(f"open({target!r} + '/conspo-probe', 'w').write('x')")
+    assert result.exit_code != 0
+    assert "Error" in result.stderr
+    assert not Path(target, "conspo-probe").exists()
+
+
+def test_can_write_its_tmpfs_up_to_the_file_size_limit() -> None:
+    result = run(
+        "open('small', 'w').write('x' * 1000)\n"
+        "print(open('small').read() == 'x' * 1000)\n"
+        "open('big', 'wb').write(b'x' * (2 * 1024 * 1024))\n",
+        Limits(file_size_bytes=1024 * 1024),
+    )
+    assert result.stdout.startswith("True")
+    assert result.exit_code != 0  # SIGXFSZ (or EFBIG) at the second megabyte
+
+
+def test_host_data_is_not_readable(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "secret.txt").write_text("the secret")
+    assert (data / "secret.txt").read_text() == "the secret"
+    result = run(
+        "import os\n"
+        f"print(os.path.exists({str(data)!r}))\n"
+        f"open({str(data / 'secret.txt')!r}).read()\n"
+    )
+    assert result.stdout.strip() == "False"
+    assert "FileNotFoundError" in result.stderr
+    assert "the secret" not in result.stdout + result.stderr
+
+
+def _own_descendants() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def test_fork_bomb_is_contained() -> None:
+    before = len(psutil.pids())
+    limits = Limits(wall_seconds=5, processes=32)
+    started = time.monotonic()
+    result = run(
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        limits,
+    )
+    assert time.monotonic() - started < limits.wall_seconds + SLACK
+    assert result.timed_out or result.exit_code != 0
+    assert not _own_descendants()
+    # Other processes come and go on a shared machine; a bomb's thousands would show.
+    assert len(psutil.pids()) < before + 50
+
+
+def test_fork_bomb_hits_the_process_bound() -> None:
+    result = run(
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        "    print('refused after', n, exc.errno)\n",
+        Limits(processes=16, wall_seconds=10),
+    )
+    assert "refused after" in result.stdout, result
+    assert int(result.stdout.split()[2]) < 16
+    assert not _own_descendants()
+
+
+def test_memory_bomb_is_contained() -> None:
+    result = run(
+        "try:\n    hog = bytearray(2 * 1024 ** 3)\nexcept MemoryError:\n    print('MemoryError')\n",
+        Limits(address_space_bytes=256 * 1024 * 1024),
+    )
+    assert result.stdout.strip() == "MemoryError" or result.exit_code < 0
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert peak_mib < 2048
+
+
+def test_infinite_loop_is_killed_at_the_cpu_limit() -> None:
+    limits = Limits(cpu_seconds=1, wall_seconds=60)
+    started = time.monotonic()
+    result = run("while True:\n    pass\n", limits)
+    assert time.monotonic() - started < 2 + SLACK + 20  # CPU seconds, on a shared machine
+    assert not result.timed_out
+    assert result.exit_code < 0  # SIGKILL at the hard CPU limit (the snippet is its PID 1)
+    assert result.cpu_seconds >= 0.9
+
+
+def test_sleep_is_killed_at_the_wall_timeout_and_nothing_is_left() -> None:
+    limits = Limits(wall_seconds=2)
+    started = time.monotonic()
+    result = run(
+        "import os, subprocess, time\n"
+        "subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "time.sleep(60)\n",
+        limits,
+    )
+    assert time.monotonic() - started < limits.wall_seconds + SLACK
+    assert result.timed_out
+    assert result.exit_code < 0
+    assert not _own_descendants()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "60"]]
+
+
+def test_100_mb_printed_comes_back_cut() -> None:
+    limits = Limits(output_bytes=64 * 1024, wall_seconds=60)
+    rss_before = psutil.Process().memory_info().rss
+    started = time.monotonic()
+    result = run(
+        "import sys\n"
+        "line = 'x' * 1023 + '\\n'\n"
+        "for _ in range(100 * 1024):\n"
+        "    sys.stdout.write(line)\n",
+        limits,
+    )
+    assert time.monotonic() - started < 30 + SLACK
+    assert result.exit_code == 0
+    assert result.stdout_truncated and not result.stderr_truncated
+    assert result.stdout.startswith("x" * 1023)
+    assert "stdout cut at 65536 bytes" in result.stdout
+    assert len(result.stdout) < 65536 + 200
+    assert psutil.Process().memory_info().rss - rss_before < 50 * 1024 * 1024
+
+
+def test_segfault_is_a_signal_exit() -> None:
+    result = run("import ctypes\nctypes.string_at(0)\n")
+    assert result.exit_code == -11
+    assert not result.ok
+
+
+def test_killing_its_parent_does_not_kill_the_caller() -> None:
+    result = run("import os\nos.kill(os.getppid(), 9)\nprint('alive')\n")
+    assert result.exit_code in (0, -9)  # getppid is 0 there: it may only kill its own group
+    assert os.getpid() == psutil.Process().pid  # we are still here to check
+
+
+def test_stdin_and_exit_code() -> None:
+    result = run(Snippet("import sys\nprint(input()[::-1])\nsys.exit(3)\n", stdin="olleh\n"))
+    assert result.stdout == "hello\n"
+    assert result.exit_code == 3
+
+
+def test_pool_keeps_order_and_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    running, most = 0, 0
+    lock = threading.Lock()
+    real_run = sandbox_runner.run
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            return real_run(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(sandbox_runner, "run", counted)
+    snippets = [f"import time\ntime.sleep(0.2)\nprint({i} * {i})" for i in range(12)]
+    results = run_many(snippets, max_workers=3)
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(12)]
+    assert most == 3
+
+
+def test_unavailable_without_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = sandbox_runner.Probe(False, "bwrap is not installed")
+    monkeypatch.setattr(sandbox_runner, "sandbox_available", lambda python=None: refused)
+    with pytest.raises(SandboxUnavailable, match="bwrap is not installed"):
+        run("print(1)")
+    assert run("print(1)", unsafe_local=True).stdout == "1\n"
