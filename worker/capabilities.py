@@ -1,5 +1,5 @@
-"""What this worker can run: its GPUs, its CPU slots, Ray, and the optional packages some
-configs need.
+"""What this worker can run: its GPUs, its CPU slots, Ray, the optional packages some
+configs need, and whether it can run model-written code (``sandbox``: ``bwrap`` or ``none``).
 
 Probed once at start, logged, and stored in the worker's ``workers`` row
 (``backend.liveness``): ``/api/health`` lists it, the API accepts a config that needs
@@ -17,6 +17,7 @@ from typing import Any
 from backend.config import Settings
 from backend.runs.scheduling import Capacity, queues_served
 from conspo.generation.engines import ENGINES
+from conspo.sandbox import sandbox_available
 
 # Engines that need a package beyond the training stack, and the module that provides it.
 ENGINE_PACKAGES = {"vllm": "vllm"}
@@ -27,8 +28,9 @@ def installed(module: str) -> bool:
 
 
 def probe(settings: Settings | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(gpus [{index, name, memory_bytes}], {engines, flash_attn, torch, cuda, cpu_processes,
-    ray}); ``ray`` is the cluster address when Ray is installed and ``ray_address`` is set."""
+    """(gpus [{index, name, memory_bytes}], {engines, flash_attn, torch, cuda, sandbox,
+    cpu_processes, ray}); ``ray`` is the cluster address when Ray is installed and
+    ``ray_address`` is set."""
     from backend.config import get_settings
 
     settings = settings or get_settings()
@@ -61,6 +63,8 @@ def _probe_machine() -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
         "flash_attn": bool(gpus) and installed("flash_attn"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if gpus else None,
+        # A snippet really run through bwrap once: a worker without it refuses code execution.
+        "sandbox": "bwrap" if sandbox_available() else "none",
     }
     return tuple(gpus), capabilities
 

@@ -22,6 +22,7 @@ from backend.db import Database, make_engine
 from backend.liveness import WorkerIdentity
 from backend.migrate import alembic_config, migrate
 from backend.models import Run, Worker, utcnow
+from conspo.sandbox import sandbox_available
 from tests.api.conftest import (
     Api,
     create_pg_database,
@@ -106,6 +107,7 @@ def test_the_worker_probe_describes_this_machine() -> None:
     assert len(gpus) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     if not gpus:
         assert caps["cuda"] is None and caps["flash_attn"] is False
+    assert caps["sandbox"] == ("bwrap" if sandbox_available() else "none")
 
 
 def test_a_run_records_the_device_and_dtype_it_trained_in(own_api: Api) -> None:

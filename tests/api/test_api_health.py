@@ -18,7 +18,9 @@ from backend.liveness import WorkerIdentity
 from backend.main import create_app
 from backend.models import Worker, utcnow
 from backend.runs.queue import JobQueue
+from conspo.sandbox import sandbox_available
 from tests.api.conftest import lose_queued_jobs, make_tokens, tiny_config, wait_for
+from worker.capabilities import probe
 from worker.reaper import reap
 
 pytestmark = pytest.mark.services
@@ -76,6 +78,21 @@ def test_health_counts_live_workers(own_settings: Settings, client: TestClient) 
     with db.session() as session:
         liveness.mark_stopped(session, me)
     assert health(client)["workers"] == []
+    db.dispose()
+
+
+def test_health_lists_whether_a_worker_can_sandbox_code(
+    own_settings: Settings, client: TestClient
+) -> None:
+    gpus, capabilities = probe(own_settings)
+    db = Database(own_settings)
+    me = WorkerIdentity(host="cpu-9", pid=99, gpus=gpus, capabilities=capabilities)
+    with db.session() as session:
+        liveness.mark_alive(session, me)
+    (worker,) = health(client)["workers"]
+    assert worker["capabilities"]["sandbox"] == ("bwrap" if sandbox_available() else "none")
+    with db.session() as session:
+        liveness.mark_stopped(session, me)
     db.dispose()
 
 
