@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
 V1_PIDS = Path("/sys/fs/cgroup/pids")
+PREFIX = "conspo-sandbox-"
+REMOVE_WAIT_S = 2.0
+STALE_AFTER_S = 60.0  # far past the moment between a cgroup's mkdir and its child joining
 V2_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -39,7 +43,7 @@ class PidsCgroup:
     """A fresh cgroup with ``pids.max``; ``join_fd`` is written by the child before it execs."""
 
     def __init__(self, parent: Path, max_pids: int) -> None:
-        self.path = parent / f"conspo-sandbox-{uuid.uuid4().hex[:12]}"
+        self.path = parent / f"{PREFIX}{uuid.uuid4().hex[:12]}"
         self.path.mkdir()
         try:
             (self.path / "pids.max").write_text(str(max_pids))
@@ -55,19 +59,38 @@ class PidsCgroup:
         os.write(self.join_fd, str(os.getpid()).encode())
 
     def kill_all_and_remove(self) -> None:
-        """Kill whatever is left (a process that escaped the process group) and remove it."""
+        """Kill whatever is left (a process that escaped the process group) and remove it. A
+        killed process keeps its cgroup busy until the kernel has reaped it, so removal is
+        retried for up to ``REMOVE_WAIT_S``; what still stands then is swept by a later
+        snippet (``sweep_stale``)."""
         os.close(self.join_fd)
-        for _ in range(50):
-            pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            os.sched_yield()
-        # A process still dying keeps the directory a moment; an empty cgroup costs nothing.
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while True:
+            with contextlib.suppress(OSError):
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
+
+
+def sweep_stale(parent: Path) -> None:
+    """Remove the empty ``conspo-sandbox-*`` cgroups earlier snippets could not. rmdir fails on
+    one that holds a process; one made a moment ago by a snippet in another thread may still be
+    empty, waiting for its child to join, so only those older than ``STALE_AFTER_S`` go."""
+    now = time.time()
+    for stale in parent.glob(f"{PREFIX}*"):
         with contextlib.suppress(OSError):
-            self.path.rmdir()
+            if now - stale.stat().st_mtime > STALE_AFTER_S:
+                stale.rmdir()
 
 
 def make_pids_cgroup(max_pids: int) -> PidsCgroup | None:
@@ -75,6 +98,7 @@ def make_pids_cgroup(max_pids: int) -> PidsCgroup | None:
     parent = _own_pids_cgroup()
     if parent is None:
         return None
+    sweep_stale(parent)
     try:
         return PidsCgroup(parent, max_pids)
     except OSError:

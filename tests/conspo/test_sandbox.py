@@ -7,6 +7,7 @@ beside a loaded CI machine, and only prove that a limit holds, not how fast.
 
 from __future__ import annotations
 
+import ast
 import os
 import resource
 import socket
@@ -67,7 +68,7 @@ def test_worker_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> No
     assert "secret" not in result.stdout
     assert "CONSPO_DATABASE_URL" not in result.stdout
     # Its /proc shows its own PID namespace only: no host process to read the environ of.
-    pids = [entry for entry in eval(result.stdout.splitlines()[2]) if entry.isdigit()]
+    pids = [entry for entry in ast.literal_eval(result.stdout.splitlines()[2]) if entry.isdigit()]
     assert len(pids) <= 3, pids
 
 
