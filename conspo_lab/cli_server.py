@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -97,7 +98,17 @@ class EmbeddedWorker:
     that dies at once does not spin, and each one is reported on stderr.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log: Path | None = None,
+    ) -> None:
+        """``env`` (default: this process's), ``cwd`` and ``log`` (stdout and stderr appended
+        there; default: inherited) of every worker process it starts."""
+        self._env = env
+        self._cwd = cwd
+        self._log = log
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -110,9 +121,18 @@ class EmbeddedWorker:
     def _spawn(self) -> None:
         with self._lock:  # never start one while stop() is ending the last
             if not self._stopping.is_set():
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "conspo_lab.cli", "worker"], env=os.environ.copy()
-                )
+                out = self._log.open("ab") if self._log is not None else None
+                try:
+                    self._proc = subprocess.Popen(
+                        [sys.executable, "-m", "conspo_lab.cli", "worker"],
+                        env=self._env if self._env is not None else os.environ.copy(),
+                        cwd=self._cwd,
+                        stdout=out,
+                        stderr=subprocess.STDOUT if out is not None else None,
+                    )
+                finally:
+                    if out is not None:
+                        out.close()  # the child holds its own copy
 
     def _supervise(self) -> None:
         failures = 0

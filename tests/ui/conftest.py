@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conspo_lab.cli_server import EmbeddedWorker
 from tests.support import (
     REQUIRE_SERVICES as REQUIRE,
 )
@@ -168,14 +167,13 @@ def fake_rollouts(step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "conspo_lab.cli", "worker"],
-        cwd=env["CONSPO_DATA_DIR"],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+def _start_worker(env: dict[str, str], log: Path) -> EmbeddedWorker:
+    """The worker, restarted when it dies, as ``serve --embedded`` keeps its own: a run's
+    watchdog kills a worker that does not honour a cancel in time (a cancel while it still
+    builds a model, say), and the module's later tests need one."""
+    worker = EmbeddedWorker(env=env, cwd=Path(env["CONSPO_DATA_DIR"]), log=log)
+    worker.start()
+    return worker
 
 
 @pytest.fixture(scope="session")
@@ -224,7 +222,7 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
         )
     finally:
         http.close()
-        stop(worker, timeout=15)
+        worker.stop()
         stop(api, timeout=15)
 
 
