@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -36,6 +37,7 @@ from conspo.registry import (
     OBJECTIVES,
     REWARDS,
     TASKS,
+    TOOLS,
     Registry,
     get_objective,
     relocated,
@@ -532,6 +534,92 @@ class ResourcesConfig(_Section):
         return self.gpus * self.nodes
 
 
+# The library's own ceiling on a tool call's wall time; a worker's is lower (its settings'
+# sandbox_max_timeout_s, checked at submit).
+MAX_TOOL_TIMEOUT_S = 120.0
+
+
+def _a_tool(name: str) -> str:
+    if name not in TOOLS.names():
+        raise ValueError(TOOLS.unknown(name))
+    return name
+
+
+class ToolsConfig(_Section):
+    """Tools the policy may call inside a rollout (``conspo.tools``): it writes a call between a
+    tool's tags, generation pauses, the call runs (code in the sandbox) and its output comes back
+    as <interpreter>…</interpreter> tokens that no loss or score counts. ``tools: [python]`` is
+    short for ``tools: {names: [python]}``."""
+
+    names: list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_a_tool)]] = (
+        Field(
+            default_factory=list,
+            max_length=8,
+            title="Tools",
+            description="Tools the model may call (none: plain single-turn rollouts).",
+            json_schema_extra=_names_in(TOOLS),
+        )
+    )
+    max_turns: int = Field(
+        4,
+        ge=1,
+        le=16,
+        title="Max tool calls",
+        description="Tool calls one rollout may make; a call past it is left as text and not"
+        " run. sampling.max_new_tokens bounds the whole rollout, the model's tokens and the"
+        " interpreter's together.",
+    )
+    timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=MAX_TOOL_TIMEOUT_S,
+        title="Call timeout (s)",
+        description="Wall-clock limit of one call (its CPU limit too); a call past it is killed"
+        " and the model reads a timeout. A worker caps it (sandbox_max_timeout_s).",
+    )
+    memory_mb: int = Field(
+        512,
+        ge=64,
+        le=16_384,
+        title="Call memory (MiB)",
+        json_schema_extra={"advanced": True},
+        description="Address space one call's process may take.",
+    )
+    max_output_chars: int = Field(
+        512,
+        ge=16,
+        le=16_384,
+        title="Output shown (chars)",
+        json_schema_extra={"advanced": True},
+        description="What the model is shown of a call's output, at most: its head and tail,"
+        " the middle said to be cut.",
+    )
+    parallel: int = Field(
+        4,
+        ge=1,
+        le=64,
+        title="Calls at once",
+        json_schema_extra={"advanced": True},
+        description="Calls of one turn that run at the same time (sandbox processes).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, data: Any) -> Any:
+        return {"names": data} if isinstance(data, list) else data
+
+    @field_validator("names")
+    @classmethod
+    def _listed_once(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError(f"a tool is listed twice: {names}")
+        return names
+
+    def sandboxed(self) -> list[str]:
+        """The listed tools that run model-written code (they need a working sandbox)."""
+        return [name for name in self.names if TOOLS.get(name).sandboxed]
+
+
 class LoggingConfig(_Section):
     rollout_sample: int = Field(
         64,
@@ -771,6 +859,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, title="Tools")
     rewards: list[RewardConfig] = Field(
         default_factory=list,
         max_length=16,
@@ -830,12 +919,27 @@ class RunConfig(_Section):
                 "resources.strategy 'fsdp' does not train LoRA adapters (model.lora.rank > 0):"
                 " use 'ddp'"
             )
+        if self.tools.names and self.sampling.engine == "vllm":
+            raise ValueError(
+                "tools pause generation at every call, which the vllm engine does not do here:"
+                " sampling.engine must be 'native' or 'hf' for a run with tools"
+            )
         if self.resources.strategy == "fsdp" and self.sampling.engine == "vllm":
             raise ValueError(
                 "resources.strategy 'fsdp' samples with the training model's gathered"
                 " parameters: sampling.engine must be 'native' or 'hf', not 'vllm'"
             )
         return self
+
+    def code_execution(self) -> list[str]:
+        """What in this run executes model-written code, in words (empty: nothing does): its
+        sandboxed tools, a task whose verifier runs the answer (a class attribute
+        ``runs_code``), benchmarks that do. Such a run needs a worker with a sandbox."""
+        needs = [f"tool {name!r}" for name in self.tools.sandboxed()]
+        if self.task.name in TASKS.names() and getattr(TASKS.get(self.task.name).cls,
+                                                       "runs_code", False):  # fmt: skip
+            needs.append(f"task {self.task.name!r}")
+        return needs
 
     def objective_params(self) -> BaseModel:
         """``params`` as the algorithm's parameter model (validated once: ``typed``)."""

@@ -393,3 +393,50 @@ def get_job_kind(name: str) -> RegisteredJobKind:
 
 def job_kind_names() -> list[str]:
     return JOB_KINDS.names()
+
+
+# --------------------------------------------------------------------------------------------
+# Tools (conspo/tools/): what a rollout may call between its turns
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisteredTool:
+    name: str
+    # A class built as ``cls(params, limits)`` (a ``conspo.tools.base.ToolLimits``) whose
+    # ``run(calls) -> results`` executes a turn's calls.
+    cls: Callable[..., Any]
+    params: type[BaseModel]
+    description: str
+    tag: str  # the model calls it by writing <tag>…</tag>
+    sandboxed: bool  # runs model-written code: needs a working sandbox (conspo.sandbox)
+
+    @property
+    def code(self) -> object:
+        return self.cls
+
+
+TOOLS: Registry[RegisteredTool] = Registry("tool", "conspo.tools")
+ToolClass = TypeVar("ToolClass", bound=Callable[..., Any])
+
+
+def register_tool(
+    name: str, *, params: type[BaseModel], description: str, tag: str, sandboxed: bool
+) -> Callable[[ToolClass], ToolClass]:
+    """Register the tool class ``cls(params, limits)`` under ``name``; the model calls it by
+    writing ``<tag>…</tag>``; ``sandboxed``: it runs model-written code (``conspo.sandbox``),
+    so a worker without a sandbox refuses runs that use it."""
+
+    def decorator(cls: ToolClass) -> ToolClass:
+        TOOLS.add(RegisteredTool(name, cls, params, description, tag, sandboxed))
+        return cls
+
+    return decorator
+
+
+def get_tool(name: str) -> RegisteredTool:
+    return TOOLS.get(name)
+
+
+def tool_names() -> list[str]:
+    return TOOLS.names()

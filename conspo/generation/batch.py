@@ -16,10 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One tool call a rollout made: which tool, how it ended, how long it took and how many
+    observation tokens it added (``conspo.generation.tool_rollout``)."""
+
+    tool: str
+    status: str  # ok / error / timeout (conspo.tools.base.Status)
+    seconds: float
+    observation_tokens: int
 
 
 @dataclass
@@ -30,9 +41,35 @@ class RolloutBatch:
     response_mask: torch.Tensor  # (N, T') float, 1 on response tokens incl. EOS, 0 on padding
     lengths: torch.Tensor  # (N,) long, response tokens incl. EOS
     truncated: torch.Tensor  # (N,) bool, hit max_new_tokens without EOS
+    # Rollouts with tools: (N, T') float, 1 on the tokens a tool's output put there (the
+    # interpreter's), which the model did not write; None: every response token is the model's.
+    observation_mask: torch.Tensor | None = None
+    # Rollouts with tools: each row's calls, in order (None: a run without tools).
+    tool_calls: list[list[CallRecord]] | None = None
+    tool_seconds: float = 0.0  # wall time generation waited for tools
+
+    @property
+    def model_mask(self) -> torch.Tensor:
+        """(N, T') float, 1 on the tokens the model wrote (EOS included): what every loss,
+        score, entropy, KL and length normalisation counts. Observation tokens are context the
+        model reads, never tokens it is trained or scored on."""
+        if self.observation_mask is None:
+            return self.response_mask
+        return self.response_mask * (1 - self.observation_mask)
+
+    @property
+    def model_lengths(self) -> torch.Tensor:
+        """(N,) long: the tokens each rollout's model wrote (``lengths`` less observations)."""
+        if self.observation_mask is None:
+            return self.lengths
+        return self.model_mask.sum(-1).long()
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The rollouts at ``rows`` ((N,) bool mask or index tensor on the batch's device)."""
+        calls = None
+        if self.tool_calls is not None:
+            picked = rows.nonzero().squeeze(1) if rows.dtype == torch.bool else rows
+            calls = [self.tool_calls[i] for i in picked.tolist()]
         return RolloutBatch(
             self.prompt_ids[rows],
             self.prompt_mask[rows],
@@ -40,6 +77,9 @@ class RolloutBatch:
             self.response_mask[rows],
             self.lengths[rows],
             self.truncated[rows],
+            None if self.observation_mask is None else self.observation_mask[rows],
+            calls,
+            self.tool_seconds,
         )
 
     def to(self, device: torch.device) -> RolloutBatch:
@@ -50,6 +90,9 @@ class RolloutBatch:
             self.response_mask.to(device),
             self.lengths.to(device),
             self.truncated.to(device),
+            None if self.observation_mask is None else self.observation_mask.to(device),
+            self.tool_calls,
+            self.tool_seconds,
         )
 
 
@@ -84,6 +127,19 @@ class Engine(Protocol):
         request: SampleRequest,
     ) -> RolloutBatch:
         """One response per row of ``prompt_ids`` (N, P), left-padded, as ``request`` asks."""
+        ...
+
+    def sample_with_tools(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+        use: Any,
+    ) -> RolloutBatch:
+        """``sample``, the rows pausing at tool calls (``use``: a
+        ``conspo.generation.tool_rollout.ToolUse``) and their output fed back as observation
+        tokens (``RolloutBatch.observation_mask``)."""
         ...
 
     def sync(self, model: PreTrainedModel) -> None:

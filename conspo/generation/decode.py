@@ -190,9 +190,13 @@ class DecodeLoop:
         prompt_mask: torch.Tensor,
         first_position: torch.Tensor,
         max_new_tokens: int,
+        rotary_table: bool = True,
     ) -> None:
         """``cache``: the prompts' keys and values from the prefill, one row per rollout;
-        ``prompt_mask`` (N, P); ``first_position`` (N, 1): the position id of response token 0."""
+        ``prompt_mask`` (N, P); ``first_position`` (N, 1): the position id of response token 0;
+        ``max_new_tokens``: the response columns the buffers hold. ``rotary_table``: build the
+        rotary tables of every response position up front, for ``step``; a caller that feeds
+        its own positions (``step_at``) needs none."""
         model = cast(PreTrainedModel, _unwrapped(model))
         decoder = model.model
         config = model.config
@@ -238,12 +242,10 @@ class DecodeLoop:
         # Additive bias over every position: padded prompt positions are never attended to.
         self.bias = torch.zeros(n, 1, 1, total, dtype=torch.float32, device=device)
         self.bias[..., :p].masked_fill_(prompt_mask[:, None, None, :] == 0, float("-inf"))
+        self.rotary_emb = decoder.rotary_emb
         # Rotary tables of every response position of every row, (N, T, D).
-        positions = first_position + torch.arange(max_new_tokens, device=device)
-        probe = torch.empty(1, dtype=torch.float32, device=device)
-        with torch.autocast(device.type, enabled=False):
-            cos, sin = decoder.rotary_emb(probe, positions)
-        self.cos, self.sin = cos.to(self.compute), sin.to(self.compute)
+        width = max_new_tokens if rotary_table else 1
+        self.cos, self.sin = self.rotary(first_position + torch.arange(width, device=device))
         self.rows_in_batch = n
         self.rows = torch.arange(n, device=device)  # which row each buffer row is
 
@@ -283,17 +285,33 @@ class DecodeLoop:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of the model's own rotary embedding at ``positions`` (R, K): (R, K, D)."""
+        probe = torch.empty(1, dtype=torch.float32, device=positions.device)
+        with torch.autocast(positions.device.type, enabled=False):
+            cos, sin = self.rotary_emb(probe, positions)
+        return cos.to(self.compute), sin.to(self.compute)
+
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
         """(N, V) float32 logits after feeding response token ``t`` (``tokens``, (N,)); zeros
         for the rows ``drop_finished`` has dropped."""
+        cos, sin = self.cos[:, t, None], self.sin[:, t, None]  # (N, 1, D)
+        return self.step_at(tokens, t, cos, sin)
+
+    @torch.no_grad()
+    def step_at(
+        self, tokens: torch.Tensor, t: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """``step`` with the rotary (cos, sin) of each row's token given, (R, 1, D) for the R
+        rows still in the buffers: for callers whose rows' positions do not advance with the
+        column ``t`` (a row waiting for a tool's output leaves its columns empty)."""
         compacted = len(self.rows) < self.rows_in_batch
         if compacted:
             tokens = tokens.index_select(0, self.rows)
         n = tokens.shape[0]
         column = self.prompt_len + t  # this token's place in the key/value buffers
         live = column + 1
-        cos, sin = self.cos[:, t, None], self.sin[:, t, None]  # (N, 1, D)
         bias = self.bias[..., :live]
         group = self.heads // self.kv_heads
         kv_width = self.kv_heads * self.head_dim

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from conspo.config import SamplingConfig
 from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
 from conspo.generation.rollout import finish_responses, sample
+from conspo.generation.tool_rollout import ToolUse, generate_with_tools, sample_with_tools
 
 
 class NativeEngine:
@@ -57,6 +59,18 @@ class NativeEngine:
             group_size=request.group_size,
         )
 
+    def sample_with_tools(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+        use: ToolUse,
+    ) -> RolloutBatch:
+        """Rollouts that may call tools, the KV cache extended by their output
+        (``conspo.generation.tool_rollout.sample_with_tools``)."""
+        return sample_with_tools(model, prompt_ids, prompt_mask, request, use)
+
     def sync(self, model: PreTrainedModel) -> None:
         pass
 
@@ -80,6 +94,38 @@ class HfEngine:
         prompt_mask: torch.Tensor,
         request: SampleRequest,
     ) -> RolloutBatch:
+        response = self._generate(model, prompt_ids, prompt_mask, request)
+        return finish_responses(prompt_ids, prompt_mask, response, request.eos_id, request.pad_id)
+
+    def sample_with_tools(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+        use: ToolUse,
+    ) -> RolloutBatch:
+        """Rollouts that may call tools: one ``generate`` per turn over each row's prefix
+        (``conspo.generation.tool_rollout.generate_with_tools``)."""
+
+        def turn(
+            ids: torch.Tensor, mask: torch.Tensor, room: int, stop_strings: list[str]
+        ) -> torch.Tensor:
+            asked = replace(request, max_new_tokens=room)
+            return self._generate(model, ids, mask, asked, stop_strings, use.tokenizer)
+
+        return generate_with_tools(model, prompt_ids, prompt_mask, request, use, turn)
+
+    @staticmethod
+    def _generate(
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+        stop_strings: list[str] | None = None,
+        tokenizer: Any = None,
+    ) -> torch.Tensor:
+        """(N, T') new tokens, pad_id after a row's end (an EOS, or one of ``stop_strings``)."""
         # A fresh generation config, not the checkpoint's generation_config.json: its top_k,
         # repetition penalty or preset temperature would sample from another distribution than
         # the policy π_θ at `temperature` whose log-probs the objective uses.
@@ -92,20 +138,21 @@ class HfEngine:
             max_new_tokens=request.max_new_tokens,
             pad_token_id=request.pad_id,
             eos_token_id=request.eos_id,
+            stop_strings=stop_strings or None,
         )
         device = prompt_ids.device
         # generate draws from the global RNG; fork it so the draw is reproducible from the step's
         # seed and leaves the caller's random state untouched.
         devices = [device.index or torch.cuda.current_device()] if device.type == "cuda" else []
+        extra = {"tokenizer": tokenizer} if stop_strings else {}
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(_draw_seed(request.generator))
             # PreTrainedModel does not declare generate (GenerationMixin, or peft, provides it):
             # mypy resolves the name through nn.Module.__getattr__.
             out = model.generate(  # type: ignore[operator]
-                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
+                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, **extra
             )
-        response = out[:, prompt_ids.shape[1] :]  # (N, T'), pad_id after a row's EOS
-        return finish_responses(prompt_ids, prompt_mask, response, request.eos_id, request.pad_id)
+        return out[:, prompt_ids.shape[1] :]  # (N, T'), pad_id after a row's EOS
 
     def sync(self, model: PreTrainedModel) -> None:
         pass
@@ -182,6 +229,16 @@ class VllmEngine:
         rows = [list(done.token_ids) for out in outputs for done in out.outputs]
         response = _right_padded(rows, request.pad_id, prompt_ids.device)
         return finish_responses(prompt_ids, prompt_mask, response, request.eos_id, request.pad_id)
+
+    def sample_with_tools(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+        use: ToolUse,
+    ) -> RolloutBatch:
+        raise NotImplementedError("the vllm engine does not pause at tool calls here")
 
     def sync(self, model: PreTrainedModel) -> None:
         # Pushed by the next sample: a run that stops after this update never needs them.

@@ -1,0 +1,439 @@
+"""Rollouts that call tools: generation pauses at a tool call, the call runs, its output is
+appended as tokens the model did not write, and the model goes on (ReTool, arXiv:2504.11536).
+
+    use = ToolUse(make_toolbox(cfg.tools), tokenizer)
+    batch = sample_with_tools(model, prompt_ids, prompt_mask, request, use)
+    batch.observation_mask      # (N, T') 1 on the interpreter's tokens
+    batch.tool_calls[i]         # row i's calls: tool, status, seconds, observation tokens
+
+One rollout is a sequence of turns. In each the model writes until its text ends with a tool's
+closing tag (``</code>``), its end token, or the token budget (``max_new_tokens``, the model's
+and the interpreter's tokens together). Rows of a batch wait for their tool results together:
+a turn ends when no row is still writing, then every pending call of the batch runs at once
+(``conspo.tools.ToolBox.run``: the sandbox's bounded pool), each result's
+``\\n<interpreter>\\n…\\n</interpreter>\\n`` is tokenised and fed to its row, and the next turn
+begins. A call past ``max_turns`` is left as text. Because turns are synchronous, a step's
+rollouts are a function of its seed and of what the tools print, as a plain step's are of its
+seed.
+
+Each row is in one of four modes at every column: writing (its token is sampled), reading (its
+token is the next of its observation's), waiting (its call is pending: the column is empty for
+it) or done. One forward per column feeds every row's token; an empty column is masked out of
+that row's attention and does not advance its position ids, so a row's logits are those of its
+tokens laid end to end, to float rounding. The KV cache grows by the observation's tokens like
+by any other: nothing before them is recomputed.
+
+Two steppers feed the columns. Where ``conspo.generation.decode.DecodeLoop`` supports the model
+(Llama, Qwen2, Mistral: SmolLM2 is Llama), its preallocated buffers are used, finished rows leave
+them, and when a turn ends (or the buffers fill) each row's tokens are moved right-aligned so the
+empty columns are dropped (``realign``). Otherwise transformers' own forward extends a
+``DynamicCache`` one column at a time, the attention mask marking the empty columns.
+
+The ``hf`` engine (transformers' ``generate``) has its own path, ``generate_with_tools``: each
+turn is one ``generate`` call over the prompt and everything so far (its prefix recomputed),
+stopping at the closing tags. Same format, same masks, slower.
+
+Shapes: N rows, P prompt positions, T' response positions (model and interpreter tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+from typing import Any, Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from conspo.generation.batch import CallRecord, RolloutBatch, SampleRequest
+from conspo.generation.decode import DecodeLoop
+from conspo.generation.forward import Prefill, prefill
+from conspo.generation.rollout import _next_token
+from conspo.tools import ToolBox, ToolCall, observation_text
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What a rollout with tools needs beyond a plain one: the run's tools and the tokenizer
+    that turns their output into tokens (and the model's text back into calls)."""
+
+    box: ToolBox
+    tokenizer: PreTrainedTokenizerBase
+
+
+class Mode(Enum):
+    WRITING = 0
+    READING = 1
+    WAITING = 2
+    DONE = 3
+
+
+@dataclass
+class _Row:
+    """One rollout's state, on the host."""
+
+    tokens: list[int] = field(default_factory=list)
+    observed: list[bool] = field(default_factory=list)  # per token: the interpreter's
+    mode: Mode = Mode.WRITING
+    segment_start: int = 0  # where the model's current stretch of text begins in ``tokens``
+    queue: list[int] = field(default_factory=list)  # observation tokens still to feed
+    pending: ToolCall | None = None
+    calls: list[CallRecord] = field(default_factory=list)
+    truncated: bool = False
+
+
+@lru_cache(maxsize=8)
+def _closer_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Token ids whose text holds '>': the only tokens that can end a closing tag, so the only
+    ones after which the model's text is decoded to look for a call."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return frozenset(i for i, piece in enumerate(pieces) if piece is not None and ">" in piece)
+
+
+class _Stepper(Protocol):
+    def step(self, tokens: torch.Tensor, t: int, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def hide(self, rows: torch.Tensor, t: int) -> None: ...
+
+    def realign(self, real: torch.Tensor) -> int | None: ...
+
+    def drop_finished(self, done: torch.Tensor) -> None: ...
+
+
+class _DecodeStepper:
+    """Columns through ``DecodeLoop``'s buffers (``capacity`` response columns)."""
+
+    def __init__(self, model: PreTrainedModel, state: Prefill, capacity: int) -> None:
+        assert isinstance(state.cache, DynamicCache)
+        self.loop = DecodeLoop(
+            model, state.cache, state.mask, state.next_position, capacity, rotary_table=False
+        )
+        self.capacity = capacity
+
+    def step(self, tokens: torch.Tensor, t: int, positions: torch.Tensor) -> torch.Tensor:
+        here = positions.index_select(0, self.loop.rows)[:, None]  # rows still in the buffers
+        cos, sin = self.loop.rotary(here)
+        return self.loop.step_at(tokens, t, cos, sin)
+
+    def hide(self, rows: torch.Tensor, t: int) -> None:
+        mine = rows.index_select(0, self.loop.rows)  # (R,) bool over the buffers' rows
+        self.loop.bias[mine, :, :, self.loop.prompt_len + t] = float("-inf")
+
+    def realign(self, real: torch.Tensor) -> int | None:
+        """Move each row's tokens right-aligned over the first columns: ``real`` (N, t) bool says
+        which of the t response columns hold a token of that row. Returns the new t."""
+        loop, p = self.loop, self.loop.prompt_len
+        real = real.index_select(0, loop.rows)  # (R, t)
+        counts = real.sum(-1)  # (R,)
+        width = int(counts.max()) if len(counts) else 0
+        t = real.shape[1]
+        # For each row, the columns of its tokens in order, right-aligned in `width` slots; the
+        # slots left of them read column 0 and are masked.
+        order = torch.argsort((~real).long(), dim=1, stable=True)[:, :width]  # tokens first
+        slot = torch.arange(width, device=real.device)
+        shift = (width - counts)[:, None]  # (R, 1) empty slots at the left
+        source = order.gather(1, (slot[None, :] - shift).clamp(min=0))  # (R, width)
+        empty = slot[None, :] < shift  # (R, width)
+        index = (p + source)[:, None, :, None]  # (R, 1, width, 1)
+        for buffers in (loop.keys, loop.values):
+            for buf in buffers:
+                moved = buf.gather(2, index.expand(-1, buf.shape[1], -1, buf.shape[3]))
+                buf[:, :, p : p + width] = moved
+        loop.bias[..., p : p + t] = 0.0
+        loop.bias[..., p : p + width].masked_fill_(empty[:, None, None, :], float("-inf"))
+        return width
+
+    def drop_finished(self, done: torch.Tensor) -> None:
+        self.loop.drop_finished(done)
+
+
+class _ForwardStepper:
+    """Columns through transformers' forward, extending a ``DynamicCache``: any causal LM."""
+
+    def __init__(self, model: PreTrainedModel, state: Prefill) -> None:
+        self.model = model
+        self.cache = state.cache
+        self.mask = state.mask  # (N, P + columns fed so far)
+        self.prompt_len = state.mask.shape[1]
+
+    def step(self, tokens: torch.Tensor, t: int, positions: torch.Tensor) -> torch.Tensor:
+        column = torch.ones_like(self.mask[:, :1])
+        self.mask = torch.cat([self.mask, column], dim=1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+    def hide(self, rows: torch.Tensor, t: int) -> None:
+        self.mask[rows, self.prompt_len + t] = 0
+
+    def realign(self, real: torch.Tensor) -> int | None:
+        return None  # the cache grows by concatenation anyway
+
+    def drop_finished(self, done: torch.Tensor) -> None:
+        pass
+
+
+@torch.no_grad()
+def sample_with_tools(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    request: SampleRequest,
+    use: ToolUse,
+    *,
+    decode_loop: bool = True,
+) -> RolloutBatch:
+    """One rollout per row of ``prompt_ids`` (N, P) that may call ``use.box``'s tools: the
+    native engine's path (module docstring). ``request.max_new_tokens`` bounds each row's model
+    and observation tokens together."""
+    n, p = prompt_ids.shape
+    device = prompt_ids.device
+    budget = request.max_new_tokens
+    g = request.group_size if request.group_size > 1 and n % request.group_size == 0 else 1
+    state = prefill(model, prompt_ids, prompt_mask, g, None, share_prefix=True)
+    positions = state.next_position.squeeze(1).clone()  # (N,) the next token's position id
+    logits = state.logits
+    # A turn's columns: up to the budget after the last realignment, plus the waiting rows'.
+    capacity = 2 * budget + 1
+    stepper: _Stepper
+    if decode_loop and DecodeLoop.supports(model, p + capacity):
+        stepper = _DecodeStepper(model, state, capacity)
+    else:
+        stepper = _ForwardStepper(model, state)
+    del state
+    stops = set(request.stop_ids)
+    closers = _closer_ids(use.tokenizer)
+    rows = [_Row() for _ in range(n)]
+    real = torch.zeros(n, capacity, dtype=torch.bool, device=device)  # (N, columns) fed
+    seconds = 0.0
+    t = 0
+    while True:
+        sampled = _next_token(logits, request.temperature, request.top_p, request.generator)
+        drawn = sampled.tolist()  # the host decides each row's token (a sync per column)
+        feed = [request.pad_id] * n
+        fed = [False] * n
+        for i, row in enumerate(rows):
+            if row.mode is Mode.WRITING:
+                feed[i], fed[i] = drawn[i], True
+                _write(row, drawn[i], stops, closers, use, budget)
+            elif row.mode is Mode.READING:
+                feed[i], fed[i] = row.queue.pop(0), True
+                _read(row, feed[i], budget)
+        if t >= real.shape[1]:
+            t = _realign(stepper, real, t)
+            if t >= real.shape[1]:  # the stepper keeps every column: room for more
+                real = torch.cat([real, torch.zeros_like(real)], dim=1)
+        fed_t = torch.tensor(fed, device=device)
+        logits = stepper.step(torch.tensor(feed, device=device), t, positions)
+        stepper.hide(~fed_t, t)
+        real[:, t] = fed_t
+        positions = positions + fed_t.long()
+        t += 1
+        modes = [row.mode for row in rows]
+        if all(m is Mode.DONE for m in modes):
+            break
+        if any(m in (Mode.WRITING, Mode.READING) for m in modes):
+            continue
+        # The turn is over: every row waits for its call or is done. Run the calls together.
+        waiting = [i for i, m in enumerate(modes) if m is Mode.WAITING]
+        started = time.perf_counter()
+        results = use.box.run([rows[i].pending for i in waiting])  # type: ignore[misc]
+        seconds += time.perf_counter() - started
+        for i, result in zip(waiting, results, strict=True):
+            _start_reading(rows[i], result, use, budget)
+        done = [r.mode is Mode.DONE for r in rows]
+        if all(done):  # the observations used up every budget
+            break
+        stepper.drop_finished(torch.tensor(done, device=device))
+        t = _realign(stepper, real, t)
+    return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, seconds)
+
+
+def _write(
+    row: _Row,
+    token: int,
+    stops: set[int],
+    closers: frozenset[int],
+    use: ToolUse,
+    budget: int,
+) -> None:
+    """The model wrote ``token``: end the row at a stop token or the budget, or pause it at a
+    complete tool call (while it has calls left)."""
+    row.tokens.append(token)
+    row.observed.append(False)
+    if token in stops:
+        row.mode = Mode.DONE
+        return
+    if len(row.tokens) >= budget:
+        row.mode, row.truncated = Mode.DONE, True
+        return
+    if token in closers and len(row.calls) < use.box.max_turns:
+        segment = use.tokenizer.decode(row.tokens[row.segment_start :], skip_special_tokens=True)
+        call = use.box.call_in(segment)
+        if call is not None:
+            row.pending, row.mode = call, Mode.WAITING
+
+
+def _read(row: _Row, token: int, budget: int) -> None:
+    """``token`` of the row's observation was fed; the model writes again after the last."""
+    row.tokens.append(token)
+    row.observed.append(True)
+    if not row.queue:
+        row.segment_start = len(row.tokens)
+        row.mode = Mode.WRITING if len(row.tokens) < budget else Mode.DONE
+        row.truncated = row.mode is Mode.DONE
+
+
+def _start_reading(row: _Row, result: Any, use: ToolUse, budget: int) -> None:
+    """Queue the observation of ``result`` for ``row``, cut to what is left of its budget."""
+    assert row.pending is not None
+    ids = use.tokenizer(observation_text(result), add_special_tokens=False).input_ids
+    room = budget - len(row.tokens)
+    ids = ids[:room]
+    row.calls.append(CallRecord(row.pending.tool, result.status, result.seconds, len(ids)))
+    row.pending = None
+    if ids:
+        row.queue, row.mode = list(ids), Mode.READING
+    else:
+        row.mode, row.truncated = Mode.DONE, True
+
+
+def _realign(stepper: _Stepper, real: torch.Tensor, t: int) -> int:
+    """Drop the empty columns where the stepper can (rows right-aligned); the new t."""
+    if bool(real[:, :t].all()):
+        return t
+    width = stepper.realign(real[:, :t])
+    if width is None:
+        return t
+    counts = real[:, :t].sum(-1)  # (N,)
+    real.zero_()
+    slot = torch.arange(width, device=real.device)
+    real[:, :width] = slot[None, :] >= (width - counts)[:, None]
+    return width
+
+
+def _assemble(
+    rows: Sequence[_Row],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    pad_id: int,
+    seconds: float,
+) -> RolloutBatch:
+    n, device = len(rows), prompt_ids.device
+    width = max(1, max(len(r.tokens) for r in rows))
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros(n, width)
+    observed = torch.zeros(n, width)
+    for i, row in enumerate(rows):
+        k = len(row.tokens)
+        ids[i, :k] = torch.tensor(row.tokens, dtype=torch.long)
+        mask[i, :k] = 1.0
+        observed[i, :k] = torch.tensor(row.observed, dtype=torch.float32)
+    return RolloutBatch(
+        prompt_ids,
+        prompt_mask,
+        ids.to(device),
+        mask.to(device),
+        mask.sum(-1).long().to(device),
+        torch.tensor([r.truncated for r in rows], device=device),
+        observed.to(device),
+        [r.calls for r in rows],
+        seconds,
+    )
+
+
+def verified_texts(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
+    """What a verifier reads of each rollout: the model's text after its last observation (the
+    answer it gives once it has read the interpreter), or the whole response without tools.
+    The interpreter's output never counts as the model's answer."""
+    if batch.observation_mask is None:
+        return tokenizer.batch_decode(batch.response_ids.cpu().tolist(), skip_special_tokens=True)
+    ids = batch.response_ids.cpu()
+    observed = batch.observation_mask.cpu() > 0
+    lengths = batch.lengths.cpu().tolist()
+    tails = []
+    for row, seen, k in zip(ids, observed, lengths, strict=True):
+        last = int(seen[:k].nonzero().max()) + 1 if bool(seen[:k].any()) else 0
+        tails.append(row[last:k].tolist())
+    return tokenizer.batch_decode(tails, skip_special_tokens=True)
+
+
+def generate_with_tools(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    request: SampleRequest,
+    use: ToolUse,
+    generate: Any,
+) -> RolloutBatch:
+    """The ``hf`` engine's path: each turn one ``generate(ids, mask, max_new_tokens, stops)``
+    call (the engine's, seeded from ``request.generator``) over every unfinished row's prompt
+    and response so far, cut at the first complete tool call; then the turn's calls run together
+    and their observations are appended, as on the native path."""
+    n = prompt_ids.shape[0]
+    budget = request.max_new_tokens
+    stops = set(request.stop_ids)
+    closers = _closer_ids(use.tokenizer)
+    rows = [_Row() for _ in range(n)]
+    seconds = 0.0
+    while active := [i for i, r in enumerate(rows) if r.mode is Mode.WRITING]:
+        room = max(budget - len(rows[i].tokens) for i in active)
+        ids, mask = _prefixes(rows, active, prompt_ids, prompt_mask, request.pad_id)
+        new = generate(ids, mask, room, use.box.closing_tags)  # (A, k) token ids
+        for i, out in zip(active, new.cpu().tolist(), strict=True):
+            row = rows[i]
+            for token in out:
+                _write(row, token, stops, closers, use, budget)
+                # generate stops a row at any closing tag (then pads it); the native path
+                # writes on after one that makes no call (unopened, or past max_turns), and so
+                # does the next turn here
+                if row.mode is not Mode.WRITING or (token in closers and _at_closer(row, use)):
+                    break
+            else:  # generate ran out of room for this row before its own budget
+                row.mode, row.truncated = Mode.DONE, True
+        waiting = [i for i, r in enumerate(rows) if r.mode is Mode.WAITING]
+        started = time.perf_counter()
+        results = use.box.run([rows[i].pending for i in waiting])  # type: ignore[misc]
+        seconds += time.perf_counter() - started
+        for i, result in zip(waiting, results, strict=True):
+            row = rows[i]
+            _start_reading(row, result, use, budget)
+            while row.queue:  # the whole observation at once: the next generate re-reads it
+                _read(row, row.queue.pop(0), budget)
+    return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, seconds)
+
+
+def _at_closer(row: _Row, use: ToolUse) -> bool:
+    """Whether the row's current text ends with a tool's closing tag."""
+    text = use.tokenizer.decode(row.tokens[row.segment_start :], skip_special_tokens=True)
+    return any(text.rstrip().endswith(tag) for tag in use.box.closing_tags)
+
+
+def _prefixes(
+    rows: Sequence[_Row],
+    active: list[int],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded (prompt + response so far) of the ``active`` rows."""
+    seqs = []
+    for i in active:
+        prompt = prompt_ids[i][prompt_mask[i].bool()].tolist()
+        seqs.append(prompt + rows[i].tokens)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for j, seq in enumerate(seqs):
+        ids[j, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[j, width - len(seq) :] = 1
+    return ids.to(prompt_ids.device), mask.to(prompt_ids.device)
