@@ -39,7 +39,8 @@ from conspo.access import DataFiles
 from conspo.config import BenchmarkConfig
 from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
 from conspo.generation.engines import NativeEngine
-from conspo.generation.rollout import decode_responses, encode_prompts, end_token_ids
+from conspo.generation.rollout import encode_prompts, end_token_ids
+from conspo.generation.tool_rollout import verified_texts
 from conspo.objectives.base import positive_mask
 from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example, Task
@@ -118,7 +119,7 @@ def generate_and_verify(
         generator=generator,
     )
     batch = (engine or NativeEngine()).sample(model, ids, mask, request)
-    texts = decode_responses(tokenizer, batch)
+    texts = verified_texts(tokenizer, batch)
     rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
     return batch, rewards
 
@@ -172,7 +173,7 @@ def evaluate(
     ``top_p``) on the held-out ``examples``."""
     if not examples:
         return {M.EVAL_ACCURACY: float("nan"), M.EVAL_PASS_AT_K: float("nan")}
-    _, greedy = generate_and_verify(
+    greedy_batch, greedy = generate_and_verify(
         model,
         tokenizer,
         task,
@@ -193,7 +194,11 @@ def evaluate(
         generator=generator,
         engine=engine,
     )
-    return {M.EVAL_ACCURACY: greedy.mean().item(), M.EVAL_PASS_AT_K: pass_k_value}
+    out = {M.EVAL_ACCURACY: greedy.mean().item(), M.EVAL_PASS_AT_K: pass_k_value}
+    if greedy_batch.tool_calls is not None:
+        called = [float(bool(calls)) for calls in greedy_batch.tool_calls]
+        out[M.EVAL_TOOL_CALL_RATE] = sum(called) / len(called)
+    return out
 
 
 def score_benchmark(

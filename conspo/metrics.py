@@ -92,6 +92,21 @@ DPO_REJECTED = "dpo/rejected_reward"
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_PASS_AT_K = "eval/pass@k"
 
+# --- tools inside rollouts (conspo.tools, conspo.generation.tool_rollout) --------------------
+TOOLS_CALLS = "tools/calls"
+TOOLS_CALLS_POS = "tools/calls_pos"
+TOOLS_CALLS_NEG = "tools/calls_neg"
+TOOLS_CALL_RATE = "tools/call_rate"
+TOOLS_ACC_WITH_CALL = "tools/acc_with_call"
+TOOLS_ACC_WITHOUT_CALL = "tools/acc_without_call"
+TOOLS_OK_RATE = "tools/ok_rate"
+TOOLS_ERROR_RATE = "tools/error_rate"
+TOOLS_TIMEOUT_RATE = "tools/timeout_rate"
+TOOLS_TURNS = "tools/turns"
+TOOLS_OBSERVATION_TOKENS = "tools/observation_tokens"
+TIME_TOOLS_S = "time/tools_s"
+EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"
+
 # --- time and throughput --------------------------------------------------------------------
 TIME_STEP_S = "time/step_s"
 TIME_ROLLOUT_S = "time/rollout_s"
@@ -280,6 +295,12 @@ SECTIONS: tuple[Section, ...] = (
         folded="nothing to show: one optimiser update per rollout batch (optim.mini_batches"
         " = optim.epochs = 1), so π_θ = π_old and every ratio is 1",
     ),
+    Section(
+        "tools",
+        "Tools inside rollouts",
+        needs="tools.names",
+        folded="this run calls no tools (tools.names is empty): every rollout is one answer",
+    ),
     Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
 )
@@ -350,6 +371,21 @@ CHARTS: tuple[Chart, ...] = (
           "fraction of tokens", y_range="unit", always=True,
           help="Fraction of response tokens with ρ < 1 − ε_low and with ρ > 1 + ε_high (the"
           " objective's own clip range; ConSPO's ε for objectives without one)."),
+    Chart("toolcalls", "Tool calls per rollout: correct vs wrong", "tools", "calls / rollout",
+          y_range="zero", always=True,
+          help="Do the rollouts that end right call the tool more than the ones that end wrong?"
+          " Mean calls of every rollout, of the correct ones and of the wrong ones."),
+    Chart("toolpay", "Does calling pay? Pass rate with and without a call", "tools",
+          "fraction", y_range="unit",
+          help="Pass rate of the rollouts that called a tool at least once, of those that did"
+          " not, and the share of rollouts that called."),
+    Chart("toolstatus", "How calls ended", "tools", "fraction of calls", y_range="unit",
+          help="Share of the step's calls that ran to the end, failed (an exception, a non-zero"
+          " exit) or were killed at tools.timeout_s."),
+    Chart("tooltokens", "Turns and interpreter tokens per rollout", "tools", "per rollout",
+          y_range="zero",
+          help="Model turns (calls + 1) and the interpreter's tokens in each rollout: context"
+          " the model reads, which no loss or score counts."),
     Chart("sft", "SFT: answer-token accuracy", "job", "fraction of answer tokens",
           y_range="unit", kinds=("sft",), always=True,
           help="Share of the target's tokens the model predicts first (argmax), teacher-forced."),
@@ -525,6 +561,43 @@ METRICS: tuple[Metric, ...] = (
     Metric(OFFPOLICY_CLIP_HIGH, "above 1 + ε_high",
            "Fraction of response tokens with ρ > 1 + ε_high (mean over the updates).",
            "fraction", "clipside", color="pos", constant_note=ON_POLICY),
+    # tools
+    Metric(TOOLS_CALLS, "calls", "Mean tool calls per rollout of the step.", "calls",
+           "toolcalls", when="the run has tools (tools.names)"),
+    Metric(TOOLS_CALLS_POS, "calls (correct)", "Mean tool calls of the correct rollouts.",
+           "calls", "toolcalls", when="the run has tools (tools.names)", color="pos",
+           dash=True),
+    Metric(TOOLS_CALLS_NEG, "calls (wrong)", "Mean tool calls of the wrong rollouts.", "calls",
+           "toolcalls", when="the run has tools (tools.names)", color="neg", dash=True),
+    Metric(TOOLS_ACC_WITH_CALL, "pass rate, called",
+           "Pass rate of the rollouts that called a tool at least once (NaN: none did).",
+           "fraction", "toolpay", when="the run has tools (tools.names)", color="pos"),
+    Metric(TOOLS_ACC_WITHOUT_CALL, "pass rate, no call",
+           "Pass rate of the rollouts that called no tool (NaN: every one did).", "fraction",
+           "toolpay", when="the run has tools (tools.names)", color="neg"),
+    Metric(TOOLS_CALL_RATE, "share calling",
+           "Share of the step's rollouts that called a tool at least once.", "fraction",
+           "toolpay", when="the run has tools (tools.names)", color="accent3", dash=True),
+    Metric(TOOLS_OK_RATE, "ok", "Share of the step's calls that ran to the end (NaN: no call).",
+           "fraction", "toolstatus", when="the run has tools (tools.names)", better="higher",
+           color="pos"),
+    Metric(TOOLS_ERROR_RATE, "error",
+           "Share of the step's calls that failed: an exception, a non-zero exit, a killed"
+           " process (NaN: no call).", "fraction", "toolstatus",
+           when="the run has tools (tools.names)", better="lower", color="neg"),
+    Metric(TOOLS_TIMEOUT_RATE, "timeout",
+           "Share of the step's calls killed at tools.timeout_s (NaN: no call).", "fraction",
+           "toolstatus", when="the run has tools (tools.names)", better="lower",
+           color="accent3"),
+    Metric(TOOLS_TURNS, "turns", "Mean model turns per rollout: its calls + 1.", "turns",
+           "tooltokens", when="the run has tools (tools.names)"),
+    Metric(TOOLS_OBSERVATION_TOKENS, "interpreter tokens",
+           "Mean interpreter tokens per rollout (masked out of every loss and score; they count"
+           " against sampling.max_new_tokens).", "tokens", "tooltokens",
+           when="the run has tools (tools.names)", color="accent2"),
+    Metric(EVAL_TOOL_CALL_RATE, "tool-call rate (greedy)",
+           "Share of the held-out problems whose greedy answer called a tool.", "fraction",
+           "evalc", when="the run has tools, at every evaluation", color="accent3", dash=True),
     # job kinds other than rl
     Metric(SFT_TOKEN_ACC, "token accuracy",
            "SFT: share of the target's tokens (answer + EOS) that are the model's argmax under"
@@ -557,6 +630,10 @@ METRICS: tuple[Metric, ...] = (
            better="lower"),
     Metric(TIME_ROLLOUT_S, "rollout", "Wall-clock seconds spent generating rollouts.", "s",
            "time", better="lower", color="accent3"),
+    Metric(TIME_TOOLS_S, "tools",
+           "Wall-clock seconds of the step that generation waited for tool calls (the"
+           " sandbox's share of the rollout time).", "s", "time", when="the run has tools",
+           better="lower", color="accent2"),
     Metric(THROUGHPUT_ROLLOUTS_PER_S, "rollouts/s", "Rollouts generated per second of step time.",
            "rollouts / s", "throughput", better="higher"),
     Metric(ROLLOUTS_SEEN, "rollouts seen", "Rollouts generated since the start of the run.",

@@ -25,7 +25,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from conspo.config import RewardConfig, RunConfig, field_help
-from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, Registry
+from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS, Registry
 
 DEFAULT_OUT = Path("docs") / "config.md"
 
@@ -84,6 +84,20 @@ def render() -> str:
     )
     parts.append(_table(RewardConfig, prefix="rewards[]."))
     parts.extend(_registered(REWARDS, prefix="rewards[].params."))
+    parts.append("## Tools (`tools.names`)\n")
+    parts.append(
+        "List tools under `tools.names` (or `tools: [python]`): the model calls one by writing"
+        " its tag, and reads the output back between <interpreter> and </interpreter>. The"
+        " limits of every call are the `tools` section's. A sandboxed tool runs model-written"
+        " code, so its runs need a worker whose sandbox works (`/api/health`: `sandbox`).\n"
+    )
+    for name in TOOLS.names():
+        tool = TOOLS.get(name)
+        where = "in the sandbox" if tool.sandboxed else "in the training process (runs no code)"
+        parts.append(f"### `{name}`\n")
+        parts.append(
+            f"{tool.description.strip()} Called as `<{tool.tag}>…</{tool.tag}>`, {where}.\n"
+        )
     parts.append("## Defaults as YAML\n")
     parts.append("The default run (`algorithm: conspo`), every field spelled out:\n")
     defaults = yaml.safe_dump(RunConfig.model_validate({}).model_dump(mode="json"), sort_keys=False)

@@ -277,8 +277,7 @@ def _write(
         row.mode, row.truncated = Mode.DONE, True
         return
     if token in closers and len(row.calls) < use.box.max_turns:
-        segment = use.tokenizer.decode(row.tokens[row.segment_start :], skip_special_tokens=True)
-        call = use.box.call_in(segment)
+        call = use.box.call_in(_segment_text(row, use))
         if call is not None:
             row.pending, row.mode = call, Mode.WAITING
 
@@ -414,8 +413,14 @@ def generate_with_tools(
 
 def _at_closer(row: _Row, use: ToolUse) -> bool:
     """Whether the row's current text ends with a tool's closing tag."""
+    text = _segment_text(row, use).rstrip()
+    return any(text.endswith(tag) for tag in use.box.closing_tags)
+
+
+def _segment_text(row: _Row, use: ToolUse) -> str:
+    """The model's text since its last observation (or the start)."""
     text = use.tokenizer.decode(row.tokens[row.segment_start :], skip_special_tokens=True)
-    return any(text.rstrip().endswith(tag) for tag in use.box.closing_tags)
+    return text if isinstance(text, str) else "".join(text)
 
 
 def _prefixes(
@@ -437,3 +442,34 @@ def _prefixes(
         ids[j, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
         mask[j, width - len(seq) :] = 1
     return ids.to(prompt_ids.device), mask.to(prompt_ids.device)
+
+
+class ToolEngine:
+    """An engine whose every ``sample`` may call tools: a run with tools hands this to its
+    trainer and its evaluation, which then need not know that rollouts have turns."""
+
+    def __init__(self, inner: Any, use: ToolUse) -> None:
+        self.inner = inner
+        self.use = use
+
+    def sample(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+    ) -> RolloutBatch:
+        return self.inner.sample_with_tools(model, prompt_ids, prompt_mask, request, self.use)
+
+    def sample_with_tools(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        request: SampleRequest,
+        use: ToolUse,
+    ) -> RolloutBatch:
+        return self.inner.sample_with_tools(model, prompt_ids, prompt_mask, request, use)
+
+    def sync(self, model: PreTrainedModel) -> None:
+        self.inner.sync(model)

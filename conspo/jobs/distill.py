@@ -115,7 +115,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
         log_s = torch.log_softmax(student.float() / temperature, -1)
         log_t = torch.log_softmax(teach.float() / temperature, -1)
         kl = (log_s.exp() * (log_s - log_t)).sum(-1)  # (N, T) reverse KL per position
-        resp = batch.response_mask
+        resp = batch.model_mask  # the interpreter's tokens, with tools, are not the student's
         loss = (kl * resp).sum() / resp.sum()
         teacher_lp = log_t.gather(-1, batch.response_ids[..., None])[..., 0]
         grad_norm = optimiser_step(state, loss)
@@ -125,7 +125,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
             M.GRAD_NORM: grad_norm,
             M.DISTILL_REVERSE_KL: loss.item(),
             M.DISTILL_TEACHER_LOGPROB: float((teacher_lp * resp).sum() / resp.sum()),
-            M.DISTILL_LENGTH: float(batch.lengths.float().mean()),
+            M.DISTILL_LENGTH: float(batch.model_lengths.float().mean()),
         }
 
     return step

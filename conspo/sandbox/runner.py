@@ -332,6 +332,35 @@ def run_many(
         return [future.result() for future in futures]
 
 
+# A library caller on a machine without a sandbox may run model-written code unsandboxed by
+# setting this to 1 in its environment: an explicit opt-in, never a config field (a config can
+# come from anyone). The platform's worker clears it at start.
+UNSAFE_LOCAL_ENV = "CONSPO_UNSAFE_LOCAL_CODE"
+
+
+def unsafe_local_opt_in() -> bool:
+    return os.environ.get(UNSAFE_LOCAL_ENV) == "1"
+
+
+def require_sandbox(needs: Sequence[str]) -> bool:
+    """Check that what ``needs`` names (``RunConfig.code_execution``: the tools and tasks that
+    run model-written code) can run here: True when it must run unsandboxed (the caller opted
+    in), False when the sandbox works or nothing needs it. Raises ``SandboxUnavailable``,
+    naming what needs it and why the sandbox does not work, otherwise."""
+    if not needs:
+        return False
+    probe = sandbox_available()
+    if probe:
+        return False
+    if unsafe_local_opt_in():
+        return True
+    raise SandboxUnavailable(
+        f"{', '.join(needs)} runs model-written code, and this machine cannot sandbox it:"
+        f" {probe.reason}. Install bubblewrap, or (only for models you trust) set"
+        f" {UNSAFE_LOCAL_ENV}=1 to run it without a sandbox"
+    )
+
+
 @dataclass(frozen=True)
 class Probe:
     available: bool

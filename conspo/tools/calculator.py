@@ -10,7 +10,7 @@ import ast
 import operator
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field
 
@@ -79,7 +79,7 @@ class CalculatorTool:
 
     def _walk(self, node: ast.AST) -> int | float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return self._bounded(node.value)
+            return self._bounded(cast(int | float, node.value))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return self._bounded(_UNARY[type(node.op)](self._walk(node.operand)))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:

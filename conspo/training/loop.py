@@ -47,6 +47,7 @@ from conspo.evaluation import (
 )
 from conspo.generation.batch import Engine
 from conspo.generation.engines import make_engine
+from conspo.generation.tool_rollout import ToolEngine, ToolUse
 from conspo.models.builtins import builtin_store
 from conspo.models.loading import (
     describe_device,
@@ -68,9 +69,11 @@ from conspo.models.store import ModelStore
 from conspo.objectives.base import ObjectiveParams
 from conspo.registry import get_objective
 from conspo.rewards import WeightedReward, build_rewards
+from conspo.sandbox import require_sandbox
 from conspo.sink import NullSink, Sink, StepRecord, flush_sink
 from conspo.tasks import Example, Task, make_task
 from conspo.tasks.prompts import PromptRenderer, with_prompts
+from conspo.tools import make_toolbox
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 LoopStep = Callable[[int, Callable[[], bool]], StepRecord | None]
@@ -229,6 +232,8 @@ def setup(
     memory_limit: int | None = None,
 ) -> TrainState:
     check_group(cfg)
+    # Model-written code runs in the sandbox or not at all (unless the caller opted in).
+    unsafe_local = require_sandbox(cfg.code_execution())
     # A dataset or benchmark it may not read fails before a model loads.
     task = make_task(cfg.task, files)
     benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
@@ -271,13 +276,24 @@ def setup(
         task=task,
         eval_examples=task.eval_examples(cfg.task.eval_size),
         device=device,
-        engine=make_engine(cfg.sampling, path, dtype),
+        engine=tool_engine(cfg, make_engine(cfg.sampling, path, dtype), tokenizer, unsafe_local),
         benchmarks=[rendered(b, render) for b in benchmarks],
         precision=precision,
         trainable=trainable,
         estimate=estimate,
         rewards=build_rewards(cfg.rewards),
     )
+
+
+def tool_engine(
+    cfg: RunConfig, engine: Engine, tokenizer: PreTrainedTokenizerBase, unsafe_local: bool
+) -> Engine:
+    """``engine``, or with ``cfg.tools`` one whose rollouts call them (training and evaluation
+    alike: ``conspo.generation.tool_rollout``)."""
+    if not cfg.tools.names:
+        return engine
+    box = make_toolbox(cfg.tools, unsafe_local=unsafe_local)
+    return ToolEngine(engine, ToolUse(box, tokenizer))
 
 
 def check_group(cfg: RunConfig) -> None:

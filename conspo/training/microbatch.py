@@ -148,4 +148,7 @@ def trimmed(batch: RolloutBatch) -> RolloutBatch:
         batch.response_mask[:, :t],
         batch.lengths,
         batch.truncated,
+        None if batch.observation_mask is None else batch.observation_mask[:, :t],
+        batch.tool_calls,
+        batch.tool_seconds,
     )

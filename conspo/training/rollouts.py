@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from conspo.distributed import collectives as distributed
-from conspo.generation.batch import RolloutBatch, SampleRequest
-from conspo.generation.rollout import decode_responses, encode_prompts, end_token_ids
+from conspo.generation.batch import CallRecord, RolloutBatch, SampleRequest
+from conspo.generation.rollout import encode_prompts, end_token_ids
+from conspo.generation.tool_rollout import verified_texts
 from conspo.objectives.base import WholeBatch, positive_mask, sequence_scores
 from conspo.rewards import RewardContext, score_rollouts
 from conspo.sink import PromptRecord, prompt_key
@@ -59,7 +60,7 @@ class Rollouts:
     @cached_property
     def whole(self) -> WholeBatch:
         """The whole rollout batch, for normalisers that span it (on the CPU, like rewards)."""
-        lengths = self.batch.response_mask.sum(-1).cpu()
+        lengths = self.batch.model_lengths.cpu()
         return WholeBatch(self.rewards, self.group_ids, lengths)
 
 
@@ -184,7 +185,7 @@ def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollo
     g = cfg.sampling.group_size
     expanded = [ex for ex in prompts for _ in range(g)]
     batch, ids, mask = draw_rollouts(state, prompts, seed)
-    texts = decode_responses(state.tokenizer, batch)
+    texts = verified_texts(state.tokenizer, batch)
     scorer = partial(continuation_logprobs, state, ids, mask)
     context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)
     lengths = batch.lengths.tolist()
@@ -275,6 +276,7 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         torch.cat([pad(x.batch.response_mask, t, False, 0.0) for x in parts]),
         torch.cat([x.batch.lengths for x in parts]),
         torch.cat([x.batch.truncated for x in parts]),
+        *_concat_tool_fields([x.batch for x in parts], t),
     )
     rewards = torch.cat([x.rewards for x in parts])
     correct = torch.cat([x.correct for x in parts])
@@ -288,6 +290,21 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         sum(x.generated for x in parts),
         reward_parts=reward_parts,
     )
+
+
+def _concat_tool_fields(
+    batches: list[RolloutBatch], width: int
+) -> tuple[torch.Tensor | None, list[list[CallRecord]] | None, float]:
+    """(observation mask, calls, tool seconds) of stacked rounds (None: rollouts without tools)."""
+    if all(b.observation_mask is None for b in batches):
+        return None, None, sum(b.tool_seconds for b in batches)
+    masks = [
+        F.pad(b.model_mask * 0 if b.observation_mask is None else b.observation_mask,
+              (0, width - b.response_ids.shape[1]))
+        for b in batches
+    ]  # fmt: skip
+    calls = [row for b in batches for row in (b.tool_calls or [[]] * len(b.lengths))]
+    return torch.cat(masks), calls, sum(b.tool_seconds for b in batches)
 
 
 def prompt_records(state: TrainState, r: Rollouts) -> list[PromptRecord]:

@@ -17,6 +17,7 @@ import math
 import torch
 
 from conspo import metrics
+from conspo.generation.batch import CallRecord
 from conspo.objectives.base import dense_group_index, positive_mask, token_ratio
 
 
@@ -153,4 +154,40 @@ def offpolicy_stats(
         metrics.OFFPOLICY_RATIO_MIN: torch.where(tokens, ratio, math.inf).amin(),
         metrics.OFFPOLICY_CLIP_LOW: ((ratio < 1 - clip_low) & tokens).sum() / n,
         metrics.OFFPOLICY_CLIP_HIGH: ((ratio > 1 + clip_high) & tokens).sum() / n,
+    }
+
+
+def tool_stats(calls: list[list[CallRecord]], correct: list[float]) -> dict[str, float]:
+    """The step's tool use (``conspo.generation.tool_rollout``): calls per rollout overall and
+    by outcome, the pass rate of rollouts that called and of those that did not (does calling
+    pay?), how calls ended, turns and interpreter tokens. ``calls``: each rollout's calls;
+    ``correct``: its verified outcome. Host lists: nothing here touches a device. A mean over
+    nothing (no correct rollout, no call) is NaN: there is nothing to say."""
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else math.nan
+
+    counts = [float(len(c)) for c in calls]
+    positive = [c > 0.5 for c in correct]
+    called = [n > 0 for n in counts]
+    every_call = [call for row in calls for call in row]
+    status = [call.status for call in every_call]
+    return {
+        metrics.TOOLS_CALLS: mean(counts),
+        metrics.TOOLS_CALLS_POS: mean([n for n, p in zip(counts, positive, strict=True) if p]),
+        metrics.TOOLS_CALLS_NEG: mean([n for n, p in zip(counts, positive, strict=True) if not p]),
+        metrics.TOOLS_CALL_RATE: mean([float(c) for c in called]),
+        metrics.TOOLS_ACC_WITH_CALL: mean(
+            [float(p) for p, c in zip(positive, called, strict=True) if c]
+        ),
+        metrics.TOOLS_ACC_WITHOUT_CALL: mean(
+            [float(p) for p, c in zip(positive, called, strict=True) if not c]
+        ),
+        metrics.TOOLS_OK_RATE: mean([float(s == "ok") for s in status]),
+        metrics.TOOLS_ERROR_RATE: mean([float(s == "error") for s in status]),
+        metrics.TOOLS_TIMEOUT_RATE: mean([float(s == "timeout") for s in status]),
+        metrics.TOOLS_TURNS: mean([n + 1 for n in counts]),
+        metrics.TOOLS_OBSERVATION_TOKENS: mean(
+            [float(sum(call.observation_tokens for call in row)) for row in calls]
+        ),
     }

@@ -86,7 +86,7 @@ def update(
         scores,
         r.correct.to(device),
         r.group_ids.to(device),
-        r.batch.lengths.to(device),
+        r.batch.model_lengths.to(device),
         margin=view.margin,
         tau=view.tau,
         clipped_scores=clipped,
@@ -459,7 +459,7 @@ def policy_batch(
     rows_cpu = rows.cpu()
     return PolicyBatch(
         logprobs=logprobs,
-        mask=r.batch.response_mask[rows],
+        mask=r.batch.model_mask[rows],  # the model's tokens: never a tool's output
         rewards=r.rewards[rows_cpu].to(device),
         group_ids=r.group_ids[rows_cpu].to(device),
         progress=step / cfg.steps,

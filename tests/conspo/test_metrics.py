@@ -34,8 +34,11 @@ def test_keys_charts_and_sections_hold_together() -> None:
     assert not set(CATALOGUE.legacy_keys) & KEYS and set(CATALOGUE.legacy_keys.values()) <= KEYS
 
 
-def _logged_keys(algorithm: str, params: dict, model_store, tmp_path) -> set[str]:
+def _logged_keys(
+    algorithm: str, params: dict, model_store, tmp_path, **extra: object
+) -> set[str]:
     cfg = RunConfig.model_validate({
+        **extra,
         "algorithm": algorithm,
         "params": params,
         "steps": 2,
@@ -90,7 +93,11 @@ def test_every_catalogue_key_is_logged_by_some_run(
 ) -> None:
     # The KL to a reference model is logged only when one is loaded (beta > 0).
     with_reference = _logged_keys("grpo", {"beta": 0.1}, model_store, tmp_path)
+    # Tool use is logged by runs with tools (the calculator: no sandbox, nothing to install).
+    with_tools = _logged_keys("grpo", {}, model_store, tmp_path / "tools", tools=["calculator"])
     by_kinds = [run.logged for run in job_kind_runs.values()]
-    never = KEYS - with_reference - set().union(*logged.values(), *by_kinds)
+    never = KEYS - with_reference - with_tools - set().union(*logged.values(), *by_kinds)
     assert not never, f"catalogue keys no run logs: {never}"
     assert M.KL in with_reference and not any(M.KL in keys for keys in logged.values())
+    tool_keys = {m.key for m in CATALOGUE.metrics if m.chart and m.chart.startswith("tool")}
+    assert tool_keys <= with_tools and not any(tool_keys & keys for keys in logged.values())

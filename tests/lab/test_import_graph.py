@@ -53,7 +53,7 @@ BACKEND_ROOMS: Rooms = (
 # catalogue, the sink, access to files and models, the catalogue of built-in models, the
 # sandbox for model-written code (standard library only) and the task interface (what the
 # registry's entries are typed against). Then what registers there (tasks, objectives,
-# rewards); the models (loading, precision, the store, resources); generation and the
+# rewards, tools); the models (loading, precision, the store, resources); generation and the
 # collectives; evaluation; supervised fine-tuning, which the built-ins' warm starts run
 # (``models.builtins``: the one module of models/ that trains, handed to the store as its
 # builder); the RL trainer and the loop; the job kinds and the TRL integration; the launcher; the
@@ -74,7 +74,7 @@ CONSPO_ROOMS: Rooms = (
         "conspo.tasks.base",
         "conspo.sandbox",
     ),
-    ("conspo.tasks", "conspo.objectives", "conspo.rewards"),
+    ("conspo.tasks", "conspo.objectives", "conspo.rewards", "conspo.tools"),
     ("conspo.models",),
     ("conspo.generation", "conspo.distributed"),
     ("conspo.evaluation",),
