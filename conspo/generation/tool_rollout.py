@@ -166,7 +166,7 @@ class _ForwardStepper:
             input_ids=tokens[:, None],
             attention_mask=self.mask,
             position_ids=positions[:, None],
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
         )

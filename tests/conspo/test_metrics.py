@@ -34,9 +34,7 @@ def test_keys_charts_and_sections_hold_together() -> None:
     assert not set(CATALOGUE.legacy_keys) & KEYS and set(CATALOGUE.legacy_keys.values()) <= KEYS
 
 
-def _logged_keys(
-    algorithm: str, params: dict, model_store, tmp_path, **extra: object
-) -> set[str]:
+def _logged_keys(algorithm: str, params: dict, model_store, tmp_path, **extra: object) -> set[str]:
     cfg = RunConfig.model_validate({
         **extra,
         "algorithm": algorithm,

@@ -594,3 +594,65 @@ def test_a_correct_answer_with_a_shaped_reward_below_half_stays_positive(params)
     if params.score == "logprob":  # the group has a positive and a negative: it trains
         (grad,) = torch.autograd.grad(got, logprobs)
         assert grad[0].sum() < 0 < grad[1].sum()  # minimising pulls the correct one up
+
+
+# ------------------------------------------------------------------------------------------
+# Tool-use rollouts: the interpreter's tokens count nowhere
+# ------------------------------------------------------------------------------------------
+
+
+def with_observations(batch: PolicyBatch, gen: torch.Generator, k: int = 3) -> PolicyBatch:
+    """``batch`` with ``k`` observation columns inserted inside every row's response (after a
+    random number of its own tokens), masked out, holding arbitrary values in every per-token
+    tensor: what a rollout that called a tool looks like to an objective."""
+    b, t = batch.mask.shape
+    lengths = batch.mask.sum(-1).long()
+    at = [int(torch.randint(0, int(n) + 1, (1,), generator=gen)) for n in lengths]
+
+    def spread(values: torch.Tensor | None, filler: torch.Tensor) -> torch.Tensor | None:
+        if values is None:
+            return None
+        rows = [torch.cat([v[:a], f, v[a:]]) for v, a, f in zip(values, at, filler, strict=True)]
+        return torch.stack(rows)
+
+    noise = -5 * torch.rand(b, k, generator=gen, dtype=DT)
+    return PolicyBatch(
+        logprobs=spread(batch.logprobs.detach(), noise).requires_grad_(),  # type: ignore[union-attr]
+        mask=spread(batch.mask, torch.zeros(b, k, dtype=DT)),  # type: ignore[arg-type]
+        rewards=batch.rewards,
+        group_ids=batch.group_ids,
+        progress=batch.progress,
+        max_response_len=batch.max_response_len,
+        old_logprobs=spread(batch.old_logprobs, noise * 3),
+        ref_logprobs=spread(batch.ref_logprobs, noise * 7),
+        entropy=spread(batch.entropy, -noise * 11),
+    )
+
+
+@pytest.mark.parametrize("name", objective_names())
+def test_interpreter_tokens_change_no_objective(name: str) -> None:
+    """Every objective's loss, statistics and gradient on the model's tokens are the same with
+    masked observation columns inside the responses (their values arbitrary) as without them,
+    and the gradient on those columns is exactly zero: length normalisation, aggregation,
+    ratios, KL and the scores count the model's tokens only (off-policy, with a reference)."""
+    gen = torch.Generator().manual_seed(11)
+    plain = random_batch(gen)
+    plain.old_logprobs = plain.logprobs.detach() + 0.3 * torch.randn(
+        plain.logprobs.shape, generator=gen, dtype=DT
+    )
+    plain.ref_logprobs = plain.logprobs.detach() - 0.2
+    tools = with_observations(plain, gen)
+    reg = get_objective(name)
+    params = reg.params(beta=0.1)
+    a, b = reg.fn(plain, params), reg.fn(tools, params)
+    assert b.loss.item() == pytest.approx(a.loss.item(), rel=1e-9, abs=1e-12)
+    assert a.stats.keys() == b.stats.keys()
+    for key in a.stats:
+        assert b.stats[key].item() == pytest.approx(a.stats[key].item(), rel=1e-9, abs=1e-12), key
+    (grad_a,) = torch.autograd.grad(a.loss, plain.logprobs)
+    (grad_b,) = torch.autograd.grad(b.loss, tools.logprobs)
+    assert int((tools.mask == 0).sum()) == int((plain.mask == 0).sum()) + 3 * len(plain.mask)
+    assert torch.equal(grad_b[tools.mask == 0], torch.zeros_like(grad_b[tools.mask == 0]))
+    torch.testing.assert_close(
+        grad_b[tools.mask > 0], grad_a[plain.mask > 0], rtol=1e-9, atol=1e-12
+    )

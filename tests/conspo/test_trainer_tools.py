@@ -1,0 +1,86 @@
+"""An RL step whose rollouts call the python tool, on the real SmolLM2-135M-Instruct + LoRA: the
+trainer samples through the tool engine, the verifier reads the model's answer after the
+interpreter's output, the update trains on the model's tokens, and the step logs its tool use.
+
+The prompts are a user's own file (the jsonl task) already in SmolLM2's chat format, two solved
+turns before the question: shown the format, the model calls the tool most of the time."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conspo.config import RunConfig
+from conspo.models.loading import load_pretrained
+from conspo.sandbox import sandbox_available
+from conspo.sink import MemorySink
+from conspo.training.trainer import train
+from tests.support import REQUIRE_SERVICES
+
+pytestmark = pytest.mark.skipif(
+    not REQUIRE_SERVICES and not sandbox_available(),
+    reason=f"no sandbox here: {sandbox_available().reason}",
+)
+
+
+def chat_prompt(tokenizer, a: int, b: int) -> str:
+    turns = []
+    for x, y in ((12, 34), (51, 77)):
+        turns += [
+            {"role": "user", "content": f"What is {x} * {y}?"},
+            {
+                "role": "assistant",
+                "content": f"<code>\nprint({x} * {y})\n</code>\n<interpreter>\n{x * y}\n"
+                f"</interpreter>\nThe answer is {x * y}.",
+            },
+        ]
+    turns.append({"role": "user", "content": f"What is {a} * {b}?"})
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+
+def test_an_rl_step_with_the_python_tool_trains_on_the_model_tokens(model_store, tmp_path) -> None:
+    base = model_store.resolve("smollm2-135m-instruct")
+    _, tokenizer = load_pretrained(base, torch.device("cpu"), torch.float32)
+    pairs = [(123 + 7 * i, 45 + 3 * i) for i in range(12)]
+    rows = [{"prompt": chat_prompt(tokenizer, a, b), "answer": str(a * b)} for a, b in pairs]
+    path = tmp_path / "products.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = RunConfig.model_validate({
+        "algorithm": "grpo",
+        "steps": 1,
+        "model": {"name": "smollm2-135m-instruct", "dtype": "float32", "lora": {"rank": 4}},
+        "task": {"name": "jsonl", "params": {"path": str(path)}, "eval_size": 2},
+        "prompt": {"chat_template": "off"},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 40},
+        "tools": {"names": ["python"], "timeout_s": 5},
+        "optim": {"lr": 1e-3},
+        "eval": {"every": 0, "at_start": False, "pass_k": 1},
+        "checkpoint": {"every": 0},
+        "logging": {"rollout_sample": 8},
+    })  # fmt: skip
+    sink = MemorySink()
+    result = train(cfg, sink, workdir=tmp_path / "run", model_store=model_store)
+    assert result.status == "succeeded"
+    record = sink.steps[1]
+    m = record.metrics
+    assert m["tools/calls"] > 0 and m["tools/ok_rate"] > 0 and m["time/tools_s"] > 0
+    assert m["tools/observation_tokens"] > 0 and m["tools/turns"] == 1 + m["tools/calls"]
+    assert math.isfinite(m["optim/loss"]) and m["optim/updates"] >= 0
+    assert 0 <= m["eval/tool_call_rate"] <= 1 and "eval/accuracy" in m
+    # The sampled rollouts carry the interpreter's real output, and a correct one's answer
+    # is the product the interpreter printed (the verifier read the model's text after it).
+    shown = [r for r in record.rollouts if "<interpreter>" in r.completion]
+    assert shown, "no sampled rollout called the tool"
+    products = {str(a * b) for a, b in pairs}
+    for r in shown:
+        printed = r.completion.split("<interpreter>\n", 1)[1].split("\n", 1)[0]
+        if printed in products and r.reward == 1.0:
+            assert printed in r.completion.rsplit("</interpreter>", 1)[1]
+    # Correct rollouts' lengths count the model's tokens only (len/pos), below their full
+    # length when they called the tool.
+    if not math.isnan(m["len/pos"]):
+        full = [r.length for r in record.rollouts if r.reward == 1.0]
+        assert m["len/pos"] < max(full)
