@@ -14,7 +14,7 @@ Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens respons
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -112,10 +112,23 @@ class SampleRequest:
     top_p: float = 1.0
     generator: torch.Generator | None = None
     group_size: int = 1
+    # Asked every ``STOP_CHECK_COLUMNS`` tokens and between tool turns by the native engine: when
+    # it answers True the engine raises ``GenerationStopped`` (a cancel lands inside a long
+    # generation, not after it). None: never asked (evaluation; a process group, whose ranks
+    # must stop at the same step boundary).
+    should_stop: Callable[[], bool] | None = None
 
     @property
     def stop_ids(self) -> list[int]:
         return [self.eos_id] if isinstance(self.eos_id, int) else list(self.eos_id)
+
+
+# How many generated tokens pass between two ``SampleRequest.should_stop`` calls.
+STOP_CHECK_COLUMNS = 32
+
+
+class GenerationStopped(Exception):
+    """``SampleRequest.should_stop`` fired during generation: the rollouts were not finished."""
 
 
 class Engine(Protocol):

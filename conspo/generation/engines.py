@@ -57,6 +57,7 @@ class NativeEngine:
             top_p=request.top_p,
             generator=request.generator,
             group_size=request.group_size,
+            should_stop=request.should_stop,
         )
 
     def sample_with_tools(

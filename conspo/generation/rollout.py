@@ -24,12 +24,12 @@ Shapes: N rollouts, P prompt positions (left-padded), T = max_new_tokens respons
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from conspo.generation.batch import RolloutBatch
+from conspo.generation.batch import STOP_CHECK_COLUMNS, GenerationStopped, RolloutBatch
 from conspo.generation.decode import DecodeLoop
 from conspo.generation.forward import extend, prefill
 
@@ -112,6 +112,7 @@ def sample(
     static_cache: bool = False,
     stop_check_every: int = 1,
     decode_loop: bool = True,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RolloutBatch:
     """Sample one response per row of ``prompt_ids`` (N, P), stopping at EOS or max_new_tokens.
 
@@ -128,6 +129,7 @@ def sample(
     The tokens drawn do not depend on either setting. ``decode_loop``: decode through
     ``conspo.generation.decode.DecodeLoop`` where it supports the model (not with ``static_cache``);
     its logits equal transformers' to float rounding, so a near-tie may rarely draw differently.
+    ``should_stop``: asked every ``STOP_CHECK_COLUMNS`` tokens; True raises ``GenerationStopped``.
     """
     n, p = prompt_ids.shape
     device = prompt_ids.device
@@ -168,6 +170,8 @@ def sample(
             break
         if (t + 1) % stop_check_every == 0 and bool(done.all()):  # the host sync
             break
+        if should_stop is not None and (t + 1) % STOP_CHECK_COLUMNS == 0 and should_stop():
+            raise GenerationStopped(f"stopped after {t + 1} of {max_new_tokens} tokens")
         if loop:
             if (t + 1) % COMPACT_CHECK_EVERY == 0:
                 decoder.drop_finished(done)

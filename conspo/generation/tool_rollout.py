@@ -48,7 +48,13 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from conspo.generation.batch import CallRecord, RolloutBatch, SampleRequest
+from conspo.generation.batch import (
+    STOP_CHECK_COLUMNS,
+    CallRecord,
+    GenerationStopped,
+    RolloutBatch,
+    SampleRequest,
+)
 from conspo.generation.decode import DecodeLoop
 from conspo.generation.forward import Prefill, prefill
 from conspo.generation.rollout import _next_token
@@ -242,7 +248,9 @@ def sample_with_tools(
         if all(m is Mode.DONE for m in modes):
             break
         if any(m in (Mode.WRITING, Mode.READING) for m in modes):
+            _stop_if_asked(request, t % STOP_CHECK_COLUMNS == 0)
             continue
+        _stop_if_asked(request, True)  # before a turn's calls run
         # The turn is over: every row waits for its call or is done. Run the calls together.
         waiting = [i for i, m in enumerate(modes) if m is Mode.WAITING]
         started = time.perf_counter()
@@ -256,6 +264,11 @@ def sample_with_tools(
         stepper.drop_finished(torch.tensor(done, device=device))
         t = _realign(stepper, real, t)
     return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, seconds)
+
+
+def _stop_if_asked(request: SampleRequest, now: bool) -> None:
+    if now and request.should_stop is not None and request.should_stop():
+        raise GenerationStopped("stopped between tokens of a rollout that calls tools")
 
 
 def _write(
@@ -400,6 +413,7 @@ def generate_with_tools(
             else:  # generate ran out of room for this row before its own budget
                 row.mode, row.truncated = Mode.DONE, True
         waiting = [i for i, r in enumerate(rows) if r.mode is Mode.WAITING]
+        _stop_if_asked(request, bool(waiting))
         started = time.perf_counter()
         results = use.box.run([rows[i].pending for i in waiting])  # type: ignore[misc]
         seconds += time.perf_counter() - started

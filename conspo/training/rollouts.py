@@ -1,6 +1,6 @@
 """The step's rollouts: prompts drawn, G samples each, verified and rewarded, kept as whole groups.
 
-    rollouts = collect_rollouts(state, step, should_stop)   # None: stopped between rounds
+    rollouts = collect_rollouts(state, step, should_stop)   # None: stopped, nothing to train
 
 ``collect_rollouts`` runs the sampling rounds (dynamic sampling's refill keeps only groups with
 both outcomes and tops up); ``sample_round`` splits a round's prompts over the ranks of a process
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from conspo.distributed import collectives as distributed
-from conspo.generation.batch import CallRecord, RolloutBatch, SampleRequest
+from conspo.generation.batch import CallRecord, GenerationStopped, RolloutBatch, SampleRequest
 from conspo.generation.rollout import encode_prompts, end_token_ids
 from conspo.generation.tool_rollout import verified_texts
 from conspo.objectives.base import WholeBatch, positive_mask, sequence_scores
@@ -69,6 +69,7 @@ def collect_rollouts(
 ) -> Rollouts | None:
     """Sample groups; with refill_groups keep only groups with both outcomes and top up, for at
     most params.max_refill_rounds extra rounds; what is still missing then is the shortfall.
+    None when ``should_stop`` fired between rounds or during generation (one process).
 
     Round r of step s draws its prompts and sampling noise from (seed, s, r) alone.
     """
@@ -82,7 +83,10 @@ def collect_rollouts(
         if r > 0 and should_stop():
             return None
         prompts = state.task.train_prompts(random.Random(step_seed(cfg.seed, step, f"p{r}")), want)
-        last = sample_round(state, prompts, step, r)
+        try:
+            last = sample_round(state, prompts, step, r, should_stop)
+        except GenerationStopped:
+            return None
         generated += last.generated
         if not params.refill_groups:
             return last
@@ -105,17 +109,24 @@ def collect_rollouts(
     return merged
 
 
-def sample_round(state: TrainState, prompts: list[Example], step: int, r: int) -> Rollouts:
+def sample_round(
+    state: TrainState,
+    prompts: list[Example],
+    step: int,
+    r: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> Rollouts:
     """Round ``r`` of step ``step``: G rollouts per prompt, verified, rows in prompt order.
 
     In a process group each rank samples its share of the prompts (``distributed.my_share``)
     with sampling noise of its own, and every rank gets the whole round: refill decisions,
     mini-batch plans and logged statistics are then the same everywhere, computed as one
     process would. The rollouts themselves differ from one process's (the noise is per rank).
+    ``should_stop`` is asked during generation in one process only (``GenerationStopped``).
     """
     seed = step_seed(state.cfg.seed, step, f"s{r}")
     if not distributed.active():
-        return sample_groups(state, prompts, seed)
+        return sample_groups(state, prompts, seed, should_stop)
     mine = distributed.my_share(len(prompts))
     seed = step_seed(state.cfg.seed, step, f"s{r}:{distributed.rank()}")
     local = sample_groups(state, [prompts[i] for i in mine], seed)
@@ -155,11 +166,17 @@ def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
 
 
 def draw_rollouts(
-    state: TrainState, prompts: list[Example], seed: int, *, share_prefill: bool = True
+    state: TrainState,
+    prompts: list[Example],
+    seed: int,
+    *,
+    share_prefill: bool = True,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor]:
     """(batch, prompt ids, prompt mask) of ``sampling.group_size`` G samples of each prompt
     from the policy at the run's sampling settings, drawn from ``seed``; rows [i*G, (i+1)*G)
-    belong to prompts[i]. ``share_prefill``: each group's prompt is prefilled once."""
+    belong to prompts[i]. ``share_prefill``: each group's prompt is prefilled once.
+    ``should_stop``: asked during generation (``SampleRequest.should_stop``)."""
     cfg = state.cfg
     g = cfg.sampling.group_size
     texts = [ex.prompt for ex in prompts for _ in range(g)]
@@ -174,17 +191,23 @@ def draw_rollouts(
         top_p=cfg.sampling.top_p,
         generator=generator,
         group_size=g if share_prefill else 1,
+        should_stop=should_stop,
     )
     batch = state.engine.sample(state.model, ids, mask, request)
     return batch, ids, mask
 
 
-def sample_groups(state: TrainState, prompts: list[Example], seed: int) -> Rollouts:
+def sample_groups(
+    state: TrainState,
+    prompts: list[Example],
+    seed: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> Rollouts:
     """G rollouts per prompt, verified; rows [i*G, (i+1)*G) belong to prompts[i]."""
     cfg = state.cfg
     g = cfg.sampling.group_size
     expanded = [ex for ex in prompts for _ in range(g)]
-    batch, ids, mask = draw_rollouts(state, prompts, seed)
+    batch, ids, mask = draw_rollouts(state, prompts, seed, should_stop=should_stop)
     texts = verified_texts(state.tokenizer, batch)
     scorer = partial(continuation_logprobs, state, ids, mask)
     context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)

@@ -75,7 +75,7 @@ def train(
 
 
 def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) -> StepRecord | None:
-    """One step; None when should_stop() fired between rollout rounds (nothing was updated)."""
+    """One step; None when should_stop() fired while rollouts were drawn (nothing was updated)."""
     cfg = state.cfg
     t0 = time.perf_counter()
     with state.precision.autocast():

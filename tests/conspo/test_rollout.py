@@ -1,14 +1,18 @@
 import math
 from itertools import combinations
 
+import pytest
 import torch
 
 from conspo import metrics as M
-from conspo.config import TaskConfig
+from conspo.config import RunConfig, TaskConfig
 from conspo.evaluation import evaluate, pass_at_k
+from conspo.generation.batch import STOP_CHECK_COLUMNS, GenerationStopped
 from conspo.generation.rollout import _next_token, finish_responses, sample
+from conspo.sink import MemorySink
 from conspo.tasks import make_task
 from conspo.training.logprobs import token_logprobs
+from conspo.training.trainer import train
 
 EOS, PAD = 1, 0
 
@@ -147,3 +151,43 @@ def test_bf16_autocast_log_probs_stay_near_float32(policy, prompts):
             bf16, _ = token_logprobs(model, batch, 1.0, group_size=g)
     diff = (bf16.float() - fp32).abs() * batch.response_mask
     assert 0 < diff.max() < 0.05  # not bit-identical (autocast did run), yet close
+
+
+def test_a_stop_request_ends_generation_within_a_few_dozen_tokens(policy, prompts):
+    """``should_stop`` is asked every STOP_CHECK_COLUMNS tokens: a cancel lands inside a long
+    generation (GenerationStopped), not after it."""
+    model, tok = policy
+    ids, mask = prompts
+    asked = []
+
+    def should_stop() -> bool:
+        asked.append(1)
+        return len(asked) >= 2
+
+    with pytest.raises(GenerationStopped, match=f"after {2 * STOP_CHECK_COLUMNS} of 500"):
+        # no end token: without the stop the rows would run all 500 tokens
+        sample(model, ids, mask, max_new_tokens=500, eos_id=-1, pad_id=tok.pad_token_id,
+               generator=torch.Generator().manual_seed(0), should_stop=should_stop)  # fmt: skip
+    assert len(asked) == 2
+
+
+def test_a_cancel_during_a_steps_generation_ends_the_run_before_that_step(model_store, tmp_path):
+    cfg = RunConfig.model_validate({
+        "algorithm": "grpo",
+        "steps": 3,
+        "model": {"name": "tiny"},
+        "task": {"name": "arith", "eval_size": 2},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 200},
+        "eval": {"every": 0, "at_start": False, "pass_k": 1},
+        "checkpoint": {"every": 0},
+    })  # fmt: skip
+    asked = []
+
+    def should_stop() -> bool:  # the loop asks once before each step; generation every 32
+        asked.append(1)
+        return len(asked) >= 3
+
+    sink = MemorySink()
+    result = train(cfg, sink, should_stop, workdir=tmp_path, model_store=model_store)
+    assert (result.status, result.last_step) == ("cancelled", 0)
+    assert not sink.steps  # the interrupted step logged nothing
