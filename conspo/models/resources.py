@@ -147,7 +147,8 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
       each process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
       (P·w) when β > 0: it is not sharded;
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
-      it grows; ``conspo.generation.decode``'s preallocated one is 2·L·N·K·T·b),
+      it grows; ``conspo.generation.decode``'s preallocated one is 2·L·N·K·T·b; rollouts that
+      call tools hold 2T + 1 columns),
       ``conspo.generation.decode``'s copy of the weights in the compute dtype (P·b), a step's logits
       and softmax N·V·(b+12), and the sampler's int64 attention mask, token ids and end-of-sequence
       masks (48·N·T);
@@ -198,7 +199,10 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
         )
     else:
         state = dims.params * w * (5 if beta > 0 else 4)
-    evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, t, b)
+    # Rollouts that call tools hold twice the columns while they sample: a turn's columns after
+    # the last realignment (conspo.generation.tool_rollout.sample_with_tools).
+    columns = 2 * t + 1 if cfg.tools.names else t
+    evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, columns, b)
     batch = 16 * n * t * (2 if refill else 1)
     freeze_old = 0
     if cfg.optim.mini_batches * cfg.optim.epochs > 1:  # π_old frozen before the first update
@@ -221,7 +225,7 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     if sharded:
         grad_pass += dims.params * w
     update = batch + max(freeze_old, grad_pass)
-    return MemoryEstimate(state, _sampling(dims, n, t, b), evaluation, update)
+    return MemoryEstimate(state, _sampling(dims, n, columns, b), evaluation, update)
 
 
 def lora_params(dims: ModelDims, rank: int, targets: list[str]) -> int:
