@@ -155,11 +155,7 @@ def missing_sandbox(config: RunConfig, session: Session, settings: Settings) -> 
     workers = live_capabilities(session, settings)
     if any(caps.get("sandbox") == "bwrap" for caps in workers):
         return []
-    where = (
-        f"sandbox: none on each of the {len(workers)} alive"
-        if workers
-        else "sandbox: none, as no worker is alive"
-    )
+    where = f"sandbox: none on each of the {len(workers)} alive" if workers else "0 alive"
     return [
         (
             loc,

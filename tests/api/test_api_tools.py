@@ -73,7 +73,7 @@ def test_code_execution_without_a_live_sandbox_is_refused_at_the_field(own_api: 
     # No worker at all: nothing could run it (as with a package no worker has).
     msg = errors_at(submit(own_api, **PYTHON))[NAMES]
     assert msg.startswith("tool 'python' runs model-written code; no live worker has a sandbox")
-    assert "sandbox: none, as no worker is alive" in msg and "bubblewrap" in msg
+    assert "a sandbox (0 alive; /api/health lists what each has)" in msg and "bubblewrap" in msg
     # A worker without a sandbox, and one with a sandbox that stopped renewing its row.
     alive(settings, WorkerIdentity(host="cpu-1", pid=1, capabilities=UNSANDBOXED))
     gone = WorkerIdentity(host="cpu-2", pid=2, capabilities=SANDBOXED)
