@@ -43,7 +43,9 @@ def output(text: str) -> str:
 # (completion, reward) of the last step's sampled rollouts, group 0.
 SOLVED = "Let me compute it.\n<code>print(6*7)</code>" + output("42") + "So the answer is 42."
 HOSTILE = (
-    "<code>print('<script>window.__xss = 1</script>')</code>"
+    "<code>print('<script>window.__xss = 1</script>', '"
+    + "x" * 300
+    + "')</code>"
     + output('<img src=x onerror="window.__xss = 2"><script>window.__xss = 3</script>')
     + 'Done: <img src=y onerror="window.__xss = 4"> <b>bold</b>'
 )
@@ -146,8 +148,9 @@ def test_a_run_with_tools_shows_its_tools_charts_and_each_rollouts_turns(
     # hostile model output is text: shown as written, never parsed, never run
     hostile = row_of(page, "Done:")
     assert (
-        hostile.locator(".turn-call pre").text_content()
-        == "print('<script>window.__xss = 1</script>')"
+        hostile.locator(".turn-call pre")
+        .text_content()
+        .startswith("print('<script>window.__xss = 1</script>', 'xxx")
     )
     assert hostile.locator(".turn-output pre").text_content() == (
         '<img src=x onerror="window.__xss = 2"><script>window.__xss = 3</script>'
@@ -156,8 +159,11 @@ def test_a_run_with_tools_shows_its_tools_charts_and_each_rollouts_turns(
     assert page.locator("#rollout-body img, #rollout-body script, #rollout-body b").count() == 0
     page.wait_for_timeout(500)  # an injected image would have failed to load by now
     assert page.evaluate("window.__xss === undefined")
-    page.locator("#rollout-box").scroll_into_view_if_needed()
     shot(page, "run_tools")
+    # long calls and outputs wrap inside their cell: the page never scrolls sideways
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.wait_for_timeout(600)  # a last redraw
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 1
 
 
 def test_a_run_without_tools_folds_the_section_and_keeps_plain_text(
