@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from conspo.config import MAX_TOOL_TIMEOUT_S
+
 try:
     VERSION = version("conspo-lab")
 except PackageNotFoundError:  # running from a source tree that was never installed
@@ -187,6 +189,16 @@ class Settings(BaseSettings):
         ge=0,
         description="Runs estimated to need more memory are refused (0: this machine's memory;"
         " a worker also refuses more than its device has).",
+    )
+
+    # Model-written code (tools such as python, code tasks) runs only in a worker's sandbox
+    # (worker.capabilities advertises it; conspo.sandbox).
+    sandbox_max_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=MAX_TOOL_TIMEOUT_S,
+        description="Longest wall-clock time one tool call may run in the sandbox: a run asking"
+        " more (tools.timeout_s) is refused at submit, and by a worker whose own limit is lower.",
     )
 
     @field_validator("data_roots", "model_roots", "hub_allow", "trusted_proxies", mode="before")

@@ -433,6 +433,21 @@ class KindPreset(RegisteredPreset):
     )
 
 
+class ToolPreset(NamedPreset):
+    tag: str = Field(description="The model calls it by writing <tag>…</tag>.")
+    sandboxed: bool = Field(
+        description="It runs model-written code, in a worker's sandbox: a run with it needs a"
+        " live worker whose capabilities say sandbox: bwrap."
+    )
+
+
+class ObservationFormat(BaseModel):
+    """How a tool's output appears in a rollout's text: ``before`` + output + ``after``."""
+
+    before: str
+    after: str
+
+
 class Presets(BaseModel):
     kinds: list[KindPreset] = Field(
         description="Job kinds (config.kind) with their kind_params schema and defaults."
@@ -450,6 +465,18 @@ class Presets(BaseModel):
         "resolved, so a run from an untouched form is comparable with the demo's runs."
     )
     prompt_templates: dict[str, str] = Field(description="prompt.template's named templates.")
+    tools: list[ToolPreset] = Field(
+        description="Tools a rollout may call (config.tools.names): each one's tag and whether"
+        " it runs code in the sandbox."
+    )
+    tool_observation: ObservationFormat = Field(
+        description="The block a tool call's output is appended to the rollout as (the rollout"
+        " viewer splits a response into turns at it)."
+    )
+    tool_timeout_max_s: float = Field(
+        description="The longest tools.timeout_s this platform accepts"
+        " (CONSPO_SANDBOX_MAX_TIMEOUT_S)."
+    )
 
 
 class WorkerOut(BaseModel):
@@ -460,7 +487,8 @@ class WorkerOut(BaseModel):
     gpus: list[dict[str, Any]] = Field(description="[{index, name, memory_bytes}]; [] on CPU.")
     capabilities: dict[str, Any] = Field(
         description="{engines: generation engines it can run, flash_attn: bool, torch: version,"
-        " cuda: version or null}, probed when it started."
+        " cuda: version or null, sandbox: bwrap or none (whether it can run model-written"
+        " code: runs with a tool such as python need one that can)}, probed when it started."
     )
 
 

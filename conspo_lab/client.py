@@ -183,10 +183,20 @@ class NamedPreset(_Model):
     description: str = ""
 
 
+class ToolPreset(NamedPreset):
+    """A tool a rollout may call (config.tools.names): the model calls it by writing
+    ``<tag>…</tag>``; ``sandboxed``: it runs model-written code, so it needs a worker with a
+    sandbox."""
+
+    tag: str = ""
+    sandboxed: bool = False
+
+
 class Presets(_Model):
     algorithms: list[RegisteredPreset] = Field(default_factory=list)
     tasks: list[RegisteredPreset] = Field(default_factory=list)
     models: list[NamedPreset] = Field(default_factory=list)
+    tools: list[ToolPreset] = Field(default_factory=list)
     config_schema: dict[str, Any] = Field(default_factory=dict)
     defaults: dict[str, Any] = Field(default_factory=dict)
 

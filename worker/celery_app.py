@@ -11,6 +11,9 @@ of the worker it replaces as soon as their heartbeats are stale, and the conditi
 worker's row in ``workers`` (``backend.liveness``), which ``/api/health`` counts; the row also
 holds the GPUs and optional packages the worker found at start (``worker.capabilities``).
 
+Model-written code runs only in the sandbox here: the library's opt-out
+(``CONSPO_UNSAFE_LOCAL_CODE``) is removed from the environment when this module loads.
+
 A warm shutdown (SIGTERM) stops the run in progress at its next step boundary and hands it back
 to the queue (``worker.shutdown``).
 
@@ -21,6 +24,7 @@ a succeeded stage releases its pipeline's next stage), so every process that run
 from __future__ import annotations
 
 import logging
+import os
 from functools import lru_cache
 from typing import Any
 
@@ -30,10 +34,25 @@ from backend.config import get_settings
 from backend.db import Database
 from backend.pipelines.stages import install_hooks
 from backend.runs.queue import JobQueue, make_celery
+from conspo.sandbox import UNSAFE_LOCAL_ENV
 from worker import shutdown  # noqa: F401  (connects the SIGTERM handling: see its docstring)
 
 log = logging.getLogger(__name__)
 
+
+def refuse_unsandboxed_code() -> None:
+    """Forget ``CONSPO_UNSAFE_LOCAL_CODE``: a library caller's opt-in to run model-written code
+    without a sandbox, which a platform worker never honours (its runs' code is anyone's
+    model's). Cleared before anything runs, so no training process it starts inherits it."""
+    if os.environ.pop(UNSAFE_LOCAL_ENV, None) is not None:
+        log.warning(
+            "%s was set; a worker never runs model-written code without its sandbox: ignored"
+            " (runs that need one fail where bubblewrap does not work)",
+            UNSAFE_LOCAL_ENV,
+        )
+
+
+refuse_unsandboxed_code()
 settings = get_settings()
 celery_app = make_celery(settings)
 celery_app.conf.include = ["worker.tasks"]

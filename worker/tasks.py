@@ -8,7 +8,9 @@ How an attempt ends:
 
 * the trainer finished, or honoured a cancel request: ``finish`` (succeeded / cancelled);
 * the run raised: ``fail``, with the traceback; out of GPU memory, the message first says what
-  to change in the config (the run's own error: never retried);
+  to change in the config (the run's own error: never retried); a config over this worker's
+  limits (``backend.runs.inputs.refuse_on_worker``: a tool call's timeout) fails before it
+  loads anything, the limit first;
 * the worker is shutting down (SIGTERM, ``worker.shutdown``): the trainer stops at the next
   step boundary and checkpoints, and ``release`` hands the run back to the queue;
 * the database stayed unreachable past ``db_retry_limit_s``: the run is not the culprit, so it
@@ -194,6 +196,14 @@ def out_of_memory_message(exc: BaseException) -> str | None:
     return None
 
 
+def _first_line(exc: BaseException) -> str | None:
+    """What a failed run's error says before its traceback, when the failure is the config's
+    and the traceback would bury it: out of device memory, or refused by this worker."""
+    if isinstance(exc, run_inputs.Refused):
+        return f"refused by this worker: {exc}"
+    return out_of_memory_message(exc)
+
+
 class Ending(Enum):
     FINISH = "finish"  # record the status (succeeded, cancelled, failed)
     RELEASE = "release"  # hand the run back to the queue
@@ -253,6 +263,7 @@ def train_attempt(
     sink = DbSink(db, run.id, run.attempt, outage=outage)
     try:
         config = RunConfig.model_validate(run.config)
+        run_inputs.refuse_on_worker(config, settings)  # this worker's limits, not the API's
         device, dtype = device_and_dtype(config)
         outage.call(
             f"run {run.id}: describe the attempt",
@@ -284,8 +295,8 @@ def train_attempt(
             log.error("run %s: %s; handing the run back", run.id, short(exc))
             return Outcome(Ending.RELEASE)
         error = traceback.format_exc()[-20_000:]
-        if (oom := out_of_memory_message(exc)) is not None:
-            error = f"{oom}\n\n{error}"
+        if (first := _first_line(exc)) is not None:
+            error = f"{first}\n\n{error}"
         log.error("run %s failed:\n%s", run.id, error)
         _flush_quietly(sink)
         return Outcome(Ending.FINISH, RunStatus.failed, error)

@@ -9,6 +9,11 @@ set how much memory a step takes. The settings bound each (``CONSPO_DATA_ROOTS``
 settings, which are the ones that count (it passes them to ``conspo.train``). The rules
 themselves are conspo's (``conspo.access``, ``conspo.models.resources``); this module turns
 settings into them. Torch-free.
+
+A config that makes a worker run model-written code (``RunConfig.code_execution``: a tool such
+as ``python``, a task whose verifier runs the answer) needs a worker with a sandbox: it is
+refused while no live worker advertises ``sandbox: "bwrap"`` (``worker.capabilities``), and a
+tool call may not run longer than ``CONSPO_SANDBOX_MAX_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -95,14 +100,19 @@ def requirements(config: RunConfig) -> list[Requirement]:
     return found
 
 
+def live_capabilities(session: Session, settings: Settings) -> list[dict[str, Any]]:
+    """What each live worker advertised at start (``worker.capabilities.probe``)."""
+    seen_after = utcnow() - timedelta(seconds=settings.worker_alive_s)
+    return [w.capabilities or {} for w in liveness.alive(session, seen_after)]
+
+
 def missing_software(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
     """Each field whose value needs a package that neither this process can import nor any
     live worker advertises (a GPU worker may have vLLM where the API does not)."""
     needed = [r for r in requirements(config) if importlib.util.find_spec(r.module) is None]
     if not needed:
         return []
-    seen_after = utcnow() - timedelta(seconds=settings.worker_alive_s)
-    workers = [w.capabilities or {} for w in liveness.alive(session, seen_after)]
+    workers = live_capabilities(session, settings)
     return [
         (
             r.loc,
@@ -116,11 +126,79 @@ def missing_software(config: RunConfig, session: Session, settings: Settings) ->
     ]
 
 
+def code_execution_fields(config: RunConfig) -> list[tuple[Loc, str, Any]]:
+    """Where ``config`` makes a worker run model-written code: (location, what in words, value)
+    for each part ``RunConfig.code_execution`` names. A part this module does not know the field
+    of (one added to conspo later) is located at the config itself."""
+    fields: list[tuple[Loc, str, Any]] = []
+    for what in config.code_execution():
+        kind, _, quoted = what.partition(" ")
+        name = quoted.strip("'\"")
+        if kind == "tool" and name in config.tools.names:
+            fields.append((("tools", "names", config.tools.names.index(name)), what, name))
+        elif kind == "task" and name == config.task.name:
+            fields.append((("task", "name"), what, name))
+        else:
+            fields.append(((), what, None))
+    return fields
+
+
+def missing_sandbox(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
+    """Each field that makes a worker run model-written code, while no live worker can sandbox
+    it. The API's own machine does not count: the API never runs such code, and a worker
+    without a sandbox refuses it (``conspo.sandbox.require_sandbox``; a platform worker never
+    runs it unsandboxed). As with a package no worker has, no live worker at all means no
+    sandbox."""
+    fields = code_execution_fields(config)
+    if not fields:
+        return []
+    workers = live_capabilities(session, settings)
+    if any(caps.get("sandbox") == "bwrap" for caps in workers):
+        return []
+    where = f"sandbox: none on each of the {len(workers)} alive" if workers else "0 alive"
+    return [
+        (
+            loc,
+            f"{what} runs model-written code; no live worker has a sandbox ({where};"
+            " /api/health lists what each has): install bubblewrap (bwrap) where runs run"
+            " and restart the worker, or leave it out",
+            value,
+        )
+        for loc, what, value in fields
+    ]
+
+
+def tool_limit_problems(config: RunConfig, settings: Settings, *, here: str) -> list[Problem]:
+    """A tool call allowed longer than ``sandbox_max_timeout_s`` (``here``: "this platform",
+    "this worker": whose limit it is)."""
+    cap = settings.sandbox_max_timeout_s
+    if not config.tools.sandboxed() or config.tools.timeout_s <= cap:
+        return []
+    message = (
+        f"a tool call may run at most {cap:g} s on {here} (CONSPO_SANDBOX_MAX_TIMEOUT_S);"
+        f" tools.timeout_s is {config.tools.timeout_s:g}"
+    )
+    return [(("tools", "timeout_s"), message, config.tools.timeout_s)]
+
+
+class Refused(ValueError):
+    """A config the worker's own settings refuse (its first line is the run's error)."""
+
+
+def refuse_on_worker(config: RunConfig, settings: Settings) -> None:
+    """The worker's check, with its own settings, of what the API checked at submit with its
+    own (the rest is conspo's, inside ``train``: files, models, memory, the sandbox)."""
+    found = tool_limit_problems(config, settings, here="this worker")
+    if found:
+        raise Refused("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg, _ in found))
+
+
 def problems(config: RunConfig, settings: Settings) -> list[Problem]:
     """(location in the config, message, offending value) of each refusal."""
     files = data_files(settings)
     sources = model_sources(settings)
     found = [
+        *tool_limit_problems(config, settings, here="this platform"),
         *_dataset_problems(config, files),
         *_benchmark_problems(config, files),
         *_kind_model_problems(config, sources),

@@ -4,12 +4,13 @@ A config arrives by ``POST /api/runs``, a clone's overrides, a study's arms (eve
 every task it crosses) and every value of a search study's space, and a pipeline's stages. Each
 names things a worker will read, load, start from or allocate: dataset files and directories,
 models (``model.name``, a job kind's ``model_names`` such as distillation's teacher), runs
-(``model.from_run``, DPO's ``kind_params.from_run``), optional packages, and sizes that set its
-memory. ``refuse_unfit`` checks all of them, with the operator's settings, for every config of
-one request, and raises one ``InvalidInput`` (a 422) holding every problem, each located
-at the field as the request spelled it; nothing is stored before it returns. The rules are
-``backend.runs.inputs`` (files, models, memory, software) and ``backend.runs.chaining`` (runs
-started from); the worker checks again with its own settings when it runs the config.
+(``model.from_run``, DPO's ``kind_params.from_run``), optional packages, a sandbox for
+model-written code (a tool such as ``python``), and sizes that set its memory. ``refuse_unfit``
+checks all of them, with the operator's settings, for every config of one request, and raises
+one ``InvalidInput`` (a 422) holding every problem, each located at the field as the request
+spelled it; nothing is stored before it returns. The rules are ``backend.runs.inputs`` (files,
+models, memory, software, the sandbox) and ``backend.runs.chaining`` (runs started from); the
+worker checks again with its own settings when it runs the config.
 
     refuse_unfit(session, settings, [Submitted(("body", "config"), config)])
 """
@@ -40,6 +41,7 @@ def problems(config: RunConfig, session: Session, settings: Settings) -> list[Pr
     offending value)."""
     return [
         *inputs.missing_software(config, session, settings),
+        *inputs.missing_sandbox(config, session, settings),
         *inputs.problems(config, settings),
         *chaining.start_problems(config, session, settings),
     ]

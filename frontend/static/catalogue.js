@@ -55,8 +55,9 @@ export const CHARTS = RAW.charts.map((chart) => ({
 }));
 
 /** Whether the run's config meets a catalogue condition ("optim.mini_batches>1|optim.epochs>1":
- * any of the terms; a term is a config path that must be truthy, or compared with > or =). A
- * `partial` config (an external run's, sent by its trainer) meets a term on a path it lacks. */
+ * any of the terms; a term is a config path that must be truthy, a list non-empty ("tools.names"),
+ * or compared with > or =). A `partial` config (an external run's, sent by its trainer) meets a
+ * term on a path it lacks. */
 export function configMeets(needs, config, partial = false) {
   if (!needs) return true;
   return needs.split("|").some((term) => {
@@ -65,7 +66,7 @@ export function configMeets(needs, config, partial = false) {
     if (v === undefined && partial) return true;
     if (op === ">") return Number(v) > Number(value);
     if (op === "=") return String(v) === value;
-    return Boolean(v);
+    return Array.isArray(v) ? v.length > 0 : Boolean(v);
   });
 }
 

@@ -1,12 +1,13 @@
 // The run form's RunConfig fields: the registries (job kinds, algorithms, tasks) whose chosen
 // entry's params_schema renders its own parameters, the reward functions (new_run_rewards.js),
-// the sections shown openly and under "Advanced", what a job kind hides, and the request the
-// inputs spell. Shared by the run form
+// the tools a rollout may call (new_run_tools.js), the sections shown openly and under
+// "Advanced", what a job kind hides, and the request the inputs spell. Shared by the run form
 // and each of its pipeline stages (new_run_pipeline.js).
 import { KEY_METRICS } from "/static/catalogue.js";
 import { anyField, collect, configureForm, field, resolve, titleCase, withDefs } from "/static/form.js";
 import { lineageText } from "/static/lineage.js";
 import { refreshRewardChoices, rewardsField } from "/static/new_run_rewards.js";
+import { toolsFields } from "/static/new_run_tools.js";
 import { $, $$, h } from "/static/util.js";
 
 // The held-out accuracy: the one key metric of the eval namespace (conspo.metrics.KEY_METRICS).
@@ -270,6 +271,13 @@ export function render(config, extra = {}) {
       rewardsField(config.rewards, presets, schema.properties.rewards, () => current.task, changed),
     ),
   );
+  // Tools change how a run samples: shown for the kinds that sample (rl, distill).
+  const tools = h(
+    "div.form-section",
+    { "data-section": "tools", "data-uses": "sampling" },
+    h("h3", {}, "Tools"),
+    h("div.fields", {}, toolsFields(config.tools, presets, schema.properties.tools, changed)),
+  );
   const sections = SECTIONS.map((s) =>
     h(
       "div.form-section",
@@ -302,7 +310,7 @@ export function render(config, extra = {}) {
     presets.models.map((m) => h("option", { value: m.name }, m.description)),
   );
   const steps = h("datalist#step-list", {}, h("option", { value: "last" }), h("option", { value: "best" }));
-  $("#form-body").replaceChildren(top, kindParams, params, ...sections, rewards, adv, models, steps);
+  $("#form-body").replaceChildren(top, kindParams, params, ...sections, rewards, tools, adv, models, steps);
   applyKind();
   changed();
 }

@@ -5,6 +5,7 @@ import { errorText, get, qs } from "/static/api.js";
 import {
   CHARTS,
   chartApplies,
+  configMeets,
   constantNoteOf,
   helpOf,
   isDeterministic,
@@ -66,7 +67,12 @@ function ensureCards() {
   ];
   for (const sec of SECTIONS_SHOWN) {
     const folded = S.run && !sectionApplies(sec, S.run);
-    const wanted = defs.filter((d) => d.section === sec.id && chartApplies(d, S.run) && (d.always || hasData(d)));
+    // An external run's partial config meets a condition on a path it lacks: the section shows
+    // what was logged, but no empty panel for a feature the run may not have (tools).
+    const assumed = !folded && S.run?.external && !configMeets(sec.needs, S.run.config);
+    const wanted = defs.filter(
+      (d) => d.section === sec.id && chartApplies(d, S.run) && ((d.always && !assumed) || hasData(d)),
+    );
     if (!wanted.length) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);
     if (!secEl) {

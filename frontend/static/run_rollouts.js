@@ -1,11 +1,12 @@
 // The run page's views of the sampled rollouts: the score distribution over steps (a heatmap per
 // class), the interquartile bands behind the score lines, and the table of one step's rollouts
-// with their text.
+// with their text (a run with tools: each response as its turns, turns.js).
 import { errorText, get, qs } from "/static/api.js";
 import { CHARTS, ROLE_COLORS } from "/static/catalogue.js";
 import { alpha, bandTraces, baseLayout, noteAnnotation, withNotes, X_TITLES } from "/static/charts.js";
 import { alignSteps, runId, S, xOfSteps } from "/static/run_state.js";
 import { quantile } from "/static/series.js";
+import { turnFormat, turnsView } from "/static/turns.js";
 import { $, fmtNum, h, toast } from "/static/util.js";
 
 const CHART_BY_ID = Object.fromEntries(CHARTS.map((c) => [c.id, c]));
@@ -130,6 +131,33 @@ export function heatmapFigure() {
 }
 
 // ---- rollout table: the sampled rollouts of one step, with their text ----------------------------
+let formatLoad = null;
+
+/** How this run's responses split into turns (turns.js), or null for a run without tools:
+ * the tools it may call and the output block's text, from GET /api/presets (asked once). */
+function toolFormat() {
+  const names = S.run?.config?.tools?.names;
+  if (!Array.isArray(names) || !names.length) return Promise.resolve(null);
+  formatLoad ??= get("/api/presets").then(
+    (p) =>
+      turnFormat(
+        p.tools.filter((t) => names.includes(t.name)),
+        p.tool_observation,
+      ),
+    (err) => {
+      toast(`Could not load the tools' format (responses shown as plain text): ${errorText(err)}`, "error");
+      return null;
+    },
+  );
+  return formatLoad;
+}
+
+function completionCell(r, format) {
+  const text = r.completion || "";
+  if (format && text) return h("td.text.turned", {}, turnsView(text, format));
+  return h("td.text", {}, text || (r.prompt ? "" : "–"));
+}
+
 export async function loadRolloutTable(step) {
   const input = $("#rollout-step");
   const latest = S.rolloutMaxStep || S.maxStep || 0;
@@ -141,7 +169,10 @@ export async function loadRolloutTable(step) {
   const at = Math.min(latest, Math.max(0, step ?? S.rolloutStep ?? latest));
   input.value = at;
   try {
-    const data = await get(`/api/runs/${runId}/rollouts${qs({ step_min: at, step_max: at, text: true, limit: 512 })}`);
+    const [data, format] = await Promise.all([
+      get(`/api/runs/${runId}/rollouts${qs({ step_min: at, step_max: at, text: true, limit: 512 })}`),
+      toolFormat(),
+    ]);
     const rows = data.items.map((r) =>
       h(
         `tr.${r.reward > 0 ? "pos" : "neg"}`,
@@ -149,7 +180,7 @@ export async function loadRolloutTable(step) {
         h("td.num", {}, r.group),
         h("td.num", {}, r.index),
         h("td.text", {}, r.prompt || "–"),
-        h("td.text", {}, r.completion || (r.prompt ? "" : "–")),
+        completionCell(r, format),
         h("td.num", {}, fmtNum(r.reward)),
         h("td.num", {}, fmtNum(r.score)),
         h("td", {}, r.reward > 0 ? "✓ correct" : "✗ wrong"),

@@ -9,11 +9,13 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from backend.api.deps import SettingsDep
 from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
 from conspo.demo import DEMO_CONFIG
 from conspo.models.catalog import BUILTIN_MODELS
-from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, Registry
+from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS, Registry
+from conspo.tools.base import OBSERVATION_TEMPLATE
 
 router = APIRouter(tags=["presets"])
 
@@ -34,7 +36,25 @@ def presets() -> dict[str, Any]:
         # The form starts from the demo's settings, so an untouched form's run compares with them.
         "defaults": RunConfig.model_validate(DEMO_CONFIG).model_dump(mode="json"),
         "prompt_templates": PROMPT_TEMPLATES,
+        "tools": _tools(),
+        "tool_observation": _observation_format(),
     }
+
+
+def _observation_format() -> dict[str, str]:
+    """The text around a tool's output in a rollout (``conspo.tools.base``)."""
+    before, after = OBSERVATION_TEMPLATE.split("{output}")
+    return {"before": before, "after": after}
+
+
+def _tools() -> list[dict[str, Any]]:
+    """Each tool as the form offers it: what it does, the tag the model calls it with, and
+    whether it runs code in the sandbox (a run names tools only: their limits are its
+    ``tools`` section's)."""
+    return [
+        {"name": t.name, "description": t.description, "tag": t.tag, "sandboxed": t.sandboxed}
+        for t in map(TOOLS.get, TOOLS.names())
+    ]
 
 
 def _registered(registry: Registry[Any]) -> list[dict[str, Any]]:
@@ -76,5 +96,5 @@ def _defaults(params: type[BaseModel]) -> dict[str, Any]:
 
 
 @router.get("/presets", response_model=Presets)
-def get_presets() -> dict[str, Any]:
-    return presets()
+def get_presets(settings: SettingsDep) -> dict[str, Any]:
+    return {**presets(), "tool_timeout_max_s": settings.sandbox_max_timeout_s}
