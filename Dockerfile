@@ -21,6 +21,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# 0. bubblewrap, the sandbox model-written code runs in (conspo/sandbox/): without it a worker
+#    advertises sandbox: none and runs with tools or code tasks are refused. Inside a container
+#    bwrap needs user namespaces or privileges to create its own (compose's worker service says
+#    which); the worker probes it at start either way.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 # 1. torch first and pinned (pyproject pins the same version), in its own cached layer.
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"; \
