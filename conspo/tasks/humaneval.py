@@ -70,7 +70,6 @@ class HumanEvalVerifier:
     """A HumanEval completion is correct when the problem's tests pass in the sandbox."""
 
     name = "humaneval"
-    runs_code = True
 
     def __init__(self) -> None:
         self.checks = SandboxChecks()
