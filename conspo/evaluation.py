@@ -1,5 +1,6 @@
-"""Evaluation, all of it: the held-out split's greedy accuracy and pass@k, benchmark files scored
-with avg@k and pass@k as the paper reports them, and the best checkpoint kept.
+"""Evaluation, all of it: the held-out split's greedy accuracy and pass@k, benchmarks (files of
+math problems, or HumanEval) scored with avg@k and pass@k as the paper reports them, and the best
+checkpoint kept.
 
     metrics = evaluate(model, tokenizer, task, examples, max_new_tokens=16, pass_k=4,
                        temperature=1.0, generator=g, engine=engine)
@@ -11,7 +12,9 @@ verified and turned into pass@k (the held-out split's and every benchmark's).
 For each benchmark of ``eval.benchmarks`` every problem gets k samples at eval.temperature and
 eval.top_p; ``eval/<name>/avg@k`` is the mean correctness over all samples and problems, and
 ``eval/<name>/pass@k`` the mean unbiased pass@k (``pass_at_k``), with the
-actual k in the key (eval/math500/avg@16). Answers are verified as in the math task.
+actual k in the key (eval/math500/avg@16). A file's answers are verified as in the math task;
+HumanEval's by running its tests in the sandbox (``conspo.tasks.humaneval``). Every verifier
+sees its batch first (``conspo.tasks.base.prefetch``).
 
 ``eval.best_metric`` (one of the keys an evaluation logs: the config refuses any other): after an
 evaluation where it improves (its direction is the catalogue's
@@ -27,7 +30,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +46,9 @@ from conspo.generation.rollout import encode_prompts, end_token_ids
 from conspo.generation.tool_rollout import verified_texts
 from conspo.objectives.base import positive_mask
 from conspo.tasks.answers import verify_math
-from conspo.tasks.base import Example, Task
+from conspo.tasks.base import Example, Task, Verifier, prefetch
 from conspo.tasks.datasets import load_problems
+from conspo.tasks.humaneval import HumanEvalVerifier, humaneval_problems
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -55,6 +59,7 @@ class Benchmark:
     name: str
     k: int
     examples: list[Example]  # prompts as the policy sees them; answers as the dataset gives
+    verifier: Verifier | None = None  # how its answers are checked (None: math answers)
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -63,9 +68,14 @@ class Benchmark:
 
 
 def load_benchmarks(benchmarks: list[BenchmarkConfig], files: DataFiles) -> list[Benchmark]:
-    """Every benchmark's problems (the first ``limit``), read through ``files``."""
+    """Every benchmark's problems (the first ``limit``): a file's read through ``files``."""
     loaded = []
     for b in benchmarks:
+        if b.source == "humaneval":
+            problems = list(humaneval_problems()[: b.limit])
+            loaded.append(Benchmark(b.name, b.k, problems, HumanEvalVerifier()))
+            continue
+        assert b.path is not None  # the config requires it of a file
         problems = load_problems(files, b.path, b.fields, ("test", "train"))
         if not problems:
             raise ValueError(f"eval.benchmarks {b.name!r}: {b.path} holds no problems")
@@ -74,12 +84,14 @@ def load_benchmarks(benchmarks: list[BenchmarkConfig], files: DataFiles) -> list
 
 
 def rendered(benchmark: Benchmark, render: Callable[[str], str]) -> Benchmark:
-    examples = [Example(render(ex.prompt), ex.answer) for ex in benchmark.examples]
-    return Benchmark(benchmark.name, benchmark.k, examples)
+    """The benchmark with its prompts rendered (the run's prompt template); its verifier reads
+    the rest of each example, as loaded."""
+    examples = [replace(ex, prompt=render(ex.prompt)) for ex in benchmark.examples]
+    return replace(benchmark, examples=examples)
 
 
 class MathVerifier:
-    """The math task's check, for benchmark problems (a Task for ``generate_and_verify``)."""
+    """The math task's check, for benchmark files' problems."""
 
     name = "benchmark"
 
@@ -97,7 +109,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def generate_and_verify(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    task: Verifier,
     examples: list[Example],
     *,
     max_new_tokens: int,
@@ -120,6 +132,7 @@ def generate_and_verify(
     )
     batch = (engine or NativeEngine()).sample(model, ids, mask, request)
     texts = verified_texts(tokenizer, batch)
+    prefetch(task, texts, examples)
     rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
     return batch, rewards
 
@@ -127,7 +140,7 @@ def generate_and_verify(
 def sampled_pass_at_k(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    task: Verifier,
     examples: list[Example],
     k: int,
     *,
@@ -210,15 +223,16 @@ def score_benchmark(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None,
-    verifier: Task | None = None,
+    verifier: Verifier | None = None,
     engine: Engine | None = None,
 ) -> dict[str, float]:
     """{avg@k, pass@k} of ``benchmark``: k samples per problem, drawn by ``engine`` (default: the
-    native sampler). ``verifier``: anything with a task's ``verify`` (default: math answers)."""
+    native sampler). ``verifier``: anything with a task's ``verify`` (default: the benchmark's
+    own, else math answers)."""
     correct, pass_value = sampled_pass_at_k(
         model,
         tokenizer,
-        verifier or MathVerifier(),  # type: ignore[arg-type]
+        verifier or benchmark.verifier or MathVerifier(),
         benchmark.examples,
         benchmark.k,
         max_new_tokens=max_new_tokens,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from conspo.registry import get_reward
-from conspo.tasks.base import Example, Task
+from conspo.tasks.base import Example, Task, prefetch
 
 if TYPE_CHECKING:
     from conspo.config import RewardConfig
@@ -102,9 +102,12 @@ def score_rollouts(
     lengths: Sequence[int],
     context: RewardContext,
 ) -> RewardScores:
-    """Every reward of every rollout; ``rewards`` must hold the verifier (the config adds it)."""
+    """Every reward of every rollout; ``rewards`` must hold the verifier (the config adds it).
+    The task first sees the whole batch (its optional ``prefetch``: the code task runs the
+    batch's sandboxes together)."""
     parts: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
+    prefetch(context.task, completions, examples)
     for reward in rewards:
         if reward.batched:
             values = reward.fn(completions, examples, lengths, context, reward.params)

@@ -6,9 +6,9 @@ import ast
 import hashlib
 import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict
 HELD_OUT_SALT = "conspo-held-out-v1"
 HELD_OUT_FRACTION = 0.1
 EVAL_SAMPLING_SEED = 20_260_512
+
+
+P = TypeVar("P")  # a drawn problem: an Example, or what a task makes one from
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,23 @@ class TaskParams(BaseModel):
     dataset_dirs: ClassVar[bool] = False
 
 
-class Task(Protocol):
+class Verifier(Protocol):
+    """What scoring completions needs: a task, or a benchmark's checker (conspo.evaluation)."""
+
     name: str
 
+    def verify(self, completion: str, example: Example) -> float:
+        """1.0 when the completion (decoded text after the prompt, EOS removed) is correct."""
+        ...
+
+    # Optional: ``prefetch(completions, examples) -> None``, told the whole batch before its
+    # completions are verified one by one (``prefetch`` below: ``score_rollouts`` and evaluation
+    # call it first), so that a verifier with a cost per call can pay it once for the batch:
+    # the code task runs the batch's sandboxes in parallel and remembers their results, which
+    # its ``verify`` and ``process_reward`` then read. It must not change what they return.
+
+
+class Task(Verifier, Protocol):
     def train_prompts(self, rng: random.Random, n: int) -> list[Example]:
         """n training problems (repeats allowed), never from the held-out split."""
         ...
@@ -51,12 +68,17 @@ class Task(Protocol):
         """Up to n distinct held-out problems; the same list on every call."""
         ...
 
-    def verify(self, completion: str, example: Example) -> float:
-        """1.0 when the completion (decoded text after the prompt, EOS removed) is correct."""
-        ...
-
     # Optional: ``process_reward(completion, example) -> float``, a process signal Φ ∈ [0, 1]
     # (partial credit) for the ``process`` reward (conspo.rewards.process.ProcessSignalTask).
+    # Optional: ``runs_code = True`` (a class attribute), when verifying runs model-written code:
+    # a run of the task then needs the sandbox (``RunConfig.code_execution``).
+
+
+def prefetch(verifier: Verifier, completions: Sequence[str], examples: Sequence[Example]) -> None:
+    """Hand the batch to the verifier's optional ``prefetch`` hook, if it has one."""
+    hook = getattr(verifier, "prefetch", None)
+    if hook is not None:
+        hook(completions, examples)
 
 
 def is_held_out(key: str, fraction: float = HELD_OUT_FRACTION) -> bool:
@@ -68,16 +90,30 @@ def sample_split(
     sample: Callable[[random.Random], Example], rng: random.Random, n: int, held_out: bool
 ) -> list[Example]:
     """Rejection-sample n problems from one side of the split (train: repeats allowed)."""
-    out: list[Example] = []
+    return sample_split_by(sample, lambda ex: ex.prompt, rng, n, held_out)
+
+
+def sample_split_by(
+    sample: Callable[[random.Random], P],
+    key: Callable[[P], str],
+    rng: random.Random,
+    n: int,
+    held_out: bool,
+) -> list[P]:
+    """``sample_split`` of anything a task draws, its side the hash of ``key(problem)``: a task
+    whose prompt is made from a smaller description draws that, hashes it, and makes only the
+    problems it keeps (``conspo.tasks.code``)."""
+    out: list[P] = []
     seen: set[str] = set()
     tries = 0
     while len(out) < n and tries < 2000 * n:
         tries += 1
-        ex = sample(rng)
-        if is_held_out(ex.prompt) != held_out or (held_out and ex.prompt in seen):
+        problem = sample(rng)
+        text = key(problem)
+        if is_held_out(text) != held_out or (held_out and text in seen):
             continue
-        seen.add(ex.prompt)
-        out.append(ex)
+        seen.add(text)
+        out.append(problem)
     if not held_out and len(out) < n:
         raise ValueError("the training split of this task is empty; widen the task settings")
     return out

@@ -13,11 +13,12 @@ training and held-out prompts are rendered while its verifier sees the original 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from conspo.config import PromptConfig
-from conspo.tasks.base import Example, Task
+from conspo.tasks.base import Example, Task, prefetch
 from conspo.templates import render
 
 if TYPE_CHECKING:  # the tasks package is imported by the API, which never loads transformers
@@ -71,6 +72,10 @@ class PromptedTask:
 
     def verify(self, completion: str, example: Example) -> float:
         return self.task.verify(completion, example.data["_original"])
+
+    def prefetch(self, completions: Sequence[str], examples: Sequence[Example]) -> None:
+        """The wrapped task's batch hook (``conspo.tasks.base.prefetch``), on its own examples."""
+        prefetch(self.task, completions, [ex.data["_original"] for ex in examples])
 
     def process_reward(self, completion: str, example: Example) -> float:
         """The wrapped task's process signal (conspo.rewards); the config lets only a task that
