@@ -959,14 +959,27 @@ class RunConfig(_Section):
         return self
 
     def code_execution(self) -> list[str]:
-        """What in this run executes model-written code, in words (empty: nothing does): its
-        sandboxed tools, a task whose verifier runs the answer (a class attribute
-        ``runs_code``), benchmarks that do. Such a run needs a worker with a sandbox."""
-        needs = [f"tool {name!r}" for name in self.tools.sandboxed()]
-        if self.task.name in TASKS.names() and getattr(TASKS.get(self.task.name).cls,
-                                                       "runs_code", False):  # fmt: skip
-            needs.append(f"task {self.task.name!r}")
-        needs += [f"benchmark {b.name!r}" for b in self.eval.benchmarks if b.source != "file"]
+        """What in this run executes model-written code, in words (empty: nothing does)."""
+        return [words for _, words in self.code_execution_at()]
+
+    def code_execution_at(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """(field, what in words) of each part of this run that executes model-written code:
+        its sandboxed tools, a task whose verifier runs the answer (a class attribute
+        ``runs_code``), benchmarks that do. Such a run needs a worker with a sandbox, and a
+        refusal names the field."""
+        needs: list[tuple[tuple[str | int, ...], str]] = [
+            (("tools", "names", i), f"tool {name!r}")
+            for i, name in enumerate(self.tools.names)
+            if TOOLS.get(name).sandboxed
+        ]
+        task = TASKS.get(self.task.name) if self.task.name in TASKS.names() else None
+        if task is not None and getattr(task.cls, "runs_code", False):
+            needs.append((("task", "name"), f"task {self.task.name!r}"))
+        needs += [
+            (("eval", "benchmarks", i, "source"), f"benchmark {b.name!r}")
+            for i, b in enumerate(self.eval.benchmarks)
+            if b.source != "file"
+        ]
         return needs
 
     def objective_params(self) -> BaseModel:

@@ -128,19 +128,16 @@ def missing_software(config: RunConfig, session: Session, settings: Settings) ->
 
 def code_execution_fields(config: RunConfig) -> list[tuple[Loc, str, Any]]:
     """Where ``config`` makes a worker run model-written code: (location, what in words, value)
-    for each part ``RunConfig.code_execution`` names. A part this module does not know the field
-    of (one added to conspo later) is located at the config itself."""
-    fields: list[tuple[Loc, str, Any]] = []
-    for what in config.code_execution():
-        kind, _, quoted = what.partition(" ")
-        name = quoted.strip("'\"")
-        if kind == "tool" and name in config.tools.names:
-            fields.append((("tools", "names", config.tools.names.index(name)), what, name))
-        elif kind == "task" and name == config.task.name:
-            fields.append((("task", "name"), what, name))
-        else:
-            fields.append(((), what, None))
-    return fields
+    for each part ``RunConfig.code_execution_at`` names."""
+    return [(loc, what, _value_at(config, loc)) for loc, what in config.code_execution_at()]
+
+
+def _value_at(config: RunConfig, loc: Loc) -> Any:
+    """The config's value at ``loc`` (attributes and list indices), for an error's input."""
+    value: Any = config
+    for part in loc:
+        value = value[part] if isinstance(part, int) else getattr(value, part)
+    return value
 
 
 def missing_sandbox(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
@@ -312,6 +309,8 @@ def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
 
 def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
     for i, benchmark in enumerate(config.eval.benchmarks):
+        if benchmark.path is None:  # a built-in benchmark (source: humaneval) reads no file
+            continue
         try:
             files.check_path(benchmark.path)
         except (Unavailable, ValueError) as exc:

@@ -97,6 +97,22 @@ def test_code_execution_without_a_live_sandbox_is_refused_at_the_field(own_api: 
     assert stored["names"] == ["python"] and stored["max_turns"] == 2
 
 
+def test_a_code_task_and_humaneval_need_a_sandbox_too(own_api: Api) -> None:
+    code = {"task": {"name": "code", "eval_size": 2}}
+    humaneval = {"eval": {"every": 0, "benchmarks": [{"name": "he", "source": "humaneval"}]}}
+    errors = errors_at(submit(own_api, **code, **humaneval))
+    task, benchmark = (
+        ("body", "config", "task", "name"),
+        ("body", "config", "eval", "benchmarks", 0, "source"),
+    )
+    assert set(errors) == {task, benchmark}
+    assert errors[task].startswith("task 'code' runs model-written code")
+    assert errors[benchmark].startswith("benchmark 'he' runs model-written code")
+    alive(own_api.settings, WorkerIdentity(host="cpu-1", pid=1, capabilities=SANDBOXED))
+    r = submit(own_api, **code, **humaneval)  # a built-in benchmark names no file to check
+    assert r.status_code == 201, r.text
+
+
 def test_a_tool_timeout_above_the_platform_limit_is_refused(own_api: Api) -> None:
     alive(own_api.settings, WorkerIdentity(host="cpu-1", pid=1, capabilities=SANDBOXED))
     cap = own_api.settings.sandbox_max_timeout_s

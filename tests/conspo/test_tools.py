@@ -117,6 +117,7 @@ def test_a_run_lists_tools_by_name_and_code_execution_says_which_need_the_sandbo
     cfg = RunConfig.model_validate({"tools": ["calculator", "python"]})
     assert cfg.tools.names == ["calculator", "python"]
     assert cfg.code_execution() == ["tool 'python'"]
+    assert cfg.code_execution_at() == [(("tools", "names", 1), "tool 'python'")]
     assert RunConfig.model_validate({"tools": ["calculator"]}).code_execution() == []
     with pytest.raises(ValueError, match="tools.names.1"):
         RunConfig.model_validate({"tools": ["python", "pyhton"]})
