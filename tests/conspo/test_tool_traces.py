@@ -85,6 +85,22 @@ def test_a_python_trace_holds_the_sandboxs_product_and_its_answer_verifies(
         assert task.verify(final_answer(call.text + observation.text), example) == 0.0
 
 
+def test_the_observation_is_what_the_sandbox_printed_not_the_reference(sandbox: None) -> None:
+    class TenfoldCode(ArithTask):
+        """arith whose tool code computes ten times the answer."""
+
+        def tool_solution(self, example: Example) -> str:
+            return f"({super().tool_solution(example)}) * 10"
+
+    task = TenfoldCode(ArithParams(digits=3, operators="*"))
+    box = make_toolbox(ToolsConfig(names=["python"]))
+    for example, text in tool_traces(task, draws(task), box, "python", random.Random(2), 4):
+        _, observation, answer = split_turns(text)
+        value = example.data["value"]
+        assert observation.text == f"\n<interpreter>\n{value * 10}\n</interpreter>\n"
+        assert answer.text == str(value)
+
+
 def test_a_calculator_trace_and_a_call_that_fails_is_left_out() -> None:
     class HalfSolved(ArithTask):
         """arith whose odd answers get an expression the calculator refuses."""
