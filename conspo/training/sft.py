@@ -94,9 +94,9 @@ def answer_tokens(tokenizer: Any, answer: str) -> tuple[list[int], list[int]]:
     Each segment is tokenised on its own, the way a rollout holds it: the model's text up to its
     call, then the observation as the tool rollout tokenises and feeds it
     (``conspo.generation.tool_rollout``), then the model's text again. So no token straddles a
-    block's edge, and the ids are those the policy reads and writes when it calls the tool (the
-    SmolLM2 and tiny tokenisers give the same ids for the whole text, the blocks ending in
-    newlines). Text without a block is one segment: the plain answer's ids."""
+    block's edge, and the ids are those the policy reads and writes when it calls the tool (on
+    the traces of conspo.training.traces the SmolLM2 and tiny tokenisers give the whole text the
+    same ids anyway). Text without a block is one segment: the plain answer's ids."""
     ids: list[int] = []
     labels: list[int] = []
     for segment in split_turns(answer):
