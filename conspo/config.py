@@ -839,6 +839,17 @@ def _kind_params(data: Any) -> tuple[BaseModel | None, list[InitErrorDetails]]:
     )
 
 
+def _checked_by_kind(cfg: RunConfig) -> RunConfig:
+    """``cfg`` if its job kind finds nothing missing in the rest of it (the registration's
+    ``check``: e.g. sft's tool traces need the tool listed in tools.names)."""
+    check = JOB_KINDS.get(cfg.kind).check
+    problems = [] if check is None else check(cfg)
+    if problems:
+        details = [_error(loc, message, value) for loc, message, value in problems]
+        raise ValidationError.from_exception_data("RunConfig", details)
+    return cfg
+
+
 def _buffer_too_long(field: str, buffer: int, limit: int) -> str:
     """DAPO's overlong penalty starts at max_new_tokens − buffer: a buffer as long as the
     response cap would penalise every answer, however short (a correct 2-token answer would
@@ -920,7 +931,7 @@ class RunConfig(_Section):
         if resolved is not None:
             validated.kind_params = resolved.model_dump()
             validated.remember_typed("kind_params", resolved)
-        return _resolved_rewards(validated, data)
+        return _checked_by_kind(_resolved_rewards(validated, data))
 
     @model_validator(mode="after")
     def _every_process_has_a_group(self) -> RunConfig:

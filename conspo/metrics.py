@@ -600,10 +600,12 @@ METRICS: tuple[Metric, ...] = (
            "evalc", when="the run has tools, at every evaluation", color="accent3", dash=True),
     # job kinds other than rl
     Metric(SFT_TOKEN_ACC, "token accuracy",
-           "SFT: share of the target's tokens (answer + EOS) that are the model's argmax under"
-           " teacher forcing.", "fraction", "sft", logged_by="objective", better="higher"),
+           "SFT: share of the target's tokens (answer + EOS; a tool trace's interpreter output"
+           " excluded) that are the model's argmax under teacher forcing.", "fraction", "sft",
+           logged_by="objective", better="higher"),
     Metric(SFT_TOKENS, "answer tokens",
-           "SFT: target tokens the step's loss averaged over (prompt and padding excluded).",
+           "SFT: target tokens the step's loss averaged over (prompt, padding and the"
+           " interpreter's output inside tool traces excluded).",
            "tokens", "sfttokens", logged_by="objective"),
     Metric(DISTILL_REVERSE_KL, "reverse KL",
            "Distillation: mean over the student's response tokens of KL(π_θ ‖ π_teacher) over"

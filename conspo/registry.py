@@ -337,6 +337,10 @@ class RegisteredJobKind:
     # by its registration alone. A kind reading another run's rollouts (input_runs) names one;
     # whoever runs the example supplies those rollouts to its ``inputs`` hook.
     example_params: dict[str, Any] = field(default_factory=dict)
+    # What the kind needs of the rest of the run config, beyond its kind_params:
+    # check(config) -> [(loc, message, value)], each problem at the field to blame (the config
+    # refuses the run with them). E.g. sft's tool traces need the tool in tools.names.
+    check: Callable[[Any], list[tuple[Loc, str, object]]] | None = None
 
     @property
     def code(self) -> object:
@@ -369,17 +373,19 @@ def register_job_kind(
     input_runs: tuple[str, ...] = (),
     inputs: Callable[..., None] | None = None,
     example_params: dict[str, Any],
+    check: Callable[[Any], list[tuple[Loc, str, object]]] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
     module must stay torch-free at import (``conspo.lazy``): the API validates configs.
     ``example_params``: kind_params of a seconds-long run on a tiny model (checked against
-    ``params`` here), from which the registry-wide test trains the kind."""
+    ``params`` here), from which the registry-wide test trains the kind. ``check(config)``:
+    what the kind needs of the rest of the config, as (loc, message, value) problems."""
     params.model_validate(example_params)  # a wrong example fails at import, not in a test
 
     def decorator(fn: F) -> F:
         kind = RegisteredJobKind(
             name, fn, params, description, tuple(metrics), tuple(sections), distributed,
-            tuple(input_runs), inputs, dict(example_params),
+            tuple(input_runs), inputs, dict(example_params), check,
         )  # fmt: skip
         JOB_KINDS.add(kind)
         return fn

@@ -8,8 +8,11 @@ The loss is DPO's (Rafailov et al., 2023, Eq. 7), with the starting policy as th
 
     L = −log σ(β · [(log π_θ(c|q) − log π_ref(c|q)) − (log π_θ(r|q) − log π_ref(r|q))])
 
-log-probs summed over the response's tokens (EOS included). With LoRA the reference is the base
-with the adapters disabled; otherwise a frozen copy of the starting weights.
+log-probs summed over the response's tokens (EOS included) that the model wrote: an
+``<interpreter>`` block inside a response (a rollout of a run with tools, a tool-use trace) is
+the tool's output, not the policy's, and is left out of both sums
+(``conspo.training.sft.answer_tokens``). With LoRA the reference is the base with the adapters
+disabled; otherwise a frozen copy of the starting weights.
 
 Pairs from a finished run (``from_run``): whoever launches the job writes them to
 ``workdir/dpo_pairs.jsonl`` first (the worker does, from the run's stored rollouts:

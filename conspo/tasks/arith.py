@@ -67,6 +67,11 @@ class ArithTask(ProceduralTask):
             return 0.0
         return float(int(text) == example.data["value"])
 
+    def tool_solution(self, example: Example) -> str:
+        """The problem's own expression ("12+7*3"): Python and the calculator read it with the
+        task's precedence, so its value is the reference answer."""
+        return example.prompt.removesuffix("=")
+
     def process_reward(self, completion: str, example: Example) -> float:
         """Φ ∈ [0, 1]: the intermediate results (``intermediate_results``) found among the
         integers the completion writes, over the larger of their count and the integers written,

@@ -70,6 +70,14 @@ class Task(Verifier, Protocol):
 
     # Optional: ``process_reward(completion, example) -> float``, a process signal Φ ∈ [0, 1]
     # (partial credit) for the ``process`` reward (conspo.rewards.process.ProcessSignalTask).
+    #
+    # Optional: ``tool_solution(example) -> str | None``, an arithmetic expression in Python
+    # syntax (numbers, + - * // and parentheses: what the python and calculator tools both read)
+    # whose value is the example's reference answer, or None when the problem has none; the
+    # ``sft`` kind's tool traces call a tool with it (conspo.training.traces). A task with the
+    # hook may add the classmethod ``tool_solutions_missing(params) -> str | None``: why none of
+    # its problems has one under ``params`` (a config check), None when some do.
+    #
     # Optional: ``runs_code = True`` (a class attribute), when verifying runs model-written code:
     # a run of the task then needs the sandbox (``RunConfig.code_execution``).
 
@@ -126,10 +134,16 @@ _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
-def safe_eval(expr: str) -> int | None:
-    """Evaluate an integer expression of + - * and parentheses; None if it is anything else."""
-    if len(expr) > 64:
+_WITH_FLOOR_DIVISION = {**_BINOPS, ast.FloorDiv: operator.floordiv}
+
+
+def safe_eval(expr: str, *, max_chars: int = 64, floor_division: bool = False) -> int | None:
+    """Evaluate an integer expression of + - * and parentheses (and // with
+    ``floor_division``); None if it is anything else, longer than ``max_chars``, or divides by
+    zero."""
+    if len(expr) > max_chars:
         return None
+    ops = _WITH_FLOOR_DIVISION if floor_division else _BINOPS
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except (SyntaxError, ValueError):
@@ -138,15 +152,15 @@ def safe_eval(expr: str) -> int | None:
     def walk(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](walk(node.left), walk(node.right))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -walk(node.operand)
         raise ValueError("unsupported expression")
 
     try:
         return walk(tree.body)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, ZeroDivisionError):
         return None
 
 

@@ -82,6 +82,11 @@ class PromptedTask:
         has one be given the ``process`` reward."""
         return float(self.task.process_reward(completion, example.data["_original"]))  # type: ignore[attr-defined]
 
+    def tool_solution(self, example: Example) -> str | None:
+        """The wrapped task's tool solution (the ``sft`` kind's tool traces); the config lets
+        only a task that has one ask for them."""
+        return self.task.tool_solution(example.data["_original"])  # type: ignore[attr-defined]
+
     def rendered(self, example: Example) -> Example:
         data = {**example.data, "_original": example}
         return replace(example, prompt=self.render(example.prompt), data=data)

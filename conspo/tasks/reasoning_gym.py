@@ -50,7 +50,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from conspo.registry import Loc, register_task
 from conspo.tasks.answers import extract_answer as last_boxed_or_number
 from conspo.tasks.answers import last_boxed
-from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, TaskParams, sample_split
+from conspo.tasks.base import EVAL_SAMPLING_SEED, Example, TaskParams, safe_eval, sample_split
 
 INSTALL = "pip install reasoning-gym==0.1.25 (make install does it)"
 # Problems each split's generators index (some generators precompute per index, word_ladder
@@ -316,7 +316,75 @@ class ReasoningGymTask:
         """1.0 at the generator's full score, else 0.0."""
         return float(self.score(completion, example) >= 1.0)
 
+    def tool_solution(self, example: Example) -> str | None:
+        """An expression whose value is the reference answer, for the generators that have one
+        (``TOOL_SOLVABLE``); None for the others (``tool_expression``)."""
+        return tool_expression(example.data["entry"])
+
+    @classmethod
+    def tool_solutions_missing(cls, params: ReasoningGymParams) -> str | None:
+        """Why no problem of ``params`` has a tool solution (none of its generators has), or
+        None."""
+        names = [spec.name for spec in params.specs()]
+        if any(name in TOOL_SOLVABLE for name in names):
+            return None
+        return (
+            f"no generator of this task ({', '.join(names)}) has tool solutions; those that do:"
+            f" {', '.join(sorted(TOOL_SOLVABLE))}"
+        )
+
     def process_reward(self, completion: str, example: Example) -> float:
         """The generator's partial score (e.g. countdown's 0.01 for a well-formed wrong
         expression; the default's share of the answer that is the reference)."""
         return self.score(completion, example)
+
+
+# --------------------------------------------------------------------------------------------
+# Tool solutions: the expression a tool computes the answer with (the sft kind's tool traces)
+# --------------------------------------------------------------------------------------------
+
+# Generators whose items carry the expression of their answer (metadata "expression").
+TOOL_SOLVABLE = frozenset({"basic_arithmetic", "chain_sum", "products"})
+MAX_EXPRESSION_CHARS = 1000
+
+
+def tool_expression(entry: dict[str, Any]) -> str | None:
+    """The item's expression as Python evaluates it to the reference answer, or None.
+
+    The generators write their expression in Python's syntax except for division: basic_arithmetic
+    computes ``/`` as floor division (its ``eval_floordiv``), and without parentheses
+    (``allow_parentheses: false``) it computes left to right, ignoring precedence, and sometimes
+    multiplies where it wrote ``/``. So the candidates (``/`` as ``//``, as written then
+    folded left to right) are each evaluated here, and the first whose value is the reference
+    answer is the solution; an item neither matches has none."""
+    metadata = entry.get("metadata", {})
+    expression = metadata.get("expression")
+    if metadata.get("source_dataset") not in TOOL_SOLVABLE or not isinstance(expression, str):
+        return None
+    try:
+        answer = int(str(entry["answer"]).strip())
+    except ValueError:
+        return None
+    floor = expression.replace("//", "/").replace("/", "//")
+    for candidate in (floor, _left_to_right(floor)):
+        if candidate is None:
+            continue
+        value = safe_eval(candidate, max_chars=MAX_EXPRESSION_CHARS, floor_division=True)
+        if value == answer:
+            return candidate
+    return None
+
+
+def _left_to_right(expression: str) -> str | None:
+    """``a op b op c`` → ``(a op b) op c``: each operation on the result so far; None unless the
+    expression is space-separated numbers and operators."""
+    parts = expression.split()
+    numbers, operators = parts[::2], parts[1::2]
+    if len(parts) % 2 == 0 or not all(re.fullmatch(r"-?\d+", n) for n in numbers):
+        return None
+    if not all(op in ("+", "-", "*", "//") for op in operators):
+        return None
+    folded = numbers[0]
+    for op, number in zip(operators, numbers[1:], strict=True):
+        folded = f"({folded} {op} {number})"
+    return folded if len(numbers) > 1 else None

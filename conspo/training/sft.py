@@ -27,6 +27,7 @@ import torch
 from conspo.config import TaskConfig
 from conspo.models.loading import load_pretrained
 from conspo.tasks import make_task
+from conspo.tools import split_turns
 
 # (prompt, answer) pairs: the text the model reads, and what it is taught to answer.
 Pairs = list[tuple[str, str]]
@@ -36,7 +37,8 @@ def answer_rows(
     tokenizer: Any, pairs: Pairs, device: torch.device, max_tokens: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (B, L) ids, attention mask and labels of prompt + answer + EOS rows, labels
-    -100 on the prompt and the padding (the loss is on the answer's tokens only).
+    -100 on the prompt, the padding and the interpreter's blocks inside the answer (the loss is
+    on the tokens the model writes only: ``answer_tokens``).
 
     ``max_tokens`` > 0 packs consecutive examples into rows of at most that many tokens (an
     example longer than that gets a row of its own). Packed examples attend to the earlier ones
@@ -47,8 +49,8 @@ def answer_rows(
     seqs: list[tuple[list[int], list[int]]] = []
     for prompt, answer in pairs:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
-        seqs.append((p + a, [-100] * len(p) + a))
+        a, labels = answer_tokens(tokenizer, answer)
+        seqs.append((p + a + [eos], [-100] * len(p) + labels + [eos]))
     rows: list[tuple[list[int], list[int]]] = []
     for ids, labels in seqs:
         if rows and max_tokens and len(rows[-1][0]) + len(ids) <= max_tokens:
@@ -64,6 +66,44 @@ def answer_rows(
         out_labels[i, : len(ids)] = torch.tensor(labels)
         mask[i, : len(ids)] = 1
     return out_ids.to(device), mask.to(device), out_labels.to(device)
+
+
+def answer_loss(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, token accuracy, labelled tokens) of ``answer_rows``' (B, L) rows: cross-entropy
+    summed over the labelled tokens (the answers' own: not the prompts, the padding or an
+    interpreter's block) and divided by their count; the accuracy is the share of them that
+    are the model's argmax. The ``sft`` kind's loss."""
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    targets = labels[:, 1:]
+    scored = targets != -100
+    n = scored.sum()
+    nll = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum"
+    )
+    hit = ((logits.argmax(-1) == targets) & scored).sum() / n
+    return nll / n, hit.detach(), n
+
+
+def answer_tokens(tokenizer: Any, answer: str) -> tuple[list[int], list[int]]:
+    """The answer's token ids and labels, the interpreter's blocks (``split_turns``: a tool-use
+    trace, a rollout of a run with tools) labelled -100: no loss, token count or accuracy counts
+    them, and a DPO log-prob sums the model's tokens only.
+
+    Each segment is tokenised on its own, the way a rollout holds it: the model's text up to its
+    call, then the observation as the tool rollout tokenises and feeds it
+    (``conspo.generation.tool_rollout``), then the model's text again. So no token straddles a
+    block's edge, and the ids are those the policy reads and writes when it calls the tool (on
+    the traces of conspo.training.traces the SmolLM2 and tiny tokenisers give the whole text the
+    same ids anyway). Text without a block is one segment: the plain answer's ids."""
+    ids: list[int] = []
+    labels: list[int] = []
+    for segment in split_turns(answer):
+        part = tokenizer(segment.text, add_special_tokens=False)["input_ids"]
+        ids += part
+        labels += part if segment.kind == "model" else [-100] * len(part)
+    return ids, labels
 
 
 def warm_start(

@@ -4,10 +4,13 @@ worker: stage 1 stays queued, which is all the commands need; the browser test t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from conspo_lab.cli import app
+from conspo_lab.cli_pipeline import _load
 
 runner = CliRunner()
 
@@ -50,3 +53,29 @@ def test_pipeline_file_show_cancel_and_models(lab_server, tmp_path: Path) -> Non
     assert "kind_params.batch_size" in text
     path.write_text("- not a mapping")
     assert invoke(lab_server, "pipeline", "run", str(path))[0].exit_code == 2
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "pipelines").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_example_pipelines_load_as_the_cli_sends_them(path: Path) -> None:
+    """Every stage of every example pipeline is a valid run config (``conspo-lab pipeline run``
+    validates them all before it sends anything; a refusal exits 2)."""
+    spec = _load(path)
+    assert spec["stages"] and all(isinstance(stage, dict) for stage in spec["stages"])
+
+
+def test_the_retool_baseline_is_the_tool_pipeline_without_the_interpreter() -> None:
+    """ReTool's comparison holds only if the two pipelines differ in the tool alone."""
+
+    def without_tools(stage: dict[str, Any]) -> dict[str, Any]:
+        stage = {key: value for key, value in stage.items() if key != "tools"}
+        params = {k: v for k, v in stage.get("kind_params", {}).items() if k != "tool"}
+        return {**stage, "kind_params": params} if "kind_params" in stage else stage
+
+    folder = EXAMPLES[0].parent
+    tools = _load(folder / "retool_smollm2.yaml")["stages"]
+    plain = _load(folder / "retool_smollm2_no_tools.yaml")["stages"]
+    assert tools[0]["kind_params"]["tool"] == "python" and "python" in str(tools[1]["tools"])
+    assert [without_tools(s) for s in tools] == plain
