@@ -34,21 +34,7 @@ from conspo.models.builtins import builtin_store
 from conspo.models.loading import load_pretrained
 from conspo.sandbox import sandbox_available
 from conspo.tools import make_toolbox
-
-
-def chat_prompt(tokenizer, a: int, b: int) -> str:
-    turns = []
-    for x, y in ((12, 34), (51, 77)):
-        turns += [
-            {"role": "user", "content": f"What is {x} * {y}?"},
-            {
-                "role": "assistant",
-                "content": f"<code>\nprint({x} * {y})\n</code>\n<interpreter>\n{x * y}\n"
-                f"</interpreter>\nThe answer is {x * y}.",
-            },
-        ]
-    turns.append({"role": "user", "content": f"What is {a} * {b}?"})
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+from tests.support import product_demos, tool_demo_chat
 
 
 def children_cpu() -> float:
@@ -71,7 +57,11 @@ def main() -> None:
     model, tok = load_pretrained(path, torch.device("cpu"), torch.float32)
     model.eval()
     questions = [(1234 + 97 * i, 5678 - 41 * i) for i in range(args.prompts)]
-    texts = [chat_prompt(tok, a, b) for a, b in questions for _ in range(args.group_size)]
+    texts = [
+        tool_demo_chat(tok, product_demos(), f"What is {a} * {b}?")
+        for a, b in questions
+        for _ in range(args.group_size)
+    ]
     ids, mask = encode_prompts(tok, texts, torch.device("cpu"))
     use = ToolUse(make_toolbox(ToolsConfig(names=["python"])), tok)
 

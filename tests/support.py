@@ -148,3 +148,31 @@ def stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def tool_demo_chat(tokenizer: Any, demos: list[tuple[str, str, str, str]], question: str) -> str:
+    """A chat prompt that shows the python tool's format before ``question``: each demo is a
+    (user's question, code the assistant runs, what the interpreter printed, the assistant's
+    answer) turn, written as a rollout with tools reads (``conspo.tools.base``). An instruct
+    model shown this copies the format: how the tests and benches get SmolLM2 to call a tool
+    without a cold start."""
+    turns: list[dict[str, str]] = []
+    for asked, code, printed, answer in demos:
+        turns += [
+            {"role": "user", "content": asked},
+            {
+                "role": "assistant",
+                "content": f"<code>\n{code}\n</code>\n<interpreter>\n{printed}\n</interpreter>\n"
+                + answer,
+            },
+        ]
+    turns.append({"role": "user", "content": question})
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+
+def product_demos() -> list[tuple[str, str, str, str]]:
+    """Two solved products: the demos of a "What is a * b?" question."""
+    return [
+        (f"What is {a} * {b}?", f"print({a} * {b})", str(a * b), f"The answer is {a * b}.")
+        for a, b in ((12, 34), (51, 77))
+    ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from conspo.sandbox import sandbox_available
 from conspo.tools import split_turns
 from tests.api.conftest import wait_for
 from tests.api.test_api_worker import finished, mode_api, submit
-from tests.support import REQUIRE_SERVICES
+from tests.support import REQUIRE_SERVICES, tool_demo_chat
 
 pytestmark = [
     pytest.mark.slow,
@@ -62,19 +61,15 @@ def attacks(data_dir: Path, api_port: int) -> list[str]:
     ]
 
 
-def chat(tokenizer: Any, code: str) -> str:
-    turns = []
-    for shown, printed in (("print(2 + 2)", "4"), ("import math; print(math.sqrt(16))", "4.0")):
-        turns += [
-            {"role": "user", "content": f"Run this Python code:\n{shown}"},
-            {
-                "role": "assistant",
-                "content": f"<code>\n{shown}\n</code>\n<interpreter>\n{printed}\n</interpreter>\n"
-                f"The code printed {printed}.",
-            },
-        ]
-    turns.append({"role": "user", "content": f"Run this Python code:\n{code}"})
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+RUN_DEMOS = [
+    ("Run this Python code:\nprint(2 + 2)", "print(2 + 2)", "4", "The code printed 4."),
+    (
+        "Run this Python code:\nimport math; print(math.sqrt(16))",
+        "import math; print(math.sqrt(16))",
+        "4.0",
+        "The code printed 4.0.",
+    ),
+]
 
 
 def test_hostile_tool_calls_leave_the_run_the_worker_and_the_host_as_they_were(
@@ -91,7 +86,13 @@ def test_hostile_tool_calls_leave_the_run_the_worker_and_the_host_as_they_were(
     codes = attacks(settings.data_dir, 8000)
     datasets = settings.data_roots[0]
     datasets.mkdir(parents=True, exist_ok=True)
-    rows = [{"prompt": chat(tokenizer, code), "answer": "0"} for code in codes * 2]
+    rows = [
+        {
+            "prompt": tool_demo_chat(tokenizer, RUN_DEMOS, f"Run this Python code:\n{code}"),
+            "answer": "0",
+        }
+        for code in codes * 2
+    ]
     (datasets / "attacks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = {
         "algorithm": "grpo",

@@ -16,27 +16,14 @@ from conspo.generation.tool_rollout import ToolUse, sample_with_tools, verified_
 from conspo.models.loading import load_pretrained
 from conspo.sandbox import sandbox_available
 from conspo.tools import OBSERVATION_OPEN, make_toolbox
-from tests.support import REQUIRE_SERVICES
+from tests.support import REQUIRE_SERVICES, product_demos, tool_demo_chat
 
 pytestmark = pytest.mark.skipif(
     not REQUIRE_SERVICES and not sandbox_available(),
     reason=f"no sandbox here: {sandbox_available().reason}",
 )
 
-DEMO = [
-    {"role": "user", "content": "What is 12 * 34?"},
-    {
-        "role": "assistant",
-        "content": "<code>\nprint(12 * 34)\n</code>\n<interpreter>\n408\n</interpreter>\n"
-        "The answer is 408.",
-    },
-    {"role": "user", "content": "What is 51 * 77?"},
-    {
-        "role": "assistant",
-        "content": "<code>\nprint(51 * 77)\n</code>\n<interpreter>\n3927\n</interpreter>\n"
-        "The answer is 3927.",
-    },
-]
+DEMO = product_demos()
 QUESTIONS = ["What is 1234 * 5678?", "What is 999 * 123?", "What is 4321 + 8765?"]
 
 
@@ -49,13 +36,16 @@ def smollm2(model_store):
 
 
 def prompts(tokenizer, questions, demo=DEMO, copies=1):
-    texts = [
-        tokenizer.apply_chat_template(
-            [*demo, {"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
-        )
-        for q in questions
-        for _ in range(copies)
-    ]
+    """Left-padded chat prompts: ``demo`` as (question, code, printed, answer) turns
+    (``tool_demo_chat``), or as chat messages for a demo with two calls in one answer."""
+
+    def chat(question):
+        if isinstance(demo[0], tuple):
+            return tool_demo_chat(tokenizer, demo, question)
+        turns = [*demo, {"role": "user", "content": question}]
+        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+    texts = [chat(q) for q in questions for _ in range(copies)]
     return encode_prompts(tokenizer, texts, torch.device("cpu"))
 
 
@@ -176,12 +166,7 @@ def test_calls_past_max_turns_are_left_as_text(smollm2) -> None:
 def test_the_budget_counts_interpreter_tokens_and_cuts_an_observation(smollm2) -> None:
     model, tok = smollm2
     demo = [
-        {"role": "user", "content": "Print the numbers 1 to 3."},
-        {
-            "role": "assistant",
-            "content": "<code>\nfor i in range(1, 4):\n    print(i)\n</code>\n"
-            "<interpreter>\n1\n2\n3\n</interpreter>\nDone.",
-        },
+        ("Print the numbers 1 to 3.", "for i in range(1, 4):\n    print(i)", "1\n2\n3", "Done.")
     ]
     ids, mask = prompts(tok, ["Print the numbers 1 to 300."], demo=demo)
     budget = 40
@@ -194,12 +179,7 @@ def test_the_budget_counts_interpreter_tokens_and_cuts_an_observation(smollm2) -
 def test_a_hostile_call_costs_its_own_timeout_and_the_other_rows_are_answered(smollm2) -> None:
     model, tok = smollm2
     demo = [
-        {"role": "user", "content": "Run: while True: pass"},
-        {
-            "role": "assistant",
-            "content": "<code>\nwhile True:\n    pass\n</code>\n<interpreter>\n"
-            "TimeoutError\n</interpreter>\nIt did not finish.",
-        },
+        ("Run: while True: pass", "while True:\n    pass", "TimeoutError", "It did not finish.")
     ]
     ids_a, mask_a = prompts(tok, ["Run: while True: pass"], demo=demo)
     ids_b, mask_b = prompts(tok, QUESTIONS[:1])

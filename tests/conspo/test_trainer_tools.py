@@ -18,7 +18,7 @@ from conspo.models.loading import load_pretrained
 from conspo.sandbox import sandbox_available
 from conspo.sink import MemorySink
 from conspo.training.trainer import train
-from tests.support import REQUIRE_SERVICES
+from tests.support import REQUIRE_SERVICES, product_demos, tool_demo_chat
 
 pytestmark = pytest.mark.skipif(
     not REQUIRE_SERVICES and not sandbox_available(),
@@ -26,26 +26,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def chat_prompt(tokenizer, a: int, b: int) -> str:
-    turns = []
-    for x, y in ((12, 34), (51, 77)):
-        turns += [
-            {"role": "user", "content": f"What is {x} * {y}?"},
-            {
-                "role": "assistant",
-                "content": f"<code>\nprint({x} * {y})\n</code>\n<interpreter>\n{x * y}\n"
-                f"</interpreter>\nThe answer is {x * y}.",
-            },
-        ]
-    turns.append({"role": "user", "content": f"What is {a} * {b}?"})
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-
-
 def test_an_rl_step_with_the_python_tool_trains_on_the_model_tokens(model_store, tmp_path) -> None:
     base = model_store.resolve("smollm2-135m-instruct")
     _, tokenizer = load_pretrained(base, torch.device("cpu"), torch.float32)
     pairs = [(123 + 7 * i, 45 + 3 * i) for i in range(12)]
-    rows = [{"prompt": chat_prompt(tokenizer, a, b), "answer": str(a * b)} for a, b in pairs]
+    rows = [
+        {
+            "prompt": tool_demo_chat(tokenizer, product_demos(), f"What is {a} * {b}?"),
+            "answer": str(a * b),
+        }
+        for a, b in pairs
+    ]
     path = tmp_path / "products.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = RunConfig.model_validate({
