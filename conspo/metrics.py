@@ -632,9 +632,10 @@ METRICS: tuple[Metric, ...] = (
            better="lower"),
     Metric(TIME_ROLLOUT_S, "rollout", "Wall-clock seconds spent generating rollouts.", "s",
            "time", better="lower", color="accent3"),
-    Metric(TIME_TOOLS_S, "tools",
-           "Wall-clock seconds of the step that generation waited for tool calls (the"
-           " sandbox's share of the rollout time).", "s", "time", when="the run has tools",
+    Metric(TIME_TOOLS_S, "waiting for tools",
+           "Wall-clock seconds of the step's generation in which every unfinished rollout"
+           " waited for its tool call (calls also run while other rollouts write: this is what"
+           " they added to the rollout time).", "s", "time", when="the run has tools",
            better="lower", color="accent2"),
     Metric(THROUGHPUT_ROLLOUTS_PER_S, "rollouts/s", "Rollouts generated per second of step time.",
            "rollouts / s", "throughput", better="higher"),

@@ -23,6 +23,7 @@ from typing import Any
 from conspo.access import ModelSource
 from conspo.config import RunConfig
 from conspo.models.catalog import builtin_hf_config
+from conspo.tools.base import tool_columns
 
 Loc = tuple[str, ...]
 MAX_CONFIG_JSON_BYTES = 2**20
@@ -148,7 +149,7 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
       (P·w) when β > 0: it is not sharded;
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
       it grows; ``conspo.generation.decode``'s preallocated one is 2·L·N·K·T·b; rollouts that
-      call tools hold 2T + 1 columns),
+      call tools hold ``conspo.tools.base.tool_columns(T)`` columns),
       ``conspo.generation.decode``'s copy of the weights in the compute dtype (P·b), a step's logits
       and softmax N·V·(b+12), and the sampler's int64 attention mask, token ids and end-of-sequence
       masks (48·N·T);
@@ -199,9 +200,9 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
         )
     else:
         state = dims.params * w * (5 if beta > 0 else 4)
-    # Rollouts that call tools hold twice the columns while they sample: a turn's columns after
-    # the last realignment (conspo.generation.tool_rollout.sample_with_tools).
-    columns = 2 * t + 1 if cfg.tools.names else t
+    # Rollouts that call tools hold more columns while they sample: room for the ones a row
+    # leaves empty while its call runs (conspo.generation.tool_rollout).
+    columns = tool_columns(t) if cfg.tools.names else t
     evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, columns, b)
     batch = 16 * n * t * (2 if refill else 1)
     freeze_old = 0

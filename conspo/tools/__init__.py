@@ -57,10 +57,13 @@ class ToolBox:
     """The tools one run may call, by tag: finds the call a segment of model text ends with and
     runs a turn's calls, each batch of a tool's calls at once."""
 
-    def __init__(self, tools: dict[str, Tool], tags: dict[str, str], max_turns: int) -> None:
+    def __init__(
+        self, tools: dict[str, Tool], tags: dict[str, str], max_turns: int, parallel: int = 4
+    ) -> None:
         self.tools = tools  # name → tool
         self.tags = tags  # name → tag
         self.max_turns = max_turns
+        self.parallel = parallel  # calls that may run at once
 
     @property
     def closing_tags(self) -> list[str]:
@@ -86,6 +89,11 @@ class ToolBox:
         assert all(r is not None for r in results), "a call named no tool of this box"
         return [r for r in results if r is not None]
 
+    def run_one(self, call: ToolCall) -> ToolResult:
+        """One call's result (what a pool runs for a rollout that made it)."""
+        (result,) = self.tools[call.tool].run([call])
+        return result
+
 
 def make_toolbox(cfg: ToolsConfig, *, unsafe_local: bool = False) -> ToolBox:
     """The run's tools (``cfg.names``) built with its limits. ``unsafe_local``: run code tools
@@ -104,4 +112,4 @@ def make_toolbox(cfg: ToolsConfig, *, unsafe_local: bool = False) -> ToolBox:
         registered = get_tool(name)
         tools[name] = registered.cls(registered.params(), limits)
         tags[name] = registered.tag
-    return ToolBox(tools, tags, cfg.max_turns)
+    return ToolBox(tools, tags, cfg.max_turns, cfg.parallel)

@@ -73,6 +73,14 @@ class Tool(Protocol):
         ...
 
 
+def tool_columns(budget: int) -> int:
+    """Response columns a rollout that calls tools holds while it samples (its KV cache, for a
+    response ``budget`` of max_new_tokens): the budget, plus room for the columns a row leaves
+    empty while its call runs; when they fill, each row's tokens are realigned and the empty
+    columns dropped (``conspo.generation.tool_rollout``). The memory estimate counts these."""
+    return budget + max(64, budget // 2)
+
+
 def open_tag(tag: str) -> str:
     return f"<{tag}>"
 
