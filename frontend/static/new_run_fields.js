@@ -271,10 +271,11 @@ export function render(config, extra = {}) {
       rewardsField(config.rewards, presets, schema.properties.rewards, () => current.task, changed),
     ),
   );
-  // Tools change how a run samples: shown for the kinds that sample (rl, distill).
+  // Tools change how a run samples, its held-out evaluation included: every kind has them (an
+  // SFT on tool traces lists its tool here, and its evaluation then reports the tool-call rate).
   const tools = h(
     "div.form-section",
-    { "data-section": "tools", "data-uses": "sampling" },
+    { "data-section": "tools" },
     h("h3", {}, "Tools"),
     h("div.fields", {}, toolsFields(config.tools, presets, schema.properties.tools, changed)),
   );

@@ -1,6 +1,6 @@
 """The user-facing side of job kinds, pipelines and the model registry, in Chromium against the
 real server and worker: an SFT → ConSPO pipeline submitted from the form (tiny model, 2 steps
-each), the pipeline page showing both stages succeed with the RL stage's step-0 eval equal to the
+each, the SFT on calculator-tool traces and both stages with the tool), the pipeline page showing both stages succeed with the RL stage's step-0 eval equal to the
 SFT stage's final one, the models page listing the SFT run, exporting it, and "train from this".
 """
 
@@ -52,6 +52,11 @@ def test_sft_then_conspo_pipeline_from_the_form_to_the_models_page(
     assert not page.is_visible('[name="config.params.tau"]')
     assert not page.is_visible('[name="config.sampling.group_size"]')
     page.fill('[name="config.kind_params.batch_size"]', "4")
+    # a cold start on tool-use traces (ReTool's): the calculator, listed for the run too, so the
+    # stage's evaluation samples with it
+    page.select_option("#tool-choice", "calculator")
+    page.click("#add-tool")
+    page.select_option('[name="config.kind_params.tool"]', "calculator")
     fill_small(page, sampling=False)
 
     # stage 2: a copy as an RL stage (ConSPO by default), starting from stage 1
@@ -77,6 +82,13 @@ def test_sft_then_conspo_pipeline_from_the_form_to_the_models_page(
     sft_run, rl_run = (s["run"] for s in p["stages"])
     assert sft_run["config"]["kind"] == "sft"
     assert sft_run["config"]["kind_params"]["batch_size"] == 4
+    assert sft_run["config"]["kind_params"]["tool"] == "calculator"
+    assert (
+        sft_run["config"]["tools"]["names"] == rl_run["config"]["tools"]["names"] == ["calculator"]
+    )
+    for run in (sft_run, rl_run):  # both evaluations sampled with the tool
+        rate = ui_server.api("GET", f"/api/runs/{run['id']}/metrics?keys=eval/tool_call_rate")
+        assert rate["series"]["eval/tool_call_rate"]["values"], run["id"]
     assert rl_run["config"]["model"]["from_run"] == sft_run["id"]
     # the hand-off: SFT's final eval = the RL stage's step-0 eval, said on the page
     equal = wait_until(
