@@ -1,7 +1,8 @@
 """The user-facing side of job kinds, pipelines and the model registry, in Chromium against the
 real server and worker: an SFT → ConSPO pipeline submitted from the form (tiny model, 2 steps
-each, the SFT on calculator-tool traces and both stages with the tool), the pipeline page showing both stages succeed with the RL stage's step-0 eval equal to the
-SFT stage's final one, the models page listing the SFT run, exporting it, and "train from this".
+each, the SFT on calculator-tool traces and both stages with the tool), the pipeline page showing
+both stages succeed with the RL stage's step-0 eval equal to the SFT stage's final one, the models
+page listing the SFT run, exporting it, and "train from this".
 """
 
 from __future__ import annotations
