@@ -117,19 +117,23 @@ def bwrap_argv(python: str, snippet_file: str, limits: Limits) -> list[str]:
         "--new-session",
         "--as-pid-1",
     ]
+    # The tmpfs first: a bind below /tmp (an interpreter in a venv under /tmp) made after it
+    # lands inside it, where one made before would be hidden by it.
+    argv += [
+        "--size",
+        str(limits.tmpfs_bytes),
+        "--tmpfs",
+        "/tmp",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]
     for path in SYSTEM_BINDS + ETC_BINDS:
         argv += ["--ro-bind-try", path, path]
     for path in interpreter_dirs(python):
         argv += ["--ro-bind", path, path]
     argv += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(limits.tmpfs_bytes),
-        "--tmpfs",
-        "/tmp",
         "--ro-bind",
         snippet_file,
         SNIPPET_PATH,

@@ -488,6 +488,7 @@ def test_form_submits_lora_a_benchmark_and_a_prompt_and_shows_the_estimate(
     assert config["eval"]["benchmarks"] == [
         {
             "name": "mini",
+            "source": "file",
             "path": str(bench),
             "k": 2,
             "limit": None,
