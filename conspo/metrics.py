@@ -105,6 +105,7 @@ TOOLS_TIMEOUT_RATE = "tools/timeout_rate"
 TOOLS_TURNS = "tools/turns"
 TOOLS_OBSERVATION_TOKENS = "tools/observation_tokens"
 TIME_TOOLS_S = "time/tools_s"
+TIME_SANDBOX_S = "time/sandbox_s"
 EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"
 
 # --- time and throughput --------------------------------------------------------------------
@@ -404,7 +405,8 @@ CHARTS: tuple[Chart, ...] = (
     Chart("dporeward", "DPO: implicit rewards β·log π_θ/π_ref", "job", "reward", zero_line=True,
           kinds=("dpo",)),
     Chart("time", "Step time", "speed", "seconds (s)", y_range="zero", kinds=(),
-          help="Wall-clock seconds per step, and the part spent generating rollouts."),
+          help="Wall-clock seconds per step, the part spent generating rollouts, and with tools"
+          " what the calls held generation up and the sandbox's busy time."),
     Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
 )  # fmt: skip
 
@@ -637,6 +639,11 @@ METRICS: tuple[Metric, ...] = (
            " waited for its tool call (calls also run while other rollouts write: this is what"
            " they added to the rollout time).", "s", "time", when="the run has tools",
            better="lower", color="accent2"),
+    Metric(TIME_SANDBOX_S, "tool calls",
+           "Seconds the step's tool calls ran, added up (sandbox start included): the"
+           " sandbox's busy time. Calls run beside generation and each other, so this can exceed"
+           " the rollout time; time/tools_s is what they held generation up.", "s", "time",
+           when="the run has tools", better="lower", color="accent3", dash=True),
     Metric(THROUGHPUT_ROLLOUTS_PER_S, "rollouts/s", "Rollouts generated per second of step time.",
            "rollouts / s", "throughput", better="higher"),
     Metric(ROLLOUTS_SEEN, "rollouts seen", "Rollouts generated since the start of the run.",

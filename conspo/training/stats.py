@@ -187,6 +187,7 @@ def tool_stats(calls: list[list[CallRecord]], correct: list[float]) -> dict[str,
         metrics.TOOLS_ERROR_RATE: mean([float(s == "error") for s in status]),
         metrics.TOOLS_TIMEOUT_RATE: mean([float(s == "timeout") for s in status]),
         metrics.TOOLS_TURNS: mean([n + 1 for n in counts]),
+        metrics.TIME_SANDBOX_S: sum(call.seconds for call in every_call),
         metrics.TOOLS_OBSERVATION_TOKENS: mean(
             [float(sum(call.observation_tokens for call in row)) for row in calls]
         ),

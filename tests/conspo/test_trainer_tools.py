@@ -57,7 +57,10 @@ def test_an_rl_step_with_the_python_tool_trains_on_the_model_tokens(model_store,
     assert result.status == "succeeded"
     record = sink.steps[1]
     m = record.metrics
-    assert m["tools/calls"] > 0 and m["tools/ok_rate"] > 0 and m["time/tools_s"] > 0
+    assert m["tools/calls"] > 0 and m["tools/ok_rate"] > 0
+    # Calls run beside generation, so what they held it up (time/tools_s) may be zero; the
+    # sandbox's busy time cannot be.
+    assert m["time/sandbox_s"] > 0 and m["time/tools_s"] >= 0
     assert m["tools/observation_tokens"] > 0 and m["tools/turns"] == 1 + m["tools/calls"]
     assert math.isfinite(m["optim/loss"]) and m["optim/updates"] >= 0
     assert 0 <= m["eval/tool_call_rate"] <= 1 and "eval/accuracy" in m
