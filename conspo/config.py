@@ -400,9 +400,23 @@ class OptimConfig(_Section):
         json_schema_extra={"advanced": True},
         description="Token budget (padded prompt + response positions) of one forward/backward"
         " pass. A mini-batch above it is split into micro-batches whose gradients add up to the"
-        " mini-batch's gradient exactly. 0: one gradient pass per mini-batch, its forwards run"
-        " on whole groups of like answer length (so one long answer does not pad every row to"
-        " its length) and one backward through them all.",
+        " mini-batch's gradient exactly. 0: as optim.memory_budget plans it, one gradient pass"
+        " per mini-batch where that fits, its forwards run on whole groups of like answer length"
+        " (so one long answer does not pad every row to its length) and one backward through"
+        " them all.",
+    )
+    memory_budget: float = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        title="Memory budget (GiB)",
+        json_schema_extra={"advanced": True},
+        description="The most a step may take by the memory estimate, in GiB: with"
+        " optim.micro_batch_tokens 0, the gradient pass is split into micro-batches (whole groups"
+        " where they fit; the same gradient) as far as keeps the step under it, and a config that"
+        " does not fit even one rollout at a time is refused. 0: automatic, the gradient pass"
+        " kept within what sampling already takes, or 1 GiB if that is more (and under the"
+        " worker's memory).",
     )
 
 

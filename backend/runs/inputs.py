@@ -34,6 +34,7 @@ from conspo.config import RunConfig
 from conspo.models.resources import (
     MemoryEstimate,
     MemoryRefused,
+    check_budget,
     check_memory,
     dtype_bytes,
     estimate_memory,
@@ -249,7 +250,13 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
     ``config``, the limit a run may use here, whether it fits (what submitting would check),
     and a line of text. The numbers are None when the model's dimensions are not readable here."""
     limit = report_limit(settings)
-    unknown = {"total_bytes": None, "parts": None, "limit_bytes": limit, "fits": None}
+    unknown = {
+        "total_bytes": None,
+        "parts": None,
+        "limit_bytes": limit,
+        "micro_batch_tokens": None,
+        "fits": None,
+    }
     try:
         source = model_sources(settings).locate(config.model.name)
     except Unavailable as exc:
@@ -257,8 +264,9 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
     dims = source_dims(source)
     if dims is None:
         return {**unknown, "text": f"{config.model.name}: dimensions not readable here"}
-    estimate = _estimate(config, dims)
+    estimate = _estimate(config, dims, limit)
     try:
+        check_budget(estimate, config)
         check_memory(estimate, limit)
         fits, text = True, f"needs {estimate.describe()} of the {limit / 2**30:,.1f} GiB allowed"
     except MemoryRefused as exc:
@@ -269,7 +277,12 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
         "evaluation": estimate.evaluation,
         "update": estimate.update,
     }
-    report = {"total_bytes": estimate.total, "parts": parts, "limit_bytes": limit}
+    report = {
+        "total_bytes": estimate.total,
+        "parts": parts,
+        "limit_bytes": limit,
+        "micro_batch_tokens": estimate.micro_batch_tokens,
+    }
     if warning := _slow_dtype(config):
         text = f"{text}; {warning}: pick float32 here"
     return {**report, "fits": fits, "text": text}
@@ -300,11 +313,12 @@ def estimated_bytes(config: RunConfig, settings: Settings) -> int | None:
         dims = source_dims(model_sources(settings).locate(config.model.name))
     except Unavailable:
         return None
-    return None if dims is None else _estimate(config, dims).total
+    return None if dims is None else _estimate(config, dims, report_limit(settings)).total
 
 
-def _estimate(config: RunConfig, dims: Any) -> MemoryEstimate:
-    return estimate_memory(config, dims, dtype_bytes(config.model.dtype, config.model.device))
+def _estimate(config: RunConfig, dims: Any, limit: int) -> MemoryEstimate:
+    dtype = dtype_bytes(config.model.dtype, config.model.device)
+    return estimate_memory(config, dims, dtype, limit)
 
 
 def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
@@ -324,9 +338,11 @@ def _memory_problem(config: RunConfig, source: ModelSource, settings: Settings) 
     dims = source_dims(source)
     if dims is None:
         return None
-    estimate = _estimate(config, dims)
+    limit = report_limit(settings)
+    estimate = _estimate(config, dims, limit)
     try:
-        check_memory(estimate, report_limit(settings))
+        check_budget(estimate, config)
+        check_memory(estimate, limit)
     except MemoryRefused as exc:
         value: Any = config.model_dump(mode="json")
         for key in exc.loc:

@@ -96,6 +96,7 @@ class MemoryEstimate:
     sampling: int
     evaluation: int
     update: int
+    micro_batch_tokens: int = 0  # the gradient pass's split the update assumes (0: none)
 
     @property
     def total(self) -> int:
@@ -109,6 +110,8 @@ class MemoryEstimate:
             "update": self.update,
         }
         listed = ", ".join(f"{part} {_size(n)}" for part, n in parts.items())
+        if self.micro_batch_tokens:
+            listed += f" in micro-batches of {self.micro_batch_tokens:,} tokens"
         return f"about {_size(self.total)} ({listed})"
 
     def culprit(self, limit: int) -> Loc:
@@ -129,15 +132,73 @@ def _layer_activations(dims: ModelDims) -> int:
     return 10 * dims.hidden + 4 * dims.kv_width + 4 * dims.intermediate
 
 
-def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> MemoryEstimate:
-    """Peak memory of a training step of ``cfg`` on the device that trains it, in bytes.
+def estimate_memory(
+    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, limit: int | None = None
+) -> MemoryEstimate:
+    """Peak memory of a training step of ``cfg`` on the device that trains it, in bytes, its
+    gradient pass split as ``planned_micro_batch_tokens`` (with ``limit``) splits it."""
+    planned = planned_micro_batch_tokens(cfg, dims, dtype_bytes, limit)
+    return _estimate(cfg, dims, dtype_bytes, planned)
+
+
+# The gradient pass the automatic memory budget (optim.memory_budget 0) allows whatever sampling
+# takes: splitting below it would cost passes (each micro-batch's forwards and an extra no-grad
+# forward over the mini-batch, conspo.training.update.backward) to save memory no step needs.
+AUTO_GRAPH_BYTES = 2**30
+GIB = 2**30
+
+
+def planned_micro_batch_tokens(
+    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, limit: int | None = None
+) -> int:
+    """optim.micro_batch_tokens as a step of ``cfg`` runs it: the configured value when set;
+    otherwise 0 (one gradient pass over the mini-batch) when that keeps the update within its
+    allowance, else the largest token budget that does (at least max_new_tokens: one answer).
+
+    The allowance: with optim.memory_budget, the budget less the model state; automatic (0), the
+    larger of sampling's and evaluation's transients and ``AUTO_GRAPH_BYTES``, and no more than
+    ``limit`` (bytes a run may use here, when known) less the model state. A budget no split
+    meets gives the smallest split; ``check_memory`` / ``check_budget`` then refuse the config.
+    The plan counts response tokens only, as the estimate does; ``conspo.training.microbatch``
+    counts prompt positions too, so its micro-batches hold fewer rows than planned, not more.
+    """
+    optim = cfg.optim
+    if optim.micro_batch_tokens:
+        return optim.micro_batch_tokens
+    whole = _estimate(cfg, dims, dtype_bytes, 0)
+    if optim.memory_budget:
+        allowed = int(optim.memory_budget * GIB) - whole.state
+    else:
+        allowed = max(whole.sampling, whole.evaluation, AUTO_GRAPH_BYTES)
+        if limit:
+            allowed = min(allowed, limit - whole.state)
+    if whole.update <= allowed:
+        return 0
+    t = cfg.sampling.max_new_tokens
+    rows = math.ceil(cfg.sampling.prompts_per_step * cfg.sampling.group_size / optim.mini_batches)
+    low, high = t, rows * t  # the update grows with the budget: the largest one that fits
+    if _estimate(cfg, dims, dtype_bytes, low).update > allowed:
+        return low
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _estimate(cfg, dims, dtype_bytes, mid).update <= allowed:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _estimate(cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int) -> MemoryEstimate:
+    """Peak memory of a training step of ``cfg`` with micro-batches of ``budget`` tokens (0:
+    one gradient pass), in bytes.
 
     b = ``dtype_bytes``, the compute dtype's (4 for float32, 2 for bfloat16 / float16); w, the
     weights' bytes: 4 under mixed precision (model.mixed_precision, always for float16), else b.
     P = ``dims.params``; A = the LoRA adapters' parameters (model.lora: r × (in + out) per adapted
     matrix); N = prompts_per_step × group_size rollouts, T = max_new_tokens, M =
     optim.mini_batches, B = ⌈N/M⌉; L, H, I, K, V as in ``ModelDims``. The training forward's
-    tokens: B·T, or with optim.micro_batch_tokens = m > 0 a micro-batch's, min(B·T, max(m, T));
+    tokens: B·T, or with micro-batches of m = ``budget`` > 0 tokens a micro-batch's, min(B·T,
+    max(m, T));
     its logits: one chunk of C = min(tokens, ``logit_chunk_tokens(V)``) positions. Counted:
 
     * model state, held all run: full fine-tuning, the weights, their gradients and AdamW's two
@@ -187,7 +248,6 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     refill = bool(getattr(params, "refill_groups", False))
     n, t = s.prompts_per_step * s.group_size, s.max_new_tokens
     rows = math.ceil(n / cfg.optim.mini_batches)
-    budget = cfg.optim.micro_batch_tokens
     tokens = min(rows * t, max(budget, t)) if budget else rows * t
     world = cfg.resources.world_size
     sharded = cfg.resources.strategy == "fsdp" and world > 1 and not m.lora.rank
@@ -226,7 +286,7 @@ def estimate_memory(cfg: RunConfig, dims: ModelDims, dtype_bytes: int) -> Memory
     if sharded:
         grad_pass += dims.params * w
     update = batch + max(freeze_old, grad_pass)
-    return MemoryEstimate(state, _sampling(dims, n, columns, b), evaluation, update)
+    return MemoryEstimate(state, _sampling(dims, n, columns, b), evaluation, update, budget)
 
 
 def lora_params(dims: ModelDims, rank: int, targets: list[str]) -> int:
@@ -280,9 +340,26 @@ def check_memory(estimate: MemoryEstimate, limit: int) -> None:
     raise MemoryRefused(
         f"this config needs {estimate.describe()} of memory, over the {_size(limit)} a run may"
         " use here: lower sampling.prompts_per_step, sampling.group_size or"
-        " sampling.max_new_tokens, raise optim.mini_batches, set optim.micro_batch_tokens,"
+        " sampling.max_new_tokens, raise optim.mini_batches, set optim.memory_budget or"
+        " optim.micro_batch_tokens,"
         " model.gradient_checkpointing or model.lora.rank, or pick a smaller model",
         estimate.culprit(limit),
+    )
+
+
+def check_budget(estimate: MemoryEstimate, cfg: RunConfig) -> None:
+    """Raise ``MemoryRefused`` at optim.memory_budget when ``estimate`` (of ``cfg``, split as
+    planned) exceeds it: no split of the gradient pass fits, or another phase does not."""
+    budget = int(cfg.optim.memory_budget * GIB)
+    if not budget or estimate.total <= budget:
+        return
+    raise MemoryRefused(
+        f"this config needs {estimate.describe()} of memory even with the gradient pass in"
+        f" micro-batches of {cfg.sampling.max_new_tokens} tokens, over optim.memory_budget's"
+        f" {_size(budget)}: raise it, or lower sampling.prompts_per_step, sampling.group_size or"
+        " sampling.max_new_tokens, turn on model.gradient_checkpointing or model.lora.rank, or"
+        " pick a smaller model",
+        ("optim", "memory_budget"),
     )
 
 
@@ -302,12 +379,18 @@ def out_of_memory_message(
     return (
         f"out of device memory{said}: the device has {_size(capacity)}, this config {needs}."
         " Lower it"
-        f" with optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens}; 0 is off),"
+        f" with optim.memory_budget (now {_budget(cfg)}),"
+        f" optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens}; 0 is off),"
         f" model.gradient_checkpointing (now {str(m.gradient_checkpointing).lower()}),"
         f" model.lora.rank (now {m.lora.rank}; 0 trains every weight), optim.mini_batches (now"
         f" {cfg.optim.mini_batches}) or sampling.prompts_per_step / group_size / max_new_tokens"
         f" (now {s.prompts_per_step} / {s.group_size} / {s.max_new_tokens})"
     )
+
+
+def _budget(cfg: RunConfig) -> str:
+    budget = cfg.optim.memory_budget
+    return f"{budget:g} GiB" if budget else "0: automatic"
 
 
 def dtype_bytes(dtype: str, device: str) -> int:

@@ -61,6 +61,7 @@ from conspo.models.precision import Precision, make_precision
 from conspo.models.resources import (
     MemoryEstimate,
     OutOfMemory,
+    check_budget,
     check_memory,
     estimate_memory,
     out_of_memory_message,
@@ -241,10 +242,18 @@ def setup(
     precision = make_precision(dtype, cfg.model.mixed_precision, device)
     path = distributed.main_first(lambda: store.resolve(cfg.model.name))
     dims = model_dims(path)
-    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize)
-    if memory_limit is not None and estimate is not None:
+    limit = None
+    if memory_limit is not None:
         capacity = device_memory(device)
-        check_memory(estimate, min(memory_limit, capacity) if memory_limit else capacity)
+        limit = min(memory_limit, capacity) if memory_limit else capacity
+    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize, limit)
+    if estimate is not None:
+        check_budget(estimate, cfg)
+        if limit is not None:
+            check_memory(estimate, limit)
+        # The gradient pass runs split as the estimate planned it (optim.memory_budget).
+        optim = cfg.optim.model_copy(update={"micro_batch_tokens": estimate.micro_batch_tokens})
+        cfg = cfg.model_copy(update={"optim": optim})
     attn = cfg.model.attn_implementation
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
     model = prepare_for_training(model, cfg.model, cfg.seed)
@@ -323,6 +332,8 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
         "total_params": sum(p.numel() for p in state.model.parameters()),
         "attn_implementation": state.cfg.model.attn_implementation,
         "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
+        # The gradient pass's token budget as planned under optim.memory_budget (0: one pass).
+        "micro_batch_tokens": state.cfg.optim.micro_batch_tokens,
         # Distinct held-out problems scored: fewer than task.eval_size where the task's
         # held-out split has fewer (1-digit sums: 24 of 200).
         "eval_problems": len(state.eval_examples),

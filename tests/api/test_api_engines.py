@@ -167,6 +167,14 @@ def test_the_memory_estimate_follows_the_config_and_agrees_with_submit(api: Api)
     assert "lower sampling.prompts_per_step" in refused["text"]
     submitted = api.post("/api/runs", json={"config": huge})
     assert any(e["loc"][:3] == ["body", "config", "sampling"] for e in errors_of(submitted))
+    # A memory budget no split of the gradient pass can meet is refused at its field.
+    starved = tiny_config(1, optim={"memory_budget": 0.001})
+    assert report(starved)["fits"] is False
+    assert "optim.memory_budget" in report(starved)["text"]
+    submitted = api.post("/api/runs", json={"config": starved})
+    assert any(e["loc"] == ["body", "config", "optim", "memory_budget"]
+               for e in errors_of(submitted))  # fmt: skip
+    assert small["micro_batch_tokens"] == 0  # a small step needs no split
     unknown = report(tiny_config(1, model={"name": "no/such-model"}))
     assert unknown["total_bytes"] is None and unknown["fits"] is None and unknown["text"]
     invalid = report({"sampling": {"group_size": 1}})  # a form half filled in: no 422

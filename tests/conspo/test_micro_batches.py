@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conspo.access import ModelSources
 from conspo.config import RunConfig
 from conspo.generation.batch import RolloutBatch
+from conspo.models.resources import estimate_memory, source_dims
 from conspo.training import microbatch
 from conspo.training import update as update_module
 from conspo.training.loop import setup
@@ -70,6 +72,25 @@ def test_micro_batches_add_up_to_the_mini_batch_gradient(algorithm, mini_batches
     for budget in (2 * row, 5 * row):  # rows of a group apart; whole groups (a group is 4 rows)
         split, _ = step_gradients(cfg, model_store, rollouts, budget)
         assert_same_gradients(split, whole)
+
+
+def test_a_memory_budget_splits_the_pass_as_planned_and_keeps_the_gradient(model_store,
+                                                                          arith_base):  # fmt: skip
+    cfg = config("conspo", 1)
+    whole, rollouts = step_gradients(cfg, model_store)
+    dims = source_dims(ModelSources().locate("tiny-arith"))
+    assert dims is not None
+    unsplit = estimate_memory(cfg, dims, 4)
+    assert unsplit.micro_batch_tokens == 0  # this small step needs no split by itself
+    transients = max(unsplit.sampling, unsplit.evaluation)
+    assert unsplit.update > transients
+    # A budget that leaves the update only what sampling takes: the pass must be split.
+    optim = cfg.optim.model_copy(update={"memory_budget": (unsplit.state + transients) / 2**30})
+    budgeted = cfg.model_copy(update={"optim": optim})
+    planned = setup(budgeted, model_store).cfg.optim.micro_batch_tokens
+    assert planned > 0 and len(micro_batches(rollouts.batch, 4, planned)) > 1
+    split, _ = step_gradients(budgeted, model_store, rollouts)
+    assert_same_gradients(split, whole)
 
 
 @pytest.mark.parametrize("lora", [0, 4])

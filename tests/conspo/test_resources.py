@@ -16,8 +16,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from conspo.access import ModelSources
 from conspo.config import RunConfig
 from conspo.models.resources import (
+    AUTO_GRAPH_BYTES,
     MemoryRefused,
     ModelDims,
+    check_budget,
     check_memory,
     estimate_memory,
     read_hf_config,
@@ -115,10 +117,12 @@ def test_lora_checkpointing_and_micro_batches_shrink_what_they_should():
                                         "optim": optim or {}, "params": {"beta": 0.1}})  # fmt: skip
         return estimate_memory(cfg, dims, dtype_bytes)
 
-    full = estimate()
+    full = estimate(optim={"memory_budget": 10_000})  # one gradient pass: no split needed
+    assert full.micro_batch_tokens == 0
     lora = estimate({"lora": {"rank": 8}})
     assert lora.state < full.state / 4  # no gradients, moments or reference copy of the base
-    assert estimate({"gradient_checkpointing": True}).update < full.update / 2
+    unsplit = {"memory_budget": 10_000}
+    assert estimate({"gradient_checkpointing": True}, unsplit).update < full.update / 2
     assert estimate(optim={"micro_batch_tokens": 4096}).update < full.update / 3
     mixed = estimate({"mixed_precision": True})
     assert mixed.state == 2 * full.state  # float32 master weights and moments
@@ -229,6 +233,59 @@ def test_the_estimate_is_within_a_stated_factor_of_the_measured_peak(name, tmp_p
     assert 0.6 <= ratio <= 1.6, got
 
 
+def smol_config(**optim: Any) -> RunConfig:
+    return RunConfig.model_validate({
+        "model": {"name": "smollm2-135m-instruct", "dtype": "float32", "lora": {"rank": 16}},
+        "sampling": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 128},
+        "eval": {"pass_k": 1}, "task": {"eval_size": 8}, "optim": optim,
+    })  # fmt: skip
+
+
+def test_a_memory_budget_splits_the_gradient_pass_as_far_as_it_must():
+    dims = source_dims(ModelSources().locate("smollm2-135m-instruct"))
+    assert dims is not None
+    unsplit = estimate_memory(smol_config(memory_budget=10_000), dims, 4)
+    assert unsplit.micro_batch_tokens == 0
+    gib = 2**30
+    fitted = []
+    for budget in (6, 4, 2.5):  # GiB, each under the unsplit step's estimate
+        assert unsplit.total > budget * gib
+        cfg = smol_config(memory_budget=budget)
+        estimate = estimate_memory(cfg, dims, 4)
+        check_budget(estimate, cfg)  # fits
+        assert estimate.total <= budget * gib and 128 <= estimate.micro_batch_tokens < 64 * 128
+        # the largest split that fits: one more token's worth would not
+        bigger = estimate_memory(smol_config(micro_batch_tokens=estimate.micro_batch_tokens + 1),
+                                 dims, 4)  # fmt: skip
+        assert bigger.total > budget * gib
+        fitted.append(estimate.micro_batch_tokens)
+    assert fitted == sorted(fitted, reverse=True)
+    # What no split can fit is refused at the budget's field, with the estimate.
+    cfg = smol_config(memory_budget=0.5)
+    with pytest.raises(MemoryRefused, match=r"needs about .* over optim.memory_budget") as info:
+        check_budget(estimate_memory(cfg, dims, 4), cfg)
+    assert info.value.loc == ("optim", "memory_budget")
+    # An explicit micro_batch_tokens is what runs, budget or not.
+    assert estimate_memory(smol_config(micro_batch_tokens=300, memory_budget=3), dims,
+                           4).micro_batch_tokens == 300  # fmt: skip
+
+
+def test_the_automatic_budget_keeps_the_graph_within_what_sampling_takes():
+    smol = source_dims(ModelSources().locate("smollm2-135m-instruct"))
+    tiny = source_dims(ModelSources().locate("tiny"))
+    assert smol is not None and tiny is not None
+    auto = estimate_memory(smol_config(), smol, 4)
+    assert auto.micro_batch_tokens > 0
+    assert auto.update <= max(auto.sampling, auto.evaluation, AUTO_GRAPH_BYTES)
+    assert auto.total < estimate_memory(smol_config(memory_budget=10_000), smol, 4).total
+    # A limit (the worker's memory) below that splits further.
+    limited = estimate_memory(smol_config(), smol, 4, limit=auto.state + 2**29)
+    assert limited.micro_batch_tokens < auto.micro_batch_tokens
+    assert limited.update <= 2**29
+    # A small model's step needs no split.
+    assert estimate_memory(RunConfig(), tiny, 4).micro_batch_tokens == 0
+
+
 def test_fsdp_divides_the_sharded_state_by_the_processes():
     """fsdp (conspo.distributed.collectives): each of W processes holds the gathered weights, 1/W of
     the weights, gradients and moments, and the whole reference; the update adds the gathered
@@ -240,6 +297,7 @@ def test_fsdp_divides_the_sharded_state_by_the_processes():
     def estimate(gpus: int, strategy: str, beta: float = 0.0):
         cfg = RunConfig.model_validate({"sampling": {"prompts_per_step": 8},
                                         "resources": {"gpus": gpus, "strategy": strategy},
+                                        "optim": {"memory_budget": 10_000},  # no split
                                         "params": {"beta": beta}})  # fmt: skip
         return estimate_memory(cfg, dims, 4)
 

@@ -81,6 +81,11 @@ class MemoryReport(BaseModel):
         description="state (held all run) plus the largest of sampling, evaluation, update."
     )
     limit_bytes: int = Field(description="What a run may use here (CONSPO_MAX_RUN_MEMORY_GIB).")
+    micro_batch_tokens: int | None = Field(
+        None,
+        description="Tokens per micro-batch the gradient pass is split into to keep within"
+        " optim.memory_budget (0: one pass; None: unknown).",
+    )
     fits: bool | None = Field(description="False: submitting this config is refused.")
     text: str
 
