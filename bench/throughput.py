@@ -30,7 +30,11 @@ Shapes:
   up to ``--new-tokens`` (128) new tokens with real stopping on <|im_end|>, temperature 0.7,
   the task's own verifier as the reward. Both sides get the same rendered prompt strings and
   the same peft LoraConfig. TRL trains in micro-batches of 16 accumulated into the step's one
-  update (all 64 at once it was killed out of memory at 23 GB); conspo picks its own.
+  update (all 64 at once it was killed out of memory at 23 GB; a batch that 16 does not divide
+  takes its largest divisor below 16); conspo splits its gradient pass as its memory budget
+  plans (``--memory-budget``, GiB; 0 is automatic). ``--prompts`` / ``--group`` change the batch.
+* ``smol-ba``: ``smol`` on reasoning-gym's basic_arithmetic (issue 34's held-out shape:
+  ``--prompts 6 --group 6 --new-tokens 96 --dtype bf16``).
 
 Rewards at shapes b and c are a fixed function of the completion text (CRC32 parity), the same
 on both sides: a random model answers nothing right, and groups need mixed rewards for both
@@ -79,6 +83,12 @@ SMOL_TASK = {
 }  # fmt: skip
 SMOL_LORA = {"rank": 16, "alpha": 32}
 SMOL_TEMPERATURE = 0.7  # at 1.0 this small model's samples turn to noise
+# Shape smol-ba: reasoning-gym's basic_arithmetic, the task of the held-out measurement in
+# issue 34 (6 prompts x 6 rollouts x 96 tokens there: --prompts 6 --group 6 --new-tokens 96).
+BASIC_ARITHMETIC_TASK = {
+    "name": "reasoning_gym",
+    "params": {"dataset": "basic_arithmetic", "answer_format": "last_number"},
+}
 TRL_SMOL_MICRO_BATCH = 16  # TRL's training micro-batch at the real-model shape (see bench_trl)
 
 
@@ -86,12 +96,17 @@ class Shape:
     def __init__(self, name: str, args: argparse.Namespace) -> None:
         self.name = name
         self.tiny = name == "tiny"
-        self.real = name == "smol"  # a pretrained model on a real task: nothing patched
+        # a pretrained model on a real task: nothing patched
+        self.real = name in ("smol", "smol-ba")
         self.prompts, self.group = (16, 8) if self.tiny else (8, 8)
+        if self.real:
+            self.prompts, self.group = args.prompts or self.prompts, args.group or self.group
         self.max_new_tokens = 8 if self.tiny else args.new_tokens
         self.filler = FILLER_CHARS if name == "c" else 0
         self.share = name != "b-noshare"
-        self.task = SMOL_TASK if self.real else TINY_TASK
+        self.task = TINY_TASK
+        if self.real:
+            self.task = BASIC_ARITHMETIC_TASK if name == "smol-ba" else SMOL_TASK
         self.temperature = SMOL_TEMPERATURE if self.real else 1.0
 
     @property
@@ -200,7 +215,7 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
         "model": {"name": model, "device": "cpu", **bf16, **real},
         "sampling": {"prompts_per_step": shape.prompts, "group_size": shape.group,
                      "max_new_tokens": shape.max_new_tokens, "temperature": shape.temperature},
-        "optim": {"lr": 1e-4, "mini_batches": 1},
+        "optim": {"lr": 1e-4, "mini_batches": 1, "memory_budget": args.memory_budget},
         "eval": {"every": 0, "at_start": False},
         "checkpoint": {"every": 0},
         "logging": {"rollout_sample": 0},
@@ -264,7 +279,9 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
         # layer's activations and was killed by the kernel at 23 GB: it takes them in micro-
         # batches, accumulated into the one optimiser step per generation batch of 64 (the
         # same update; "grpo" loss: per-sequence means, averaged over the 64 rollouts).
-        micro = TRL_SMOL_MICRO_BATCH if shape.real else shape.rollouts
+        micro = shape.rollouts
+        if shape.real:  # the largest divisor of the batch up to TRL_SMOL_MICRO_BATCH
+            micro = max(d for d in range(1, TRL_SMOL_MICRO_BATCH + 1) if shape.rollouts % d == 0)
         accumulate = shape.rollouts // micro
         config = GRPOConfig(
             output_dir=out,
@@ -324,7 +341,9 @@ def child(args: argparse.Namespace) -> None:
 def run_child(impl: str, shape: str, model: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--impl", impl, "--shapes", shape, "--model", model,
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
-           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype]  # fmt: skip
+           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype,
+           "--prompts", str(args.prompts), "--group", str(args.group),
+           "--memory-budget", str(args.memory_budget)]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -365,6 +384,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
     parser.add_argument("--quick", action="store_true", help="64 new tokens, 2 repeats")
+    parser.add_argument("--prompts", type=int, default=0, help="smol shapes: prompts per step")
+    parser.add_argument("--group", type=int, default=0, help="smol shapes: rollouts per prompt")
+    parser.add_argument("--memory-budget", type=float, default=0.0,
+                        help="conspo's optim.memory_budget in GiB (0: automatic)")  # fmt: skip
     args = parser.parse_args()
     if args.impl != "both":
         args.shape = args.shapes

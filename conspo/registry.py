@@ -60,6 +60,11 @@ class RegisteredObjective:
     # Keys of the metric catalogue (conspo.metrics) that this objective's stats add to what
     # every run logs, e.g. GRPO's clip fraction; the catalogue tells the pages who logs what.
     metrics: tuple[str, ...] = ()
+    # With π_old = π_θ (one update per batch) and β = 0, the loss's gradient in the log-probs
+    # does not depend on their values (a policy gradient whose weights come from the rewards):
+    # a split gradient pass then needs no no-grad forward first (conspo.training.update).
+    # tests/conspo/test_objectives.py checks each registration against the loss itself.
+    linear_on_policy: bool = False
 
     @property
     def code(self) -> object:
@@ -225,13 +230,22 @@ T = TypeVar("T", bound="Callable[..., Task]")
 
 
 def register_objective(
-    name: str, *, params: type[BaseModel], description: str, metrics: tuple[str, ...] = ()
+    name: str,
+    *,
+    params: type[BaseModel],
+    description: str,
+    metrics: tuple[str, ...] = (),
+    linear_on_policy: bool = False,
 ) -> Callable[[F], F]:
     """Register the objective function ``fn(batch, params)`` under ``name``; ``metrics``: the
-    catalogue keys its stats add to what every run logs."""
+    catalogue keys its stats add to what every run logs; ``linear_on_policy``: on policy and
+    with β = 0 its gradient in the log-probs does not depend on their values
+    (``RegisteredObjective.linear_on_policy``)."""
 
     def decorator(fn: F) -> F:
-        OBJECTIVES.add(RegisteredObjective(name, fn, params, description, tuple(metrics)))
+        OBJECTIVES.add(
+            RegisteredObjective(name, fn, params, description, tuple(metrics), linear_on_policy)
+        )
         return fn
 
     return decorator

@@ -61,6 +61,7 @@ class CISPOParams(ObjectiveParams):
     params=CISPOParams,
     description="CISPO: REINFORCE with clipped, detached IS weights; no token is dropped.",
     metrics=(metrics.CLIP_FRAC,),
+    linear_on_policy=True,
 )
 def cispo_objective(batch: PolicyBatch, params: CISPOParams) -> ObjectiveOutput:
     """CISPO (MiniMax-M1, 2025): −agg_t sg(clip(ρ_t, 1−ε_low, 1+ε_high)) Â log π_θ(o_t) (§6.3).

@@ -43,6 +43,7 @@ class DAPOParams(GRPOParams):
     params=DAPOParams,
     description="DAPO: GRPO with clip-higher, token-mean, dynamic sampling, overlong shaping.",
     metrics=GRPO_FAMILY_METRICS,
+    linear_on_policy=True,
 )
 def dapo_objective(batch: PolicyBatch, params: DAPOParams) -> ObjectiveOutput:
     return grpo_objective(batch, params)

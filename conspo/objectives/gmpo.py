@@ -55,6 +55,7 @@ class GMPOParams(ObjectiveParams):
     params=GMPOParams,
     description="GMPO: geometric mean of the token ratios, each clipped in log space.",
     metrics=(metrics.CLIP_FRAC,),
+    linear_on_policy=True,
 )
 def gmpo_objective(batch: PolicyBatch, params: GMPOParams) -> ObjectiveOutput:
     """GMPO (Zhao et al., 2025): −mean_i Â_i exp((1/|o_i|) Σ_t ℓ_{i,t}) (§6.4), with

@@ -53,6 +53,7 @@ def sequence_ratio(batch: PolicyBatch) -> torch.Tensor:
     params=GSPOParams,
     description="GSPO: sequence-level length-normalised ratio, clipped per sequence.",
     metrics=(metrics.CLIP_FRAC,),
+    linear_on_policy=True,
 )
 def gspo_objective(batch: PolicyBatch, params: GSPOParams) -> ObjectiveOutput:
     """GSPO (Zheng et al., 2025): −mean_i min(s_i Â_i, clip(s_i, 1−ε_low, 1+ε_high) Â_i) (§6.2).

@@ -57,6 +57,7 @@ class MCPOParams(GRPOParams):
     description="MCPO (designed from the abstract): GRPO + a hinge-KL to π_old on mastered"
     " groups + extra weight on majority-correct groups.",
     metrics=(metrics.CLIP_FRAC, metrics.MCPO_KL_MASTERED, metrics.MCPO_HINGE_ACTIVE),
+    linear_on_policy=True,
 )
 def mcpo_objective(batch: PolicyBatch, params: MCPOParams) -> ObjectiveOutput:
     """MCPO as designed in §5.1: GRPO's clipped surrogate on Â·(1 + γ(2p̂ − 1)) for groups with

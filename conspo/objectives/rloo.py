@@ -45,6 +45,7 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> 
     description="RLOO: leave-one-out baseline Â = r − mean of the group's other rewards, in the"
     " clipped surrogate.",
     metrics=(metrics.CLIP_FRAC,),
+    linear_on_policy=True,
 )
 def rloo_objective(batch: PolicyBatch, params: RLOOParams) -> ObjectiveOutput:
     """RLOO (Ahmadian et al., 2024) in the PPO-clip form of TRL / veRL / OpenRLHF (§6.1)."""

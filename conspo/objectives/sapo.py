@@ -57,6 +57,7 @@ class SAPOParams(ObjectiveParams):
     params=SAPOParams,
     description="SAPO: a smooth sigmoid gate on each token ratio instead of a hard clip.",
     metrics=(metrics.SAPO_GATE_WEIGHT,),
+    linear_on_policy=True,
 )
 def sapo_objective(batch: PolicyBatch, params: SAPOParams) -> ObjectiveOutput:
     """SAPO (Gao et al., 2025): −agg_t f(ρ_t) Â, f(ρ) = (4/τ) σ(τ(ρ − 1)) (§6.5).

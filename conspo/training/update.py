@@ -37,6 +37,7 @@ from conspo.objectives.base import (
     positive_mask,
     sequence_scores,
 )
+from conspo.registry import get_objective
 from conspo.training.logprobs import logprob_mode, token_logprobs
 from conspo.training.loop import TrainState, step_seed
 from conspo.training.microbatch import length_buckets, micro_batches, trimmed
@@ -289,6 +290,8 @@ def backward(
         values, entropy = share.gather([graph.detach(), own_entropy.detach()])
     elif known is not None:
         values, entropy = known
+    elif old_logprobs is None and linear_on_policy(state):
+        return on_policy_backward(state, r, rows, share, sub, pieces, step)
     else:
         own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
         values, entropy = share.gather(list(own))
@@ -308,6 +311,48 @@ def backward(
         state.precision.backward((graph * own_dloss[:, : graph.shape[1]]).sum())
     else:
         backward_pieces(state, sub, pieces, g, own_dloss)
+    return batch, entropy, out
+
+
+def linear_on_policy(state: TrainState) -> bool:
+    """Whether the objective's gradient in the log-probs is known before any forward: registered
+    ``linear_on_policy`` and no reference term (β = 0). Callers add π_old = π_θ."""
+    return get_objective(state.cfg.algorithm).linear_on_policy and state.params.beta <= 0
+
+
+def on_policy_backward(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    share: RankRows,
+    sub: RolloutBatch,
+    pieces: list[torch.Tensor],
+    step: int,
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
+    """``backward``'s split pass for an objective linear on policy (``linear_on_policy``, π_old =
+    π_θ): ∂loss/∂log-probs does not depend on the log-probs, so it is taken at stand-in values
+    (zeros) before any forward, and each micro-batch's one forward is backpropagated as it runs,
+    its log-probs and entropy kept (no grad) — no no-grad pass over the mini-batch first. The
+    objective then runs on the real values, without grad, for its loss and stats: the same
+    gradient, loss and stats as the two-pass route (tests/conspo/test_micro_batches.py)."""
+    n, t = int(rows.sum()), r.batch.response_ids.shape[1]
+    stand_in = torch.zeros(n, t, device=state.device, requires_grad=True)
+    blank = torch.zeros(n, t, device=state.device)
+    probe = policy_batch(state, r, rows, stand_in, None, None, step, blank)
+    (dloss,) = torch.autograd.grad(
+        state.objective(probe, state.params).loss, stand_in, allow_unused=True
+    )
+    g = state.cfg.sampling.group_size
+    if dloss is None:  # the loss does not depend on the log-probs: nothing to backpropagate
+        own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
+    elif pieces:
+        own = backward_pieces(state, sub, pieces, g, share.own(dloss), keep=True)
+    else:
+        own = (empty_rows(state, sub),) * 2
+    values, entropy = share.gather(list(own))
+    with torch.no_grad():
+        batch = policy_batch(state, r, rows, values, None, None, step, entropy)
+        out = state.objective(batch, state.params)
     return batch, entropy, out
 
 
@@ -343,22 +388,38 @@ def bucketed_logprobs(
 
 
 def backward_pieces(
-    state: TrainState, sub: RolloutBatch, pieces: list[torch.Tensor], g: int, dloss: torch.Tensor
-) -> None:
+    state: TrainState,
+    sub: RolloutBatch,
+    pieces: list[torch.Tensor],
+    g: int,
+    dloss: torch.Tensor,
+    keep: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The second pass: each micro-batch's log-probs again, with grad, backpropagated weighted
     by ∂loss/∂log-prob (``dloss``, one row per row of ``sub``) — the exact gradient of the
-    objective on the whole mini-batch, one micro-batch's activations at a time."""
+    objective on the whole mini-batch, one micro-batch's activations at a time. With ``keep``,
+    returns the (N, T) log-probs and entropy the forwards computed (no grad; else empty)."""
+    n, t = sub.response_ids.shape
+    values = torch.zeros(n if keep else 0, t, device=state.device)
+    entropy = torch.zeros_like(values)
     for idx in pieces:
         piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
         with state.precision.autocast():
-            logprobs, _ = token_logprobs(
+            logprobs, piece_entropy = token_logprobs(
                 state.model,
                 piece,
                 state.cfg.sampling.temperature,
+                with_entropy=keep,
                 group_size=piece_group_size(idx, g),
             )
         weights = dloss[idx.to(dloss.device), : logprobs.shape[1]]
         state.precision.backward((logprobs * weights).sum())
+        if keep:
+            assert piece_entropy is not None
+            where = idx.to(state.device)
+            values[where, : logprobs.shape[1]] = logprobs.detach().float()
+            entropy[where, : logprobs.shape[1]] = piece_entropy.float()
+    return values, entropy
 
 
 def empty_rows(state: TrainState, batch: RolloutBatch) -> torch.Tensor:

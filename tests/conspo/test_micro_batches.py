@@ -93,6 +93,46 @@ def test_a_memory_budget_splits_the_pass_as_planned_and_keeps_the_gradient(model
     assert_same_gradients(split, whole)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "conspo"])
+def test_a_split_pass_runs_a_no_grad_forward_only_where_the_objective_needs_one(
+    algorithm, model_store, arith_base, monkeypatch
+):
+    """GRPO is linear on policy: its split pass takes ∂loss/∂log-probs before any forward and
+    runs one forward per micro-batch; ConSPO's in-group softmax needs the log-probs first (a
+    no-grad pass). Either way the step's stats are those of one unsplit pass."""
+    cfg = config(algorithm, 1)
+    _, rollouts = step_gradients(cfg, model_store)
+
+    def run(budget: int) -> tuple[dict, list[bool]]:
+        calls: list[bool] = []
+        real = update_module.token_logprobs
+
+        def spy(*args, **kwargs):
+            calls.append(torch.is_grad_enabled())
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(update_module, "token_logprobs", spy)
+        optim = cfg.optim.model_copy(update={"micro_batch_tokens": budget})
+        state = setup(cfg.model_copy(update={"optim": optim}), model_store)
+        stats, _, _ = update(state, rollouts, 1, state.cfg.optim.lr)
+        monkeypatch.setattr(update_module, "token_logprobs", real)
+        return stats, calls
+
+    whole, whole_calls = run(0)
+    row = int(rollouts.batch.prompt_mask.sum(-1).max() + rollouts.batch.response_mask.sum(-1).max())
+    pieces = micro_batches(rollouts.batch, 4, 5 * row)
+    assert len(pieces) > 1
+    split, split_calls = run(5 * row)
+    with_grad = [c for c in split_calls if c]
+    assert len(with_grad) == len(pieces)  # one forward with grad per micro-batch
+    no_grad = len(split_calls) - len(with_grad)
+    assert no_grad == (0 if algorithm == "grpo" else len(pieces)), split_calls
+    assert set(split) == set(whole)
+    for key, value in whole.items():
+        torch.testing.assert_close(split[key], value, rtol=1e-4, atol=1e-5, equal_nan=True,
+                                   msg=key)  # fmt: skip
+
+
 @pytest.mark.parametrize("lora", [0, 4])
 def test_gradient_checkpointing_gives_the_same_gradient(lora, model_store, arith_base):
     cfg = config("conspo", 1, lora={"rank": lora})

@@ -656,3 +656,38 @@ def test_interpreter_tokens_change_no_objective(name: str) -> None:
     torch.testing.assert_close(
         grad_b[tools.mask > 0], grad_a[plain.mask > 0], rtol=1e-9, atol=1e-12
     )
+
+
+@pytest.mark.parametrize("name", objective_names())
+def test_linear_on_policy_is_declared_exactly_where_the_gradient_ignores_the_values(
+    name: str,
+) -> None:
+    """``linear_on_policy`` lets a split gradient pass take ∂loss/∂log-probs before any forward
+    (conspo.training.update.on_policy_backward): it must hold for the loss as written, on
+    policy (no π_old) and without a reference, and an objective that has it declares it."""
+    registered = get_objective(name)
+    params = registered.params()
+    same = []
+    for seed in range(3):
+        grads = []
+        for draw in range(2):  # the same rollouts, other log-prob and entropy values
+            batch = random_batch(torch.Generator().manual_seed(seed))
+            values = torch.Generator().manual_seed(100 + 10 * seed + draw)
+            batch.logprobs = (-3 * torch.rand(batch.mask.shape, generator=values,
+                                              dtype=DT)).requires_grad_()  # fmt: skip
+            batch.entropy = torch.rand(batch.mask.shape, generator=values, dtype=DT)
+            (grad,) = torch.autograd.grad(
+                registered.fn(batch, params).loss, batch.logprobs, allow_unused=True
+            )
+            grads.append(torch.zeros_like(batch.mask) if grad is None else grad * batch.mask)
+        same.append(torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12))
+    assert all(same) == registered.linear_on_policy, (name, same)
+    if registered.linear_on_policy and hasattr(params, "beta"):
+        # A reference term (β > 0) is not linear: the trainer checks β as well.
+        with_kl = registered.params(beta=0.1)
+        batch = random_batch(torch.Generator().manual_seed(0))
+        batch.ref_logprobs = batch.logprobs.detach() - 0.5
+        (at_first,) = torch.autograd.grad(registered.fn(batch, with_kl).loss, batch.logprobs)
+        batch.logprobs = (batch.logprobs.detach() - 1.0).requires_grad_()
+        (at_second,) = torch.autograd.grad(registered.fn(batch, with_kl).loss, batch.logprobs)
+        assert not torch.allclose(at_first * batch.mask, at_second * batch.mask)
