@@ -36,11 +36,14 @@ Shapes:
 * ``smol-ba``: ``smol`` on reasoning-gym's basic_arithmetic (issue 34's held-out shape:
   ``--prompts 6 --group 6 --new-tokens 96 --dtype bf16``).
 
-Rewards at shapes b and c are a fixed function of the completion text (CRC32 parity), the same
-on both sides: a random model answers nothing right, and groups need mixed rewards for both
-trainers to do the same work. TRL runs offline: prompts from datasets.Dataset.from_list,
-report_to="none", use_cpu=True. ``--dtype bf16``: bfloat16 autocast over float32 weights on
-both sides (conspo: model.dtype bfloat16 + mixed_precision; TRL: bf16=True).
+Both sides sample the same prompts at every step: TRL's dataset is conspo's per-step draws in
+order, with TRL's shuffling off. Rewards at shapes b and c are a fixed function of the
+completion text (CRC32 parity), the same on both sides: a random model answers nothing
+right, and groups need mixed rewards for both trainers to do the same work. TRL runs offline:
+prompts from datasets.Dataset.from_list, report_to="none", use_cpu=True. ``--dtype bf16``:
+bfloat16 autocast over float32 weights on both sides (conspo: model.dtype bfloat16 +
+mixed_precision; TRL: bf16=True). TRL autocasts its training forward only: its generation runs
+in float32, while conspo samples in bfloat16 (a caveat the figures carry).
 """
 
 from __future__ import annotations
@@ -247,14 +250,20 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     from conspo.models.builtins import builtin_store
     from conspo.tasks import make_task
     from conspo.tasks.prompts import PromptRenderer, with_prompts
+    from conspo.training.loop import step_seed
 
     path = builtin_store().resolve(model) if shape.tiny or shape.real else model
     task = make_task(TaskConfig.model_validate(shape.task))
     if shape.real:  # the same rendered chat prompts conspo's trainer samples from
         chat = PromptConfig.model_validate({"chat_template": "on"})
         task = with_prompts(task, PromptRenderer(chat, AutoTokenizer.from_pretrained(path)))
+    # The prompts conspo's trainer draws at each step (conspo.training.rollouts: seed 0, the
+    # step's seed, round 0), in order, and TRL's sampler told not to shuffle them: step k of
+    # both sides samples the same prompts.
     total = args.warmup + args.steps + 1
-    examples = task.train_prompts(random.Random(0), shape.prompts * total)
+    examples = [ex for step in range(1, total + 1)
+                for ex in task.train_prompts(random.Random(step_seed(0, step, "p0")),
+                                             shape.prompts)]  # fmt: skip
     by_prompt = {ex.prompt: ex for ex in examples}
     dataset = Dataset.from_list([{"prompt": ex.prompt} for ex in examples])
     lengths: list[float] = []
@@ -303,6 +312,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             bf16=args.dtype == "bf16",
             gradient_checkpointing=False,  # small models: recompute only costs time
             disable_tqdm=True,
+            shuffle_dataset=False,
             seed=0,
         )
         lora = None
