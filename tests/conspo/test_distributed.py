@@ -51,6 +51,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "params": {"refill_groups": False, "scale_rewards": "batch", "overlong_buffer": 2},
         "optim": {"mini_batches": 2},
     },
+    # The one-pass micro-batch path of an objective linear on policy (∂loss/∂log-probs before
+    # any forward; each rank's micro-batches backpropagated as they run, values gathered after).
+    "grpo-micro": {"algorithm": "grpo", "optim": {"micro_batch_tokens": 40}},
     # LoRA adapters (only they are reduced), the reference being the base without adapters.
     "conspo-lora": {
         "algorithm": "conspo",
@@ -61,6 +64,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # reference model stays whole per rank. ConSPO over the two-pass micro-batch path (ranks
     # run different numbers of backwards) and two mini-batches (gather after an update).
     "grpo-fsdp": {"algorithm": "grpo", "params": {"beta": 0.05}, "resources": {"strategy": "fsdp"}},
+    "dr_grpo-micro-fsdp": {
+        "algorithm": "dr_grpo",
+        "optim": {"micro_batch_tokens": 40},
+        "resources": {"strategy": "fsdp"},
+    },
     "conspo-fsdp": {
         "algorithm": "conspo",
         "optim": {"micro_batch_tokens": 40, "mini_batches": 2},
