@@ -10,8 +10,8 @@ in a process group alike: it is handed the rows this rank computes, runs the mod
 only, and either differentiates the loss through one forward's graph or takes the two-pass
 route (no-grad log-probs, ∂loss/∂log-probs, then one forward per micro-batch), or, for an
 objective linear on policy, the one-pass route (∂loss/∂log-probs first, then one forward per
-micro-batch). π_old, the
-reference policy and the objective's input (``policy_batch``) are built here too.
+micro-batch). π_old, the reference policy and the objective's input (``policy_batch``) are
+built here too.
 
 Shapes: N rollouts of the step, B of a mini-batch, b of this rank's share, T response positions.
 """
