@@ -243,7 +243,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     import random
 
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from conspo.config import PromptConfig, TaskConfig
@@ -323,7 +323,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
                               lora_dropout=0.0, target_modules="all-linear",
                               task_type=TaskType.CAUSAL_LM)  # fmt: skip
         trainer = GRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(path),
+            model=trl_model(path, args),
             reward_funcs=reward,
             args=config,
             train_dataset=dataset,
@@ -337,6 +337,38 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
     return {"walls": walls, "cpus": cpus, "mean_len": statistics.mean(timed)}
 
 
+def trl_model(path: str, args: argparse.Namespace) -> Any:
+    """TRL's policy. ``--trl-generation autocast`` (with ``--dtype bf16``): its ``generate``
+    runs under bfloat16 autocast, as conspo samples in bfloat16; by default TRL autocasts only
+    its training forward and generates in float32. The forwards' output dtypes are counted
+    (``generation_dtypes``, printed with the result) to show which ran."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    generate = model.generate
+    seen: dict[str, int] = {}
+    GENERATION_DTYPES.append(seen)
+
+    def counted(*a: Any, **k: Any) -> Any:
+        hook = model.lm_head.register_forward_hook(
+            lambda _m, _i, out: seen.__setitem__(str(out.dtype), seen.get(str(out.dtype), 0) + 1)
+        )
+        try:
+            if args.trl_generation == "autocast" and args.dtype == "bf16":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return generate(*a, **k)
+            return generate(*a, **k)
+        finally:
+            hook.remove()
+
+    model.generate = counted
+    return model
+
+
+GENERATION_DTYPES: list[dict[str, int]] = []  # per TRL model: its generation forwards by dtype
+
+
 def child(args: argparse.Namespace) -> None:
     import torch
 
@@ -345,6 +377,8 @@ def child(args: argparse.Namespace) -> None:
     patch_task(shape)
     result = (bench_conspo if args.impl == "conspo" else bench_trl)(shape, args, args.model)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if GENERATION_DTYPES:
+        result["trl_generation_dtypes"] = GENERATION_DTYPES[0]
     print(json.dumps(result))
 
 
@@ -353,7 +387,8 @@ def run_child(impl: str, shape: str, model: str, args: argparse.Namespace) -> di
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
            "--new-tokens", str(args.new_tokens), "--dtype", args.dtype,
            "--prompts", str(args.prompts), "--group", str(args.group),
-           "--memory-budget", str(args.memory_budget)]  # fmt: skip
+           "--memory-budget", str(args.memory_budget),
+           "--trl-generation", args.trl_generation]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -398,6 +433,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=0, help="smol shapes: rollouts per prompt")
     parser.add_argument("--memory-budget", type=float, default=0.0,
                         help="conspo's optim.memory_budget in GiB (0: automatic)")  # fmt: skip
+    parser.add_argument("--trl-generation", choices=["default", "autocast"], default="default",
+                        help="with --dtype bf16: TRL generates in float32 (its default) or"
+                        " under bfloat16 autocast, as conspo samples")  # fmt: skip
     args = parser.parse_args()
     if args.impl != "both":
         args.shape = args.shapes
@@ -447,6 +485,9 @@ def main() -> None:
                                       zip(r["cpus"], r["walls"], strict=True))
                              for r in runs)  # fmt: skip
             print(f"{'':<10} {impl:<7} each repeat's steps, CPU/wall s: {each}")
+            if impl == "trl" and "trl_generation_dtypes" in runs[0]:
+                print(f"{'':<10} {impl:<7} generation forwards by output dtype"
+                      f" ({args.trl_generation}): {runs[0]['trl_generation_dtypes']}")  # fmt: skip
     trl_b = stats.get("b", {}).get("trl")
     for name, by_impl in stats.items():
         trl = by_impl.get("trl") or trl_b
