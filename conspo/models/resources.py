@@ -352,15 +352,15 @@ def check_memory(estimate: MemoryEstimate, limit: int) -> None:
 def check_budget(estimate: MemoryEstimate, cfg: RunConfig) -> None:
     """Raise ``MemoryRefused`` at optim.memory_budget when ``estimate`` (of ``cfg``, split as
     planned) exceeds it: no split of the gradient pass fits, or another phase does not."""
-    budget = int(cfg.optim.memory_budget * GIB)
-    if not budget or estimate.total <= budget:
+    budget = cfg.optim.memory_budget * GIB  # a float: 1e-12 GiB is a budget too, not "none"
+    if not cfg.optim.memory_budget or estimate.total <= budget:
         return
     raise MemoryRefused(
         f"this config needs {estimate.describe()} of memory even with the gradient pass in"
         f" micro-batches of {cfg.sampling.max_new_tokens} tokens, over optim.memory_budget's"
-        f" {_size(budget)}: raise it, or lower sampling.prompts_per_step, sampling.group_size or"
-        " sampling.max_new_tokens, turn on model.gradient_checkpointing or model.lora.rank, or"
-        " pick a smaller model",
+        f" {_size(int(budget))}: raise it, or lower sampling.prompts_per_step,"
+        " sampling.group_size or sampling.max_new_tokens, turn on"
+        " model.gradient_checkpointing or model.lora.rank, or pick a smaller model",
         ("optim", "memory_budget"),
     )
 

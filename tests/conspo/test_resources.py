@@ -265,6 +265,9 @@ def test_a_memory_budget_splits_the_gradient_pass_as_far_as_it_must():
     with pytest.raises(MemoryRefused, match=r"needs about .* over optim.memory_budget") as info:
         check_budget(estimate_memory(cfg, dims, 4), cfg)
     assert info.value.loc == ("optim", "memory_budget")
+    tiny_budget = smol_config(memory_budget=1e-12)  # under a byte: still a budget, refused
+    with pytest.raises(MemoryRefused):
+        check_budget(estimate_memory(tiny_budget, dims, 4), tiny_budget)
     # An explicit micro_batch_tokens is what runs, budget or not.
     assert estimate_memory(smol_config(micro_batch_tokens=300, memory_budget=3), dims,
                            4).micro_batch_tokens == 300  # fmt: skip
