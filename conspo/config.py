@@ -342,8 +342,8 @@ class SamplingConfig(_Section):
     engine: Literal["native", "hf", "vllm"] = Field(
         "native",
         description="What generates rollouts: native (this library's sampler, fastest for small"
-        " models), hf (transformers' generate) or vllm (vLLM colocated on the training GPU,"
-        " weights synced every step; needs the vllm package and a GPU).",
+        " models), hf (transformers' generate) or vllm (vLLM in a process of its own, on a GPU"
+        " or a CPU, the policy's weights pushed after every update; needs `make vllm`).",
     )
     vllm_memory_fraction: float = Field(
         0.3,
@@ -352,7 +352,16 @@ class SamplingConfig(_Section):
         title="vLLM memory fraction",
         json_schema_extra={"advanced": True},
         description="vllm engine only: the fraction of GPU memory vLLM may take (weights and KV"
-        " cache); the rest is left to training.",
+        " cache); the rest is left to training. On a CPU the KV cache is sized from the step's"
+        " rows instead.",
+    )
+    vllm_enforce_eager: bool = Field(
+        False,
+        title="vLLM eager mode",
+        json_schema_extra={"advanced": True},
+        description="vllm engine only: run vLLM's model eagerly instead of compiled. Compiled"
+        " decodes faster (SmolLM2 on a CPU: ~20%) but its first start compiles for a minute or"
+        " more (cached for later runs).",
     )
 
 
@@ -971,11 +980,6 @@ class RunConfig(_Section):
             raise ValueError(
                 "resources.strategy 'fsdp' does not train LoRA adapters (model.lora.rank > 0):"
                 " use 'ddp'"
-            )
-        if self.tools.names and self.sampling.engine == "vllm":
-            raise ValueError(
-                "tools pause generation at every call, which the vllm engine does not do here:"
-                " sampling.engine must be 'native' or 'hf' for a run with tools"
             )
         if self.resources.strategy == "fsdp" and self.sampling.engine == "vllm":
             raise ValueError(

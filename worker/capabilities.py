@@ -17,10 +17,12 @@ from typing import Any
 from backend.config import Settings
 from backend.runs.scheduling import Capacity, queues_served
 from conspo.generation.engines import ENGINES
+from conspo.generation.vllm_engine import vllm_available
 from conspo.sandbox import sandbox_available
 
-# Engines that need a package beyond the training stack, and the module that provides it.
-ENGINE_PACKAGES = {"vllm": "vllm"}
+# Engines that need more than the training stack, and how to tell whether this machine has it:
+# vllm runs in an interpreter of its own (`make vllm`, or CONSPO_VLLM_PYTHON).
+ENGINE_CHECKS = {"vllm": vllm_available}
 
 
 def installed(module: str) -> bool:
@@ -54,9 +56,7 @@ def _probe_machine() -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
             gpus.append({"index": index, "name": props.name, "memory_bytes": props.total_memory})
-    engines = [
-        name for name in ENGINES if name not in ENGINE_PACKAGES or installed(ENGINE_PACKAGES[name])
-    ]
+    engines = [name for name in ENGINES if name not in ENGINE_CHECKS or ENGINE_CHECKS[name]()]
     capabilities = {
         "engines": engines,
         # flash-attn's kernels run on CUDA only: without a GPU the package does not help.

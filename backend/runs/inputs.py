@@ -31,6 +31,7 @@ from backend.config import Settings
 from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
+from conspo.generation.vllm_engine import vllm_available
 from conspo.models.resources import (
     MemoryEstimate,
     MemoryRefused,
@@ -70,8 +71,9 @@ class Requirement:
 
     loc: Loc
     value: str
-    module: str  # importable name (``importlib.util.find_spec``: nothing is imported)
+    module: str  # the package's name, for the message
     alternative: str  # what to use instead
+    here: Callable[[], bool]  # whether this process has it
     # Whether a worker row's capabilities (``worker.capabilities.probe``) include it.
     advertised_by: Callable[[dict[str, Any]], bool]
 
@@ -85,6 +87,7 @@ def requirements(config: RunConfig) -> list[Requirement]:
                 "vllm",
                 "vllm",
                 "native or hf",
+                vllm_available,  # vLLM's own interpreter (`make vllm`), not an import here
                 lambda caps: "vllm" in (caps.get("engines") or []),
             )
         )
@@ -95,6 +98,7 @@ def requirements(config: RunConfig) -> list[Requirement]:
                 "flash_attention_2",
                 "flash_attn",
                 "sdpa",
+                lambda: importlib.util.find_spec("flash_attn") is not None,
                 lambda caps: bool(caps.get("flash_attn")),
             )
         )
@@ -110,7 +114,7 @@ def live_capabilities(session: Session, settings: Settings) -> list[dict[str, An
 def missing_software(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
     """Each field whose value needs a package that neither this process can import nor any
     live worker advertises (a GPU worker may have vLLM where the API does not)."""
-    needed = [r for r in requirements(config) if importlib.util.find_spec(r.module) is None]
+    needed = [r for r in requirements(config) if not r.here()]
     if not needed:
         return []
     workers = live_capabilities(session, settings)

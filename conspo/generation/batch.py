@@ -47,6 +47,9 @@ class RolloutBatch:
     # Rollouts with tools: each row's calls, in order (None: a run without tools).
     tool_calls: list[list[CallRecord]] | None = None
     tool_seconds: float = 0.0  # wall time generation waited for tools
+    # (N, T') float: the log-probs the engine reported for the tokens it sampled, under the
+    # distribution it sampled from (vllm); None where the engine reports none (native, hf).
+    sampled_logprobs: torch.Tensor | None = None
 
     @property
     def model_mask(self) -> torch.Tensor:
@@ -80,6 +83,7 @@ class RolloutBatch:
             None if self.observation_mask is None else self.observation_mask[rows],
             calls,
             self.tool_seconds,
+            None if self.sampled_logprobs is None else self.sampled_logprobs[rows],
         )
 
     def to(self, device: torch.device) -> RolloutBatch:
@@ -93,6 +97,7 @@ class RolloutBatch:
             None if self.observation_mask is None else self.observation_mask.to(device),
             self.tool_calls,
             self.tool_seconds,
+            None if self.sampled_logprobs is None else self.sampled_logprobs.to(device),
         )
 
 
@@ -157,4 +162,8 @@ class Engine(Protocol):
 
     def sync(self, model: PreTrainedModel) -> None:
         """Make the engine sample from ``model``'s current weights (after an update)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds beyond this process's memory (vllm: its process)."""
         ...

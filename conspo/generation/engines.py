@@ -8,8 +8,8 @@
 * ``native``: ``conspo.generation.rollout.sample``, this library's KV-cache sampler (shared-prompt
 prefill).
 * ``hf``: transformers' ``model.generate``.
-* ``vllm``: a vLLM engine colocated on the training GPU, built on first use from the model's
-  directory, its weights replaced by the policy's after every update.
+* ``vllm``: vLLM in a process of its own (``conspo.generation.vllm_engine``), started on first
+  use from the model's directory, the policy's weights pushed into it after every update.
 
 Every engine returns the same ``RolloutBatch`` (response after the first EOS masked, lengths,
 truncated), so the rest of the training loop and evaluation do not know which one ran. Each draws
@@ -19,9 +19,7 @@ Temperature 0 is greedy decoding in all three.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,8 +29,9 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from conspo.config import SamplingConfig
 from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
-from conspo.generation.rollout import finish_responses, sample
+from conspo.generation.rollout import draw_seed, finish_responses, sample
 from conspo.generation.tool_rollout import ToolUse, generate_with_tools, sample_with_tools
+from conspo.generation.vllm_engine import VllmEngine, vllm_available
 
 
 class NativeEngine:
@@ -75,12 +74,8 @@ class NativeEngine:
     def sync(self, model: PreTrainedModel) -> None:
         pass
 
-
-def _draw_seed(generator: torch.Generator | None) -> int:
-    """A seed drawn from ``generator`` (advancing it), so engines that seed their own random
-    state stay a function of the step's seed; None: a fresh random seed."""
-    device = generator.device if generator is not None else "cpu"
-    return int(torch.randint(2**62, (1,), generator=generator, device=device).item())
+    def close(self) -> None:
+        pass
 
 
 class HfEngine:
@@ -147,7 +142,7 @@ class HfEngine:
         devices = [device.index or torch.cuda.current_device()] if device.type == "cuda" else []
         extra = {"tokenizer": tokenizer} if stop_strings else {}
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(_draw_seed(request.generator))
+            torch.manual_seed(draw_seed(request.generator))
             # PreTrainedModel does not declare generate (GenerationMixin, or peft, provides it):
             # mypy resolves the name through nn.Module.__getattr__.
             out = model.generate(  # type: ignore[operator]
@@ -158,124 +153,8 @@ class HfEngine:
     def sync(self, model: PreTrainedModel) -> None:
         pass
 
-
-class VllmEngine:
-    """vLLM on the training GPU (colocated), taking ``sampling.vllm_memory_fraction`` of its
-    memory. Built on the first ``sample`` from the model's directory and dtype; ``sync`` pushes
-    the policy's weights into it (LoRA adapters merged for the copy, then unmerged).
-
-    The in-process engine (``distributed_executor_backend="external_launcher"``, as TRL's
-    colocate mode) is what makes its model reachable for ``load_weights``.
-    """
-
-    def __init__(self, sampling: SamplingConfig, model_path: Path | str, dtype: torch.dtype):
-        self.memory_fraction = sampling.vllm_memory_fraction
-        self.model_path = str(model_path)
-        self.dtype = dtype
-        self._llm: Any = None
-        # The policy's weights differ from vLLM's copy: true at first too, since a resumed run's
-        # policy comes from a checkpoint, not from model_path.
-        self._stale = True
-
-    def _engine(self) -> Any:
-        if self._llm is None:
-            from vllm import LLM
-
-            # external_launcher reads the torch.distributed variables of a one-process group.
-            for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                os.environ.setdefault(name, value)
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29517")
-            self._llm = LLM(
-                model=self.model_path,
-                dtype=str(self.dtype).removeprefix("torch."),
-                gpu_memory_utilization=self.memory_fraction,
-                distributed_executor_backend="external_launcher",
-                seed=0,
-            )
-        return self._llm
-
-    def sample(
-        self,
-        model: PreTrainedModel,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        request: SampleRequest,
-    ) -> RolloutBatch:
-        from vllm import SamplingParams
-
-        n = prompt_ids.shape[0]
-        llm = self._engine()
-        if self._stale:
-            self._push_weights(model)
-        g = request.group_size if request.group_size > 1 and n % request.group_size == 0 else 1
-        # One request per prompt asking for its G samples; each request seeded from `generator`.
-        requests = [
-            {"prompt_token_ids": ids[mask.bool()].tolist()}
-            for ids, mask in zip(prompt_ids[::g].cpu(), prompt_mask[::g].cpu(), strict=True)
-        ]
-        params = [
-            SamplingParams(
-                n=g,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                max_tokens=request.max_new_tokens,
-                stop_token_ids=request.stop_ids,
-                ignore_eos=False,
-                seed=_draw_seed(request.generator),
-            )
-            for _ in requests
-        ]
-        outputs = llm.generate(requests, sampling_params=params, use_tqdm=False)
-        rows = [list(done.token_ids) for out in outputs for done in out.outputs]
-        response = _right_padded(rows, request.pad_id, prompt_ids.device)
-        return finish_responses(prompt_ids, prompt_mask, response, request.eos_id, request.pad_id)
-
-    def sample_with_tools(
-        self,
-        model: PreTrainedModel,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        request: SampleRequest,
-        use: ToolUse,
-    ) -> RolloutBatch:
-        raise NotImplementedError("the vllm engine does not pause at tool calls here")
-
-    def sync(self, model: PreTrainedModel) -> None:
-        # Pushed by the next sample: a run that stops after this update never needs them.
-        self._stale = True
-
-    def _push_weights(self, model: PreTrainedModel) -> None:
-        runner = self._llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(_merged_weights(model))
-        self._llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
-        self._stale = False
-
-
-def _merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of the policy's weights under the checkpoint's names; a peft model's
-    adapters are merged into its base weights for the copy and unmerged after."""
-    if not hasattr(model, "merge_adapter"):
-        for name, param in model.named_parameters():
-            yield name, param.data
-        return
-    model.merge_adapter()
-    try:
-        for name, param in model.named_parameters():
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            if model.prefix in name or "original_module" in name:  # adapters: merged already
-                continue
-            yield name.replace("modules_to_save.default.", ""), param.data
-    finally:
-        model.unmerge_adapter()
-
-
-def _right_padded(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(r) for r in rows))
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)
+    def close(self) -> None:
+        pass
 
 
 EngineFactory = Callable[[SamplingConfig, Path | str, torch.dtype], Engine]
@@ -289,6 +168,9 @@ ENGINES: dict[str, EngineFactory] = {
 
 def make_engine(sampling: SamplingConfig, model_path: Path | str, dtype: torch.dtype) -> Engine:
     """The engine ``sampling.engine`` names, for the model at ``model_path`` in ``dtype``."""
-    if sampling.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise RuntimeError("sampling.engine is 'vllm' but the vllm package is not installed here")
+    if sampling.engine == "vllm" and not vllm_available():
+        raise RuntimeError(
+            "sampling.engine is 'vllm' but vllm is not installed here: run `make vllm`"
+            " (.venv-vllm) or set CONSPO_VLLM_PYTHON"
+        )
     return ENGINES[sampling.engine](sampling, model_path, dtype)

@@ -196,6 +196,13 @@ def sample(
     return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
 
 
+def draw_seed(generator: torch.Generator | None) -> int:
+    """A seed drawn from ``generator`` (advancing it), so engines that seed their own random
+    state stay a function of the step's seed; None: a fresh random seed."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(2**62, (1,), generator=generator, device=device).item())
+
+
 def finish_responses(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,

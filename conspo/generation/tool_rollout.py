@@ -510,3 +510,6 @@ class ToolEngine:
 
     def sync(self, model: PreTrainedModel) -> None:
         self.inner.sync(model)
+
+    def close(self) -> None:
+        self.inner.close()

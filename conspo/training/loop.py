@@ -139,35 +139,38 @@ def run_loop(
     files = files or DataFiles()
     store = model_store or builtin_store()
     state = setup(config, store, files, memory_limit)
-    step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
-    last_step = resume(state, workdir, sink)
-    if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
-        evaluated(
-            state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
-        )
-    last_saved = last_step
-    while last_step < config.steps and not should_stop():
-        try:
-            record = step_fn(last_step + 1, should_stop)
-        except torch.OutOfMemoryError as exc:
-            raise out_of_memory(state, exc) from exc
-        if record is None:  # stopped inside the step: the step did not happen
-            break
-        last_step = record.step
-        evaluated(state, workdir, sink, record)
-        every = config.checkpoint.every
-        if (every and last_step % every == 0) or last_step == config.steps:
-            checkpoint(state, workdir, last_step, sink)
-            last_saved = last_step
-    if last_step < config.steps:
-        if last_saved != last_step:
-            checkpoint(state, workdir, last_step, sink)
-        flush_sink(sink)  # a buffering sink stores every step before the run ends
-        sink.log_event("finished", {"status": "cancelled", "step": last_step})
-        return TrainResult("cancelled", last_step)
-    flush_sink(sink)
-    sink.log_event("finished", {"status": "succeeded", "step": last_step})
-    return TrainResult("succeeded", last_step)
+    try:
+        step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
+        last_step = resume(state, workdir, sink)
+        if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
+            evaluated(
+                state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
+            )
+        last_saved = last_step
+        while last_step < config.steps and not should_stop():
+            try:
+                record = step_fn(last_step + 1, should_stop)
+            except torch.OutOfMemoryError as exc:
+                raise out_of_memory(state, exc) from exc
+            if record is None:  # stopped inside the step: the step did not happen
+                break
+            last_step = record.step
+            evaluated(state, workdir, sink, record)
+            every = config.checkpoint.every
+            if (every and last_step % every == 0) or last_step == config.steps:
+                checkpoint(state, workdir, last_step, sink)
+                last_saved = last_step
+        if last_step < config.steps:
+            if last_saved != last_step:
+                checkpoint(state, workdir, last_step, sink)
+            flush_sink(sink)  # a buffering sink stores every step before the run ends
+            sink.log_event("finished", {"status": "cancelled", "step": last_step})
+            return TrainResult("cancelled", last_step)
+        flush_sink(sink)
+        sink.log_event("finished", {"status": "succeeded", "step": last_step})
+        return TrainResult("succeeded", last_step)
+    finally:
+        state.engine.close()  # vllm: its process; the others hold nothing
 
 
 def eval_due(cfg: RunConfig, step: int) -> bool:

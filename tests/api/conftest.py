@@ -285,6 +285,7 @@ def worker_env(settings: Settings, model_store: Path) -> dict[str, str]:
             "CONSPO_REAPER_INTERVAL_S": "1",
             "PYTHONPATH": str(ROOT),
             "OMP_NUM_THREADS": "1",
+            "CONSPO_VLLM_PYTHON": os.environ.get("CONSPO_VLLM_PYTHON", ""),
         }
     )
     return env

@@ -22,6 +22,7 @@ from backend.db import Database, make_engine
 from backend.liveness import WorkerIdentity
 from backend.migrate import alembic_config, migrate
 from backend.models import Run, Worker, utcnow
+from conspo.generation.vllm_engine import vllm_available
 from conspo.sandbox import sandbox_available
 from tests.api.conftest import (
     Api,
@@ -40,7 +41,7 @@ GPU_NODE = {"engines": ["native", "hf", "vllm"], "flash_attn": True, "torch": "2
 CPU_NODE = {"engines": ["native", "hf"], "flash_attn": False, "torch": "2.13", "cuda": None}
 
 needs_missing_packages = pytest.mark.skipif(
-    any(importlib.util.find_spec(name) is not None for name in ("vllm", "flash_attn")),
+    vllm_available() or importlib.util.find_spec("flash_attn") is not None,
     reason="the API process itself has vllm or flash_attn",
 )
 
@@ -103,7 +104,7 @@ def test_the_worker_probe_describes_this_machine() -> None:
     gpus, caps = probe()
     assert caps["torch"] == torch.__version__
     assert {"native", "hf"} <= set(caps["engines"])
-    assert ("vllm" in caps["engines"]) == (importlib.util.find_spec("vllm") is not None)
+    assert ("vllm" in caps["engines"]) == vllm_available()
     assert len(gpus) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     if not gpus:
         assert caps["cuda"] is None and caps["flash_attn"] is False

