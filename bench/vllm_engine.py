@@ -73,7 +73,8 @@ def main() -> None:
     from conspo.generation.batch import SampleRequest
     from conspo.generation.engines import NativeEngine
     from conspo.generation.rollout import encode_prompts, end_token_ids
-    from conspo.generation.vllm_engine import VllmEngine, vllm_python
+    from conspo.generation.vllm_engine import VllmEngine
+    from conspo.generation.vllm_interpreter import vllm_python
     from conspo.models.builtins import builtin_store
     from conspo.models.loading import load_pretrained, prepare_for_training
     from conspo.models.precision import bfloat16_note

@@ -17,7 +17,7 @@ from typing import Any
 from backend.config import Settings
 from backend.runs.scheduling import Capacity, queues_served
 from conspo.generation.engines import ENGINES
-from conspo.generation.vllm_engine import vllm_available
+from conspo.generation.vllm_interpreter import vllm_available
 from conspo.sandbox import sandbox_available
 
 # Engines that need more than the training stack, and how to tell whether this machine has it:

@@ -31,7 +31,7 @@ from backend.config import Settings
 from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
-from conspo.generation.vllm_engine import vllm_available
+from conspo.generation.vllm_interpreter import vllm_available
 from conspo.models.resources import (
     MemoryEstimate,
     MemoryRefused,

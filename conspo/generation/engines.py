@@ -31,7 +31,8 @@ from conspo.config import SamplingConfig
 from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
 from conspo.generation.rollout import draw_seed, finish_responses, sample
 from conspo.generation.tool_rollout import ToolUse, generate_with_tools, sample_with_tools
-from conspo.generation.vllm_engine import VllmEngine, vllm_available
+from conspo.generation.vllm_engine import VllmEngine
+from conspo.generation.vllm_interpreter import vllm_available
 
 
 class NativeEngine:

@@ -31,7 +31,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,44 +49,13 @@ from conspo.config import SamplingConfig
 from conspo.generation.batch import RolloutBatch, SampleRequest
 from conspo.generation.rollout import draw_seed, finish_responses
 from conspo.generation.tool_rollout import ToolUse, generate_with_tools
+from conspo.generation.vllm_interpreter import vllm_python
 
 SERVER = Path(__file__).with_name("vllm_server.py")
-# Where `make vllm` puts vLLM's virtualenv, relative to the repository.
-DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 # Room for the prompt (and the turns a tool rollout re-reads) beyond sampling.max_new_tokens.
 PROMPT_ROOM = 2048
 # How long vLLM may take to start: a first start on a CPU compiles for minutes.
 START_TIMEOUT_S = float(os.environ.get("CONSPO_VLLM_START_TIMEOUT_S", "900"))
-
-
-def vllm_python() -> str | None:
-    """The interpreter that has vLLM: ``CONSPO_VLLM_PYTHON``, else this one if it has vLLM, else
-    ``.venv-vllm``'s. None where there is none, or where ``CONSPO_VLLM_PYTHON`` is ``none``."""
-    explicit = os.environ.get("CONSPO_VLLM_PYTHON")
-    if explicit == "none":
-        return None
-    if explicit:
-        return explicit if _has_vllm(explicit) else None
-    for candidate in (sys.executable, str(DEFAULT_VENV / "bin" / "python")):
-        if Path(candidate).exists() and _has_vllm(candidate):
-            return candidate
-    return None
-
-
-@lru_cache(maxsize=8)
-def _has_vllm(python: str) -> bool:
-    """Whether ``python`` can import vllm (found, not imported: a second, not a minute)."""
-    check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    try:
-        return (
-            subprocess.run([python, "-c", check], timeout=60, capture_output=True).returncode == 0
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def vllm_available() -> bool:
-    return vllm_python() is not None
 
 
 class EngineProcessError(RuntimeError):

@@ -22,7 +22,7 @@ from backend.db import Database, make_engine
 from backend.liveness import WorkerIdentity
 from backend.migrate import alembic_config, migrate
 from backend.models import Run, Worker, utcnow
-from conspo.generation.vllm_engine import vllm_available
+from conspo.generation.vllm_interpreter import vllm_available
 from conspo.sandbox import sandbox_available
 from tests.api.conftest import (
     Api,

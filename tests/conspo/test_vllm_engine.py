@@ -19,7 +19,8 @@ from conspo import metrics as M
 from conspo.config import ModelConfig, RunConfig, SamplingConfig
 from conspo.generation.batch import SampleRequest
 from conspo.generation.engines import NativeEngine
-from conspo.generation.vllm_engine import VllmEngine, policy_weights, vllm_python
+from conspo.generation.vllm_engine import VllmEngine, policy_weights
+from conspo.generation.vllm_interpreter import vllm_python
 from conspo.models.loading import load_pretrained, prepare_for_training
 from conspo.sink import MemorySink
 from conspo.training.logprobs import token_logprobs
@@ -174,11 +175,13 @@ def test_a_run_trains_with_vllm_reproducibly_and_leaves_no_process(model_store, 
 
 
 def test_greedy_vllm_writes_what_the_native_engine_writes(model_store):
-    path = model_store.resolve("smollm2-135m-instruct")
+    path = model_store.resolve("tiny-arith")
     model, tokenizer = load_pretrained(path, torch.device("cpu"), torch.float32)
-    ids, mask = chat_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 30?"])
+    questions = ["1+2=", "7-3+5=", "9+9-4="]
+    enc = tokenizer(questions, return_tensors="pt", padding=True, padding_side="left")
+    ids, mask = enc.input_ids, enc.attention_mask
     request = SampleRequest(
-        max_new_tokens=24, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+        max_new_tokens=8, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
         temperature=0,
     )  # fmt: skip
     engine = VllmEngine(SamplingConfig(engine="vllm", vllm_enforce_eager=True), path, torch.float32)
