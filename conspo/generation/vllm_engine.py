@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import lru_cache
 from multiprocessing.connection import Client, Connection
@@ -46,7 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from conspo.config import SamplingConfig
-from conspo.generation.batch import RolloutBatch, SampleRequest
+from conspo.generation.batch import GenerationStopped, RolloutBatch, SampleRequest
 from conspo.generation.rollout import draw_seed, finish_responses
 from conspo.generation.tool_rollout import ToolUse, generate_with_tools
 from conspo.generation.vllm_interpreter import vllm_python
@@ -54,6 +54,8 @@ from conspo.generation.vllm_interpreter import vllm_python
 SERVER = Path(__file__).with_name("vllm_server.py")
 # Room for the prompt (and the turns a tool rollout re-reads) beyond sampling.max_new_tokens.
 PROMPT_ROOM = 2048
+# How often a request waiting on vLLM checks that its process lives and the run goes on.
+POLL_S = 0.5
 # How long vLLM may take to start: a first start on a CPU compiles for minutes.
 START_TIMEOUT_S = float(os.environ.get("CONSPO_VLLM_START_TIMEOUT_S", "900"))
 
@@ -131,6 +133,17 @@ class VllmEngine:
         _shutdown(self._process, self._conn, self._dir)
         self._process = self._conn = self._dir = None
 
+    def _abort(self) -> None:
+        """Kill vLLM's process now (a cancel mid-generate), leaving the engine to start anew."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+        if self._conn is not None:
+            self._conn.close()
+        _shutdown(None, None, self._dir)
+        self._process = self._conn = self._dir = None
+        self._stale = True
+
     # ---- the process ----
 
     def _ready(self, model: PreTrainedModel) -> None:
@@ -194,13 +207,25 @@ class VllmEngine:
         if code is not None:
             raise EngineProcessError(f"vLLM's process exited (code {code}); its log is above")
 
-    def _call(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def _call(
+        self,
+        msg: dict[str, Any],
+        timeout: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        """vLLM's answer to ``msg``. While it works: its process may die (raised at once), and
+        ``should_stop`` is asked every ``POLL_S``: a cancel kills the process mid-generate (vLLM's
+        offline generate cannot be interrupted) and raises ``GenerationStopped``; the next
+        sample would start a fresh one."""
         assert self._conn is not None
         with self._lock:
             self._conn.send(msg)
             deadline = None if timeout is None else time.monotonic() + timeout
-            while not self._conn.poll(1.0):  # the process may die mid-request
+            while not self._conn.poll(POLL_S):
                 self._check_alive()
+                if should_stop is not None and should_stop():
+                    self._abort()
+                    raise GenerationStopped(f"stopped during vLLM's {msg['op']!r}")
                 if deadline is not None and time.monotonic() > deadline:
                     raise EngineProcessError(f"vLLM did not answer {msg['op']!r} in {timeout} s")
             try:
@@ -230,7 +255,8 @@ class VllmEngine:
                 "stop_token_ids": request.stop_ids,
                 "stop": stop,
                 "seed": draw_seed(request.generator),
-            }
+            },
+            should_stop=request.should_stop,
         )
         return reply["rows"], reply["logprobs"]
 

@@ -17,7 +17,7 @@ import torch
 
 from conspo import metrics as M
 from conspo.config import ModelConfig, RunConfig, SamplingConfig
-from conspo.generation.batch import SampleRequest
+from conspo.generation.batch import GenerationStopped, SampleRequest
 from conspo.generation.engines import NativeEngine
 from conspo.generation.vllm_engine import VllmEngine, policy_weights
 from conspo.generation.vllm_interpreter import vllm_python
@@ -198,13 +198,46 @@ def test_greedy_vllm_writes_what_the_native_engine_writes(model_store):
     assert torch.equal(written(ours), written(theirs))
 
 
+def test_a_cancel_during_a_long_generate_stops_it_within_seconds(model_store):
+    """vLLM's generate cannot be interrupted: a cancel kills its process (GenerationStopped),
+    and the next sample starts a fresh one."""
+    path = model_store.resolve("smollm2-135m-instruct")
+    model, tokenizer = load_pretrained(path, torch.device("cpu"), torch.float32)
+    ids, mask = chat_prompts(tokenizer, ["Write a very long story about a dragon."], repeat=32)
+    sampling = SamplingConfig(
+        engine="vllm", prompts_per_step=1, group_size=32, max_new_tokens=1024,
+        vllm_enforce_eager=True,
+    )  # fmt: skip
+    engine = VllmEngine(sampling, path, torch.float32)
+
+    def request(max_new_tokens, should_stop=None):
+        return SampleRequest(
+            max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id, group_size=32, should_stop=should_stop,
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+
+    try:
+        engine.sample(model, ids, mask, request(2))  # started
+        started = time.monotonic()
+        with pytest.raises(GenerationStopped):
+            engine.sample(model, ids, mask, request(1024, lambda: time.monotonic() > started + 2))
+        assert time.monotonic() - started < 2 + 10  # whole, it takes minutes on this CPU
+        assert engine_servers() == []
+        again = engine.sample(model, ids[:2], mask[:2], request(3))
+        assert again.lengths.tolist() == [3, 3] or again.lengths.max() <= 3
+    finally:
+        engine.close()
+    assert engine_servers() == []
+
+
 def test_a_killed_trainer_leaves_no_vllm_process(model_store, tmp_path):
     """SIGKILL the process that started vLLM: its engine process notices and exits."""
     path = model_store.resolve("tiny-arith")
     script = textwrap.dedent(f"""
         import torch
         from conspo.config import SamplingConfig
-        from conspo.generation.batch import SampleRequest
+        from conspo.generation.batch import GenerationStopped, SampleRequest
         from conspo.generation.vllm_engine import VllmEngine
         from conspo.models.loading import load_pretrained
         model, tok = load_pretrained({str(path)!r}, torch.device("cpu"), torch.float32)
