@@ -225,7 +225,7 @@ def test_a_cancel_during_a_long_generate_stops_it_within_seconds(model_store):
         assert time.monotonic() - started < 2 + 10  # whole, it takes minutes on this CPU
         assert engine_servers() == []
         again = engine.sample(model, ids[:2], mask[:2], request(3))
-        assert again.lengths.tolist() == [3, 3] or again.lengths.max() <= 3
+        assert again.lengths.min() >= 1 and again.lengths.max() <= 3  # a fresh engine samples
     finally:
         engine.close()
     assert engine_servers() == []
