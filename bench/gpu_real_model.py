@@ -2,7 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python bench/gpu_real_model.py            # the GPU study (~10 min)
     PYTHONPATH=. .venv/bin/python bench/gpu_real_model.py --smoke    # a tiny CPU version (5 min)
-        [--seeds 0 1 2 3 4] [--steps N] [--jobs N] [--out gpu_real_model.json]
+        [--seeds 0 1 2 3 4] [--steps N] [--jobs N] [--arms grpo,conspo,disco]
+        [--out gpu_real_model.json]
 
 The study of examples/studies/smollm2_gsm.yaml, run the way a GPU allows: full fine-tuning in
 bfloat16 (no LoRA), 5 seeds per arm, every arm evaluated greedily on the same held-out problems
@@ -98,6 +99,11 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--jobs", type=int, help="runs at a time (default: 5 on a GPU, 1 smoke)")
+    parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated, {BASELINE} among them (the baseline)",
+    )
     parser.add_argument("--out", default="gpu_real_model.json")
     args = parser.parse_args()
     if not args.smoke:
@@ -105,6 +111,9 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             sys.exit("no CUDA device here: run with --smoke for the CPU check")
+    arms = args.arms.split(",")
+    if BASELINE not in arms or not set(arms) <= set(ARMS):
+        sys.exit(f"--arms: pick from {', '.join(ARMS)}, {BASELINE} (the baseline) among them")
     seeds = args.seeds or ([0, 1] if args.smoke else [0, 1, 2, 3, 4])
     jobs = args.jobs or (1 if args.smoke else 5)
     base = base_config(args.smoke, args.steps)
@@ -114,7 +123,7 @@ def main() -> None:
     if study["base"] != base:
         sys.exit(f"{out} holds a study of another config; pick another --out")
     done = {(r["arm"], r["seed"]) for r in study["runs"]}
-    todo = [(a, s) for s in seeds for a in ARMS if (a, s) not in done]
+    todo = [(a, s) for s in seeds for a in arms if (a, s) not in done]
     print(f"{len(todo)} runs, {base['steps']} steps each, {jobs} at a time", flush=True)
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:

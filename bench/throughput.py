@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/throughput.py [--shapes tiny,b,c,b-noshare,smol] [--repeats 3]
                                          [--warmup 1] [--steps 2] [--threads 1] [--quick]
-                                         [--dtype float32|bf16]
+                                         [--dtype float32|bf16] [--device cpu|cuda]
+                                         [--lora-rank 16]
 
 Both sides train the same model with the same tokenizer on the same prompts: one optimiser step
 per rollout batch, beta = 0, GRPO loss with per-sequence token means, temperature 1, the same
@@ -44,6 +45,11 @@ prompts from datasets.Dataset.from_list, report_to="none", use_cpu=True. ``--dty
 bfloat16 autocast over float32 weights on both sides (conspo: model.dtype bfloat16 +
 mixed_precision; TRL: bf16=True). TRL autocasts its training forward only: its generation runs
 in float32, while conspo samples in bfloat16 (a caveat the figures carry).
+
+``--device cuda`` (bench/gpu_proof.py runs it so): both sides train on the GPU (TRL without
+use_cpu), each step's marks taken after a CUDA synchronise, and each side's peak GPU memory
+(``torch.cuda.max_memory_allocated``) printed beside its RSS. ``--lora-rank 0`` (real-model shapes):
+full fine-tuning on both sides instead of LoRA.
 """
 
 from __future__ import annotations
@@ -169,8 +175,13 @@ CHILD_PEAK_MIB = [0.0]
 
 def usage() -> tuple[float, float]:
     """(wall, CPU) seconds now; the CPU of this process and of its live children (the vllm
-    engine's process, whose CPU the step pays as much as its own)."""
+    engine's process, whose CPU the step pays as much as its own). On CUDA after a synchronise:
+    a step's kernels may still be queued when its last Python line returns."""
     import psutil
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
     r = resource.getrusage(resource.RUSAGE_SELF)
     cpu = r.ru_utime + r.ru_stime
@@ -226,14 +237,14 @@ def bench_conspo(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             super().log_step(record)
 
     bf16 = {"dtype": "bfloat16", "mixed_precision": True} if args.dtype == "bf16" else {}
-    real = {"lora": SMOL_LORA} if shape.real else {}
+    real = {"lora": {**SMOL_LORA, "rank": args.lora_rank}} if shape.real else {}
     cfg = RunConfig.model_validate({
         "algorithm": "grpo",
         "params": {"loss_agg": "seq-mean-token-mean", "beta": 0.0},
         "steps": args.warmup + args.steps + 1,
         "task": shape.task,
         "prompt": {"chat_template": "on" if shape.real else "auto"},
-        "model": {"name": model, "device": "cpu", **bf16, **real},
+        "model": {"name": model, "device": args.device, **bf16, **real},
         "sampling": {"prompts_per_step": shape.prompts, "group_size": shape.group,
                      "max_new_tokens": shape.max_new_tokens, "temperature": shape.temperature,
                      "engine": args.engine},
@@ -327,7 +338,7 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             report_to="none",
             logging_steps=1,
             save_strategy="no",
-            use_cpu=True,
+            use_cpu=args.device == "cpu",
             bf16=args.dtype == "bf16",
             gradient_checkpointing=False,  # small models: recompute only costs time
             disable_tqdm=True,
@@ -335,10 +346,10 @@ def bench_trl(shape: Shape, args: argparse.Namespace, model: str) -> dict:
             seed=0,
         )
         lora = None
-        if shape.real:
+        if shape.real and args.lora_rank:
             from peft import LoraConfig, TaskType
 
-            lora = LoraConfig(r=SMOL_LORA["rank"], lora_alpha=SMOL_LORA["alpha"],
+            lora = LoraConfig(r=args.lora_rank, lora_alpha=SMOL_LORA["alpha"],
                               lora_dropout=0.0, target_modules="all-linear",
                               task_type=TaskType.CAUSAL_LM)  # fmt: skip
         trainer = GRPOTrainer(
@@ -399,6 +410,8 @@ def child(args: argparse.Namespace) -> None:
     # bound on what both held at once).
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["peak_rss_mib"] += CHILD_PEAK_MIB[0]
+    if torch.cuda.is_initialized():
+        result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     if GENERATION_DTYPES:
         result["trl_generation_dtypes"] = GENERATION_DTYPES[0]
     print(json.dumps(result))
@@ -411,7 +424,8 @@ def run_child(impl: str, shape: str, model: str, args: argparse.Namespace) -> di
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
            "--new-tokens", str(args.new_tokens), "--dtype", args.dtype,
            "--prompts", str(args.prompts), "--group", str(args.group),
-           "--memory-budget", str(args.memory_budget),
+           "--memory-budget", str(args.memory_budget), "--device", args.device,
+           "--lora-rank", str(args.lora_rank),
            "--trl-generation", args.trl_generation]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
@@ -438,7 +452,8 @@ def summary(runs: list[dict], rollouts: int) -> dict[str, float]:
             "rollouts_cpu_s": rollouts / statistics.median(cpus),
             "rollouts_cpu_best": rollouts / min(cpus),
             "tokens_s": rollouts * mean_len / wall_med, "mean_len": mean_len,
-            "rss": max(r["peak_rss_mib"] for r in runs)}  # fmt: skip
+            "rss": max(r["peak_rss_mib"] for r in runs),
+            "gpu": max(r.get("peak_gpu_mib", float("nan")) for r in runs)}  # fmt: skip
 
 
 def main() -> None:
@@ -461,6 +476,13 @@ def main() -> None:
                         help="conspo's sampling.engine(s), comma-separated: native, hf, vllm"
                         " (each its own row, interleaved with the rest)")  # fmt: skip
     parser.add_argument("--engine", default="native", help="(child) conspo's sampling.engine")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=SMOL_LORA["rank"],
+        help="real-model shapes: LoRA rank on both sides (0: full fine-tuning)",
+    )
     parser.add_argument("--trl-generation", choices=["default", "autocast"], default="default",
                         help="with --dtype bf16: TRL generates in float32 (its default) or"
                         " under bfloat16 autocast, as conspo samples")  # fmt: skip
@@ -493,10 +515,11 @@ def main() -> None:
                     results[shape.name][impl].append(run_child(impl, shape.name, model, args))
     print(f"load after: {os.getloadavg()[0]:.2f}")
     print(f"{args.repeats} interleaved repeats x ({args.warmup} warm-up + {args.steps} timed"
-          f" steps), {args.threads} thread(s), {args.dtype}; per step: CPU, wall s")  # fmt: skip
+          f" steps), {args.threads} thread(s), {args.dtype}, {args.device}, real-model LoRA rank"
+          f" {args.lora_rank or 'none (full fine-tuning)'}; per step: CPU, wall s")  # fmt: skip
     print(f"{'shape':<10} {'impl':<12} {'rollouts':>8} {'len':>5} {'CPU min':>8} {'CPU med':>8} "
           f"{'wall min':>8} {'wall med':>8} {'rollouts/s':>10} {'tokens/s':>9} "
-          f"{'RSS MiB':>8}")  # fmt: skip
+          f"{'RSS MiB':>8} {'GPU MiB':>8}")  # fmt: skip
     stats: dict[str, dict[str, dict[str, float]]] = {}
     for shape in shapes:
         for impl, all_runs in results[shape.name].items():
@@ -510,7 +533,8 @@ def main() -> None:
             print(f"{shape.name:<10} {impl:<12} {shape.rollouts:8d} {s['mean_len']:5.1f} "
                   f"{s['cpu_min']:8.3f} {s['cpu_med']:8.3f} {s['wall_min']:8.3f} "
                   f"{s['wall_med']:8.3f} "
-                  f"{s['rollouts_s']:10.1f} {s['tokens_s']:9.0f} {s['rss']:8.0f}")  # fmt: skip
+                  f"{s['rollouts_s']:10.1f} {s['tokens_s']:9.0f} {s['rss']:8.0f}"
+                  f" {s['gpu']:8.0f}")  # fmt: skip
             each = "; ".join(" ".join(f"{c:.1f}/{w:.1f}" for c, w in
                                       zip(r["cpus"], r["walls"], strict=True))
                              for r in runs)  # fmt: skip

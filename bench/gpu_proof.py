@@ -1,0 +1,584 @@
+"""The GPU path proven: correctness on CUDA, one real step against TRL, and a real-model study.
+
+    PYTHONPATH=. python3 bench/gpu_proof.py [--out DIR] [--deadline-s 540]
+        [--sections correctness,speed,qwen,learning]
+    PYTHONPATH=. .venv/bin/python bench/gpu_proof.py --smoke     # the same script on a CPU (CI)
+
+One table, printed at the end and written to ``DIR/gpu_proof.md``:
+
+* **correctness** (this process, SmolLM2-135M-Instruct from the model store):
+  - ``decode``: the native decode loop (conspo.generation.decode.DecodeLoop, LoRA merged into
+    its weights) against the model's own forward, token after token over left-padded chat
+    prompts, with a LoRA adapter whose B matrices are random (a zero adapter would prove
+    nothing), in float32 and in bfloat16 weights: the largest |Δ log p| over the tokens the
+    forward gives p ≥ e^-10 (those a sampler can draw), and how often the argmax agrees;
+  - ``buckets``: one ConSPO update's gradient through the trainer's length buckets (each bucket
+    its own forward, one backward; conspo.training.microbatch.length_buckets, told to split
+    wherever it saves a token) against one forward over the whole padded batch, on rollouts the
+    model sampled: ‖g_buckets − g_whole‖ / ‖g_whole‖, float32 and bfloat16 autocast;
+  - ``memory``: three training configs, each in a process of its own, the trainer's memory
+    estimate (conspo.models.resources.estimate_memory, what the API refuses runs by) against
+    ``torch.cuda.max_memory_allocated`` over a real step (on a CPU: the peak of the process's
+    anonymous memory, printed but not judged, since the estimate covers tensors only);
+* **speed** (bench/throughput.py, each side in its own process, interleaved): one RL step of
+  SmolLM2-135M-Instruct at 8 prompts × 8 rollouts × up to 512 new tokens, bfloat16 autocast,
+  LoRA r16 and full fine-tuning, conspo's ``native`` and ``hf`` engines and TRL's GRPOTrainer,
+  3 repeats: seconds per step (wall and CPU), tokens/s, peak GPU memory;
+* **qwen** (bench/gpu_step.py): the same for the Qwen2-0.5B-shaped random model at 8 × 8 × 512;
+* **learning** (bench/gpu_real_model.py): ConSPO vs GRPO (and DisCO) on SmolLM2, 5 seeds, several
+  runs at a time on the one GPU, and the platform's verdict line.
+
+Each section runs as long as ``--deadline-s`` leaves time (counted from the start; a section's
+children are stopped at the deadline and the section is marked "cut at the deadline"), in the
+order above, which puts the cheapest and surest checks first. A check whose figure is out of
+its bound is marked DEVIATION and makes the exit status 1; the table is printed either way.
+
+``--smoke`` checks everything above on a CPU at toy sizes (float32 where bfloat16 would crawl,
+2 × 2 × 8 tokens, one repeat, 1 step, 2 seeds, GRPO and ConSPO): the figures mean nothing, the
+plumbing is what it proves (tests/conspo/test_gpu_proof.py runs it in CI).
+
+How to get this onto a GPU machine with no package index: bench/README.md (bench/gpu_carry.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODEL = "smollm2-135m-instruct"
+# The task of bench/throughput.py's smol shape: reasoning-gym's sums of two 1-digit numbers, in
+# the model's chat template (answers of a few dozen tokens: lengths differ, so buckets split).
+TASK = {
+    "name": "reasoning_gym",
+    "params": {"dataset": "chain_sum", "answer_format": "last_number",
+               "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+}  # fmt: skip
+QUESTIONS = [
+    "What is 7 + 5?",
+    "A train leaves at 3 pm and arrives 2 hours later. When does it arrive?",
+    "Name a prime number larger than 20.",
+    "Write one sentence about the sea.",
+    "What is 12 times 3?",
+    "Spell the word 'gradient' backwards.",
+    "How many legs do three spiders have?",
+    "What colour is the sky on a clear day?",
+]
+
+# Bounds a check must stay inside. float32 on CUDA: kernels differ by shape (cuBLAS picks its
+# algorithm per shape, SDPA's kernels per length), so agreement is to float32 rounding over a
+# 30-layer model, not bitwise. bfloat16: 8 bits of mantissa, and the loop's merged LoRA weights
+# are rounded once where the forward rounds base and adapter apart.
+DECODE_BOUND = {"float32": 2e-3, "bfloat16": 0.25}
+BUCKET_BOUND = {"float32": 1e-4, "bfloat16": 3e-2}
+# The memory estimate's stated factor (tests/conspo/test_resources.py, measured on a CPU).
+MEMORY_FACTOR = (0.6, 1.6)
+
+
+@dataclass
+class Row:
+    section: str
+    check: str
+    figure: str
+    bound: str = ""
+    verdict: str = ""  # "ok", "DEVIATION", "" (a figure, nothing to judge)
+
+
+class Proof:
+    """The table being filled, and the clock every section runs against."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rows: list[Row] = []
+        self.started = time.monotonic()
+        self.device = "cpu" if args.smoke else "cuda"
+
+    def left(self) -> float:
+        return self.args.deadline_s - (time.monotonic() - self.started)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        print(f"  [{row.section}] {row.check}: {row.figure}"
+              f"{f'  (bound {row.bound})' if row.bound else ''}"
+              f"{f'  {row.verdict}' if row.verdict else ''}", flush=True)  # fmt: skip
+
+    def judge(self, section: str, check: str, value: float, bound: float, fmt: str) -> None:
+        ok = math.isfinite(value) and value <= bound
+        self.add(Row(section, check, format(value, fmt), f"≤ {bound:g}",
+                     "ok" if ok else "DEVIATION"))  # fmt: skip
+
+    def table(self) -> str:
+        lines = [
+            "| section | check | figure | bound | verdict |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for r in self.rows:
+            figure = r.figure.replace("|", "/")
+            lines.append(f"| {r.section} | {r.check} | {figure} | {r.bound} | {r.verdict} |")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# correctness
+# --------------------------------------------------------------------------------------------
+
+
+def model_path() -> Path:
+    from conspo.models.builtins import builtin_store
+
+    return Path(builtin_store().resolve(MODEL))
+
+
+def decode_check(proof: Proof, dtype_name: str) -> None:
+    """DecodeLoop's log-probs against the model's own forward, SmolLM2 + a random LoRA."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conspo.generation.decode import DecodeLoop
+    from conspo.generation.forward import prefill, prompt_positions
+
+    smoke = proof.args.smoke
+    rows, tokens = (2, 4) if smoke else (8, 24)
+    dtype = getattr(torch, dtype_name)
+    path = model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(proof.device)
+    # init_lora_weights=False: B random too, so the adapter changes every layer's output.
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    model = get_peft_model(model, lora).eval()
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in QUESTIONS[:rows]
+    ]
+    enc = tokenizer(texts, return_tensors="pt", padding=True).to(proof.device)
+    ids, mask = enc.input_ids, enc.attention_mask
+    generator = torch.Generator().manual_seed(1)
+    response = torch.randint(0, len(tokenizer), (rows, tokens), generator=generator)
+    response = response.to(proof.device)
+    check = f"decode loop vs forward, LoRA r16, {dtype_name} weights ({rows}×{tokens} tokens)"
+    if not DecodeLoop.supports(model, ids.shape[1] + tokens):
+        proof.add(Row("correctness", check, "the loop refused the model", "", "DEVIATION"))
+        return
+    worst, agree = 0.0, 0
+    with torch.no_grad():
+        state = prefill(model, ids, mask, 1)
+        loop = DecodeLoop(model, state.cache, mask, state.next_position, tokens)
+        for t in range(tokens):
+            ours = loop.step(response[:, t], t).float().log_softmax(-1)
+            full = torch.cat([ids, response[:, : t + 1]], dim=1)
+            attn = torch.cat([mask, torch.ones_like(response[:, : t + 1])], dim=1)
+            out = model(input_ids=full, attention_mask=attn, position_ids=prompt_positions(attn))
+            ref = out.logits[:, -1].float().log_softmax(-1)
+            drawable = ref > -10.0
+            worst = max(worst, (ours - ref).abs()[drawable].max().item())
+            agree += int((ours.argmax(-1) == ref.argmax(-1)).sum().item())
+    bound = DECODE_BOUND[dtype_name]
+    ok = worst <= bound
+    figure = f"max |Δ log p| {worst:.2e}, argmax agrees {agree}/{rows * tokens}"
+    proof.add(Row("correctness", check, figure, f"≤ {bound:g}", "ok" if ok else "DEVIATION"))
+
+
+def bucket_check(proof: Proof, dtype_name: str) -> None:
+    """One update's gradient through length buckets vs one padded forward (SmolLM2 + LoRA)."""
+    import torch
+
+    from conspo.config import RunConfig
+    from conspo.models.builtins import builtin_store
+    from conspo.training import microbatch
+    from conspo.training import update as update_module
+    from conspo.training.loop import setup
+    from conspo.training.rollouts import collect_rollouts
+
+    smoke = proof.args.smoke
+    prompts, group, tokens = (2, 2, 16) if smoke else (4, 4, 64)
+    precision = {"dtype": "float32"}
+    if dtype_name == "bfloat16":
+        precision = {"dtype": "bfloat16", "mixed_precision": True}
+    cfg = RunConfig.model_validate({
+        "algorithm": "conspo", "seed": 3, "steps": 1, "task": {**TASK, "eval_size": 2},
+        "prompt": {"chat_template": "on"},
+        "model": {"name": MODEL, "device": proof.device, "lora": {"rank": 16, "alpha": 32},
+                  **precision},
+        "sampling": {"prompts_per_step": prompts, "group_size": group, "max_new_tokens": tokens,
+                     "temperature": 0.7},
+        "optim": {"mini_batches": 1, "micro_batch_tokens": 0},
+    })  # fmt: skip
+    store = builtin_store()
+
+    def gradient(rollouts: Any, buckets: Callable[..., list[torch.Tensor]]) -> Any:
+        state = setup(cfg, store)
+        # SGD: the gradient alone moves the weights; the spy keeps it before the step.
+        state.optimizer = torch.optim.SGD(state.trainable, lr=1e-2)
+        if rollouts is None:
+            rollouts = collect_rollouts(state, 1, lambda: False)
+            # Rewards set to alternate within every group: the answers are the model's, but a
+            # toy batch's verified rewards are often all equal within a group, which leaves no
+            # advantage and no gradient to compare.
+            alternate = (torch.arange(len(rollouts.rewards)) % 2).to(rollouts.rewards.dtype)
+            rollouts = dataclasses.replace(rollouts, rewards=alternate, correct=alternate.clone())
+        grads: list[torch.Tensor] = []
+        step = state.precision.step
+
+        def spy(optimizer: Any, params: Any, max_norm: Any) -> Any:
+            grads.append(torch.cat([p.grad.flatten().float() for p in params]))
+            return step(optimizer, params, max_norm)
+
+        state.precision.step = spy  # type: ignore[method-assign]
+        real = update_module.length_buckets
+        update_module.length_buckets = buckets  # type: ignore[assignment]
+        try:
+            update_module.update(state, rollouts, 1, cfg.optim.lr)
+        finally:
+            update_module.length_buckets = real  # type: ignore[assignment]
+        return grads[0], rollouts
+
+    def one(batch: Any, g: int) -> list[torch.Tensor]:
+        return [torch.arange(len(batch.lengths))]
+
+    real_overhead = microbatch.BUCKET_OVERHEAD_TOKENS
+    microbatch.BUCKET_OVERHEAD_TOKENS = 0  # split wherever it saves a token
+    try:
+        whole, rollouts = gradient(None, one)
+        pieces = microbatch.length_buckets(rollouts.batch, group)
+        bucketed, _ = gradient(rollouts, microbatch.length_buckets)
+    finally:
+        microbatch.BUCKET_OVERHEAD_TOKENS = real_overhead
+    lengths = sorted(int(n) for n in rollouts.batch.lengths)
+    check = (f"bucketed vs one padded forward, ConSPO, {dtype_name}"
+             f"{' autocast' if dtype_name == 'bfloat16' else ''} ({len(pieces)} buckets,"
+             f" lengths {lengths[0]}-{lengths[-1]})")  # fmt: skip
+    if len(pieces) < 2:
+        proof.add(Row("correctness", check, "one bucket: the split was not exercised", "",
+                      "DEVIATION"))  # fmt: skip
+        return
+    rel = ((bucketed - whole).norm() / whole.norm()).item()
+    proof.judge("correctness", check, rel, BUCKET_BOUND[dtype_name], ".2e")
+
+
+def memory_configs(smoke: bool) -> dict[str, dict[str, Any]]:
+    """Three step configs of SmolLM2 whose peaks the estimate must follow."""
+    shape = (2, 2, 8) if smoke else (8, 8, 512)
+    sampling = {"prompts_per_step": shape[0], "group_size": shape[1], "max_new_tokens": shape[2],
+                "temperature": 0.7}  # fmt: skip
+    dtype = {"dtype": "float32"} if smoke else {"dtype": "bfloat16"}
+    return {
+        "LoRA r16": {"model": {"lora": {"rank": 16, "alpha": 32}, **dtype}, "sampling": sampling},
+        "full fine-tuning, 2 mini-batches": {
+            "model": {"lora": {"rank": 0}, **dtype},
+            "sampling": sampling,
+            "optim": {"mini_batches": 2},
+        },
+        "LoRA, checkpointing, micro-batches of 2048 tokens": {
+            "model": {"lora": {"rank": 16, "alpha": 32}, "gradient_checkpointing": True, **dtype},
+            "sampling": sampling,
+            "optim": {"micro_batch_tokens": 2048},
+        },
+    }
+
+
+def memory_child(name: str, device: str, smoke: bool) -> None:
+    """(child process) One step of config ``name``: the measured peak and the estimate, JSON."""
+    import torch
+
+    from conspo.access import ModelSources
+    from conspo.config import RunConfig
+    from conspo.models.builtins import builtin_store
+    from conspo.models.resources import dtype_bytes, estimate_memory, source_dims
+    from conspo.sink import MemorySink
+    from conspo.training.trainer import train
+
+    overrides = memory_configs(smoke)[name]
+    cfg = RunConfig.model_validate({
+        "algorithm": "grpo", "steps": 1, "task": {**TASK, "eval_size": 2},
+        "prompt": {"chat_template": "on"}, "eval": {"every": 0, "at_start": False, "pass_k": 1},
+        "checkpoint": {"every": 0}, **overrides,
+        "model": {"name": MODEL, "device": device, **overrides["model"]},
+    })  # fmt: skip
+    store = builtin_store()
+    store.resolve(MODEL)  # built before the measurement starts
+    dims = source_dims(ModelSources().locate(MODEL))
+    assert dims is not None
+    estimate = estimate_memory(cfg, dims, dtype_bytes(cfg.model.dtype, device)).total
+
+    import tempfile
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        with tempfile.TemporaryDirectory() as workdir:
+            train(cfg, MemorySink(), workdir=workdir, model_store=store)
+        measured = torch.cuda.max_memory_allocated()
+    else:  # the peak of anonymous memory above what the process held before the run
+
+        def anonymous() -> int:
+            _, resident, shared, *_ = (int(x) for x in Path("/proc/self/statm").read_text().split())
+            return (resident - shared) * resource.getpagesize()
+
+        before, peak, done = anonymous(), [0], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], anonymous())
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        with tempfile.TemporaryDirectory() as workdir:
+            train(cfg, MemorySink(), workdir=workdir, model_store=store)
+        done.set()
+        watcher.join()
+        measured = peak[0] - before
+    print(json.dumps({"measured": measured, "estimate": estimate}))
+
+
+def memory_check(proof: Proof) -> None:
+    for name in memory_configs(proof.args.smoke):
+        cmd = [sys.executable, __file__, "--memory-child", name, "--device", proof.device]
+        cmd += ["--smoke"] if proof.args.smoke else []
+        out = run(proof, cmd)
+        check = f"estimate vs peak: {name}"
+        if out is None:
+            proof.add(Row("correctness", check, "cut at the deadline"))
+            continue
+        if out.returncode != 0:
+            proof.add(Row("correctness", check, f"failed: {last_line(out.stderr)}", "",
+                          "DEVIATION"))  # fmt: skip
+            continue
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        ratio = got["measured"] / got["estimate"]
+        what = "max_memory_allocated" if proof.device == "cuda" else "peak anonymous RSS"
+        figure = (f"{what} {got['measured'] / 2**20:,.0f} MiB, estimate"
+                  f" {got['estimate'] / 2**20:,.0f} MiB, ratio {ratio:.2f}")  # fmt: skip
+        lo, hi = MEMORY_FACTOR
+        if proof.device != "cuda":  # RSS holds the runtime too: a figure, not a check
+            proof.add(Row("correctness", check, figure, "not judged on a CPU"))
+            continue
+        verdict = "ok" if lo <= ratio <= hi else "DEVIATION"
+        proof.add(Row("correctness", check, figure, f"{lo}–{hi}×", verdict))
+
+
+def correctness(proof: Proof) -> None:
+    dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
+    for dtype in dtypes:
+        guarded(
+            proof, "correctness", f"decode loop, {dtype}", lambda d=dtype: decode_check(proof, d)
+        )
+    for dtype in dtypes:
+        guarded(proof, "correctness", f"buckets, {dtype}", lambda d=dtype: bucket_check(proof, d))
+    guarded(proof, "correctness", "memory", lambda: memory_check(proof))
+
+
+def guarded(proof: Proof, section: str, check: str, fn: Callable[[], None]) -> None:
+    """Run one check; an exception is a DEVIATION row with its message, not the end of the run."""
+    if proof.left() <= 0:
+        proof.add(Row(section, check, "cut at the deadline"))
+        return
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 — any failure of a check is what the table reports
+        import traceback
+
+        traceback.print_exc()
+        proof.add(Row(section, check, f"failed: {type(e).__name__}: {e}"[:300], "", "DEVIATION"))
+
+
+# --------------------------------------------------------------------------------------------
+# speed and learning: the existing bench scripts, in child processes
+# --------------------------------------------------------------------------------------------
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def run(proof: Proof, cmd: list[str]) -> subprocess.CompletedProcess[str] | None:
+    """Run ``cmd`` (its output echoed as it comes) until the deadline; None when cut."""
+    left = proof.left()
+    if left <= 0:
+        return None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+           os.environ.get("PYTHONPATH", "")])), "PYTHONUNBUFFERED": "1",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
+    if proof.args.smoke:  # one thread each: CI runs this beside other tests on two cores
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    out: list[str] = []
+    err: list[str] = []
+
+    def pump(stream: Any, into: list[str], echo: bool) -> None:
+        for line in stream:
+            into.append(line)
+            if echo:
+                print(f"    | {line}", end="", flush=True)
+
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, out, True)),
+             threading.Thread(target=pump, args=(proc.stderr, err, False))]  # fmt: skip
+    for p in pumps:
+        p.start()
+    try:
+        proc.wait(timeout=left)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the script and its own children (each side's process)
+        proc.wait()
+        for p in pumps:
+            p.join()
+        return None
+    for p in pumps:
+        p.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
+
+
+def script_rows(proof: Proof, section: str, label: str, cmd: list[str],
+                keep: Callable[[str], bool]) -> None:  # fmt: skip
+    """Run a bench script; its summary lines (those ``keep`` picks) become the section's rows."""
+    out = run(proof, cmd)
+    if out is None:
+        proof.add(Row(section, label, "cut at the deadline"))
+        return
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-4000:])
+        proof.add(Row(section, label, f"failed: {last_line(out.stderr)}", "", "DEVIATION"))
+        return
+    kept = [line.strip() for line in out.stdout.splitlines() if keep(line)]
+    if not kept:
+        proof.add(Row(section, label, "no summary line in its output", "", "DEVIATION"))
+    for line in kept:
+        proof.add(Row(section, label, re.sub(r"\s+", " ", line)))
+
+
+def throughput_line(line: str) -> bool:
+    """bench/throughput.py's table rows and ratio lines (not its per-repeat detail)."""
+    s = line.strip()
+    return s.startswith(("smol ", "smol:"))
+
+
+def speed(proof: Proof) -> None:
+    smoke = proof.args.smoke
+    shape = ["--prompts", "2", "--group", "2", "--new-tokens", "8", "--repeats", "1",
+             "--warmup", "1", "--steps", "1", "--dtype", "float32", "--device", "cpu"] if smoke \
+        else ["--prompts", "8", "--group", "8", "--new-tokens", "512", "--repeats", "3",
+              "--warmup", "1", "--steps", "1", "--dtype", "bf16", "--device", "cuda",
+              "--threads", "4"]  # fmt: skip
+    for rank, label in (("16", "SmolLM2 LoRA r16"), ("0", "SmolLM2 full fine-tuning")):
+        cmd = [sys.executable, "bench/throughput.py", "--shapes", "smol", "--engines",
+               "native,hf", "--lora-rank", rank, *shape]  # fmt: skip
+        script_rows(proof, "speed", label, cmd, throughput_line)
+
+
+def qwen(proof: Proof) -> None:
+    smoke = proof.args.smoke
+    args = ["--preset", "cpu", "--impls", "native,hf,trl", "--repeats", "1", "--warmup", "1",
+            "--steps", "1", "--dtype", "float32", "--threads", "1"] if smoke \
+        else ["--impls", "native,hf,trl", "--repeats", "3", "--warmup", "1", "--steps", "1",
+              "--dtype", "bfloat16", "--threads", "4"]  # fmt: skip
+    cmd = [sys.executable, "bench/gpu_step.py", *args]
+    label = "Qwen2-0.5B shape (random)" if not smoke else "Qwen2 shape, CPU preset"
+    impl = re.compile(r"^\s*(native|hf|trl|vllm): (wall|failed)")
+    script_rows(proof, "speed", label, cmd, lambda line: bool(impl.match(line)))
+
+
+def learning(proof: Proof) -> None:
+    smoke = proof.args.smoke
+    out = Path(proof.args.out) / "gpu_real_model.json"
+    args = ["--smoke", "--seeds", "0", "1", "--steps", "1", "--arms", "grpo,conspo",
+            "--jobs", "2"] if smoke else []  # fmt: skip
+    cmd = [sys.executable, "bench/gpu_real_model.py", *args, "--out", str(out)]
+
+    seen_verdict = [False]
+
+    def keep(line: str) -> bool:  # the wall time, then the verdict header and its lines
+        seen_verdict[0] = seen_verdict[0] or line.startswith("verdict")
+        return line.startswith("study:") or seen_verdict[0]
+
+    script_rows(proof, "learning", "SmolLM2 study, final held-out accuracy", cmd, keep)
+
+
+SECTIONS: dict[str, Callable[[Proof], None]] = {
+    "correctness": correctness,
+    "speed": speed,
+    "qwen": qwen,
+    "learning": learning,
+}
+
+
+def environment() -> str:
+    """One line: where this ran, with what."""
+    import torch
+    import transformers
+
+    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    python = sys.version.split()[0]
+    return (f"{where}; torch {torch.__version__} (CUDA {torch.version.cuda}),"
+            f" transformers {transformers.__version__}, Python {python}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="toy sizes on a CPU")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--deadline-s", type=float,
+                        help="stop starting work this many seconds after the start (default 540;"
+                        " none with --smoke)")  # fmt: skip
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu_proof"))
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    parser.add_argument("--device", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        if args.smoke:
+            import torch
+
+            torch.set_num_threads(1)
+        memory_child(args.memory_child, args.device, args.smoke)
+        return
+    if args.deadline_s is None:
+        args.deadline_s = math.inf if args.smoke else 540.0
+    sections = args.sections.split(",")
+    if unknown := [s for s in sections if s not in SECTIONS]:
+        sys.exit(f"--sections: unknown {', '.join(unknown)}; pick from {', '.join(SECTIONS)}")
+    import torch
+
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("no CUDA device here: run with --smoke for the CPU check")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        torch.set_num_threads(1)
+    proof = Proof(args)
+    print(f"gpu_proof: {environment()}; sections {', '.join(sections)};"
+          f" deadline {args.deadline_s:.0f} s{'; SMOKE (CPU, toy sizes)' if args.smoke else ''}",
+          flush=True)  # fmt: skip
+    model_path()  # the store builds SmolLM2 once, before any clock that times a step
+    for name in sections:
+        began = time.monotonic()
+        print(f"== {name} ({proof.left():.0f} s left)", flush=True)
+        guarded(proof, name, name, lambda n=name: SECTIONS[n](proof))
+        print(f"== {name}: {time.monotonic() - began:.0f} s", flush=True)
+    total = time.monotonic() - proof.started
+    header = f"gpu_proof on {environment()}, {total:.0f} s{' (SMOKE)' if args.smoke else ''}"
+    report = f"{header}\n\n{proof.table()}\n"
+    (Path(args.out) / "gpu_proof.md").write_text(report)
+    print("\n" + report, flush=True)
+    sys.exit(1 if any(r.verdict == "DEVIATION" for r in proof.rows) else 0)
+
+
+if __name__ == "__main__":
+    main()
