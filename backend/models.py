@@ -183,6 +183,7 @@ class Run(Base):
     # A pipeline's stage (0-based): created when the stage before it succeeded (lifecycle.finish).
     pipeline_id: Mapped[int | None] = mapped_column(Integer, index=True)
     pipeline_stage: Mapped[int | None] = mapped_column(Integer)
+    note: Mapped[str] = mapped_column(Text, default="", server_default="")  # Markdown
 
     owner: Mapped[User | None] = relationship(lazy="joined")
 
@@ -201,6 +202,7 @@ class Pipeline(Base):
     owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     stages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     released: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    note: Mapped[str] = mapped_column(Text, default="", server_default="")  # Markdown
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     owner: Mapped[User | None] = relationship(lazy="joined")
@@ -349,6 +351,7 @@ class Study(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     baseline: Mapped[str | None] = mapped_column(String(100))
     concurrency: Mapped[int] = mapped_column(Integer, default=4)
+    note: Mapped[str] = mapped_column(Text, default="", server_default="")  # Markdown
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -15,6 +15,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticSerializationError, to_json
 
@@ -93,6 +94,29 @@ class RunCreate(_Submission):
     tags: list[Tag] = Field(default_factory=list, max_length=50)
 
 
+NOTE_MAX = 20_000  # characters of a note (Markdown)
+Note = Annotated[str, Field(max_length=NOTE_MAX), TEXT]
+
+
+class NotePatch(_Body):
+    """A study's or a pipeline's note (Markdown; "" clears it)."""
+
+    note: Note
+
+
+class RunPatch(_Body):
+    """What a run's owner may change after submitting: its note and its tags. At least one."""
+
+    note: Note | None = Field(None, description='Markdown (raw HTML is shown as text); "" clears.')
+    tags: list[Tag] | None = Field(None, max_length=50, description="Replaces the run's tags.")
+
+    @model_validator(mode="after")
+    def _something(self) -> RunPatch:
+        if self.note is None and self.tags is None:
+            raise ValueError("give note, tags or both")
+        return self
+
+
 class RunClone(_Submission):
     overrides: FreeJSON = Field(
         default_factory=dict, description="Partial RunConfig, deep-merged into the source's."
@@ -137,6 +161,10 @@ class RunOut(BaseModel):
     seed: int
     group_id: str | None
     tags: list[str]
+    note: str = Field("", description="The owner's Markdown note.")
+    note_html: str | None = Field(
+        None, description="The note rendered (raw HTML escaped); in a single run's read only."
+    )
     step: int
     total_steps: int
     created_at: float
@@ -263,6 +291,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "seed": run.seed,
         "group_id": run.group_id,
         "tags": list(run.tags or []),
+        "note": run.note or "",
         "cloned_from": run.cloned_from,
         "pipeline_id": run.pipeline_id,
         "pipeline_stage": run.pipeline_stage,
@@ -557,6 +586,8 @@ class PipelineOut(BaseModel):
     status: str = Field(description="queued, running, succeeded, failed or cancelled.")
     released: int = Field(description="Stages that have a run (-1: cancelled).")
     created_at: float
+    note: str = Field("", description="The owner's Markdown note.")
+    note_html: str = Field("", description="The note rendered (raw HTML escaped).")
     stages: list[StageOut]
 
 
@@ -579,6 +610,7 @@ class StudySummary(BaseModel):
     status: str = Field(description="active, done or cancelled.")
     owner: str | None
     created_at: float
+    note: str = Field("", description="The owner's Markdown note.")
     baseline: str | None
     arms: list[str]
     seeds: list[int]
@@ -624,6 +656,8 @@ class StudyOut(BaseModel):
     owner: str | None
     status: str
     created_at: float
+    note: str = Field("", description="The owner's Markdown note.")
+    note_html: str = Field("", description="The note rendered (raw HTML escaped).")
     spec: dict[str, Any] = Field(description="The study as submitted (StudyCreate).")
     baseline: str
     concurrency: int

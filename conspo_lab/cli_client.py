@@ -119,6 +119,13 @@ def runs(
     tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
     group: Annotated[str | None, typer.Option(help="Only this submission group id.")] = None,
     q: Annotated[str | None, typer.Option(help="Name substring.")] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            help="Conditions on config fields and metric summaries, ANDed, e.g."
+            " 'params.tau>=5 AND best(eval/accuracy)>0.2' (docs/api.md, Finding runs)."
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 50,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -131,6 +138,7 @@ def runs(
             tag=tag,
             group_id=group,
             q=q,
+            where=where,
             sort="-created_at",
             limit=limit,
         )

@@ -307,7 +307,10 @@ class Client:
         limit: int = 50,
         offset: int = 0,
         ids: list[int] | None = None,
+        where: str | None = None,
     ) -> RunPage:
+        """Runs matching every filter given; ``where``: conditions on config fields and metric
+        summaries (``params.tau>=5 AND best(eval/accuracy)>0.2``, docs/api.md)."""
         params = dict(
             status=status,
             kind=kind,
@@ -317,6 +320,7 @@ class Client:
             group_id=group_id,
             ids=None if ids is None else ",".join(str(i) for i in ids),
             q=q,
+            where=where,
             sort=sort,
             limit=limit,
             offset=offset,

@@ -13,6 +13,8 @@ from urllib.parse import unquote, unquote_to_bytes
 from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 
+from backend.runs import where
+from backend.runs.where import Condition
 from backend.schemas import INT32_MAX
 from conspo.input_checks import label_problem
 
@@ -106,3 +108,14 @@ async def query_is_utf8(request: Request) -> None:
                         }
                     ]
                 ) from None
+
+
+def parse_where(raw: str) -> list[Condition]:
+    """``where``'s conditions (backend.runs.where), or a 422 at ``query.where`` naming the
+    character where the query stopped parsing."""
+    try:
+        return where.parse(raw)
+    except where.WhereError as exc:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("query", "where"), "msg": str(exc), "input": raw}]
+        ) from None

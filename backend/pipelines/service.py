@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from backend import markdown
 from backend.errors import InvalidInput, Loc
 from backend.models import DEFAULT_KIND, FINISHED, Pipeline, Run, RunStatus, User
 from backend.pipelines.stages import STOPPED, stage_run
@@ -151,6 +152,8 @@ def pipeline_view(
         "status": overall,
         "released": pipeline.released,
         "created_at": pipeline.created_at.timestamp(),
+        "note": pipeline.note or "",
+        "note_html": markdown.render(pipeline.note or ""),
         "stages": stages,
     }
 

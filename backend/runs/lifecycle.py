@@ -517,6 +517,22 @@ def stranded(session: Session, jobs: JobQueue, sent_before: datetime) -> list[in
 # --------------------------------------------------------------------------------------------
 
 
+def annotate(
+    session: Session, run: Run, *, note: str | None = None, tags: list[str] | None = None
+) -> Run:
+    """Set the run's note and/or tags (what ``None`` leaves alone). ``updated_at`` moves, so
+    open pages get the change on their live stream."""
+    values: dict[str, Any] = {"updated_at": utcnow()}
+    if note is not None:
+        values["note"] = note
+    if tags is not None:
+        values["tags"] = list(dict.fromkeys(tags))  # one of each, in the order given
+    session.execute(update(Run).where(Run.id == run.id).values(**values))
+    session.commit()
+    session.refresh(run)
+    return run
+
+
 def request_cancel(session: Session, run: Run) -> Run:
     """queued → cancelled at once; running → cancel requested (the worker stops within
     seconds and finishes it as cancelled); a running external run → cancelled (nobody else

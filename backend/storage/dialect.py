@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from sqlalchemy import Table, delete, select
+from sqlalchemy import ColumnElement, Table, delete, select
 from sqlalchemy.orm import Session
 
 from backend.models import MetricRollup
@@ -53,10 +53,25 @@ class BucketRange(NamedTuple):
     hi: int
 
 
+class JsonField(NamedTuple):
+    """One field of a JSON column, typed: each expression is the field's value where the field
+    holds that JSON type, else NULL (so a comparison with the wrong type never matches and a
+    cast never fails on a row whose field is text)."""
+
+    number: ColumnElement[Any]
+    text: ColumnElement[Any]
+    boolean: ColumnElement[Any]  # 'true' / 'false'
+
+
 class Dialect(ABC):
     """Every storage operation whose SQL differs between dialects (one instance per engine)."""
 
     name: ClassVar[str]  # SQLAlchemy's name of the dialect
+
+    @abstractmethod
+    def json_field(self, column: ColumnElement[Any], names: Sequence[str]) -> JsonField:
+        """The field at ``names`` (object keys, outermost first) of the JSON ``column``, with the
+        path a bound parameter."""
 
     @abstractmethod
     def upsert(

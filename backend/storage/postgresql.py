@@ -19,7 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, Table, bindparam, case, cast
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    Float,
+    Integer,
+    Table,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
@@ -32,6 +46,7 @@ from backend.storage.dialect import (
     BucketRange,
     Buckets,
     Dialect,
+    JsonField,
     SeriesKey,
     StepRange,
     collect,
@@ -158,6 +173,18 @@ _PG = postgresql.dialect()  # compiles type names and quotes identifiers of gene
 
 class PostgresDialect(Dialect):
     name = "postgresql"
+
+    def json_field(self, column: ColumnElement[Any], names: Sequence[str]) -> JsonField:
+        path = literal(list(names), postgresql.ARRAY(Text))
+        node = column.op("#>", return_type=JSON)(path)
+        text = column.op("#>>", return_type=Text)(path)
+        kind = func.json_typeof(node)
+        return JsonField(
+            # the CASE keeps the cast from ever seeing a row whose field is not a number
+            number=case((kind == "number", cast(text, Float))),
+            text=case((kind == "string", text)),
+            boolean=case((kind == "boolean", text)),
+        )
 
     def upsert(
         self,

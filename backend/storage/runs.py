@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import String, cast, func, select
+from sqlalchemy import ColumnElement, String, cast, func, select
 from sqlalchemy.orm import Session
 
-from backend.models import Run, RunStatus
+from backend.models import Metric, Run, RunStatus
+from backend.runs.where import Condition, MetricSummary
+from backend.storage.strategies import dialect_of
 
 RunSort = Literal["created_at", "-created_at", "name", "status", "id"]
 SORTS: dict[str, Any] = {
@@ -35,6 +37,8 @@ class RunFilter:
     group_id: str | None = None
     name_contains: str | None = None
     ids: Sequence[int] | None = None
+    # backend.runs.where's conditions on config fields and metric summaries
+    conditions: Sequence[Condition] = ()
 
 
 def list_runs(
@@ -60,10 +64,43 @@ def list_runs(
     if where.tag:
         # tags is a JSON list; match the quoted element in its text (portable across dialects).
         stmt = stmt.where(cast(Run.tags, String).contains(json.dumps(where.tag), autoescape=True))
+    for condition in where.conditions:
+        stmt = stmt.where(_condition(session, condition))
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
     rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
     return list(rows), total
+
+
+def _condition(session: Session, c: Condition) -> ColumnElement[bool]:
+    """SQL for one parsed condition; every name and value a bound parameter."""
+    left: Any
+    value: Any = c.value
+    if isinstance(c.left, MetricSummary):
+        of_run = (Metric.run_id == Run.id, Metric.key == c.left.key)
+        if c.left.summary == "last":
+            last = select(Metric.value).where(*of_run).order_by(Metric.step.desc()).limit(1)
+            left = last.scalar_subquery()
+        else:
+            summary = func.min if c.left.summary == "min" else func.max
+            left = select(summary(Metric.value)).where(*of_run).scalar_subquery()
+    else:
+        field = dialect_of(session).json_field(Run.__table__.c.config, c.left.names)
+        if isinstance(c.value, bool):
+            left, value = field.boolean, "true" if c.value else "false"
+        elif isinstance(c.value, float):
+            left = field.number
+        else:
+            left = field.text
+    # A run without the field or the metric has NULL there: no comparison matches it.
+    return {
+        "=": left == value,
+        "!=": left != value,
+        "<": left < value,
+        "<=": left <= value,
+        ">": left > value,
+        ">=": left >= value,
+    }[c.op]
 
 
 def queue_positions(session: Session) -> dict[int, int]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import Table, and_, case, func, or_, select
+from sqlalchemy import ColumnElement, Table, and_, case, func, literal, or_, select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
@@ -20,6 +20,7 @@ from backend.storage.dialect import (
     BucketRange,
     Buckets,
     Dialect,
+    JsonField,
     SeriesKey,
     StepRange,
     chunks,
@@ -37,6 +38,17 @@ ROLLOUT_STEP_KEY = ("run_id", "step")
 
 class SqliteDialect(Dialect):
     name = "sqlite"
+
+    def json_field(self, column: ColumnElement[Any], names: Sequence[str]) -> JsonField:
+        # '$."a"."b"': names are identifiers (backend.runs.where), quoted all the same
+        path = literal("$" + "".join(f'."{n}"' for n in names))
+        kind = func.json_type(column, path)
+        value = func.json_extract(column, path)
+        return JsonField(
+            number=case((kind.in_(("integer", "real")), value)),
+            text=case((kind == "text", value)),
+            boolean=case((kind.in_(("true", "false")), kind)),
+        )
 
     def upsert(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from backend import markdown
 from backend.errors import InvalidInput, Loc
 from backend.models import (
     FINISHED,
@@ -241,6 +242,7 @@ def study_summary(study: Study, progress: dict[str, int] | None = None) -> dict[
         "status": study.status,
         "owner": study.owner.name if study.owner else None,
         "created_at": study.created_at.timestamp(),
+        "note": study.note or "",
         "baseline": study.baseline,
         "arms": [a["name"] for a in study.spec.get("arms", [])],
         "seeds": study.spec.get("seeds", []),
@@ -283,6 +285,8 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "owner": study.owner.name if study.owner is not None else None,
         "status": study.status,
         "created_at": study.created_at.timestamp(),
+        "note": study.note or "",
+        "note_html": markdown.render(study.note or ""),
         "spec": study.spec,
         "baseline": baseline,
         "concurrency": study.concurrency,

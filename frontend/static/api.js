@@ -46,6 +46,7 @@ export async function request(method, path, body) {
 export const get = (path) => request("GET", path);
 export const post = (path, body = {}) => request("POST", path, body);
 export const del = (path) => request("DELETE", path);
+export const patch = (path, body) => request("PATCH", path, body);
 
 export function qs(params) {
   const u = new URLSearchParams();

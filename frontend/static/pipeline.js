@@ -5,11 +5,13 @@
 // seconds until the pipeline ends; "Cancel pipeline" is POST /api/pipelines/{id}/cancel.
 import { errorText, get, post } from "/static/api.js";
 import { metricInfo } from "/static/catalogue.js";
+import { noteEditor } from "/static/notes.js";
 import { $, FINISHED, fmtNum, h, progressBar, statusBadge, toast } from "/static/util.js";
 
 const root = $("#pipeline");
 const pipelineId = Number(root.dataset.pipelineId);
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+const showNote = noteEditor($("#pipeline-notes"), { path: `/api/pipelines/${pipelineId}` });
 let last = "";
 
 const label = (key) => metricInfo(key)?.label || key;
@@ -125,6 +127,7 @@ function render(p) {
   $("#pipeline-cancel").hidden = ENDED.has(p.status);
   $("#stages-body").replaceChildren(...p.stages.map(stageRow));
   $("#handoffs").replaceChildren(...handoffs(p.stages));
+  showNote(p);
 }
 
 async function refresh() {

@@ -3,6 +3,7 @@
 // stream /api/runs/{id}/stream and are appended; charts redraw with Plotly.react and a fixed
 // uirevision so zoom survives every update.
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
+import { noteEditor } from "/static/notes.js";
 import { promptView } from "/static/prompts.js";
 import { drawAll, drawInTurn, scheduleDraw } from "/static/run_charts.js";
 import { renderProgress, renderRun } from "/static/run_header.js";
@@ -11,6 +12,11 @@ import { loadMetrics, loadRollouts, mergePoints, runId, S } from "/static/run_st
 import { $, $$, FINISHED, h, setConn, toast } from "/static/util.js";
 
 const PROMPTS = promptView(runId, $("#chart-sections"));
+const showNote = noteEditor($("#run-notes"), {
+  path: `/api/runs/${runId}`,
+  withTags: true,
+  onSaved: (run) => onStatus(run),
+});
 
 // ---- live --------------------------------------------------------------------------------------
 // Throttled (not debounced: events arrive every second and would postpone a debounce forever).
@@ -54,6 +60,7 @@ function onStatus(run) {
   const wasFinished = S.run && FINISHED.has(S.run.status);
   S.run = run;
   renderRun();
+  showNote(run);
   if (FINISHED.has(run.status) && !wasFinished) {
     fetchNewRollouts();
     scheduleDraw();
@@ -152,6 +159,7 @@ async function init() {
     return;
   }
   renderRun();
+  showNote(S.run);
   // The charts draw as soon as the first keys' series are in; the sampled rollouts (megabytes
   // on a long run) and the prompt view load after, and their panels fill in when they arrive.
   let drawn = null;

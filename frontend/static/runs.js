@@ -3,7 +3,7 @@
 // counts, mean ± sd of the column's metric); the config keys that differ among the listed runs
 // get columns (toggleable); every sparkline of the column shares one y-scale, shown in its head.
 // `/?group=<group_id>` lists one group, opened (where the form lands after "Start N runs").
-import { del, errorText, get, post, qs, stream } from "/static/api.js";
+import { ApiError, del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
 import { groupRowFor, rowFor, sparkFor } from "/static/runs_rows.js";
 import { groupName, hyperLabel, sharedRange, symbolsOf, tableRows, varyingKeys } from "/static/runs_table.js";
@@ -22,6 +22,7 @@ const state = {
   algorithm: params.get("algorithm") || "",
   task: params.get("task") || "",
   tag: params.get("tag") || "",
+  where: params.get("where") || "", // conditions on config and metrics (GET /api/runs?where=)
   metric: params.get("metric") || DEFAULT_SPARK,
   group: params.get("group") || "", // a group_id: list only that group's runs
   cols: params.has("cols") ? params.get("cols").split(",").filter(Boolean) : null, // null: auto
@@ -48,6 +49,7 @@ function syncUrl() {
     algorithm: state.algorithm,
     task: state.task,
     tag: state.tag,
+    where: state.where,
     metric: state.metric === DEFAULT_SPARK ? "" : state.metric,
     group: state.group,
     cols: state.cols ? state.cols.join(",") : "",
@@ -56,6 +58,9 @@ function syncUrl() {
 }
 
 function matches(run) {
+  // A where query is the server's to evaluate: the stream updates the rows it listed, and the
+  // periodic reload brings in new matches.
+  if (state.where && !state.runs.has(run.id)) return false;
   if (state.group && run.group_id !== state.group) return false;
   if (state.status && run.status !== state.status) return false;
   if (state.algorithm && run.algorithm !== state.algorithm) return false;
@@ -72,12 +77,14 @@ async function loadRuns() {
     task: state.task,
     tag: state.tag,
     q: state.q,
+    where: state.where,
     group_id: state.group,
     sort: "-created_at",
     limit: 200,
   });
   try {
     const data = await get(`/api/runs${query}`);
+    $("#f-where-error").textContent = "";
     state.runs = new Map(data.items.map((r) => [r.id, r]));
     state.order = data.items.map((r) => r.id);
     state.total = data.total;
@@ -86,6 +93,11 @@ async function loadRuns() {
     loadSparks(state.order);
     loadStudies();
   } catch (err) {
+    if (err instanceof ApiError && err.status === 422 && state.where) {
+      // where the query stopped parsing, beside the box (the table keeps the last good list)
+      $("#f-where-error").textContent = errorText(err).replace(/^query\.where: /, "");
+      return;
+    }
     toast(`Could not load runs: ${errorText(err)}`, "error");
   }
 }
@@ -426,6 +438,7 @@ for (const m of SPARK_METRICS) $("#f-metric").append(h("option", { value: m }, m
 if (!SPARK_METRICS.includes(state.metric)) $("#f-metric").append(h("option", { value: state.metric }, state.metric));
 bindFilter("#f-q", "q", "input");
 bindFilter("#f-tag", "tag", "input");
+bindFilter("#f-where", "where", "input");
 bindFilter("#f-status", "status");
 bindFilter("#f-algorithm", "algorithm");
 bindFilter("#f-task", "task");
@@ -433,6 +446,9 @@ bindFilter("#f-metric", "metric");
 loadPresets();
 loadRuns();
 startStream();
+// Runs that come to match a where query (a new run, a metric crossing its bound) are the
+// server's to find: asked again every 15 s while a query is set.
+setInterval(() => state.where && loadRuns(), 15000);
 // ETAs and "x ago" drift with time even without events.
 setInterval(() => {
   for (const id of state.order) {

@@ -3,6 +3,7 @@
 // passed in.
 import { qs } from "/static/api.js";
 import { fromText, pipelineLink } from "/static/lineage.js";
+import { noteLine } from "/static/notes.js";
 import { armsOf, groupKey, groupName, meanSd, meanSeries, statusCounts } from "/static/runs_table.js";
 import {
   color,
@@ -76,6 +77,7 @@ export function rowFor(state, run, cols, onPipelineSize) {
       run.pipeline_id !== null && run.pipeline_id !== undefined ? " · " : null,
       pipelineLink(run, () => onPipelineSize(run.pipeline_id)),
       run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
+      noteLine(run.note) ? h("div.note-line.muted.small", { title: run.note }, noteLine(run.note)) : null,
     ),
     h("td", {}, statusBadge(run), queuePlace(run), waitingNote(run)),
     h("td", {}, run.algorithm || run.kind || "–"),

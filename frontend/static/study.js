@@ -2,12 +2,15 @@
 // refreshes it every few seconds while the study is active (zoom is kept by re-rendering only
 // when something changed).
 import { ApiError, errorText, get } from "/static/api.js";
+import { noteEditor } from "/static/notes.js";
 import { renderStudy } from "/static/study_render.js";
 import { h, toast } from "/static/util.js";
 
 const root = document.getElementById("study");
 const studyId = Number(root.dataset.studyId);
 let last = "";
+// Outside the re-rendered root: a refresh never loses a note being typed.
+const showNote = noteEditor(document.getElementById("study-notes"), { path: `/api/studies/${studyId}` });
 
 async function refresh() {
   try {
@@ -16,6 +19,7 @@ async function refresh() {
     if (text !== last) {
       last = text;
       renderStudy(view, root, window.Plotly);
+      showNote(view);
     }
     if (view.status === "active") setTimeout(refresh, 3000);
   } catch (err) {

@@ -160,6 +160,9 @@ class Api:
     def delete(self, path: str, user: str | None = "alice", **kw: Any) -> Any:
         return self._call("DELETE", path, user, kw)
 
+    def patch(self, path: str, user: str | None = "alice", **kw: Any) -> Any:
+        return self._call("PATCH", path, user, kw)
+
     def external(self, user: str = "alice", **body: Any) -> dict[str, Any]:
         payload = {"name": "ext", "algorithm": "grpo", "task": "arith", "model": "tiny", **body}
         r = self.post("/api/runs/external", user=user, json=payload)

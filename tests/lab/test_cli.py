@@ -261,3 +261,23 @@ def test_submit_prints_each_runs_url(lab_server, tmp_path):
     result = invoke(lab_server, "submit", str(good))
     assert result.exit_code == 0, result.output
     assert f"{lab_server.url}/runs/" in result.output
+
+
+def test_runs_where_finds_runs_by_config_and_results(lab_server, lab):
+    """--where: the ConSPO run with τ ≥ 5 whose held-out accuracy beat 0.2, and no other; a query
+    that does not parse exits 2 naming the character where it stopped."""
+    made = {}
+    cases = (("where-good", 5, 0.3), ("where-low", 5, 0.1), ("where-t2", 2, 0.9))
+    for name, tau, accuracy in cases:
+        run = lab.create_external_run(name, {"algorithm": "conspo", "params": {"tau": tau}},
+                                      "conspo", "arith", "tiny", ["cli-where"], 1)  # fmt: skip
+        lab.log_steps(run.id, [{"step": 1, "metrics": {"eval/accuracy": accuracy}}])
+        made[name] = run.id
+    result = invoke(lab_server, "runs", "--tag", "cli-where", "--where",
+                    "params.tau>=5 AND best(eval/accuracy)>0.2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "where-good" in result.output
+    assert "where-low" not in result.output and "where-t2" not in result.output
+    bad = invoke(lab_server, "runs", "--where", "params.tau>=5 OR x=1")
+    assert bad.exit_code != 0
+    assert "where" in bad.output and "at character 15" in bad.output, bad.output

@@ -40,6 +40,7 @@ BACKEND_ROOMS: Rooms = (
         "backend.liveness",
         "backend.assets",
         "backend.migrate",
+        "backend.markdown",
     ),
     ("backend.runs",),
     ("backend.schemas",),

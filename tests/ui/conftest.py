@@ -258,7 +258,8 @@ class PageProblems:
         self.allowed: list[tuple[str, str]] = []
 
     def allow_http_error(self, status: int, path: str) -> None:
-        """Tolerate Chromium's network log line for one expected error response (e.g. a 422)."""
+        """Tolerate Chromium's network log line for one expected error response (e.g. a 422);
+        a ``path`` without a query string covers every query of that path."""
         self.allowed.append((f"status of {status}", f"{self.host}{path}"))
 
     def attach(self, page: Any) -> None:
@@ -270,7 +271,10 @@ class PageProblems:
         if msg.type != "error":
             return
         url = (msg.location or {}).get("url", "")
-        if any(text in msg.text and url == where for text, where in self.allowed):
+        if any(
+            text in msg.text and (url == where or ("?" not in where and url.split("?")[0] == where))
+            for text, where in self.allowed
+        ):
             return
         self.errors.append(f"console.error: {msg.text} @ {msg.location}")
 

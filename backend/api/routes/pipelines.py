@@ -21,7 +21,7 @@ from backend.api.deps import (
 )
 from backend.pipelines import service
 from backend.runs.submit import Submitted, refuse_unfit
-from backend.schemas import PipelineCreate, PipelineList, PipelineOut
+from backend.schemas import NotePatch, PipelineCreate, PipelineList, PipelineOut
 from backend.storage import pipelines as stored
 
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], route_class=JSONBodyRoute)
@@ -54,6 +54,16 @@ def list_pipelines(session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
 
 @router.get("/{pipeline_id}", response_model=PipelineOut)
 def read(pipeline: PipelineDep, session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
+    return service.pipeline_view(session, pipeline, cluster)
+
+
+@router.patch("/{pipeline_id}", response_model=PipelineOut)
+def patch(
+    pipeline: OwnedPipelineDep, body: NotePatch, session: SessionDep, cluster: ClusterDep
+) -> dict[str, Any]:
+    """Set the pipeline's note (Markdown; the owner or an admin)."""
+    pipeline.note = body.note
+    session.commit()
     return service.pipeline_view(session, pipeline, cluster)
 
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
+from backend import markdown
 from backend.api.body import JSONBodyRoute
 from backend.api.deps import (
     ClusterDep,
@@ -19,12 +20,13 @@ from backend.api.deps import (
     SessionDep,
     SettingsDep,
 )
-from backend.api.query import JSONBytes, parse_ids
+from backend.api.query import JSONBytes, parse_ids, parse_where
 from backend.config import Settings
 from backend.errors import InvalidInput
 from backend.models import Run, RunStatus
 from backend.runs import inputs as run_inputs
 from backend.runs import lifecycle
+from backend.runs import where as run_where
 from backend.runs.rows import name_base
 from backend.runs.scheduling import Cluster
 from backend.runs.submit import Submitted, refuse_unfit
@@ -35,6 +37,7 @@ from backend.schemas import (
     RunCreate,
     RunList,
     RunOut,
+    RunPatch,
     RunsCreated,
     RunStatusName,
     Tag,
@@ -124,15 +127,24 @@ async def list_runs(
     ids: Annotated[
         str | None, Query(max_length=20_000, description="Comma-separated run ids (≤ 500).")
     ] = None,
+    where: Annotated[
+        str | None,
+        Query(
+            max_length=run_where.MAX_LENGTH,
+            description="Conditions on config fields and metric summaries, ANDed:"
+            ' `params.tau>=5 AND best(eval/accuracy)>0.2` (docs/api.md, "Finding runs").',
+        ),
+    ] = None,
     sort: RunSort = "-created_at",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> Response:
-    where = RunFilter(
+    where_ = RunFilter(
         status=status_, kind=kind, algorithm=algorithm, task=task, tag=tag, group_id=group_id,
         name_contains=q, ids=parse_ids(ids, "ids", 500) if ids is not None else None,
+        conditions=parse_where(where) if where and where.strip() else (),
     )  # fmt: skip
-    return JSONBytes(await in_session(_runs_page, settings, where, sort, limit, offset))
+    return JSONBytes(await in_session(_runs_page, settings, where_, sort, limit, offset))
 
 
 RUN_LIST = TypeAdapter(RunList)
@@ -154,12 +166,25 @@ def _runs_page(
 
 @router.get("/{run_id}", response_model=RunOut)
 def read(run: RunDep, session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
-    return with_place(run_out(run, cluster), storage_runs.queue_positions(session))
+    return single(run, session, cluster)
+
+
+def single(run: Run, session: Session, cluster: Cluster | None = None) -> dict[str, Any]:
+    """One run as its page reads it: with its place in the queue and its note rendered."""
+    out = with_place(run_out(run, cluster), storage_runs.queue_positions(session))
+    out["note_html"] = markdown.render(run.note or "")
+    return out
 
 
 def with_place(out: dict[str, Any], places: dict[int, int]) -> dict[str, Any]:
     out["queue_position"] = places.get(out["id"])
     return out
+
+
+@router.patch("/{run_id}", response_model=RunOut)
+def patch(run: OwnedRunDep, body: RunPatch, session: SessionDep) -> dict[str, Any]:
+    """Set the run's note (Markdown) and/or replace its tags (the owner or an admin)."""
+    return single(lifecycle.annotate(session, run, note=body.note, tags=body.tags), session)
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)

@@ -18,7 +18,7 @@ from backend.api.deps import (
     StudyDep,
 )
 from backend.runs.submit import Submitted, refuse_unfit
-from backend.schemas import StudyList, StudyOut, StudyPlan
+from backend.schemas import NotePatch, StudyList, StudyOut, StudyPlan
 from backend.storage import studies as stored
 from backend.studies import report, search, service
 from backend.studies.spec import StudyCreate
@@ -101,6 +101,14 @@ def read(
     if study.spec.get("search"):
         view["search"] = search.search_view(session, study)
     return view
+
+
+@router.patch("/{study_id}", response_model=StudyOut)
+def patch(study: OwnedStudyDep, body: NotePatch, session: SessionDep) -> dict[str, Any]:
+    """Set the study's note (Markdown; the owner or an admin)."""
+    study.note = body.note
+    session.commit()
+    return service.study_view(session, study, curves=False)
 
 
 @router.post("/{study_id}/cancel", response_model=StudyOut)

@@ -1,0 +1,212 @@
+"""The runs list's query language: conditions on a run's config and on its metrics, ANDed.
+
+    params.tau>=5 AND task.params.dataset=chain_sum
+    model.lora.rank>0 and best(eval/accuracy)>0.2
+    last(sep/gap)>0, algorithm!=grpo
+
+Grammar (whitespace between tokens is free; ``AND`` in any case, ``&&`` and ``,`` mean the same):
+
+    query     := condition (("AND" | "&&" | ",") condition)*
+    condition := left op value
+    left      := path | summary "(" metric ")"
+    path      := name ("." name)*               a field of the run's config (its stored JSON)
+    summary   := "best" | "max" | "min" | "last"   over the run's logged values of ``metric``
+    metric    := [A-Za-z0-9_./@:+-]+            a metric key, e.g. eval/accuracy, sep/gap
+    op        := "=" | "==" | "!=" | "<" | "<=" | ">" | ">="
+    value     := number | "quoted" | 'quoted' | true | false | bare word ([A-Za-z0-9_./:@+-]+)
+
+``best`` is the largest value (every metric users ask "best" of here is higher-is-better: accuracy,
+pass@k, gap, margin; ``min`` is there for losses). A number compares as a number (a config value
+that is not a number never matches), a word or quoted text as text, true/false as a boolean; a
+run without the field or the metric does not match (``!=`` included: "tau != 5" asks about runs
+that have a tau). The parser produces plain values; ``backend.storage.runs`` turns them into SQL
+with every name and value a bound parameter — no SQL is ever made from the text.
+
+A query that does not parse is refused with the character where it stopped and what was
+expected there (``WhereError``, a 422 at ``query.where``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+MAX_LENGTH = 2_000  # characters of a query
+MAX_CONDITIONS = 16
+MAX_DEPTH = 10  # names in a config path
+
+Op = Literal["=", "!=", "<", "<=", ">", ">="]
+Summary = Literal["best", "max", "min", "last"]
+Value = float | str | bool
+
+
+@dataclass(frozen=True)
+class ConfigPath:
+    names: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return ".".join(self.names)
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    summary: Summary
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.summary}({self.key})"
+
+
+@dataclass(frozen=True)
+class Condition:
+    left: ConfigPath | MetricSummary
+    op: Op
+    value: Value
+
+
+class WhereError(ValueError):
+    """A query that does not parse: ``position`` is the 0-based character where it stopped."""
+
+    def __init__(self, position: int, message: str) -> None:
+        self.position = position
+        super().__init__(f"at character {position + 1}: {message}")
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_METRIC = re.compile(r"[A-Za-z0-9_./@:+\-]+")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![A-Za-z0-9_./:@])")
+_WORD = re.compile(r"[A-Za-z0-9_./:@+\-]+")
+_OPS = ("==", "!=", "<=", ">=", "=", "<", ">")  # longest first
+_AND = re.compile(r"(?:and\b|&&|,)", re.IGNORECASE)
+SUMMARIES: tuple[Summary, ...] = ("best", "max", "min", "last")
+
+
+def parse(text: str) -> list[Condition]:
+    """The conditions of ``text`` (at least one), or ``WhereError``."""
+    if len(text) > MAX_LENGTH:
+        raise WhereError(MAX_LENGTH, f"a query is at most {MAX_LENGTH} characters")
+    return _Parser(text).query()
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text, self.at = text, 0
+
+    def fail(self, expected: str) -> WhereError:
+        if self.at >= len(self.text):
+            return WhereError(self.at, f"expected {expected}, found the end of the query")
+        found = self.text[self.at : self.at + 12]
+        return WhereError(self.at, f"expected {expected}, found {found!r}")
+
+    def skip(self) -> None:
+        while self.at < len(self.text) and self.text[self.at].isspace():
+            self.at += 1
+
+    def match(self, pattern: re.Pattern[str]) -> str | None:
+        self.skip()
+        m = pattern.match(self.text, self.at)
+        if m is None:
+            return None
+        self.at = m.end()
+        return m.group(0)
+
+    def literal(self, token: str) -> bool:
+        self.skip()
+        if self.text.startswith(token, self.at):
+            self.at += len(token)
+            return True
+        return False
+
+    def query(self) -> list[Condition]:
+        conditions = [self.condition()]
+        while True:
+            self.skip()
+            if self.at >= len(self.text):
+                return conditions
+            if self.match(_AND) is None:
+                raise self.fail("AND (or the end of the query)")
+            if len(conditions) == MAX_CONDITIONS:
+                raise WhereError(self.at, f"a query has at most {MAX_CONDITIONS} conditions")
+            conditions.append(self.condition())
+
+    def condition(self) -> Condition:
+        left = self.left()
+        op = self.op()
+        at = self.at
+        value = self.value()
+        if isinstance(left, MetricSummary) and not isinstance(value, float):
+            raise WhereError(at, f"{left} compares with a number, not {value!r}")
+        if isinstance(value, bool) and op not in ("=", "!="):
+            raise WhereError(at, f"true and false compare with = or != only, not {op}")
+        return Condition(left, op, value)
+
+    def left(self) -> ConfigPath | MetricSummary:
+        start = self.at
+        first = self.match(_NAME)
+        if first is None:
+            raise self.fail("a config path (params.tau) or best/max/min/last(metric)")
+        if first.lower() in SUMMARIES and self.literal("("):
+            self.skip()
+            key = self.match(_METRIC)
+            if key is None:
+                raise self.fail("a metric key such as eval/accuracy")
+            if len(key) > 200:
+                raise WhereError(self.at, "a metric key is at most 200 characters")
+            if not self.literal(")"):
+                raise self.fail("')' after the metric key")
+            summary = next(s for s in SUMMARIES if s == first.lower())
+            return MetricSummary(summary, key)
+        names = [first]
+        while self.text.startswith(".", self.at):
+            self.at += 1
+            name = _NAME.match(self.text, self.at)
+            if name is None:
+                raise self.fail("a field name after '.'")
+            names.append(name.group(0))
+            self.at = name.end()
+            if len(names) > MAX_DEPTH:
+                raise WhereError(start, f"a config path has at most {MAX_DEPTH} names")
+        return ConfigPath(tuple(names))
+
+    def op(self) -> Op:
+        self.skip()
+        for op in _OPS:
+            if self.text.startswith(op, self.at):
+                self.at += len(op)
+                return "=" if op == "==" else op  # type: ignore[return-value]
+        raise self.fail("an operator (=, !=, <, <=, >, >=)")
+
+    def value(self) -> Value:
+        self.skip()
+        if self.at < len(self.text) and self.text[self.at] in "\"'":
+            return self.quoted()
+        number = self.match(_NUMBER)
+        if number is not None:
+            value = float(number)
+            if not math.isfinite(value):
+                raise WhereError(self.at - len(number), f"{number} is not a finite number")
+            return value
+        word = self.match(_WORD)
+        if word is None:
+            raise self.fail("a value (a number, a word, or quoted text)")
+        if word.lower() in ("true", "false"):
+            return word.lower() == "true"
+        return word
+
+    def quoted(self) -> str:
+        quote, start = self.text[self.at], self.at
+        self.at += 1
+        out: list[str] = []
+        while self.at < len(self.text):
+            ch = self.text[self.at]
+            if ch == "\\" and self.at + 1 < len(self.text):
+                out.append(self.text[self.at + 1])
+                self.at += 2
+                continue
+            self.at += 1
+            if ch == quote:
+                return "".join(out)
+            out.append(ch)
+        raise WhereError(start, f"the text opened by {quote} at character {start + 1} never ends")
