@@ -16,6 +16,7 @@ One table, printed at the end and written to ``DIR/gpu_proof.md``:
     its own forward, one backward; conspo.training.microbatch.length_buckets, told to split
     wherever it saves a token) against one forward over the whole padded batch, on rollouts the
     model sampled: ‖g_buckets − g_whole‖ / ‖g_whole‖, float32 and bfloat16 autocast;
+  - ``system``: the GPU's readings through NVML, as the run page's System section gets them;
   - ``memory``: three training configs, each in a process of its own, the trainer's memory
     estimate (conspo.models.resources.estimate_memory, what the API refuses runs by) against
     ``torch.cuda.max_memory_allocated`` over a real step (on a CPU: the peak of the process's
@@ -375,6 +376,27 @@ def memory_check(proof: Proof) -> None:
         proof.add(Row("correctness", check, figure, f"{lo}–{hi}×", verdict))
 
 
+def nvml_check(proof: Proof) -> None:
+    """The run page's GPU readings (conspo.system through NVML): present on CUDA; on a CPU the
+    sampler says why there are none."""
+    from conspo.system import SystemSampler
+
+    sampler = SystemSampler(proof.device, interval_s=60)
+    try:
+        sampler.sample()
+        got = sampler.take()
+    finally:
+        sampler.close()
+    gpu = {k: round(v, 1) for k, v in got.items() if k.startswith("system/gpu")}
+    check = "system metrics: NVML readings of the GPU"
+    if proof.device != "cuda":
+        proof.add(Row("correctness", check, f"none on a CPU ({sampler.gpu_note})", "",
+                      "ok" if not gpu and sampler.gpu_note else "DEVIATION"))  # fmt: skip
+        return
+    figure = ", ".join(f"{k.split('/', 1)[1]} {v}" for k, v in gpu.items()) or sampler.gpu_note
+    proof.add(Row("correctness", check, figure, "", "ok" if gpu else "DEVIATION"))
+
+
 def correctness(proof: Proof) -> None:
     dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
     for dtype in dtypes:
@@ -384,6 +406,7 @@ def correctness(proof: Proof) -> None:
     for dtype in dtypes:
         guarded(proof, "correctness", f"buckets, {dtype}", lambda d=dtype: bucket_check(proof, d))
     guarded(proof, "correctness", "memory", lambda: memory_check(proof))
+    guarded(proof, "correctness", "system metrics", lambda: nvml_check(proof))
 
 
 def guarded(proof: Proof, section: str, check: str, fn: Callable[[], None]) -> None:

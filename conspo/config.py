@@ -678,6 +678,20 @@ class LoggingConfig(_Section):
         le=4096,
         description="Per-rollout (score, reward) records kept per step.",
     )
+    system_metrics: bool = Field(
+        True,
+        json_schema_extra={"advanced": True},
+        description="Sample the training process's CPU and memory, the machine's free memory and"
+        " (on CUDA, through NVML) each GPU's utilisation, memory, power and temperature on a"
+        " thread of their own, logged as system/* with the step they fall in.",
+    )
+    system_interval_s: float = Field(
+        2.0,
+        ge=0.5,
+        le=60.0,
+        json_schema_extra={"advanced": True},
+        description="Seconds between two system samples.",
+    )
 
 
 # Named prompt templates; a custom one is any text holding {question} (conspo.templates).

@@ -114,6 +114,19 @@ TIME_ROLLOUT_S = "time/rollout_s"
 THROUGHPUT_ROLLOUTS_PER_S = "throughput/rollouts_per_s"
 ROLLOUTS_SEEN = "rollouts/seen"
 
+# --- system (conspo.system: sampled every few seconds, handed over once per step) -------------
+SYS_CPU_PERCENT = "system/cpu_percent"
+SYS_RSS_GIB = "system/rss_gib"
+SYS_PEAK_RSS_GIB = "system/peak_rss_gib"
+SYS_AVAILABLE_GIB = "system/available_gib"
+GPU_READINGS = ("util", "mem_gib", "mem_total_gib", "power_w", "temp_c")
+
+
+def sys_gpu_key(index: int, reading: str) -> str:
+    """The key of one GPU's reading (``GPU_READINGS``): system/gpu0/util, ..."""
+    return f"system/gpu{index}/{reading}"
+
+
 # The keys conspo.training.stats.separation_stats returns, in display order.
 SEPARATION_KEYS: tuple[str, ...] = (
     SEP_POS_SCORE,
@@ -174,12 +187,15 @@ ColorRole = Literal["pos", "neg", "accent", "accent2", "accent3", "reference"]
 @dataclass(frozen=True)
 class Section:
     """A group of panels. ``needs``: the config under which its panels say anything (see
-    ``Chart.needs``); otherwise the section is folded with the line ``folded``."""
+    ``Chart.needs``); otherwise the section is folded with the line ``folded``.
+    ``folded_without``: a key prefix; a run that logged system metrics but no key with it shows
+    the section folded with ``folded`` (the GPU panels of a run whose worker read no GPU)."""
 
     id: str
     title: str
     needs: str = ""
     folded: str = ""
+    folded_without: str = ""
 
 
 @dataclass(frozen=True)
@@ -217,6 +233,9 @@ class Chart:
     help: str = ""
     logged_with: str = ""
     needs: str = ""
+    # "wall_time": drawn against wall-clock time whatever the page's x axis (system readings,
+    # sampled by the clock rather than by step); "run": the page's choice.
+    x_axis: Literal["run", "wall_time"] = "run"
 
 
 @dataclass(frozen=True)
@@ -240,6 +259,7 @@ class Metric:
     color: ColorRole = "accent"
     dash: bool = False
     constant_note: str = ""
+    smoothed: bool = True  # False: a page never smooths it (a reading, not a noisy estimate)
 
 
 @dataclass(frozen=True)
@@ -258,6 +278,8 @@ class MetricPattern:
     y_range: Literal["auto", "unit", "zero"] = "auto"
     # Keys of the family that repeat another key's series (drawn there, not again): key → it.
     same_as: dict[str, str] = field(default_factory=dict)
+    smoothed: bool = True
+    x_axis: Literal["run", "wall_time"] = "run"
 
 
 @dataclass(frozen=True)
@@ -304,6 +326,14 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
+    Section("system", "System: the training process and the machine"),
+    Section(
+        "gpu",
+        "System: GPUs",
+        folded="no GPU readings: a CPU run, or its worker could not read NVML (nvidia-ml-py"
+        " and an NVIDIA driver)",
+        folded_without="system/gpu",
+    ),
 )
 
 SCORE = "log-prob / token"
@@ -408,6 +438,13 @@ CHARTS: tuple[Chart, ...] = (
           help="Wall-clock seconds per step, the part spent generating rollouts, and with tools"
           " what the calls held generation up and the sandbox's busy time."),
     Chart("throughput", "Throughput", "speed", "rollouts / s", y_range="zero"),
+    Chart("syscpu", "Process CPU", "system", "% of one core", y_range="zero", kinds=(),
+          x_axis="wall_time",
+          help="CPU of the training process, mean over the samples since the step before (200%"
+               " = two cores busy)."),
+    Chart("sysmem", "Memory", "system", "GiB", y_range="zero", kinds=(), x_axis="wall_time",
+          help="The training process's resident memory now and at its peak, and the memory"
+               " the machine still has available."),
 )  # fmt: skip
 
 METRICS: tuple[Metric, ...] = (
@@ -648,6 +685,39 @@ METRICS: tuple[Metric, ...] = (
            "rollouts / s", "throughput", better="higher"),
     Metric(ROLLOUTS_SEEN, "rollouts seen", "Rollouts generated since the start of the run.",
            "rollouts", None, deterministic=True),
+    # system (conspo.system)
+    Metric(SYS_CPU_PERCENT, "process CPU",
+           "CPU of the training process in % of one core, mean over the samples (every few"
+           " seconds) since the step before.", "%", "syscpu", when="steps a sample fell in",
+           smoothed=False),
+    Metric(SYS_RSS_GIB, "resident", "The training process's resident memory at the last sample.",
+           "GiB", "sysmem", when="steps a sample fell in", smoothed=False),
+    Metric(SYS_PEAK_RSS_GIB, "peak resident",
+           "The training process's resident high-water mark since the run started (VmHWM).",
+           "GiB", "sysmem", when="steps a sample fell in", color="neg", dash=True,
+           smoothed=False),
+    Metric(SYS_AVAILABLE_GIB, "machine available",
+           "Memory the machine still had available (the lowest sample since the step before).",
+           "GiB", "sysmem", when="steps a sample fell in", color="accent3", smoothed=False),
+)  # fmt: skip
+
+
+# Per-GPU readings (conspo.system, through NVML): one key per GPU of the run and reading.
+GPU_PATTERNS: tuple[MetricPattern, ...] = tuple(
+    MetricPattern(
+        f"system/gpu<i>/{reading}", rf"^system/gpu\d+/{reading}$", label, text, unit,
+        when="CUDA runs whose worker reads NVML, steps a sample fell in", section="gpu",
+        y_range="zero", smoothed=False, x_axis="wall_time",
+    )
+    for reading, label, text, unit in (
+        ("util", "GPU utilisation", "Share of the time a kernel ran (NVML), mean of the samples.",
+         "%"),
+        ("mem_gib", "GPU memory used", "Device memory in use, every process (NVML), the highest"
+         " sample.", "GiB"),
+        ("mem_total_gib", "GPU memory total", "The device's memory (NVML).", "GiB"),
+        ("power_w", "GPU power", "Board power draw (NVML), mean of the samples.", "W"),
+        ("temp_c", "GPU temperature", "Core temperature (NVML), the highest sample.", "°C"),
+    )
 )  # fmt: skip
 
 
@@ -682,7 +752,7 @@ REWARD_PATTERNS: tuple[MetricPattern, ...] = (
     ),
 )  # fmt: skip
 
-PATTERNS: tuple[MetricPattern, ...] = BENCHMARK_PATTERNS + REWARD_PATTERNS
+PATTERNS: tuple[MetricPattern, ...] = BENCHMARK_PATTERNS + REWARD_PATTERNS + GPU_PATTERNS
 
 
 @cache

@@ -72,6 +72,7 @@ from conspo.registry import get_objective
 from conspo.rewards import WeightedReward, build_rewards
 from conspo.sandbox import require_sandbox
 from conspo.sink import NullSink, Sink, StepRecord, flush_sink
+from conspo.system import SystemSampler
 from conspo.tasks import Example, Task, make_task
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
@@ -139,6 +140,9 @@ def run_loop(
     files = files or DataFiles()
     store = model_store or builtin_store()
     state = setup(config, store, files, memory_limit)
+    sampler = None
+    if config.logging.system_metrics and distributed.is_main():
+        sampler = SystemSampler(state.device.type, config.logging.system_interval_s)
     try:
         step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
         last_step = resume(state, workdir, sink)
@@ -154,6 +158,8 @@ def run_loop(
                 raise out_of_memory(state, exc) from exc
             if record is None:  # stopped inside the step: the step did not happen
                 break
+            if sampler is not None:
+                record.metrics |= sampler.take()
             last_step = record.step
             evaluated(state, workdir, sink, record)
             every = config.checkpoint.every
@@ -171,6 +177,8 @@ def run_loop(
         return TrainResult("succeeded", last_step)
     finally:
         state.engine.close()  # vllm: its process; the others hold nothing
+        if sampler is not None:
+            sampler.close()
 
 
 def eval_due(cfg: RunConfig, step: int) -> bool:

@@ -39,8 +39,12 @@ export const metricInfo = (key) => BY_KEY.get(key) || PATTERNS.find((p) => p.re.
 /** Help line of a key (empty for keys the catalogue does not know). */
 export const helpOf = (key) => metricInfo(key)?.help || "";
 
-/** Deterministic series (schedules, lr, counters) are drawn as they are: never smoothed. */
-export const isDeterministic = (key) => Boolean(metricInfo(key)?.deterministic);
+/** Deterministic series (schedules, lr, counters) and readings (system/*: smoothed false) are
+ * drawn as they are: never smoothed. */
+export const isDeterministic = (key) => {
+  const m = metricInfo(key);
+  return Boolean(m?.deterministic || m?.smoothed === false);
+};
 
 /** y-axis title of a key drawn alone: its unit, when the catalogue knows it. */
 export const unitOf = (key) => metricInfo(key)?.unit || "";

@@ -58,6 +58,7 @@ function ensureCards() {
         help: helpOf(key),
         y_title: unitOf(key),
         y_range: pattern?.y_range || "auto",
+        x_axis: pattern?.x_axis || "run",
         markers: Boolean(pattern),
         metrics: [
           { key, label: key, help: helpOf(key), colorValue: ROLE_COLORS.accent, deterministic: isDeterministic(key) },
@@ -65,16 +66,25 @@ function ensureCards() {
       };
     }),
   ];
+  const keys = Object.keys(S.series);
+  const sampled = keys.some((k) => k.startsWith("system/")); // the run logged system readings
   for (const sec of SECTIONS_SHOWN) {
-    const folded = S.run && !sectionApplies(sec, S.run);
+    // A section whose keys this run never logged, though it logged system readings (the GPU
+    // panels of a CPU run): one line saying why.
+    const unread = sec.folded_without && sampled && !keys.some((k) => k.startsWith(sec.folded_without));
+    const folded = unread || (S.run && !sectionApplies(sec, S.run));
     // An external run's partial config meets a condition on a path it lacks: the section shows
     // what was logged, but no empty panel for a feature the run may not have (tools).
     const assumed = !folded && S.run?.external && !configMeets(sec.needs, S.run.config);
     const wanted = defs.filter(
       (d) => d.section === sec.id && chartApplies(d, S.run) && ((d.always && !assumed) || hasData(d)),
     );
-    if (!wanted.length) continue;
+    if (!wanted.length && !unread) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);
+    if (secEl && secEl.dataset.folded && !folded) {
+      secEl.remove(); // the GPU readings arrived after all
+      secEl = null;
+    }
     if (!secEl) {
       // A section with nothing to show for this run's config is one line saying why.
       secEl = folded
@@ -177,13 +187,15 @@ function withDetail(key, s, detail) {
 function lineFigure(def, entry) {
   const keys = chartKeys(def).filter((k) => hasFinite(S.series[k.key]));
   if (!keys.length) return null;
+  // System readings are sampled by the clock: drawn against wall time whatever the page's axis.
+  const xmode = def.x_axis === "wall_time" ? "wall_time" : S.xmode;
   const traces = [];
   const used = [];
   const stack = def.kind === "stack";
   keys.forEach((k, i) => {
     const s = withDetail(k.key, S.series[k.key], entry?.detail);
     used.push(s);
-    const xs = xOfSteps(s.steps, s.wall_time);
+    const xs = xOfSteps(s.steps, s.wall_time, xmode);
     if (stack) {
       traces.push({
         x: xs.slice(),
@@ -225,7 +237,7 @@ function lineFigure(def, entry) {
       y1: 0,
       line: { color: "#9ca3af", width: 1, dash: "dot" },
     });
-  const layout = baseLayout({ uirevision: `${S.xmode}`, xTitle: X_TITLES[S.xmode], yTitle: def.y_title || "" });
+  const layout = baseLayout({ uirevision: `${xmode}`, xTitle: X_TITLES[xmode], yTitle: def.y_title || "" });
   withNotes(layout, sampledAnnotation(used));
   layout.shapes = shapes;
   if (def.y_range === "unit") {
@@ -254,9 +266,9 @@ function lineFigure(def, entry) {
   // A handful of integer ticks whatever the run's length (early on, Plotly would label every
   // fraction of a step).
   layout.xaxis.nticks = 8;
-  alignSteps(layout.xaxis);
-  if (S.xmode === "step") layout.xaxis.tickformat = "d";
-  if (S.xmode === "step" && S.maxStep <= 8) layout.xaxis.dtick = 1;
+  alignSteps(layout.xaxis, xmode);
+  if (xmode === "step") layout.xaxis.tickformat = "d";
+  if (xmode === "step" && S.maxStep <= 8) layout.xaxis.dtick = 1;
   if (stack) layout.hovermode = "x unified";
   return { traces, layout };
 }

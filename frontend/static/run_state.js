@@ -42,7 +42,7 @@ export function chartKeys(def) {
       name: m.label,
       color: m.colorValue,
       dash: m.dash ? "dash" : undefined,
-      deterministic: m.deterministic,
+      deterministic: m.deterministic || m.smoothed === false,
     }));
 }
 
@@ -66,14 +66,14 @@ export function t0() {
 }
 
 /** x values for steps (array) under the current x mode. */
-export function xOfSteps(steps, wall) {
-  if (S.xmode === "wall_time") {
+export function xOfSteps(steps, wall, mode = S.xmode) {
+  if (mode === "wall_time") {
     if (wall && wall.length === steps.length) return wall.map((w) => (w - t0()) / 60);
     const r = refSeries();
     if (!r) return steps;
     return steps.map((st) => (interp(r.steps, r.wall_time, st) - t0()) / 60);
   }
-  if (S.xmode === "rollouts") {
+  if (mode === "rollouts") {
     const r = S.series[ROLLOUTS_AXIS];
     if (!r) return steps;
     const pts = r.steps.map((st, i) => [st, r.values[i]]).filter((p) => p[1] !== null);
@@ -86,8 +86,8 @@ export function xOfSteps(steps, wall) {
 
 /** Every panel's step axis spans the run's logged steps, first to last: panels line up (one
  * starting at 1, another padded out to −8 did not), and the autorange stops there. */
-export function alignSteps(xaxis) {
-  if (S.xmode !== "step" || !S.maxStep) return;
+export function alignSteps(xaxis, mode = S.xmode) {
+  if (mode !== "step" || !S.maxStep) return;
   let first = S.maxStep;
   for (const s of Object.values(S.series)) if (s.steps.length && s.steps[0] < first) first = s.steps[0];
   xaxis.autorangeoptions = { include: [first, S.maxStep], minallowed: first, maxallowed: S.maxStep };

@@ -68,6 +68,7 @@ CONSPO_ROOMS: Rooms = (
         "conspo.metrics",
         "conspo.registry",
         "conspo.sink",
+        "conspo.system",
         "conspo.access",
         "conspo.config",
         "conspo.demo",
