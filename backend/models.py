@@ -277,6 +277,24 @@ class PromptStat(Base):
     correct: Mapped[int] = mapped_column(Integer)
 
 
+class RunLogChunk(Base):
+    """What a run's training process printed (stdout and stderr, its ranks' too), in chunks of
+    whole lines as the worker captured them (``worker.run_log``), secrets redacted. Bounded per
+    run (``backend.storage.run_logs``): past the cap the middle is cut and one ``cut`` chunk
+    says how much went, so the head (how it started) and the tail (how it ended) stay."""
+
+    __tablename__ = "run_logs"
+
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # 1, 2, ... per run
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    wall_time: Mapped[float] = mapped_column(Float)
+    text: Mapped[str] = mapped_column(Text)
+    lines: Mapped[int] = mapped_column(Integer, default=0)
+    nbytes: Mapped[int] = mapped_column(Integer, default=0)  # of text, UTF-8
+    cut: Mapped[bool] = mapped_column(Boolean, default=False)  # a marker: text says what went
+
+
 class MetricRollup(Base):
     """A cache of bucket aggregates for downsampled reads, filled by writes and readers.
 

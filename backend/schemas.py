@@ -580,6 +580,21 @@ class StageOut(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
+class LogChunkOut(BaseModel):
+    seq: int = Field(description="Pass the last one seen as `since` to read on from it.")
+    attempt: int = Field(description="The attempt that printed it (a resumed run has several).")
+    wall_time: float
+    text: str = Field(description="Whole lines, secrets redacted.")
+    cut: bool = Field(description="A marker: the text says how much of the middle was cut.")
+
+
+class RunLogOut(BaseModel):
+    run_id: int
+    chunks: list[LogChunkOut] = Field(description="After `since`, oldest first.")
+    next: int = Field(description="The `since` of the next read (the last chunk's seq).")
+    lines: list[str] | None = Field(None, description="With `tail`: the run's last lines.")
+
+
 class PipelineOut(BaseModel):
     id: int
     name: str

@@ -26,6 +26,7 @@ attempt (``worker.retry``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -51,6 +52,7 @@ from worker import watchdog
 from worker.celery_app import celery_app, database
 from worker.db_sink import DbSink, RunGone
 from worker.retry import DatabaseUnavailable, Outage, is_transient, short
+from worker.run_log import Redactor, RunLogCapture, secrets_of
 from worker.shutdown import SHUTDOWN, Interrupt
 
 if TYPE_CHECKING:
@@ -239,12 +241,28 @@ def execute_run(
     heartbeat.start()
     guard = watchdog.start(settings, run_id, run.attempt)  # for when the heartbeat cannot run
     try:
-        outcome = train_attempt(db, settings, run, heartbeat, outage, shutdown)
+        with capture_log(db, settings, run):
+            outcome = train_attempt(db, settings, run, heartbeat, outage, shutdown)
     finally:
         heartbeat.finish()
         watchdog.stop(guard)
         _free_device_memory()
     return record(db, jobs, settings, run, outcome, outage, shutdown)
+
+
+def capture_log(
+    db: Database, settings: Settings, run: Run
+) -> contextlib.AbstractContextManager[object]:
+    """What the attempt prints, into the run's log (``worker.run_log``); where the capture
+    cannot start (no room for its file), the run trains without one rather than not at all."""
+    path = settings.run_dir(run.id) / "logs" / f"attempt-{run.attempt}.txt"
+    capture = RunLogCapture(db, run.id, run.attempt, path, Redactor(secrets_of(settings)))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("run %s: no log captured (%s)", run.id, exc)
+        return contextlib.nullcontext()
+    return capture
 
 
 def train_attempt(

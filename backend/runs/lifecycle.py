@@ -66,6 +66,7 @@ from backend.models import (
     RolloutStep,
     RolloutText,
     Run,
+    RunLogChunk,
     RunStatus,
     User,
     utcnow,
@@ -566,7 +567,7 @@ def delete_run(session: Session, run: Run) -> None:
     # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
     # key to cascade), so the deletes below catch every point.
     session.execute(delete(Run).where(Run.id == run.id))
-    for model in (Metric, MetricRollup, RolloutStep, RolloutText, PromptStat):
+    for model in (Metric, MetricRollup, RolloutStep, RolloutText, PromptStat, RunLogChunk):
         session.execute(delete(model).where(model.run_id == run.id))
     session.commit()
 

@@ -7,11 +7,20 @@ import { noteEditor } from "/static/notes.js";
 import { promptView } from "/static/prompts.js";
 import { drawAll, drawInTurn, scheduleDraw } from "/static/run_charts.js";
 import { renderProgress, renderRun } from "/static/run_header.js";
+import { logTail, logView } from "/static/run_log.js";
 import { loadRolloutTable } from "/static/run_rollouts.js";
 import { loadMetrics, loadRollouts, mergePoints, runId, S } from "/static/run_state.js";
 import { $, $$, FINISHED, h, setConn, toast } from "/static/util.js";
 
 const PROMPTS = promptView(runId, $("#chart-sections"));
+const LOG = logView(runId, () => Boolean(S.run && FINISHED.has(S.run.status)));
+let tailShown = false;
+function showErrorLog(run) {
+  // A failed run leads with what it printed last, beside its error.
+  if (run.status !== "failed" || tailShown) return;
+  tailShown = true;
+  logTail(runId, $("#run-error-log"));
+}
 const showNote = noteEditor($("#run-notes"), {
   path: `/api/runs/${runId}`,
   withTags: true,
@@ -61,6 +70,7 @@ function onStatus(run) {
   S.run = run;
   renderRun();
   showNote(run);
+  showErrorLog(run);
   if (FINISHED.has(run.status) && !wasFinished) {
     fetchNewRollouts();
     scheduleDraw();
@@ -124,7 +134,9 @@ $("#delete-btn").addEventListener("click", async () => {
 for (const btn of $$(".tabs button")) {
   btn.addEventListener("click", () => {
     for (const b of $$(".tabs button")) b.classList.toggle("active", b === btn);
-    for (const name of ["charts", "config", "summary"]) $(`#tab-${name}`).hidden = name !== btn.dataset.tab;
+    for (const name of ["charts", "config", "summary", "logs"]) $(`#tab-${name}`).hidden = name !== btn.dataset.tab;
+    if (btn.dataset.tab === "logs") LOG.show();
+    else LOG.hide();
     if (btn.dataset.tab === "charts") window.dispatchEvent(new Event("resize"));
   });
 }
@@ -160,6 +172,7 @@ async function init() {
   }
   renderRun();
   showNote(S.run);
+  showErrorLog(S.run);
   // The charts draw as soon as the first keys' series are in; the sampled rollouts (megabytes
   // on a long run) and the prompt view load after, and their panels fill in when they arrive.
   let drawn = null;

@@ -81,7 +81,7 @@ function ensureCards() {
     );
     if (!wanted.length && !unread) continue;
     let secEl = container.querySelector(`[data-section="${sec.id}"]`);
-    if (secEl && secEl.dataset.folded && !folded) {
+    if (secEl?.dataset.folded && !folded) {
       secEl.remove(); // the GPU readings arrived after all
       secEl = null;
     }

@@ -31,11 +31,13 @@ from backend.runs.rows import name_base
 from backend.runs.scheduling import Cluster
 from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import (
+    INT32_MAX,
     FreeJSON,
     Label,
     RunClone,
     RunCreate,
     RunList,
+    RunLogOut,
     RunOut,
     RunPatch,
     RunsCreated,
@@ -43,6 +45,7 @@ from backend.schemas import (
     Tag,
     run_out,
 )
+from backend.storage import run_logs
 from backend.storage import runs as storage_runs
 from backend.storage.runs import RunFilter, RunSort
 from conspo.config import RunConfig, with_overrides
@@ -179,6 +182,34 @@ def single(run: Run, session: Session, cluster: Cluster | None = None) -> dict[s
 def with_place(out: dict[str, Any], places: dict[int, int]) -> dict[str, Any]:
     out["queue_position"] = places.get(out["id"])
     return out
+
+
+@router.get("/{run_id}/log", response_model=RunLogOut)
+def read_log(
+    run: RunDep,
+    session: SessionDep,
+    since: Annotated[int, Query(ge=0, le=INT32_MAX, description="Chunks after this seq.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    tail: Annotated[
+        int | None, Query(ge=1, le=1000, description="Instead: the run's last N lines.")
+    ] = None,
+) -> dict[str, Any]:
+    """What the run's training process printed (stdout and stderr, its ranks' too), secrets
+    redacted, bounded (the first 256 KiB and the last 768 KiB; a ``cut`` chunk marks the
+    middle). Follow it live by passing the last ``seq`` as ``since``; a reconnect resumes."""
+    if tail is not None:
+        lines = run_logs.tail_lines(session, run.id, tail)
+        return {"run_id": run.id, "chunks": [], "next": since, "lines": lines}
+    chunks = run_logs.read(session, run.id, since, limit)
+    return {
+        "run_id": run.id,
+        "chunks": [
+            {"seq": c.seq, "attempt": c.attempt, "wall_time": c.wall_time, "text": c.text,
+             "cut": c.cut}
+            for c in chunks
+        ],
+        "next": chunks[-1].seq if chunks else since,
+    }  # fmt: skip
 
 
 @router.patch("/{run_id}", response_model=RunOut)

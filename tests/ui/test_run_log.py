@@ -1,0 +1,45 @@
+"""The run page's Logs tab and a failed run's last lines: a run trained by the real worker whose
+dataset is gone by the time it starts fails, and its page leads with what it printed last (the
+traceback) beside the error; the Logs tab shows the whole log as text."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.ui.test_pages import wait_until
+
+pytestmark = pytest.mark.browser
+
+
+def test_a_failed_run_leads_with_its_traceback_and_the_logs_tab_shows_it(
+    page: Any, shot: Any, ui_server: Any
+) -> None:
+    if not ui_server.has_worker:
+        pytest.skip("needs the embedded worker: the log is what its process printed")
+    folder = ui_server.data_dir / "datasets" / f"ui-log-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
+    path = folder / "train.jsonl"
+    path.write_text("".join(f'{{"prompt": "{i}+{i}=", "answer": "{2 * i}"}}\n' for i in range(20)))
+    config = {
+        "algorithm": "grpo", "steps": 2, "model": {"name": "tiny"},
+        "task": {"name": "jsonl", "params": {"path": str(path)}, "eval_size": 4},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "name": "ui-log-fails",
+    }  # fmt: skip
+    run_id = ui_server.api("POST", "/api/runs", json={"config": config})["runs"][0]["id"]
+    path.unlink()  # accepted at submit, gone when the worker reads it
+    wait_until(page, lambda: ui_server.api("GET", f"/api/runs/{run_id}")["status"] == "failed",
+               timeout=300, what="the run to fail")  # fmt: skip
+    page.goto(f"{ui_server.url}/runs/{run_id}")
+    tail = page.wait_for_selector("#run-error-log pre.log-tail")
+    last = tail.inner_text()  # the traceback's last lines: its frames and the exception
+    assert 'File "' in last and "not a readable regular file" in last, last
+    assert not page.is_hidden("#run-error")
+    page.click(".tabs button[data-tab='logs']")
+    wait_until(page, lambda: "Traceback (most recent call last)" in page.inner_text("#run-log"),
+               what="the traceback in the Logs tab")  # fmt: skip
+    assert page.query_selector("#run-log script, #run-log img") is None
+    shot(page, "run-logs")
