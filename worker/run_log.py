@@ -48,8 +48,10 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1***"),
     (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), "hf_***"),
     (
-        re.compile(r"(?i)\b((?:[a-z_]*token|password|passwd|secret|api[_-]?key)\s*[=:]\s*)"
-                   r"(['\"]?)[^\s'\"]{4,}\2"),  # fmt: skip
+        re.compile(
+            r"(?i)\b((?:[a-z_]*token|password|passwd|secret|api[_-]?key)\s*[=:]\s*)"
+            r"(['\"]?)[^\s'\"]{4,}\2"
+        ),  # fmt: skip
         r"\1\2***\2",
     ),
 )
