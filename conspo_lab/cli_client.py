@@ -126,6 +126,13 @@ def runs(
             " 'params.tau>=5 AND best(eval/accuracy)>0.2' (docs/api.md, Finding runs)."
         ),
     ] = None,
+    order_by: Annotated[
+        str | None,
+        typer.Option(
+            help="A config path or metric summary to order by, '-' first for the largest"
+            " first: '-max(system/peak_rss_gib)', 'params.tau'."
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 50,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -139,6 +146,7 @@ def runs(
             group_id=group,
             q=q,
             where=where,
+            order_by=order_by,
             sort="-created_at",
             limit=limit,
         )

@@ -308,6 +308,7 @@ class Client:
         offset: int = 0,
         ids: list[int] | None = None,
         where: str | None = None,
+        order_by: str | None = None,
     ) -> RunPage:
         """Runs matching every filter given; ``where``: conditions on config fields and metric
         summaries (``params.tau>=5 AND best(eval/accuracy)>0.2``, docs/api.md)."""
@@ -321,6 +322,7 @@ class Client:
             ids=None if ids is None else ",".join(str(i) for i in ids),
             q=q,
             where=where,
+            order_by=order_by,
             sort=sort,
             limit=limit,
             offset=offset,

@@ -110,6 +110,16 @@ async def query_is_utf8(request: Request) -> None:
                 ) from None
 
 
+def parse_order(raw: str) -> where.Order:
+    """``order_by`` (backend.runs.where.parse_order), or a 422 at ``query.order_by``."""
+    try:
+        return where.parse_order(raw)
+    except where.WhereError as exc:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("query", "order_by"), "msg": str(exc), "input": raw}]
+        ) from None
+
+
 def parse_where(raw: str) -> list[Condition]:
     """``where``'s conditions (backend.runs.where), or a 422 at ``query.where`` naming the
     character where the query stopped parsing."""

@@ -83,6 +83,28 @@ _AND = re.compile(r"(?:and\b|&&|,)", re.IGNORECASE)
 SUMMARIES: tuple[Summary, ...] = ("best", "max", "min", "last")
 
 
+@dataclass(frozen=True)
+class Order:
+    """``order_by``: a config path or a metric summary, ``-`` first for the largest first."""
+
+    left: ConfigPath | MetricSummary
+    descending: bool
+
+
+def parse_order(text: str) -> Order:
+    """``[-]path`` or ``[-]summary(metric)``, or ``WhereError``."""
+    if len(text) > 300:
+        raise WhereError(300, "an order is at most 300 characters")
+    parser = _Parser(text)
+    parser.skip()
+    descending = parser.literal("-")
+    left = parser.left()
+    parser.skip()
+    if parser.at < len(parser.text):
+        raise parser.fail("the end of the order (one path or one summary)")
+    return Order(left, descending)
+
+
 def parse(text: str) -> list[Condition]:
     """The conditions of ``text`` (at least one), or ``WhereError``."""
     if len(text) > MAX_LENGTH:

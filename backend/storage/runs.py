@@ -12,7 +12,7 @@ from sqlalchemy import ColumnElement, String, cast, func, select
 from sqlalchemy.orm import Session
 
 from backend.models import Metric, Run, RunStatus
-from backend.runs.where import Condition, MetricSummary
+from backend.runs.where import Condition, MetricSummary, Order
 from backend.storage.strategies import dialect_of
 
 RunSort = Literal["created_at", "-created_at", "name", "status", "id"]
@@ -39,6 +39,7 @@ class RunFilter:
     ids: Sequence[int] | None = None
     # backend.runs.where's conditions on config fields and metric summaries
     conditions: Sequence[Condition] = ()
+    order: Order | None = None  # backend.runs.where.parse_order: before ``sort``
 
 
 def list_runs(
@@ -68,8 +69,36 @@ def list_runs(
         stmt = stmt.where(_condition(session, condition))
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     order = [SORTS[sort], Run.id.desc() if sort == "-created_at" else Run.id.asc()]
+    if where.order is not None:
+        order = [*_order(session, where.order), *order]
     rows = session.scalars(stmt.order_by(*order).limit(limit).offset(offset)).unique()
     return list(rows), total
+
+
+def _order(session: Session, o: Order) -> list[Any]:
+    """ORDER BY terms of ``o``: a metric summary, or a config field (its numbers, then its
+    text); runs without it last, whichever the direction."""
+    if isinstance(o.left, MetricSummary):
+        columns = [_summary(o.left)]
+    else:
+        field = dialect_of(session).json_field(Run.__table__.c.config, o.left.names)
+        columns = [field.number, field.text]
+    return [c.desc().nulls_last() if o.descending else c.asc().nulls_last() for c in columns]
+
+
+def _summary(s: MetricSummary) -> Any:
+    """The run's ``best``/``max``/``min``/``last`` of a metric (NULL when it has none)."""
+    of_run = (Metric.run_id == Run.id, Metric.key == s.key)
+    if s.summary == "last":
+        return (
+            select(Metric.value)
+            .where(*of_run)
+            .order_by(Metric.step.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+    summary = func.min if s.summary == "min" else func.max
+    return select(summary(Metric.value)).where(*of_run).scalar_subquery()
 
 
 def _condition(session: Session, c: Condition) -> ColumnElement[bool]:
@@ -77,13 +106,7 @@ def _condition(session: Session, c: Condition) -> ColumnElement[bool]:
     left: Any
     value: Any = c.value
     if isinstance(c.left, MetricSummary):
-        of_run = (Metric.run_id == Run.id, Metric.key == c.left.key)
-        if c.left.summary == "last":
-            last = select(Metric.value).where(*of_run).order_by(Metric.step.desc()).limit(1)
-            left = last.scalar_subquery()
-        else:
-            summary = func.min if c.left.summary == "min" else func.max
-            left = select(summary(Metric.value)).where(*of_run).scalar_subquery()
+        left = _summary(c.left)
     else:
         field = dialect_of(session).json_field(Run.__table__.c.config, c.left.names)
         if isinstance(c.value, bool):

@@ -23,6 +23,7 @@ const state = {
   task: params.get("task") || "",
   tag: params.get("tag") || "",
   where: params.get("where") || "", // conditions on config and metrics (GET /api/runs?where=)
+  orderBy: params.get("order_by") || "", // a metric summary to order by (GET /api/runs?order_by=)
   metric: params.get("metric") || DEFAULT_SPARK,
   group: params.get("group") || "", // a group_id: list only that group's runs
   cols: params.has("cols") ? params.get("cols").split(",").filter(Boolean) : null, // null: auto
@@ -50,6 +51,7 @@ function syncUrl() {
     task: state.task,
     tag: state.tag,
     where: state.where,
+    order_by: state.orderBy,
     metric: state.metric === DEFAULT_SPARK ? "" : state.metric,
     group: state.group,
     cols: state.cols ? state.cols.join(",") : "",
@@ -60,7 +62,7 @@ function syncUrl() {
 function matches(run) {
   // A where query is the server's to evaluate: the stream updates the rows it listed, and the
   // periodic reload brings in new matches.
-  if (state.where && !state.runs.has(run.id)) return false;
+  if ((state.where || state.orderBy) && !state.runs.has(run.id)) return false;
   if (state.group && run.group_id !== state.group) return false;
   if (state.status && run.status !== state.status) return false;
   if (state.algorithm && run.algorithm !== state.algorithm) return false;
@@ -68,6 +70,21 @@ function matches(run) {
   if (state.tag && !(run.tags || []).includes(state.tag)) return false;
   if (state.q && !(run.name || "").toLowerCase().includes(state.q.toLowerCase())) return false;
   return true;
+}
+
+/** The order choices for the sparkline's metric: newest first, or its highest last / highest
+ * max / lowest min value (runs without it last). */
+function fillOrder() {
+  const m = state.metric;
+  const choices = [
+    ["", "newest first"],
+    [`-last(${m})`, `highest last ${m}`],
+    [`-max(${m})`, `highest max ${m}`],
+    [`min(${m})`, `lowest min ${m}`],
+  ];
+  if (state.orderBy && !choices.some(([v]) => v === state.orderBy)) choices.push([state.orderBy, state.orderBy]);
+  $("#f-order").replaceChildren(...choices.map(([v, label]) => h("option", { value: v }, label)));
+  $("#f-order").value = state.orderBy;
 }
 
 async function loadRuns() {
@@ -78,6 +95,7 @@ async function loadRuns() {
     tag: state.tag,
     q: state.q,
     where: state.where,
+    order_by: state.orderBy,
     group_id: state.group,
     sort: "-created_at",
     limit: 200,
@@ -439,6 +457,22 @@ if (!SPARK_METRICS.includes(state.metric)) $("#f-metric").append(h("option", { v
 bindFilter("#f-q", "q", "input");
 bindFilter("#f-tag", "tag", "input");
 bindFilter("#f-where", "where", "input");
+fillOrder();
+$("#f-order").addEventListener("change", (ev) => {
+  state.orderBy = ev.target.value;
+  syncUrl();
+  loadRuns();
+});
+$("#f-metric").addEventListener("change", () => {
+  state.metric = $("#f-metric").value.trim(); // before bindFilter's debounced update
+  if (state.orderBy) {
+    // the order follows the sparkline's metric: the same summary of the new one
+    state.orderBy = state.orderBy.replace(/\(.*\)$/, `(${state.metric})`);
+    syncUrl();
+    loadRuns();
+  }
+  fillOrder();
+});
 bindFilter("#f-status", "status");
 bindFilter("#f-algorithm", "algorithm");
 bindFilter("#f-task", "task");

@@ -165,3 +165,30 @@ def test_the_error_points_at_the_character(api):
     r = api.get("/api/runs", params={"where": "params.tau>=5 OR x=1"})
     assert r.status_code == 422
     assert r.json()["detail"][0]["msg"].startswith("at character 15: expected AND")
+
+
+ORDERS = [
+    ("-max(eval/accuracy)", ["conspo-t2", "grpo-good", "conspo-t5-good", "conspo-t8-poor"]),
+    ("min(sep/gap)", ["conspo-t8-poor", "conspo-t5-good", "grpo-good"]),
+    ("-last(eval/accuracy)", ["conspo-t2", "grpo-good", "conspo-t5-good", "conspo-t8-poor"]),
+    # numbers first (ascending), then the run whose tau is text, then the runs without one
+    ("params.tau", ["conspo-t2", "conspo-t5-good", "no-metrics", "conspo-t8-poor", "grpo-good"]),
+]
+
+
+@pytest.mark.parametrize("order_by,first", ORDERS, ids=[o[0] for o in ORDERS])
+def test_runs_are_ordered_by_a_metric_summary_or_a_config_value(api, runs, order_by, first):
+    """order_by: the largest first with '-'; runs without the metric (or a number there) last."""
+    marker, ids = runs
+    r = api.get("/api/runs", params={"tag": marker, "order_by": order_by, "limit": 500})
+    assert r.status_code == 200, r.text
+    got = [run["id"] for run in r.json()["items"]]
+    assert got[: len(first)] == [ids[name] for name in first], (order_by, got)
+    assert len(got) == len(ids)  # the rest still listed, after
+
+
+def test_a_bad_order_is_a_422_at_the_field(api):
+    for bad in ("max(sep/gap", "-", "params.tau desc", "best(x) > 1", "x" * 301):
+        r = api.get("/api/runs", params={"order_by": bad})
+        assert r.status_code == 422, (bad, r.text)
+        assert r.json()["detail"][0]["loc"] == ["query", "order_by"]

@@ -3,7 +3,9 @@ server with raw HTML escaped; the runs list shows a note's first line."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from tests.ui.test_pages import wait_until
 
 pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_run_note_and_tags_are_edited_in_place(page: Any, shot: Any, ui_server: Any) -> None:
@@ -35,7 +38,7 @@ def test_a_run_note_and_tags_are_edited_in_place(page: Any, shot: Any, ui_server
     )
     stored = ui_server.api("GET", f"/api/runs/{run['id']}")
     assert stored["tags"] == ["best", marker] and stored["note"].startswith("# Why this run")
-    shot(page, "run-notes")
+    shutil.copy(shot(page, "run-notes"), ROOT / "docs" / "screenshot-run-notes.png")
 
     # a bad tag: the field is named, nothing is saved, the form stays open with the input
     page.problems.allow_http_error(422, f"/api/runs/{run['id']}")
@@ -79,7 +82,9 @@ def test_study_and_pipeline_notes_are_edited_in_place(page: Any, ui_server: Any)
     page.wait_for_selector("#note-body code:has-text('sft')")
 
 
-def test_the_runs_list_finds_runs_by_where_and_names_a_bad_query(page: Any, ui_server: Any) -> None:
+def test_the_runs_list_finds_runs_by_where_and_names_a_bad_query(
+    page: Any, shot: Any, ui_server: Any
+) -> None:
     marker = f"where-{uuid.uuid4().hex[:6]}"
     good = ui_server.external_run(f"tau5-{marker}", {"algorithm": "conspo", "params": {"tau": 5}},
                                   tags=[marker])  # fmt: skip
@@ -94,6 +99,7 @@ def test_the_runs_list_finds_runs_by_where_and_names_a_bad_query(page: Any, ui_s
                what="the τ=2 run to leave the list")  # fmt: skip
     assert page.query_selector(f"tr[data-id='{good['id']}']") is not None
     assert "where=params.tau" in page.url  # the view can be shared
+    shutil.copy(shot(page, "runs-where"), ROOT / "docs" / "screenshot-runs-where.png")
     page.problems.allow_http_error(422, "/api/runs")
     page.fill("#f-where", "params.tau>=5 OR x=1")
     wait_until(page, lambda: "at character 15" in page.inner_text("#f-where-error"),

@@ -4,7 +4,9 @@ traceback) beside the error; the Logs tab shows the whole log as text."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from tests.ui.test_pages import wait_until
 
 pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_failed_run_leads_with_its_traceback_and_the_logs_tab_shows_it(
@@ -42,4 +45,4 @@ def test_a_failed_run_leads_with_its_traceback_and_the_logs_tab_shows_it(
     wait_until(page, lambda: "Traceback (most recent call last)" in page.inner_text("#run-log"),
                what="the traceback in the Logs tab")  # fmt: skip
     assert page.query_selector("#run-log script, #run-log img") is None
-    shot(page, "run-logs")
+    shutil.copy(shot(page, "run-logs"), ROOT / "docs" / "screenshot-run-logs.png")

@@ -4,6 +4,8 @@ run's GPU panels are folded with the line that says why."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from tests.ui.test_pages import trace_points, wait_until
 
 pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = {
     "algorithm": "grpo",
@@ -61,4 +64,4 @@ def test_a_worker_run_shows_its_system_readings_and_folds_the_gpu_panels(
     assert meta and not any(meta), meta
     gpu = page.wait_for_selector('[data-section="gpu"][data-folded="1"]')
     assert "no GPU readings" in gpu.inner_text()
-    shot(page, "run-system")
+    shutil.copy(shot(page, "run-system"), ROOT / "docs" / "screenshot-run-system.png")

@@ -20,7 +20,7 @@ from backend.api.deps import (
     SessionDep,
     SettingsDep,
 )
-from backend.api.query import JSONBytes, parse_ids, parse_where
+from backend.api.query import JSONBytes, parse_ids, parse_order, parse_where
 from backend.config import Settings
 from backend.errors import InvalidInput
 from backend.models import Run, RunStatus
@@ -138,6 +138,15 @@ async def list_runs(
             ' `params.tau>=5 AND best(eval/accuracy)>0.2` (docs/api.md, "Finding runs").',
         ),
     ] = None,
+    order_by: Annotated[
+        str | None,
+        Query(
+            max_length=300,
+            description="A config path or a metric summary to order by, before `sort`; `-`"
+            " first for the largest first: `-max(system/peak_rss_gib)`, `params.tau`. Runs"
+            " without it come last.",
+        ),
+    ] = None,
     sort: RunSort = "-created_at",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
@@ -146,6 +155,7 @@ async def list_runs(
         status=status_, kind=kind, algorithm=algorithm, task=task, tag=tag, group_id=group_id,
         name_contains=q, ids=parse_ids(ids, "ids", 500) if ids is not None else None,
         conditions=parse_where(where) if where and where.strip() else (),
+        order=parse_order(order_by) if order_by and order_by.strip() else None,
     )  # fmt: skip
     return JSONBytes(await in_session(_runs_page, settings, where_, sort, limit, offset))
 
