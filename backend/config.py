@@ -49,6 +49,25 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         60.0, gt=0, description="A running run whose heartbeat is older is re-queued."
     )
+    task_check_slots: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Probe helpers per API process that build a submitted procedural task"
+        " (drawing problems, counting held-out ones) off the request threads.",
+    )
+    task_check_wait_s: float = Field(
+        2.0, gt=0, le=60, description="A submit waits this long for a free probe helper, then 503."
+    )
+    task_check_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Time a task may take to build and draw its first problems at submit time.",
+    )
+    task_check_memory_mib: int = Field(
+        1024, ge=16, le=1_048_576, description="Memory a task may allocate while it is built."
+    )
     cancel_grace_s: float = Field(
         30.0,
         gt=0,

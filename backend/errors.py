@@ -42,6 +42,21 @@ class InvalidInput(DomainError):
         return InvalidInput([{**e, "loc": (*prefix, *e["loc"])} for e in self.errors])
 
 
+class Busy(DomainError):
+    """A bounded resource stayed full for the request's whole wait (HTTP 503 with Retry-After):
+    the task-check helpers (``backend.task_checks``)."""
+
+
+class Forbidden(DomainError):
+    """Input naming something the caller may not use (HTTP 403), field by field in
+    ``InvalidInput``'s shape: another user's run that is not shared, started from by a config
+    (``backend.runs.sharing``)."""
+
+    def __init__(self, errors: Sequence[Mapping[str, Any]]) -> None:
+        self.errors = [dict(e) for e in errors]
+        super().__init__("; ".join(f"{_dotted(e['loc'])}: {e['msg']}" for e in self.errors))
+
+
 def dotted_loc(loc: tuple[Any, ...], overrides: dict[str, Any]) -> tuple[Any, ...]:
     """Name an error by the override's own spelling when it used a dotted path: the override
     at or above the error's field, else the first one inside a section the error names (a

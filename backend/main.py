@@ -15,7 +15,8 @@ from fastapi.exception_handlers import http_exception_handler
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from backend.api import errors
+from backend import task_checks
+from backend.api import contract, errors
 from backend.api.deps import SessionGate, require_reader
 from backend.api.query import query_is_utf8
 from backend.api.routes import (
@@ -152,8 +153,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task_checks.for_settings(settings).prober.warm()  # the first submit need not wait
         yield
         app.state.db.dispose()
+        task_checks.for_settings(settings).close()
 
     app = FastAPI(
         title="ConSPO Lab",
@@ -191,6 +194,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api)
     app.include_router(health.router, prefix="/api")  # health stays open
     errors.install(app)
+    contract.install(app, settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestTimeout, seconds=settings.request_timeout_s)
     try:

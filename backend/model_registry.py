@@ -1,8 +1,9 @@
 """The model registry: every finished run with a checkpoint on disk, as a model.
 
-* ``list_models(session, settings)``: each model's checkpoints (last, best), its lineage (the
-  runs it started from, back to a base model), what it trained (its kind's label) and its last
-  evaluation.
+* ``list_models(session, settings, caller)``: each model's checkpoints (last, best), its
+  lineage (the runs it started from, back to a base model), what it trained (its kind's label),
+  its last evaluation, its owner and whether they share it, and what the caller may do with it
+  (``backend.runs.sharing``).
 * ``export_model`` writes one as a plain Hugging Face directory.
 
 Torch-free: a LoRA checkpoint is merged by ``python -m conspo export`` in a subprocess, so the
@@ -21,7 +22,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
-from backend.models import Run
+from backend.models import Run, User
+from backend.runs import sharing
 from backend.runs.rows import run_label
 from backend.storage.runs import finished_worker_runs
 from conspo.models.lineage import TRAINING_FILES, Which, checkpoint_for, describe, is_adapter
@@ -46,7 +48,9 @@ def lineage(session: Session, run: Run) -> list[dict[str, Any]]:
         current = previous
 
 
-def model_entry(session: Session, settings: Settings, run: Run) -> dict[str, Any] | None:
+def model_entry(
+    session: Session, settings: Settings, run: Run, caller: User | None
+) -> dict[str, Any] | None:
     workdir = settings.run_dir(run.id)
     checkpoints = {w: checkpoint_for(workdir, w) for w in ("last", "best")}
     found = {w: p for w, p in checkpoints.items() if p is not None}
@@ -70,6 +74,24 @@ def model_entry(session: Session, settings: Settings, run: Run) -> dict[str, Any
         "eval": evals,
         "pipeline_id": run.pipeline_id,
         "finished_at": run.finished_at.timestamp() if run.finished_at else None,
+        "owner": run.owner.name if run.owner is not None else None,
+        "model_shared": bool(run.model_shared),
+        **caller_may(session, run, caller),
+    }
+
+
+def caller_may(session: Session, run: Run, caller: User | None) -> dict[str, bool]:
+    """What ``caller`` may do with ``run``'s model: share it (its owner or an admin), start from
+    it and export it (``backend.runs.sharing``: every run of its lineage usable); without a
+    token, nothing."""
+    if caller is None:
+        return {"may_share": False, "may_start_from": False, "may_export": False}
+    owns = caller.is_admin or run.owner_id == caller.id
+    lineage_usable = sharing.first_refused(session, run, caller, itself=False) is None
+    return {
+        "may_share": owns,
+        "may_start_from": sharing.may_use(run, caller) and lineage_usable,
+        "may_export": owns and lineage_usable,
     }
 
 
@@ -78,9 +100,9 @@ def _step_of(path: Path) -> int | None:
     return int(name.split("_", 1)[1]) if name.startswith("step_") else None
 
 
-def list_models(session: Session, settings: Settings) -> list[dict[str, Any]]:
+def list_models(session: Session, settings: Settings, caller: User | None) -> list[dict[str, Any]]:
     runs = finished_worker_runs(session)
-    return [e for run in runs if (e := model_entry(session, settings, run)) is not None]
+    return [e for run in runs if (e := model_entry(session, settings, run, caller)) is not None]
 
 
 def export_model(settings: Settings, run_id: int, which: Which) -> Path:

@@ -37,6 +37,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
@@ -184,6 +185,9 @@ class Run(Base):
     pipeline_id: Mapped[int | None] = mapped_column(Integer, index=True)
     pipeline_stage: Mapped[int | None] = mapped_column(Integer)
     note: Mapped[str] = mapped_column(Text, default="", server_default="")  # Markdown
+    # Its owner lets other users start from its checkpoints and rollouts (model.from_run, a job
+    # kind's input runs) and export what they train from it (backend.runs.sharing).
+    model_shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     owner: Mapped[User | None] = relationship(lazy="joined")
 

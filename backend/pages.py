@@ -17,20 +17,23 @@ import json
 import re
 from dataclasses import asdict
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
 from backend.assets import STATIC_DIR, TEMPLATES_DIR, plotly_cartesian_path, plotly_js_path
 from backend.config import Settings
-from backend.models import Pipeline, Study
+from backend.models import Pipeline, Run, Study
+from backend.schemas import INT32_MAX
 from backend.studies.comparison import RUN_FIELDS
 from conspo.metrics import catalogue
 
 router = APIRouter(include_in_schema=False)
+Row = TypeVar("Row", Run, Study, Pipeline)
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
 _STATIC_TYPES = {
@@ -135,8 +138,16 @@ def new_run_page(request: Request) -> HTMLResponse:
     return _render(request, "new_run.html", "new", title="New run")
 
 
+def _row(session: Session, model: type[Row], key: int) -> Row | None:
+    """The row ``key`` of ``model``, or None (an id past the database's integer range too: asked
+    for, it would be an error of the database, not a missing page)."""
+    return session.get(model, key) if 1 <= key <= INT32_MAX else None
+
+
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: int) -> HTMLResponse:
+def run_page(request: Request, run_id: int, session: SessionDep) -> HTMLResponse:
+    if _row(session, Run, run_id) is None:  # a clear 404, not a page whose requests all fail
+        return not_found_page(request, f"There is no run {run_id} at")
     return _render(
         request, "run.html", "run", entry="run.js", title=f"Run {run_id}", run_id=run_id,
         plotly_src=CARTESIAN_SRC,
@@ -229,7 +240,7 @@ def new_study_page(request: Request) -> HTMLResponse:
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(request: Request, study_id: int, session: SessionDep) -> HTMLResponse:
-    study = session.get(Study, study_id)
+    study = _row(session, Study, study_id)
     if study is None:  # a clear 404, not a page loading for ever
         return not_found_page(request, f"There is no study {study_id} at")
     search = bool((study.spec or {}).get("search"))  # parallel coordinates: the full bundle
@@ -246,7 +257,7 @@ def pipelines_page(request: Request) -> HTMLResponse:
 
 @router.get("/pipelines/{pipeline_id}", response_class=HTMLResponse)
 def pipeline_page(request: Request, pipeline_id: int, session: SessionDep) -> HTMLResponse:
-    if session.get(Pipeline, pipeline_id) is None:
+    if _row(session, Pipeline, pipeline_id) is None:
         return not_found_page(request, f"There is no pipeline {pipeline_id} at")
     title = f"Pipeline {pipeline_id}"
     return _render(request, "pipeline.html", "pipeline", title=title, pipeline_id=pipeline_id)

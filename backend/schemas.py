@@ -13,16 +13,29 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
+    StrictBool,
+    TypeAdapter,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticSerializationError, core_schema, to_json
+from typing_extensions import TypeAliasType
 
 from backend.runs.rows import run_label
 from backend.runs.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
-from conspo.input_checks import LABEL, MAX_JSON_DEPTH, TEXT, json_problem, loc_text
+from conspo.input_checks import (
+    LABEL,
+    MAX_JSON_DEPTH,
+    MAX_JSON_KEY_CHARS,
+    TEXT,
+    anchored,
+    json_problem,
+    loc_text,
+)
 
 if TYPE_CHECKING:
     from backend.models import Run
@@ -30,7 +43,7 @@ if TYPE_CHECKING:
 INT32_MAX = 2**31 - 1
 MAX_LOG_POINTS = 10_000
 MAX_LOG_PROMPTS = 10_000  # prompt rows per logging call
-PROMPT_KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"  # a hash in hex, or a task example's id
+PROMPT_KEY = r"[A-Za-z0-9_.:-]{1,64}"  # a hash in hex, or a task example's id
 NAME_MAX = 200  # runs.name
 
 
@@ -55,17 +68,60 @@ Label = Annotated[str, Field(min_length=1, max_length=NAME_MAX), LABEL]
 Name = Label
 Tag = Annotated[str, Field(min_length=1, max_length=100), BeforeValidator(_nfc), LABEL]
 MetricKey = Label
-FreeJSON = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+# FreeJSON's JSON schema states what _storable_json accepts, but for its depth and size: text
+# without NUL, keys of at most MAX_JSON_KEY_CHARS, integers within 64 bits, finite numbers (only
+# the JSON schema uses these types; _storable_json walks a value faster, and iteratively). It
+# cannot say all of it: to JSON Schema 1e30 is the integer 10**30, which the API takes as the
+# number it was written as, and refuses only spelled in digits.
+StorableText = Annotated[str, TEXT]
+StorableKey = Annotated[str, Field(max_length=MAX_JSON_KEY_CHARS), TEXT]
+StorableInt = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+JSONValue = TypeAliasType(
+    "JSONValue",
+    "None | bool | StorableInt | float | StorableText | list[JSONValue]"  # type: ignore[arg-type]
+    " | dict[StorableKey, JSONValue]",
+)
+
+
+class _JSONSchemaOf:
+    """An annotation that gives a type the JSON schema of another."""
+
+    def __init__(self, shape: Any) -> None:
+        self._adapter = TypeAdapter(shape)
+
+    def __get_pydantic_json_schema__(
+        self, _: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return handler(self._adapter.core_schema)
+
+
+FreeJSON = Annotated[
+    dict[str, Any],
+    AfterValidator(_storable_json),
+    _JSONSchemaOf(dict[StorableKey, JSONValue]),
+]
 # NaN and ±Infinity are accepted where they are data (a metric value, a rollout's score) and
 # stored as NULL; everywhere else a number must be finite (``_Body``).
 DataFloat = Annotated[float, Field(allow_inf_nan=True)]
-Seed = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Step = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Request bodies are strict (``_Body``): a boolean is no number, 1 is no boolean and "5" no
+# integer, as their JSON schema says, though pydantic's lax mode would take all three. But 5.0
+# is an integer to JSON Schema, and so to every integer field of a body (``INTEGRAL`` after the
+# field's bounds, so its schema keeps them).
+INTEGRAL = BeforeValidator(_integral)
+Int = Annotated[int, INTEGRAL]
+Int32 = Annotated[int, Field(ge=0, le=INT32_MAX), INTEGRAL]
+Seed = Int32
+Step = Int32
 RunStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class _Submission(_Body):
@@ -104,16 +160,32 @@ class NotePatch(_Body):
     note: Note
 
 
+def _one_given(schema: dict[str, Any]) -> None:
+    """At least one of the fields is given, and not null (the model's own rule, in the schema)."""
+    schema["anyOf"] = [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+        for name in schema["properties"]
+    ]
+
+
 class RunPatch(_Body):
-    """What a run's owner may change after submitting: its note and its tags. At least one."""
+    """What a run's owner may change after submitting: its note, its tags and whether its model
+    is shared. At least one."""
+
+    model_config = ConfigDict(json_schema_extra=_one_given)
 
     note: Note | None = Field(None, description='Markdown (raw HTML is shown as text); "" clears.')
     tags: list[Tag] | None = Field(None, max_length=50, description="Replaces the run's tags.")
+    model_shared: StrictBool | None = Field(
+        None,
+        description="True: other users may start from its checkpoints and rollouts"
+        " (model.from_run, DPO's kind_params.from_run) and export what they train from it.",
+    )
 
     @model_validator(mode="after")
     def _something(self) -> RunPatch:
-        if self.note is None and self.tags is None:
-            raise ValueError("give note, tags or both")
+        if self.note is None and self.tags is None and self.model_shared is None:
+            raise ValueError("give note, tags, model_shared or several of them")
         return self
 
 
@@ -143,7 +215,7 @@ class ExternalRunCreate(_Body):
     task: Annotated[str, Field(min_length=1, max_length=100), LABEL]
     model: Annotated[str, Field(min_length=1, max_length=300), LABEL]
     tags: list[Tag] = Field(default_factory=list, max_length=50)
-    total_steps: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    total_steps: Int32 | None = None
 
 
 class RunOut(BaseModel):
@@ -162,6 +234,11 @@ class RunOut(BaseModel):
     group_id: str | None
     tags: list[str]
     note: str = Field("", description="The owner's Markdown note.")
+    model_shared: bool = Field(
+        False,
+        description="Its owner lets other users start from its checkpoints and rollouts, and"
+        " export what they train from it (PATCH sets it).",
+    )
     note_html: str | None = Field(
         None, description="The note rendered (raw HTML escaped); in a single run's read only."
     )
@@ -292,6 +369,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "group_id": run.group_id,
         "tags": list(run.tags or []),
         "note": run.note or "",
+        "model_shared": bool(run.model_shared),
         "cloned_from": run.cloned_from,
         "pipeline_id": run.pipeline_id,
         "pipeline_stage": run.pipeline_stage,
@@ -333,11 +411,11 @@ class LogStep(_Body):
 
 class RolloutRow(_Body):
     step: Step
-    group: Annotated[int, Field(ge=0, le=INT32_MAX)]
-    index: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    group: Int32
+    index: Int32
     reward: DataFloat | None = None
     score: DataFloat | None = None
-    length: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
+    length: Int32 = 0
     truncated: bool = False
     # Stored at most ROLLOUT_TEXT_CHARS characters each (longer text is cut, not refused).
     prompt: Annotated[str, Field(max_length=100_000)] = ""
@@ -350,9 +428,9 @@ class PromptRow(_Body):
     its text, or the example's id)."""
 
     step: Step
-    key: Annotated[str, Field(pattern=PROMPT_KEY_PATTERN)]
-    n: Annotated[int, Field(ge=1, le=INT32_MAX)]
-    correct: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    key: Annotated[str, anchored(PROMPT_KEY)]
+    n: Annotated[int, Field(ge=1, le=INT32_MAX), INTEGRAL]
+    correct: Int32
 
     @field_validator("correct")
     @classmethod

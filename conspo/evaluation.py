@@ -185,7 +185,7 @@ def evaluate(
     """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
     ``top_p``) on the held-out ``examples``."""
     if not examples:
-        return {M.EVAL_ACCURACY: float("nan"), M.EVAL_PASS_AT_K: float("nan")}
+        return {M.EVAL_ACCURACY: float("nan"), M.EVAL_PASS_AT_K: float("nan"), M.EVAL_PROBLEMS: 0.0}
     greedy_batch, greedy = generate_and_verify(
         model,
         tokenizer,
@@ -207,7 +207,11 @@ def evaluate(
         generator=generator,
         engine=engine,
     )
-    out = {M.EVAL_ACCURACY: greedy.mean().item(), M.EVAL_PASS_AT_K: pass_k_value}
+    out = {
+        M.EVAL_ACCURACY: greedy.mean().item(),
+        M.EVAL_PASS_AT_K: pass_k_value,
+        M.EVAL_PROBLEMS: float(len(examples)),
+    }
     if greedy_batch.tool_calls is not None:
         called = [float(bool(calls)) for calls in greedy_batch.tool_calls]
         out[M.EVAL_TOOL_CALL_RATE] = sum(called) / len(called)

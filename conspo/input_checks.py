@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 MAX_JSON_DEPTH = 32
 MAX_JSON_CHARS = 1_000_000
@@ -62,12 +65,48 @@ def _refusing(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
     return check
 
 
+# The end of the string in a pattern: Python's $ (in the regular expressions a fuzzer draws
+# strings from) also matches before a final newline, JSON Schema's does not; this means the end
+# in both.
+END = r"(?![\s\S])"
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """An after-validator whose JSON schema states what it refuses as a ``pattern`` (the
+    OpenAPI document, the form's schema); an unpaired surrogate no pattern can state."""
+
+    check: Callable[[str], str]
+    pattern: str
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["pattern"] = self.pattern
+        return json_schema
+
+
 # Validators for ``Annotated[str, Field(max_length=...), LABEL]`` (after the length, so a too
 # long string gets pydantic's own message), and the plain types.
 check_text = _refusing(text_problem)
 check_label = _refusing(label_problem)
-TEXT = AfterValidator(check_text)
-LABEL = AfterValidator(check_label)
+TEXT_PATTERN = rf"^[^\x00]*{END}"
+LABEL_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]*{END}"  # _CONTROL, NUL included
+TEXT = _Refused(check_text, TEXT_PATTERN)
+LABEL = _Refused(check_label, LABEL_PATTERN)
+
+
+def anchored(body: str) -> Any:
+    """``Field(pattern=...)`` for a whole string matching ``body``. pydantic checks it with
+    Rust's regular expressions, where $ is the end; the JSON schema says END instead, the end
+    in Python's too."""
+    return Field(pattern=f"^{body}$", json_schema_extra={"pattern": f"^{body}{END}"})
 Text = Annotated[str, TEXT]
 Label = Annotated[str, LABEL]
 

@@ -91,6 +91,7 @@ DPO_REJECTED = "dpo/rejected_reward"
 # --- evaluation -----------------------------------------------------------------------------
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_PASS_AT_K = "eval/pass@k"
+EVAL_PROBLEMS = "eval/problems"
 
 # --- tools inside rollouts (conspo.tools, conspo.generation.tool_rollout) --------------------
 TOOLS_CALLS = "tools/calls"
@@ -163,7 +164,7 @@ KEY_METRICS: tuple[str, ...] = (
 # rate and step time of each step, and the held-out evaluation when it is due (the shared loop,
 # conspo.training.loop.one_update_per_step, and the RL trainer alike). A kind that trains an
 # algorithm (rl) also logs the "every run" keys and its objective's.
-EVERY_KIND: tuple[str, ...] = (LR, TIME_STEP_S, EVAL_ACCURACY, EVAL_PASS_AT_K)
+EVERY_KIND: tuple[str, ...] = (LR, TIME_STEP_S, EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PROBLEMS)
 
 # Keys written before the top-level ones were namespaced (migration 0003 renamed them in stored
 # worker runs); readers of older exports can map them with this.
@@ -518,6 +519,10 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_PASS_AT_K, "pass@k", "pass@k on the held-out split (k = eval.pass_k, sampled).",
            "fraction", "evalc", when="every eval.every steps, at the end and at step 0",
            better="higher", color="pos"),
+    Metric(EVAL_PROBLEMS, "problems scored",
+           "Distinct held-out problems each evaluation scored (the n of accuracy and pass@k):"
+           " task.eval_size, or fewer where the task's held-out split has fewer.", "problems",
+           None, when="every eval.every steps, at the end and at step 0", deterministic=True),
     Metric(LEN_POS, "len pos", "Mean response length (tokens incl. EOS) of correct rollouts.",
            "tokens", "len", color="pos"),
     Metric(LEN_NEG, "len neg", "Mean response length (tokens incl. EOS) of wrong rollouts.",

@@ -207,7 +207,10 @@ def watch(
 def compare(
     run_ids: Annotated[list[int], typer.Argument(metavar="RUN...", help="Run ids (up to 50).")],
     keys: Annotated[
-        str | None, typer.Option(help=f"Comma list of keys (default: {','.join(KEY_METRICS)}).")
+        str | None,
+        # The default spelled with spaces: a help column wraps it whole (one 80-character word
+        # was cut with an ellipsis).
+        typer.Option(help=f"Comma list of keys (default: {', '.join(KEY_METRICS)})."),
     ] = None,
     report: Annotated[
         Path | None,
@@ -292,7 +295,9 @@ def export(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Write a run's metrics to CSV, JSON lines or Parquet."""
+    """Export a run's metrics (every logged step) as CSV, JSON lines or Parquet.
+
+    Metrics only: `conspo-lab models export RUN_ID` exports a run's model checkpoint."""
     with _client(url, token) as lab:
         key_list = _split(keys) if keys else lab.metric_keys(run)
         series = _all_points(lab, run, key_list)

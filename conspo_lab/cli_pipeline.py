@@ -34,7 +34,8 @@ from conspo_lab.cli_client import (
 
 pipeline_app = typer.Typer(help="Pipelines: stages (SFT → RL, …) run one after the other.")
 models_app = typer.Typer(
-    help="The model registry: finished runs' checkpoints (list; export RUN_ID).",
+    help="Finished runs' model checkpoints: list them; `models export RUN_ID` exports one as a"
+    " model directory.",
     invoke_without_command=True,
 )
 ENDED = ("succeeded", "failed", "cancelled")
@@ -184,7 +185,10 @@ def export(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Write the checkpoint as a Hugging Face directory on the server (LoRA merged); print it."""
+    """Export a run's model checkpoint as a Hugging Face model directory (LoRA merged).
+
+    The directory is written on the server; its path is printed. The run's metrics are
+    `conspo-lab export RUN`."""
     which: str | int = int(step) if step.isdigit() else step
     with _client(url, token) as lab:
         path = lab.export_model(run_id, which)

@@ -274,6 +274,7 @@ def train_attempt(
     shutdown: Interrupt,
 ) -> Outcome:
     """Train the claimed run; how the attempt ended (nothing is recorded yet)."""
+    from conspo import stopping
     from conspo.config import RunConfig
     from conspo.launch import launch
     from worker.job_inputs import prepare
@@ -292,16 +293,22 @@ def train_attempt(
         # the job kind's train function (rl: conspo.training.trainer.train), on the prepared inputs
         # and on the processes the config's resources ask for (conspo.launch)
         config, store = prepare(db, settings, config, workdir)
-        result = launch(
-            config,
-            sink,
-            lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
-            workdir=workdir,
-            model_store=store,
-            files=run_inputs.data_files(settings),
-            memory_limit=run_inputs.memory_limit(settings),
-            ray=on_ray(db, settings, run, outage) if config.resources.nodes > 1 else None,
-        )
+        # A cancel (or an attempt taken over) abandons the run inside any phase within seconds
+        # (conspo.stopping); a shutdown still stops at the next step boundary, to be resumed.
+        with stopping.abandon_when(lambda: heartbeat.cancel_requested or heartbeat.lost):
+            result = launch(
+                config,
+                sink,
+                lambda: heartbeat.stop_requested.is_set() or shutdown.is_set(),
+                workdir=workdir,
+                model_store=store,
+                files=run_inputs.data_files(settings),
+                memory_limit=run_inputs.memory_limit(settings),
+                ray=on_ray(db, settings, run, outage) if config.resources.nodes > 1 else None,
+            )
+    except stopping.Abandoned:  # a job kind outside conspo's loop let it through
+        _flush_quietly(sink)
+        return _why_stopped(heartbeat, shutdown)
     except RunGone as exc:
         log.warning("%s; stopping", exc)
         return Outcome(Ending.GONE)

@@ -205,16 +205,29 @@ def get_current_user(session: SessionDep, credentials: Credentials) -> User:
 CurrentUser = Annotated[User, Depends(get_current_user)]
 
 
+def get_optional_user(session: SessionDep, credentials: Credentials) -> User | None:
+    """The caller when the request carries a token (an invalid one is still a 401), else None:
+    an open read or check can then say what this caller may do."""
+    if credentials is None or not credentials.credentials:
+        return None
+    return get_current_user(session, credentials)
+
+
+OptionalUser = Annotated[User | None, Depends(get_optional_user)]
+
+
 async def require_reader(
     request: Request, settings: SettingsDep, db: DatabaseDep, credentials: Credentials
 ) -> None:
     """Reads are open unless CONSPO_READS_REQUIRE_TOKEN=true (async: when they are open, as by
     default, every /api request passes here without a thread hop or a session)."""
     if settings.reads_require_token and request.method in {"GET", "HEAD"}:
-        await anyio.to_thread.run_sync(_check_reader, db, credentials)
+        await anyio.to_thread.run_sync(check_token, db, credentials)
 
 
-def _check_reader(db: Database, credentials: HTTPAuthorizationCredentials | None) -> None:
+def check_token(db: Database, credentials: HTTPAuthorizationCredentials | None) -> None:
+    """A 401 unless ``credentials`` hold a valid token; its own short read session (nothing
+    held while the caller goes on)."""
     with db.read_session() as session:
         get_current_user(session, credentials)
 
@@ -272,17 +285,20 @@ def get_run(run_id: RunId, session: SessionDep) -> Run:
 
 
 def get_owned_run(run_id: RunId, session: SessionDep, credentials: Credentials) -> Run:
-    """``get_run``, then ``get_current_user``, then ``owned``, in one worker-thread call (as
-    three dependencies they were three): a trainer logs through this every step."""
-    run = found(session, Run, run_id, "run")
-    return owned(run, get_current_user(session, credentials), "run")
+    """``get_current_user``, then ``get_run``, then ``owned``, in one worker-thread call (as
+    three dependencies they were three): a trainer logs through this every step. The caller
+    first: a request without a token learns nothing, not even whether the run exists."""
+    user = get_current_user(session, credentials)
+    return owned(found(session, Run, run_id, "run"), user, "run")
 
 
 def get_study(study_id: StudyId, session: SessionDep) -> Study:
     return found(session, Study, study_id, "study")
 
 
-def get_owned_study(study: Annotated[Study, Depends(get_study)], user: CurrentUser) -> Study:
+# The caller is resolved before the study (dependencies run in the order of the parameters):
+# 401 before 404, as ``get_owned_run``.
+def get_owned_study(user: CurrentUser, study: Annotated[Study, Depends(get_study)]) -> Study:
     return owned(study, user, "study")
 
 
@@ -291,7 +307,7 @@ def get_pipeline(pipeline_id: PipelineId, session: SessionDep) -> Pipeline:
 
 
 def get_owned_pipeline(
-    pipeline: Annotated[Pipeline, Depends(get_pipeline)], user: CurrentUser
+    user: CurrentUser, pipeline: Annotated[Pipeline, Depends(get_pipeline)]
 ) -> Pipeline:
     return owned(pipeline, user, "pipeline")
 

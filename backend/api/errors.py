@@ -2,8 +2,8 @@
 error bodies that always render, whatever the refused input held.
 
 * domain errors (``backend.errors``): ``InvalidInput`` → 422 located at each field (the same
-  body as FastAPI's validation errors), a refused lifecycle transition → 409 (``Conflict``) or
-  503 (``QueueUnavailable``);
+  body as FastAPI's validation errors), ``Forbidden`` → 403 in that same body, a refused
+  lifecycle transition → 409 (``Conflict``) or 503 (``QueueUnavailable``);
 * database refusals that slip past validation → 422 / 409 / 503, never a 500;
 * anything unexpected → a logged JSON 500.
 
@@ -26,7 +26,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.config import Settings
-from backend.errors import DomainError, InvalidInput
+from backend.errors import Busy, DomainError, Forbidden, InvalidInput
 from backend.runs.lifecycle import Conflict, QueueUnavailable
 from backend.schemas import renderable
 
@@ -42,14 +42,21 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     return unprocessable(exc.errors() if isinstance(exc, RequestValidationError) else exc.errors)
 
 
-def unprocessable(errors: Sequence[Any]) -> JSONResponse:
-    """422 with each error located at its field (at most ``MAX_ERRORS`` of them)."""
+def unprocessable(errors: Sequence[Any], status_code: int = 422) -> JSONResponse:
+    """422 with each error located at its field (at most ``MAX_ERRORS`` of them); a 403 of
+    ``Forbidden`` has the same body."""
     detail = [echoed(e) for e in errors[:MAX_ERRORS]]
     if len(errors) > MAX_ERRORS:
         detail.append(
             {"type": "too_many_errors", "loc": [], "msg": f"{len(errors) - MAX_ERRORS} more"}
         )
-    return JSONResponse({"detail": detail}, status_code=422)
+    return JSONResponse({"detail": detail}, status_code=status_code)
+
+
+async def forbidden(_: Request, exc: Exception) -> JSONResponse:
+    """403 located at each field that names what the caller may not use."""
+    assert isinstance(exc, Forbidden)
+    return unprocessable(exc.errors, status_code=403)
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -100,7 +107,7 @@ def _fits(value: Any, limit: int) -> bool:
 
 
 # Domain refusals (backend.errors) as HTTP statuses; InvalidInput has its own 422 body.
-DOMAIN_STATUS: dict[type[DomainError], int] = {Conflict: 409, QueueUnavailable: 503}
+DOMAIN_STATUS: dict[type[DomainError], int] = {Conflict: 409, QueueUnavailable: 503, Busy: 503}
 QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement past statement_timeout
 
 
@@ -110,7 +117,8 @@ def install(app: FastAPI) -> None:
 
     async def domain_error(_: Request, exc: Exception) -> JSONResponse:
         code = next((c for t, c in DOMAIN_STATUS.items() if isinstance(exc, t)), 409)
-        return JSONResponse({"detail": str(exc)}, status_code=code)
+        retry = {"Retry-After": "2"} if isinstance(exc, Busy) else None
+        return JSONResponse({"detail": str(exc)}, status_code=code, headers=retry)
 
     async def data_error(_: Request, exc: Exception) -> JSONResponse:
         log.info("refused by the database: %s", type(exc).__name__)
@@ -139,6 +147,7 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
 
     app.add_exception_handler(InvalidInput, validation_error)
+    app.add_exception_handler(Forbidden, forbidden)
     app.add_exception_handler(DomainError, domain_error)
     app.add_exception_handler(DataError, data_error)
     app.add_exception_handler(IntegrityError, integrity_error)

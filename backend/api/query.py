@@ -7,7 +7,8 @@ Bad values are 422s located at the query field, like FastAPI's own validation er
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Any
 from urllib.parse import unquote, unquote_to_bytes
 
 from fastapi import Query, Request, Response
@@ -16,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from backend.runs import where
 from backend.runs.where import Condition
 from backend.schemas import INT32_MAX
-from conspo.input_checks import label_problem
+from conspo.input_checks import END, label_problem
 
 
 class JSONBytes(Response):
@@ -25,61 +26,107 @@ class JSONBytes(Response):
     media_type = "application/json"
 
 
-CommaList = Annotated[str, Query(min_length=1, max_length=20_000, description="Comma-separated.")]
+# The patterns of the lists and of order_by, stated in the OpenAPI document, mean there what
+# the parsers below accept (tests/api/test_api_query.py holds them to each other). Spelled out
+# rather than \s, which JSON Schema's regular expressions and Python's read differently.
+CONTROL = r"\x00-\x1f\x7f-\x9f"  # conspo.input_checks refuses these in a label
+SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # isspace()
+KEY_CHARS = 200
+
+
+def positive_up_to(limit: int) -> str:
+    """A regular expression for the integers 1..``limit``, without leading zeros."""
+    digits = str(limit)
+    n = len(digits)
+    shorter = [f"[1-9][0-9]{{0,{n - 2}}}"] if n > 1 else []
+    same_length = []  # the first i digits of limit, a smaller one, then any
+    for i, digit in enumerate(digits):
+        low, high = 1 if i == 0 else 0, int(digit) - 1
+        if high >= low:
+            smaller = f"[{low}-{high}]" if high > low else str(low)
+            rest = "[0-9]" + (f"{{{n - i - 1}}}" if n - i > 2 else "") if i < n - 1 else ""
+            same_length.append(f"{digits[:i]}{smaller}{rest}")
+    return "(?:" + "|".join([*shorter, *same_length, digits]) + ")"
+
+
+RUN_ID = positive_up_to(INT32_MAX)
+# A key: at most KEY_CHARS, no control character, no comma, no space first or last.
+KEY = f"[^ ,{CONTROL}](?:[^,{CONTROL}]{{0,{KEY_CHARS - 2}}}[^ ,{CONTROL}])?"
+
+
+def list_pattern(item: str, limit: int) -> str:
+    """1..``limit`` items separated by commas; spaces around them and empty items ignored."""
+    more = f"(?: *,[ ,]*{item}){{0,{limit - 1}}}" if limit > 1 else ""
+    return f"^[ ,]*{item}{more}[ ,]*{END}"
+
+
+def run_id_list(limit: int, max_length: int = 20_000) -> Any:
+    """A query parameter of run ids, ``1,2,3`` (``parse_ids``)."""
+    return Query(
+        max_length=max_length,
+        description=f"Comma-separated run ids (at most {limit}).",
+        json_schema_extra={"pattern": list_pattern(RUN_ID, limit)},
+    )
+
+
+def metric_key_list(limit: int, max_length: int = 20_000, description: str = "") -> Any:
+    """A query parameter of metric keys, ``eval/accuracy,sep/gap`` (``parse_keys``)."""
+    return Query(
+        max_length=max_length,
+        description=description or f"Comma-separated metric keys (at most {limit}).",
+        json_schema_extra={"pattern": list_pattern(KEY, limit)},
+    )
+
+
+def _items(raw: str) -> list[str]:
+    return [item for part in raw.split(",") if (item := part.strip(" "))]
 
 
 def parse_keys(raw: str, field: str, limit: int) -> list[str]:
-    keys = list(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
+    """The distinct keys of ``raw``; a 422 unless it gives 1 to ``limit`` of them (repeats
+    count: the limit is on what was sent)."""
+    given = _items(raw)
     problem = None
-    if not keys:
+    if not given:
         problem = "give at least one key"
-    elif len(keys) > limit:
-        problem = f"{len(keys)} keys; the limit is {limit}"
-    elif long := next((k for k in keys if len(k) > 200), None):
-        problem = f"keys are at most 200 characters; {long[:40]!r}… has {len(long)}"
-    elif bad := next((p for k in keys if (p := label_problem(k))), None):
+    elif len(given) > limit:
+        problem = f"{len(given)} keys; the limit is {limit}"
+    elif long := next((k for k in given if len(k) > KEY_CHARS), None):
+        problem = f"keys are at most {KEY_CHARS} characters; {long[:40]!r}… has {len(long)}"
+    elif bad := next((p for k in given if (p := label_problem(k))), None):
         problem = f"keys {bad}"
     if problem:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", field), "msg": problem, "input": raw}]
         )
-    return keys
+    return list(dict.fromkeys(given))
+
+
+_RUN_ID = re.compile(RUN_ID)
 
 
 def parse_ids(raw: str, field: str, limit: int) -> list[int]:
-    ids: list[int] = []
-    for part in raw.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        run_id = _run_id(part)
-        if run_id is None:
+    """The distinct run ids of ``raw``; a 422 unless it gives 1 to ``limit`` of them (repeats
+    count), each an integer 1..2³¹-1 in ASCII digits without leading zeros."""
+    given = _items(raw)
+    for part in given:
+        if _RUN_ID.fullmatch(part) is None:
             raise RequestValidationError(
                 [
                     {
                         "type": "int_parsing",
                         "loc": ("query", field),
-                        "msg": f"{part!r} is not a run id",
+                        "msg": f"{part[:40]!r} is not a run id",
                         "input": raw,
                     }
                 ]
             )
-        ids.append(run_id)
-    ids = list(dict.fromkeys(ids))
-    if not ids or len(ids) > limit:
-        msg = "give at least one run id" if not ids else f"{len(ids)} runs; the limit is {limit}"
+    if not given or len(given) > limit:
+        msg = "give at least one run id" if not given else f"{len(given)} runs; the limit is {limit}"
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", field), "msg": msg, "input": raw}]
         )
-    return ids
-
-
-def _run_id(part: str) -> int | None:
-    # ASCII digits only ("²" is a digit to isdigit() but not to int()), and at most 10, so int()
-    # never meets the thousands of digits it refuses to convert.
-    if part.isascii() and part.isdigit() and len(part) <= 10 and 1 <= int(part) <= INT32_MAX:
-        return int(part)
-    return None
+    return list(dict.fromkeys(int(part) for part in given))
 
 
 async def query_is_utf8(request: Request) -> None:
@@ -108,6 +155,20 @@ async def query_is_utf8(request: Request) -> None:
                         }
                     ]
                 ) from None
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c}]" for c in word)
+
+
+_NAME = "[A-Za-z_][A-Za-z0-9_]*"
+_SUMMARY = "|".join(map(_any_case, where.SUMMARIES))
+# where.parse_order's grammar: blank (no order), or [-]path or [-]summary(metric).
+ORDER = (
+    f"^[{SPACE}]*(?:(?:-[{SPACE}]*)?(?:(?:{_SUMMARY})[{SPACE}]*\\([{SPACE}]*"
+    f"[A-Za-z0-9_./@:+\\-]{{1,200}}[{SPACE}]*\\)|{_NAME}(?:\\.{_NAME}){{0,{where.MAX_DEPTH - 1}}})"
+    f"[{SPACE}]*)?{END}"
+)
 
 
 def parse_order(raw: str) -> where.Order:

@@ -519,15 +519,22 @@ def stranded(session: Session, jobs: JobQueue, sent_before: datetime) -> list[in
 
 
 def annotate(
-    session: Session, run: Run, *, note: str | None = None, tags: list[str] | None = None
+    session: Session,
+    run: Run,
+    *,
+    note: str | None = None,
+    tags: list[str] | None = None,
+    model_shared: bool | None = None,
 ) -> Run:
-    """Set the run's note and/or tags (what ``None`` leaves alone). ``updated_at`` moves, so
-    open pages get the change on their live stream."""
+    """Set the run's note, tags and/or whether its model is shared (what ``None`` leaves
+    alone). ``updated_at`` moves, so open pages get the change on their live stream."""
     values: dict[str, Any] = {"updated_at": utcnow()}
     if note is not None:
         values["note"] = note
     if tags is not None:
         values["tags"] = list(dict.fromkeys(tags))  # one of each, in the order given
+    if model_shared is not None:
+        values["model_shared"] = model_shared
     session.execute(update(Run).where(Run.id == run.id).values(**values))
     session.commit()
     session.refresh(run)

@@ -8,22 +8,26 @@ models (``model.name``, a job kind's ``model_names`` such as distillation's teac
 model-written code (a tool such as ``python``), and sizes that set its memory. ``refuse_unfit``
 checks all of them, with the operator's settings, for every config of one request, and raises
 one ``InvalidInput`` (a 422) holding every problem, each located at the field as the request
-spelled it; nothing is stored before it returns. The rules are ``backend.runs.inputs`` (files,
+spelled it; nothing is stored before it returns. Before those, the runs a config starts from
+must be the caller's to use (``backend.runs.sharing``): another user's run that is not shared
+is a ``Forbidden`` (a 403) located the same way. The rules are ``backend.runs.inputs`` (files,
 models, memory, software, the sandbox) and ``backend.runs.chaining`` (runs started from); the
 worker checks again with its own settings when it runs the config.
 
-    refuse_unfit(session, settings, [Submitted(("body", "config"), config)])
+    refuse_unfit(session, settings, [Submitted(("body", "config"), config)], caller)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
+from backend import task_checks
 from backend.config import Settings
-from backend.errors import InvalidInput, dotted_loc
+from backend.errors import Forbidden, InvalidInput, dotted_loc
+from backend.models import User
 from backend.runs import chaining, inputs
 from backend.runs.inputs import Loc, Problem
 from conspo.config import RunConfig
@@ -47,14 +51,38 @@ def problems(config: RunConfig, session: Session, settings: Settings) -> list[Pr
     ]
 
 
-def refuse_unfit(session: Session, settings: Settings, configs: Iterable[Submitted]) -> None:
-    """A 422 listing the problems of every submitted config, or nothing."""
-    errors: list[dict[str, Any]] = []
-    for loc, config, overrides in configs:
-        for where, message, value in problems(config, session, settings):
-            inside = dotted_loc(where, overrides) if overrides else where
-            error = {"type": "value_error", "loc": (*loc, *inside), "msg": message, "input": value}
-            if error not in errors:
-                errors.append(error)
+def refuse_unfit(
+    session: Session, settings: Settings, configs: Iterable[Submitted], caller: User | None
+) -> None:
+    """A 403 naming each run a submitted config starts from that ``caller`` may not use, else a
+    422 listing the problems of every submitted config, else nothing. ``caller`` None (a
+    check that stores nothing, asked without a token) leaves the 403 to the submit itself."""
+    configs = list(configs)
+    if caller is not None:
+        forbidden = _located(
+            configs, lambda config: chaining.refused_starts(config, session, caller), "forbidden"
+        )
+        if forbidden:
+            raise Forbidden(forbidden)
+    errors = _located(configs, lambda config: problems(config, session, settings), "value_error")
+    if not errors and caller is not None:
+        # Building each task (in a probe helper, under a budget) only for configs that pass
+        # the rest, and never for a check asked without a token.
+        checks = task_checks.for_settings(settings)
+        errors = _located(configs, checks.problems, "value_error")
     if errors:
         raise InvalidInput(errors)
+
+
+def _located(
+    configs: list[Submitted], found: Callable[[RunConfig], list[Problem]], kind: str
+) -> list[dict[str, Any]]:
+    """``found``'s problems of each config, located where the request holds them, each once."""
+    errors: list[dict[str, Any]] = []
+    for loc, config, overrides in configs:
+        for where, message, value in found(config):
+            inside = dotted_loc(where, overrides) if overrides else where
+            error = {"type": kind, "loc": (*loc, *inside), "msg": message, "input": value}
+            if error not in errors:
+                errors.append(error)
+    return errors

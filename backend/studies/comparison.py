@@ -15,6 +15,7 @@ two of them; otherwise they are compared unpaired (Welch), and the verdict line 
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -51,6 +52,10 @@ def _text(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict) or (
+        isinstance(value, list) and any(isinstance(v, dict | list) for v in value)
+    ):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # JSON.stringify's
     if isinstance(value, list):
         return ", ".join(_text(v) for v in value)
     if isinstance(value, float) and value.is_integer():
@@ -72,8 +77,18 @@ def group_label(run: Run, path: str) -> str:
     else:
         value = run.config or {}
         for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+            value = _child(value, part)
     return f"{path}={_text(value)}"
+
+
+def _child(value: Any, part: str) -> Any:
+    """``value[part]`` as the page's getPath reads it: a key of an object, or an index of a list
+    (the page offers flattened paths such as rewards.0.name to group by)."""
+    if isinstance(value, dict):
+        return value.get(part)
+    if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        return value[int(part)]
+    return None
 
 
 def _distinct_seeds(runs: Sequence[Run]) -> bool:

@@ -35,6 +35,7 @@ from backend.models import (
 )
 from backend.runs import inputs as run_inputs
 from backend.runs import lifecycle
+from backend.runs.chaining import run_paths
 from backend.runs.queue import JobQueue
 from backend.runs.submit import Submitted
 from backend.storage.series import whole_series
@@ -139,6 +140,11 @@ def check_space(body: StudyCreate) -> list[Submitted]:
     submitted: list[Submitted] = []
     for path, p in body.search.space.items():
         loc = ("body", "search", "space", path)
+        if p.type != "categorical" and path in run_paths():
+            # only the ends of a range are checked: every run a trial may start from must be
+            msg = "a run id is searched over as choices (categorical), not as a range"
+            errors.append({"type": "value_error", "loc": loc, "msg": msg})
+            continue
         for value in _values(p):
             config, problems = validate_arm(body.config, {path: value}, loc)
             errors += [{**e, "loc": loc} for e in problems[:1]]

@@ -26,18 +26,25 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from backend.errors import dotted_loc
-from backend.schemas import FreeJSON, Label, Seed, Tag, _Body
+from backend.schemas import FreeJSON, Int, Label, Seed, Tag, _Body
 from conspo import metrics as M
 from conspo.config import RunConfig, deep_merge, with_overrides
-from conspo.input_checks import json_problem, loc_text
+from conspo.input_checks import anchored, json_problem, loc_text
 
 # Arm names go into run names (study-<id>-<arm>-s<seed>) and tags: short, no spaces.
-ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}$"
-ArmName = Annotated[str, Field(pattern=ARM_NAME)]
+ARM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}"
+ArmName = Annotated[str, anchored(ARM_NAME)]
 MAX_RUNS = 1_000  # arms × seeds of one study
 MAX_GRID = 10_000  # values of one stepped search parameter
 
@@ -49,28 +56,38 @@ class Objective(_Body):
         description="last: the last logged value; mean_last_k: the mean of the last k values"
         " (less noisy); auc: the mean height of the curve over its steps (trapezoids).",
     )
-    k: int = Field(3, ge=1, le=10_000, description="The window of mean_last_k.")
+    k: Int = Field(3, ge=1, le=10_000, description="The window of mean_last_k.")
     direction: Literal["max", "min"] = Field("max", description="Which way is better.")
     scale: float | None = Field(
         None,
         gt=0,
         description="Display factor (100 turns an accuracy into points); default 100 for an"
-        " accuracy metric, else 1.",
+        " accuracy or another fraction (a pass rate), else 1.",
     )
     unit: str | None = Field(
-        None, max_length=20, description="Display unit; default 'points' for an accuracy."
+        None,
+        max_length=20,
+        description="Display unit; default 'points' for a fraction shown × 100, else the metric"
+        " catalogue's unit of the metric (e.g. 'log-prob / token' for sep/gap).",
     )
     effect: float = Field(
         1.0, gt=0, description="The smallest difference worth detecting, in display units."
     )
 
     @model_validator(mode="after")
-    def _accuracy_in_points(self) -> Objective:
-        accuracy = "accuracy" in self.metric or "avg@" in self.metric or "pass@" in self.metric
+    def _display_defaults(self) -> Objective:
+        """A fraction (an accuracy, a pass rate) in points (× 100), any other metric in its
+        catalogue unit: a verdict's difference and the effect its seeds-needed estimate is for
+        always carry a unit ("an effect of 1 point", never "a 1 effect")."""
+        metric = self.metric
+        accuracy = "accuracy" in metric or "avg@" in metric or "pass@" in metric
+        fraction = accuracy or M.bounds(metric) == (0.0, 1.0)
         if self.scale is None:
-            self.scale = 100.0 if accuracy else 1.0
+            self.scale = 100.0 if fraction else 1.0
         if self.unit is None:
-            self.unit = "points" if accuracy else ""
+            entry = M.metric(metric) or M.pattern(metric)
+            catalogued = entry.unit if entry is not None else ""
+            self.unit = "points" if fraction and self.scale == 100.0 else catalogued
         return self
 
 
@@ -121,7 +138,7 @@ class SearchParam(_Body):
 class Search(_Body):
     space: dict[Label, SearchParam] = Field(min_length=1, max_length=20)
     sampler: Literal["grid", "random", "tpe"] = "tpe"
-    trials: int = Field(8, ge=1, le=200)
+    trials: Int = Field(8, ge=1, le=200)
     prune: bool = Field(
         False,
         description="Stop a trial early when its mean intermediate eval is below the median of"
@@ -129,18 +146,33 @@ class Search(_Body):
     )
 
 
+def _arms_or_search(schema: dict[str, Any]) -> None:
+    """``_arms_or_search``'s first two rules in the JSON schema (the third counts runs)."""
+    schema["anyOf"] = [
+        {"required": ["arms"], "properties": {"arms": {"minItems": 1}}},
+        {"required": ["search"], "properties": {"search": {"type": "object"}}},
+    ]
+    schema["not"] = {
+        "required": ["search", "tasks"],
+        "properties": {"search": {"type": "object"}, "tasks": {"minItems": 1}},
+    }
+
+
 class StudyCreate(_Body):
+    model_config = ConfigDict(json_schema_extra=_arms_or_search)
+
     name: Label
     config: FreeJSON = Field(default_factory=dict, description="The base RunConfig.")
     arms: list[Arm] = Field(default_factory=list, max_length=100)
-    seeds: list[Seed] = Field(min_length=1, max_length=100)
+    seeds: list[Seed] = Field(min_length=1, max_length=100, json_schema_extra={"uniqueItems": True})
     objective: StudyObjective = Field(default_factory=StudyObjective)
     baseline: ArmName | None = Field(None, description="The arm others are paired against.")
-    concurrency: int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
+    concurrency: Int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
     search: Search | None = None
     tasks: list[Label] = Field(
         default_factory=list,
         max_length=20,
+        json_schema_extra={"uniqueItems": True},
         description="Task names crossed with the seeds: every arm runs on every (task, seed),"
         " its task set to each in turn (the task's own params at their defaults). Differences"
         " are paired by (task, seed); across tasks the study reports the IQM and a stratified"

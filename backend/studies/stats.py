@@ -7,7 +7,8 @@ Use::
     summary.arms["conspo"].ci_t          # (lo, hi): Student t 95% CI of the arm's mean
     summary.pairs["conspo"].p_wilcoxon   # paired by seed against the baseline
     summary.verdict                      # one line per arm, e.g.
-    # "conspo − grpo = +2.8 points [+1.0, +4.6], 9 of 10 seeds, p = 0.007"
+    # "conspo − grpo = +2.8 points [+1.0, +4.6], 9 of 10 seeds, paired t p = 0.007 (decides);
+    #  Wilcoxon p = 0.020 (robustness check)"
 
     # Several tasks in one study: values by task, then seed (rliable's robust aggregates).
     by_task = {"arith": {0: 0.41, 1: 0.38}, "countdown": {0: 0.12, 1: 0.20, 2: 0.15}}
@@ -45,6 +46,7 @@ Bounds = tuple[float, float] | None  # the range a metric cannot leave (a fracti
 # pairs is 0, ½ or 1 — neither says anything yet.
 MIN_BOOTSTRAP = 3
 MIN_PAIRS_FOR_P_IMPROVEMENT = 3
+MAX_DIGITS = 6  # decimals a verdict's number is ever given
 
 
 def t_interval(values: np.ndarray, level: float = LEVEL) -> Interval:
@@ -221,6 +223,11 @@ def _key_text(key: Key) -> str:
 
 
 def _signed(x: float, digits: int = 1) -> str:
+    """``x`` with its sign to ``digits`` decimals, or more where fewer would print a value that
+    is not zero as ±0.0: a lower bound of 0.011 reads +0.01, never +0.0 (which would say the
+    interval touches zero when it excludes it)."""
+    if x != 0 and round(abs(x), digits) == 0:
+        digits = min(MAX_DIGITS, -math.floor(math.log10(abs(x))))
     text = f"{x:+.{digits}f}"
     return text.replace("-", "−")
 
@@ -229,13 +236,49 @@ def _digits(*values: float | None) -> int:
     """Decimals that show the largest of ``values`` to two significant digits (a difference of
     0.020 in a fraction reads +0.020, not +0.0; one of 2.4 points reads +2.4)."""
     largest = max((abs(v) for v in values if v is not None and v != 0), default=1.0)
-    return max(1, min(6, 1 - math.floor(math.log10(largest))))
+    return max(1, min(MAX_DIGITS, 1 - math.floor(math.log10(largest))))
 
 
 def _p(p: float | None) -> str:
     if p is None:
         return "p n/a"
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def wilcoxon_floor(d: list[float]) -> float | None:
+    """The smallest two-sided p the exact Wilcoxon signed-rank test can give on ``d`` (zero
+    differences dropped): every rank on one side, 2 / 2ⁿ. Under 6 pairs it is above 0.05, so the
+    test cannot call any difference significant, however large."""
+    n = _nonzero(d)
+    return 2.0 / 2**n if n else None
+
+
+def tests_text(pair: PairedComparison) -> str:
+    """Which test the verdict rests on, and the robustness check beside it: "paired t p = 0.049
+    (decides); Wilcoxon p = 0.125 (robustness check: the smallest p 4 pairs can give it)".
+    The paired t test decides (its 95% interval is the one the verdict gives); the Wilcoxon
+    signed-rank test, which assumes no normality, is shown so a reader sees whether a verdict
+    leans on that assumption."""
+    text = f"paired t {_p(pair.p_t)} (decides)"
+    if pair.p_wilcoxon is None:
+        return text
+    floor = wilcoxon_floor(pair.d)
+    at_floor = floor is not None and floor > 1 - LEVEL and math.isclose(pair.p_wilcoxon, floor)
+    limit = f": the smallest p {_nonzero(pair.d)} pairs can give it" if at_floor else ""
+    return f"{text}; Wilcoxon {_p(pair.p_wilcoxon)} (robustness check{limit})"
+
+
+def _nonzero(d: list[float]) -> int:
+    return sum(1 for v in d if v != 0)
+
+
+def effect_text(effect: float, unit: str) -> str:
+    """The effect a seeds-needed estimate is for, with its unit: "an effect of 1 point", "an
+    effect of 0.5 log-prob / token"; a bare number only where the objective has no unit."""
+    if not unit:
+        return f"an effect of {effect:g} (in the metric's own units)"
+    one_word = unit.isalpha() and len(unit) > 2 and unit.endswith("s")
+    return f"an effect of {effect:g} {unit[:-1] if one_word and effect == 1 else unit}"
 
 
 def verdict_line(
@@ -274,16 +317,15 @@ def verdict_line(
     lo, hi = (_signed(v * scale, digits) for v in pair.ci_t)
     stated = f"{head} = {mean}{unit_text} [{lo}, {hi}]"
     if pair.distinguishable:
-        return f"{stated}, {pair.wins} of {pair.n} {seeds}, {_p(pair.p_t)}{dropped}"
+        return f"{stated}, {pair.wins} of {pair.n} {seeds}, {tests_text(pair)}{dropped}"
     need = seeds_needed(None if pair.sd_d is None else pair.sd_d * scale, effect)
-    effect_text = f"{effect:g}-{unit.rstrip('s') or 'unit'}" if unit else f"{effect:g}"
     needed = (
-        f"; about {need} seeds would be needed for a {effect_text} effect"
+        f"; about {need} seeds would be needed to detect {effect_text(effect, unit)}"
         if need is not None
         else ""
     )
     return (
-        f"{stated}: not distinguishable from seed noise at n = {pair.n}, {_p(pair.p_t)}"
+        f"{stated}: not distinguishable from seed noise at n = {pair.n}, {tests_text(pair)}"
         f"{needed}{dropped}"
     )
 

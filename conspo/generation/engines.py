@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
+from conspo import stopping
 from conspo.config import SamplingConfig
 from conspo.generation.batch import Engine, RolloutBatch, SampleRequest
 from conspo.generation.rollout import draw_seed, finish_responses, sample
@@ -147,7 +148,11 @@ class HfEngine:
             # PreTrainedModel does not declare generate (GenerationMixin, or peft, provides it):
             # mypy resolves the name through nn.Module.__getattr__.
             out = model.generate(  # type: ignore[operator]
-                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, **extra
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList([_AbandonCheck()]),
+                **extra,
             )
         return out[:, prompt_ids.shape[1] :]  # (N, T'), pad_id after a row's EOS
 
@@ -175,3 +180,14 @@ def make_engine(sampling: SamplingConfig, model_path: Path | str, dtype: torch.d
             " (.venv-vllm) or set CONSPO_VLLM_PYTHON"
         )
     return ENGINES[sampling.engine](sampling, model_path, dtype)
+
+
+class _AbandonCheck(StoppingCriteria):
+    """Asks ``conspo.stopping.check`` after every token of Hugging Face's generate (which raises
+    out of it when the run is abandoned); never stops a row itself."""
+
+    def __call__(
+        self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor:
+        stopping.check()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

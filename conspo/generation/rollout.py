@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo import stopping
 from conspo.generation.batch import STOP_CHECK_COLUMNS, GenerationStopped, RolloutBatch
 from conspo.generation.decode import DecodeLoop
 from conspo.generation.forward import extend, prefill
@@ -183,6 +184,9 @@ def sample(
             break
         if (t + 1) % stop_check_every == 0 and bool(done.all()):  # the host sync
             break
+        # An abandoned run, in evaluation as in sampling: asked at every token (a thread-local
+        # flag; a decode step over thousands of rows can take a second).
+        stopping.check()
         if should_stop is not None and (t + 1) % STOP_CHECK_COLUMNS == 0 and should_stop():
             raise GenerationStopped(f"stopped after {t + 1} of {max_new_tokens} tokens")
         if loop:

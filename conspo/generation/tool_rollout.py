@@ -54,6 +54,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from conspo import stopping
 from conspo.generation.batch import (
     STOP_CHECK_COLUMNS,
     CallRecord,
@@ -66,6 +67,10 @@ from conspo.generation.forward import Prefill, prefill
 from conspo.generation.rollout import COMPACT_CHECK_EVERY, _next_token
 from conspo.tools import ToolBox, ToolCall, ToolResult, observation_text
 from conspo.tools.base import tool_columns
+
+# While every unfinished row waits on a tool call, the wait is cut into slices this long so a
+# cancel (``_stop_if_asked``) is seen within one of them, however long the call may run.
+TOOL_WAIT_SLICE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -248,7 +253,8 @@ def sample_with_tools(
             if not any(m in (Mode.WRITING, Mode.READING) for m in modes):
                 _stop_if_asked(request, True)
                 started = time.perf_counter()  # nothing to feed: wait for the first output
-                wait(list(calls.values()), return_when=FIRST_COMPLETED)
+                # in slices, so that a cancel is seen while a long call runs
+                wait(list(calls.values()), timeout=TOOL_WAIT_SLICE_S, return_when=FIRST_COMPLETED)
                 blocked += time.perf_counter() - started
                 continue
             uniforms = None if noise is None else noise.gather(1, drawn_so_far[:, None])[:, 0]
@@ -284,12 +290,17 @@ def sample_with_tools(
                     torch.tensor([r.mode is Mode.DONE for r in rows], device=device)
                 )
             _stop_if_asked(request, t % STOP_CHECK_COLUMNS == 0)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        # Stopped or failed: calls still running end at their own timeout in the sandbox;
+        # waiting for them here would hold a cancel that long.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, blocked)
 
 
 def _stop_if_asked(request: SampleRequest, now: bool) -> None:
+    stopping.check()  # an abandoned run: at every column (a thread-local flag)
     if now and request.should_stop is not None and request.should_stop():
         raise GenerationStopped("stopped between tokens of a rollout that calls tools")
 

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from conspo import stopping
 from conspo.config import SamplingConfig
 from conspo.generation.batch import GenerationStopped, RolloutBatch, SampleRequest
 from conspo.generation.rollout import draw_seed, finish_responses
@@ -223,6 +224,9 @@ class VllmEngine:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self._conn.poll(POLL_S):
                 self._check_alive()
+                if stopping.abandoning():  # a cancel during evaluation as during sampling
+                    self._abort()
+                    stopping.check()
                 if should_stop is not None and should_stop():
                     self._abort()
                     raise GenerationStopped(f"stopped during vLLM's {msg['op']!r}")

@@ -64,6 +64,9 @@ class ConSPOParams(ObjectiveParams):
         gt=0,
         lt=1,
         description="ε used by score=clipped_ratio (ignored for logprob scores).",
+        # When the parameter is used, in the metric catalogue's condition syntax: the runs list
+        # shows no ε for a run with log-prob scores.
+        json_schema_extra={"needs": "params.score=clipped_ratio"},
     )
 
     def separation_view(self, progress: float) -> SeparationView:

@@ -12,12 +12,19 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from conspo import stopping
+
 # Held-out membership is a hash of the problem text under a fixed salt: the same problems are
 # held out for every seed, so no run (and no SFT warm start) ever trains on an evaluation problem
 # and runs with different seeds are scored on one axis.
 HELD_OUT_SALT = "conspo-held-out-v1"
 HELD_OUT_FRACTION = 0.1
 EVAL_SAMPLING_SEED = 20_260_512
+# Draws in a row that found no new problem for a split before it is taken as exhausted: at the
+# held-out fraction a split still far from exhausted finds one every ~10 draws, so 2,000 misses
+# in a row happen by chance about once in e^-200 while problems remain common; a split whose
+# last problems are rare stops short of them (its count is then a lower bound).
+MAX_FRUITLESS_DRAWS = 2_000
 
 
 P = TypeVar("P")  # a drawn problem: an Example, or what a task makes one from
@@ -110,16 +117,23 @@ def sample_split_by(
 ) -> list[P]:
     """``sample_split`` of anything a task draws, its side the hash of ``key(problem)``: a task
     whose prompt is made from a smaller description draws that, hashes it, and makes only the
-    problems it keeps (``conspo.tasks.code``)."""
+    problems it keeps (``conspo.tasks.code``).
+
+    The held-out side keeps distinct problems, so a task with fewer than n of them has fewer to
+    give: the search stops after ``MAX_FRUITLESS_DRAWS`` draws in a row that found nothing new
+    (the side's problems exhausted, or too rare to find) and returns what it has. A run scores
+    the problems found and says how many of those asked (its ``started`` event)."""
     out: list[P] = []
     seen: set[str] = set()
-    tries = 0
-    while len(out) < n and tries < 2000 * n:
-        tries += 1
+    fruitless = 0
+    while len(out) < n and fruitless < MAX_FRUITLESS_DRAWS:
+        stopping.check()  # a slow generator drawing many problems: a cancel ends it
         problem = sample(rng)
         text = key(problem)
         if is_held_out(text) != held_out or (held_out and text in seen):
+            fruitless += 1
             continue
+        fruitless = 0
         seen.add(text)
         out.append(problem)
     if not held_out and len(out) < n:

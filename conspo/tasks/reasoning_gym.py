@@ -31,18 +31,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import datetime as dt
 import random
 import re
-from functools import cache, lru_cache
-from typing import Any, Literal
+from collections import abc
+from enum import Enum
+from functools import cache
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
     ValidationError,
+    create_model,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -91,6 +101,50 @@ def extract_answer(completion: str, answer_format: str) -> str | None:
 # Parameters, validated against the generators
 # --------------------------------------------------------------------------------------------
 
+# What a generator's config may ask for. A config sets the size of what its generator builds
+# (terms, digits, animals, grid sides…), and reasoning-gym checks little beyond its own
+# assertions: chain_sum at 10^7 terms draws a question of millions of characters for a minute.
+# Every numeric parameter is capped: by the caps declared here for the generators people train
+# on, else by the default rule (ten times the generator's own default, at least DEFAULT_CAP);
+# text at MAX_TEXT characters, lists at MAX_ITEMS. Drawing problems under a config that passes
+# still runs under a time and memory budget (``conspo.tasks.probe``) before a run is accepted.
+DEFAULT_CAP = 100
+CAP_FACTOR = 10
+MAX_TEXT = 200
+MAX_ITEMS = 64
+_ARITHMETIC: dict[str, tuple[float, float]] = {
+    "min_terms": (1, 20),
+    "max_terms": (1, 20),
+    "min_digits": (1, 18),
+    "max_digits": (1, 18),
+}
+CAPS: dict[str, dict[str, tuple[float, float]]] = {
+    "chain_sum": _ARITHMETIC,
+    "basic_arithmetic": _ARITHMETIC,
+    "products": _ARITHMETIC,
+    "decimal_chain_sum": {
+        **_ARITHMETIC,
+        "min_decimal_places": (0, 10),
+        "max_decimal_places": (0, 10),
+    },
+    "leg_counting": {
+        "min_animals": (1, 50),
+        "max_animals": (1, 50),
+        "min_instances": (1, 100),
+        "max_instances": (1, 100),
+    },
+    "gsm_symbolic": {"difficulty": (0.0, 1.0)},
+    # countdown searches for a solution: its cost grows as numbers! * 4^numbers
+    "countdown": {
+        "min_numbers": (2, 7),
+        "max_numbers": (2, 7),
+        "min_value": (1, 10_000),
+        "max_value": (1, 10_000),
+        "min_target": (1, 100_000),
+        "max_target": (1, 100_000),
+    },
+}
+
 
 @cache
 def _generators() -> dict[str, tuple[type, type]]:
@@ -120,6 +174,96 @@ def _error(loc: Loc, message: str, value: object) -> InitErrorDetails:
     return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
 
 
+Number = StrictInt | StrictFloat
+Text = Annotated[StrictStr, StringConstraints(max_length=MAX_TEXT)]
+
+
+def _checked_type(annotation: Any) -> Any:
+    """The type a config value is validated as: the dataclass's annotation, strict (JSON has no
+    implicit conversions a generator expects: "2" is not 2, 1.5 is not an int), every text
+    and list bounded. A type with no JSON spelling (reasoning-gym's ARC board options) cannot
+    be set."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if annotation is bool:
+        return StrictBool
+    if annotation is int:
+        return StrictInt
+    if annotation is float:
+        return Number
+    if annotation is str:
+        return Text
+    if annotation is tuple:  # a bare tuple: of words or numbers
+        return Annotated[tuple[Text | Number, ...], Field(max_length=MAX_ITEMS)]
+    if origin in (Union, UnionType):
+        return Union[tuple(_checked_type(a) for a in args)]  # noqa: UP007  # built from a tuple
+    if origin in (list, abc.Sequence):
+        return Annotated[list[_checked_type(args[0])], Field(max_length=MAX_ITEMS)]  # type: ignore[misc]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            inner = _checked_type(args[0])
+            return Annotated[tuple[inner, ...], Field(max_length=MAX_ITEMS)]  # type: ignore[valid-type]
+        return tuple[tuple(_checked_type(a) for a in args)]  # type: ignore[misc]
+    if origin is Literal or annotation is type(None):
+        return annotation
+    if isinstance(annotation, type) and issubclass(annotation, Enum | dt.date | dt.time):
+        return annotation
+    return Annotated[Any, AfterValidator(_no_json_form(annotation))]
+
+
+def _no_json_form(annotation: Any) -> Any:
+    """A validator refusing any value of a parameter whose type has no JSON spelling (the ARC
+    generators' board options): it keeps the generator's default."""
+    name = getattr(annotation, "__name__", str(annotation))
+
+    def refuse(value: Any) -> Any:
+        raise ValueError(f"a {name} cannot be written in a config; leave it at its default")
+
+    return refuse
+
+
+def generator_caps(name: str) -> dict[str, tuple[float, float]]:
+    """(lowest, highest) of each numeric parameter of generator ``name``: the declared ``CAPS``,
+    else ± ``CAP_FACTOR`` × its default, at least ``DEFAULT_CAP``."""
+    _, config_cls = _generators()[name]
+    hints = get_type_hints(config_cls)
+    caps: dict[str, tuple[float, float]] = {}
+    for f in dataclasses.fields(config_cls):
+        if f.name in TASK_OWNED or hints.get(f.name) not in (int, float):
+            continue
+        default = f.default if isinstance(f.default, int | float) else 0
+        bound = max(CAP_FACTOR * abs(default), DEFAULT_CAP)
+        caps[f.name] = CAPS.get(name, {}).get(f.name, (-bound, bound))
+    return caps
+
+
+@cache
+def config_model(name: str) -> type[BaseModel]:
+    """A pydantic model of generator ``name``'s config dataclass (seed and size excepted: the
+    task sets them): each field typed strictly from its annotation, numbers within
+    ``generator_caps``, unknown keys refused, every field optional (the generator's default)."""
+    _, config_cls = _generators()[name]
+    hints = get_type_hints(config_cls)
+    caps = generator_caps(name)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(config_cls):
+        if f.name in TASK_OWNED:
+            continue
+        checked = _checked_type(hints.get(f.name, Any))
+        if f.name in caps:
+            low, high = caps[f.name]
+            checked = Annotated[checked, Field(ge=low, le=high)]
+        fields[f.name] = (checked | None, None)
+    config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
+    return create_model(f"{name}_config", __config__=config, **fields)
+
+
+def typed_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as generator ``name``'s dataclass takes it (tuples, dates, enums from their
+    JSON spelling); raises ValidationError where it is not one."""
+    model = config_model(name).model_validate(config)
+    return {key: getattr(model, key) for key in config}
+
+
 def generator_errors(
     name: str,
     config: dict[str, Any],
@@ -127,32 +271,25 @@ def generator_errors(
     config_loc: tuple[str | int, ...],
 ) -> list[InitErrorDetails]:
     """What is wrong with generator ``name`` under ``config``, each at the field to blame:
-    an unknown generator at ``name_loc``; an unknown or task-owned key at ``config_loc + (key,)``;
-    a value the generator refuses (its config's ``validate``, or drawing one problem) at the key
-    its message names, else at ``config_loc``."""
+    an unknown generator at ``name_loc``; an unknown, task-owned, wrongly typed or over-cap key
+    at ``config_loc + (key,)``; a value the generator's own ``validate`` refuses at the key its
+    message names, else at ``config_loc``. Nothing is drawn here (validation runs on request
+    threads and at every load of a config): drawing is the probe's, under a budget."""
     generators = _generators()
     if name not in generators:
         listed = ", ".join(sorted(generators))
         return [
             _error(name_loc, f"unknown reasoning-gym generator {name!r}; valid: {listed}", name)
         ]
-    dataset_cls, config_cls = generators[name]
-    fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in TASK_OWNED]
-    errors = []
-    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
-    for key in config:
-        if key in fields and (expected := _type_mismatch(defaults[key], config[key])):
-            message = f"expected {expected} (the default is {defaults[key]!r})"
-            errors.append(_error((*config_loc, key), message, config[key]))
-        elif key in TASK_OWNED:
-            message = "set by the task: training and held-out problems come from disjoint seeds"
-            errors.append(_error((*config_loc, key), message, config[key]))
-        elif key not in fields:
-            message = f"not a parameter of generator {name!r}; its parameters: {', '.join(fields)}"
-            errors.append(_error((*config_loc, key), message, config[key]))
-    if errors:
-        return errors
-    refusal = _refusal(name, json.dumps(config, sort_keys=True))
+    owned = [key for key in config if key in TASK_OWNED]
+    if owned:
+        message = "set by the task: training and held-out problems come from disjoint seeds"
+        return [_error((*config_loc, key), message, config[key]) for key in owned]
+    try:
+        typed = typed_config(name, config)
+    except ValidationError as exc:
+        return [_field_error(name, config_loc, e) for e in exc.errors(include_url=False)]
+    refusal = _refusal(name, typed)
     if refusal is None:
         return []
     # Blame the key the message names first ("max_terms must be >= min_terms": max_terms).
@@ -165,31 +302,48 @@ def generator_errors(
     return [_error(loc, message, config if blamed is None else config[blamed])]
 
 
-def _type_mismatch(default: object, value: object) -> str | None:
-    """What a value should be, judging by the field's default, when it plainly is not (the
-    dataclasses do not check types; a string where a number goes fails deep inside a draw)."""
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else "true or false"
-    if isinstance(default, int):
-        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
-    if isinstance(default, float):
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        return None if number else "a number"
-    if isinstance(default, str):
-        return None if isinstance(value, str) else "a string"
-    return None
+def _field_error(name: str, config_loc: Loc, error: Any) -> InitErrorDetails:
+    """A config model's error as this task's: unknown keys list the generator's parameters."""
+    loc = (*config_loc, *error["loc"])
+    if error["type"] == "extra_forbidden":
+        fields = ", ".join(config_model(name).model_fields)
+        message = f"not a parameter of generator {name!r}; its parameters: {fields}"
+        return _error(loc, message, error["input"])
+    key = error["loc"][0]
+    default = _defaults(name).get(key)
+    if error["type"] in ("less_than_equal", "greater_than_equal"):
+        low, high = generator_caps(name)[key]
+        message = (
+            f"{error['msg']}: {name}.{key} is capped at {low:g} to {high:g} here (larger"
+            f" problems are too long to train on); the generator's default is {default}"
+        )
+        return _error(loc, message, error["input"])
+    return _error(loc, f"{error['msg']} (the default is {default})", error["input"])
 
 
-@lru_cache(maxsize=256)
-def _refusal(name: str, config_json: str) -> str | None:
-    """Why generator ``name`` refuses the config (JSON text, so that it can be a cache key: a
-    run's config is validated at every load), or None. A config can pass the dataclass's
-    ``validate`` and still fail to generate (a wrong type), so one problem is drawn."""
-    dataset_cls, config_cls = _generators()[name]
+@cache
+def _defaults(name: str) -> dict[str, str]:
+    """Each parameter's default, as the messages show it (a long one cut)."""
+    _, config_cls = _generators()[name]
+    defaults = {}
+    for f in dataclasses.fields(config_cls):
+        factory = f.default_factory
+        value = factory() if factory is not dataclasses.MISSING else f.default
+        text = repr(value)
+        defaults[f.name] = text if len(text) <= 80 else f"{text[:77]}..."
+    return defaults
+
+
+def _refusal(name: str, typed: dict[str, Any]) -> str | None:
+    """Why generator ``name``'s own ``validate`` (its assertions, no drawing) refuses the config,
+    or None."""
+    _, config_cls = _generators()[name]
     try:
-        config = config_cls(**json.loads(config_json), seed=TRAIN_SEED, size=POOL_SIZE)
-        dataset_cls(config=config)[0]
-    except Exception as exc:  # whatever the generator raises is a refusal of this config
+        config = config_cls(**typed, seed=TRAIN_SEED, size=POOL_SIZE)
+        validate = getattr(config, "validate", None)
+        if validate is not None:
+            validate()
+    except Exception as exc:  # whatever the config raises is a refusal of it
         return str(exc) or type(exc).__name__
     return None
 
@@ -269,7 +423,8 @@ def build_split(specs: list[GeneratorSpec], seed: int) -> Any:
     position + 1 (reasoning_gym/composite.py)."""
     from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
-    datasets = [DatasetSpec(s.name, s.weight, dict(s.config)) for s in specs]
+    # Each config as its dataclass takes it (tuples, dates, enums), not as JSON spells it.
+    datasets = [DatasetSpec(s.name, s.weight, typed_config(s.name, s.config)) for s in specs]
     return CompositeDataset(CompositeConfig(size=POOL_SIZE, seed=seed, datasets=datasets))
 
 

@@ -32,6 +32,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import metrics as M
+from conspo import stopping
 from conspo.access import DataFiles
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
@@ -139,10 +140,15 @@ def run_loop(
     should_stop = distributed.agreed(should_stop)
     files = files or DataFiles()
     store = model_store or builtin_store()
-    state = setup(config, store, files, memory_limit)
+    try:
+        state = setup(config, store, files, memory_limit)
+    except stopping.Abandoned:  # cancelled while the task was built or the model loaded
+        sink.log_event("finished", {"status": "cancelled", "step": 0, "phase": "setup"})
+        return TrainResult("cancelled", 0)
     sampler = None
     if config.logging.system_metrics and distributed.is_main():
         sampler = SystemSampler(state.device.type, config.logging.system_interval_s)
+    last_step = 0
     try:
         step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
         last_step = resume(state, workdir, sink)
@@ -175,6 +181,12 @@ def run_loop(
         flush_sink(sink)
         sink.log_event("finished", {"status": "succeeded", "step": last_step})
         return TrainResult("succeeded", last_step)
+    except stopping.Abandoned:
+        # Cancelled inside a phase (conspo.stopping): what was logged stays; no checkpoint of
+        # a half-done step (a cancelled run is never resumed; its last saved one stands).
+        flush_sink(sink)
+        sink.log_event("finished", {"status": "cancelled", "step": last_step, "phase": "step"})
+        return TrainResult("cancelled", last_step)
     finally:
         state.engine.close()  # vllm: its process; the others hold nothing
         if sampler is not None:
@@ -248,6 +260,7 @@ def setup(
     unsafe_local = require_sandbox(cfg.code_execution())
     # A dataset or benchmark it may not read fails before a model loads.
     task = make_task(cfg.task, files)
+    stopping.check()
     benchmarks = load_benchmarks(cfg.eval.benchmarks, files or DataFiles())
     device, dtype = pick_device(cfg.model)
     precision = make_precision(dtype, cfg.model.mixed_precision, device)
@@ -267,6 +280,7 @@ def setup(
         cfg = cfg.model_copy(update={"optim": optim})
     attn = cfg.model.attn_implementation
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
+    stopping.check()
     model = prepare_for_training(model, cfg.model, cfg.seed)
     distributed.broadcast_parameters(model)
     sharded = cfg.resources.strategy == "fsdp" and distributed.active()

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from conspo import stopping
 from conspo.config import TaskConfig
 from conspo.models.loading import load_pretrained
 from conspo.tasks import make_task
@@ -129,6 +130,7 @@ def warm_start(
     warmup = max(1, warmup)
     model.train()
     for step in range(steps):
+        stopping.check()  # a run cancelled while a built-in model it needs is being built
         frac = min(1.0, (step + 1) / warmup)
         decay = 0.55 + 0.45 * math.cos(math.pi * step / steps)
         for group in optimizer.param_groups:

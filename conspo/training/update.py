@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from conspo import metrics as M
+from conspo import stopping
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
 from conspo.generation.batch import RolloutBatch
@@ -72,6 +73,7 @@ def update(
     clipped = torch.empty(len(r.group_ids), device=device)
     taken = 0
     for i, chunk in enumerate(plan):
+        stopping.check()  # a cancel between mini-batches (the run is abandoned, not saved)
         rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
         # The first mini-batch's π_θ is still π_old: its no-grad pass is already done.
         known = None
@@ -375,6 +377,7 @@ def bucketed_logprobs(
     parts: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
     for idx in buckets:
+        stopping.check()
         piece = trimmed(batch.select(idx.to(batch.response_ids.device)))
         logprobs, entropy = token_logprobs(
             state.model, piece, temperature, True, piece_group_size(idx, g)
@@ -405,6 +408,7 @@ def backward_pieces(
     values = torch.zeros(n if keep else 0, t, device=state.device)
     entropy = torch.zeros_like(values)
     for idx in pieces:
+        stopping.check()
         piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
         with state.precision.autocast():
             logprobs, piece_entropy = token_logprobs(
@@ -491,6 +495,7 @@ def per_micro_batch(
     results: list[torch.Tensor] = []
     with torch.no_grad(), state.precision.autocast():
         for idx in pieces:
+            stopping.check()
             rows = idx.to(batch.response_ids.device)
             parts = run(trimmed(batch.select(rows)), piece_group_size(idx, g))
             if not results:

@@ -115,6 +115,7 @@ export function lineTraces(
       type: "scatter",
       mode,
       line: { width: 1.8, color, dash },
+      cliponaxis: false, // a marker at the first or last step is drawn whole, not cut in half
       name: hoverName || name,
       legendgroup: lg,
       connectgaps: true,
@@ -127,12 +128,33 @@ export function lineTraces(
       mode,
       line: { width: 1.6, color, dash },
       marker: { size: 5, color },
+      cliponaxis: false,
       name: hoverName || name,
       legendgroup: lg,
       connectgaps: true,
     });
   }
   return traces;
+}
+
+/** A chart whose points all sit at one x (a single evaluation so far): Plotly would span it ±1
+ * (a step axis from −1 to 1), so it gets a range centred on the point, `half` each side (half a
+ * step on a step axis; else 5% of x, or 0.5 at 0). A chart the page already spans wider (every
+ * panel's steps aligned) is left alone. */
+export function padSingleX(layout, traces, half = null) {
+  const include = layout.xaxis.autorangeoptions?.include;
+  if (include && include[0] !== include[1]) return;
+  const xs = new Set();
+  for (const t of traces)
+    (t.x || []).forEach((x, i) => {
+      if (x !== null && Number.isFinite(x) && t.y?.[i] !== null && t.y?.[i] !== undefined) xs.add(x);
+    });
+  if (xs.size !== 1) return;
+  const [x] = xs;
+  const pad = half ?? (Math.abs(x) * 0.05 || 0.5);
+  layout.xaxis.range = [x - pad, x + pad];
+  layout.xaxis.autorange = false;
+  delete layout.xaxis.autorangeoptions;
 }
 
 /**

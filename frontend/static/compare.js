@@ -1,4 +1,4 @@
-// Compare page: overlay runs per metric, group by any config path with mean ± std across seeds,
+// Compare page: overlay runs per metric, group by any config path (mean across seeds, 95% t band),
 // EMA smoothing, x-axis by step / wall time / rollouts seen, an A − B difference curve (runs, or
 // groups against a baseline group: paired by seed when the seeds match, Welch otherwise) and a
 // config table of what differs. The whole view lives in the query string, so a link shares it.
@@ -108,6 +108,10 @@ async function draw({ inTurn = false } = {}) {
     react(entry.plot, fig.traces, fig.layout);
   }
   renderGroupSummary();
+  // Nothing chosen, nothing to export: the buttons say so instead of failing when pressed.
+  const exportable = S.runIds.length > 0 && Boolean(diffKey());
+  $("#report-html").disabled = !exportable;
+  $("#report-csv").disabled = !exportable;
   $("#compare-empty").hidden = S.runIds.length > 0;
   const n = S.runIds.length;
   $("#compare-sub").textContent = n

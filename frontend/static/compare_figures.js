@@ -1,8 +1,9 @@
-// The compare page's figures: one chart per metric (a line per run, or a mean ± std band per
-// group), the A − B difference of two runs, and each group against the baseline group (paired
-// by seed when the seeds match, Welch otherwise).
+// The compare page's figures: one chart per metric (a line per run, or per group its mean with
+// the 95% t interval of the mean, as the comparison report draws it), the A − B difference of
+// two runs, and each group against the baseline group (paired by seed when the seeds match,
+// Welch otherwise).
 import { isDeterministic, isFraction, unitOf } from "/static/catalogue.js";
-import { bandTraces, baseLayout, lineTraces, sampledAnnotation, X_TITLES } from "/static/charts.js";
+import { bandTraces, baseLayout, lineTraces, padSingleX, sampledAnnotation, X_TITLES } from "/static/charts.js";
 import { aggregate, baseGroup, groups, runColor, runName, S, xAt, xFor } from "/static/compare_state.js";
 import { interp, mean, t975, tHalfWidth, variance } from "/static/series.js";
 import { color, ema, seedsWithData } from "/static/util.js";
@@ -164,10 +165,12 @@ export function metricFigure(key) {
       if (!agg) continue;
       used.push(...agg.series);
       const m = ema(agg.mean, smooth);
-      const lo = ema(agg.lo, smooth),
-        hi = ema(agg.hi, smooth);
-      if (agg.n > 1) {
-        traces.push(...bandTraces(agg.xs, lo, hi, { color: c, name: `${label} ±std`, group: label, opacity: 0.16 }));
+      // A mean of fractions cannot leave [0, 1], nor can its interval (the report cuts it too).
+      const cut = isFraction(key) ? (v) => (v === null ? null : Math.min(1, Math.max(0, v))) : (v) => v;
+      const lo = ema(agg.lo, smooth).map(cut),
+        hi = ema(agg.hi, smooth).map(cut);
+      if (agg.lo.some((v) => v !== null)) {
+        traces.push(...bandTraces(agg.xs, lo, hi, { color: c, name: `${label} 95% CI`, group: label, opacity: 0.16 }));
       }
       // The mean is drawn solid only where every run of the group has reached the step; where
       // fewer have, it is dotted and the hover says how many (a dropped seed is never silent).
@@ -221,9 +224,10 @@ export function metricFigure(key) {
   if (!traces.length) return null;
   const layout = baseLayout({ uirevision: `${S.x}|${S.group}`, xTitle: X_TITLES[S.x], yTitle: unitOf(key) });
   if (isFraction(key)) layout.yaxis.range = [-0.03, 1.03]; // a fraction on its whole range, as on the run page
+  padSingleX(layout, traces, S.x === "step" ? 0.5 : null);
   const notes = sampledAnnotation(used).map((a) => a.text);
   if (grouped && [...grouped.values()].some((ids) => ids.length > 1))
-    notes.push("line = mean across runs (dotted: fewer runs) · band = ±1 std");
+    notes.push("line = mean across runs (dotted: fewer runs) · band = 95% t CI of the mean");
   if (smooth) notes.push(`EMA smoothing ${smooth.toFixed(2)}`);
   return { traces, layout, notes };
 }

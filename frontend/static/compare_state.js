@@ -2,7 +2,7 @@
 // string, so a link shares it), their series, the grouping, and the x axis every chart shares.
 import { errorText, get, qs } from "/static/api.js";
 import { KEY_METRICS, ROLLOUTS_AXIS } from "/static/catalogue.js";
-import { interp } from "/static/series.js";
+import { interp, tHalfWidth } from "/static/series.js";
 import { color, fmtValue, getPath, toast } from "/static/util.js";
 
 export const DEFAULT_KEYS = KEY_METRICS;
@@ -175,7 +175,9 @@ export function xAt(id, s, step) {
   return xFor(id, [step], s.wall_time?.length ? [interp(s.steps, s.wall_time, step)] : null)[0];
 }
 
-/** Mean and std across runs on the union of their steps (each run interpolated inside its range). */
+/** Mean across runs on the union of their steps (each run interpolated inside its range) with
+ * the 95% t interval of that mean (null where fewer than two runs reached the step): the band
+ * the comparison report draws of the same curve (backend/studies/objective.py group_curves). */
 export function aggregate(ids, key) {
   const series = ids.map((id) => [id, S.data[id]?.[key]]).filter(([, s]) => s?.steps.length);
   if (!series.length) return null;
@@ -199,10 +201,10 @@ export function aggregate(ids, key) {
     }
     if (!vals.length) continue;
     const m = vals.reduce((a, b) => a + b, 0) / vals.length;
-    const sd = Math.sqrt(vals.reduce((a, b) => a + (b - m) ** 2, 0) / vals.length);
+    const half = tHalfWidth(vals);
     mean.push(m);
-    lo.push(m - sd);
-    hi.push(m + sd);
+    lo.push(half === null ? null : m - half);
+    hi.push(half === null ? null : m + half);
     counts.push(vals.length);
     xs.push(xv.length ? xv.reduce((a, b) => a + b, 0) / xv.length : st);
   }

@@ -2,8 +2,10 @@
 // checkpoint on disk), one row per model: its run, kind, lineage back to the base model, its last
 // and best checkpoints and its last eval. "Export" is POST /api/models/{run}/export (the path of
 // the Hugging Face directory is shown in the row); "Train from this" opens the form with
-// model.from_run prefilled.
-import { errorText, get, post } from "/static/api.js";
+// model.from_run prefilled. A model is its owner's until they share it: the owner (or an admin)
+// ticks "shared" (PATCH /api/runs/{run} {model_shared}, its error said in the row); others see
+// the flag, and the buttons the API's may_start_from / may_export forbid are disabled.
+import { errorText, get, patch, post } from "/static/api.js";
 import { metricInfo } from "/static/catalogue.js";
 import { $, fmtNum, h, toast } from "/static/util.js";
 
@@ -38,11 +40,66 @@ function evals(model) {
   return entries.map(([k, v]) => h("div", { title: k }, `${label(k)} `, h("b.mono", {}, fmtNum(v, 4))));
 }
 
+/** Why a model's action is not the caller's to take (the API said may_… false). */
+function refused(model, action) {
+  if (!window.CONSPO_TOKEN) return `${action} needs an API token`;
+  return `${action} needs its owner (${model.owner || "a deleted user"}) to share it, and every run it was trained from to be shared`;
+}
+
+/** The sharing flag: a checkbox for its owner or an admin, the flag as text for the others. */
+function sharing(model) {
+  const owner = h("div.muted.small", {}, `owner: ${model.owner || "a deleted user"}`);
+  if (!model.may_share) {
+    const text = model.model_shared ? "shared" : "not shared";
+    return h("td", {}, h("span", { "data-shared": String(model.model_shared) }, text), owner);
+  }
+  const box = h("input", { type: "checkbox", "data-act": "share", checked: model.model_shared });
+  const error = h("div.share-error.small", { role: "alert" });
+  box.addEventListener("change", async () => {
+    box.disabled = true;
+    error.textContent = "";
+    try {
+      const run = await patch(`/api/runs/${model.run_id}`, { model_shared: box.checked });
+      box.checked = run.model_shared;
+    } catch (err) {
+      box.checked = !box.checked; // the change did not happen
+      error.textContent = errorText(err);
+    } finally {
+      box.disabled = false;
+    }
+  });
+  const title = "Other users may start from this model and export what they train from it";
+  return h("td", {}, h("label", { title }, box, " shared"), owner, error);
+}
+
+function trainFrom(model) {
+  if (!model.may_start_from) {
+    const title = refused(model, "Starting from it");
+    return h("button.btn.btn-xs", { type: "button", "data-act": "train", disabled: true, title }, "Train from this");
+  }
+  return h(
+    "a.btn.btn-xs",
+    {
+      href: `/runs/new?from_run=${model.run_id}`,
+      "data-act": "train",
+      title: "Open the form with model.from_run set to this run",
+    },
+    "Train from this",
+  );
+}
+
 function row(model) {
   const out = h("div.export-path.mono.small");
   const exportBtn = h(
     "button.btn.btn-xs",
-    { type: "button", "data-act": "export", title: "Write the last checkpoint as a Hugging Face directory" },
+    {
+      type: "button",
+      "data-act": "export",
+      disabled: !model.may_export,
+      title: model.may_export
+        ? "Write the last checkpoint as a Hugging Face directory"
+        : refused(model, "Exporting it (yours only)"),
+    },
     "Export",
   );
   exportBtn.addEventListener("click", async () => {
@@ -76,25 +133,8 @@ function row(model) {
     h("td", {}, lineage(model)),
     h("td", {}, checkpoints(model)),
     h("td", {}, evals(model)),
-    h(
-      "td",
-      {},
-      h(
-        "div.actions",
-        {},
-        exportBtn,
-        h(
-          "a.btn.btn-xs",
-          {
-            href: `/runs/new?from_run=${model.run_id}`,
-            "data-act": "train",
-            title: "Open the form with model.from_run set to this run",
-          },
-          "Train from this",
-        ),
-      ),
-      out,
-    ),
+    sharing(model),
+    h("td", {}, h("div.actions", {}, exportBtn, trainFrom(model)), out),
   );
 }
 
@@ -105,7 +145,7 @@ async function init() {
     $("#models-empty").hidden = models.length > 0;
   } catch (err) {
     $("#models-body").replaceChildren(
-      h("tr", {}, h("td", { colspan: 6 }, `Could not load /api/models: ${errorText(err)}`)),
+      h("tr", {}, h("td", { colspan: 7 }, `Could not load /api/models: ${errorText(err)}`)),
     );
   }
 }

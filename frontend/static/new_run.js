@@ -85,6 +85,18 @@ async function refreshEstimate() {
     box.title = report.text;
   }
   box.dataset.totalBytes = report?.total_bytes ?? "";
+  showTaskCheck(report?.task ?? null);
+}
+
+/** What building the task said (held-out problems, a task refused): warned as you type, before
+ * Start. The server builds it only for a caller with a token, in a helper process. */
+function showTaskCheck(check) {
+  const line = $("#task-check");
+  line.hidden = !check;
+  if (!check) return;
+  line.classList.toggle("over", check.refused);
+  line.textContent = check.refused ? `Task: ${check.text} (would be refused)` : `Task: ${check.text}`;
+  line.dataset.heldOut = check.held_out ?? "";
 }
 
 const refreshEstimateSoon = debounce(refreshEstimate, 300);
@@ -144,7 +156,8 @@ async function submit(ev) {
       await submitPipeline();
     } catch (err) {
       $("#submit-note").textContent = "";
-      if (err instanceof ApiError && err.status === 422) showPipelineErrors(err.detail);
+      // a 403 (a run another user has not shared) is located at its field like a 422
+      if (err instanceof ApiError && [422, 403].includes(err.status)) showPipelineErrors(err.detail);
       else showErrors(errorText(err));
     } finally {
       btn.disabled = false;
@@ -164,7 +177,7 @@ async function submit(ev) {
     location.href = ids.length === 1 ? `/runs/${ids[0]}` : `/${qs({ group: res.group_id })}`;
   } catch (err) {
     $("#submit-note").textContent = "";
-    if (err instanceof ApiError && err.status === 422) showErrors(err.detail);
+    if (err instanceof ApiError && [422, 403].includes(err.status)) showErrors(err.detail);
     else if (err instanceof ApiError && err.status === 401)
       showErrors(
         `Not authorised (${errorText(err)}). Start the server with CONSPO_UI_TOKEN_INJECT=true or log in with a token.`,

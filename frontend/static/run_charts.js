@@ -21,6 +21,7 @@ import {
   chartCard,
   hasFinite,
   lineTraces,
+  padSingleX,
   react,
   sampledAnnotation,
   setCardNote,
@@ -267,6 +268,7 @@ function lineFigure(def, entry) {
   // fraction of a step).
   layout.xaxis.nticks = 8;
   alignSteps(layout.xaxis, xmode);
+  padSingleX(layout, traces, xmode === "step" ? 0.5 : null);
   if (xmode === "step") layout.xaxis.tickformat = "d";
   if (xmode === "step" && S.maxStep <= 8) layout.xaxis.dtick = 1;
   if (stack) layout.hovermode = "x unified";

@@ -65,8 +65,14 @@ export function renderProgress() {
     const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
     set("meta-eta", fmtDuration(duration));
   } else set("meta-eta", p.eta !== null ? fmtDuration(p.eta) : "–", pace ? `${fmtNum(pace, 3)} s per step lately` : "");
-  // A logged step is a sign of life as good as a heartbeat, and arrives far more often.
-  const alive = Math.max(run.heartbeat_at || 0, finished ? 0 : S.lastWall || 0);
+  // A logged step is a sign of life as good as a heartbeat, and arrives far more often. A
+  // finished run gives none any more: its last one is a moment, not an age that keeps growing.
+  if (finished) {
+    const last = Math.max(run.heartbeat_at || 0, run.finished_at || 0) || null;
+    set("meta-heartbeat", fmtTime(last), `the run has ${run.status}: its last heartbeat or its finish`);
+    return;
+  }
+  const alive = Math.max(run.heartbeat_at || 0, S.lastWall || 0);
   set("meta-heartbeat", alive ? fmtAgo(alive) : "–", fmtTime(alive || null));
 }
 
@@ -118,6 +124,7 @@ export function renderRun() {
     metaItem("worker host", run.worker_host || "–"),
     metaItem("device", run.device || "–"),
     metaItem("dtype", run.dtype || "–"),
+    heldOutItem(run),
     run.ray_job_id ? metaItem("Ray job", run.ray_job_id) : null,
     // How it was run (the job kind is in the header's "kind:" line).
     metaItem("source", run.external ? "external (logged over HTTP)" : "queued job"),
@@ -141,4 +148,18 @@ export function renderRun() {
       ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
       : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]),
   );
+}
+
+/** How many held-out problems the evaluations scored, against task.eval_size: a task whose
+ * held-out split has fewer scores fewer, and says so here (null before the first evaluation). */
+function heldOutItem(run) {
+  const scored = run.summary?.["eval/problems"];
+  if (scored === undefined || scored === null) return null;
+  const asked = run.config?.task?.eval_size;
+  const short = asked !== undefined && scored < asked;
+  const text = short ? `${scored} of ${asked} asked` : String(scored);
+  const why = short ? "the task's held-out split has no more distinct problems" : null;
+  const item = metaItem("held-out n", text, why, "meta-held-out");
+  if (short) item.classList.add("warn");
+  return item;
 }

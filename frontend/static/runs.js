@@ -6,7 +6,15 @@
 import { ApiError, del, errorText, get, post, qs, stream } from "/static/api.js";
 import { CHARTED_KEYS, KEY_METRICS } from "/static/catalogue.js";
 import { groupRowFor, rowFor, sparkFor } from "/static/runs_rows.js";
-import { groupName, hyperLabel, sharedRange, symbolsOf, tableRows, varyingKeys } from "/static/runs_table.js";
+import {
+  groupName,
+  hyperLabel,
+  paramNeedsOf,
+  sharedRange,
+  symbolsOf,
+  tableRows,
+  varyingKeys,
+} from "/static/runs_table.js";
 import { $, debounce, FINISHED, fmtNum, h, setConn, toast } from "/static/util.js";
 
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
@@ -35,6 +43,7 @@ const state = {
   selected: new Set(),
   sparks: new Map(), // id → {steps, values} of the column's metric
   symbols: {}, // config path → the paper's symbol (the schemas': GET /api/presets)
+  paramNeeds: {}, // algorithm → params path → when it is used (ConSPO's ε: clipped-ratio scores)
   studies: new Map(), // study id → its list item (GET /api/studies): the planned work
   range: null, // [min, max] shared by every sparkline of the column
   total: 0,
@@ -184,7 +193,7 @@ function sparkHead() {
 /** The config keys shown as columns: the user's pick, else the first few that vary. */
 function hyperColumns() {
   const listed = state.order.map((id) => state.runs.get(id));
-  state.varying = varyingKeys(listed);
+  state.varying = varyingKeys(listed, state.paramNeeds);
   return state.cols ?? state.varying.slice(0, AUTO_HYPER_COLUMNS);
 }
 
@@ -391,7 +400,10 @@ async function loadPresets() {
     for (const a of p.algorithms) $("#f-algorithm").append(h("option", { value: a.name }, a.name));
     for (const t of p.tasks) $("#f-task").append(h("option", { value: t.name }, t.name));
     state.symbols = symbolsOf(p);
-    renderHead(hyperColumns());
+    state.paramNeeds = paramNeedsOf(p);
+    // Rows drawn before the schemas came may show a parameter their run leaves unused.
+    if (state.order.length) render();
+    else renderHead(hyperColumns());
   } catch (err) {
     console.warn("presets", errorText(err));
   }

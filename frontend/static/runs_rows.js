@@ -4,7 +4,7 @@
 import { qs } from "/static/api.js";
 import { fromText, pipelineLink } from "/static/lineage.js";
 import { noteLine } from "/static/notes.js";
-import { armsOf, groupKey, groupName, meanSd, meanSeries, statusCounts } from "/static/runs_table.js";
+import { armsOf, groupKey, groupName, meanSd, meanSeries, statusCounts, usedConfig } from "/static/runs_table.js";
 import {
   color,
   FINISHED,
@@ -26,10 +26,13 @@ export function sparkFor(state, id) {
   return sparkline(state.sparks.get(id)?.values || [], { range: state.range });
 }
 
-export function hyperCells(runs, cols) {
+/** A cell per column: the runs' value of that config path, "varies", or "–" where the run does
+ * not use the parameter (`needs`: runs_table.paramNeedsOf). */
+export function hyperCells(runs, cols, needs = {}) {
+  const configs = runs.map((r) => usedConfig(r, needs));
   return cols.map((key) => {
-    const values = new Set(runs.map((r) => JSON.stringify(getPath(r.config, key) ?? null)));
-    const text = values.size === 1 ? fmtValue(getPath(runs[0].config, key)) : "varies";
+    const values = new Set(configs.map((c) => JSON.stringify(getPath(c, key) ?? null)));
+    const text = values.size === 1 ? fmtValue(getPath(configs[0], key)) : "varies";
     return h("td.hp.mono", { "data-key": key }, text);
   });
 }
@@ -94,7 +97,7 @@ export function rowFor(state, run, cols, onPipelineSize) {
       {},
       (run.tags || []).map((t) => h("span.tag", {}, t)),
     ),
-    hyperCells([run], cols),
+    hyperCells([run], cols, state.paramNeeds),
     h("td", {}, progressBar(run)),
     h("td.spark-cell", {}, sparkFor(state, run.id)),
     h("td.num", {}, fmtNum(last)),
@@ -206,7 +209,7 @@ export function groupRowFor(state, key, ids, cols) {
       shared((r) => r.owner),
     ),
     h("td.opt", {}, ""),
-    hyperCells(runs, cols),
+    hyperCells(runs, cols, state.paramNeeds),
     h("td", {}, groupProgress(state, key, runs)),
     h("td.spark-cell", {}, sparklines(lines, { range: state.range })),
     h("td.num.group-stat", { title: `${state.metric}: per arm, mean ± sd of the runs' last values` }, stats),

@@ -1,6 +1,7 @@
 // The runs list's arithmetic, apart from its DOM: which rows group together, which config keys
 // earn a column, and the one y-range all sparklines of a column share. Pure functions of the
 // listed runs, so runs.js stays a page of rendering and events.
+import { configMeets } from "/static/catalogue.js";
 import { interp } from "/static/series.js";
 import { flatten, fmtNum } from "/static/util.js";
 
@@ -81,8 +82,8 @@ function rank(key) {
  * algorithm parameters (ε, contrast: set by the runs of the algorithms that have them), lr, G,
  * prompts per step, then the rest; within each, keys every run sets before keys some lack (a
  * run logged from outside may carry a sparse config), then by name. */
-export function varyingKeys(runs) {
-  const flat = runs.map((r) => flatten(r.config || {}));
+export function varyingKeys(runs, needs = {}) {
+  const flat = runs.map((r) => flatten(usedConfig(r, needs)));
   const keys = new Set(flat.flatMap((f) => Object.keys(f)));
   const out = [];
   for (const key of keys) {
@@ -108,6 +109,29 @@ export function symbolsOf(presets) {
     for (const [name, p] of Object.entries(algorithm.params_schema.properties || {}))
       if (p.symbol) out[`params.${name}`] = p.symbol;
   return out;
+}
+
+/** Algorithm → config path → the condition under which that parameter of the algorithm is used
+ * at all (its schema's `needs`, in the catalogue's condition syntax: ConSPO's ε only with
+ * "params.score=clipped_ratio"), from GET /api/presets. */
+export function paramNeedsOf(presets) {
+  const out = {};
+  for (const algorithm of presets.algorithms)
+    for (const [name, p] of Object.entries(algorithm.params_schema.properties || {}))
+      if (p.needs) out[algorithm.name] = { ...out[algorithm.name], [`params.${name}`]: p.needs };
+  return out;
+}
+
+/** The run's config without the parameters its other settings leave unused (ConSPO's ε with
+ * log-prob scores): no column or cell shows such a value as if it shaped the run. */
+export function usedConfig(run, needs = {}) {
+  const config = run.config || {};
+  const own = Object.entries(needs[run.algorithm] || {});
+  const unused = own.filter(([, cond]) => !configMeets(cond, config, Boolean(run.external)));
+  if (!unused.length || !config.params) return config;
+  const params = { ...config.params };
+  for (const [path] of unused) delete params[path.slice("params.".length)];
+  return { ...config, params };
 }
 
 /** A column's short header: the parameter's symbol where it has one, else the key's last part. */

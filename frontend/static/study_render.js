@@ -86,8 +86,8 @@ function pairGrid(view, colors) {
       "mean d",
       "95% CI (t)",
       "95% CI (bootstrap)",
-      "p (t)",
-      "p (Wilcoxon)",
+      "p (paired t: decides)",
+      "p (Wilcoxon: robustness check)",
       "wins / ties / losses",
       "P(improvement)",
       "seeds dropped",
@@ -233,7 +233,7 @@ function curveCharts(view, colors, Plotly, root) {
     const sampled = Object.values(perArm).some((c) => c.sampled);
     const div = h("div.chart", { "data-key": key });
     // The caption is text under the plot: as an annotation, a narrow chart clipped its start.
-    const note = `mean over seeds, band = 95% t CI; dotted = fewer seeds than the arm has (n in the hover); no smoothing${sampled ? "; sampled to 400 steps" : ""}`;
+    const note = `mean over seeds, band = 95% t CI of the mean; dotted = fewer seeds than the arm has (n in the hover); no smoothing${sampled ? "; sampled to 400 steps" : ""}`;
     root.append(h("div.panel.chart-card", {}, h("h4", {}, key), div, h("p.muted.small.chart-caption", {}, note)));
     Plotly.newPlot(
       div,

@@ -202,11 +202,15 @@ export function sparklines(lines, { width = 110, height = 24, range = null } = {
   return svg;
 }
 
-/** {a: {b: 1}} → {"a.b": 1}; arrays are kept as values. */
+const isObject = (v) => Boolean(v) && typeof v === "object";
+
+/** {a: {b: 1}, rewards: [{name: "verifier"}]} → {"a.b": 1, "rewards.0.name": "verifier"}: a list
+ * holding objects (a run's rewards, its benchmarks) is flattened with indices, so every value
+ * is one a table can print; a list of plain values stays one value ("+, -"). */
 export function flatten(obj, prefix = "", out = {}) {
   for (const [k, v] of Object.entries(obj || {})) {
     const key = prefix ? `${prefix}.${k}` : k;
-    if (v && typeof v === "object" && !Array.isArray(v)) flatten(v, key, out);
+    if (isObject(v) && (!Array.isArray(v) || v.some(isObject))) flatten(v, key, out);
     else out[key] = v;
   }
   return out;
@@ -224,6 +228,8 @@ export function getPath(obj, path) {
 export function fmtValue(v) {
   if (v === undefined) return "–";
   if (v === null) return "null";
+  // Objects as JSON text, never "[object Object]" (flatten spells them out where it can).
+  if (Array.isArray(v) ? v.some(isObject) : isObject(v)) return JSON.stringify(v);
   if (Array.isArray(v)) return v.join(", ");
   if (typeof v === "number") return fmtNum(v, 6);
   return String(v);

@@ -238,3 +238,33 @@ def test_0012_packs_each_steps_rollouts_into_one_row_and_back(dialect: str, tmp_
         engine.dispose()
         if dialect == "postgresql":
             drop_pg_database(url)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0015_existing_runs_stay_their_owners(dialect: str, tmp_path: Path) -> None:
+    """A run stored before models could be shared is not shared; downgrading drops the flag."""
+    url = f"sqlite:///{tmp_path / 'm.db'}" if dialect == "sqlite" else create_pg_database()
+    engine = make_engine(url)
+    try:
+        migrate(url, "0014")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, name, status, cancel_requested, kind, algorithm, task,"
+                    " model, config, seed, tags, step, total_steps, created_at, updated_at,"
+                    " summary, external, attempt) VALUES (1, 'r', 'succeeded', :f, 'rl', 'grpo',"
+                    " 'arith', 'tiny', '{}', 0, '[]', 2, 2, :now, :now, '{}', :f, 1)"
+                ),
+                {"f": False, "now": datetime.now(UTC)},
+            )
+        migrate(url, "head")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT model_shared FROM runs")).scalar_one() in (False, 0)
+        command.downgrade(alembic_config(url), "0014")
+        with engine.connect() as conn:
+            assert "model_shared" not in {c["name"] for c in inspect(conn).get_columns("runs")}
+            assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 1
+    finally:
+        engine.dispose()
+        if dialect == "postgresql":
+            drop_pg_database(url)

@@ -64,7 +64,7 @@ def test_only_the_owner_or_an_admin_may_annotate(api: Api) -> None:
 
 
 BAD = [
-    ({}, ["body"], "give note, tags or both"),
+    ({}, ["body"], "give note, tags, model_shared or several of them"),
     ({"note": "x" * 20_001}, ["body", "note"], "at most 20000"),
     ({"note": "a\x00b"}, ["body", "note"], ""),
     ({"note": 5}, ["body", "note"], ""),

@@ -156,7 +156,9 @@ def test_bad_generators_and_configs_are_refused_at_the_field():
     bad_key = dict(errors_of({"dataset": "chain_sum", "config": {"terms": 2}}))
     assert "its parameters: min_terms" in bad_key[("params", "config", "terms")]
     bad_type = dict(errors_of({"dataset": "chain_sum", "config": {"min_terms": "two"}}))
-    assert bad_type[("params", "config", "min_terms")] == "expected an integer (the default is 2)"
+    assert bad_type[("params", "config", "min_terms")] == (
+        "Input should be a valid integer (the default is 2)"
+    )
     refused = dict(errors_of({"dataset": "chain_sum", "config": {"min_terms": 5, "max_terms": 2}}))
     assert "max_terms must be >= min_terms" in refused[("params", "config", "max_terms")]
     owned = dict(errors_of({"dataset": "chain_sum", "config": {"seed": 1}}))

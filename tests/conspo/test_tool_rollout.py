@@ -5,9 +5,13 @@ in its chat, it does (greedy), which is all these tests need of it."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
+from conspo import stopping
 from conspo.config import ToolsConfig
 from conspo.generation.batch import SampleRequest
 from conspo.generation.engines import HfEngine, NativeEngine
@@ -196,3 +200,18 @@ def test_a_hostile_call_costs_its_own_timeout_and_the_other_rows_are_answered(sm
     assert 1 <= batch.tool_calls[0][0].seconds < 10
     assert batch.tool_calls[1][0].status == "ok"
     assert "7006652" in verified_texts(tok, batch)[1]
+
+
+def test_a_cancel_during_a_long_tool_call_ends_the_rollout_within_seconds(smollm2) -> None:
+    """The run is abandoned (``conspo.stopping``) while its only row waits on a call that would
+    run 30 s: the wait is cut in slices, so the rollout raises within a few seconds."""
+    model, tok = smollm2
+    demo = [("Run: while True: pass", "while True:\n    pass", "TimeoutError", "It did not end.")]
+    ids, mask = prompts(tok, ["Run: while True: pass"], demo=demo)
+    cancelled = threading.Event()
+    threading.Timer(3.0, cancelled.set).start()
+    started = time.monotonic()
+    with pytest.raises(stopping.Abandoned), stopping.abandon_when(cancelled.is_set):
+        sample_with_tools(model, ids, mask, request(model, tok, 80), use(tok, timeout_s=30))
+    took = time.monotonic() - started
+    assert cancelled.is_set() and took < 10, f"abandoned after {took:.1f} s"

@@ -83,14 +83,16 @@ def test_seeds_needed_formula() -> None:
 def test_verdict_lines() -> None:
     pair = stats.paired("conspo", "grpo", ARM, BASE)
     assert stats.verdict_line(pair, unit="points") == (
-        "conspo − grpo = +3.0 points [+1.0, +5.0], 5 of 5 seeds, p = 0.013"
+        "conspo − grpo = +3.0 points [+1.0, +5.0], 5 of 5 seeds, paired t p = 0.013 (decides);"
+        " Wilcoxon p = 0.062 (robustness check: the smallest p 5 pairs can give it)"
     )
     noisy = stats.paired("conspo", "grpo", {0: 0.012, 1: -0.01, 2: 0.03}, {0: 0, 1: 0, 2: 0})
     line = stats.verdict_line(noisy, scale=100, unit="points", effect=1.0)
     need = stats.seeds_needed(noisy.sd_d * 100, 1.0)
     assert line == (
         f"conspo − grpo = +1.1 points [−3.9, +6.0]: not distinguishable from seed noise at n = 3, "
-        f"p = {noisy.p_t:.3f}; about {need} seeds would be needed for a 1-point effect"
+        f"paired t p = {noisy.p_t:.3f} (decides); Wilcoxon p = {noisy.p_wilcoxon:.3f} (robustness"
+        f" check); about {need} seeds would be needed to detect an effect of 1 point"
     )
     one = stats.paired("a", "b", {0: 1.0}, {0: 0.0, 1: 0.0})
     assert "too few seeds" in stats.verdict_line(one) and "seed 1 dropped" in stats.verdict_line(
@@ -168,3 +170,63 @@ def test_the_verdict_shows_a_small_difference_in_enough_digits() -> None:
     assert line.startswith("conspo − grpo = +0.020 ["), line
     points = stats.paired("b", "a", {0: 72.0, 1: 71.0, 2: 73.5}, {0: 70.0, 1: 69.0, 2: 71.0})
     assert stats.verdict_line(points).startswith("b − a = +2.2 ["), stats.verdict_line(points)
+
+
+# ---- the verdict's wording (issue: units, rounding, which test decides) -------------------------
+
+# Four seeds whose differences (in accuracy) have mean 0.016 and a 95% t interval whose lower
+# bound is 0.0010: +1.6 points [+0.1, +3.1] at one decimal, as the issue's +0.0 was at one.
+NEAR_ZERO = {0: 0.0065, 1: 0.0095, 2: 0.0225, 3: 0.0255}
+
+
+def test_a_bound_that_is_not_zero_never_prints_as_zero() -> None:
+    base = {s: 0.5 for s in NEAR_ZERO}
+    lower_near_zero = {s: 0.5 + d - 0.00094 for s, d in NEAR_ZERO.items()}  # lower bound 0.0001
+    pair = stats.paired("conspo", "grpo", lower_near_zero, base)
+    assert pair.ci_t is not None and 0 < pair.ci_t[0] * 100 < 0.05
+    line = stats.verdict_line(pair, scale=100, unit="points")
+    lower = line.split("[")[1].split(",")[0]
+    assert lower not in ("+0.0", "−0.0") and float(lower.replace("−", "-")) > 0, line
+    assert line.startswith("conspo − grpo = +1.5 points [+0.01, +3.0]"), line
+    # the same to a negative bound: −0.004 is not −0.0
+    assert stats._signed(-0.004, 1) == "−0.004" and stats._signed(0.0, 1) == "+0.0"
+
+
+def test_the_verdict_names_the_test_that_decides_and_the_robustness_check() -> None:
+    base = {s: 0.5 for s in NEAR_ZERO}
+    pair = stats.paired("conspo", "grpo", {s: 0.5 + d for s, d in NEAR_ZERO.items()}, base)
+    assert pair.p_t is not None and pair.p_t < 0.05 and pair.p_wilcoxon == pytest.approx(0.125)
+    line = stats.verdict_line(pair, scale=100, unit="points")
+    assert f"paired t p = {pair.p_t:.3f} (decides)" in line, line
+    assert "Wilcoxon p = 0.125 (robustness check: the smallest p 4 pairs can give it)" in line
+    assert stats.wilcoxon_floor(pair.d) == pytest.approx(0.125)
+
+
+def test_the_seeds_needed_sentence_names_the_effect_with_its_unit() -> None:
+    noisy = stats.paired("a", "b", {0: 0.012, 1: -0.01, 2: 0.03}, {0: 0, 1: 0, 2: 0})
+    points = stats.verdict_line(noisy, scale=100, unit="points", effect=2.0)
+    assert points.endswith("seeds would be needed to detect an effect of 2 points"), points
+    logprob = stats.verdict_line(noisy, unit="log-prob / token", effect=0.5)
+    assert logprob.endswith("to detect an effect of 0.5 log-prob / token"), logprob
+    bare = stats.verdict_line(noisy, effect=1.0)
+    assert "a 1 effect" not in bare and bare.endswith("an effect of 1 (in the metric's own units)")
+
+
+def test_an_objective_carries_its_metrics_unit() -> None:
+    """A verdict on sep/gap reads in log-prob / token, one on a pass rate in points (× 100), as
+    an accuracy does: no objective of a catalogued metric is left without a unit."""
+    from backend.studies.spec import Objective
+    from conspo import metrics as M
+
+    gap = Objective(metric="sep/gap")
+    assert (gap.scale, gap.unit) == (1.0, M.metric("sep/gap").unit) and gap.unit
+    assert (
+        Objective(metric="batch/pass_rate").scale,
+        Objective(metric="batch/pass_rate").unit,
+    ) == (
+        100.0,
+        "points",
+    )
+    assert Objective(metric="eval/accuracy").unit == "points"
+    assert Objective(metric="sep/gap", unit="nats").unit == "nats"  # a unit given is kept
+    assert Objective(metric="not/in_catalogue").unit == ""

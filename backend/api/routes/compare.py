@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse
 
+from backend.api.contract import CSVText, refusals
 from backend.api.deps import SessionDep, found_runs
-from backend.api.query import CommaList, parse_ids, parse_keys
+from backend.api.query import metric_key_list, parse_ids, parse_keys, run_id_list
 from backend.studies import report
 from backend.studies.comparison import comparison_csv, comparison_view
 from backend.studies.spec import Objective
@@ -18,14 +19,13 @@ from conspo.input_checks import LABEL
 
 router = APIRouter(prefix="/compare", tags=["metrics"])
 MAX_RUNS = 200
+MISSING_RUNS = {404: "A run does not exist (each missing one is named)."}
 
 
 def comparison(
     session: SessionDep,
-    runs: CommaList,
-    key: Annotated[str, Query(max_length=200, description="The metric compared.")] = (
-        "eval/accuracy"
-    ),
+    runs: Annotated[str, run_id_list(MAX_RUNS)],
+    key: Annotated[str, metric_key_list(1, 200, "The metric compared.")] = "eval/accuracy",
     group: Annotated[
         str,
         LABEL,
@@ -59,7 +59,7 @@ def comparison(
 ComparisonDep = Annotated[dict[str, Any], Depends(comparison)]
 
 
-@router.get("/report.html", response_class=HTMLResponse)
+@router.get("/report.html", response_class=HTMLResponse, responses=refusals(MISSING_RUNS))
 def report_html(view: ComparisonDep) -> HTMLResponse:
     """The grouped runs as one self-contained HTML file (Plotly inlined): it makes no network
     request. Each group is set against the baseline group, paired by seed where it can be."""
@@ -69,11 +69,10 @@ def report_html(view: ComparisonDep) -> HTMLResponse:
     )
 
 
-@router.get("/objective.csv", response_class=PlainTextResponse)
-def objective_csv(view: ComparisonDep) -> PlainTextResponse:
+@router.get("/objective.csv", response_class=CSVText, responses=refusals(MISSING_RUNS))
+def objective_csv(view: ComparisonDep) -> CSVText:
     """Per run: group, seed, status, the window reduced (first step, points) and its value."""
-    return PlainTextResponse(
+    return CSVText(
         comparison_csv(view),
-        media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": 'attachment; filename="comparison.csv"'},
     )

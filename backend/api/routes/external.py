@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Response, status
 from pydantic_core import to_json
 
 from backend.api.body import JSONBodyRoute
+from backend.api.contract import refusals
 from backend.api.deps import CurrentUser, OwnedRunDep, SessionDep
 from backend.api.query import JSONBytes
 from backend.models import RunStatus, utcnow
@@ -45,7 +46,11 @@ def create_external(
     return run_out(run)
 
 
-@router.post("/{run_id}/log", response_model=LogResult)
+@router.post(
+    "/{run_id}/log",
+    response_model=LogResult,
+    responses=refusals({409: "The run is run by a worker, or finished: it accepts no points."}),
+)
 def log_batch(run: OwnedRunDep, body: LogBatch, session: SessionDep) -> Response:
     """Idempotent upsert of points on (run, key, step), rollouts on (run, step, group, index)
     and prompt pass rates on (run, step, key); at most 10,000 points and 10,000 prompts per

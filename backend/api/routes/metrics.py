@@ -8,14 +8,16 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
+from backend.api.contract import refusals
 from backend.api.deps import InSessionDep, RunDep, RunId, SessionDep, require_runs
-from backend.api.query import CommaList, JSONBytes, parse_ids, parse_keys
+from backend.api.query import JSONBytes, metric_key_list, parse_ids, parse_keys, run_id_list
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
 from backend.storage.series import cached_series, metric_keys, series_versions
 from conspo.metrics import Catalogue, catalogue
 
 router = APIRouter(tags=["metrics"])
 
+MAX_KEYS, MAX_COMPARED, MAX_COMPARED_KEYS = 200, 50, 50  # keys of a run; runs and keys compared
 MaxPoints = Annotated[int, Query(ge=2, le=10_000, description="Most points per series.")]
 
 
@@ -34,11 +36,15 @@ def keys(run: RunDep, session: SessionDep) -> dict[str, list[str]]:
     return {"keys": metric_keys(session, run.id)}
 
 
-@router.get("/runs/{run_id}/metrics", response_model=RunSeries)
+@router.get(
+    "/runs/{run_id}/metrics",
+    response_model=RunSeries,
+    responses=refusals({404: "No run has this id."}),
+)
 async def series(
     run_id: RunId,
     in_session: InSessionDep,
-    keys: CommaList,
+    keys: Annotated[str, metric_key_list(MAX_KEYS)],
     max_points: MaxPoints = 1000,
     since_step: Annotated[
         int | None, Query(ge=-1, le=INT32_MAX, description="Only steps above this one.")
@@ -74,22 +80,27 @@ def _series_json(
     versions = series_versions(session, [run_id])
     if run_id not in versions:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"run {run_id} not found")
-    wanted = parse_keys(keys, "keys", 200)
+    wanted = parse_keys(keys, "keys", MAX_KEYS)
     data = cached_series(session, [run_id], wanted, max_points, since_step, step_max, versions)
     return to_json({"run_id": run_id, "series": data[run_id]})
 
 
-@router.get("/compare", response_model=Compare)
+@router.get(
+    "/compare", response_model=Compare, responses=refusals({404: "A run does not exist."})
+)
 async def compare(
-    in_session: InSessionDep, runs: CommaList, keys: CommaList, max_points: MaxPoints = 1000
+    in_session: InSessionDep,
+    runs: Annotated[str, run_id_list(MAX_COMPARED)],
+    keys: Annotated[str, metric_key_list(MAX_COMPARED_KEYS)],
+    max_points: MaxPoints = 1000,
 ) -> Response:
     return JSONBytes(await in_session(_compare_json, runs, keys, max_points))
 
 
 def _compare_json(session: Session, runs: str, keys: str, max_points: int) -> bytes:
-    run_ids = parse_ids(runs, "runs", 50)
-    wanted = parse_keys(keys, "keys", 50)
-    versions = series_versions(session, run_ids)
-    require_runs(run_ids, versions)
-    data = cached_series(session, run_ids, wanted, max_points, versions=versions)
-    return to_json({"runs": {str(r): {"series": data[r]} for r in run_ids}})
+    ids = parse_ids(runs, "runs", MAX_COMPARED)
+    wanted = parse_keys(keys, "keys", MAX_COMPARED_KEYS)
+    versions = series_versions(session, ids)
+    require_runs(ids, versions)
+    data = cached_series(session, ids, wanted, max_points, versions=versions)
+    return to_json({"runs": {str(r): {"series": data[r]} for r in ids}})

@@ -1,5 +1,6 @@
 """The model registry: finished runs' checkpoints as models, with lineage and eval results;
-each exportable as a plain Hugging Face directory (``backend.model_registry``)."""
+each exportable as a plain Hugging Face directory (``backend.model_registry``). A model is its
+owner's until they share it (``backend.runs.sharing``): each entry says what the caller may do."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backend import model_registry
 from backend.api.body import JSONBodyRoute
-from backend.api.deps import OwnedRunDep, SessionDep, SettingsDep
+from backend.api.contract import refusals
+from backend.api.deps import CurrentUser, OptionalUser, OwnedRunDep, SessionDep, SettingsDep
+from backend.runs import sharing
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=JSONBodyRoute)
 
@@ -51,6 +54,20 @@ class ModelOut(BaseModel):
     eval: dict[str, float | None] = Field(description="Its last held-out evaluation.")
     pipeline_id: int | None
     finished_at: float | None
+    owner: str | None = Field(description="Whose run it is (None: the user was deleted).")
+    model_shared: bool = Field(
+        description="Its owner lets other users start from it and export what they train from it"
+        ' (PATCH /api/runs/{run_id} {"model_shared": true}).'
+    )
+    may_share: bool = Field(description="The caller may set model_shared: its owner or an admin.")
+    may_start_from: bool = Field(
+        description="The caller may name it as model.from_run: theirs or shared, and so is every"
+        " run it was trained from (or the caller is an admin). False without a token."
+    )
+    may_export: bool = Field(
+        description="The caller may export it: theirs (or an admin), and every run it was trained"
+        " from is theirs or shared. False without a token."
+    )
 
 
 class ModelList(BaseModel):
@@ -64,10 +81,10 @@ class Exported(BaseModel):
 
 
 @router.get("", response_model=ModelList)
-def list_models(session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+def list_models(session: SessionDep, settings: SettingsDep, caller: OptionalUser) -> dict[str, Any]:
     """Every succeeded run with a checkpoint on disk: use one as ``model: {from_run: run_id,
-    step: last | best}``."""
-    return {"models": model_registry.list_models(session, settings)}
+    step: last | best}``. With a token, each says what its caller may do with it."""
+    return {"models": model_registry.list_models(session, settings, caller)}
 
 
 class ExportRequest(BaseModel):
@@ -75,11 +92,32 @@ class ExportRequest(BaseModel):
     step: Step = "last"
 
 
-@router.post("/{run_id}/export", response_model=Exported)
-def export(run: OwnedRunDep, body: ExportRequest, settings: SettingsDep) -> dict[str, Any]:
+@router.post(
+    "/{run_id}/export",
+    response_model=Exported,
+    responses=refusals(
+        {
+            403: "The run is another user's, or was trained from another user's run that is not"
+            " shared (an admin may).",
+            404: "No run has this id, or it has no such checkpoint on disk.",
+        }
+    ),
+)
+def export(
+    run: OwnedRunDep,
+    body: ExportRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
     """Write the run's checkpoint as a Hugging Face directory (LoRA merged into its base) under
     the data dir; returns its path (it loads with ``from_pretrained``). Its owner or an admin
-    only: it writes to the server's disk."""
+    only: it writes to the server's disk. A model trained from another user's run that is not
+    shared is that user's too: 403 naming the run, unless the caller is an admin."""
+    refused = sharing.first_refused(session, run, user, itself=False)
+    if refused is not None:
+        detail = sharing.refusal(run, refused, "exporting a model trained from it")
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail)
     try:
         out = model_registry.export_model(settings, run.id, body.step)
     except FileNotFoundError as exc:

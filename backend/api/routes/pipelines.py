@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, status
 
 from backend.api.body import JSONBodyRoute
+from backend.api.contract import QUEUE_DOWN, STARTS_FROM_UNSHARED, refusals
 from backend.api.deps import (
     ClusterDep,
     CurrentUser,
@@ -27,7 +28,12 @@ from backend.storage import pipelines as stored
 router = APIRouter(prefix="/pipelines", tags=["pipelines"], route_class=JSONBodyRoute)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=PipelineOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=PipelineOut,
+    responses=refusals({403: STARTS_FROM_UNSHARED, 503: QUEUE_DOWN}),
+)
 def create(
     body: PipelineCreate,
     user: CurrentUser,
@@ -39,7 +45,7 @@ def create(
     """Queue stage 0; the later stages wait for the stage before them to succeed."""
     service.check_stages(body.stages, ("body", "stages"))
     stages = [Submitted(("body", "stages", i), c) for i, c in enumerate(body.stages)]
-    refuse_unfit(session, settings, stages)
+    refuse_unfit(session, settings, stages, user)
     pipeline, _ = service.queue_pipeline(
         session, jobs, user, body.name, body.stages, tags=body.tags
     )

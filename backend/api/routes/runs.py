@@ -4,25 +4,37 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
-from backend import markdown
+from backend import markdown, task_checks
 from backend.api.body import JSONBodyRoute
+from backend.api.contract import (
+    BAD_TOKEN,
+    BUSY,
+    OPTIONAL_TOKEN,
+    QUEUE_DOWN,
+    STARTS_FROM_UNSHARED,
+    refusals,
+)
 from backend.api.deps import (
     ClusterDep,
+    Credentials,
     CurrentUser,
+    DatabaseDep,
     InSessionDep,
     JobsDep,
     OwnedRunDep,
     RunDep,
     SessionDep,
     SettingsDep,
+    check_token,
 )
-from backend.api.query import JSONBytes, parse_ids, parse_order, parse_where
+from backend.api.query import ORDER, JSONBytes, parse_ids, parse_order, parse_where, run_id_list
 from backend.config import Settings
-from backend.errors import InvalidInput
+from backend.errors import Busy, InvalidInput
 from backend.models import Run, RunStatus
 from backend.runs import inputs as run_inputs
 from backend.runs import lifecycle
@@ -49,13 +61,19 @@ from backend.storage import run_logs
 from backend.storage import runs as storage_runs
 from backend.storage.runs import RunFilter, RunSort
 from conspo.config import RunConfig, with_overrides
+from conspo.tasks.probe import TaskRefused, probed
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JSONBodyRoute)
 
 ShortText = Annotated[Label, Query()]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RunsCreated,
+    responses=refusals({403: STARTS_FROM_UNSHARED, 503: QUEUE_DOWN}),
+)
 def create(
     body: RunCreate,
     user: CurrentUser,
@@ -65,7 +83,7 @@ def create(
     cluster: ClusterDep,
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
-    refuse_unfit(session, settings, [Submitted(("body", "config"), body.config)])
+    refuse_unfit(session, settings, [Submitted(("body", "config"), body.config)], user)
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
@@ -81,6 +99,18 @@ class EstimateRequest(BaseModel):
     config: FreeJSON
 
 
+class TaskCheck(BaseModel):
+    """What building the task said (``backend.task_checks``), for a caller with a token."""
+
+    checked: bool = Field(description="False: not built now (the task-check helpers were busy).")
+    refused: bool = Field(description="True: submitting this config is refused for its task.")
+    held_out: int | None = Field(
+        None, description="Distinct held-out problems found, up to task.eval_size (None: unknown)."
+    )
+    asked: int = Field(description="task.eval_size.")
+    text: str
+
+
 class MemoryReport(BaseModel):
     total_bytes: int | None = Field(description="Estimated peak bytes of a step (None: unknown).")
     parts: dict[str, int] | None = Field(
@@ -94,26 +124,83 @@ class MemoryReport(BaseModel):
     )
     fits: bool | None = Field(description="False: submitting this config is refused.")
     text: str
+    task: TaskCheck | None = Field(
+        None,
+        description="The task built and drawn from under a budget, as submitting does: only"
+        " with a token (building a task costs what its config sets) and for procedural tasks.",
+    )
 
 
-@router.post("/estimate", response_model=MemoryReport)
-def estimate(body: EstimateRequest, settings: SettingsDep) -> dict[str, Any]:
+@router.post(
+    "/estimate",
+    response_model=MemoryReport,
+    responses=refusals({401: BAD_TOKEN, 503: BUSY}),
+    openapi_extra=OPTIONAL_TOKEN,
+)
+async def estimate(
+    body: EstimateRequest, settings: SettingsDep, db: DatabaseDep, credentials: Credentials
+) -> dict[str, Any]:
     """The memory a run of ``config`` would need, by conspo.models.resources' estimate, and whether
-    it is under the limit that submitting checks. Nothing is stored; an invalid config gets no
-    numbers and the first problem as its text."""
+    it is under the limit that submitting checks; with a token, also what building its task
+    says (held-out problems, a task refused). Nothing is stored; an invalid config gets no
+    numbers and the first problem as its text. Never builds a task for an anonymous caller,
+    and never on a request thread."""
+    config, report = await anyio.to_thread.run_sync(_memory_estimate, body.config, settings)
+    if config is None or credentials is None:
+        return report
+    await anyio.to_thread.run_sync(check_token, db, credentials)  # a bad token: 401
+    report["task"] = await anyio.to_thread.run_sync(_task_check, config, settings)
+    return report
+
+
+def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, dict[str, Any]]:
     try:
-        config = RunConfig.model_validate(body.config)
+        config = RunConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
-        return {
+        return None, {
             "total_bytes": None,
             "parts": None,
             "limit_bytes": run_inputs.report_limit(settings),
             "fits": None,
             "text": f"not a valid config yet ({where}: {first['msg']})",
         }
-    return run_inputs.memory_report(config, settings)
+    return config, run_inputs.memory_report(config, settings)
+
+
+def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
+    """The estimate's account of the task's check; busy helpers are said, not a 503 (the
+    memory estimate beside it still stands)."""
+    if not probed(config.task):
+        return None
+    asked = config.task.eval_size
+    try:
+        found = task_checks.for_settings(settings).probe(config.task, asked)
+    except TaskRefused as exc:
+        return {"checked": True, "refused": True, "asked": asked, "text": f"task.params: {exc}"}
+    except Busy as exc:
+        return {"checked": False, "refused": False, "asked": asked, "text": str(exc)}
+    short = task_checks.held_out_problem(found)
+    if short is not None and "eval_size" not in config.task.model_fields_set:
+        short = None  # the default, not an ask: the run scores those there are
+        text = f"{found.held_out} distinct held-out problems (fewer than the default {asked})"
+    elif short is not None:
+        text = f"task.eval_size: {short[1]}"
+    elif found.held_out is None:
+        text = (
+            f"held-out problems not counted within {settings.task_check_seconds:g} s: the run"
+            f" scores those it finds, up to {asked}"
+        )
+    else:
+        text = f"{found.held_out} distinct held-out problems"
+    return {
+        "checked": True,
+        "refused": short is not None,
+        "held_out": found.held_out,
+        "asked": asked,
+        "text": text,
+    }
 
 
 @router.get("", response_model=RunList)
@@ -127,9 +214,7 @@ async def list_runs(
     tag: Annotated[Tag | None, Query()] = None,
     group_id: ShortText | None = None,
     q: ShortText | None = None,
-    ids: Annotated[
-        str | None, Query(max_length=20_000, description="Comma-separated run ids (≤ 500).")
-    ] = None,
+    ids: Annotated[str | None, run_id_list(500)] = None,
     where: Annotated[
         str | None,
         Query(
@@ -145,6 +230,7 @@ async def list_runs(
             description="A config path or a metric summary to order by, before `sort`; `-`"
             " first for the largest first: `-max(system/peak_rss_gib)`, `params.tau`. Runs"
             " without it come last.",
+            json_schema_extra={"pattern": ORDER},
         ),
     ] = None,
     sort: RunSort = "-created_at",
@@ -224,8 +310,12 @@ def read_log(
 
 @router.patch("/{run_id}", response_model=RunOut)
 def patch(run: OwnedRunDep, body: RunPatch, session: SessionDep) -> dict[str, Any]:
-    """Set the run's note (Markdown) and/or replace its tags (the owner or an admin)."""
-    return single(lifecycle.annotate(session, run, note=body.note, tags=body.tags), session)
+    """Set the run's note (Markdown), replace its tags and/or share its model (the owner or an
+    admin)."""
+    run = lifecycle.annotate(
+        session, run, note=body.note, tags=body.tags, model_shared=body.model_shared
+    )
+    return single(run, session)
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
@@ -241,11 +331,19 @@ def remove(run: OwnedRunDep, session: SessionDep) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{run_id}/clone", status_code=status.HTTP_201_CREATED, response_model=RunsCreated)
+@router.post(
+    "/{run_id}/clone",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RunsCreated,
+    responses=refusals(
+        {403: STARTS_FROM_UNSHARED, 409: "The run is external: it has no config to clone.",
+         503: QUEUE_DOWN}
+    ),  # fmt: skip
+)
 def clone(
+    user: CurrentUser,  # before the run: a request without a token is a 401, never a 404
     run: RunDep,
     body: RunClone,
-    user: CurrentUser,
     session: SessionDep,
     jobs: JobsDep,
     settings: SettingsDep,
@@ -258,7 +356,7 @@ def clone(
     settings. Tags label the source run (``best``, ``baseline``): the copies get only the ones
     the body gives. Each copy records ``cloned_from``."""
     config = cloned_config(run, body.overrides)
-    refuse_unfit(session, settings, [Submitted(("body", "overrides"), config)])
+    refuse_unfit(session, settings, [Submitted(("body", "overrides"), config)], user)
     name = body.name or (None if body.overrides else name_base(run.name))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,

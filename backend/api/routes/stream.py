@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
+from backend.api.contract import refusals
 from backend.api.deps import RunsStreamStart, RunStreamStart, SettingsDep, StreamHubDep
 from backend.api.stream_hub import StreamHub, StreamLimitReached, sse_frame
 from backend.config import Settings
@@ -37,6 +38,10 @@ router = APIRouter(tags=["live"])
 
 LIMIT_STATUS = {"client": 429, "server": 503}
 RETRY_AFTER_S = 5
+STREAM_LIMITS = {
+    429: "This caller holds CONSPO_STREAM_MAX_PER_CLIENT streams already (Retry-After).",
+    503: "The process holds CONSPO_STREAM_MAX_TOTAL streams already (Retry-After).",
+}
 
 
 class LiveResponse(EventSourceResponse):
@@ -73,7 +78,23 @@ def _last_event_id(request: Request, since_step: int | None) -> StreamCursor | N
     return StreamCursor.parse(raw, since_step) if raw.strip() else None
 
 
-@router.get("/runs/{run_id}/stream", response_class=EventSourceResponse)
+@router.get(
+    "/runs/{run_id}/stream",
+    response_class=EventSourceResponse,
+    responses=refusals(STREAM_LIMITS),
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "The id of the last event received: the stream resumes after it"
+                " (browsers send it on reconnecting). One that is not this stream's is ignored.",
+            }
+        ]
+    },
+)
 async def run_stream(
     request: Request,
     start: RunStreamStart,
@@ -133,7 +154,9 @@ async def _run_events(
                     break  # wait for the next change
 
 
-@router.get("/stream/runs", response_class=EventSourceResponse)
+@router.get(
+    "/stream/runs", response_class=EventSourceResponse, responses=refusals(STREAM_LIMITS)
+)
 async def runs_stream(
     start: RunsStreamStart, hub: StreamHubDep, settings: SettingsDep
 ) -> EventSourceResponse:

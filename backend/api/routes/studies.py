@@ -6,17 +6,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, status
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse
 
 from backend.api.body import JSONBodyRoute
+from backend.api.contract import STARTS_FROM_UNSHARED, CSVText, refusals
 from backend.api.deps import (
     CurrentUser,
     JobsDep,
+    OptionalUser,
     OwnedStudyDep,
     SessionDep,
     SettingsDep,
     StudyDep,
 )
+from backend.models import User
 from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import NotePatch, StudyList, StudyOut, StudyPlan
 from backend.storage import studies as stored
@@ -28,15 +31,16 @@ router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRout
 
 
 def check_study(
-    body: StudyCreate, session: SessionDep, settings: SettingsDep
+    body: StudyCreate, session: SessionDep, settings: SettingsDep, caller: User | None
 ) -> list[tuple[str, RunConfig]]:
-    """Every check ``create`` makes before storing anything: 422 with each field's error.
+    """Every check ``create`` makes before storing anything: 422 with each field's error (403
+    at a field naming another user's run that is not shared, when the caller is known).
     A search study's configs are its base, each value of its space alone, and its largest
     trial by memory; an arm study's are its arms (over every task it crosses)."""
     if body.search is not None:
         submitted = search.check_space(body)
         largest = search.largest_trial(body, settings)
-        refuse_unfit(session, settings, [*submitted, *([largest] if largest else [])])
+        refuse_unfit(session, settings, [*submitted, *([largest] if largest else [])], caller)
         return []
     arms = service.arm_configs(body, ("body",))
     n = len(body.arms)  # arm_configs: task-major, then arms
@@ -44,15 +48,20 @@ def check_study(
         Submitted(("body", "arms", k % n, "overrides"), config, body.arms[k % n].overrides)
         for k, (_, config) in enumerate(arms)
     ]
-    refuse_unfit(session, settings, submitted)
+    refuse_unfit(session, settings, submitted, caller)
     return arms
 
 
-@router.post("/check", response_model=StudyPlan)
-def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+@router.post(
+    "/check", response_model=StudyPlan, responses=refusals({403: STARTS_FROM_UNSHARED})
+)
+def check(
+    body: StudyCreate, session: SessionDep, settings: SettingsDep, caller: OptionalUser
+) -> dict[str, Any]:
     """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
-    as you type): 422 located at the field, or the runs it would plan."""
-    arms = check_study(body, session, settings)
+    as you type): 422 located at the field, or the runs it would plan. With a token, a run the
+    caller may not start from is the 403 the submit would answer."""
+    arms = check_study(body, session, settings, caller)
     trials = body.search.trials if body.search is not None else len(arms)  # arms × tasks
     return {
         "arms": list(dict.fromkeys(name for name, _ in arms)),
@@ -63,17 +72,22 @@ def check(body: StudyCreate, session: SessionDep, settings: SettingsDep) -> dict
     }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=StudyOut,
+    responses=refusals({403: STARTS_FROM_UNSHARED}),
+)
 def create(
     body: StudyCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Store the study and its pending runs (one transaction); queue the first ``concurrency``.
     The rest are released as runs finish."""
     if body.search is not None:
-        check_study(body, session, settings)
+        check_study(body, session, settings, user)
         study = service.create_search_study(session, jobs, user, body)
     else:
-        arms = check_study(body, session, settings)
+        arms = check_study(body, session, settings, user)
         study = service.create_study(session, jobs, user, body, arms)
     return service.study_view(session, study, curves=False)
 
@@ -117,12 +131,11 @@ def cancel(study: OwnedStudyDep, session: SessionDep) -> dict[str, Any]:
     return service.study_view(session, service.cancel_study(session, study), curves=False)
 
 
-@router.get("/{study_id}/objective.csv", response_class=PlainTextResponse)
-def objective_csv(study: StudyDep, session: SessionDep) -> PlainTextResponse:
+@router.get("/{study_id}/objective.csv", response_class=CSVText)
+def objective_csv(study: StudyDep, session: SessionDep) -> CSVText:
     view = service.study_view(session, study, curves=False)
-    return PlainTextResponse(
+    return CSVText(
         service.objective_csv(view),
-        media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="study-{study.id}-objective.csv"'},
     )
 
