@@ -78,7 +78,7 @@ StorableKey = Annotated[str, Field(max_length=MAX_JSON_KEY_CHARS), TEXT]
 StorableInt = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 JSONValue = TypeAliasType(
     "JSONValue",
-    "None | bool | StorableInt | float | StorableText | list[JSONValue]"  # type: ignore[arg-type]
+    "None | bool | StorableInt | float | StorableText | list[JSONValue]"
     " | dict[StorableKey, JSONValue]",
 )
 
@@ -103,6 +103,7 @@ FreeJSON = Annotated[
 # NaN and ±Infinity are accepted where they are data (a metric value, a rollout's score) and
 # stored as NULL; everywhere else a number must be finite (``_Body``).
 DataFloat = Annotated[float, Field(allow_inf_nan=True)]
+
 
 def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value

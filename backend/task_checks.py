@@ -71,9 +71,9 @@ class TaskChecks:
     def problems(self, config: RunConfig) -> list[Problem]:
         """What building ``config``'s task says is wrong with it: a task that cannot be built
         within the budget (at ``task.params``), or fewer distinct held-out problems than
-        ``task.eval_size`` asks for (at ``task.eval_size``, naming how many there are). An
-        eval_size left at its default is not a request for that many: such a run scores the
-        problems there are, and says how many (``eval/problems``)."""
+        ``task.eval_size`` asks for (at ``task.eval_size``, naming how many there are). The
+        default eval_size means "up to 64", not an ask for 64: such a run scores the problems
+        there are, and says how many (``eval/problems``)."""
         if not probed(config.task):
             return []
         try:
@@ -81,10 +81,16 @@ class TaskChecks:
         except TaskRefused as exc:
             return [(("task", "params"), str(exc), config.task.params)]
         short = held_out_problem(found)
-        return [short] if short and "eval_size" in config.task.model_fields_set else []
+        return [short] if short and not at_default_eval_size(config.task) else []
 
     def close(self) -> None:
         self.prober.close()
+
+
+def at_default_eval_size(task: TaskConfig) -> bool:
+    """Whether ``task.eval_size`` is the default (64): "up to that many", whoever wrote it (a
+    client that sends every field, a clone of a run stored with its defaults filled in)."""
+    return task.eval_size == TaskConfig.model_fields["eval_size"].default
 
 
 def held_out_problem(found: TaskProbe) -> Problem | None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler
@@ -107,6 +107,8 @@ def anchored(body: str) -> Any:
     Rust's regular expressions, where $ is the end; the JSON schema says END instead, the end
     in Python's too."""
     return Field(pattern=f"^{body}$", json_schema_extra={"pattern": f"^{body}{END}"})
+
+
 Text = Annotated[str, TEXT]
 Label = Annotated[str, LABEL]
 

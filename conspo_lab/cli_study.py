@@ -126,9 +126,9 @@ def _print_study(study: dict[str, Any]) -> None:
             "arm − baseline",
             "n",
             "mean d",
-            "95% CI",
-            "p (t)",
-            "p (Wilcoxon)",
+            "95% CI (paired t)",
+            "p (paired t: decides)",
+            "p (Wilcoxon: robustness check)",
             "wins/ties/losses",
             "dropped seeds",
         )

@@ -15,19 +15,24 @@ the dependency that answers them (``ANSWERS``), and follow a route when its depe
   without a token when CONSPO_READS_REQUIRE_TOKEN=true.
 
 What a handler refuses by itself (409: logging into a run that a worker runs) its decorator
-declares, with ``refusals``.
+declares, with ``refusals``; a handler that reads the token itself says so with
+``OPTIONAL_TOKEN``.
 
 Security follows the same facts: an operation needs a token when it depends on the caller; a
 read needs one only when CONSPO_READS_REQUIRE_TOKEN=true and is otherwise public (``security:
 []``); a token is optional (``[{}, bearer]``) where it only changes the answer (what the caller
 may do with a model; whose streams a live stream counts against). The document is made per
 app, so it states the settings that app runs with.
+
+And a method the document does not list for a path is a 405 whose Allow names the ones it does
+(``Methods``), for the path the URL denotes as OpenAPI reads it (a concrete path before a
+templated one).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -80,7 +85,9 @@ BUSY = (
 )
 NO_TOKEN = "No token (Authorization: Bearer <token>), or an invalid or revoked one."
 BAD_TOKEN = "The token given is invalid or revoked (none at all is fine)."
-QUEUE_DOWN = f"{BUSY} Or the job queue is unreachable: nothing was queued."
+# a submit checks its configs' tasks on helpers first (backend.task_checks), then queues
+SUBMIT_BUSY = f"{BUSY} Or every task-check helper stayed busy (CONSPO_TASK_CHECK_WAIT_S)."
+QUEUE_DOWN = f"{SUBMIT_BUSY} Or the job queue is unreachable: nothing was queued."
 STARTS_FROM_UNSHARED = (
     "A config starts from another user's run that is not shared (model.from_run): located at"
     " that field."
@@ -124,7 +131,7 @@ JSON_BODY_ANSWERS = {
 
 # For ``openapi_extra=``: a handler that reads the token itself (``Credentials``) and answers
 # without one says so, as the dependencies above cannot.
-OPTIONAL_TOKEN = {"security": [{}, {deps.bearer.scheme_name: []}]}
+OPTIONAL_TOKEN: dict[str, Any] = {"security": [{}, {deps.bearer.scheme_name: []}]}
 
 
 def refusals(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
@@ -140,12 +147,14 @@ def install(app: FastAPI, settings: Settings) -> None:
     """``app.openapi()`` (and /openapi.json) gives the document completed by ``complete``, and a
     method it does not list for a path is a 405 naming those it does (``Methods``)."""
     make = app.openapi
+    completed: list[dict[str, Any]] = []
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            complete(make(), app.routes, settings)
-        assert app.openapi_schema is not None
-        return app.openapi_schema
+        document = make()  # FastAPI's, cached until the routes change
+        if not any(document is done for done in completed):
+            complete(document, app.routes, settings)
+            completed[:] = [document]
+        return document
 
     app.openapi = openapi  # type: ignore[method-assign]
     methods = Methods(app)
@@ -187,12 +196,9 @@ class Methods:
     def _build(self) -> None:
         by_path: dict[str, set[str]] = {}
         regex: dict[str, re.Pattern[str]] = {}
-        for route in iter_route_contexts(list(self._app.routes)):
-            if not isinstance(route.original_route, APIRoute) or not route.include_in_schema:
-                continue
-            if route.path_format.startswith("/api/"):
-                by_path.setdefault(route.path_format, set()).update(route.methods or ())
-                regex[route.path_format] = route.path_regex
+        for path, route, methods in api_routes(self._app.routes):
+            by_path.setdefault(path, set()).update(methods)
+            regex[path] = route.path_regex
         self._templated = [(regex[p], frozenset(m)) for p, m in by_path.items() if "{" in p]
         self._concrete = {p: frozenset(m) for p, m in by_path.items() if "{" not in p}
 
@@ -225,14 +231,10 @@ def complete(document: dict[str, Any], routes: Iterable[BaseRoute], settings: Se
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemes.update(schema.pop("$defs", {}))
         schemes[model.__name__] = schema
-    for route in iter_route_contexts(list(routes)):  # routes of included routers too
-        if not isinstance(route.original_route, APIRoute) or not route.include_in_schema:
-            continue
-        if not route.path_format.startswith("/api/"):
-            continue
+    for path, route, methods in api_routes(routes):
         calls = _calls(route.dependant)
-        for method in route.methods:
-            operation = document["paths"][route.path_format][method.lower()]
+        for method in methods:
+            operation = document["paths"][path][method.lower()]
             reads = method in READS
             _add_answers(operation, _answers(route, calls, reads, settings))
             declared = (route.openapi_extra or {}).get("security")
@@ -240,6 +242,15 @@ def complete(document: dict[str, Any], routes: Iterable[BaseRoute], settings: Se
     for unused in ("HTTPValidationError", "ValidationError"):
         schemes.pop(unused, None)  # FastAPI's 422 body, replaced by FieldRefusals
     _as_validated(document)
+
+
+def api_routes(routes: Iterable[BaseRoute]) -> Iterator[tuple[str, RouteContext, set[str]]]:
+    """(path, route, methods) of every documented /api route, included routers' too."""
+    for route in iter_route_contexts(list(routes)):
+        path = route.path_format
+        documented = isinstance(route.original_route, APIRoute) and route.include_in_schema
+        if documented and path is not None and path.startswith("/api/"):
+            yield path, route, set(route.methods or ())
 
 
 def _as_validated(node: Any) -> None:
@@ -311,7 +322,7 @@ def _add_answers(operation: dict[str, Any], answers: dict[int, str]) -> None:
 def _security(
     calls: set[Callable[..., Any]], reads: bool, settings: Settings
 ) -> list[dict[str, list[str]]]:
-    bearer = {deps.bearer.scheme_name: []}
+    bearer: dict[str, list[str]] = {deps.bearer.scheme_name: []}
     guarded_read = reads and deps.require_reader in calls and settings.reads_require_token
     if calls & NEEDS_TOKEN or guarded_read:
         return [bearer]

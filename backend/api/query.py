@@ -27,10 +27,8 @@ class JSONBytes(Response):
 
 
 # The patterns of the lists and of order_by, stated in the OpenAPI document, mean there what
-# the parsers below accept (tests/api/test_api_query.py holds them to each other). Spelled out
-# rather than \s, which JSON Schema's regular expressions and Python's read differently.
+# the parsers below accept (tests/api/test_api_contract.py holds them to each other).
 CONTROL = r"\x00-\x1f\x7f-\x9f"  # conspo.input_checks refuses these in a label
-SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # isspace()
 KEY_CHARS = 200
 
 
@@ -122,7 +120,7 @@ def parse_ids(raw: str, field: str, limit: int) -> list[int]:
                 ]
             )
     if not given or len(given) > limit:
-        msg = "give at least one run id" if not given else f"{len(given)} runs; the limit is {limit}"
+        msg = f"{len(given)} runs; the limit is {limit}" if given else "give at least one run id"
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", field), "msg": msg, "input": raw}]
         )
@@ -161,6 +159,8 @@ def _any_case(word: str) -> str:
     return "".join(f"[{c.upper()}{c}]" for c in word)
 
 
+# What str.isspace() (the where parser's) holds, spelled out: \s means otherwise in JSON Schema.
+SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _NAME = "[A-Za-z_][A-Za-z0-9_]*"
 _SUMMARY = "|".join(map(_any_case, where.SUMMARIES))
 # where.parse_order's grammar: blank (no order), or [-]path or [-]summary(metric).

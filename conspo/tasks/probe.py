@@ -118,11 +118,9 @@ class TaskProber:
             helper.start()
 
     def close(self) -> None:
-        while True:
-            try:
-                self._free.get_nowait().close()
-            except queue.Empty:
-                return
+        """Stop the helpers (a later probe starts them again)."""
+        for helper in list(self._free.queue):
+            helper.close()
 
 
 def _judge(reply: dict[str, Any], eval_size: int, budget: ProbeBudget) -> TaskProbe:

@@ -359,9 +359,10 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
         "gradient_checkpointing": state.cfg.model.gradient_checkpointing,
         # The gradient pass's token budget as planned under optim.memory_budget (0: one pass).
         "micro_batch_tokens": state.cfg.optim.micro_batch_tokens,
-        # Distinct held-out problems scored: fewer than task.eval_size where the task's
-        # held-out split has fewer (1-digit sums: 24 of 200).
+        # Distinct held-out problems scored, of task.eval_size asked: fewer where the task's
+        # held-out split has fewer (1-digit sums: 24 of 200); also logged as eval/problems.
         "eval_problems": len(state.eval_examples),
+        "eval_asked": state.cfg.task.eval_size,
     }
     if distributed.active():
         info["world_size"] = distributed.world_size()

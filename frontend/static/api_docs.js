@@ -1,6 +1,7 @@
 // /docs: the API reference rendered from /openapi.json with no third-party script, so it works
 // offline (Swagger UI would load its JS and CSS from a CDN). One section per tag, one entry per
-// operation: method, path, summary, parameters and the request body's schema name.
+// operation: method, path, summary, parameters, the request body's schema name, the statuses it
+// answers (each one's meaning on hover) and whether it needs a token.
 import { get } from "/static/api.js";
 import { $, h } from "/static/util.js";
 
@@ -10,6 +11,17 @@ function schemaName(content) {
   const schema = content?.["application/json"]?.schema;
   if (!schema) return "";
   return (schema.$ref || "").split("/").pop() || schema.type || "";
+}
+
+/** "token required", "token optional" or "no token", from the operation's `security`. */
+function tokenText(security) {
+  if (!security?.length) return "no token";
+  return security.some((s) => Object.keys(s).length === 0) ? "token optional" : "token required";
+}
+
+function answers(op) {
+  const codes = Object.entries(op.responses || {}).map(([code, r]) => h("code", { title: r.description || "" }, code));
+  return h("p.small", {}, "answers ", ...codes.flatMap((c) => [c, " "]), `· ${tokenText(op.security)}`);
 }
 
 function operation(path, method, op) {
@@ -39,6 +51,7 @@ function operation(path, method, op) {
     op.description ? h("p.api-desc", {}, op.description) : null,
     params.length ? h("table.grid", {}, h("tbody", {}, params)) : null,
     body ? h("p.small", {}, "body: ", h("code", {}, body)) : null,
+    answers(op),
   );
 }
 

@@ -56,6 +56,4 @@ def _refused_where_no_schema_can_say(failure: Any, case: Any, response: Any) -> 
         return False
     if not fields or not isinstance(errors, list) or not errors:
         return False
-    return all(
-        any(tuple(error.get("loc", ()))[: len(f)] == f for f in fields) for error in errors
-    )
+    return all(any(tuple(error.get("loc", ()))[: len(f)] == f for f in fields) for error in errors)

@@ -166,9 +166,11 @@ def test_the_exports_are_the_media_types_the_document_says(
         assert (found.status_code, missing.status_code) == (200, 404)
         assert_documented(doc, "GET", path, found)
         assert_documented(doc, "GET", path, missing)
-    assert api.get("/api/compare/objective.csv", params={"runs": str(ids["ext"])}).headers[
-        "content-type"
-    ].startswith("text/csv")
+    assert (
+        api.get("/api/compare/objective.csv", params={"runs": str(ids["ext"])})
+        .headers["content-type"]
+        .startswith("text/csv")
+    )
 
 
 def test_every_operation_with_a_body_documents_its_refusals(doc: dict[str, Any]) -> None:
@@ -211,8 +213,11 @@ BODIES = [
     ("PATCH", "/api/runs/{run_id}", {}),
     ("POST", "/api/studies/check", {"name": "distill", "seeds": [0]}),
     ("POST", "/api/runs/external", {"name": "n", "algorithm": "a", "task": "ò\x81n", "model": "m"}),
-    ("POST", "/api/runs/external", {"name": "n", "algorithm": "a", "task": "t", "model": "m",
-                                    "total_steps": False}),  # fmt: skip
+    (
+        "POST",
+        "/api/runs/external",
+        {"name": "n", "algorithm": "a", "task": "t", "model": "m", "total_steps": False},
+    ),  # fmt: skip
 ]
 
 

@@ -48,9 +48,7 @@ def live(
         yield url, token
 
 
-def test_the_api_does_what_its_openapi_document_says(
-    live: tuple[str, str], tmp_path: Path
-) -> None:
+def test_the_api_does_what_its_openapi_document_says(live: tuple[str, str], tmp_path: Path) -> None:
     url, token = live
     report = tmp_path / "schemathesis.json"
     command = [

@@ -85,9 +85,7 @@ def _series_json(
     return to_json({"run_id": run_id, "series": data[run_id]})
 
 
-@router.get(
-    "/compare", response_model=Compare, responses=refusals({404: "A run does not exist."})
-)
+@router.get("/compare", response_model=Compare, responses=refusals({404: "A run does not exist."}))
 async def compare(
     in_session: InSessionDep,
     runs: Annotated[str, run_id_list(MAX_COMPARED)],

@@ -182,7 +182,7 @@ def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
     except Busy as exc:
         return {"checked": False, "refused": False, "asked": asked, "text": str(exc)}
     short = task_checks.held_out_problem(found)
-    if short is not None and "eval_size" not in config.task.model_fields_set:
+    if short is not None and task_checks.at_default_eval_size(config.task):
         short = None  # the default, not an ask: the run scores those there are
         text = f"{found.held_out} distinct held-out problems (fewer than the default {asked})"
     elif short is not None:
@@ -336,8 +336,11 @@ def remove(run: OwnedRunDep, session: SessionDep) -> Response:
     status_code=status.HTTP_201_CREATED,
     response_model=RunsCreated,
     responses=refusals(
-        {403: STARTS_FROM_UNSHARED, 409: "The run is external: it has no config to clone.",
-         503: QUEUE_DOWN}
+        {
+            403: STARTS_FROM_UNSHARED,
+            409: "The run is external: it has no config to clone.",
+            503: QUEUE_DOWN,
+        }
     ),  # fmt: skip
 )
 def clone(

@@ -154,9 +154,7 @@ async def _run_events(
                     break  # wait for the next change
 
 
-@router.get(
-    "/stream/runs", response_class=EventSourceResponse, responses=refusals(STREAM_LIMITS)
-)
+@router.get("/stream/runs", response_class=EventSourceResponse, responses=refusals(STREAM_LIMITS))
 async def runs_stream(
     start: RunsStreamStart, hub: StreamHubDep, settings: SettingsDep
 ) -> EventSourceResponse:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, status
 from fastapi.responses import HTMLResponse
 
 from backend.api.body import JSONBodyRoute
-from backend.api.contract import STARTS_FROM_UNSHARED, CSVText, refusals
+from backend.api.contract import STARTS_FROM_UNSHARED, SUBMIT_BUSY, CSVText, refusals
 from backend.api.deps import (
     CurrentUser,
     JobsDep,
@@ -53,7 +53,9 @@ def check_study(
 
 
 @router.post(
-    "/check", response_model=StudyPlan, responses=refusals({403: STARTS_FROM_UNSHARED})
+    "/check",
+    response_model=StudyPlan,
+    responses=refusals({403: STARTS_FROM_UNSHARED, 503: SUBMIT_BUSY}),
 )
 def check(
     body: StudyCreate, session: SessionDep, settings: SettingsDep, caller: OptionalUser
@@ -76,7 +78,7 @@ def check(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=StudyOut,
-    responses=refusals({403: STARTS_FROM_UNSHARED}),
+    responses=refusals({403: STARTS_FROM_UNSHARED, 503: SUBMIT_BUSY}),
 )
 def create(
     body: StudyCreate, user: CurrentUser, session: SessionDep, jobs: JobsDep, settings: SettingsDep
