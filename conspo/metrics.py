@@ -291,6 +291,8 @@ class Catalogue:
     key_metrics: list[str]  # watch / compare defaults
     rollouts_axis: str  # the key giving rollouts seen, for the "rollouts seen" x axis
     step_time: str  # the key giving seconds per step, for ETAs from the recent pace
+    # the key giving the held-out problems an evaluation scored (its n), for "n of asked"
+    eval_problems: str
     # algorithm → the keys logged by "objective" that it logs (its registration declares them);
     # every algorithm also logs the "every run" keys.
     objective_metrics: dict[str, list[str]] = field(default_factory=dict)
@@ -773,6 +775,7 @@ def catalogue() -> Catalogue:
         key_metrics=list(KEY_METRICS),
         rollouts_axis=ROLLOUTS_SEEN,
         step_time=TIME_STEP_S,
+        eval_problems=EVAL_PROBLEMS,
         objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
         kind_metrics={k: list(get_job_kind(k).metrics) for k in job_kind_names()},
         legacy_keys=dict(LEGACY_KEYS),

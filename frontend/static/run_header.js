@@ -1,6 +1,6 @@
 // The run page's header and details: status, progress and ETA, lineage, the meta grid, the
 // config and summary tables.
-import { helpOf, keyApplies } from "/static/catalogue.js";
+import { EVAL_PROBLEMS, helpOf, keyApplies } from "/static/catalogue.js";
 import { kindLine } from "/static/lineage.js";
 import { recentStepSeconds, S } from "/static/run_state.js";
 import {
@@ -153,7 +153,7 @@ export function renderRun() {
 /** How many held-out problems the evaluations scored, against task.eval_size: a task whose
  * held-out split has fewer scores fewer, and says so here (null before the first evaluation). */
 function heldOutItem(run) {
-  const scored = run.summary?.["eval/problems"];
+  const scored = run.summary?.[EVAL_PROBLEMS];
   if (scored === undefined || scored === null) return null;
   const asked = run.config?.task?.eval_size;
   const short = asked !== undefined && scored < asked;

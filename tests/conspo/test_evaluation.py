@@ -68,7 +68,13 @@ def test_step_zero_eval_best_checkpoint_and_no_repeat_on_resume(model_store, ari
     sink = MemorySink()
     train(arith_run(steps=2), sink, workdir=tmp_path, model_store=model_store)
     assert sorted(sink.steps) == [0, 1, 2]
-    eval_keys = {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K, "eval/bench/avg@2", "eval/bench/pass@2"}
+    eval_keys = {
+        M.EVAL_ACCURACY,
+        M.EVAL_PASS_AT_K,
+        M.EVAL_PROBLEMS,
+        "eval/bench/avg@2",
+        "eval/bench/pass@2",
+    }
     assert set(sink.steps[0].metrics) == eval_keys and sink.steps[0].rollouts == []
     accuracy = {s: r.metrics[M.EVAL_ACCURACY] for s, r in sink.steps.items()}
     best_step = max(accuracy, key=lambda s: (accuracy[s], -s))  # the first of equal bests

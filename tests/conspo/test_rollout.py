@@ -100,7 +100,7 @@ def test_evaluate_reports_accuracy_and_pass_at_k(policy):
     examples = task.eval_examples(16)
     out = evaluate(model, tok, task, examples, max_new_tokens=4, pass_k=2, temperature=1.0,
                    generator=torch.Generator().manual_seed(0))  # fmt: skip
-    assert set(out) == {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K}
+    assert set(out) == {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K, M.EVAL_PROBLEMS}
     assert 0 < out["eval/accuracy"] <= 1  # the SFT base gets some right
     assert 0 <= out["eval/pass@k"] <= 1
 

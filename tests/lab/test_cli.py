@@ -281,3 +281,12 @@ def test_runs_where_finds_runs_by_config_and_results(lab_server, lab):
     bad = invoke(lab_server, "runs", "--where", "params.tau>=5 OR x=1")
     assert bad.exit_code != 0
     assert "where" in bad.output and "at character 15" in bad.output, bad.output
+
+
+def test_yaml_files_read_exponents_as_numbers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The API takes a number only as a number: a study's search space written "low: 1e-6"
+    (text to YAML 1.1, which PyYAML follows) must reach it as 1e-6."""
+    spec = tmp_path / "study.yaml"
+    spec.write_text("low: 1e-6\nhigh: -3E+2\ndotted: 1.0e-4\ntext: x1e5\nquoted: '1e-5'\n")
+    read = cli_client._read_mapping(spec, "a mapping")
+    assert read == {"low": 1e-6, "high": -300.0, "dotted": 1e-4, "text": "x1e5", "quoted": "1e-5"}
