@@ -57,7 +57,11 @@ class Settings(BaseSettings):
         " (drawing problems, counting held-out ones) off the request threads.",
     )
     task_check_wait_s: float = Field(
-        2.0, gt=0, le=60, description="A submit waits this long for a free probe helper, then 503."
+        10.0,
+        gt=0,
+        le=120,
+        description="A submit waits this long for a free probe helper, then 503 (a helper's"
+        " first start imports for seconds on a busy machine).",
     )
     task_check_seconds: float = Field(
         10.0,

@@ -153,7 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task_checks.for_settings(settings).prober.warm()  # the first submit need not wait
+        # The task-check helpers start on first use (the form's estimate, as you type, or a
+        # submit), not here: most processes serving pages and reads never need them.
         yield
         app.state.db.dispose()
         task_checks.for_settings(settings).close()
