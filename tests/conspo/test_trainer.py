@@ -75,7 +75,11 @@ def test_a_step_logs_every_metric_once(model_store, arith_base, tmp_path):
     sink = MemorySink()
     result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
     assert result.status == "succeeded" and sorted(sink.steps) == [0, 1, 2, 3]
-    assert set(sink.steps[0].metrics) == {M.EVAL_ACCURACY, M.EVAL_PASS_AT_K, M.EVAL_PROBLEMS}  # eval.at_start
+    assert set(sink.steps[0].metrics) == {
+        M.EVAL_ACCURACY,
+        M.EVAL_PASS_AT_K,
+        M.EVAL_PROBLEMS,
+    }  # eval.at_start
     m = sink.steps[1].metrics
     for key in (*M.SEPARATION_KEYS, M.LOSS, M.ENTROPY, M.GRAD_NORM, M.LR, M.TIME_STEP_S,
                 M.TIME_ROLLOUT_S, M.THROUGHPUT_ROLLOUTS_PER_S, M.ROLLOUTS_SEEN):  # fmt: skip
