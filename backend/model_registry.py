@@ -72,6 +72,8 @@ def model_entry(
         },
         "lineage": lineage(session, run),
         "eval": evals,
+        # what "pass@k" means for this run: its eval.pass_k
+        "pass_k": int(((run.config or {}).get("eval") or {}).get("pass_k") or 1),
         "pipeline_id": run.pipeline_id,
         "finished_at": run.finished_at.timestamp() if run.finished_at else None,
         "owner": run.owner.name if run.owner is not None else None,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import socket
 import threading
 import traceback
@@ -237,6 +238,8 @@ def execute_run(
     if run is None:
         log.info("run %s: not claimable (already taken, finished or cancelled); skipping", run_id)
         return "skipped"
+    if run.attempt == 1:
+        clear_stale_run_dir(settings, run.id)
     heartbeat = Heartbeat(db, run_id, run.attempt, settings.heartbeat_interval_s, outage)
     heartbeat.start()
     guard = watchdog.start(settings, run_id, run.attempt)  # for when the heartbeat cannot run
@@ -248,6 +251,17 @@ def execute_run(
         watchdog.stop(guard)
         _free_device_memory()
     return record(db, jobs, settings, run, outcome, outage, shutdown)
+
+
+def clear_stale_run_dir(settings: Settings, run_id: int) -> None:
+    """Empty the directory of a run's first attempt. A first attempt has nothing to resume, so
+    whatever is there belongs to a deleted run whose id was given again (SQLite reuses the
+    largest id once its row is gone): resuming its checkpoints would train the new run from
+    another run's weights, or fail on them (a full model where the new run trains LoRA)."""
+    workdir = settings.run_dir(run_id)
+    if workdir.exists():
+        log.warning("run %s: first attempt, removing a deleted run's files: %s", run_id, workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def capture_log(

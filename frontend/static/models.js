@@ -6,7 +6,7 @@
 // ticks "shared" (PATCH /api/runs/{run} {model_shared}, its error said in the row); others see
 // the flag, and the buttons the API's may_start_from / may_export forbid are disabled.
 import { errorText, get, patch, post } from "/static/api.js";
-import { metricInfo } from "/static/catalogue.js";
+import { EVAL_PROBLEMS, metricInfo } from "/static/catalogue.js";
 import { $, fmtNum, h, toast } from "/static/util.js";
 
 const label = (key) => metricInfo(key)?.label || key;
@@ -34,10 +34,14 @@ function checkpoints(model) {
   );
 }
 
+/** Its last evaluation: each score with its n (the held-out problems scored), pass@k with its k. */
 function evals(model) {
-  const entries = Object.entries(model.eval);
+  const n = model.eval[EVAL_PROBLEMS];
+  const entries = Object.entries(model.eval).filter(([k]) => k !== EVAL_PROBLEMS);
   if (!entries.length) return h("span.muted", {}, "–");
-  return entries.map(([k, v]) => h("div", { title: k }, `${label(k)} `, h("b.mono", {}, fmtNum(v, 4))));
+  const name = (k) => label(k).replace(/@k$/, `@${model.pass_k}`); // "pass@k" → "pass@4"
+  const of = n === undefined || n === null ? "" : ` (n = ${n})`;
+  return entries.map(([k, v]) => h("div", { title: k }, `${name(k)} `, h("b.mono", {}, fmtNum(v, 4)), of));
 }
 
 /** Why a model's action is not the caller's to take (the API said may_… false). */

@@ -21,7 +21,7 @@ CONFIG = {
     "model": {"name": "tiny"},
     "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
     "task": {"name": "arith", "eval_size": 4},
-    "eval": {"every": 0},
+    "eval": {"every": 0, "pass_k": 2},
 }
 
 
@@ -50,6 +50,9 @@ def test_the_owner_shares_a_model_on_the_models_page(page: Any, ui_server: Any) 
     box = row.locator('[data-act="share"]')
     box.wait_for()
     assert not box.is_checked()
+    # its last evaluation: each score with its n, pass@k with its k (issue 37, item 5)
+    scores = row.inner_text()
+    assert "pass@2" in scores and "pass@k" not in scores and "(n = 4)" in scores, scores
     box.click()
     wait_until(page, lambda: stored()["model_shared"], what="the flag stored")
     assert box.is_checked() and box.is_enabled()

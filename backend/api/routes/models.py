@@ -52,6 +52,7 @@ class ModelOut(BaseModel):
     checkpoints: dict[str, Checkpoint] = Field(description="last and/or best.")
     lineage: list[StartedFrom | BaseModelLink] = Field(description="Nearest starting point first.")
     eval: dict[str, float | None] = Field(description="Its last held-out evaluation.")
+    pass_k: int = Field(description="The k of its eval/pass@k (the run's eval.pass_k).")
     pipeline_id: int | None
     finished_at: float | None
     owner: str | None = Field(description="Whose run it is (None: the user was deleted).")
