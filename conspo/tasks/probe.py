@@ -111,12 +111,6 @@ class TaskProber:
             self._free.put(helper)
         return _judge(reply, eval_size, budget)
 
-    def warm(self) -> None:
-        """Start the helpers now (each imports the task modules for a few seconds), so that the
-        first probe does not wait for that."""
-        for helper in list(self._free.queue):
-            helper.start()
-
     def close(self) -> None:
         """Stop the helpers (a later probe starts them again)."""
         for helper in list(self._free.queue):
@@ -195,10 +189,6 @@ class _Helper:
                 raise ProberBusy(f"the task check's helper did not start in {START_TIMEOUT_S:g} s")
             self._said_ready = True
         return proc
-
-    def start(self) -> None:
-        with self._lock:
-            self._started()
 
     def _started(self) -> subprocess.Popen[str]:
         if self._proc is None or self._proc.poll() is not None:
