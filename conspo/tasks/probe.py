@@ -25,6 +25,7 @@ Tasks that read dataset files are not probed (``probed``): the data roots judge 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -238,15 +239,20 @@ def serve() -> None:
     replies.write(READY + "\n")
     replies.flush()
     for line in sys.stdin:
-        reply = _probe_in_child(json.loads(line))
+        reply = _probe_in_child(json.loads(line), replies.fileno())
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
 
-def _probe_in_child(request: dict[str, Any]) -> dict[str, Any]:
+def _probe_in_child(request: dict[str, Any], replies_fd: int) -> dict[str, Any]:
     readable, writable = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
+        # It must not outlive the helper (the helper enforces its deadline), nor hold the
+        # helper's reply pipe open (the server would wait its whole timeout for an EOF from a
+        # helper already dead).
+        _die_with_parent()
+        os.close(replies_fd)
         os.close(readable)
         _draw(writable, request)
         os._exit(0)
@@ -299,12 +305,34 @@ def _draw(fd: int, request: dict[str, Any]) -> None:
             return
         held_out = task.eval_examples(request["eval_size"])
         send("held_out", len(held_out), max((len(p.prompt) for p in held_out), default=0))
-    except MemoryError:
-        with contextlib.suppress(Exception):
-            send("failure", ["memory", ""])
     except BaseException as exc:  # whatever the task raises is what is wrong with it
         with contextlib.suppress(Exception):
-            send("failure", ["error", f"{type(exc).__name__}: {exc}"[:500]])
+            if _ran_out_of_memory(exc):
+                send("failure", ["memory", ""])
+            else:
+                send("failure", ["error", f"{type(exc).__name__}: {exc}"[:500]])
+
+
+def _ran_out_of_memory(exc: BaseException) -> bool:
+    """Whether a MemoryError is anywhere in the chain: generators wrap what they hit (word_ladder
+    raises ``RuntimeError("Error processing words.csv content: ")`` from the MemoryError)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, MemoryError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before the request took
+        os._exit(1)
 
 
 def _cap_memory(extra_bytes: int) -> None:
