@@ -123,7 +123,7 @@ run: install-run js
 TEST_WORKERS ?= 2
 
 test: install js
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 lint: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench examples

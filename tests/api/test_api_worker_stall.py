@@ -11,8 +11,10 @@ training process that holds the interpreter so long that its own heartbeat threa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -26,7 +28,7 @@ from backend.models import Run, utcnow
 from backend.runs import lifecycle
 from tests.api.conftest import Api, tiny_config, wait_for
 from tests.api.test_api_worker import finished, mode_api, run_state, submit
-from worker.watchdog import watch
+from worker.watchdog import stall_limit, watch
 
 pytestmark = pytest.mark.services
 
@@ -154,3 +156,84 @@ def test_the_watchdog_kills_a_process_still_running_an_attempt_it_lost(
     assert outcome == "killed: lost" and proc.returncode == -9
     assert took < 10
     assert run_state(api, run.id)["status"] == "running"  # the newer attempt's, untouched
+
+
+# A process that pulses on the fd it is given and otherwise sleeps (its database heartbeat
+# never comes: its writes are "held up"), and one that pulses, then wedges in ``re``.
+PULSING = "import os, sys, time\nwhile True:\n    os.write(int(sys.argv[1]), b'.'); time.sleep(0.2)"
+PULSES_THEN_WEDGES = (
+    "import os, re, sys, threading, time\n"
+    "def pulse():\n"
+    "    while True:\n"
+    "        os.write(int(sys.argv[1]), b'.'); time.sleep(0.2)\n"
+    "threading.Thread(target=pulse, daemon=True).start()\n"
+    "time.sleep(1.0)\n"
+    "re.fullmatch(r'(.+)+#', 'a' * 64)\n"
+)
+
+
+def pulsing(code: str) -> tuple[subprocess.Popen[bytes], int]:
+    """The process and the read end of its pulse pipe."""
+    readable, writable = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(writable)], pass_fds=(writable,))
+    os.close(writable)
+    return proc, readable
+
+
+def heartbeat_age(api: Api, run_id: int) -> float:
+    db = Database(api.settings)
+    with db.session() as session:
+        beat = session.get(Run, run_id).heartbeat_at  # type: ignore[union-attr]
+    db.dispose()
+    return (utcnow() - beat).total_seconds()
+
+
+STALL = {
+    "heartbeat_interval_s": 0.2,
+    "heartbeat_timeout_s": 1.5,
+    "cancel_grace_s": 1.0,
+    "max_attempts": 1,
+}
+
+
+def test_a_process_that_pulses_is_alive_however_late_its_heartbeat(api: Api) -> None:
+    """Issue 37: a live SmolLM2 worker was killed as stalled while its database writes waited.
+    Its pulse (a pipe, no database in the way) keeps it alive and the watchdog beats for it."""
+    run = claimed(api)
+    proc, readable = pulsing(PULSING)
+    settings = api.settings.model_copy(update=STALL)
+    outcome: list[str] = []
+    watcher = threading.Thread(
+        target=lambda: outcome.append(watch(settings, run.id, run.attempt, proc.pid, readable))
+    )
+    try:
+        watcher.start()
+        time.sleep(4 * stall_limit(settings))  # four times the limit, and its heartbeat never
+        assert proc.poll() is None and not outcome  # came from the process itself
+        assert heartbeat_age(api, run.id) < 2.0  # the watchdog's beats, for the reapers
+        assert run_state(api, run.id)["status"] == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+        watcher.join(timeout=30)
+        os.close(readable)
+    assert outcome == ["process gone"]
+
+
+def test_a_process_whose_pulse_stops_is_killed_as_stalled(api: Api) -> None:
+    """The pulse is a thread of the process: wedged in C code holding the interpreter, it goes
+    silent too, and the watchdog kills the process as before."""
+    run = claimed(api)
+    proc, readable = pulsing(PULSES_THEN_WEDGES)
+    settings = api.settings.model_copy(update=STALL)
+    try:
+        started = time.monotonic()
+        outcome = watch(settings, run.id, run.attempt, proc.pid, readable)
+        took = time.monotonic() - started
+        proc.wait(timeout=10)
+    finally:
+        os.close(readable)
+    assert outcome == "killed: stalled" and proc.returncode == -9
+    assert took < 15
+    error = run_state(api, run.id)["error"]
+    assert "no heartbeat for over 2.5 s" in error and "no pulse for" in error
