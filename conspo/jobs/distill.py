@@ -27,6 +27,7 @@ from conspo import metrics as M
 from conspo.input_checks import Label
 from conspo.lazy import lazy_import
 from conspo.registry import register_job_kind
+from conspo.tasks.base import distinct_prompts
 
 if TYPE_CHECKING:
     import torch
@@ -96,7 +97,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore) -> Any:
 
     def step(step: int) -> dict[str, float]:
         rng = random.Random(step_seed(cfg.seed, step, "p0"))
-        prompts = state.task.train_prompts(rng, cfg.sampling.prompts_per_step)
+        prompts = distinct_prompts(state.task, rng, cfg.sampling.prompts_per_step)
         # the prefill unshared, as this kind has always sampled (shared: the same tokens to
         # float rounding, and faster)
         seed = step_seed(cfg.seed, step, "s0")

@@ -17,6 +17,10 @@ from fractions import Fraction
 from conspo.tasks.base import Example
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+# What may follow a reply's final number: no operator or comparison (an expression still going,
+# "(1 * 6) *" cut off mid-way, reads no answer), markdown's ** and __ set aside.
+_STILL_GOING = re.compile(r"[+*/×÷=^<>]|-\s*$")
+_EMPHASIS = re.compile(r"\*\*|__")
 _GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
 
@@ -34,12 +38,20 @@ def last_boxed(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The content of the last \\boxed{...} (nested braces allowed), else the last number."""
+    """The content of the last \\boxed{...} (nested braces allowed), else the last number
+    when it ends the reply: None when an operator follows it (the reply stopped inside an
+    expression, its last number an operand, not an answer)."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    numbers = _NUMBER.findall(text.replace(",", ""))
-    return numbers[-1] if numbers else None
+    plain = text.replace(",", "")
+    numbers = list(_NUMBER.finditer(plain))
+    if not numbers:
+        return None
+    last = numbers[-1]
+    if _STILL_GOING.search(_EMPHASIS.sub("", plain[last.end() :])):
+        return None
+    return last.group()
 
 
 def reference_answer(text: str) -> str:

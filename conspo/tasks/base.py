@@ -25,6 +25,9 @@ EVAL_SAMPLING_SEED = 20_260_512
 # in a row happen by chance about once in e^-200 while problems remain common; a split whose
 # last problems are rare stops short of them (its count is then a lower bound).
 MAX_FRUITLESS_DRAWS = 2_000
+# Draws in a row that find no new problem before a step's batch keeps a repeat (a task with
+# fewer problems than a step asks for); each is one ``train_prompts`` call, on every step.
+MAX_REDRAWS = 100
 
 
 P = TypeVar("P")  # a drawn problem: an Example, or what a task makes one from
@@ -87,6 +90,32 @@ class Task(Verifier, Protocol):
     #
     # Optional: ``runs_code = True`` (a class attribute), when verifying runs model-written code:
     # a run of the task then needs the sandbox (``RunConfig.code_execution``).
+
+
+def distinct_prompts(task: Task, rng: random.Random, n: int) -> list[Example]:
+    """``task.train_prompts(rng, n)`` with a repeat drawn again (one problem at a time, from the
+    same ``rng``) until the n prompts differ: a step whose batch holds one problem twice trains
+    it as two groups, and its per-prompt statistics merge them. A task with too few problems
+    keeps its repeats after ``MAX_REDRAWS`` draws in a row found nothing new. A batch with no
+    repeat is exactly what ``train_prompts`` drew."""
+    drawn = task.train_prompts(rng, n)
+    seen: set[str] = set()
+    kept: list[Example] = []
+    repeats: list[Example] = []
+    for example in drawn:
+        (repeats if example.prompt in seen else kept).append(example)
+        seen.add(example.prompt)
+    misses = 0
+    while repeats and misses < MAX_REDRAWS:
+        (candidate,) = task.train_prompts(rng, 1)
+        if candidate.prompt in seen:
+            misses += 1
+            continue
+        misses = 0
+        seen.add(candidate.prompt)
+        kept.append(candidate)
+        repeats.pop()
+    return kept + repeats
 
 
 def prefetch(verifier: Verifier, completions: Sequence[str], examples: Sequence[Example]) -> None:

@@ -31,6 +31,7 @@ from conspo.objectives.base import WholeBatch, positive_mask, sequence_scores
 from conspo.rewards import RewardContext, score_rollouts
 from conspo.sink import PromptRecord, prompt_key
 from conspo.tasks import Example
+from conspo.tasks.base import distinct_prompts
 from conspo.training.logprobs import token_logprobs
 from conspo.training.loop import TrainState, step_seed
 
@@ -82,7 +83,8 @@ def collect_rollouts(
     for r in range(rounds):
         if r > 0 and should_stop():
             return None
-        prompts = state.task.train_prompts(random.Random(step_seed(cfg.seed, step, f"p{r}")), want)
+        rng = random.Random(step_seed(cfg.seed, step, f"p{r}"))
+        prompts = distinct_prompts(state.task, rng, want)
         try:
             last = sample_round(state, prompts, step, r, should_stop)
         except GenerationStopped:

@@ -196,7 +196,27 @@ export function chartCard(id, title, help, { wide = false } = {}) {
 }
 
 export function react(plot, traces, layout) {
+  integerSteps(layout, traces);
   return window.Plotly.react(plot, traces, layout, PLOT_CONFIG);
+}
+
+/** Steps are whole numbers: on a step axis spanning a dozen steps or fewer, Plotly's automatic
+ * ticks fall on halves ("1.5"), so the ticks go one per step; wider spans get whole ticks. */
+function integerSteps(layout, traces) {
+  const axis = layout.xaxis;
+  if (!axis || axis.title?.text !== X_TITLES.step || axis.dtick !== undefined) return;
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const t of traces)
+    for (const x of t.x || [])
+      if (typeof x === "number" && Number.isFinite(x)) {
+        lo = Math.min(lo, x);
+        hi = Math.max(hi, x);
+      }
+  if (hi >= lo && hi - lo <= 12) {
+    axis.tick0 = 0;
+    axis.dtick = 1;
+  }
 }
 
 /** The notes of a chart card ("constant 0 over 300 steps: …", "paired by seed: …"), as a line

@@ -155,7 +155,8 @@ function toolFormat() {
 function completionCell(r, format) {
   const text = r.completion || "";
   if (format && text) return h("td.text.turned", {}, turnsView(text, format));
-  return h("td.text", {}, text || (r.prompt ? "" : "–"));
+  if (!text && r.prompt) return h("td.text.empty-completion", { title: "the model wrote nothing before its end token" }, "(empty completion)");
+  return h("td.text", {}, text || "–");
 }
 
 export async function loadRolloutTable(step) {

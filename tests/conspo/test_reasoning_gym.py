@@ -129,6 +129,11 @@ def test_partial_score_is_the_process_reward():
         ("The sum is 12.", "last_number", "12"),
         ("3 + 4 = 7, so \\boxed{7}. Check: 7 - 4 = 3", "last_number", "7"),
         ("no number at all", "last_number", None),
+        # issue 37: a reply cut off inside an expression reads no answer, not an echoed operand
+        ("…multiply both sides of the equation by 11. (1 * 6) *", "last_number", None),
+        ("so x = 6 -", "last_number", None),
+        ("The greatest common divisor is **6**.", "last_number", "6"),
+        ("12 - 6 = 6, and the answer is 6 (the largest).", "last_number", "6"),
     ],
 )
 def test_answer_extraction_edge_cases(text, fmt, expected):

@@ -8,6 +8,7 @@ import pytest
 from conspo.config import TaskConfig
 from conspo.registry import get_task, register_task, task_names
 from conspo.tasks import Example, extract_answer, make_task
+from conspo.tasks.base import distinct_prompts
 
 
 def task_config(name: str, **params: Any) -> TaskConfig:
@@ -178,3 +179,22 @@ def test_the_math_task_reads_a_datasetdicts_test_split_for_eval():
     path = str(FIXTURES / "math_disk")
     task = make_task(TaskConfig(name="math", params={"path": path, "eval_path": path}))
     assert len(task.eval_examples(1000)) == 30  # the test split; train has 120
+
+
+def test_a_steps_prompts_are_distinct_while_the_task_has_problems_enough():
+    """Issue 37: a batch drew one problem twice (two groups of it, merged in the per-prompt
+    statistics). ``distinct_prompts`` draws repeats again."""
+    task = make_task(task_config("arith", digits=1, operators="+", num_operands=2))
+    repeated = 0
+    for seed in range(20):
+        plain = task.train_prompts(random.Random(seed), 16)
+        drawn = distinct_prompts(task, random.Random(seed), 16)
+        assert len(drawn) == 16 and len({ex.prompt for ex in drawn}) == 16
+        if len({ex.prompt for ex in plain}) == 16:
+            assert drawn == plain  # a batch without repeats is what train_prompts drew
+        else:
+            repeated += 1
+    assert repeated > 0  # ~90 training problems: 16 draws repeat one most of the time
+    # fewer problems than asked: the repeats stay, and the draw ends
+    drawn = distinct_prompts(task, random.Random(0), 120)
+    assert len(drawn) == 120 and 80 < len({ex.prompt for ex in drawn}) <= 90

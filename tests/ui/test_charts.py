@@ -192,3 +192,26 @@ def test_runs_list_groups_columns_and_shared_scale(
     shot(page, "runs_groups")
     page.set_viewport_size({"width": 800, "height": 900})
     shot(page, "runs_groups_800")
+
+
+def test_a_short_run_has_whole_step_ticks_and_an_empty_completion_says_so(
+    page: Any, ui_server: Any
+) -> None:
+    """Issue 37 item 7: step ticks at halves ("1.5") on a few-step chart, and an empty completion
+    drawn as a blank cell."""
+    run = ui_server.external_run(f"i37-short-{uuid.uuid4().hex[:6]}", {"steps": 4}, total_steps=4)
+    ui_server.log(run["id"], range(1, 5))
+    rows = [
+        {"step": 4, "group": 0, "index": i, "reward": 0.0, "score": -1.0, "length": 1,
+         "truncated": False, "prompt": "What is 2+2?", "completion": "" if i == 0 else "4"}
+        for i in range(2)
+    ]  # fmt: skip
+    ui_server.api("POST", f"/api/runs/{run['id']}/log", json={"steps": [], "rollouts": rows})
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    page.wait_for_selector("#plot-gap .xtick text")
+    ticks = page.evaluate(
+        "() => [...document.querySelectorAll('#plot-gap .xtick text')].map(t => t.textContent)"
+    )
+    assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+    cell = page.wait_for_selector("#rollout-body td.empty-completion")
+    assert cell.inner_text() == "(empty completion)"
