@@ -180,6 +180,8 @@ class Run(Base):
     # outage) hands the run back without counting one.
     worker_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_worker_death: Mapped[str | None] = mapped_column(Text)  # what the reaper found
+    # The checkpoint step the latest attempt resumed from (null: it never resumed).
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer)
     cloned_from: Mapped[int | None] = mapped_column(Integer)  # the run this one was cloned from
     # A pipeline's stage (0-based): created when the stage before it succeeded (lifecycle.finish).
     pipeline_id: Mapped[int | None] = mapped_column(Integer, index=True)

@@ -260,6 +260,11 @@ class RunOut(BaseModel):
         description="Attempts that ended with their worker gone (killed, out of memory, ...)."
     )
     last_worker_death: str | None = Field(description="What the reaper found the last time.")
+    resumed_from_step: int | None = Field(
+        None,
+        description="The checkpoint step the latest attempt resumed from (steps after it were"
+        " trained again, each stored once); null when the run never resumed.",
+    )
     cloned_from: int | None = Field(None, description="The run this one was cloned from.")
     pipeline_id: int | None = Field(None, description="The pipeline this run is a stage of.")
     pipeline_stage: int | None = Field(None, description="Its stage in the pipeline (0-based).")
@@ -389,6 +394,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "attempt": run.attempt,
         "worker_deaths": run.worker_deaths,
         "last_worker_death": run.last_worker_death,
+        "resumed_from_step": run.resumed_from_step,
         "ray_job_id": run.ray_job_id,
         "waiting_reason": None,
     }

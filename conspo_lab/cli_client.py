@@ -409,7 +409,10 @@ class _WatchView:
             changed = event.run.status != self.run.status
             self.run = event.run
             self.step = max(self.step, event.run.step)
-            return [f"[{self.elapsed()}] run {self.run.id}: {self.run.status}"] if changed else []
+            if not changed:
+                return []
+            again = f" ({self.run.attempts_text})" if self.run.attempts_text else ""
+            return [f"[{self.elapsed()}] run {self.run.id}: {self.run.status}{again}"]
         if event.event != "metrics" or not isinstance(event.data, dict):
             return []
         fresh = False
@@ -659,9 +662,13 @@ _STATUS_STYLE = {
 
 
 def _status_text(run: Run) -> str:
-    """The status as the runs page shows it: a queued run's place and why it waits too."""
+    """The status as the runs page shows it: a queued run's place and why it waits, and a
+    run's attempts, worker deaths and where it resumed, too."""
     text = run.status + (" (cancel requested)" if run.cancel_requested else "")
     if run.status == "queued" and run.queue_position:
         text += f" #{run.queue_position}"
     styled = f"[{_STATUS_STYLE.get(run.status, 'white')}]{escape(text)}[/]"
-    return styled + (f"\n[dim]{escape(run.waiting_reason)}[/]" if run.waiting_reason else "")
+    for note in (run.attempts_text, run.waiting_reason):
+        if note:
+            styled += f"\n[dim]{escape(note)}[/]"
+    return styled

@@ -130,10 +130,32 @@ class Run(_Model):
     queue_position: int | None = None  # queued: 1 for the next to start
     waiting_reason: str | None = None  # queued: why no worker has taken it yet
     resources_text: str | None = None  # "1 GPU", "1 CPU process"
+    attempt: int = 0  # attempts so far: above 1, it was handed back or its worker died
+    worker_deaths: int = 0  # attempts whose worker died (killed, out of memory, stalled)
+    last_worker_death: str | None = None
+    resumed_from_step: int | None = None  # the latest attempt's checkpoint step
 
     @property
     def finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+    @property
+    def attempts_text(self) -> str | None:
+        """ "attempt 2 · 1 worker death · resumed from step 5", or None for a first attempt
+        with no death (the run page says the same)."""
+        if self.attempt <= 1 and not self.worker_deaths:
+            return None
+        parts = [f"attempt {self.attempt}"]
+        if self.worker_deaths:
+            deaths = self.worker_deaths
+            parts.append(f"{deaths} worker death{'s' if deaths != 1 else ''}")
+        if self.resumed_from_step is not None:
+            parts.append(
+                f"resumed from step {self.resumed_from_step}"
+                if self.resumed_from_step
+                else "started over (no checkpoint)"
+            )
+        return " · ".join(parts)
 
 
 FINISHED_STATUSES = frozenset({"succeeded", "failed", "cancelled"})

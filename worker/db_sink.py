@@ -40,8 +40,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from sqlalchemy import update
+
 from backend.db import Database
-from backend.models import utcnow
+from backend.models import Run, utcnow
+from backend.runs.lifecycle import owned_by
 from backend.storage.writes import Encoded, StepPoints, encode_points, write_encoded
 from conspo.sink import StepRecord
 from worker.retry import Outage
@@ -220,6 +223,25 @@ class DbSink:
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
         self.events.append((kind, data))
         log.info("run %s: %s %s", self.run_id, kind, data)
+        # The run page and `conspo-lab runs` say where a later attempt picked up: its checkpoint,
+        # or step 0 when it found none and started over.
+        if kind == "resumed" or (kind == "started" and self.attempt > 1):
+            step = int(data["step"]) if kind == "resumed" else 0
+            if self.outage is None:
+                self._note_resume(step)
+            else:
+                self.outage.call(
+                    f"run {self.run_id}: note the resume", lambda: self._note_resume(step)
+                )
+
+    def _note_resume(self, step: int) -> None:
+        with self.db.session() as session:
+            session.execute(
+                update(Run)
+                .where(*owned_by(self.run_id, self.attempt))
+                .values(resumed_from_step=step)
+            )
+            session.commit()
 
 
 class _Batch:

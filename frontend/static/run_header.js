@@ -125,6 +125,7 @@ export function renderRun() {
     metaItem("device", run.device || "–"),
     metaItem("dtype", run.dtype || "–"),
     heldOutItem(run),
+    attemptsItem(run),
     run.ray_job_id ? metaItem("Ray job", run.ray_job_id) : null,
     // How it was run (the job kind is in the header's "kind:" line).
     metaItem("source", run.external ? "external (logged over HTTP)" : "queued job"),
@@ -148,6 +149,21 @@ export function renderRun() {
       ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
       : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]),
   );
+}
+
+/** A run handed back or whose worker died: its attempt, the deaths (the last one's cause in the
+ * tooltip) and where the latest attempt resumed (null for a first attempt with no death). */
+function attemptsItem(run) {
+  const deaths = run.worker_deaths || 0;
+  if ((run.attempt || 0) <= 1 && !deaths) return null;
+  const parts = [`attempt ${run.attempt}`];
+  if (deaths) parts.push(`${deaths} worker death${deaths === 1 ? "" : "s"}`);
+  const from = run.resumed_from_step;
+  if (from !== null && from !== undefined) parts.push(from > 0 ? `resumed from step ${from}` : "started over (no checkpoint)");
+  const why = deaths && run.last_worker_death ? `last death: ${run.last_worker_death}` : null;
+  const item = metaItem("attempts", parts.join(" · "), why, "meta-attempts");
+  if (deaths) item.classList.add("warn");
+  return item;
 }
 
 /** How many held-out problems the evaluations scored, against task.eval_size: a task whose

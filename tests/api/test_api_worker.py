@@ -18,6 +18,7 @@ from backend.main import create_app
 from backend.migrate import migrate
 from backend.models import Metric, RolloutStep
 from conspo import metrics as M
+from conspo_lab.client import Run
 from tests.api.conftest import (
     Api,
     create_pg_database,
@@ -128,4 +129,10 @@ def test_kill9_mid_run_then_a_new_worker_resumes(
     assert run["status"] == "succeeded", run["error"]
     assert run["attempt"] == 2 and run["step"] == n
     assert_steps_once(api, run_id, n)
+    # where it picked up, for the run page and `conspo-lab runs` (issue 37 item 3)
+    resumed = run["resumed_from_step"]
+    assert resumed is not None and resumed % 3 == 0 and 3 <= resumed <= at_kill["step"], run
+    assert run["worker_deaths"] == 1
+    said = Run.model_validate(run).attempts_text
+    assert said == f"attempt 2 · 1 worker death · resumed from step {resumed}", said
     api.client.close()

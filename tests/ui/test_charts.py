@@ -215,3 +215,26 @@ def test_a_short_run_has_whole_step_ticks_and_an_empty_completion_says_so(
     assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
     cell = page.wait_for_selector("#rollout-body td.empty-completion")
     assert cell.inner_text() == "(empty completion)"
+
+
+def test_a_resumed_run_says_its_attempts_deaths_and_where_it_resumed(
+    page: Any, ui_server: Any
+) -> None:
+    """Issue 37 item 3: the run page hid a worker's death and the resume ("7/10" while step 6 was
+    trained again). The row as the reaper and a resumed attempt leave it, written directly."""
+    import sqlite3
+
+    run = ui_server.external_run(f"i37-resumed-{uuid.uuid4().hex[:6]}", {"steps": 10},
+                                 total_steps=10)  # fmt: skip
+    ui_server.log(run["id"], range(1, 8))
+    with sqlite3.connect(ui_server.data_dir / "conspo.db") as db:
+        db.execute(
+            "UPDATE runs SET attempt = 2, worker_deaths = 1, resumed_from_step = 5,"
+            " last_worker_death = 'worker vm was killed by its watchdog' WHERE id = ?",
+            (run["id"],),
+        )
+    assert ui_server.api("GET", f"/api/runs/{run['id']}")["resumed_from_step"] == 5
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    item = page.wait_for_selector("#meta-attempts")
+    assert item.inner_text() == "attempt 2 · 1 worker death · resumed from step 5"
+    assert "killed by its watchdog" in (item.get_attribute("title") or "")
