@@ -182,6 +182,11 @@ class Run(Base):
     last_worker_death: Mapped[str | None] = mapped_column(Text)  # what the reaper found
     # The checkpoint step the latest attempt resumed from (null: it never resumed).
     resumed_from_step: Mapped[int | None] = mapped_column(Integer)
+    # Its pace: seconds per step over about its last PACE_WINDOW steps (evaluations and
+    # checkpoints included), and when its latest step was logged (unix time); the ETA's inputs
+    # (backend.runs.progress), kept up by every write that advances the step.
+    pace_s: Mapped[float | None] = mapped_column(Float)
+    last_step_at: Mapped[float | None] = mapped_column(Float)
     cloned_from: Mapped[int | None] = mapped_column(Integer)  # the run this one was cloned from
     # A pipeline's stage (0-based): created when the stage before it succeeded (lifecycle.finish).
     pipeline_id: Mapped[int | None] = mapped_column(Integer, index=True)

@@ -24,6 +24,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticSerializationError, core_schema, to_json
 from typing_extensions import TypeAliasType
 
+from backend.runs.progress import eta_s
 from backend.runs.rows import run_label
 from backend.runs.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
@@ -260,6 +261,16 @@ class RunOut(BaseModel):
         description="Attempts that ended with their worker gone (killed, out of memory, ...)."
     )
     last_worker_death: str | None = Field(description="What the reaper found the last time.")
+    pace_s: float | None = Field(
+        None,
+        description="Seconds per step lately (about the last 30 steps, evaluations and"
+        " checkpoints included); null before its first step.",
+    )
+    eta_s: float | None = Field(
+        None,
+        description="Seconds until it ends at that pace, as of this response; null unless it is"
+        " running (not being cancelled) with a pace.",
+    )
     resumed_from_step: int | None = Field(
         None,
         description="The checkpoint step the latest attempt resumed from (steps after it were"
@@ -395,6 +406,8 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "worker_deaths": run.worker_deaths,
         "last_worker_death": run.last_worker_death,
         "resumed_from_step": run.resumed_from_step,
+        "pace_s": run.pace_s,
+        "eta_s": eta_s(run),
         "ray_job_id": run.ray_job_id,
         "waiting_reason": None,
     }

@@ -164,7 +164,8 @@ def runs(
             run.task or "",
             run.model or "",
             "" if run.seed is None else str(run.seed),
-            f"{run.step}/{run.total_steps or '?'}",
+            f"{run.step}/{run.total_steps or '?'}"
+            + ("" if run.eta_s is None else f"\n[dim]ETA {_duration(run.eta_s)}[/]"),
             ",".join(run.tags),
             *(_fmt(run.summary.get(key)) for key in LIST_METRICS),
         )

@@ -134,6 +134,8 @@ class Run(_Model):
     worker_deaths: int = 0  # attempts whose worker died (killed, out of memory, stalled)
     last_worker_death: str | None = None
     resumed_from_step: int | None = None  # the latest attempt's checkpoint step
+    pace_s: float | None = None  # seconds per step lately
+    eta_s: float | None = None  # seconds left at that pace, as of the response
 
     @property
     def finished(self) -> bool:

@@ -47,6 +47,7 @@ process that finishes runs: the API's ``create_app``, the worker's ``worker.cele
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -271,6 +272,8 @@ def claim(
                 heartbeat_at=now,
                 updated_at=now,
                 error=None,
+                # the pace's clock starts with the attempt: its first step counts the setup
+                last_step_at=time.time(),
             )
         )
     )

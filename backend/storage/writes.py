@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
 from backend.runs.lifecycle import owned_by
+from backend.runs.progress import pace_values
 from backend.schemas import RolloutOut
 from backend.storage.columns import MetricColumns, RolloutColumns, last_unique, none_if_nan
 from backend.storage.dialect import Dialect
@@ -82,6 +83,7 @@ class Encoded:
     prompts: list[dict[str, Any]]  # prompt_stats rows
     last_step: int | None
     last_values: dict[str, float | None]
+    last_step_at: float | None = None  # the last step's wall time (unix), for the run's pace
 
 
 def encode_points(
@@ -102,7 +104,11 @@ def encode_points(
             for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
         }
     last_step = max(s.step for s in steps) if steps else None
-    return Encoded(m, r, texts, p, last_step, last_values)
+    last_step_at = None
+    if steps:
+        latest = max(steps, key=lambda s: s.step)
+        last_step_at = latest.wall_time if latest.wall_time is not None else time.time()
+    return Encoded(m, r, texts, p, last_step, last_values, last_step_at)
 
 
 def write_points(
@@ -157,7 +163,10 @@ def write_encoded(
     dialect = dialect_of(session)
     m, r, texts, p = batch.metrics, batch.rollouts, batch.texts, batch.prompts
     out = Written(last_step=batch.last_step, last_values=batch.last_values)
-    seq = _update_run(session, dialect, run_id, out, owner_attempt, run_values or {})
+    values = dict(run_values or {})
+    if batch.last_step is not None and batch.last_step_at is not None:
+        values |= pace_values(batch.last_step, batch.last_step_at)
+    seq = _update_run(session, dialect, run_id, out, owner_attempt, values)
     if seq is None:
         out.owned = False
         return out

@@ -57,11 +57,30 @@ function onMetrics(data) {
   if (S.run && data.step_max !== undefined && data.step_max > (S.run.step || 0)) {
     S.run.step = data.step_max;
     renderProgress();
+    refreshRunSoon(); // the server's ETA and pace for the new step
   }
   if (S.live) {
     scheduleDraw();
     fetchNewRollouts();
   }
+}
+
+// A new step changes the ETA the server computes: the run is fetched again, at most every few
+// seconds (a fast run logs many steps a second).
+let refreshTimer = null;
+function refreshRunSoon() {
+  if (refreshTimer !== null) return;
+  refreshTimer = setTimeout(async () => {
+    try {
+      const fresh = await get(`/api/runs/${runId}`);
+      if (S.run && fresh.step < S.run.step) fresh.step = S.run.step; // a later event got here first
+      onStatus(fresh);
+    } catch {
+      // the stream's next status event brings it
+    } finally {
+      refreshTimer = null;
+    }
+  }, 3000);
 }
 
 function onStatus(run) {

@@ -2,7 +2,7 @@
 // config and summary tables.
 import { EVAL_PROBLEMS, helpOf, keyApplies } from "/static/catalogue.js";
 import { kindLine } from "/static/lineage.js";
-import { recentStepSeconds, S } from "/static/run_state.js";
+import { S } from "/static/run_state.js";
 import {
   $,
   FINISHED,
@@ -50,10 +50,10 @@ function metaItem(k, v, title, id = null) {
 export function renderProgress() {
   const run = S.run;
   if (!run) return;
-  const pace = recentStepSeconds();
-  const p = progress(run, pace);
+  const pace = run.pace_s;
+  const p = progress(run);
   const finished = FINISHED.has(run.status);
-  $("#run-progress").replaceChildren(progressBar(run, pace));
+  $("#run-progress").replaceChildren(progressBar(run));
   const set = (id, text, title) => {
     const el = document.getElementById(id);
     if (!el) return;
@@ -159,7 +159,8 @@ function attemptsItem(run) {
   const parts = [`attempt ${run.attempt}`];
   if (deaths) parts.push(`${deaths} worker death${deaths === 1 ? "" : "s"}`);
   const from = run.resumed_from_step;
-  if (from !== null && from !== undefined) parts.push(from > 0 ? `resumed from step ${from}` : "started over (no checkpoint)");
+  if (from !== null && from !== undefined)
+    parts.push(from > 0 ? `resumed from step ${from}` : "started over (no checkpoint)");
   const why = deaths && run.last_worker_death ? `last death: ${run.last_worker_death}` : null;
   const item = metaItem("attempts", parts.join(" · "), why, "meta-attempts");
   if (deaths) item.classList.add("warn");

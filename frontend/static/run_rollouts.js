@@ -155,7 +155,12 @@ function toolFormat() {
 function completionCell(r, format) {
   const text = r.completion || "";
   if (format && text) return h("td.text.turned", {}, turnsView(text, format));
-  if (!text && r.prompt) return h("td.text.empty-completion", { title: "the model wrote nothing before its end token" }, "(empty completion)");
+  if (!text && r.prompt)
+    return h(
+      "td.text.empty-completion",
+      { title: "the model wrote nothing before its end token" },
+      "(empty completion)",
+    );
   return h("td.text", {}, text || "–");
 }
 

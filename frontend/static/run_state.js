@@ -2,7 +2,7 @@
 // live stream) and its sampled rollouts, with the x axis every panel shares. The other run_*
 // modules render from `S`; only this one fetches metrics and rollouts.
 import { errorText, get, qs } from "/static/api.js";
-import { CHARTED_KEYS, CHARTS, ROLLOUTS_AXIS, SECTIONS, STEP_TIME } from "/static/catalogue.js";
+import { CHARTED_KEYS, CHARTS, ROLLOUTS_AXIS, SECTIONS } from "/static/catalogue.js";
 import { interp } from "/static/series.js";
 import { $ } from "/static/util.js";
 
@@ -216,24 +216,6 @@ export function addRollouts(items) {
     S.rollouts.push(it);
     if (it.step > S.rolloutMaxStep) S.rolloutMaxStep = it.step;
   }
-}
-
-// The steps the ETA's pace is measured over: enough to average an eval or checkpoint step in.
-const RECENT_STEPS = 30;
-
-/** Seconds per step at the run's recent pace: the wall time its last RECENT_STEPS logged steps
- * took, evals and checkpoints included (the median step time left them out, so the ETA fell
- * short and jumped at each eval); null before two steps are logged. */
-export function recentStepSeconds() {
-  const s = S.series[STEP_TIME] || refSeries();
-  if (!s) return null;
-  const at = [];
-  for (let i = 0; i < s.steps.length; i++) if (Number.isFinite(s.wall_time[i])) at.push(i);
-  if (at.length < 2) return null;
-  const last = at[at.length - 1];
-  const first = at.find((i) => s.steps[i] >= s.steps[last] - RECENT_STEPS) ?? at[0];
-  const steps = s.steps[last] - s.steps[first];
-  return steps > 0 ? (s.wall_time[last] - s.wall_time[first]) / steps : null;
 }
 
 /** "3rd in the queue · <why it waits>" for a queued run. */

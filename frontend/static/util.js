@@ -86,24 +86,28 @@ export function waitingNote(run) {
 
 export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 
-/** Progress fraction and ETA (seconds) of a run. The ETA follows the recent pace: `stepSeconds`
- * (seconds per step lately, e.g. the last steps' median step time) when known, else the since-
- * start average (which counts model loading and the first, slow steps). */
-export function progress(run, stepSeconds = null) {
+// When each run object was first drawn: the server's eta_s is "as of the response", counted down
+// from then (no comparison of this browser's clock with the server's).
+const RECEIVED = new WeakMap();
+
+/** Progress fraction and ETA (seconds) of a run. The ETA is the server's (`eta_s`, from the run's
+ * pace: backend/runs/progress.py), the same on every page, counted down from when it arrived;
+ * none for a run not running, being cancelled, or before its first step. */
+export function progress(run) {
   const total = run.total_steps || run.config?.steps || 0;
   const step = run.step || 0;
   const frac = total > 0 ? Math.min(1, step / total) : 0;
   let eta = null;
-  if (run.status === "running" && run.started_at && step > 0 && total > step) {
-    const now = Math.max(run.heartbeat_at || 0, Date.now() / 1000);
-    const perStep = stepSeconds > 0 ? stepSeconds : (now - run.started_at) / step;
-    eta = perStep * (total - step);
+  if (run.status === "running" && !run.cancel_requested && Number.isFinite(run.eta_s)) {
+    const now = Date.now() / 1000;
+    if (!RECEIVED.has(run)) RECEIVED.set(run, now);
+    eta = Math.max(0, run.eta_s - (now - RECEIVED.get(run)));
   }
   return { step, total, frac, eta };
 }
 
-export function progressBar(run, stepSeconds = null) {
-  const p = progress(run, stepSeconds);
+export function progressBar(run) {
+  const p = progress(run);
   const label = `${p.step}/${p.total || "?"}`;
   const etaText = p.eta !== null ? ` · ETA ${fmtDuration(p.eta)}` : "";
   const finished = FINISHED.has(run.status);

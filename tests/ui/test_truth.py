@@ -6,6 +6,7 @@ that the page logged no console error and made no request off the server."""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -543,3 +544,33 @@ def test_charts_draw_with_plotly_cartesian_bundle_unless_a_search_needs_parcoord
         ui_server.api("POST", f"/api/studies/{study['id']}/cancel")
         html = ui_server.http.get(f"/studies/{study['id']}").text
         assert src.findall(html) == [f"/static/{bundle}"], study
+
+
+def _seconds(text: str) -> int:
+    """ "16m 20s" / "1h 02m" / "45s" → seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
+def test_the_runs_list_and_the_run_page_count_down_one_eta(page: Any, ui_server: Any) -> None:
+    """Issue 37 item 4: the runs list said 27m 20s and rising while the run page said 16m 16s,
+    frozen. Both now show the server's ETA (the run's pace × steps left), counting down."""
+    name = f"i37-eta-{uuid.uuid4().hex[:6]}"
+    run = ui_server.external_run(name, {"steps": 100}, total_steps=100)
+    now = time.time()
+    for step, wall in ((1, now - 20), (2, now - 10)):  # 10 s a step: 98 left, ~16m 20s
+        body = {"steps": [{"step": step, "metrics": {"sep/gap": 0.1}, "wall_time": wall}]}
+        ui_server.api("POST", f"/api/runs/{run['id']}/log", json=body)
+    page.goto(f"{ui_server.url}/?q={name}")
+    row = page.locator(f'tr[data-id="{run["id"]}"] .plabel')
+    wait_until(page, lambda: "ETA" in row.inner_text(), what="the list's ETA")
+    listed = _seconds(row.inner_text().split("ETA ")[1])
+    assert 900 <= listed <= 990, row.inner_text()
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    header = page.locator("#run-progress .plabel")
+    wait_until(page, lambda: "ETA" in header.inner_text(), what="the run page's ETA")
+    first = _seconds(header.inner_text().split("ETA ")[1])
+    assert abs(first - listed) <= 10, (first, listed)  # one ETA, not two estimates
+    wait_until(page, lambda: _seconds(header.inner_text().split("ETA ")[1]) < first,
+               timeout=15, what="the ETA counting down")  # fmt: skip
+    ui_server.api("POST", f"/api/runs/{run['id']}/log", json={"steps": [], "status": "failed"})
