@@ -106,11 +106,18 @@ def test_host_data_is_not_readable(tmp_path: Path) -> None:
     assert "the secret" not in result.stdout + result.stderr
 
 
-def _own_descendants() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+def _own_descendants(besides: frozenset[int] = frozenset()) -> list[psutil.Process]:
+    """This process's descendants, but for ``besides`` (pids alive before the test: a helper an
+    earlier test of the same process left to wind down is not the sandbox's)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in besides]
+
+
+def _descendant_pids() -> frozenset[int]:
+    return frozenset(p.pid for p in psutil.Process().children(recursive=True))
 
 
 def test_fork_bomb_is_contained() -> None:
+    earlier = _descendant_pids()
     before = len(psutil.pids())
     limits = Limits(wall_seconds=5, processes=32)
     started = time.monotonic()
@@ -120,12 +127,14 @@ def test_fork_bomb_is_contained() -> None:
     )
     assert time.monotonic() - started < limits.wall_seconds + SLACK
     assert result.timed_out or result.exit_code != 0
-    assert not _own_descendants()
+    left = _own_descendants(earlier)
+    assert not left, [(p.pid, p.cmdline()) for p in left]
     # Other processes come and go on a shared machine; a bomb's thousands would show.
     assert len(psutil.pids()) < before + 50
 
 
 def test_fork_bomb_hits_the_process_bound() -> None:
+    earlier = _descendant_pids()
     result = run(
         "import os, time\n"
         "n = 0\n"
@@ -140,7 +149,7 @@ def test_fork_bomb_hits_the_process_bound() -> None:
     )
     assert "refused after" in result.stdout, result
     assert int(result.stdout.split()[2]) < 16
-    assert not _own_descendants()
+    assert not _own_descendants(earlier)
 
 
 def test_memory_bomb_is_contained() -> None:
@@ -164,6 +173,7 @@ def test_infinite_loop_is_killed_at_the_cpu_limit() -> None:
 
 
 def test_sleep_is_killed_at_the_wall_timeout_and_nothing_is_left() -> None:
+    earlier = _descendant_pids()
     limits = Limits(wall_seconds=2)
     started = time.monotonic()
     result = run(
@@ -175,7 +185,7 @@ def test_sleep_is_killed_at_the_wall_timeout_and_nothing_is_left() -> None:
     assert time.monotonic() - started < limits.wall_seconds + SLACK
     assert result.timed_out
     assert result.exit_code < 0
-    assert not _own_descendants()
+    assert not _own_descendants(earlier)
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "60"]]
 
 
