@@ -538,6 +538,17 @@ class NamedPreset(BaseModel):
     description: str
 
 
+class ModelPreset(NamedPreset):
+    """A built-in model, and the run settings to start from with it (the form applies them)."""
+
+    recommended: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Run config sections merged over the form's when the model is chosen; {}:"
+        " the defaults fit it.",
+    )
+    recommended_why: str = ""
+
+
 class RegisteredPreset(NamedPreset):
     """An algorithm or a task: its parameters' JSON schema, and the defaults of those with one."""
 
@@ -585,7 +596,7 @@ class Presets(BaseModel):
         description="Reward functions (config.rewards[].name) with their params schema, defaults,"
         " default weight and the tasks they apply to."
     )
-    models: list[NamedPreset]
+    models: list[ModelPreset]
     config_schema: dict[str, Any]
     defaults: dict[str, Any] = Field(
         description="The form's starting config: the demo's settings (conspo.demo.DEMO_CONFIG) "

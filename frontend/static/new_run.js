@@ -239,6 +239,35 @@ async function init() {
   render(structuredClone(presets.defaults));
 }
 
+/** `over` merged into `base` section by section; a section naming another registry entry (a task
+ * of another name) replaces the one there, parameters and all. */
+function withRecommended(base, over) {
+  const out = { ...base };
+  for (const [key, value] of Object.entries(over)) {
+    const here = out[key];
+    const both = value && here && typeof value === "object" && typeof here === "object" && !Array.isArray(value);
+    if (!both) out[key] = structuredClone(value);
+    else out[key] = "name" in value && value.name !== here.name ? structuredClone(value) : withRecommended(here, value);
+  }
+  return out;
+}
+
+/** Choosing a catalogue model with recommended settings (GET /api/presets `models`) applies them
+ * over the form's and says so: the tiny demo's defaults (6 new tokens, no LoRA, an answer tag)
+ * are a trap for a real model. Choosing it again after edits applies them again. */
+function applyRecommended(name) {
+  const note = $("#model-note");
+  const model = presets.models.find((m) => m.name === name);
+  if (!model || !Object.keys(model.recommended || {}).length) {
+    note.hidden = true;
+    return;
+  }
+  const { config } = buildRequest();
+  render(withRecommended(config, model.recommended), { name: config.name });
+  note.textContent = `${name}: its recommended settings are applied (${model.recommended_why}).`;
+  note.hidden = false;
+}
+
 /** The base model a registry entry's chain ends at (what model.name should say). */
 const baseOf = (m) => m.lineage[m.lineage.length - 1]?.base ?? presets.defaults.model.name;
 
@@ -257,6 +286,7 @@ form.addEventListener("change", (ev) => {
   }
   const kind = kindOfSelect(ev.target.name);
   if (kind) switchEntry(kind, ev.target.value);
+  if (ev.target.name === "config.model.name") applyRecommended(ev.target.value.trim());
   if (ev.target.name === "config.model.from_run") {
     const m = registryModels.find((x) => x.run_id === Number(ev.target.value));
     if (m) $("[name='config.model.name']").value = baseOf(m);
@@ -283,6 +313,7 @@ $("#remove-stage").addEventListener("click", () => {
 $("#reset-btn").addEventListener("click", () => {
   for (const k of Object.keys(typed)) delete typed[k];
   clearErrors();
+  $("#model-note").hidden = true;
   render(structuredClone(presets.defaults));
 });
 init();

@@ -31,7 +31,15 @@ def presets() -> dict[str, Any]:
         "algorithms": _registered(OBJECTIVES),
         "tasks": _registered(TASKS),
         "rewards": _rewards(),
-        "models": [{"name": m.name, "description": m.description} for m in BUILTIN_MODELS.values()],
+        "models": [
+            {
+                "name": m.name,
+                "description": m.description,
+                "recommended": m.recommended,
+                "recommended_why": m.recommended_why,
+            }
+            for m in BUILTIN_MODELS.values()
+        ],
         "config_schema": RunConfig.model_json_schema(),
         # The form starts from the demo's settings, so an untouched form's run compares with them.
         "defaults": RunConfig.model_validate(DEMO_CONFIG).model_dump(mode="json"),

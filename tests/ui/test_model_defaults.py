@@ -1,0 +1,47 @@
+"""Issue 37 item 6: choosing SmolLM2 in the New run form applies its recommended settings (the
+catalogue's, GET /api/presets) instead of keeping the tiny demo's (6 new tokens, no LoRA, an
+answer tag it never writes, 300 steps), and says so; Reset takes them back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.ui.test_pages import wait_until
+
+pytestmark = pytest.mark.browser
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def value(page: Any, name: str) -> str:
+    return page.input_value(f'[name="{name}"]')
+
+
+def test_choosing_smollm2_applies_its_recommended_settings(page: Any, ui_server: Any) -> None:
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.model.name"]')
+    assert value(page, "config.sampling.max_new_tokens") == "6"  # the demo's
+    page.fill('[name="config.name"]', "my smollm2 run")
+    page.fill('[name="config.model.name"]', SMOLLM2)
+    page.press('[name="config.model.name"]', "Tab")
+    note = page.locator("#model-note")
+    wait_until(page, lambda: note.is_visible(), what="the note")
+    assert "recommended settings are applied" in note.inner_text()
+    assert "last number" in note.inner_text()
+    assert value(page, "config.model.name") == SMOLLM2
+    assert value(page, "config.name") == "my smollm2 run"  # what the user typed stays
+    assert value(page, "config.sampling.max_new_tokens") == "128"
+    assert value(page, "config.model.lora.rank") == "16"
+    assert value(page, "config.task.name") == "reasoning_gym"
+    assert value(page, "config.steps") == "20"
+    wait_until(page, lambda: '"gcd"' in page.inner_text("#preview"), what="the preview")
+    request = json.loads(page.inner_text("#preview").split("\n", 1)[1])
+    task = request["config"]["task"]
+    assert task["params"]["answer_format"] == "last_number" and task["eval_size"] == 200
+    assert "digits" not in task["params"]  # the arith task's parameters are gone with it
+    page.click("#reset-btn")
+    wait_until(page, lambda: not note.is_visible(), what="the note gone")
+    assert value(page, "config.sampling.max_new_tokens") == "6"
