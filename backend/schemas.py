@@ -25,7 +25,7 @@ from pydantic_core import PydanticSerializationError, core_schema, to_json
 from typing_extensions import TypeAliasType
 
 from backend.runs.progress import eta_s
-from backend.runs.rows import run_label
+from backend.runs.rows import arm_of, run_label
 from backend.runs.scheduling import Cluster, describe_needs, machine_of, resources_of
 from conspo.config import RunConfig
 from conspo.input_checks import (
@@ -261,6 +261,9 @@ class RunOut(BaseModel):
         description="Attempts that ended with their worker gone (killed, out of memory, ...)."
     )
     last_worker_death: str | None = Field(description="What the reaper found the last time.")
+    arm: str | None = Field(
+        None, description="A study's run: the arm it was made for (compare groups by it)."
+    )
     pace_s: float | None = Field(
         None,
         description="Seconds per step lately (about the last 30 steps, evaluations and"
@@ -406,6 +409,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "worker_deaths": run.worker_deaths,
         "last_worker_death": run.last_worker_death,
         "resumed_from_step": run.resumed_from_step,
+        "arm": arm_of(run.tags),
         "pace_s": run.pace_s,
         "eta_s": eta_s(run),
         "ray_job_id": run.ray_job_id,

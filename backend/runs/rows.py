@@ -24,6 +24,24 @@ NAME_CHARS = 200  # runs.name
 _SUFFIX = re.compile(r"-(\d{1,3})$")
 
 
+STUDY_TAG = "study:"  # a study's runs are tagged study:<id>, then their arm's name
+
+
+def study_tag(study_id: int) -> str:
+    return f"{STUDY_TAG}{study_id}"
+
+
+def arm_of(tags: Sequence[str] | None) -> str | None:
+    """The study arm a run was made for (the tag after its ``study:<id>`` tag); None outside a
+    study. Compare groups a study's runs by it (``group=arm``): its arms may differ in more than
+    one path (ConSPO and its linear-contrast ablation share an algorithm)."""
+    tags = list(tags or [])
+    for i, tag in enumerate(tags[:-1]):
+        if tag.startswith(STUDY_TAG):
+            return tags[i + 1]
+    return None
+
+
 def default_name(config: RunConfig) -> str:
     return config.name or f"{config.algorithm}-{config.task.name}-s{config.seed}"
 

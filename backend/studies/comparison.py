@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
+from backend.runs.rows import arm_of
 from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series
 from backend.studies import stats
@@ -42,12 +43,14 @@ from conspo.spreadsheet import csv_cell
 
 # Run fields a group-by path names directly; anything else is a config path. The compare page
 # gets this list from the server (pages.py), so its groups and the report's are the same.
-RUN_FIELDS = ("algorithm", "task", "model", "status", "seed", "group_id", "owner")
+RUN_FIELDS = ("algorithm", "task", "model", "status", "seed", "group_id", "owner", "arm")
 
 
 def _text(value: Any) -> str:
     """A group value spelled as the page's fmtValue spells it (its labels and ours must match:
     the baseline is chosen by label)."""
+    if value is NOT_SET:
+        return "(not set)"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -70,6 +73,8 @@ def group_label(run: Run, path: str) -> str:
         return f"{run.name} #{run.id}"
     if path == "owner":
         value: Any = run.owner.name if run.owner is not None else None
+    elif path == "arm":
+        value = arm_of(run.tags)
     elif path in RUN_FIELDS:
         value = getattr(run, path)
     elif path == "tags":
@@ -81,14 +86,23 @@ def group_label(run: Run, path: str) -> str:
     return f"{path}={_text(value)}"
 
 
+class _NotSet:
+    """A path the run's config does not have (a GRPO run's params.contrast): its own label,
+    "(not set)", on the page and in the report alike, not null's."""
+
+
+NOT_SET = _NotSet()
+
+
 def _child(value: Any, part: str) -> Any:
     """``value[part]`` as the page's getPath reads it: a key of an object, or an index of a list
-    (the page offers flattened paths such as rewards.0.name to group by)."""
+    (the page offers flattened paths such as rewards.0.name to group by); ``NOT_SET`` when it
+    has none."""
     if isinstance(value, dict):
-        return value.get(part)
+        return value.get(part, NOT_SET)
     if isinstance(value, list) and part.isdigit() and int(part) < len(value):
         return value[int(part)]
-    return None
+    return NOT_SET
 
 
 def _distinct_seeds(runs: Sequence[Run]) -> bool:

@@ -36,7 +36,7 @@ from backend.models import (
 )
 from backend.runs import lifecycle
 from backend.runs.queue import JobQueue
-from backend.runs.rows import name_uniquely, new_run
+from backend.runs.rows import name_uniquely, new_run, study_tag
 from backend.storage import studies as stored
 from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series
@@ -195,7 +195,7 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
 def _new_run(study: Study, row: StudyRun) -> Run:
     """The queued run of a pending row: its config holds its seed and name (``add_arms``)."""
     arm, _ = split_row_arm(row.arm)
-    tags = [*study.spec.get("tags", []), f"study:{study.id}", arm]
+    tags = [*study.spec.get("tags", []), study_tag(study.id), arm]
     config = RunConfig.model_validate(row.config)
     return new_run(study.owner_id, config, tags=tags, group_id=group_of(study.id))
 

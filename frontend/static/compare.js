@@ -155,6 +155,8 @@ $("#key-filter").addEventListener("input", debounce(renderKeyList, 150));
 $("#group-by").addEventListener("change", (ev) => {
   S.group = ev.target.value.trim() === "none" ? "" : ev.target.value.trim();
   renderBaseSelect();
+  renderRunList(); // the sidebar's swatches take their group's colour
+  renderConfigDiff();
   syncUrl();
   draw();
 });
@@ -259,7 +261,8 @@ async function init() {
       const data = await get(`/api/runs${qs({ group_id: groupId, limit: 50 })}`);
       S.runIds = data.items.map((r) => r.id).sort((a, b) => a - b);
       for (const r of data.items) S.runs.set(r.id, r);
-      if (!S.group) S.group = "algorithm";
+      // a study's runs by their arm (ConSPO and its ablation share an algorithm), else by algorithm
+      if (!S.group) S.group = data.items.some((r) => r.arm) ? "arm" : "algorithm";
     } catch (err) {
       toast(`Could not load group ${groupId}: ${errorText(err)}`, "error");
     }

@@ -163,7 +163,9 @@ export function groups() {
   for (const id of S.runIds) {
     const run = S.runs.get(id);
     if (!run) continue;
-    const label = `${S.group}=${fmtValue(groupValue(run, S.group))}`;
+    const value = groupValue(run, S.group);
+    // a path the run lacks (a GRPO run's params.contrast): "(not set)", as the report says it
+    const label = `${S.group}=${value === undefined ? "(not set)" : fmtValue(value)}`;
     if (!by.has(label)) by.set(label, []);
     by.get(label).push(id);
   }

@@ -219,7 +219,11 @@ export function groupRowFor(state, key, ids, cols) {
       {},
       h(
         "a.btn.btn-xs",
-        { href: `/compare${qs({ runs: [...ids].sort((a, b) => a - b) })}`, title: "Compare its runs: mean ± band" },
+        {
+          // grouped as the group is: a study's runs by arm, others by algorithm
+          href: `/compare${qs({ runs: [...ids].sort((a, b) => a - b), group: runs.some((r) => r.arm) ? "arm" : "algorithm" })}`,
+          title: "Compare its runs: mean ± band",
+        },
         "Compare",
       ),
     ),

@@ -137,3 +137,58 @@ def test_comparison_report_and_csv(
         assert line.startswith("algorithm=conspo − algorithm=grpo = "), line
         assert offline.locator("#pair-table tbody tr").count() == 1
         offline.wait_for_selector(f'.chart[data-key="{KEY}"] .main-svg')
+
+
+def test_a_studys_runs_compare_by_arm_and_an_unset_path_reads_the_same_everywhere(
+    page: Any, ui_server: Any
+) -> None:
+    """Issue 37 item 8: a study opened on the compare page was ungrouped (15 lines, 90 rows of
+    "1 of 1"); grouped by algorithm it merges ConSPO with its ablation. Its runs group by arm
+    (the tag after study:<id>); a path a run lacks is "(not set)" on the page and in the CSV,
+    and the sidebar's swatches follow a group-by typed on the page."""
+    tag = f"arms-{uuid.uuid4().hex[:6]}"
+    arms = {
+        "grpo": {"algorithm": "grpo"},
+        "conspo": {"algorithm": "conspo"},
+        "conspo-linear": {"algorithm": "conspo", "params": {"contrast": "linear"}},
+    }
+    ids = []
+    for arm, overrides in arms.items():
+        for seed in (0, 1):
+            run = ui_server.external_run(
+                f"{tag}-{arm}-s{seed}",
+                {**overrides, "seed": seed, "steps": 10},
+                algorithm=overrides["algorithm"],
+                tags=[tag, "study:9999", arm],
+                total_steps=10,
+            )
+            ui_server.log(run["id"], range(1, 11), offset=0.05 * seed)
+            ids.append(run["id"])
+    assert ui_server.api("GET", f"/api/runs/{ids[-1]}")["arm"] == "conspo-linear"
+    runs = ",".join(map(str, ids))
+    page.goto(f"{ui_server.url}/compare?runs={runs}&keys={KEY}&group=arm&smooth=0")
+    page.wait_for_selector(f'[data-key="{KEY}"] .main-svg, .chart .main-svg')
+
+    def labels() -> set[str]:
+        return set(page.evaluate("() => [...document.querySelectorAll('#diff-base option')]"
+                                 ".map(o => o.value)"))  # fmt: skip
+
+    wait_until(page, lambda: len(labels()) == 3, what="three arms")
+    assert labels() == {"arm=grpo", "arm=conspo", "arm=conspo-linear"}
+
+    def swatches() -> list[str]:
+        return page.evaluate(
+            "() => [...document.querySelectorAll('#run-list .swatch')]"
+            ".map(s => s.style.background).filter(c => c && c !== 'rgb(229, 231, 235)')"
+        )
+
+    assert len(set(swatches())) == 3  # one colour per arm
+    page.fill("#group-by", "params.contrast")
+    page.press("#group-by", "Tab")
+    wait_until(page, lambda: len(labels()) == 2, what="two groups")
+    assert labels() == {"params.contrast=(not set)", "params.contrast=linear"}
+    wait_until(page, lambda: len(set(swatches())) == 2, what="the swatches regrouped")
+    csv = ui_server.http.get(
+        f"/api/compare/objective.csv?runs={runs}&key={KEY}&group=params.contrast&k=3"
+    ).text.splitlines()
+    assert {row.split(",")[0] for row in csv[1:]} == labels()  # the page's labels, the server's
