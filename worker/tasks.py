@@ -38,6 +38,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Reject
+from sqlalchemy import select
 
 from backend.config import Settings, get_settings
 from backend.db import Database
@@ -64,12 +65,54 @@ log = logging.getLogger(__name__)
 RELEASE_ON_SHUTDOWN_S = 5.0  # well inside the compose stop grace period
 
 
+STOPPING = "the worker is shutting down; the job goes back to the queue"
+
+
 @celery_app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_training(run_id: int) -> str:
     if SHUTDOWN.is_set():  # delivered while this worker stops (even our own release's job)
-        raise Reject("the worker is shutting down; the job goes back to the queue", requeue=True)
+        raise Reject(STOPPING, requeue=True)
     settings = get_settings()
-    return execute_run(database(), JobQueue(celery_app, settings.queue), settings, run_id)
+    db, jobs = database(), JobQueue(celery_app, settings.queue)
+    first = interrupted_waiting(db, settings, run_id)
+    if first is not None:
+        # An interrupted run goes before a fresh one (its message went to the back of the
+        # queue when it was handed back or re-queued); its own message, when it comes, finds it
+        # taken and is skipped.
+        log.info("run %s: run %s was interrupted and waits; it resumes first", run_id, first)
+        execute_run(db, jobs, settings, first)
+        if SHUTDOWN.is_set():
+            raise Reject(STOPPING, requeue=True)
+    return execute_run(db, jobs, settings, run_id)
+
+
+def interrupted_waiting(db: Database, settings: Settings, run_id: int) -> int | None:
+    """When ``run_id`` is a fresh run: the queued run interrupted longest ago (an attempt
+    behind it: handed back by a stopping worker, or re-queued after its worker died) that this
+    worker can hold, else None."""
+    from worker.capabilities import capacity
+
+    holds = capacity(settings).holds
+    with db.session() as session:
+        fresh = session.execute(select(Run.attempt).where(Run.id == run_id)).scalar()
+        if fresh is None or fresh > 0:
+            return None
+        waiting = session.execute(
+            select(Run.id, Run.config)
+            .where(
+                Run.status == RunStatus.queued,
+                Run.attempt > 0,
+                Run.external.is_(False),
+                Run.cancel_requested.is_(False),
+                Run.id != run_id,
+            )
+            .order_by(Run.updated_at, Run.id)
+            .limit(20)
+        ).all()
+    for other, config in waiting:
+        if holds(resources_of(config)):
+            return int(other)
+    return None
 
 
 def rerouted(db: Database, jobs: JobQueue, settings: Settings, run_id: int) -> bool:

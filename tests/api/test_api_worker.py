@@ -136,3 +136,27 @@ def test_kill9_mid_run_then_a_new_worker_resumes(
     said = Run.model_validate(run).attempts_text
     assert said == f"attempt 2 · 1 worker death · resumed from step {resumed}", said
     api.client.close()
+
+
+def test_an_interrupted_run_resumes_before_a_later_queued_one(
+    tmp_path: Path, request: pytest.FixtureRequest, workers, model_store: Path
+) -> None:
+    """Issue 37: the restarted worker ran a later queued run first, the interrupted one waited
+    behind it (its job was sent again, to the back of the queue)."""
+    api = mode_api("embedded", tmp_path, request)
+    wp = workers(api.settings, model_store)
+    first = wp.start()
+    n = 16
+    interrupted = submit(api, tiny_config(n, checkpoint_every=3))
+    wait_for(lambda: run_state(api, interrupted)["step"] >= 4, 300, "a step after a checkpoint")
+    later = submit(api, tiny_config(4))  # queued behind it: its job is sent now
+    wp.kill9(first)
+    # the reaper of the next worker re-queues the interrupted run: its job goes after `later`'s
+    wp.start()
+    a = finished(api, interrupted, 300, wp)
+    b = finished(api, later, 300, wp)
+    assert a["status"] == b["status"] == "succeeded", (a["error"], b["error"])
+    assert a["attempt"] == 2 and b["attempt"] == 1
+    assert a["finished_at"] <= b["started_at"], (a, b)  # one worker: it ran first, whole
+    assert "was interrupted and waits; it resumes first" in wp.tail(400)
+    api.client.close()
