@@ -7,6 +7,7 @@ import {
   chartApplies,
   configMeets,
   constantNoteOf,
+  EVAL_PROBLEMS,
   helpOf,
   isDeterministic,
   metricInfo,
@@ -185,6 +186,40 @@ function withDetail(key, s, detail) {
   return out;
 }
 
+// Greedy accuracy is a proportion of the held-out problems scored: its chart says n and draws
+// the 95% Wilson interval of each evaluation (n from eval/problems, the same at every one).
+const ACCURACY = "eval/accuracy";
+const Z95 = 1.959964;
+
+function wilson(p, n) {
+  const z2 = Z95 * Z95;
+  const d = 1 + z2 / n;
+  const centre = (p + z2 / (2 * n)) / d;
+  const half = (Z95 * Math.sqrt((p * (1 - p)) / n + z2 / (4 * n * n))) / d;
+  return [Math.max(0, centre - half), Math.min(1, centre + half)];
+}
+
+function accuracyBand(k, s, xs, main) {
+  const n = S.run?.summary?.[EVAL_PROBLEMS];
+  if (k.key !== ACCURACY || !(n > 0)) return [];
+  main.name = `${k.name} (n = ${n})`;
+  const x = [];
+  const lo = [];
+  const hi = [];
+  s.values.forEach((p, i) => {
+    if (!Number.isFinite(p)) return;
+    const [a, b] = wilson(p, n);
+    x.push(xs[i]);
+    lo.push(a);
+    hi.push(b);
+  });
+  const edge = { type: "scatter", mode: "lines", line: { width: 0, color: k.color }, hoverinfo: "skip", x };
+  return [
+    { ...edge, y: hi, showlegend: false },
+    { ...edge, y: lo, fill: "tonexty", fillcolor: alpha(k.color, 0.15), name: `95% interval, n = ${n}` },
+  ];
+}
+
 function lineFigure(def, entry) {
   const keys = chartKeys(def).filter((k) => hasFinite(S.series[k.key]));
   if (!keys.length) return null;
@@ -224,7 +259,8 @@ function lineFigure(def, entry) {
     if (marked)
       main.marker = { size: 6, color: k.color, symbol: MARKER_SYMBOLS[i % MARKER_SYMBOLS.length], maxdisplayed: 24 };
     main.meta = { key: k.key, smoothed: smooth > 0 };
-    traces.push(...lines);
+    const band = accuracyBand(k, s, xs, main);
+    traces.push(...band, ...lines);
   });
   const shapes = [];
   if (def.rollout_iqr) traces.unshift(...iqrBands());

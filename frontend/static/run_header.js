@@ -146,9 +146,16 @@ export function renderRun() {
     .sort(([a], [b]) => a.localeCompare(b));
   $("#summary-table").replaceChildren(
     ...(summary.length
-      ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, fmtNum(v, 6))))
+      ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, summaryValue(k, v, run))))
       : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]),
   );
+}
+
+/** A summary value; the accuracy with the n it was scored on (its interval is on the chart). */
+function summaryValue(key, value, run) {
+  const n = run.summary?.[EVAL_PROBLEMS];
+  if (key === "eval/accuracy" && n > 0 && Number.isFinite(value)) return `${fmtNum(value, 6)} (n = ${n})`;
+  return fmtNum(value, 6);
 }
 
 /** A run handed back or whose worker died: its attempt, the deaths (the last one's cause in the

@@ -238,3 +238,26 @@ def test_a_resumed_run_says_its_attempts_deaths_and_where_it_resumed(
     item = page.wait_for_selector("#meta-attempts")
     assert item.inner_text() == "attempt 2 · 1 worker death · resumed from step 5"
     assert "killed by its watchdog" in (item.get_attribute("title") or "")
+
+
+def test_held_out_accuracy_says_its_n_and_draws_its_interval(page: Any, ui_server: Any) -> None:
+    """Issue 37 item 5: accuracy was shown with no n or interval on the chart and Summary tab."""
+    run = ui_server.external_run(f"i37-acc-{uuid.uuid4().hex[:6]}", {"steps": 20}, total_steps=20)
+    steps = [
+        {"step": s, "metrics": {"eval/accuracy": acc, "eval/problems": 200}}
+        for s, acc in ((10, 0.145), (20, 0.25))
+    ]
+    ui_server.api("POST", f"/api/runs/{run['id']}/log", json={"steps": steps})
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    page.wait_for_selector("#plot-evalc .main-svg")
+    names = page.evaluate("() => document.getElementById('plot-evalc').data.map(t => t.name)")
+    assert any((n or "").endswith("(n = 200)") for n in names), names
+    band = page.evaluate(
+        "() => document.getElementById('plot-evalc').data.find(t => t.fill === 'tonexty')"
+    )
+    assert band and band["name"] == "95% interval, n = 200", band
+    # Wilson at 29/200: [0.103, 0.200]
+    assert band["y"][0] == pytest.approx(0.1033, abs=2e-3)
+    page.click("button[data-tab='summary']")
+    row = page.locator("#summary-table tr", has_text="eval/accuracy")
+    assert row.locator("td").nth(1).inner_text() == "0.25 (n = 200)"
