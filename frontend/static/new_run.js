@@ -46,8 +46,11 @@ function updatePreview() {
   }
   const req = buildRequest();
   $("#preview").textContent = `POST /api/runs\n${JSON.stringify(req, null, 2)}`;
-  const n = req.seeds ? req.seeds.length : 1;
-  $("#submit-btn").textContent = n > 1 ? `Start ${n} runs` : "Start run";
+  // Seeds that are not whole numbers start nothing (the server names them): no count for them.
+  const seeds = req.seeds || [];
+  const n = seeds.length ? seeds.filter(Number.isInteger).length : 1;
+  const bad = seeds.length - (seeds.length ? n : 0);
+  $("#submit-btn").textContent = bad ? "Start runs (fix the seeds)" : n > 1 ? `Start ${n} runs` : "Start run";
 }
 
 let estimateSeq = 0;
@@ -68,9 +71,15 @@ async function refreshEstimate() {
   try {
     report = await post("/api/runs/estimate", buildRequest());
   } catch (err) {
-    problem = err instanceof ApiError && err.status === 422 ? "fix the fields above to estimate" : errorText(err);
+    problem = errorText(err);
   }
   if (seq !== estimateSeq) return; // a later edit's answer wins
+  if (report && !pipeline.on) {
+    // The server's checks as you type (what Start would be refused for): each field it names is
+    // marked now, not after Start; a config it accepts clears the marks.
+    clearErrors();
+    if (report.errors?.length) showErrors(report.errors, { summary: false, focus: false });
+  }
   delete box.dataset.pending;
   box.classList.toggle("over", report?.fits === false);
   if (problem) {
@@ -124,8 +133,8 @@ function fieldForLoc(loc) {
   return fieldAt(parts);
 }
 
-function showErrors(detail) {
-  showFieldErrors(detail, { fieldOf: fieldForLoc });
+function showErrors(detail, options = {}) {
+  showFieldErrors(detail, { fieldOf: fieldForLoc, ...options });
 }
 
 /** A 422 of POST /api/pipelines: the first stage with errors is shown with its messages at

@@ -45,3 +45,22 @@ def test_choosing_smollm2_applies_its_recommended_settings(page: Any, ui_server:
     page.click("#reset-btn")
     wait_until(page, lambda: not note.is_visible(), what="the note gone")
     assert value(page, "config.sampling.max_new_tokens") == "6"
+
+
+def test_the_form_marks_what_start_would_refuse_as_you_type(page: Any, ui_server: Any) -> None:
+    """Issue 37 item 12: errors only appeared after Start (the study form checks as you type),
+    and seeds "0, one" made the button read "Start 2 runs"."""
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.steps"]')
+    steps = page.locator('[data-field="config.steps"]')
+    page.fill('[name="config.steps"]', "-3")
+    wait_until(page, lambda: "has-error" in (steps.get_attribute("class") or ""), what="a mark")
+    assert "greater than" in steps.locator(".err").inner_text()
+    page.fill('[name="seeds"]', "0, one")
+    seeds = page.locator('[data-field="seeds"]')
+    wait_until(page, lambda: "has-error" in (seeds.get_attribute("class") or ""), what="seeds")
+    assert page.inner_text("#submit-btn") == "Start runs (fix the seeds)"
+    page.fill('[name="seeds"]', "0, 1")
+    page.fill('[name="config.steps"]', "30")
+    wait_until(page, lambda: page.locator(".field.has-error").count() == 0, what="marks cleared")
+    assert page.inner_text("#submit-btn") == "Start 2 runs"

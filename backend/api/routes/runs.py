@@ -54,6 +54,7 @@ from backend.schemas import (
     RunPatch,
     RunsCreated,
     RunStatusName,
+    Seed,
     Tag,
     run_out,
 )
@@ -95,8 +96,9 @@ class EstimateRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     # Validated in the handler: a config still being typed gets a report, not a 422 (the form
-    # asks after every edit, and shows the field errors only when submitting).
+    # asks after every edit and marks the fields the report's errors name as you type).
     config: FreeJSON
+    seeds: Any = None  # checked in the handler, as a submit would (the form sends what is typed)
 
 
 class TaskCheck(BaseModel):
@@ -124,6 +126,12 @@ class MemoryReport(BaseModel):
     )
     fits: bool | None = Field(description="False: submitting this config is refused.")
     text: str
+    errors: list[dict[str, Any]] | None = Field(
+        None,
+        description="What submitting would refuse in the config and seeds, as its 422 says it"
+        " ({loc: [body, config, ...], msg, type}): the form marks those fields as you type;"
+        " None when there is nothing.",
+    )
     task: TaskCheck | None = Field(
         None,
         description="The task built and drawn from under a budget, as submitting does: only"
@@ -146,6 +154,9 @@ async def estimate(
     numbers and the first problem as its text. Never builds a task for an anonymous caller,
     and never on a request thread."""
     config, report = await anyio.to_thread.run_sync(_memory_estimate, body.config, settings)
+    seeds = _seed_errors(body.seeds)
+    if seeds:
+        report["errors"] = [*(report.get("errors") or []), *seeds]
     if config is None or credentials is None:
         return report
     await anyio.to_thread.run_sync(check_token, db, credentials)  # a bad token: 401
@@ -157,7 +168,8 @@ def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, di
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        first = errors[0]
         where = ".".join(str(part) for part in first["loc"])
         return None, {
             "total_bytes": None,
@@ -165,8 +177,28 @@ def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, di
             "limit_bytes": run_inputs.report_limit(settings),
             "fits": None,
             "text": f"not a valid config yet ({where}: {first['msg']})",
+            "errors": [
+                {"loc": ["body", "config", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                for e in errors[:MAX_REPORTED_ERRORS]
+            ],
         }
     return config, run_inputs.memory_report(config, settings)
+
+
+MAX_REPORTED_ERRORS = 50  # a report names this many problems at most (a form has fewer fields)
+_SEEDS = TypeAdapter(Annotated[list[Seed], Field(max_length=64)] | None)  # as a submit's
+
+
+def _seed_errors(raw: Any) -> list[dict[str, Any]]:
+    """The seeds' problems as a submit's 422 names them (body.seeds.<i>)."""
+    try:
+        _SEEDS.validate_python(raw, strict=True)
+    except ValidationError as exc:
+        return [
+            {"loc": ["body", "seeds", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_context=False, include_input=False)
+        ][:MAX_REPORTED_ERRORS]
+    return []
 
 
 def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
