@@ -1,0 +1,28 @@
+"""The estimate names what a submit would refuse, as its 422 names it, so the form can mark the
+fields as you type (issue 37 item 12); a valid request has no errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.conftest import Api, tiny_config
+
+pytestmark = pytest.mark.services
+
+
+def test_the_estimate_reports_a_submits_errors_field_by_field(api: Api) -> None:
+    bad = {**tiny_config(2), "steps": -3, "sampling": {"group_size": 1}}
+    report = api.post("/api/runs/estimate", json={"config": bad, "seeds": [0, "one"]}).json()
+    assert report["total_bytes"] is None
+    locs = {tuple(e["loc"]) for e in report["errors"]}
+    assert ("body", "config", "steps") in locs
+    assert ("body", "config", "sampling", "group_size") in locs
+    assert ("body", "seeds", 1) in locs
+    # the submit refuses the same fields
+    refused = api.post("/api/runs", json={"config": bad, "seeds": [0, 1]})
+    assert refused.status_code == 422
+    assert {tuple(e["loc"]) for e in refused.json()["detail"]} <= locs
+    good = api.post("/api/runs/estimate", json={"config": tiny_config(2), "seeds": [0, 1]})
+    assert good.status_code == 200 and good.json()["errors"] is None
+    many = api.post("/api/runs/estimate", json={"config": tiny_config(2), "seeds": ["x"] * 500})
+    assert many.status_code == 200 and len(many.json()["errors"]) == 1  # too long: one error
