@@ -293,6 +293,7 @@ class Catalogue:
     step_time: str  # the key giving seconds per step, for ETAs from the recent pace
     # the key giving the held-out problems an evaluation scored (its n), for "n of asked"
     eval_problems: str
+    eval_accuracy: str
     # algorithm → the keys logged by "objective" that it logs (its registration declares them);
     # every algorithm also logs the "every run" keys.
     objective_metrics: dict[str, list[str]] = field(default_factory=dict)
@@ -776,6 +777,7 @@ def catalogue() -> Catalogue:
         rollouts_axis=ROLLOUTS_SEEN,
         step_time=TIME_STEP_S,
         eval_problems=EVAL_PROBLEMS,
+        eval_accuracy=EVAL_ACCURACY,
         objective_metrics={a: list(get_objective(a).metrics) for a in objective_names()},
         kind_metrics={k: list(get_job_kind(k).metrics) for k in job_kind_names()},
         legacy_keys=dict(LEGACY_KEYS),

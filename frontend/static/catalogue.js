@@ -27,6 +27,7 @@ export const KEY_METRICS = RAW.key_metrics;
 export const ROLLOUTS_AXIS = RAW.rollouts_axis;
 export const STEP_TIME = RAW.step_time;
 export const EVAL_PROBLEMS = RAW.eval_problems;
+export const EVAL_ACCURACY = RAW.eval_accuracy;
 const BY_KEY = new Map(METRICS.map((m) => [m.key, m]));
 // algorithm → the keys its objective's registration says it logs (conspo.registry)
 const OBJECTIVE_METRICS = RAW.objective_metrics || {};

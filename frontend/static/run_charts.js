@@ -7,6 +7,7 @@ import {
   chartApplies,
   configMeets,
   constantNoteOf,
+  EVAL_ACCURACY,
   EVAL_PROBLEMS,
   helpOf,
   isDeterministic,
@@ -188,7 +189,6 @@ function withDetail(key, s, detail) {
 
 // Greedy accuracy is a proportion of the held-out problems scored: its chart says n and draws
 // the 95% Wilson interval of each evaluation (n from eval/problems, the same at every one).
-const ACCURACY = "eval/accuracy";
 const Z95 = 1.959964;
 
 function wilson(p, n) {
@@ -201,7 +201,7 @@ function wilson(p, n) {
 
 function accuracyBand(k, s, xs, main) {
   const n = S.run?.summary?.[EVAL_PROBLEMS];
-  if (k.key !== ACCURACY || !(n > 0)) return [];
+  if (k.key !== EVAL_ACCURACY || !(n > 0)) return [];
   main.name = `${k.name} (n = ${n})`;
   const x = [];
   const lo = [];

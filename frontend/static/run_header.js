@@ -1,6 +1,6 @@
 // The run page's header and details: status, progress and ETA, lineage, the meta grid, the
 // config and summary tables.
-import { EVAL_PROBLEMS, helpOf, keyApplies } from "/static/catalogue.js";
+import { EVAL_ACCURACY, EVAL_PROBLEMS, helpOf, keyApplies } from "/static/catalogue.js";
 import { kindLine } from "/static/lineage.js";
 import { S } from "/static/run_state.js";
 import {
@@ -154,7 +154,7 @@ export function renderRun() {
 /** A summary value; the accuracy with the n it was scored on (its interval is on the chart). */
 function summaryValue(key, value, run) {
   const n = run.summary?.[EVAL_PROBLEMS];
-  if (key === "eval/accuracy" && n > 0 && Number.isFinite(value)) return `${fmtNum(value, 6)} (n = ${n})`;
+  if (key === EVAL_ACCURACY && n > 0 && Number.isFinite(value)) return `${fmtNum(value, 6)} (n = ${n})`;
   return fmtNum(value, 6);
 }
 

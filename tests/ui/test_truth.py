@@ -572,5 +572,5 @@ def test_the_runs_list_and_the_run_page_count_down_one_eta(page: Any, ui_server:
     first = _seconds(header.inner_text().split("ETA ")[1])
     assert abs(first - listed) <= 10, (first, listed)  # one ETA, not two estimates
     wait_until(page, lambda: _seconds(header.inner_text().split("ETA ")[1]) < first,
-               timeout=15, what="the ETA counting down")  # fmt: skip
+               timeout=60, what="the ETA counting down")  # fmt: skip
     ui_server.api("POST", f"/api/runs/{run['id']}/log", json={"steps": [], "status": "failed"})
