@@ -15,10 +15,12 @@ when they received it (no client clock compared with the server's).
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
-from sqlalchemy import and_, case
+from sqlalchemy import and_, case, select
+from sqlalchemy.orm import Session
 
 from backend.models import Run, RunStatus
 
@@ -56,3 +58,53 @@ def eta_s(run: Run, now: float | None = None) -> float | None:
         return None
     since = (time.time() if now is None else now) - run.last_step_at
     return max(0.0, run.pace_s * (total - run.step) - since)
+
+
+# What a step's cost depends on, besides the machine: runs that agree on these are "like" a
+# config for the estimate's seconds per step.
+SHAPE_PATHS = (
+    ("kind",),
+    ("model", "name"),
+    ("model", "dtype"),
+    ("model", "lora", "rank"),
+    ("sampling", "prompts_per_step"),
+    ("sampling", "group_size"),
+    ("sampling", "max_new_tokens"),
+    ("optim", "mini_batches"),
+    ("optim", "epochs"),
+    ("resources", "gpus"),
+    ("resources", "cpu_processes"),
+)
+LIKE_RUNS = 10  # the most recent runs like it that the estimate takes the median of
+
+
+def _shape(config: dict[str, Any]) -> tuple[Any, ...]:
+    out = []
+    for path in SHAPE_PATHS:
+        value: Any = config
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        out.append(value)
+    return tuple(out)
+
+
+def pace_of_like(session: Session, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Seconds per step of the latest runs of the same model and shape (their median pace),
+    how many, and where they ran; None when none has a pace yet."""
+    name = _shape(config)[1]
+    rows = session.execute(
+        select(Run.pace_s, Run.config, Run.device)
+        .where(Run.model == name, Run.pace_s.is_not(None), Run.external.is_(False))
+        .order_by(Run.id.desc())
+        .limit(200)
+    ).all()
+    want = _shape(config)
+    like = [(pace, device) for pace, cfg, device in rows if _shape(cfg or {}) == want]
+    like = like[:LIKE_RUNS]
+    if not like:
+        return None
+    return {
+        "seconds_per_step": statistics.median(p for p, _ in like),
+        "runs": len(like),
+        "devices": sorted({d for _, d in like if d}),
+    }

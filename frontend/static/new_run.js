@@ -36,7 +36,7 @@ import {
   showStage,
   submitPipeline,
 } from "/static/new_run_pipeline.js";
-import { $, debounce, h } from "/static/util.js";
+import { $, debounce, fmtDuration, h } from "/static/util.js";
 
 function updatePreview() {
   if (pipeline.on) {
@@ -90,11 +90,20 @@ async function refreshEstimate() {
     box.title = report.text;
   } else {
     const verdict = report.fits ? "" : " (over the limit: would be refused)";
-    box.textContent = `Memory ≈ ${gib(report.total_bytes)} of ${gib(report.limit_bytes)}${verdict}`;
+    box.textContent = `Memory ≈ ${gib(report.total_bytes)} of ${gib(report.limit_bytes)}${verdict}${paceText(report.pace)}`;
     box.title = report.text;
   }
   box.dataset.totalBytes = report?.total_bytes ?? "";
   showTaskCheck(report?.task ?? null);
+}
+
+/** " · ≈ 62 s a step (median of 4 runs like it, on cpu)": earlier runs of the same model and
+ * shape; nothing when there are none (a first run of its kind has no pace to go by). */
+function paceText(pace) {
+  if (!pace) return "";
+  const where = pace.devices.length ? `, on ${pace.devices.join(" / ")}` : "";
+  const runs = pace.runs === 1 ? "1 run like it" : `median of ${pace.runs} runs like it`;
+  return ` · ≈ ${fmtDuration(pace.seconds_per_step)} a step (${runs}${where})`;
 }
 
 /** What building the task said (held-out problems, a task refused): warned as you type, before

@@ -26,3 +26,25 @@ def test_the_estimate_reports_a_submits_errors_field_by_field(api: Api) -> None:
     assert good.status_code == 200 and good.json()["errors"] is None
     many = api.post("/api/runs/estimate", json={"config": tiny_config(2), "seeds": ["x"] * 500})
     assert many.status_code == 200 and len(many.json()["errors"]) == 1  # too long: one error
+
+
+def test_the_estimate_gives_the_pace_of_runs_like_it(api: Api) -> None:
+    """Issue 37 item 6: a seconds-per-step estimate beside the memory one, from the pace of the
+    latest runs of the same model and shape (median), for a caller with a token."""
+    from sqlalchemy import update
+
+    from backend.db import Database
+    from backend.models import Run
+
+    config = {**tiny_config(2), "sampling": {**tiny_config(2)["sampling"], "max_new_tokens": 5}}
+    ids = [api.post("/api/runs", json={"config": config}).json()["runs"][0]["id"] for _ in range(3)]
+    db = Database(api.settings)
+    with db.session() as session:
+        for run_id, pace in zip(ids, (4.0, 6.0, 50.0), strict=True):
+            session.execute(update(Run).where(Run.id == run_id).values(pace_s=pace, device="cpu"))
+        session.commit()
+    db.dispose()
+    pace = api.post("/api/runs/estimate", json={"config": config}).json()["pace"]
+    assert pace == {"seconds_per_step": 6.0, "runs": 3, "devices": ["cpu"]}
+    other = {**config, "sampling": {**config["sampling"], "max_new_tokens": 7}}
+    assert api.post("/api/runs/estimate", json={"config": other}).json()["pace"] is None

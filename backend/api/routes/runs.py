@@ -34,11 +34,13 @@ from backend.api.deps import (
 )
 from backend.api.query import ORDER, JSONBytes, parse_ids, parse_order, parse_where, run_id_list
 from backend.config import Settings
+from backend.db import Database
 from backend.errors import Busy, InvalidInput
 from backend.models import Run, RunStatus
 from backend.runs import inputs as run_inputs
 from backend.runs import lifecycle
 from backend.runs import where as run_where
+from backend.runs.progress import pace_of_like
 from backend.runs.rows import name_base
 from backend.runs.scheduling import Cluster
 from backend.runs.submit import Submitted, refuse_unfit
@@ -113,6 +115,14 @@ class TaskCheck(BaseModel):
     text: str
 
 
+class PaceOfLike(BaseModel):
+    """How fast runs like this one stepped (``backend.runs.progress.pace_of_like``)."""
+
+    seconds_per_step: float = Field(description="The median pace of the latest runs like it.")
+    runs: int = Field(description="How many runs it is the median of (at most 10).")
+    devices: list[str] = Field(description="Where they ran.")
+
+
 class MemoryReport(BaseModel):
     total_bytes: int | None = Field(description="Estimated peak bytes of a step (None: unknown).")
     parts: dict[str, int] | None = Field(
@@ -131,6 +141,11 @@ class MemoryReport(BaseModel):
         description="What submitting would refuse in the config and seeds, as its 422 says it"
         " ({loc: [body, config, ...], msg, type}): the form marks those fields as you type;"
         " None when there is nothing.",
+    )
+    pace: PaceOfLike | None = Field(
+        None,
+        description="Seconds per step of earlier runs of the same model and shape (only with a"
+        " token; None when there are none).",
     )
     task: TaskCheck | None = Field(
         None,
@@ -161,7 +176,14 @@ async def estimate(
         return report
     await anyio.to_thread.run_sync(check_token, db, credentials)  # a bad token: 401
     report["task"] = await anyio.to_thread.run_sync(_task_check, config, settings)
+    validated = config.model_dump(mode="json")  # as runs store it: every default filled in
+    report["pace"] = await anyio.to_thread.run_sync(_pace_of_like, db, validated)
     return report
+
+
+def _pace_of_like(db: Database, config: dict[str, Any]) -> dict[str, Any] | None:
+    with db.read_sessions() as session:
+        return pace_of_like(session, config)
 
 
 def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, dict[str, Any]]:
