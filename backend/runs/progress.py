@@ -27,10 +27,14 @@ from backend.models import Run, RunStatus
 PACE_WINDOW = 30  # steps the pace averages over
 
 
-def pace_values(last_step: int, wall_time: float) -> dict[str, Any]:
+def pace_values(
+    last_step: int, wall_time: float, first: tuple[int, float] | None = None
+) -> dict[str, Any]:
     """Values for the run's UPDATE when a write logs steps up to ``last_step``, the last one at
     ``wall_time`` (unix time); they read the row's values before the update, as SQL does, and
-    leave it as it is unless the step advances."""
+    leave it as it is unless the step advances. ``first``: the write's first step and its wall
+    time, the measure when the row has no earlier step's time (an external run's first write of
+    many steps)."""
     advanced = Run.step < last_step
     gained = last_step - Run.step
     span = min(max(last_step, 1), PACE_WINDOW)
@@ -38,8 +42,12 @@ def pace_values(last_step: int, wall_time: float) -> dict[str, Any]:
     weight = case((gained >= span, 1.0), else_=gained * 1.0 / span)
     folded = case((Run.pace_s.is_(None), sample), else_=Run.pace_s + weight * (sample - Run.pace_s))
     measurable = and_(advanced, Run.last_step_at.is_not(None), Run.last_step_at < wall_time)
+    whens: list[Any] = [(measurable, folded)]
+    if first is not None and first[0] < last_step and first[1] < wall_time:
+        within = (wall_time - first[1]) / (last_step - first[0])  # the write's own steps
+        whens.append((and_(advanced, Run.last_step_at.is_(None), Run.pace_s.is_(None)), within))
     return {
-        "pace_s": case((measurable, folded), else_=Run.pace_s),
+        "pace_s": case(*whens, else_=Run.pace_s),
         "last_step_at": case((advanced, wall_time), else_=Run.last_step_at),
     }
 

@@ -84,6 +84,7 @@ class Encoded:
     last_step: int | None
     last_values: dict[str, float | None]
     last_step_at: float | None = None  # the last step's wall time (unix), for the run's pace
+    first_step: tuple[int, float] | None = None  # the batch's first step and its wall time
 
 
 def encode_points(
@@ -104,11 +105,14 @@ def encode_points(
             for k, v in zip(m.k[ends].tolist(), m.value[ends].tolist(), strict=True)
         }
     last_step = max(s.step for s in steps) if steps else None
-    last_step_at = None
+    last_step_at, first_step = None, None
     if steps:
         latest = max(steps, key=lambda s: s.step)
         last_step_at = latest.wall_time if latest.wall_time is not None else time.time()
-    return Encoded(m, r, texts, p, last_step, last_values, last_step_at)
+        earliest = min(steps, key=lambda s: s.step)
+        if earliest.wall_time is not None:
+            first_step = (earliest.step, earliest.wall_time)
+    return Encoded(m, r, texts, p, last_step, last_values, last_step_at, first_step)
 
 
 def write_points(
@@ -165,7 +169,7 @@ def write_encoded(
     out = Written(last_step=batch.last_step, last_values=batch.last_values)
     values = dict(run_values or {})
     if batch.last_step is not None and batch.last_step_at is not None:
-        values |= pace_values(batch.last_step, batch.last_step_at)
+        values |= pace_values(batch.last_step, batch.last_step_at, batch.first_step)
     seq = _update_run(session, dialect, run_id, out, owner_attempt, values)
     if seq is None:
         out.owned = False

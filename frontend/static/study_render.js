@@ -338,11 +338,11 @@ export function renderStudy(view, root, Plotly) {
       `Objective: ${unitText(view)}. Seeds: ${view.seeds.join(", ")}. ${view.pairing_note || "Differences are paired by seed."} Values shown × ${view.objective.scale}.`,
     ),
     h("h3.section-title", {}, "Arms"),
-    h("div.panel", { style: "overflow:auto" }, armTable(view, colors)),
+    h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, armTable(view, colors)),
     h("h3.section-title", {}, `Paired differences against ${view.baseline}`),
     h(
       "div.panel",
-      { style: "overflow:auto" },
+      { style: "overflow:auto", "data-scroll-x": "" },
       view.pairs.length
         ? pairTable(view, colors)
         : h("p.muted", {}, view.unpaired?.length ? "none paired by seed: see the verdict lines above" : "one arm only"),
@@ -350,11 +350,11 @@ export function renderStudy(view, root, Plotly) {
     ...(view.tasks
       ? [
           h("h3.section-title", {}, `Across tasks (${view.tasks.tasks.join(", ")})`),
-          h("div.panel", { style: "overflow:auto" }, tasksTable(view, colors)),
+          h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, tasksTable(view, colors)),
         ]
       : []),
     h("h3.section-title", {}, "Separation statistics over the objective's window"),
-    h("div.panel", { style: "overflow:auto" }, separationTable(view, colors)),
+    h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, separationTable(view, colors)),
   );
   const charts = h("div.charts#study-charts");
   root.append(h("h3.section-title", {}, "Curves"), charts);
@@ -362,5 +362,8 @@ export function renderStudy(view, root, Plotly) {
     curveCharts(view, colors, Plotly, charts);
     searchCharts(view, Plotly, root);
   }
-  root.append(h("h3.section-title", {}, "Runs"), h("div.panel", { style: "overflow:auto" }, runsTable(view, colors)));
+  root.append(
+    h("h3.section-title", {}, "Runs"),
+    h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, runsTable(view, colors)),
+  );
 }

@@ -308,3 +308,36 @@ export function afterPaint(ms = 200) {
     setTimeout(resolve, ms);
   });
 }
+
+// ---- scroll cues -------------------------------------------------------------------------------
+// A table wider than its box scrolls inside it; its box gets cue-right / cue-left (an edge shadow,
+// app.css) while there is more of it that way, so nothing looks cut off. Every scrolling box:
+// .table-wrap and [data-scroll-x]; kept up on scroll, resize and whenever the page changes.
+const SCROLLERS = ".table-wrap, [data-scroll-x]";
+
+function updateCue(el) {
+  const more = el.scrollWidth - el.clientWidth;
+  el.classList.toggle("cue-right", more > 1 && el.scrollLeft < more - 1);
+  el.classList.toggle("cue-left", more > 1 && el.scrollLeft > 1);
+}
+
+function updateCues() {
+  for (const el of document.querySelectorAll(SCROLLERS)) updateCue(el);
+}
+
+if (typeof window !== "undefined" && !window.__scrollCues) {
+  window.__scrollCues = true;
+  let queued = false;
+  const soon = () => {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => {
+      queued = false;
+      updateCues();
+    });
+  };
+  document.addEventListener("scroll", (ev) => ev.target?.matches?.(SCROLLERS) && updateCue(ev.target), true);
+  window.addEventListener("resize", soon);
+  new MutationObserver(soon).observe(document.documentElement, { childList: true, subtree: true });
+  soon();
+}

@@ -64,3 +64,19 @@ def test_a_run_being_cancelled_has_no_eta() -> None:
     assert eta_s(Run(**fields, cancel_requested=False), now) == pytest.approx(80)
     assert eta_s(Run(**fields, cancel_requested=True), now) is None
     assert eta_s(Run(**fields, cancel_requested=False), now + 500) == 0  # overdue: due now
+
+
+def test_a_first_write_of_several_steps_has_a_pace_from_its_own_steps(api: Api) -> None:
+    """An external run (TRL's callback, a script) may log many steps in its first write: no
+    earlier step to measure from, but the write's own steps give the pace."""
+    run = api.external(total_steps=20)
+    now = time.time()
+    body = {
+        "steps": [
+            {"step": s, "metrics": {"sep/gap": 0.1}, "wall_time": now - 10 * (5 - s)}
+            for s in range(1, 6)
+        ]
+    }
+    assert api.post(f"/api/runs/{run['id']}/log", json=body).status_code == 200
+    state = api.get(f"/api/runs/{run['id']}").json()
+    assert state["pace_s"] == pytest.approx(10) and state["eta_s"] == pytest.approx(150, abs=5)

@@ -261,3 +261,24 @@ def test_held_out_accuracy_says_its_n_and_draws_its_interval(page: Any, ui_serve
     page.click("button[data-tab='summary']")
     row = page.locator("#summary-table tr", has_text="eval/accuracy")
     assert row.locator("td").nth(1).inner_text() == "0.25 (n = 200)"
+
+
+def test_at_800_px_nothing_covers_the_progress_and_the_table_says_it_scrolls(
+    page: Any, ui_server: Any, grpo_and_conspo: Any
+) -> None:
+    """Issue 37 item 11: at 800 px the pinned actions column covered the algorithm, ε and the
+    progress, and tables cut off at the edge gave no cue that they scroll."""
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.goto(f"{ui_server.url}/")
+    _, c = grpo_and_conspo
+    row = page.wait_for_selector(f'tr[data-id="{c["id"]}"]')
+    cells = row.query_selector_all("td")
+    progress = next(td for td in cells if td.query_selector(".progress"))
+    actions = cells[-1]
+    p, a = progress.bounding_box(), actions.bounding_box()
+    assert p and a and p["x"] + p["width"] <= a["x"] + 1, (p, a)  # side by side, not over it
+    wrap = page.locator(".table-wrap").first
+    wait_until(page, lambda: "cue-right" in (wrap.get_attribute("class") or ""), what="a cue")
+    wrap.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
+    wait_until(page, lambda: "cue-left" in (wrap.get_attribute("class") or ""), what="cue left")
+    assert "cue-right" not in (wrap.get_attribute("class") or "")
