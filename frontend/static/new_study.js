@@ -121,17 +121,27 @@ function buildBody() {
  * arms.1.overrides; body.objective.k → objective.k; body.seeds.2 → seeds). */
 const fieldFor = (loc) => fieldAt((loc || []).filter((p) => p !== "body").map(String));
 
-/** A 422's messages under their fields; a message about a part of a field says which part. */
+/** A path as the form names it: "arms.1.overrides.lr" → "Arm 2, overrides.lr" (arms count
+ * from 1 on the page). */
+const humanPath = (path) =>
+  path.replace(/^arms\.(\d+)(?:\.|$)/, (whole, i) => `Arm ${Number(i) + 1}${whole.endsWith(".") ? ", " : ""}`);
+
+/** A 422's messages under their fields; a message about a part of a field says which part;
+ * the note beside Start says how many fields to fix. */
 function showErrors(detail, focus = false) {
   showFormErrors(detail, {
     fieldOf: fieldFor,
     messageOf: (e, field) => {
       const rest = (e.loc || []).filter((p) => p !== "body").join(".");
-      return field.dataset.field === rest ? e.msg : `${rest}: ${e.msg}`;
+      return field.dataset.field === rest ? e.msg : `${humanPath(rest)}: ${e.msg}`;
     },
     summary: false,
     focus,
   });
+  const marked = document.querySelectorAll(".field.has-error").length;
+  $("#check-note").textContent = marked
+    ? `fix the ${marked === 1 ? "marked field" : `${marked} marked fields`}`
+    : "the server refused the study (see above)";
 }
 
 function showLocal() {
@@ -160,7 +170,6 @@ async function check() {
     return true;
   } catch (err) {
     if (mine !== checking) return false;
-    $("#check-note").textContent = "";
     showErrors(err instanceof ApiError ? err.detail : errorText(err));
     return false;
   }

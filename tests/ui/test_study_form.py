@@ -35,6 +35,9 @@ def test_study_form_checks_live_and_submits(page: Any, ui_server: Any, shot: Any
         "el => /params\\.tau/.test(el.textContent) && !el.hidden", arg=tau.element_handle()
     )
     assert err(page, "arms.0.overrides").is_hidden()
+    # the page's names (Arm 2), not the API's (arms.1); the note beside Start says what to do
+    assert "Arm 2, overrides" in tau.inner_text() and "arms.1" not in tau.inner_text()
+    assert page.inner_text("#check-note") == "fix the marked field"
     # bad JSON is caught here, before anything is sent
     page.fill("#f-config", "{task: arith")
     page.wait_for_function(
