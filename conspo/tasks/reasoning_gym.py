@@ -236,6 +236,34 @@ def generator_caps(name: str) -> dict[str, tuple[float, float]]:
     return caps
 
 
+_KINDS = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def generator_parameters(name: str) -> list[dict[str, Any]]:
+    """Generator ``name``'s config parameters as a form offers them (seed and size excepted):
+    each one's name, JSON type ("other" for one a form cannot type: a list, an enum), the
+    generator's own default (None where it has none a form can show), and the caps a number
+    must keep within. Raises KeyError for an unknown generator."""
+    _, config_cls = _generators()[name]
+    hints = get_type_hints(config_cls)
+    caps = generator_caps(name)
+    out = []
+    for f in dataclasses.fields(config_cls):
+        if f.name in TASK_OWNED:
+            continue
+        hint = hints.get(f.name)
+        kind = _KINDS.get(hint, "other") if isinstance(hint, type) else "other"
+        default: Any = f.default
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            with contextlib.suppress(Exception):
+                default = f.default_factory()
+        if not isinstance(default, bool | int | float | str) or default is dataclasses.MISSING:
+            default = None  # a list, a tuple, an enum: the form says its type, not its value
+        low, high = caps.get(f.name, (None, None))
+        out.append({"name": f.name, "type": kind, "default": default, "min": low, "max": high})
+    return out
+
+
 @cache
 def config_model(name: str) -> type[BaseModel]:
     """A pydantic model of generator ``name``'s config dataclass (seed and size excepted: the

@@ -26,6 +26,7 @@ import {
   switchEntry,
   typed,
 } from "/static/new_run_fields.js";
+import { refreshGeneratorFields, syncGeneratorFields } from "/static/new_run_generator.js";
 import {
   addStage,
   buildPipeline,
@@ -129,6 +130,10 @@ function formChanged() {
   updatePreview();
   markEstimateStale();
   refreshEstimateSoon();
+  // the generator's fields follow the task and dataset shown (drawn again only when they change)
+  const dataset = document.querySelector("[name='config.task.params.dataset']");
+  const panel = document.querySelector("#generator-fields");
+  if ((dataset?.value ?? null) !== (panel?.dataset.generator ?? null)) refreshGeneratorFields();
 }
 
 /** The field a run request's 422 `loc` names ("body.config.steps", "body.seeds.1"; a loc
@@ -292,6 +297,7 @@ const baseOf = (m) => m.lineage[m.lineage.length - 1]?.base ?? presets.defaults.
 const form = $("#run-form");
 form.addEventListener("submit", submit);
 form.addEventListener("input", markEstimateStale);
+form.addEventListener("input", (ev) => syncGeneratorFields(ev.target));
 form.addEventListener("input", debounce(formChanged, 150));
 form.addEventListener("change", (ev) => {
   if (ev.target.id === "pipeline-mode") {

@@ -48,3 +48,15 @@ def test_the_estimate_gives_the_pace_of_runs_like_it(api: Api) -> None:
     assert pace == {"seconds_per_step": 6.0, "runs": 3, "devices": ["cpu"]}
     other = {**config, "sampling": {**config["sampling"], "max_new_tokens": 7}}
     assert api.post("/api/runs/estimate", json={"config": other}).json()["pace"] is None
+
+
+def test_a_generators_parameters_for_the_form(api: Api) -> None:
+    found = api.get("/api/presets/generators/gcd").json()
+    by_name = {p["name"]: p for p in found["parameters"]}
+    assert by_name["max_value"] == {
+        "name": "max_value", "type": "integer", "default": 1000, "min": -10000, "max": 10000
+    }  # fmt: skip
+    assert "seed" not in by_name and "size" not in by_name  # the task sets those
+    missing = api.get("/api/presets/generators/no_such_generator")
+    assert missing.status_code == 404 and "no_such_generator" in missing.json()["detail"]
+    assert api.get("/api/presets/generators/..%2Fetc").status_code in (404, 422)

@@ -64,3 +64,30 @@ def test_the_form_marks_what_start_would_refuse_as_you_type(page: Any, ui_server
     page.fill('[name="config.steps"]', "30")
     wait_until(page, lambda: page.locator(".field.has-error").count() == 0, what="marks cleared")
     assert page.inner_text("#submit-btn") == "Start 2 runs"
+
+
+def test_a_generators_config_is_fields_of_its_own_parameters(page: Any, ui_server: Any) -> None:
+    """Issue 37 item 6: the generator's config was free JSON with no list of its fields. The
+    generator's parameters (their defaults as placeholders, their caps as bounds) are fields
+    that write the JSON the form sends; a hand edit of the JSON shows in them."""
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.task.name"]')
+    page.select_option('[name="config.task.name"]', "reasoning_gym")
+    page.select_option('[name="config.task.params.dataset"]', "gcd")
+    panel = page.wait_for_selector('#generator-fields[data-generator="gcd"]')
+    max_value = panel.query_selector('[data-param="max_value"]')
+    assert max_value.get_attribute("placeholder") == "1000"  # gcd's own default
+    assert max_value.get_attribute("max") == "10000"
+    max_value.fill("60")
+    config = '[name="config.task.params.config"]'
+    wait_until(page, lambda: page.input_value(config) == '{"max_value":60}', what="the JSON")
+    wait_until(page, lambda: '"max_value": 60' in page.inner_text("#preview"), what="preview")
+    page.fill(config, '{"max_value": 30, "min_value": 2}')
+    wait_until(page, lambda: max_value.input_value() == "30", what="the fields follow the JSON")
+    assert panel.query_selector('[data-param="min_value"]').input_value() == "2"
+    max_value.fill("")  # blank: the generator's default again
+    wait_until(page, lambda: page.input_value(config) == '{"min_value":2}', what="key dropped")
+    page.select_option('[name="config.task.params.dataset"]', "chain_sum")
+    page.wait_for_selector('#generator-fields[data-generator="chain_sum"] [data-param="max_terms"]')
+    page.select_option('[name="config.task.name"]', "arith")
+    wait_until(page, lambda: page.locator("#generator-fields").count() == 0, what="gone")

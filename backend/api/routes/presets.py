@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
-from pydantic import BaseModel
+from fastapi import APIRouter, HTTPException, status
+from fastapi import Path as PathParam
+from pydantic import BaseModel, Field
 from pydantic_core import to_jsonable_python
 
+from backend.api.contract import refusals
 from backend.api.deps import SettingsDep
 from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
@@ -106,3 +108,38 @@ def _defaults(params: type[BaseModel]) -> dict[str, Any]:
 @router.get("/presets", response_model=Presets)
 def get_presets(settings: SettingsDep) -> dict[str, Any]:
     return {**presets(), "tool_timeout_max_s": settings.sandbox_max_timeout_s}
+
+
+class GeneratorParameter(BaseModel):
+    name: str
+    type: str = Field(description='integer, number, boolean, string, or "other" (JSON only).')
+    default: bool | int | float | str | None = Field(
+        description="The generator's own default (None where a form cannot show it)."
+    )
+    min: float | None = Field(description="The lowest value a config may set (numbers).")
+    max: float | None = Field(description="The highest value a config may set (numbers).")
+
+
+class GeneratorParameters(BaseModel):
+    name: str
+    parameters: list[GeneratorParameter]
+
+
+@router.get(
+    "/presets/generators/{name}",
+    response_model=GeneratorParameters,
+    responses=refusals({404: "No reasoning-gym generator of that name."}),
+)
+def get_generator_parameters(
+    name: Annotated[str, PathParam(max_length=100, pattern=r"^[A-Za-z0-9_]+$")],
+) -> dict[str, Any]:
+    """A reasoning-gym generator's config parameters (the ``reasoning_gym`` task's
+    ``params.config``): the form draws one field for each, with its default and caps."""
+    from conspo.tasks.reasoning_gym import generator_parameters
+
+    try:
+        return {"name": name, "parameters": generator_parameters(name)}
+    except KeyError:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no reasoning-gym generator named {name!r}"
+        ) from None
