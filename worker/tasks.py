@@ -74,7 +74,11 @@ def run_training(run_id: int) -> str:
         raise Reject(STOPPING, requeue=True)
     settings = get_settings()
     db, jobs = database(), JobQueue(celery_app, settings.queue)
-    first = interrupted_waiting(db, settings, run_id)
+    try:
+        first = interrupted_waiting(db, settings, run_id)
+    except Exception as exc:  # the database away: this job's own run, as before (it retries)
+        log.warning("run %s: could not look for interrupted runs (%s)", run_id, short(exc))
+        first = None
     if first is not None:
         # An interrupted run goes before a fresh one (its message went to the back of the
         # queue when it was handed back or re-queued); its own message, when it comes, finds it

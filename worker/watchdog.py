@@ -185,7 +185,7 @@ def watch(
             if row.cancel_requested and now - told.setdefault("cancel", now) >= grace:
                 return _cancel(db, run_id, attempt, pid, grace)
             silent = pulses.silent_for()
-            beat_age = (utcnow() - row.heartbeat_at).total_seconds()
+            beat_age = (utcnow() - row.heartbeat_at).total_seconds() if row.heartbeat_at else 0.0
             if silent is not None and silent < stall_s:
                 if beat_age >= late_s:  # alive, its own beats held up: beat for it
                     _beat_for(db, run_id, attempt, beat_age, told)
