@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import embedded_env, free_port, stop
+from tests.support import embedded_env, free_port, shared_model_store, stop
 
 PORTS = range(18300, 18400)
 
@@ -42,8 +42,10 @@ def workers_in(folder: Path) -> list[int]:
     return pids
 
 
-def test_embedded_serve_queues_the_demo_and_trains_it(tmp_path):  # type: ignore[no-untyped-def]
-    env = embedded_env(tmp_path)
+def test_embedded_serve_queues_the_demo_and_trains_it(tmp_path, tmp_path_factory):  # type: ignore[no-untyped-def]
+    # The session's model store: tiny-arith's SFT warm start (minutes on a loaded machine) is
+    # built once for every suite; the demo's training, not the build, is what this test is for.
+    env = embedded_env(tmp_path, CONSPO_MODEL_STORE=str(shared_model_store(tmp_path_factory)))
     port = free_port(PORTS)
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "serve.log").open("ab")
@@ -73,9 +75,9 @@ def test_embedded_serve_queues_the_demo_and_trains_it(tmp_path):  # type: ignore
         assert token and token in httpx.get(f"{url}/", timeout=5).text  # injected for the UI
         assert httpx.get(f"{url}/api/health", timeout=5).json()["mode"] == "embedded"
 
-        # The embedded worker picks the first run up and its curves start growing. It first
-        # builds tiny-arith (an SFT warm start, ~20 s on an idle machine): the limit is for a
-        # loaded one (CI beside other jobs took over 240 s).
+        # The embedded worker picks the first run up and its curves start growing. It may first
+        # build tiny-arith (an SFT warm start, ~20 s on an idle machine) if no test has yet: the
+        # limit is for a loaded one (CI beside other jobs took over 240 s).
         first = demo[0]["id"]
         wait_for(
             lambda: httpx.get(f"{url}/api/runs/{first}", timeout=5).json()["step"] >= 2,
