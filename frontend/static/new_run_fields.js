@@ -102,7 +102,25 @@ function sectionFields(sectionKey, values, advanced = false) {
     const kind = kindOfSelect(path);
     if (kind) return field(path, prop, v, { label: titleCase(kind), options: entryOptions(kind) });
     if (sectionKey === "model" && name === "name") {
-      return field(path, prop, v, { label: "Model", list: "model-list", wide: false });
+      const f = field(path, prop, v, { label: "Model", list: "model-list", wide: false });
+      // the catalogue in sight (the datalist shows only while typing): a click picks a model,
+      // as typing its name does (its recommended settings follow, new_run.js)
+      const input = f.querySelector("input");
+      const pick = (ev) => {
+        input.value = ev.currentTarget.dataset.model;
+        input.dispatchEvent(new Event("input", { bubbles: true }));
+        input.dispatchEvent(new Event("change", { bubbles: true }));
+      };
+      input.after(
+        h(
+          "div.model-chips",
+          {},
+          presets.models.map((m) =>
+            h("button.chip", { type: "button", title: m.description, "data-model": m.name, onclick: pick }, m.name),
+          ),
+        ),
+      );
+      return f;
     }
     if (path === "config.model.from_run") return fromRunField(path, prop, v);
     if (path === "config.model.step") {

@@ -45,6 +45,11 @@ def test_choosing_smollm2_applies_its_recommended_settings(page: Any, ui_server:
     page.click("#reset-btn")
     wait_until(page, lambda: not note.is_visible(), what="the note gone")
     assert value(page, "config.sampling.max_new_tokens") == "6"
+    # the catalogue is in sight under the field, and a click picks a model as typing does
+    page.click(f'.model-chips [data-model="{SMOLLM2}"]')
+    wait_until(page, lambda: note.is_visible(), what="the note again")
+    assert value(page, "config.model.name") == SMOLLM2
+    assert value(page, "config.sampling.max_new_tokens") == "128"
 
 
 def test_the_form_marks_what_start_would_refuse_as_you_type(page: Any, ui_server: Any) -> None:
