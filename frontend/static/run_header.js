@@ -80,7 +80,7 @@ export function renderRun() {
   const run = S.run;
   document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
   $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
-  $("#run-status").replaceChildren(...[statusBadge(run), waitingNote(run)].filter(Boolean));
+  $("#run-status").replaceChildren(...[statusBadge(run), attemptNote(run), waitingNote(run)].filter(Boolean));
   $("#run-lineage").replaceChildren(
     ...kindLine(run, () => S.run && renderRun()),
     run.cloned_from ? " · " : "",
@@ -156,6 +156,15 @@ function summaryValue(key, value, run) {
   const n = run.summary?.[EVAL_PROBLEMS];
   if (key === EVAL_ACCURACY && n > 0 && Number.isFinite(value)) return `${fmtNum(value, 6)} (n = ${n})`;
   return fmtNum(value, 6);
+}
+
+/** Beside the status of a run on a later attempt: which, and where it picked up (steps up to
+ * the step shown are trained again after a resume from an earlier checkpoint). */
+function attemptNote(run) {
+  if ((run.attempt || 0) <= 1 || FINISHED.has(run.status)) return null;
+  const from = run.resumed_from_step;
+  const where = from === null || from === undefined ? "" : from > 0 ? `, resumed from step ${from}` : ", started over";
+  return h("span.muted.small#attempt-note", { title: run.last_worker_death || "" }, `attempt ${run.attempt}${where}`);
 }
 
 /** A run handed back or whose worker died: its attempt, the deaths (the last one's cause in the

@@ -238,6 +238,8 @@ def test_a_resumed_run_says_its_attempts_deaths_and_where_it_resumed(
     item = page.wait_for_selector("#meta-attempts")
     assert item.inner_text() == "attempt 2 · 1 worker death · resumed from step 5"
     assert "killed by its watchdog" in (item.get_attribute("title") or "")
+    # and in the header, beside the status ("7/10" alone hid that steps 6-7 were trained again)
+    assert page.inner_text("#attempt-note") == "attempt 2, resumed from step 5"
 
 
 def test_held_out_accuracy_says_its_n_and_draws_its_interval(page: Any, ui_server: Any) -> None:
