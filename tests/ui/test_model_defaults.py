@@ -5,22 +5,27 @@ answer tag it never writes, 300 steps), and says so; Reset takes them back."""
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Any
 
 import pytest
 
+from tests.ui.conftest import ROOT
 from tests.ui.test_pages import wait_until
 
 pytestmark = pytest.mark.browser
 
 SMOLLM2 = "smollm2-135m-instruct"
+DOCS = ROOT / "docs"
 
 
 def value(page: Any, name: str) -> str:
     return page.input_value(f'[name="{name}"]')
 
 
-def test_choosing_smollm2_applies_its_recommended_settings(page: Any, ui_server: Any) -> None:
+def test_choosing_smollm2_applies_its_recommended_settings(
+    page: Any, ui_server: Any, shot: Any
+) -> None:
     page.goto(f"{ui_server.url}/runs/new")
     page.wait_for_selector('[name="config.model.name"]')
     assert value(page, "config.sampling.max_new_tokens") == "6"  # the demo's
@@ -42,6 +47,9 @@ def test_choosing_smollm2_applies_its_recommended_settings(page: Any, ui_server:
     task = request["config"]["task"]
     assert task["params"]["answer_format"] == "last_number" and task["eval_size"] == 200
     assert "digits" not in task["params"]  # the arith task's parameters are gone with it
+    page.wait_for_selector('#generator-fields[data-generator="gcd"]')  # its config as fields
+    page.set_viewport_size({"width": 1440, "height": 1100})
+    shutil.copy(shot(page, "new-run-smollm2"), DOCS / "screenshot-new-run-smollm2.png")
     page.click("#reset-btn")
     wait_until(page, lambda: not note.is_visible(), what="the note gone")
     assert value(page, "config.sampling.max_new_tokens") == "6"
