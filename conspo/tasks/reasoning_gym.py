@@ -254,9 +254,10 @@ def generator_parameters(name: str) -> list[dict[str, Any]]:
         hint = hints.get(f.name)
         kind = _KINDS.get(hint, "other") if isinstance(hint, type) else "other"
         default: Any = f.default
-        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        factory = f.default_factory
+        if default is dataclasses.MISSING and callable(factory):
             with contextlib.suppress(Exception):
-                default = f.default_factory()
+                default = factory()
         if not isinstance(default, bool | int | float | str) or default is dataclasses.MISSING:
             default = None  # a list, a tuple, an enum: the form says its type, not its value
         low, high = caps.get(f.name, (None, None))
