@@ -7,6 +7,7 @@ time since the last step into ``pace_s``; ``eta_s`` = pace × steps left − tim
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -23,7 +24,8 @@ def log_at(api: Api, run_id: int, wall: float, *steps: int) -> dict[str, Any]:
 
 
 def test_the_pace_folds_every_step_and_the_eta_counts_what_is_left(api: Api) -> None:
-    run = api.external(total_steps=20)
+    name = f"pace-{uuid.uuid4().hex[:8]}"  # the session's database holds other tests' runs
+    run = api.external(name=name, total_steps=20)
     now = time.time()
     first = log_at(api, run["id"], now - 60, 1)  # no earlier step to measure from
     assert first["pace_s"] is None and first["eta_s"] is None
@@ -39,7 +41,7 @@ def test_the_pace_folds_every_step_and_the_eta_counts_what_is_left(api: Api) -> 
     assert again["pace_s"] == pytest.approx(run_now["pace_s"])
     assert again["eta_s"] == pytest.approx(run_now["eta_s"], abs=5)
     # the list says the same as the run
-    listed = api.get("/api/runs", params={"sort": "id"}).json()["items"]
+    listed = api.get("/api/runs", params={"q": name}).json()["items"]
     (same,) = [r for r in listed if r["id"] == run["id"]]
     assert same["eta_s"] == pytest.approx(again["eta_s"], abs=5)
 
