@@ -16,8 +16,8 @@ echoed only when it is small, made renderable first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,19 +27,48 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.config import Settings
 from backend.errors import Busy, DomainError, Forbidden, InvalidInput
+from backend.runs.inputs import unlocated_model
 from backend.runs.lifecycle import Conflict, QueueUnavailable
 from backend.schemas import renderable
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 ECHO_CHARS = 1_000  # an input or message longer than this is cut (msg) or not echoed (input)
 LOC_PART_CHARS = 200  # a dict key in a location (a metric key of 10k characters) is cut
 MAX_ERRORS = 50  # 10,000 bad rollouts need not come back as 10,000 errors
 
 
-async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError | InvalidInput)
-    return unprocessable(exc.errors() if isinstance(exc, RequestValidationError) else exc.errors)
+    if isinstance(exc, InvalidInput):
+        return unprocessable(exc.errors)
+    return unprocessable([*exc.errors(), *_unlocated_model(request, exc)])
+
+
+CHECKS_MODEL_NAME: set[Callable[..., Any]] = set()  # routes a config comes to in ``body.config``
+
+
+def checks_model_name(endpoint: F) -> F:
+    """Marks a route whose 422s also name an unavailable ``body.config.model.name``."""
+    CHECKS_MODEL_NAME.add(endpoint)
+    return endpoint
+
+
+def _unlocated_model(request: Request, exc: RequestValidationError) -> list[dict[str, Any]]:
+    """A run submit that fails validation also names a model that is not here (the check a
+    valid config meets after validation), so a form's errors come at once, not in rounds."""
+    if getattr(request.scope.get("route"), "endpoint", None) not in CHECKS_MODEL_NAME:
+        return []
+    body = exc.body
+    config = body.get("config") if isinstance(body, dict) else None
+    problem = unlocated_model(config, request.app.state.settings)
+    if problem is None:
+        return []
+    where, message, value = problem
+    return [
+        {"type": "value_error", "loc": ("body", "config", *where), "msg": message, "input": value}
+    ]
 
 
 def unprocessable(errors: Sequence[Any], status_code: int = 422) -> JSONResponse:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
 from backend import liveness
@@ -32,6 +33,7 @@ from backend.models import utcnow
 from conspo.access import DataFiles, ModelSource, ModelSources, Unavailable
 from conspo.config import RunConfig
 from conspo.generation.vllm_interpreter import vllm_available
+from conspo.input_checks import Label
 from conspo.models.resources import (
     MemoryEstimate,
     MemoryRefused,
@@ -211,6 +213,28 @@ def problems(config: RunConfig, settings: Settings) -> list[Problem]:
         return [*found, (("model", "name"), str(exc), config.model.name)]
     refused = _memory_problem(config, source, settings)
     return found + ([refused] if refused else [])
+
+
+def unlocated_model(raw: Any, settings: Settings) -> Problem | None:
+    """The problem with the model a config that failed validation names, found as a valid
+    config's would be: a person fixing a form learns of a bad ``model.name`` with the other
+    errors, not after fixing them. None when the name is fine, absent, or not a name at all
+    (the validation's own error says so)."""
+    model = raw.get("model") if isinstance(raw, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    if not isinstance(name, str):
+        return None
+    try:
+        _LABEL.validate_python(name)
+        model_sources(settings).locate(name)
+    except ValidationError:
+        return None
+    except Unavailable as exc:
+        return ("model", "name"), str(exc), name
+    return None
+
+
+_LABEL = TypeAdapter(Label)
 
 
 def _kind_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:

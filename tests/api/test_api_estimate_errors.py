@@ -28,6 +28,31 @@ def test_the_estimate_reports_a_submits_errors_field_by_field(api: Api) -> None:
     assert many.status_code == 200 and len(many.json()["errors"]) == 1  # too long: one error
 
 
+def test_a_bad_model_name_comes_with_the_other_errors(api: Api) -> None:
+    """Issue 37 item 12: a model that is not here was named only once every other field was
+    fixed (it is checked after validation). The estimate and the submit name it at once."""
+    model = {"name": "no-such-model-here"}
+    bad = {**tiny_config(2), "steps": -3, "model": model}
+    where = ("body", "config", "model", "name")
+    report = api.post("/api/runs/estimate", json={"config": bad}).json()
+    locs = {tuple(e["loc"]) for e in report["errors"]}
+    assert {where, ("body", "config", "steps")} <= locs
+    refused = api.post("/api/runs", json={"config": bad})
+    assert refused.status_code == 422
+    found = {tuple(e["loc"]): e["msg"] for e in refused.json()["detail"]}
+    assert ("body", "config", "steps") in found and "no-such-model-here" in found[where]
+    # alone (a valid config otherwise) the estimate marks it as the submit refuses it
+    alone = api.post("/api/runs/estimate", json={"config": {**tiny_config(2), "model": model}})
+    assert [tuple(e["loc"]) for e in alone.json()["errors"]] == [where]
+    # a name that is not a name at all is validation's to refuse, once
+    control = {**bad, "model": {"name": "a\x00b"}}
+    detail = api.post("/api/runs", json={"config": control}).json()["detail"]
+    assert [tuple(e["loc"]) for e in detail].count(where) == 1
+    # other routes' 422s are unchanged (nothing is looked up for them)
+    study = api.post("/api/studies", json={"name": "x", "config": bad, "arms": []})
+    assert study.status_code == 422
+
+
 def test_the_estimate_gives_the_pace_of_runs_like_it(api: Api) -> None:
     """Issue 37 item 6: a seconds-per-step estimate beside the memory one, from the pace of the
     latest runs of the same model and shape (median), for a caller with a token."""

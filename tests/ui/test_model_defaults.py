@@ -69,6 +69,13 @@ def test_the_form_marks_what_start_would_refuse_as_you_type(page: Any, ui_server
     page.fill('[name="config.steps"]', "-3")
     wait_until(page, lambda: "has-error" in (steps.get_attribute("class") or ""), what="a mark")
     assert "greater than" in steps.locator(".err").inner_text()
+    # a model that is not here is marked beside it, not after the rest is fixed
+    model = page.locator('[data-field="config.model.name"]')
+    page.fill('[name="config.model.name"]', "no-such-model")
+    wait_until(page, lambda: "has-error" in (model.get_attribute("class") or ""), what="model")
+    assert "no-such-model" in model.locator(".err").inner_text()
+    assert "has-error" in (steps.get_attribute("class") or "")
+    page.fill('[name="config.model.name"]', "tiny-arith")
     page.fill('[name="seeds"]', "0, one")
     seeds = page.locator('[data-field="seeds"]')
     wait_until(page, lambda: "has-error" in (seeds.get_attribute("class") or ""), what="seeds")

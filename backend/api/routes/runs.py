@@ -32,6 +32,7 @@ from backend.api.deps import (
     SettingsDep,
     check_token,
 )
+from backend.api.errors import checks_model_name
 from backend.api.query import ORDER, JSONBytes, parse_ids, parse_order, parse_where, run_id_list
 from backend.config import Settings
 from backend.db import Database
@@ -77,6 +78,7 @@ ShortText = Annotated[Label, Query()]
     response_model=RunsCreated,
     responses=refusals({403: STARTS_FROM_UNSHARED, 503: QUEUE_DOWN}),
 )
+@checks_model_name
 def create(
     body: RunCreate,
     user: CurrentUser,
@@ -193,18 +195,31 @@ def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, di
         errors = exc.errors(include_url=False, include_context=False, include_input=False)
         first = errors[0]
         where = ".".join(str(part) for part in first["loc"])
+        found = [
+            {"loc": ["body", "config", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in errors[:MAX_REPORTED_ERRORS]
+        ]
         return None, {
             "total_bytes": None,
             "parts": None,
             "limit_bytes": run_inputs.report_limit(settings),
             "fits": None,
             "text": f"not a valid config yet ({where}: {first['msg']})",
-            "errors": [
-                {"loc": ["body", "config", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                for e in errors[:MAX_REPORTED_ERRORS]
-            ],
+            "errors": [*_model_error(raw, settings), *found][:MAX_REPORTED_ERRORS],
         }
-    return config, run_inputs.memory_report(config, settings)
+    report = run_inputs.memory_report(config, settings)
+    if model_errors := _model_error(raw, settings):
+        report["errors"] = model_errors  # what Start would refuse, marked as you type
+    return config, report
+
+
+def _model_error(raw: Any, settings: Settings) -> list[dict[str, Any]]:
+    """A ``model.name`` that names no model here, located as a submit's 422 locates it."""
+    problem = run_inputs.unlocated_model(raw, settings)
+    if problem is None:
+        return []
+    where, message, _ = problem
+    return [{"loc": ["body", "config", *where], "msg": message, "type": "value_error"}]
 
 
 MAX_REPORTED_ERRORS = 50  # a report names this many problems at most (a form has fewer fields)
