@@ -1,5 +1,5 @@
 """The demo's settings, written once: 1-digit a±b±c arithmetic from the SFT-warm-started tiny
-model, 300 steps (about 30 s a run on 2 CPU cores).
+model, 300 steps (about a minute a run on a quiet 2-core CPU, several on a loaded one).
 
 Everything that offers a starting config starts from ``DEMO_CONFIG`` so that a run made from it
 is comparable with the demo's runs: the study ``conspo-lab serve --demo`` queues (its arms set

@@ -284,7 +284,8 @@ def _queue_demo(settings: Settings) -> None:
     a±b±c from the tiny-arith model, two runs queued or running at once (the embedded worker
     trains one; the second waits ready).
 
-    300 steps at the default lr (3e-5) take about 30 s a run on 2 CPU cores: held-out greedy
+    300 steps at the default lr (3e-5) take about a minute a run on a quiet 2-core CPU (65-343 s
+    measured, loaded or not): held-out greedy
     accuracy climbs from 0.55 to about 0.7 and the separation curves move, so a newcomer sees
     curves grow; five seeds paired across arms give the study page a verdict worth reading.
     """
