@@ -404,6 +404,7 @@ async function loadPresets() {
     // Rows drawn before the schemas came may show a parameter their run leaves unused.
     if (state.order.length) render();
     else renderHead(hyperColumns());
+    $("#runs-table").dataset.schemas = "1"; // headers by symbol, unused parameters hidden
   } catch (err) {
     console.warn("presets", errorText(err));
   }
