@@ -184,6 +184,7 @@ def test_every_page_at_1440_and_800(
 
     visit(page, "/studies", f'#studies-table tr[data-id="{sid}"]', width, "studies")
     visit(page, f"/studies/{sid}", "#verdict .verdict-line", width, "study")
+    assert "decides" in page.inner_text("main").lower()  # item 9: which test decides is said
 
     page.goto(f"{ui_server.url}/studies/new")
     page.wait_for_selector("#f-config")
@@ -207,3 +208,4 @@ def test_every_page_at_1440_and_800(
     visit(page, "/pipelines", f'#pipelines-table tr[data-id="{pid}"]', width, "pipelines")
     visit(page, f"/pipelines/{pid}", '#stages-body tr[data-stage="1"]', width, "pipeline")
     visit(page, "/models", "#models-body tr[data-run]", width, "models")
+    assert "pass@k" not in page.inner_text("main")  # item 5: pass@k always with its k
