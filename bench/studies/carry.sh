@@ -9,6 +9,7 @@
 # doubled (the upserts on (run, key, step)).
 #
 #   bench/studies/carry.sh save    NAME      # → bench/studies/NAME.dump, NAME.commit
+#   bench/studies/carry.sh save    NAME --at-run-end   # the same once the running run has ended
 #   bench/studies/carry.sh restore NAME      # → serve on :8100 and a worker, from NAME.commit
 #   bench/studies/carry.sh status  NAME      # runs of the study: step, status, attempt
 #
@@ -30,6 +31,13 @@ python="$repo/.venv/bin/python"
 
 case "$cmd" in
   save)
+    if [ "${3:-}" = "--at-run-end" ]; then  # lose no partial run: wait for the running one
+      current="$(psql -tA -d "$db" -c "select id from runs where status = 'running' limit 1")"
+      while [ -n "$current" ] &&
+        [ "$(psql -tA -d "$db" -c "select status from runs where id = $current")" = running ]; do
+        sleep 5
+      done
+    fi
     pkill -TERM -f "conspo_lab.cli worker" || true   # hands the running run back, then exits
     for _ in $(seq 120); do pgrep -f "conspo_lab.cli worker" >/dev/null || break; sleep 2; done
     pg_dump -Fc "$db" > "$here/$name.dump"
