@@ -243,7 +243,13 @@ def generator_parameters(name: str) -> list[dict[str, Any]]:
     """Generator ``name``'s config parameters as a form offers them (seed and size excepted):
     each one's name, JSON type ("other" for one a form cannot type: a list, an enum), the
     generator's own default (None where it has none a form can show), and the caps a number
-    must keep within. Raises KeyError for an unknown generator."""
+    must keep within. Raises KeyError for an unknown generator. Worked out once per generator
+    (its default factories are called once, however often a form asks)."""
+    return [dict(p) for p in _generator_parameters(name)]
+
+
+@cache
+def _generator_parameters(name: str) -> tuple[dict[str, Any], ...]:
     _, config_cls = _generators()[name]
     hints = get_type_hints(config_cls)
     caps = generator_caps(name)
@@ -262,7 +268,7 @@ def generator_parameters(name: str) -> list[dict[str, Any]]:
             default = None  # a list, a tuple, an enum: the form says its type, not its value
         low, high = caps.get(f.name, (None, None))
         out.append({"name": f.name, "type": kind, "default": default, "min": low, "max": high})
-    return out
+    return tuple(out)
 
 
 @cache
