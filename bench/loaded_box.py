@@ -2,6 +2,7 @@
 then cancels of more runs like it (issue 37's "done when").
 
     python bench/loaded_box.py [--steps 6] [--eval-every 3] [--burners 2] [--cancels 2]
+    python bench/loaded_box.py --cancels-only      # the form's config, then only the cancels
 
 What it does, in a throwaway data directory (the model store is ``CONSPO_MODEL_STORE`` if set,
 so SmolLM2's ~40 s build can be shared):
@@ -197,6 +198,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=3)
     parser.add_argument("--burners", type=int, default=2)
     parser.add_argument("--cancels", type=int, default=2, choices=(0, 1, 2))
+    parser.add_argument(
+        "--cancels-only", action="store_true", help="the form's run cancelled, not followed"
+    )
     parser.add_argument("--port", type=int, default=18420)
     parser.add_argument("--timeout", type=float, default=4 * 3600)
     args = parser.parse_args()
@@ -219,6 +223,16 @@ def main() -> None:
         t0 = time.monotonic()
         run_id = submit_from_form(base, args.steps, args.eval_every)
         print(f"run {run_id} submitted from the form in {time.monotonic() - t0:.1f} s")
+        if args.cancels_only:  # the form's run is the first one cancelled
+            config = http.get(f"/api/runs/{run_id}").json()["config"]
+            http.post(f"/api/runs/{run_id}/cancel")
+            for phase in ("start", "mid-step"):
+                result = cancel_in(http, config, phase, base)
+                print(f"cancel: {result}")
+                ok = result["status"] == "cancelled" and result["seconds"] <= 10
+                ok = ok and result["same_worker"] and proc.poll() is None
+                print(f"VERDICT cancel {phase}: {'PASS' if ok else 'FAIL'} (≤ 10 s, same worker)")
+            return
         followed = follow(http, run_id, args.timeout)
         run = followed["run"]
         watchdog_lines = [ln for ln in log.read_text().splitlines() if WATCHDOG_LINE.search(ln)]

@@ -128,8 +128,11 @@ class SampleRequest:
         return [self.eos_id] if isinstance(self.eos_id, int) else list(self.eos_id)
 
 
-# How many generated tokens pass between two ``SampleRequest.should_stop`` calls.
-STOP_CHECK_COLUMNS = 32
+# How many generated tokens pass between two ``SampleRequest.should_stop`` calls. A count, not a
+# clock, so every rank of a distributed run asks at the same token (the answer is agreed by a
+# collective). 32 columns of SmolLM2's 8 x 8 rollouts took ~10 s on a loaded 2-core box
+# (bench/loaded_box.py: a cancel then took 11 s); a call reads a flag, so 8 costs nothing.
+STOP_CHECK_COLUMNS = 8
 
 
 class GenerationStopped(Exception):
