@@ -9,7 +9,9 @@ caller that may abandon a run installs a check for its own thread:
 
 and every long loop asks ``stopping.check()`` between small pieces of work: each decode step
 of sampling and evaluation, each micro-batch and mini-batch of the update, each problem a task
-draws, each slice of a wait on a tool call, each step of a built-in model's warm start. A
+draws, each slice of a wait on a tool call, each step of a built-in model's warm start, and each
+layer of a forward pass that computes no gradient (``check_between_layers``: a prefill, an
+evaluation's, the old and reference policies' log-probs). A
 check is a thread-local lookup and the caller's flag: cheap enough for every token. Abandoned is
 final: what was logged stays, and no checkpoint is written of the half-done step (the last one
 saved keeps its own step's weights), so it is for a cancel or a lost attempt, never for a
@@ -24,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _local = threading.local()
 
@@ -54,3 +57,22 @@ def check() -> None:
     """Raise ``Abandoned`` if this thread's check is installed and true."""
     if abandoning():
         raise Abandoned("the run was abandoned (cancelled) inside a phase")
+
+
+def check_between_layers(model: Any) -> None:
+    """Ask ``check`` before each layer (every module of every ``nn.ModuleList``) of ``model``'s
+    forward passes that compute no gradient: one such pass, SmolLM2's prefill of a step's
+    prompts, took ~7 s on a loaded 2-core CPU with no other place to stop, and a cancel then
+    took 10-22 s (bench/loaded_box.py). A pass that computes gradients is left alone: the update
+    asks between its micro-batches, and raising inside a gradient-checkpointed backward (which
+    runs the forward again) would leave autograd mid-flight."""
+    import torch
+
+    def before_layer(_module: Any, _args: Any) -> None:
+        if not torch.is_grad_enabled():
+            check()
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for layer in module:
+                layer.register_forward_pre_hook(before_layer)

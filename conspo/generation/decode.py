@@ -48,6 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from conspo import stopping
+
 # Model types whose decoder layer DecodeLoop reproduces (the module checks in ``supports`` make
 # sure a given checkpoint has exactly that layer).
 ARCHITECTURES = ("llama", "qwen2", "mistral")
@@ -265,6 +267,7 @@ class DecodeLoop:
 
     def _fused(self, *linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One matrix (and bias) for ``linears`` side by side, in the compute dtype."""
+        stopping.check()  # building a step's fused weights took ~2 s loaded: a cancel lands here
         parts = [_weight_and_bias(m) for m in linears]
         weight = torch.cat([w for w, _ in parts]).to(self.compute)
         if all(b is None for _, b in parts):

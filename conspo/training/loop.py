@@ -282,6 +282,7 @@ def setup(
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
     stopping.check()
     model = prepare_for_training(model, cfg.model, cfg.seed)
+    stopping.check_between_layers(model)
     distributed.broadcast_parameters(model)
     sharded = cfg.resources.strategy == "fsdp" and distributed.active()
     if sharded:  # the optimiser must hold the shards (DTensors): shard before building it
@@ -296,6 +297,7 @@ def setup(
         # reference is the base itself, adapters disabled (reference_logprobs).
         ref_model, _ = load_pretrained(path, device, precision.weights, attn)
         ref_model.eval().requires_grad_(False)
+        stopping.check_between_layers(ref_model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     distributed.gather_parameters(model)  # fsdp: full parameters resident until the first update
