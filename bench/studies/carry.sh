@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Carry a long study across sessions on machines that do not keep their disks (issue 38): the
-# study lives in its own PostgreSQL database; `save` stops its worker at a step boundary (the
-# running run is handed back to the queue, its checkpoint saved), dumps the database next to
-# this script and records the commit its code runs from; `restore` recreates the database from
+# study lives in its own PostgreSQL database; `save` stops its worker (only its own: the pid
+# `restore` wrote) at a step boundary (the running run is handed back to the queue, its
+# checkpoint saved), stops its API and dumps the database next to this script (the commit its
+# code runs from is recorded beside it); `restore` recreates the database from
 # the dump and starts the API and one worker from that same commit (a git worktree), so every
 # run of the study trains the same code. A run handed back without its checkpoint (the data
 # directory is not carried) starts over from step 0; its stored steps are overwritten, never
@@ -38,8 +39,12 @@ case "$cmd" in
         sleep 5
       done
     fi
-    pkill -TERM -f "conspo_lab.cli worker" || true   # hands the running run back, then exits
-    for _ in $(seq 120); do pgrep -f "conspo_lab.cli worker" >/dev/null || break; sleep 2; done
+    # the study's own worker (restore wrote its pid), never another worker on this machine
+    worker="$(cat "$root/worker.pid" 2>/dev/null || true)"
+    if [ -n "$worker" ] && kill -TERM "$worker" 2>/dev/null; then  # hands the running run back
+      for _ in $(seq 120); do kill -0 "$worker" 2>/dev/null || break; sleep 2; done
+    fi
+    [ -f "$root/serve.pid" ] && kill "$(cat "$root/serve.pid")" 2>/dev/null || true
     pg_dump -Fc "$db" > "$here/$name.dump"
     ls -l "$here/$name.dump"
     ;;
@@ -53,7 +58,9 @@ case "$cmd" in
     cd "$root/code"
     export PYTHONPATH="$root/code"
     nohup "$python" -m conspo_lab.cli serve --port 8100 >> "$root/serve.log" 2>&1 &
+    echo $! > "$root/serve.pid"
     nohup nice -n 5 "$python" -m conspo_lab.cli worker >> "$root/worker.log" 2>&1 &
+    echo $! > "$root/worker.pid"
     echo "serving on http://127.0.0.1:8100 from $commit; worker log $root/worker.log"
     ;;
   status)
