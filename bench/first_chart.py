@@ -1,12 +1,12 @@
 """Navigation start → first chart drawn, on the demo study while it trains (issue 26's 1.5 s).
 
-    python bench/first_chart.py [--repeats 5] [--min-steps 30] [--port 18390]
+    python bench/first_chart.py [--repeats 5] [--min-steps 30] [--min-runs 4] [--port 18390]
     python bench/first_chart.py --server before=http://127.0.0.1:8001 \\
         --server after=http://127.0.0.1:8002 --token TOKEN   # two checkouts, one demo
 
 The path a newcomer takes: ``conspo-lab serve --embedded --demo`` (what ``make run`` starts) in
 a throwaway data directory, left to train until the running demo run has ``--min-steps``
-steps; then Debian's Chromium (Playwright, headless) opens, interleaved,
+steps and ``--min-runs`` runs have steps (so the grouped compare holds more than one run); then Debian's Chromium (Playwright, headless) opens, interleaved,
 
 * the run page of the run that is training, reached from the runs list (``/`` then the run),
 * the compare page of the demo's runs that have steps, grouped by algorithm,
@@ -86,8 +86,10 @@ def serve(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def wait_for_demo(http: httpx.Client, min_steps: int, timeout: float) -> dict[str, Any]:
-    """The running demo run once it has ``min_steps`` steps."""
+def wait_for_demo(
+    http: httpx.Client, min_steps: int, min_runs: int, timeout: float
+) -> dict[str, Any]:
+    """The running demo run once it has ``min_steps`` steps and ``min_runs`` runs have steps."""
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -98,11 +100,14 @@ def wait_for_demo(http: httpx.Client, min_steps: int, timeout: float) -> dict[st
             time.sleep(1)
             continue
         running = [r for r in runs if r["status"] == "running" and (r["step"] or 0) >= min_steps]
-        if running:
+        if running and sum(1 for r in runs if r["step"]) >= min_runs:
             return running[0]
         last = ", ".join(f"#{r['id']} {r['status']} {r['step']}" for r in runs[:6])
         time.sleep(2)
-    raise SystemExit(f"the demo did not reach {min_steps} steps in {timeout:.0f} s: {last}")
+    raise SystemExit(
+        f"the demo did not reach {min_steps} steps on a running run with {min_runs} runs "
+        f"with steps in {timeout:.0f} s: {last}"
+    )
 
 
 def measure(
@@ -154,13 +159,13 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def pages_of(
-    base: str, token: str, min_steps: int, timeout: float
+    base: str, token: str, min_steps: int, min_runs: int, timeout: float
 ) -> dict[str, tuple[str, str | None]]:
     """Each page's URL and the page a user opens it from."""
     with httpx.Client(
         base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"}
     ) as http:
-        run = wait_for_demo(http, min_steps, timeout)
+        run = wait_for_demo(http, min_steps, min_runs, timeout)
         study_id = http.get("/api/studies").json()["items"][0]["id"]
         runs = http.get("/api/runs", params={"limit": 50}).json()["items"]
     with_steps = ",".join(str(r["id"]) for r in sorted(runs, key=lambda r: r["id"]) if r["step"])
@@ -184,6 +189,7 @@ def report(results: dict[tuple[str, str], list[dict[str, float]]], loads: list[f
             f"{statistics.median(cpu) if cpu else float('nan'):>24.2f}"
             f"   {'ok' if statistics.median(firsts) <= TARGET_S else 'over'} (target {TARGET_S} s)"
         )
+        print(f"{'':<21} each load (s): " + " ".join(f"{f:.2f}" for f in firsts))
     one, five, fifteen = os.getloadavg()
     print(
         f"load average during the loads: {min(loads):.2f}–{max(loads):.2f} (1 min); "
@@ -195,6 +201,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--min-steps", type=int, default=30)
+    parser.add_argument(
+        "--min-runs", type=int, default=4,
+        help="runs with steps before measuring: the grouped compare then holds both arms",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=18390)
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the demo")
     parser.add_argument(
@@ -219,7 +229,7 @@ def main() -> None:
                 wait_healthy(servers["this"], proc, data / "serve.log")
                 token = (data / "token").read_text().strip()
             pages = {
-                name: pages_of(url, token, args.min_steps, args.timeout)
+                name: pages_of(url, token, args.min_steps, args.min_runs, args.timeout)
                 for name, url in servers.items()
             }
             processes = {name: listening_process(url) for name, url in servers.items()}
