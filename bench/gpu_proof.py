@@ -10,8 +10,10 @@ One table, printed at the end and written to ``DIR/gpu_proof.md``:
   - ``decode``: the native decode loop (conspo.generation.decode.DecodeLoop, LoRA merged into
     its weights) against the model's own forward, token after token over left-padded chat
     prompts, with a LoRA adapter whose B matrices are random (a zero adapter would prove
-    nothing), in float32 and in bfloat16 weights: the largest |Δ log p| over the tokens the
-    forward gives p ≥ e^-10 (those a sampler can draw), and how often the argmax agrees;
+    nothing): the largest |Δ log p| over the tokens the forward gives p ≥ e^-10 (those a
+    sampler can draw), and how often the argmax agrees. In float32 against the forward; in
+    bfloat16 weights the loop and the bfloat16 forward both against the same weights' float32
+    forward, the loop no further off than the forward (times a slack);
   - ``buckets``: one ConSPO update's gradient through the trainer's length buckets (each bucket
     its own forward, one backward; conspo.training.microbatch.length_buckets, told to split
     wherever it saves a token) against one forward over the whole padded batch, on rollouts the
@@ -44,6 +46,7 @@ How to get this onto a GPU machine with no package index: bench/README.md (bench
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -83,9 +86,13 @@ QUESTIONS = [
 
 # Bounds a check must stay inside. float32 on CUDA: kernels differ by shape (cuBLAS picks its
 # algorithm per shape, SDPA's kernels per length), so agreement is to float32 rounding over a
-# 30-layer model, not bitwise. bfloat16: 8 bits of mantissa, and the loop's merged LoRA weights
-# are rounded once where the forward rounds base and adapter apart.
-DECODE_BOUND = {"float32": 2e-3, "bfloat16": 0.25}
+# 30-layer model, not bitwise. bfloat16 has 8 bits of mantissa: the model's own bfloat16 forward
+# is itself up to ~1 nat off the same weights in float32 on random tokens (1.04 measured on a
+# CPU, argmax 173/192), so the loop is held to the float32 model, no further from it than the
+# bfloat16 forward is, times DECODE_BF16_SLACK: the first GPU proof's absolute 0.25 between the
+# two bfloat16 paths judged rounding noise a deviation (0.905 there, 0.879 on a CPU).
+DECODE_BOUND = {"float32": 2e-3}
+DECODE_BF16_SLACK = 1.25
 BUCKET_BOUND = {"float32": 1e-4, "bfloat16": 3e-2}
 # The memory estimate's stated factor (tests/conspo/test_resources.py, measured on a CPU).
 MEMORY_FACTOR = (0.6, 1.6)
@@ -146,7 +153,9 @@ def model_path() -> Path:
 
 
 def decode_check(proof: Proof, dtype_name: str) -> None:
-    """DecodeLoop's log-probs against the model's own forward, SmolLM2 + a random LoRA."""
+    """DecodeLoop's log-probs against the model's own forward, SmolLM2 + a random LoRA: in
+    float32 against the forward (to ``DECODE_BOUND``); in bfloat16 both bfloat16 paths against
+    the same weights' float32 forward, the loop no further off than the forward is."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -160,10 +169,11 @@ def decode_check(proof: Proof, dtype_name: str) -> None:
     path = model_path()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(proof.device)
+    exact = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(proof.device)
     # init_lora_weights=False: B random too, so the adapter changes every layer's output.
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
-    model = get_peft_model(model, lora).eval()
+    exact = get_peft_model(exact, lora).eval()
+    model = exact if dtype == torch.float32 else copy.deepcopy(exact).to(dtype).eval()
     texts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
@@ -179,23 +189,42 @@ def decode_check(proof: Proof, dtype_name: str) -> None:
     if not DecodeLoop.supports(model, ids.shape[1] + tokens):
         proof.add(Row("correctness", check, "the loop refused the model", "", "DEVIATION"))
         return
-    worst, agree = 0.0, 0
+
+    def forward(net: Any, t: int) -> Any:
+        full = torch.cat([ids, response[:, : t + 1]], dim=1)
+        attn = torch.cat([mask, torch.ones_like(response[:, : t + 1])], dim=1)
+        out = net(input_ids=full, attention_mask=attn, position_ids=prompt_positions(attn))
+        return out.logits[:, -1].float().log_softmax(-1)
+
+    loop_off = forward_off = 0.0  # worst |Δ log p| from the reference, drawable tokens only
+    loop_agree = forward_agree = 0
     with torch.no_grad():
         state = prefill(model, ids, mask, 1)
         loop = DecodeLoop(model, state.cache, mask, state.next_position, tokens)
         for t in range(tokens):
             ours = loop.step(response[:, t], t).float().log_softmax(-1)
-            full = torch.cat([ids, response[:, : t + 1]], dim=1)
-            attn = torch.cat([mask, torch.ones_like(response[:, : t + 1])], dim=1)
-            out = model(input_ids=full, attention_mask=attn, position_ids=prompt_positions(attn))
-            ref = out.logits[:, -1].float().log_softmax(-1)
+            ref = forward(exact, t)
+            same = ref if model is exact else forward(model, t)
             drawable = ref > -10.0
-            worst = max(worst, (ours - ref).abs()[drawable].max().item())
-            agree += int((ours.argmax(-1) == ref.argmax(-1)).sum().item())
-    bound = DECODE_BOUND[dtype_name]
-    ok = worst <= bound
-    figure = f"max |Δ log p| {worst:.2e}, argmax agrees {agree}/{rows * tokens}"
-    proof.add(Row("correctness", check, figure, f"≤ {bound:g}", "ok" if ok else "DEVIATION"))
+            loop_off = max(loop_off, (ours - ref).abs()[drawable].max().item())
+            forward_off = max(forward_off, (same - ref).abs()[drawable].max().item())
+            loop_agree += int((ours.argmax(-1) == ref.argmax(-1)).sum().item())
+            forward_agree += int((same.argmax(-1) == ref.argmax(-1)).sum().item())
+    n = rows * tokens
+    if model is exact:
+        bound = DECODE_BOUND[dtype_name]
+        figure = f"max |Δ log p| {loop_off:.2e}, argmax agrees {loop_agree}/{n}"
+        verdict = "ok" if loop_off <= bound else "DEVIATION"
+        proof.add(Row("correctness", check, figure, f"≤ {bound:g}", verdict))
+        return
+    bound = DECODE_BF16_SLACK * forward_off
+    check = f"decode loop and forward in {dtype_name} vs float32, LoRA r16 ({rows}×{tokens} tokens)"
+    figure = (
+        f"loop: max |Δ log p| {loop_off:.3f}, argmax {loop_agree}/{n}; "
+        f"{dtype_name} forward: {forward_off:.3f}, argmax {forward_agree}/{n}"
+    )
+    verdict = "ok" if loop_off <= bound else "DEVIATION"
+    proof.add(Row("correctness", check, figure, f"loop ≤ {DECODE_BF16_SLACK:g}× forward", verdict))
 
 
 def bucket_check(proof: Proof, dtype_name: str) -> None:
@@ -402,7 +431,7 @@ def nvml_check(proof: Proof) -> None:
 
 def correctness(proof: Proof) -> None:
     dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
-    for dtype in dtypes:
+    for dtype in ["float32", "bfloat16"]:  # the smoke's 2×4 tokens are cheap in bfloat16 too
         guarded(
             proof, "correctness", f"decode loop, {dtype}", lambda d=dtype: decode_check(proof, d)
         )

@@ -36,12 +36,15 @@ def test_the_correctness_checks_pass_on_the_real_model_on_a_cpu(tmp_path, tmp_pa
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     table = (tmp_path / "gpu_proof.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| correctness")]
-    # decode (float32 on a CPU), buckets (float32), one memory config on a CPU, system
-    assert len(rows) == 4, table
-    decode, buckets, *memory, nvml = rows
+    # decode (float32, bfloat16), buckets (float32), one memory config on a CPU, system
+    assert len(rows) == 5, table
+    decode, decode_bf16, buckets, *memory, nvml = rows
     assert "none on a CPU (a CPU run" in nvml and nvml.endswith("| ok |")
     assert "decode loop vs forward" in decode and decode.endswith("| ok |")
     assert "argmax agrees 8/8" in decode  # two rows of four tokens, all agreeing
+    # bfloat16: both paths against the float32 model, the loop no further off than the forward
+    assert "in bfloat16 vs float32" in decode_bf16 and decode_bf16.endswith("| ok |")
+    assert "loop: max /Δ log p/" in decode_bf16 and "bfloat16 forward:" in decode_bf16
     assert "bucketed vs one padded forward" in buckets and buckets.endswith("| ok |")
     assert "1 bucket" not in buckets  # the split was exercised
     for row in memory:
