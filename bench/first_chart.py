@@ -6,7 +6,8 @@
 
 The path a newcomer takes: ``conspo-lab serve --embedded --demo`` (what ``make run`` starts) in
 a throwaway data directory, left to train until the running demo run has ``--min-steps``
-steps and ``--min-runs`` runs have steps (so the grouped compare holds more than one run); then Debian's Chromium (Playwright, headless) opens, interleaved,
+steps and ``--min-runs`` runs have steps (so the grouped compare holds more than one run); then
+Debian's Chromium (Playwright, headless) opens, interleaved,
 
 * the run page of the run that is training, reached from the runs list (``/`` then the run),
 * the compare page of the demo's runs that have steps, grouped by algorithm,
@@ -41,17 +42,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import stop  # noqa: E402
+from tests.support import CHROMIUM, CHROMIUM_ARGS, stop  # noqa: E402
 
-CHROMIUM = os.environ.get("CONSPO_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TARGET_S = 1.5
 
 # Runs before any page script: notes the first frame after a chart with a drawn trace exists.

@@ -43,17 +43,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import stop  # noqa: E402
+from tests.support import CHROMIUM, CHROMIUM_ARGS, stop  # noqa: E402
 
 SMOLLM2 = "smollm2-135m-instruct"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WATCHDOG_LINE = re.compile(r"watchdog|no pulse|stalled|worker died|re-queued", re.IGNORECASE)
 
 
@@ -103,7 +95,7 @@ def submit_from_form(base: str, steps: int, eval_every: int) -> int:
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
-            executable_path=os.environ.get("CONSPO_CHROMIUM", "/usr/bin/chromium"),
+            executable_path=CHROMIUM,
             args=CHROMIUM_ARGS,
         )
         page = browser.new_page(viewport={"width": 1440, "height": 1000})

@@ -20,6 +20,17 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_SERVICES = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
+# Debian's Chromium through Playwright (its own browser downloads cannot run here), with the
+# flags a headless container needs: the browser tests and the bench scripts launch it alike.
+CHROMIUM = os.environ.get("CONSPO_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def shared_model_store(factory: Any) -> Path:

@@ -29,9 +29,8 @@ import pytest
 
 from conspo_lab.cli_server import EmbeddedWorker
 from tests.support import (
-    REQUIRE_SERVICES as REQUIRE,
-)
-from tests.support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
     ROOT,
     StackUnavailable,
     embedded_env,
@@ -39,17 +38,11 @@ from tests.support import (
     start_api,
     stop,
 )
+from tests.support import (
+    REQUIRE_SERVICES as REQUIRE,
+)
 
 PORTS = range(18200, 18300)
-CHROMIUM = os.environ.get("CONSPO_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 
 
