@@ -122,8 +122,11 @@ run: install-run js
 # tests wait on a real worker, server or browser, so two overlap well even on two cores.
 TEST_WORKERS ?= 2
 
+# test-report.xml: each test's time; bench/test_times.py sums it per file (where CI time goes).
 test: install js
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 \
+	  --junit-xml=test-report.xml $(PYTEST_ARGS); status=$$?; \
+	  $(PY) bench/test_times.py test-report.xml || true; exit $$status
 
 lint: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check conspo backend worker conspo_lab tests bench examples
