@@ -15,6 +15,9 @@ rooms below, never one above (``upward_arrows``).
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -284,3 +287,17 @@ def test_conspo_is_a_pure_library() -> None:
         if name.startswith("conspo."):
             outside = {d for d in deps if d.split(".")[0] in ("backend", "worker", "conspo_lab")}
             assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_the_web_app_starts_without_scipy_torch_or_transformers(tmp_path: Path) -> None:
+    """Every server and CLI start pays for what the app imports: scipy (~0.6 s, the study
+    statistics), torch and transformers (seconds) wait until a page or a job needs them."""
+    code = (
+        "import sys, backend.main; backend.main.create_app();"
+        " heavy = sorted({'scipy', 'torch', 'transformers'} & set(sys.modules));"
+        " assert not heavy, heavy"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CONSPO_DATA_DIR": str(tmp_path)}
+    env.pop("CONSPO_DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
