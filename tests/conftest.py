@@ -9,3 +9,10 @@ import os
 # the environment (not a module global): pytest may import this file twice.
 os.environ.setdefault("CONSPO_TEST_VLLM_PYTHON", os.environ.get("CONSPO_VLLM_PYTHON", ""))
 os.environ["CONSPO_VLLM_PYTHON"] = "none"
+
+# One OpenMP thread per process the tests start (servers' embedded workers, Celery workers, CLI
+# runs), as tests/conspo already runs its own models: two pytest-xdist workers fill both cores,
+# and two-thread processes beside each other spin and yield in the kernel (~40% of CPU time seen
+# on an oversubscribed box) instead of computing. Set before torch is imported; a caller's own
+# OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
