@@ -9,6 +9,7 @@ One code path, two deployments, chosen only by URLs:
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -233,6 +234,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
+        # Every directory is made absolute once, here, against the process's working directory:
+        # the platform stores and passes these paths (a chained run's start model, a run's
+        # workdir, the model roots a worker admits), and a relative one joined onto a root that
+        # is itself relative (data/runs/10/start_model under data/runs/10) names nothing.
+        self.data_dir = _absolute(self.data_dir)
+        self.data_roots = [_absolute(root) for root in self.data_roots]
+        self.model_roots = [_absolute(root) for root in self.model_roots]
+        if self.model_store is not None:
+            self.model_store = _absolute(self.model_store)
         if not self.database_url:
             self.database_url = f"sqlite:///{self.data_dir / 'conspo.db'}"
         if not self.broker_url:
@@ -262,6 +272,12 @@ class Settings(BaseSettings):
 
     def run_dir(self, run_id: int) -> Path:
         return self.data_dir / "runs" / str(run_id)
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` with ``~`` expanded, made absolute (not resolved: a symlinked data dir keeps the
+    name its operator gave it)."""
+    return Path(os.path.abspath(path.expanduser()))
 
 
 @lru_cache(maxsize=1)
