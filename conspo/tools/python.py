@@ -47,15 +47,23 @@ class PythonTool:
         )
 
     def run(self, calls: list[ToolCall]) -> list[ToolResult]:
-        if not calls:
-            return []
-        results = run_many(
-            [c.source for c in calls],
-            self.sandbox,
-            max_workers=self.limits.parallel,
-            unsafe_local=self.limits.unsafe_local,
+        # A call is written to a file to run; text no file can hold (a lone surrogate, which a
+        # caller's string may carry though no tokenizer decodes to one) is that call's error,
+        # never an exception that would end the whole rollout.
+        why_not = [_unencodable(c.source) for c in calls]
+        sources = [c.source for c, why in zip(calls, why_not, strict=True) if why is None]
+        ran = iter(
+            run_many(
+                sources,
+                self.sandbox,
+                max_workers=self.limits.parallel,
+                unsafe_local=self.limits.unsafe_local,
+            )
         )
-        return [self._shown(r) for r in results]
+        return [self._shown(next(ran)) if why is None else self._refused(why) for why in why_not]
+
+    def _refused(self, why: str) -> ToolResult:
+        return ToolResult(cut_output(f"SyntaxError: {why}", self.limits.max_output_chars), "error")
 
     def _shown(self, result: SandboxResult) -> ToolResult:
         out = result.stdout
@@ -71,6 +79,15 @@ class PythonTool:
             return ToolResult(cut_output(text, self.limits.max_output_chars), "error",
                               result.wall_seconds)  # fmt: skip
         return ToolResult(cut_output(out, self.limits.max_output_chars), "ok", result.wall_seconds)
+
+
+def _unencodable(source: str) -> str | None:
+    """Why ``source`` cannot be written as UTF-8 (the character and where), or None."""
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"the code holds {source[exc.start]!r} at character {exc.start}, not valid Unicode"
+    return None
 
 
 def _death(code: int) -> str:

@@ -21,12 +21,13 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from conspo import metrics as M
-from conspo.config import RunConfig, TaskConfig
+from conspo.config import RunConfig, TaskConfig, ToolsConfig
 from conspo.registry import (
     JOB_KINDS,
     OBJECTIVES,
     REWARDS,
     TASKS,
+    TOOLS,
     RegisteredJobKind,
     Registry,
     get_objective,
@@ -35,13 +36,17 @@ from conspo.registry import (
     job_kind_names,
     reward_names,
     task_names,
+    tool_names,
 )
 from conspo.rewards import RewardContext, build_rewards, score_rollouts
+from conspo.sandbox import sandbox_available
 from conspo.tasks import make_task
+from conspo.tools import ToolCall, make_toolbox, observation_text
+from tests.support import REQUIRE_SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "examples" / "data" / "math"
-REGISTRIES: tuple[Registry[Any], ...] = (OBJECTIVES, TASKS, REWARDS, JOB_KINDS)
+REGISTRIES: tuple[Registry[Any], ...] = (OBJECTIVES, TASKS, REWARDS, JOB_KINDS, TOOLS)
 CATALOGUE = M.catalogue()
 
 # ------------------------------------------------------------------------------------------------
@@ -110,8 +115,8 @@ def test_the_first_lookup_imports_every_module_of_each_registrys_packages() -> N
     found = json.loads(
         python("""
             import json, sys
-            from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS
-            for registry in (JOB_KINDS, OBJECTIVES, REWARDS, TASKS):
+            from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS
+            for registry in (JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS):
                 registry.names()
             print(json.dumps(sorted(sys.modules)))
         """)
@@ -235,6 +240,30 @@ def test_every_reward_scores_every_tasks_reference_answers(task_name: str, tmp_p
         assert all(isinstance(v, float) and math.isfinite(v) for v in values), (name, values)
         assert not scores.failed, (name, scores.failed)
         assert scores.outcome[::2] == [1.0] * len(examples)  # the bare references verify
+
+
+# ------------------------------------------------------------------------------------------------
+# Every tool answers any text a call may hold with one result, never an exception
+# ------------------------------------------------------------------------------------------------
+
+# What a call's source may be: nothing, a lone surrogate (a str no file or pipe can carry), a
+# NUL, unbalanced syntax, a tag of its own, and one ordinary line.
+HOSTILE_SOURCES = ["", "\ud800", "1\x00", "(((", "</interpreter>", "1 + 1"]
+
+
+@pytest.mark.parametrize("name", tool_names())
+def test_every_tool_answers_every_call_with_one_result(name: str) -> None:
+    """A call is the model's (or a library caller's) text: whatever it holds costs that call,
+    never the rollout. A sandboxed tool runs here only where the sandbox works."""
+    if TOOLS.get(name).sandboxed and not REQUIRE_SERVICES and not sandbox_available():
+        pytest.skip(f"no sandbox here: {sandbox_available().reason}")
+    box = make_toolbox(ToolsConfig(names=[name], timeout_s=5))
+    results = box.run([ToolCall(name, source) for source in HOSTILE_SOURCES])
+    assert len(results) == len(HOSTILE_SOURCES)
+    for source, result in zip(HOSTILE_SOURCES, results, strict=True):
+        assert result.status in ("ok", "error", "timeout"), (source, result)
+        observation_text(result).encode("utf-8")  # what the model reads next is plain text
+    assert results[1].status == "error" and "\\ud800" in results[1].output, results[1]
 
 
 # ------------------------------------------------------------------------------------------------
