@@ -216,15 +216,36 @@ def token_create(
     user: Annotated[str, typer.Option(help="User name (created if new).")],
     admin: Annotated[bool, typer.Option(help="Make the user an admin.")] = False,
 ) -> None:
-    """Create an API token and print it once (only its hash is stored)."""
+    """Create an API token and print it once (only its hash is stored).
+
+    The token is stored in the database CONSPO_DATABASE_URL names (default: the embedded SQLite
+    under CONSPO_DATA_DIR), so run this where that is the server's database: on a cluster, with
+    the same CONSPO_DATABASE_URL as the API (e.g. inside its container)."""
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+
     from backend.db import Database
     from backend.security import create_token
 
-    db = Database(_settings())
-    with db.session() as session:
-        token = create_token(session, user, admin=admin, label="cli")
-    db.dispose()
+    settings = _settings()
+    where = make_url(settings.database_url).render_as_string(hide_password=True)
+    db = Database(settings)
+    try:
+        # A database the server never migrated (a fresh folder's default SQLite, a mistyped URL)
+        # has no users table: a token written there would be one the server never reads.
+        if not inspect(db.engine).has_table("api_tokens"):
+            typer.echo(
+                f"{where} holds no ConSPO Lab tables: point CONSPO_DATABASE_URL at the server's"
+                " database (or run `conspo-lab migrate` there first)",
+                err=True,
+            )
+            raise typer.Exit(1)
+        with db.session() as session:
+            token = create_token(session, user, admin=admin, label="cli")
+    finally:
+        db.dispose()
     typer.echo(token)
+    typer.echo(f"token for {user!r} stored in {where}", err=True)
 
 
 def _settings() -> Settings:
