@@ -59,6 +59,9 @@ Bounds = tuple[float, float] | None  # the range a metric cannot leave (a fracti
 MIN_BOOTSTRAP = 3
 MIN_PAIRS_FOR_P_IMPROVEMENT = 3
 MAX_DIGITS = 6  # decimals a verdict's number is ever given
+# Differences are compared to this many significant digits of the values they are taken
+# between (``without_storage_noise``): float32, which metrics are logged in, keeps about 7.
+SIGNIFICANT_DIGITS = 6
 
 
 def t_interval(values: np.ndarray, level: float = LEVEL) -> Interval:
@@ -175,7 +178,10 @@ def paired(
     """``bounds``: the metric's range; the difference's intervals are cut to what it allows."""
     seeds = sorted(set(arm_by_seed) & set(base_by_seed))
     dropped = sorted(set(arm_by_seed) ^ set(base_by_seed))
-    d = np.array([arm_by_seed[s] - base_by_seed[s] for s in seeds], dtype=float)
+    values = [v for s in seeds for v in (arm_by_seed[s], base_by_seed[s])]
+    d = without_storage_noise(
+        np.array([arm_by_seed[s] - base_by_seed[s] for s in seeds], dtype=float), values
+    )
     n = len(d)
     better = d if direction == "max" else -d
     wins, ties = int((better > 0).sum()), int((better == 0).sum())
@@ -207,6 +213,20 @@ def paired(
     )
 
 
+def without_storage_noise(d: np.ndarray, values: list[float]) -> np.ndarray:
+    """``d`` rounded to ``SIGNIFICANT_DIGITS`` of the largest of ``values`` (the numbers the
+    differences were taken between). Metrics are logged as float32, which keeps about 7
+    significant digits: an accuracy of 0.305 arrives as 0.3050000071, so two differences that
+    are equal (−1.00 and +1.00 points) differ in their 9th digit, and a rank test reads that
+    noise as an order (the Wilcoxon p of a tie changes). Rounding keeps every difference the
+    stored numbers can tell apart and makes equal ones equal, ties and zeros included."""
+    largest = max((abs(v) for v in values if v != 0 and math.isfinite(v)), default=0.0)
+    if not largest:
+        return d
+    decimals = SIGNIFICANT_DIGITS - 1 - math.floor(math.log10(largest))
+    return np.round(d, decimals) + 0.0  # + 0.0: no −0.0 (a tie, not a loss)
+
+
 def _p_paired_t(d: np.ndarray) -> float | None:
     if len(d) < 2:
         return None
@@ -223,11 +243,30 @@ def _p_wilcoxon(d: np.ndarray) -> float | None:
 
 def seeds_needed(sd_d: float | None, effect: float, level: float = LEVEL) -> int | None:
     """Seeds a paired comparison needs to detect ``effect`` (same units as ``sd_d``) with
-    80% power: n ≈ ((z_{1−α/2} + z_{0.8}) · sd(d) / δ)², at least 2."""
+    80% power at a two-sided ``1 − level``: the smallest n ≥ 2 whose paired t test has that
+    power (``t_power``). The normal approximation n ≈ ((z_{1−α/2} + z_{0.8}) · sd(d) / δ)² is
+    where the search starts: it ignores that t has n − 1 degrees of freedom, so at a few seeds
+    it is far too optimistic (3 where the t test needs 5) and a verdict could say "not
+    distinguishable at n = 3; about 3 seeds would be needed"."""
     if sd_d is None or effect <= 0:
         return None
+    if sd_d == 0:
+        return 2  # no spread: two seeds show any difference
     z = _sps().norm.ppf(0.5 + level / 2) + _sps().norm.ppf(POWER)
-    return max(2, math.ceil((z * sd_d / effect) ** 2))
+    n = max(2, math.ceil((z * sd_d / effect) ** 2))
+    while t_power(n, effect / sd_d, level) < POWER:
+        n += 1
+    return n
+
+
+def t_power(n: int, standardized_effect: float, level: float = LEVEL) -> float:
+    """Power of the two-sided paired t test on n pairs when the true mean difference is
+    ``standardized_effect`` standard deviations of the differences: the statistic follows a
+    noncentral t with n − 1 degrees of freedom and noncentrality effect · √n."""
+    sps = _sps()
+    critical = sps.t.ppf(0.5 + level / 2, n - 1)
+    shift = standardized_effect * math.sqrt(n)
+    return float(sps.nct.sf(critical, n - 1, shift) + sps.nct.cdf(-critical, n - 1, shift))
 
 
 def _key_text(key: Key) -> str:
@@ -330,15 +369,26 @@ def verdict_line(
     stated = f"{head} = {mean}{unit_text} [{lo}, {hi}]"
     if pair.distinguishable:
         return f"{stated}, {pair.wins} of {pair.n} {seeds}, {tests_text(pair)}{dropped}"
-    need = seeds_needed(None if pair.sd_d is None else pair.sd_d * scale, effect)
-    needed = (
-        f"; about {need} seeds would be needed to detect {effect_text(effect, unit)}"
-        if need is not None
-        else ""
-    )
     return (
         f"{stated}: not distinguishable from seed noise at n = {pair.n}, {tests_text(pair)}"
-        f"{needed}{dropped}"
+        f"{power_text(pair, scale, effect, unit)}{dropped}"
+    )
+
+
+def power_text(pair: PairedComparison, scale: float, effect: float, unit: str) -> str:
+    """What the seeds say about ``effect`` when the arms could not be told apart: how many
+    seeds would detect it, or, when the study already has that many, that it would have
+    been detected (so a difference, if any, is smaller): never "about 3 seeds would be
+    needed" at n = 3."""
+    need = seeds_needed(None if pair.sd_d is None else pair.sd_d * scale, effect)
+    if need is None:
+        return ""
+    what = effect_text(effect, unit)
+    if need > pair.n:
+        return f"; about {need} seeds would be needed to detect {what}"
+    return (
+        f"; {pair.n} seeds are enough to detect {what} ({POWER:.0%} power), so a difference,"
+        " if any, is likely smaller"
     )
 
 

@@ -74,10 +74,87 @@ def test_minimising_objective_counts_lower_as_a_win() -> None:
     assert pair.p_improvement == pytest.approx((1 + 1 + 0.5) / 3)
 
 
-def test_seeds_needed_formula() -> None:
-    z = sps.norm.ppf(0.975) + sps.norm.ppf(0.8)  # 1.95996 + 0.84162
-    assert stats.seeds_needed(math.sqrt(2.5), 1.0) == math.ceil((z * math.sqrt(2.5)) ** 2) == 20
+def test_seeds_needed_is_the_paired_t_tests_own_sample_size() -> None:
+    """80% power at a two-sided 5% level, as G*Power's paired t test gives it: 34 pairs for an
+    effect of 0.5 sd, 15 for 0.8 sd, 199 for 0.2 sd (the normal approximation says 32, 13 and
+    197: it leaves out the t distribution's heavier tails)."""
+    assert stats.seeds_needed(2.0, 1.0) == 34
+    assert stats.seeds_needed(1.25, 1.0) == 15
+    assert stats.seeds_needed(5.0, 1.0) == 199
+    n = stats.seeds_needed(math.sqrt(2.5), 1.0)
+    assert n is not None
+    assert stats.t_power(n - 1, 1 / math.sqrt(2.5)) < 0.8 <= stats.t_power(n, 1 / math.sqrt(2.5))
     assert stats.seeds_needed(0.01, 1.0) == 2 and stats.seeds_needed(None, 1.0) is None
+    assert stats.seeds_needed(0.0, 1.0) == 2
+
+
+def test_t_power_against_a_simulation() -> None:
+    """The noncentral t power against the share of simulated studies the t test calls."""
+    rng = np.random.default_rng(0)
+    n, effect = 5, 1.5  # in sd of the differences
+    d = rng.normal(effect, 1.0, size=(20_000, n))
+    p = sps.ttest_1samp(d, 0.0, axis=1).pvalue
+    assert stats.t_power(n, effect) == pytest.approx(float((p < 0.05).mean()), abs=0.01)
+
+
+def test_a_verdict_never_asks_for_fewer_seeds_than_it_has() -> None:
+    """Issue 49: at n = 3 a verdict read "not distinguishable … about 3 seeds would be needed
+    to detect an effect of 1 point": the normal approximation's 3 for differences of sd 0.55
+    points, where the t test on 3 pairs has 35% power; it needs 5."""
+    base = {0: 0.5, 1: 0.5, 2: 0.5}
+    pair = stats.paired("a", "b", {0: 0.4975, 1: 0.503, 2: 0.5085}, base)  # d: 0.3 ± 0.55 pts
+    line = stats.verdict_line(pair, scale=100, unit="points")
+    assert "not distinguishable from seed noise at n = 3" in line
+    assert line.endswith("about 5 seeds would be needed to detect an effect of 1 point"), line
+    # Differences so steady that 3 seeds would show 1 point: the line says so instead.
+    steady = stats.paired("a", "b", {0: 0.1005, 1: 0.101, 2: 0.1015}, {0: 0.1, 1: 0.1, 2: 0.1})
+    line = stats.verdict_line(steady, scale=100, unit="points")
+    assert "not distinguishable" in line and "would be needed" not in line, line
+    assert line.endswith(
+        "; 3 seeds are enough to detect an effect of 1 point (80% power), so a difference,"
+        " if any, is likely smaller"
+    ), line
+    # And over many small studies: a seeds-needed figure is always more than the seeds it has.
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(2, 8))
+        d = rng.normal(rng.uniform(-0.01, 0.01), rng.uniform(0.0005, 0.03), size=n)
+        noisy = stats.paired(
+            "a", "b", {s: 0.5 + v for s, v in enumerate(d)}, dict.fromkeys(range(n), 0.5)
+        )
+        text = stats.verdict_line(noisy, scale=100, unit="points")
+        if "seeds would be needed" in text:
+            need = int(text.split("; about ")[1].split(" ")[0])
+            assert need > n, text
+
+
+def test_wilcoxon_reads_an_exact_tie_through_float32_storage() -> None:
+    """Issue 49: the README study's ConSPO linear − GRPO differences are −1.00, −2.50, +4.75,
+    +3.00, +1.00 points; the accuracies were logged as float32 (0.305 arrives as
+    0.3050000071), which made |−1.00| and |+1.00| unequal, so the Wilcoxon p was 0.625 (no
+    tie) where the tie gives 0.500. Differences are compared at 6 significant digits."""
+
+    def logged(*accuracies: float) -> float:  # mean of the last evals, as float32 arrives
+        return float(np.mean([float(np.float32(a)) for a in accuracies]))
+
+    grpo = {0: (0.375, 0.43), 1: (0.41, 0.335), 2: (0.36, 0.31), 3: (0.27, 0.245), 4: (0.35, 0.28)}
+    linear = {
+        0: (0.305, 0.48),
+        1: (0.355, 0.34),
+        2: (0.405, 0.36),
+        3: (0.29, 0.285),
+        4: (0.355, 0.295),
+    }
+    base = {s: logged(*v) for s, v in grpo.items()}
+    arm = {s: logged(*v) for s, v in linear.items()}
+    assert abs(arm[0] - base[0]) != abs(arm[4] - base[4])  # the noise the test is about
+    pair = stats.paired("conspo-linear", "grpo", arm, base)
+    assert pair.d == pytest.approx([-0.01, -0.025, 0.0475, 0.03, 0.01], abs=0)
+    exact = [-0.01, -0.025, 0.0475, 0.03, 0.01]
+    assert pair.p_wilcoxon == sps.wilcoxon(exact).pvalue == 0.5
+    # a difference that is float32 noise alone is a tie, not a win
+    tie = stats.paired("a", "b", {0: logged(0.3, 0.6)}, {0: logged(0.45, 0.45)})
+    assert (tie.d, tie.wins, tie.ties) == ([0.0], 0, 1)
 
 
 def test_verdict_lines() -> None:
@@ -206,10 +283,11 @@ def test_the_seeds_needed_sentence_names_the_effect_with_its_unit() -> None:
     noisy = stats.paired("a", "b", {0: 0.012, 1: -0.01, 2: 0.03}, {0: 0, 1: 0, 2: 0})
     points = stats.verdict_line(noisy, scale=100, unit="points", effect=2.0)
     assert points.endswith("seeds would be needed to detect an effect of 2 points"), points
+    # unscaled, these differences (sd 0.02) are far below the effect: enough seeds for it
     logprob = stats.verdict_line(noisy, unit="log-prob / token", effect=0.5)
-    assert logprob.endswith("to detect an effect of 0.5 log-prob / token"), logprob
+    assert "to detect an effect of 0.5 log-prob / token (80% power)" in logprob, logprob
     bare = stats.verdict_line(noisy, effect=1.0)
-    assert "a 1 effect" not in bare and bare.endswith("an effect of 1 (in the metric's own units)")
+    assert "a 1 effect" not in bare and "an effect of 1 (in the metric's own units)" in bare
 
 
 def test_an_objective_carries_its_metrics_unit() -> None:
