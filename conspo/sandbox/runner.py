@@ -3,7 +3,8 @@
 Each snippet gets its own process tree inside ``bwrap``: its own user (uid 65534, no
 capabilities), network (loopback only: nothing on the host is reachable), PID, IPC and UTS
 namespaces; a read-only view of /usr, /lib, /bin, the few /etc files the loader needs and the
-interpreter's own directories; a private size-capped tmpfs as ``/tmp`` and cwd; an empty
+interpreter's own directories; a private size-capped tmpfs as ``/tmp`` and cwd, another as
+``/dev/shm``, a read-only ``/dev`` (see ``Limits`` for all the snippet can hold); an empty
 environment but for PATH, HOME, LANG and the PYTHON* settings below. The bwrap process is
 started in a new session with rlimits set before exec (CPU, address space, processes, file size,
 open files, no core), which everything inside inherits, and in a pids cgroup of its own when one
@@ -127,6 +128,15 @@ def bwrap_argv(python: str, snippet_file: str, limits: Limits) -> list[str]:
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        # bwrap's /dev is an uncapped tmpfs the sandbox's user owns, with /dev/shm a plain
+        # directory in it: a capped tmpfs of its own goes on /dev/shm, and /dev turns read-only
+        # (not recursively: /dev/shm and the device nodes keep their own mounts' flags).
+        "--size",
+        str(limits.shm_bytes),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
         "/dev",
     ]
     for path in SYSTEM_BINDS + ETC_BINDS:

@@ -13,6 +13,7 @@ import resource
 import socket
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import psutil
@@ -20,6 +21,7 @@ import pytest
 
 import conspo.sandbox.runner as sandbox_runner
 from conspo.sandbox import Limits, SandboxUnavailable, Snippet, run, run_many, sandbox_available
+from conspo.sandbox.base import MIB
 
 REQUIRE = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
 PROBE = sandbox_available()
@@ -72,7 +74,9 @@ def test_worker_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> No
     assert len(pids) <= 3, pids
 
 
-@pytest.mark.parametrize("target", [str(Path(__file__).resolve().parent), "/usr", "/etc", "/"])
+@pytest.mark.parametrize(
+    "target", [str(Path(__file__).resolve().parent), "/usr", "/etc", "/", "/dev"]
+)
 def test_cannot_write_outside_its_tmpfs(target: str) -> None:
     result = run(f"open({target!r} + '/conspo-probe', 'w').write('x')")
     assert result.exit_code != 0
@@ -89,6 +93,47 @@ def test_can_write_its_tmpfs_up_to_the_file_size_limit() -> None:
     )
     assert result.stdout.startswith("True")
     assert result.exit_code != 0  # SIGXFSZ (or EFBIG) at the second megabyte
+
+
+# Fills ``{where}`` with files of 1 MiB (the file-size limit) until refused, and reports what it
+# wrote and how much the host's shared memory (every tmpfs page, /proc/meminfo's Shmem) grew while
+# it still holds those files.
+FILL_RAM_FILES = """
+import sys
+def shmem():
+    for line in open('/proc/meminfo'):
+        if line.startswith('Shmem:'):
+            return int(line.split()[1]) * 1024
+before, written, chunk = shmem(), 0, b'x' * (1024 * 1024)
+try:
+    for i in range({mib}):
+        with open(f'{where}/fill{{i}}', 'wb') as f:
+            f.write(chunk)
+        written += len(chunk)
+except OSError as exc:
+    print('refused:', exc, file=sys.stderr)
+print(written, shmem() - before)
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "cap"), [("/dev/shm", "shm_bytes"), ("/tmp", "tmpfs_bytes")], ids=["shm", "tmp"]
+)
+def test_ram_file_systems_are_capped_and_spare_the_host(where: str, cap: str) -> None:
+    limits = Limits(wall_seconds=60, cpu_seconds=60)
+    result = run(FILL_RAM_FILES.format(where=where, mib=200), limits)
+    assert result.exit_code == 0, result.stderr
+    assert "No space left on device" in result.stderr
+    written, shmem_grown = map(int, result.stdout.split())
+    assert written <= getattr(limits, cap) <= limits.files_in_memory_bytes
+    # The 200 MiB tried would show; other processes of a shared machine come and go.
+    assert shmem_grown < 100 * MIB
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(Limits)])
+def test_limits_refuse_a_bound_that_is_no_bound(name: str) -> None:
+    with pytest.raises(ValueError, match=f"Limits.{name} must be positive"):
+        Limits(**{name: 0})  # a tmpfs of size 0 would be uncapped
 
 
 def test_host_data_is_not_readable(tmp_path: Path) -> None:
