@@ -94,12 +94,16 @@ def send_next_stage(session: Session, jobs: JobQueue, run_id: int) -> int | None
 def cancel_pipeline(session: Session, pipeline: Pipeline) -> list[int]:
     """Stop ``pipeline``: no later stage is released, and its current stage's run is cancelled
     (``lifecycle.request_cancel``); returns the ids of the runs asked to stop. A pipeline that
-    has ended is left as it is. Race-safe with ``release_next_stage``: ``released`` is set
-    first, under the row lock the release's conditional update takes, so either the release
-    committed before (its new queued run is found below and cancelled) or it runs after and
-    matches nothing."""
-    if pipeline_status(pipeline, stored.stage_runs(session, pipeline.id)) in ENDED:
-        return []
+    has ended is refused with ``lifecycle.Conflict``, naming its status. Race-safe with
+    ``release_next_stage``: ``released`` is set first, under the row lock the release's
+    conditional update takes, so either the release committed before (its new queued run is
+    found below and cancelled) or it runs after and matches nothing."""
+    current = pipeline_status(pipeline, stored.stage_runs(session, pipeline.id))
+    if current in ENDED:
+        raise lifecycle.Conflict(
+            f"pipeline {pipeline.id} is {current};"
+            " only a queued or running pipeline can be cancelled"
+        )
     session.execute(update(Pipeline).where(Pipeline.id == pipeline.id).values(released=STOPPED))
     session.flush()
     active = session.scalars(

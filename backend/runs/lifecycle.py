@@ -25,6 +25,7 @@ Worker runs::
                              │                                            a cancel was asked)
                              └── request_cancel ─────────────────────────► cancelled
       running ── request_cancel ──► running with cancel_requested (the worker stops, then finish)
+      succeeded | failed | cancelled ── request_cancel ──► refused (Conflict): a final state
 
 External runs (a trainer elsewhere logs over HTTP)::
 
@@ -274,6 +275,7 @@ def claim(
                 error=None,
                 # the pace's clock starts with the attempt: its first step counts the setup
                 last_step_at=time.time(),
+                phase=None,  # setting up until the trainer says otherwise
             )
         )
     )
@@ -547,7 +549,13 @@ def annotate(
 def request_cancel(session: Session, run: Run) -> Run:
     """queued → cancelled at once; running → cancel requested (the worker stops within
     seconds and finishes it as cancelled); a running external run → cancelled (nobody else
-    would close it). Finished runs stay as they are."""
+    would close it). A finished run (as ``run`` was read) is refused with ``Conflict``: no
+    transition leaves a final state. One that finishes meanwhile keeps the status it finished
+    with (the conditional updates below match nothing)."""
+    if run.status in FINISHED:
+        raise Conflict(
+            f"run {run.id} is {run.status}; only a queued or running run can be cancelled"
+        )
     now = utcnow()
     at_once = {"status": RunStatus.cancelled, "finished_at": now}
     asked = {"cancel_requested": True, "updated_at": now}

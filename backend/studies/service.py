@@ -214,7 +214,12 @@ def release_for_run(session: Session, jobs: JobQueue, run_id: int) -> list[int]:
 
 
 def cancel_study(session: Session, study: Study) -> Study:
-    """Pending rows → cancelled, queued or running runs → cancel requested, study → cancelled."""
+    """Pending rows → cancelled, queued or running runs → cancel requested, study → cancelled.
+    A study that is no longer active (done, or cancelled already) is refused with ``Conflict``."""
+    if study.status != StudyStatus.active:
+        raise lifecycle.Conflict(
+            f"study {study.id} is {study.status}; only an active study can be cancelled"
+        )
     session.execute(
         update(StudyRun)
         .where(StudyRun.study_id == study.id, StudyRun.state == StudyRunState.pending)

@@ -322,8 +322,46 @@ def test_request_cancel_from_every_state(session, jobs, owner) -> None:
     assert e.status == RunStatus.cancelled  # nobody else would close it
     done = running(session, jobs, owner)
     lifecycle.finish(session, done.id, 1, RunStatus.succeeded)
-    done = lifecycle.request_cancel(session, state(session, done.id))
+    # A final state allows no transition: refused, naming the run and its status.
+    for finished in (state(session, done.id), q, e):
+        with pytest.raises(lifecycle.Conflict, match=rf"run {finished.id} is {finished.status};"):
+            lifecycle.request_cancel(session, finished)
+    done = state(session, done.id)
     assert done.status == RunStatus.succeeded and not done.cancel_requested
+
+
+def test_cancelling_what_has_ended_is_a_409_naming_its_status(api: Any) -> None:
+    """Runs, studies and pipelines: a cancel is a transition their final states do not allow."""
+    config = {"algorithm": "grpo", "steps": 2, "model": {"name": "tiny"}, "eval": {"every": 0}}
+    run = api.post("/api/runs", json={"config": config}).json()["runs"][0]
+    assert api.post(f"/api/runs/{run['id']}/cancel").json()["status"] == "cancelled"
+    external = api.external()
+    logged = api.post(f"/api/runs/{external['id']}/log", json={"steps": [], "status": "succeeded"})
+    assert logged.status_code == 200, logged.text
+    for run_id, status in ((run["id"], "cancelled"), (external["id"], "succeeded")):
+        again = api.post(f"/api/runs/{run_id}/cancel")
+        assert again.status_code == 409, again.text
+        assert f"run {run_id} is {status}" in again.json()["detail"]
+        assert api.get(f"/api/runs/{run_id}").json()["status"] == status  # left as it was
+
+    study = {
+        "name": "cancel-twice", "config": config, "seeds": [0, 1],
+        "arms": [{"name": "grpo", "overrides": {}}],
+        "objective": {"metric": "eval/accuracy"},
+    }  # fmt: skip
+    sid = api.post("/api/studies", json=study).json()["id"]
+    assert api.post(f"/api/studies/{sid}/cancel").json()["status"] == "cancelled"
+    again = api.post(f"/api/studies/{sid}/cancel")
+    assert again.status_code == 409 and f"study {sid} is cancelled" in again.json()["detail"]
+
+    pid = api.post("/api/pipelines", json={"name": "cancel-twice", "stages": [config]}).json()["id"]
+    assert api.post(f"/api/pipelines/{pid}/cancel").json()["status"] == "cancelled"
+    again = api.post(f"/api/pipelines/{pid}/cancel")
+    assert again.status_code == 409 and f"pipeline {pid} is cancelled" in again.json()["detail"]
+
+    doc = api.client.get("/openapi.json").json()["paths"]
+    for path in ("/api/runs/{run_id}", "/api/studies/{study_id}", "/api/pipelines/{pipeline_id}"):
+        assert "409" in doc[f"{path}/cancel"]["post"]["responses"], path  # documented
 
 
 def test_delete_run_removes_the_run_and_its_points(session, jobs, owner) -> None:

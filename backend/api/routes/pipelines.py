@@ -73,9 +73,13 @@ def patch(
     return service.pipeline_view(session, pipeline, cluster)
 
 
-@router.post("/{pipeline_id}/cancel", response_model=PipelineOut)
+@router.post(
+    "/{pipeline_id}/cancel",
+    response_model=PipelineOut,
+    responses=refusals({409: "The pipeline has ended (its status is named): nothing to cancel."}),
+)
 def cancel(pipeline: OwnedPipelineDep, session: SessionDep, cluster: ClusterDep) -> dict[str, Any]:
     """The current stage's run is cancelled (queued: at once; running: the worker stops within
-    seconds) and the later stages are never queued. A finished pipeline is left as it is."""
+    seconds) and the later stages are never queued. A finished pipeline is a 409."""
     service.cancel_pipeline(session, pipeline)
     return service.pipeline_view(session, pipeline, cluster)

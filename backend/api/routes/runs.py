@@ -387,9 +387,14 @@ def patch(run: OwnedRunDep, body: RunPatch, session: SessionDep) -> dict[str, An
     return single(run, session)
 
 
-@router.post("/{run_id}/cancel", response_model=RunOut)
+@router.post(
+    "/{run_id}/cancel",
+    response_model=RunOut,
+    responses=refusals({409: "The run has finished (its status is named): nothing to cancel."}),
+)
 def cancel(run: OwnedRunDep, session: SessionDep) -> dict[str, Any]:
-    """Queued: cancelled at once. Running: cancel requested; the worker stops within seconds."""
+    """Queued: cancelled at once. Running: cancel requested; the worker stops within seconds.
+    Finished (succeeded, failed, cancelled): 409 naming the status."""
     return run_out(lifecycle.request_cancel(session, run))
 
 

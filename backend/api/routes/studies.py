@@ -127,9 +127,14 @@ def patch(study: OwnedStudyDep, body: NotePatch, session: SessionDep) -> dict[st
     return service.study_view(session, study, curves=False)
 
 
-@router.post("/{study_id}/cancel", response_model=StudyOut)
+@router.post(
+    "/{study_id}/cancel",
+    response_model=StudyOut,
+    responses=refusals({409: "The study is no longer active (its status is named)."}),
+)
 def cancel(study: OwnedStudyDep, session: SessionDep) -> dict[str, Any]:
-    """Pending runs are dropped, queued ones cancelled, running ones asked to stop."""
+    """Pending runs are dropped, queued ones cancelled, running ones asked to stop; a study no
+    longer active (done, cancelled) is a 409."""
     return service.study_view(session, service.cancel_study(session, study), curves=False)
 
 
