@@ -654,6 +654,53 @@ class ToolsConfig(_Section):
         description="Calls of one turn that run at the same time (sandbox processes).",
     )
 
+    params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        title="Tool parameters",
+        json_schema_extra={"advanced": True},
+        description="A listed tool's own parameters, by its name ({calculator: {max_digits:"
+        " 100}}), checked against the tool's (docs/config.md, 'Tools'); a tool not named here"
+        " takes its defaults.",
+    )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate_with_params(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ToolsConfig]
+    ) -> ToolsConfig:
+        """Each entry of ``params`` checked against its tool's parameter model, each bad one
+        reported at ``params.<tool>.<field>`` beside the section's other errors."""
+        details: list[InitErrorDetails] = []
+        validated: ToolsConfig | None = None
+        try:
+            validated = handler(data)
+        except ValidationError as exc:
+            details.extend(relocated(exc, ()))
+        given = data.get("params") if isinstance(data, dict) else None
+        listed = data.get("names") if isinstance(data, dict) else None
+        listed = listed if isinstance(listed, list) else []
+        resolved: dict[str, dict[str, Any]] = {}
+        for name, params in (given or {}).items() if isinstance(given, dict) else ():
+            if name not in listed:
+                message = f"tool {name!r} is not in tools.names: list it there to set its params"
+                details.append(_error(("params", name), message, params))
+                continue
+            loc = ("params", name)
+            found, errors = TOOLS.resolve_model(name, params, name_loc=loc, params_loc=loc)
+            details.extend(errors)
+            if found is not None:
+                resolved[name] = found.model_dump()
+        if details:
+            raise ValidationError.from_exception_data(cls.__name__, details)
+        assert validated is not None
+        if given is not None:
+            validated.params = resolved
+        return validated
+
+    def tool_params(self, name: str) -> BaseModel:
+        """Tool ``name``'s parameters as its parameter model (its defaults where not given)."""
+        return TOOLS.get(name).params.model_validate(self.params.get(name, {}))
+
     @model_validator(mode="before")
     @classmethod
     def _from_list(cls, data: Any) -> Any:

@@ -88,8 +88,9 @@ def render() -> str:
     parts.append(
         "List tools under `tools.names` (or `tools: [python]`): the model calls one by writing"
         " its tag, and reads the output back between <interpreter> and </interpreter>. The"
-        " limits of every call are the `tools` section's. A sandboxed tool runs model-written"
-        " code, so its runs need a worker whose sandbox works (`/api/health`: `sandbox`).\n"
+        " limits of every call are the `tools` section's; a tool's own parameters go under"
+        " `tools.params.<name>`. A sandboxed tool runs model-written code, so its runs need a"
+        " worker whose sandbox works (`/api/health`: `sandbox`).\n"
     )
     for name in TOOLS.names():
         tool = TOOLS.get(name)
@@ -98,6 +99,9 @@ def render() -> str:
         parts.append(
             f"{tool.description.strip()} Called as `<{tool.tag}>…</{tool.tag}>`, {where}.\n"
         )
+        fields = tool.params.model_fields
+        prefix = f"tools.params.{name}."
+        parts.append(_table(tool.params, prefix=prefix) if fields else "No parameters.\n")
     parts.append("## Defaults as YAML\n")
     parts.append("The default run (`algorithm: conspo`), every field spelled out:\n")
     defaults = yaml.safe_dump(RunConfig.model_validate({}).model_dump(mode="json"), sort_keys=False)

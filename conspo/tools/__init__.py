@@ -96,7 +96,8 @@ class ToolBox:
 
 
 def make_toolbox(cfg: ToolsConfig, *, unsafe_local: bool = False) -> ToolBox:
-    """The run's tools (``cfg.names``) built with its limits. ``unsafe_local``: run code tools
+    """The run's tools (``cfg.names``) built with their parameters (``cfg.params``) and its
+    limits. ``unsafe_local``: run code tools
     without the sandbox, for a library caller on a machine without one that trusts the model
     (never a run of the platform: conspo.sandbox refuses, and so does the worker)."""
     limits = ToolLimits(
@@ -110,6 +111,6 @@ def make_toolbox(cfg: ToolsConfig, *, unsafe_local: bool = False) -> ToolBox:
     tags: dict[str, str] = {}
     for name in cfg.names:
         registered = get_tool(name)
-        tools[name] = registered.cls(registered.params(), limits)
+        tools[name] = registered.cls(cfg.tool_params(name), limits)
         tags[name] = registered.tag
     return ToolBox(tools, tags, cfg.max_turns, cfg.parallel)

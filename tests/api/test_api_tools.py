@@ -27,6 +27,7 @@ from tests.api.conftest import ROOT, Api, tiny_config
 pytestmark = pytest.mark.services
 
 PYTHON = {"tools": {"names": ["python"], "max_turns": 2}}
+CALCULATOR: dict[str, Any] = {"names": ["calculator"]}
 SANDBOXED = {"engines": ["native", "hf"], "flash_attn": False, "sandbox": "bwrap"}
 UNSANDBOXED = {**SANDBOXED, "sandbox": "none"}
 NAMES = ("body", "config", "tools", "names", 0)
@@ -142,13 +143,32 @@ def test_the_limit_is_a_setting_from_the_environment(monkeypatch: pytest.MonkeyP
         ({"names": ["python", "shell"]}, ("names", 1), "shell"),
         ({"names": ["python"], "timeout_s": 121}, ("timeout_s",), "less than or equal to 120"),
         ({"names": ["python"], "timeout_s": 0}, ("timeout_s",), "greater than 0"),
-    ],
+        (
+            CALCULATOR | {"params": {"calculator": {"max_digits": 0}}},
+            ("params", "calculator", "max_digits"),
+            "greater than or equal to 1",
+        ),
+        (
+            CALCULATOR | {"params": {"calculator": {"digits": 9}}},
+            ("params", "calculator", "digits"),
+            "Extra inputs",
+        ),
+        (CALCULATOR | {"params": {"python": {}}}, ("params", "python"), "not in tools.names"),
+    ],  # fmt: skip
 )
 def test_the_tools_section_bounds_are_422s_at_their_fields(
     api: Api, tools: dict[str, Any], loc: tuple[str | int, ...], words: str
 ) -> None:
     errors = errors_at(submit(api, tools=tools))
     assert words in errors[("body", "config", "tools", *loc)], errors
+
+
+def test_a_run_sets_a_tools_parameters_and_stores_them_resolved(api: Api) -> None:
+    params = {"calculator": {"max_digits": 100}}
+    r = submit(api, tools=CALCULATOR | {"params": params})
+    assert r.status_code == 201, r.text
+    stored = api.get(f"/api/runs/{r.json()['runs'][0]['id']}").json()["config"]["tools"]
+    assert stored["params"] == {"calculator": {"max_digits": 100, "max_chars": 500}}
 
 
 def test_an_unknown_tool_is_named_with_the_registered_ones(api: Api) -> None:

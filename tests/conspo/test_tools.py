@@ -128,3 +128,24 @@ def test_a_run_lists_tools_by_name_and_code_execution_says_which_need_the_sandbo
             RunConfig.model_validate({"tools": {"names": ["python"], **bad}})
     # vllm runs tool turns too (conspo.generation.vllm_engine: one generate per turn)
     RunConfig.model_validate({"tools": ["python"], "sampling": {"engine": "vllm"}})
+
+
+def test_a_runs_tool_params_reach_the_tool_and_bad_ones_are_named_at_their_field() -> None:
+    cfg = RunConfig.model_validate(
+        {"tools": {"names": ["calculator"], "params": {"calculator": {"max_digits": 3}}}}
+    )
+    assert cfg.tools.params == {"calculator": {"max_digits": 3, "max_chars": 500}}
+    small, fits = make_toolbox(cfg.tools).run(
+        [ToolCall("calculator", s) for s in ("999+1", "99+1")]
+    )
+    assert small.status == "error" and "more than 3 digits" in small.output
+    assert (fits.status, fits.output) == ("ok", "100")
+    default = make_toolbox(ToolsConfig(names=["calculator"])).run([ToolCall("calculator", "999+1")])
+    assert default[0].output == "1000"  # a tool not given params takes its defaults
+    for params, loc in (
+        ({"calculator": {"max_digits": 0}}, "tools.params.calculator.max_digits"),
+        ({"calculator": {"max_digit": 3}}, "tools.params.calculator.max_digit"),
+        ({"python": {}}, "tools.params.python"),  # not listed in tools.names
+    ):
+        with pytest.raises(ValueError, match=loc.replace(".", r"\.")):
+            RunConfig.model_validate({"tools": {"names": ["calculator"], "params": params}})
