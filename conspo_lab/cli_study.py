@@ -1,5 +1,6 @@
 """``conspo-lab study``: run a study file, show a study's verdict, export its report.
 
+    conspo-lab study check study.yaml          # every check the submit makes; nothing stored
     conspo-lab study run study.yaml --wait     # submit, follow until done, print the verdict
     conspo-lab study show 3                    # per-arm table, paired differences, verdict
     conspo-lab study report 3 -o study-3.html  # one self-contained HTML file (--csv: objective)
@@ -29,6 +30,26 @@ def register(app: typer.Typer) -> None:
 
 def _load(path: Path) -> dict[str, Any]:
     return _read_mapping(path, "a study file is a mapping (name, config, arms, seeds, …)")
+
+
+@study_app.command("check")
+def check(
+    file: Annotated[Path, typer.Argument(help="Study file, YAML or JSON.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Check a study file as `study run` would submit it, storing nothing: the runs it plans,
+    or each bad field (exit 2)."""
+    spec = _load(file)
+    with _client(url, token) as lab:
+        plan = lab.check_study(spec)
+    tasks = f" × {len(plan['tasks'])} tasks" if plan["tasks"] else ""
+    arms = f"{len(plan['arms'])} arms" if plan["arms"] else "a search"
+    console.print(
+        f"ok: {plan['runs']} runs ({arms}{tasks} × {len(plan['seeds'])} seeds),"
+        f" baseline {plan['baseline'] or '–'}",
+        highlight=False,
+    )
 
 
 @study_app.command("run")

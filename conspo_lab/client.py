@@ -511,6 +511,11 @@ class Client:
         """Submit a study (arms × seeds, or a search); its first runs are queued at once."""
         return dict(self._request("POST", "/api/studies", json=dict(spec)))
 
+    def check_study(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Every check ``create_study`` makes, nothing stored: the runs it would plan
+        (``{arms, tasks, seeds, runs, baseline}``), or the 422 naming each bad field."""
+        return dict(self._request("POST", "/api/studies/check", json=dict(spec)))
+
     def get_study(self, study_id: int, curves: bool = False) -> dict[str, Any]:
         """Arms, runs, objective per run, statistics and the verdict lines."""
         params = {"curves": str(curves).lower()}

@@ -34,7 +34,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from backend.errors import dotted_loc
 from backend.schemas import FreeJSON, Int, Label, Seed, Tag, _Body
@@ -46,6 +46,9 @@ from conspo.input_checks import anchored, json_problem, loc_text
 ARM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.=+-]{0,59}"
 ArmName = Annotated[str, anchored(ARM_NAME)]
 MAX_RUNS = 1_000  # arms × seeds of one study
+# An arm study's verdict rests on a paired t interval, which needs two seeds' differences: a
+# study of one seed would spend its compute and then say "too few seeds for an interval".
+MIN_ARM_SEEDS = 2
 MAX_GRID = 10_000  # values of one stepped search parameter
 
 
@@ -149,7 +152,10 @@ class Search(_Body):
 def _arms_or_search(schema: dict[str, Any]) -> None:
     """``_arms_or_search``'s first two rules in the JSON schema (the third counts runs)."""
     schema["anyOf"] = [
-        {"required": ["arms"], "properties": {"arms": {"minItems": 1}}},
+        {
+            "required": ["arms"],
+            "properties": {"arms": {"minItems": 1}, "seeds": {"minItems": MIN_ARM_SEEDS}},
+        },
         {"required": ["search"], "properties": {"search": {"type": "object"}}},
     ]
     schema["not"] = {
@@ -220,7 +226,23 @@ class StudyCreate(_Body):
             raise ValueError("a search study runs on one task: give it in config, not tasks")
         if len(self.arms or [None]) * len(self.seeds) * max(1, len(self.tasks)) > MAX_RUNS:
             raise ValueError(f"more than {MAX_RUNS} runs (arms × tasks × seeds)")
+        if self.search is None and len(self.seeds) < MIN_ARM_SEEDS:
+            raise _error_at(
+                "seeds",
+                f"an arm study needs at least {MIN_ARM_SEEDS} seeds: its verdict is an interval"
+                " over the seeds' paired differences, and one seed gives none",
+                self.seeds,
+            )
         return self
+
+
+def _error_at(field: str, message: str, value: Any) -> ValidationError:
+    """A model-level rule's refusal located at ``field`` (a model validator's own errors are
+    located at the model), so a 422 and the study form name the field to change."""
+    error = PydanticCustomError("value_error", message)
+    return ValidationError.from_exception_data(
+        "StudyCreate", [InitErrorDetails(type=error, loc=(field,), input=value)]
+    )
 
 
 def expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def distill(teacher: str) -> dict[str, Any]:
 
 
 def study(config: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    body = {"name": "hostile", "config": config or tiny_config(2), "seeds": [0]}
+    body = {"name": "hostile", "config": config or tiny_config(2), "seeds": [0, 1]}
     return {**body, "arms": [{"name": "a", "overrides": {}}], **fields}
 
 

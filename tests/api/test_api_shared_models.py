@@ -126,7 +126,7 @@ def test_studies_and_pipelines_refuse_another_users_unshared_model(
 ) -> None:
     source = alices["id"]
     before = counts(api)
-    arms = {"name": "from-alice", "config": tiny_config(1), "seeds": [0],
+    arms = {"name": "from-alice", "config": tiny_config(1), "seeds": [0, 1],
             "arms": [{"name": "a", "overrides": {}},
                      {"name": "b", "overrides": {"model.from_run": source}}]}  # fmt: skip
     for path in ("/api/studies", "/api/studies/check"):

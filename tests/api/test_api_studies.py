@@ -52,6 +52,7 @@ def count_studies(api: Api) -> tuple[int, int]:
     [
         ({"seeds": []}, ["body", "seeds"]),
         ({"seeds": [1, 1]}, ["body", "seeds"]),
+        ({"seeds": [0]}, ["body", "seeds"]),  # one seed: no interval, so no verdict
         ({"baseline": "ppo"}, ["body", "baseline"]),
         ({"arms": [{"name": "a"}, {"name": "a"}]}, ["body", "arms"]),
         ({"arms": []}, ["body"]),

@@ -51,3 +51,24 @@ def test_study_file_to_verdict_report_and_cancel(lab_server, tmp_path: Path) -> 
     assert bad.exit_code == 2 and "baseline: " in text and "is not an arm" in text
     path.write_text("- not a mapping")
     assert invoke(lab_server, "study", "run", str(path)).exit_code == 2
+
+
+def test_study_check_plans_and_a_single_seed_is_refused_before_any_run(
+    lab_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 49: a one-seed study passed the check and said "too few seeds" only after its
+    compute was spent; `study check` and `study run` now refuse it, naming `seeds`."""
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY)
+    checked = invoke(lab_server, "study", "check", str(path))
+    assert checked.exit_code == 0, checked.output
+    assert "ok: 4 runs (2 arms × 2 seeds), baseline grpo" in checked.output
+    path.write_text(STUDY.replace("seeds: [0, 1]", "seeds: [0]"))
+    with lab_server.client() as lab:
+        before = lab.list_studies()["total"]
+        for command in ("check", "run"):
+            refused = invoke(lab_server, "study", command, str(path))
+            text = " ".join(refused.output.split())  # rich wraps long lines
+            assert refused.exit_code == 2, refused.output
+            assert "seeds: an arm study needs at least 2 seeds" in text, text
+        assert lab.list_studies()["total"] == before

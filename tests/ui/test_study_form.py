@@ -56,11 +56,18 @@ def test_study_form_checks_live_and_submits(page: Any, ui_server: Any, shot: Any
     shot(page, "new_study_errors")
 
     page.fill("#f-name", "ui-form-study")
-    page.fill("#f-seeds", "7")
     page.fill("#f-k", "1")
+    # one seed: refused under the field before any compute is spent (issue 49)
+    page.fill("#f-seeds", "7")
+    page.wait_for_function(
+        "el => /at least 2 seeds/.test(el.textContent) && !el.hidden",
+        arg=err(page, "seeds").element_handle(),
+    )
+    assert page.inner_text("#check-note") == "fix the marked field"
+    page.fill("#f-seeds", "7, 8")
     page.fill("#f-concurrency", "1")
     page.select_option("#f-baseline", "conspo")
-    page.wait_for_selector("#check-note:has-text('2 runs')")
+    page.wait_for_selector("#check-note:has-text('4 runs')")
     page.click("#submit-btn")
     page.wait_for_url(re.compile(r"/studies/\d+$"))
     study_id = int(page.url.rsplit("/", 1)[1])
@@ -68,7 +75,7 @@ def test_study_form_checks_live_and_submits(page: Any, ui_server: Any, shot: Any
         page.wait_for_selector("#verdict")
         view = ui_server.api("GET", f"/api/studies/{study_id}?curves=false")
         assert view["name"] == "ui-form-study" and view["baseline"] == "conspo"
-        assert view["seeds"] == [7] and view["objective"]["k"] == 1
+        assert view["seeds"] == [7, 8] and view["objective"]["k"] == 1
         assert [a["overrides"] for a in view["spec"]["arms"]] == [
             {"algorithm": "grpo"},
             {"algorithm": "conspo", "params.tau": 1.0},
@@ -87,7 +94,7 @@ def test_study_page_shows_tasks(page: Any, ui_server: Any) -> None:
         "config": TINY,
         "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}, {"name": "conspo"}],
         "tasks": ["arith", "countdown"],
-        "seeds": [0],
+        "seeds": [0, 1],
         "concurrency": 1,
     }
     study = ui_server.api("POST", "/api/studies", json=body)
@@ -96,4 +103,5 @@ def test_study_page_shows_tasks(page: Any, ui_server: Any) -> None:
     rows = page.wait_for_selector("#tasks-table")
     assert "conspo − grpo (paired)" in rows.inner_text()
     names = page.locator("#runs-table tbody tr td:first-child").all_inner_texts()
-    assert names == ["grpo · arith", "conspo · arith", "grpo · countdown", "conspo · countdown"]
+    arms = ["grpo · arith", "conspo · arith", "grpo · countdown", "conspo · countdown"]
+    assert names == arms * 2  # seed-major

@@ -260,7 +260,7 @@ def test_table_headers_never_cover_their_rows(page: Any, ui_server: Any, four_ru
         "name": f"i26-click-{uuid.uuid4().hex[:6]}",
         "config": TINY,
         "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}],
-        "seeds": [0],
+        "seeds": [0, 1],
         "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
         "concurrency": 1,
     }
@@ -464,7 +464,7 @@ def test_the_first_requests_travel_while_plotly_loads(
             "name": f"i26-early-{uuid.uuid4().hex[:6]}",
             "config": TINY,
             "arms": [{"name": "grpo", "overrides": {"algorithm": "grpo"}}],
-            "seeds": [0],
+            "seeds": [0, 1],
             "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
             "concurrency": 1,
         },
@@ -520,7 +520,7 @@ def test_charts_draw_with_plotly_cartesian_bundle_unless_a_search_needs_parcoord
     body = {
         "name": f"i26-bundle-{uuid.uuid4().hex[:6]}",
         "config": {**TINY, "algorithm": "conspo"},
-        "seeds": [0],
+        "seeds": [0, 1],
         "objective": {"metric": "eval/accuracy", "reduce": "last", "k": 1},
         "concurrency": 1,
     }
