@@ -40,7 +40,7 @@ class RolloutRecord:
     index: int  # index of the rollout within its group
     reward: float
     score: float  # length-normalised log-prob s_θ(o) under the policy that sampled it
-    length: int  # response tokens incl. EOS
+    length: int  # the model's response tokens incl. EOS (a tool's output is not counted)
     truncated: bool  # hit max_new_tokens without EOS
     prompt: str = ""  # the prompt the policy saw (chat template applied), clipped
     completion: str = ""  # the sampled response, special tokens dropped, clipped

@@ -44,7 +44,9 @@ class RewardContext:
 
     task: Task
     max_new_tokens: int  # the response cap L_max
-    length: int = 0  # this rollout's response tokens, EOS included (per-rollout rewards)
+    # this rollout's response tokens, EOS included, the model's own only: a tool's output is
+    # not counted (as in len/*); per-rollout rewards
+    length: int = 0
     group_size: int = 1  # rows [i*G, (i+1)*G) share a prompt (batched rewards)
     continuation_logprob: ContinuationScorer | None = None  # the policy, for batched rewards
 

@@ -24,7 +24,9 @@ class LengthParams(RewardParams):
     "length",
     params=LengthParams,
     description="DAPO's soft overlong penalty: 0 up to max_new_tokens − buffer tokens, then"
-    " linear down to −1 at max_new_tokens (times the weight).",
+    " linear down to −1 at max_new_tokens (times the weight). It counts the model's own tokens,"
+    " as len/* does: a tool's output, which max_new_tokens bounds too, is not the model's"
+    " length.",
 )
 def length_reward(
     completion: str, example: Example, context: RewardContext, params: BaseModel

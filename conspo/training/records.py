@@ -34,12 +34,13 @@ def make_record(
     )
     keys = list(stats)
     b = r.batch
+    model_lengths = b.model_lengths  # the model's own tokens, as len/* counts them
     packed = torch.cat(
         [
             torch.stack([stats[k] for k in keys]),
             scores.float()[idx.to(scores.device)],
-            b.lengths[idx.to(b.lengths.device)].float().to(scores.device),
-            b.truncated[idx.to(b.lengths.device)].float().to(scores.device),
+            model_lengths[idx.to(model_lengths.device)].float().to(scores.device),
+            b.truncated[idx.to(model_lengths.device)].float().to(scores.device),
         ]
     )
     values = packed.cpu().tolist()  # the step's one device→host sync

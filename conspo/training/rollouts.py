@@ -213,7 +213,8 @@ def sample_groups(
     texts = verified_texts(state.tokenizer, batch)
     scorer = partial(continuation_logprobs, state, ids, mask)
     context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)
-    lengths = batch.lengths.tolist()
+    # The model's own tokens, as len/* counts them: a tool's output is not the model's length.
+    lengths = batch.model_lengths.tolist()
     scored = score_rollouts(state.rewards, texts, expanded, lengths, context)
     parts = {name: torch.tensor(values) for name, values in scored.parts.items()}
     group_ids = torch.arange(len(prompts)).repeat_interleave(g)

@@ -1,6 +1,7 @@
 """An RL step whose rollouts call the python tool, on the real SmolLM2-135M-Instruct + LoRA: the
 trainer samples through the tool engine, the verifier reads the model's answer after the
-interpreter's output, the update trains on the model's tokens, and the step logs its tool use.
+interpreter's output, the update trains on the model's tokens, the length reward and the stored
+sample's length count the model's tokens as len/* does, and the step logs its tool use.
 
 The prompts are a user's own file (the jsonl task) already in SmolLM2's chat format, two solved
 turns before the question: shown the format, the model calls the tool most of the time."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from statistics import mean
 
 import pytest
 import torch
@@ -24,6 +26,9 @@ pytestmark = pytest.mark.skipif(
     not REQUIRE_SERVICES and not sandbox_available(),
     reason=f"no sandbox here: {sandbox_available().reason}",
 )
+
+MAX_NEW_TOKENS = 40
+BUFFER = MAX_NEW_TOKENS - 1  # the penalty zone: the whole response
 
 
 def test_an_rl_step_with_the_python_tool_trains_on_the_model_tokens(model_store, tmp_path) -> None:
@@ -45,8 +50,10 @@ def test_an_rl_step_with_the_python_tool_trains_on_the_model_tokens(model_store,
         "model": {"name": "smollm2-135m-instruct", "dtype": "float32", "lora": {"rank": 4}},
         "task": {"name": "jsonl", "params": {"path": str(path)}, "eval_size": 2},
         "prompt": {"chat_template": "off"},
-        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 40},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": MAX_NEW_TOKENS},
         "tools": {"names": ["python"], "timeout_s": 5},
+        # DAPO's overlong penalty over the whole response: −(length − 1) / 39, linear in it
+        "rewards": [{"name": "length", "weight": 0.01, "params": {"buffer": BUFFER}}],
         "optim": {"lr": 1e-3},
         "eval": {"every": 0, "at_start": False, "pass_k": 1},
         "checkpoint": {"every": 0},
@@ -73,8 +80,12 @@ def test_an_rl_step_with_the_python_tool_trains_on_the_model_tokens(model_store,
         printed = r.completion.split("<interpreter>\n", 1)[1].split("\n", 1)[0]
         if printed in products and r.reward == 1.0:
             assert printed in r.completion.rsplit("</interpreter>", 1)[1]
-    # Correct rollouts' lengths count the model's tokens only (len/pos), below their full
-    # length when they called the tool.
-    if not math.isnan(m["len/pos"]):
-        full = [r.length for r in record.rollouts if r.reward == 1.0]
-        assert m["len/pos"] < max(full)
+    # The length reward, the stored sample's length and len/* all count the model's own
+    # tokens: the interpreter's are no part of it (every rollout is in the sample here).
+    assert len(record.rollouts) == 8 and m["tools/observation_tokens"] > 0
+    for correct, key in ((1.0, "len/pos"), (0.0, "len/neg")):
+        lengths = [r.length for r in record.rollouts if r.reward == correct]
+        assert math.isnan(m[key]) if not lengths else m[key] == pytest.approx(mean(lengths))
+    lengths = [r.length for r in record.rollouts]
+    expected = mean(-min(max(n - (MAX_NEW_TOKENS - BUFFER), 0) / BUFFER, 1.0) for n in lengths)
+    assert m["reward/length"] == pytest.approx(expected)
