@@ -261,6 +261,9 @@ def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
             f"held-out problems not counted within {settings.task_check_seconds:g} s: the run"
             f" scores those it finds, up to {asked}"
         )
+    elif found.held_out >= asked:  # the probe stops counting at eval_size: not the task's size
+        text = f"{asked} distinct held-out problems, all that task.eval_size asks"
+        text += " (the task may hold more)"
     else:
         text = f"{found.held_out} distinct held-out problems"
     return {
