@@ -9,6 +9,8 @@
 * ``queued``, sent more than ``unclaimed_resend_s`` ago and still unclaimed while the broker's
   queue holds fewer jobs than runs waiting (Redis lost them: no persistence, the AOF fsync
   window, a failover): published again (``lifecycle.stranded``).
+* shared-memory directories whose process is gone (the vLLM weights of a trainer killed with
+  ``kill -9``): removed (``conspo.generation.shm_dirs``).
 
 Every transition is one of ``backend.runs.lifecycle``'s conditional UPDATEs, so concurrent reapers
 (one per worker) never double up. Stale heartbeats are only acted on once this reaper has
@@ -33,6 +35,7 @@ from backend.models import utcnow
 from backend.runs import lifecycle
 from backend.runs.queue import JobQueue
 from backend.studies import service as studies
+from conspo.generation.shm_dirs import VLLM_PREFIX, remove_abandoned
 from worker.retry import short
 
 log = logging.getLogger(__name__)
@@ -108,6 +111,12 @@ class ReaperThread(threading.Thread):
 
     def reap_once(self) -> list[int]:
         started = time.monotonic()
+        # Shared memory a trainer killed with kill -9 left (vLLM's weights), database or not.
+        try:
+            for path in remove_abandoned(VLLM_PREFIX):
+                log.warning("removed %s: the process that made it is gone", path)
+        except OSError as exc:
+            log.warning("cleaning shared memory failed (%s)", short(exc))
         try:
             with self.db.session() as session:
                 liveness.mark_alive(session, self.me)

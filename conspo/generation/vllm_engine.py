@@ -29,9 +29,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -49,6 +47,7 @@ from conspo import stopping
 from conspo.config import SamplingConfig
 from conspo.generation.batch import GenerationStopped, RolloutBatch, SampleRequest
 from conspo.generation.rollout import draw_seed, finish_responses
+from conspo.generation.shm_dirs import VLLM_PREFIX, OwnedDir, make_owned_dir, remove_abandoned
 from conspo.generation.tool_rollout import ToolUse, generate_with_tools
 from conspo.generation.vllm_interpreter import vllm_python
 
@@ -75,7 +74,7 @@ class VllmEngine:
         self.dtype = dtype
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
-        self._dir: Path | None = None
+        self._dir: OwnedDir | None = None
         self._lock = threading.Lock()  # one request at a time on the connection
         # The policy's weights differ from vLLM's copy: true at first too, since a resumed run's
         # policy comes from a checkpoint, not from model_path.
@@ -160,10 +159,11 @@ class VllmEngine:
                 "sampling.engine is 'vllm' but no interpreter with vllm was found: run `make vllm`"
                 " (.venv-vllm) or set CONSPO_VLLM_PYTHON"
             )
-        # Private: the socket and the weights file are this engine's alone.
-        shm = Path("/dev/shm")
-        self._dir = Path(tempfile.mkdtemp(prefix="conspo-vllm-", dir=shm if shm.is_dir() else None))
-        address = str(self._dir / "engine.sock")
+        # The weights an engine killed with kill -9 left in shared memory, then this one's own
+        # directory (private: the socket and the weights file are this engine's alone).
+        remove_abandoned(VLLM_PREFIX)
+        self._dir = make_owned_dir(VLLM_PREFIX)
+        address = str(self._dir.path / "engine.sock")
         authkey = secrets.token_bytes(32)
         env = {**os.environ, "CONSPO_VLLM_AUTHKEY": authkey.hex()}
         env.setdefault("VLLM_CACHE_ROOT", str(vllm_cache_root()))
@@ -269,7 +269,7 @@ class VllmEngine:
 
         assert self._dir is not None
         started = time.perf_counter()
-        path = self._dir / "policy.safetensors"
+        path = self._dir.path / "policy.safetensors"
         weights = {
             name: tensor.to(self.dtype).contiguous() for name, tensor in policy_weights(model)
         }
@@ -344,7 +344,7 @@ def _model_config(model_path: str) -> dict[str, Any]:
 
 
 def _shutdown(
-    process: subprocess.Popen[bytes] | None, conn: Connection | None, workdir: Path | None
+    process: subprocess.Popen[bytes] | None, conn: Connection | None, workdir: OwnedDir | None
 ) -> None:
     if conn is not None:
         try:
@@ -361,7 +361,7 @@ def _shutdown(
             process.kill()
             process.wait()
     if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.remove()
 
 
 def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

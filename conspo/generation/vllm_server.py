@@ -18,7 +18,8 @@ trainer, and answers its requests one at a time:
 
 Every answer is a dict; a failure is ``{"error": traceback}``, and the process goes on serving.
 It exits when the trainer closes the connection or dies (a killed trainer leaves no engine
-holding memory behind).
+holding memory behind; the directory of its socket and weights goes at the next engine's start or
+a worker's reaper pass, ``conspo.generation.shm_dirs``).
 """
 
 from __future__ import annotations
