@@ -187,6 +187,9 @@ class Run(Base):
     # (backend.runs.progress), kept up by every write that advances the step.
     pace_s: Mapped[float | None] = mapped_column(Float)
     last_step_at: Mapped[float | None] = mapped_column(Float)
+    # What the running attempt is doing between steps (the trainer's "phase" events): "training"
+    # or "evaluating"; null before its first event (setting up). Reset by every claim.
+    phase: Mapped[str | None] = mapped_column(String(16))
     cloned_from: Mapped[int | None] = mapped_column(Integer)  # the run this one was cloned from
     # A pipeline's stage (0-based): created when the stage before it succeeded (lifecycle.finish).
     pipeline_id: Mapped[int | None] = mapped_column(Integer, index=True)

@@ -274,6 +274,12 @@ class RunOut(BaseModel):
         description="Seconds until it ends at that pace, as of this response; null unless it is"
         " running (not being cancelled) with a pace.",
     )
+    phase: Literal["training", "evaluating"] | None = Field(
+        None,
+        description="What a running run is doing between steps: training, or evaluating on the"
+        " held-out split (minutes may pass with no step logged); null when it is not running or"
+        " is still setting up.",
+    )
     resumed_from_step: int | None = Field(
         None,
         description="The checkpoint step the latest attempt resumed from (steps after it were"
@@ -412,6 +418,7 @@ def _run_fields(run: Run) -> dict[str, Any]:
         "arm": arm_of(run.tags),
         "pace_s": run.pace_s,
         "eta_s": eta_s(run),
+        "phase": run.phase if run.status == "running" else None,
         "ray_job_id": run.ray_job_id,
         "waiting_reason": None,
     }

@@ -112,6 +112,7 @@ EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"
 # --- time and throughput --------------------------------------------------------------------
 TIME_STEP_S = "time/step_s"
 TIME_ROLLOUT_S = "time/rollout_s"
+TIME_EVAL_S = "time/eval_s"
 THROUGHPUT_ROLLOUTS_PER_S = "throughput/rollouts_per_s"
 ROLLOUTS_SEEN = "rollouts/seen"
 
@@ -164,7 +165,14 @@ KEY_METRICS: tuple[str, ...] = (
 # rate and step time of each step, and the held-out evaluation when it is due (the shared loop,
 # conspo.training.loop.one_update_per_step, and the RL trainer alike). A kind that trains an
 # algorithm (rl) also logs the "every run" keys and its objective's.
-EVERY_KIND: tuple[str, ...] = (LR, TIME_STEP_S, EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PROBLEMS)
+EVERY_KIND: tuple[str, ...] = (
+    LR,
+    TIME_STEP_S,
+    TIME_EVAL_S,
+    EVAL_ACCURACY,
+    EVAL_PASS_AT_K,
+    EVAL_PROBLEMS,
+)
 
 # Keys written before the top-level ones were namespaced (migration 0003 renamed them in stored
 # worker runs); readers of older exports can map them with this.
@@ -679,6 +687,11 @@ METRICS: tuple[Metric, ...] = (
            better="lower"),
     Metric(TIME_ROLLOUT_S, "rollout", "Wall-clock seconds spent generating rollouts.", "s",
            "time", better="lower", color="accent3"),
+    Metric(TIME_EVAL_S, "evaluation",
+           "Wall-clock seconds of the held-out evaluation (benchmarks included), apart from the"
+           " step's time: the ETA adds one per evaluation still to come.", "s", "time",
+           when="steps with the held-out evaluation", better="lower", color="accent2",
+           dash=True),
     Metric(TIME_TOOLS_S, "waiting for tools",
            "Wall-clock seconds of the step's generation in which every unfinished rollout"
            " waited for its tool call (calls also run while other rollouts write: this is what"

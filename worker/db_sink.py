@@ -222,25 +222,35 @@ class DbSink:
 
     def log_event(self, kind: str, data: dict[str, Any]) -> None:
         self.events.append((kind, data))
+        if kind == "phase":  # what the run is doing between steps, on its row for the pages
+            self._retried("note the phase", lambda: self._note_phase(str(data["phase"])))
+            return
         log.info("run %s: %s %s", self.run_id, kind, data)
         # The run page and `conspo-lab runs` say where a later attempt picked up: its checkpoint,
         # or step 0 when it found none and started over.
         if kind == "resumed" or (kind == "started" and self.attempt > 1):
             step = int(data["step"]) if kind == "resumed" else 0
-            if self.outage is None:
-                self._note_resume(step)
-            else:
-                self.outage.call(
-                    f"run {self.run_id}: note the resume", lambda: self._note_resume(step)
-                )
+            self._retried("note the resume", lambda: self._note_resume(step))
+
+    def _retried(self, what: str, write: Callable[[], None]) -> None:
+        if self.outage is None:
+            write()
+        else:
+            self.outage.call(f"run {self.run_id}: {what}", write)
 
     def _note_resume(self, step: int) -> None:
+        self._update_run(resumed_from_step=step)
+
+    def _note_phase(self, phase: str) -> None:
+        # updated_at moves: open pages get the change on their live stream (backend.api.
+        # stream_hub), though no step is logged while the run evaluates.
+        self._update_run(phase=phase, updated_at=utcnow())
+
+    def _update_run(self, **values: Any) -> None:
+        """The run's row, while this attempt still owns it."""
         with self.db.session() as session:
-            session.execute(
-                update(Run)
-                .where(*owned_by(self.run_id, self.attempt))
-                .values(resumed_from_step=step)
-            )
+            owned = owned_by(self.run_id, self.attempt)
+            session.execute(update(Run).where(*owned).values(**values))
             session.commit()
 
 

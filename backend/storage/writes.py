@@ -10,6 +10,7 @@ bulk.
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
 from backend.storage.series import refresh_rollups
 from backend.storage.strategies import dialect_of
+from conspo import metrics as M
 from conspo.sink import clip_text
 
 
@@ -85,6 +87,10 @@ class Encoded:
     last_values: dict[str, float | None]
     last_step_at: float | None = None  # the last step's wall time (unix), for the run's pace
     first_step: tuple[int, float] | None = None  # the batch's first step and its wall time
+    # Seconds its steps spent on the held-out evaluation (time/eval_s), the first step's apart:
+    # the pace leaves them out (backend.runs.progress.pace_values).
+    eval_s: float = 0.0
+    first_eval_s: float = 0.0
 
 
 def encode_points(
@@ -112,7 +118,17 @@ def encode_points(
         earliest = min(steps, key=lambda s: s.step)
         if earliest.wall_time is not None:
             first_step = (earliest.step, earliest.wall_time)
-    return Encoded(m, r, texts, p, last_step, last_values, last_step_at, first_step)
+    evaluating = {s.step: _eval_seconds(s.metrics) for s in steps}
+    first_eval = evaluating[min(evaluating)] if evaluating else 0.0
+    return Encoded(
+        m, r, texts, p, last_step, last_values, last_step_at, first_step,
+        sum(evaluating.values()), first_eval,
+    )  # fmt: skip
+
+
+def _eval_seconds(metrics: Mapping[str, float | None]) -> float:
+    value = metrics.get(M.TIME_EVAL_S)
+    return value if isinstance(value, int | float) and math.isfinite(value) and value > 0 else 0.0
 
 
 def write_points(
@@ -169,7 +185,9 @@ def write_encoded(
     out = Written(last_step=batch.last_step, last_values=batch.last_values)
     values = dict(run_values or {})
     if batch.last_step is not None and batch.last_step_at is not None:
-        values |= pace_values(batch.last_step, batch.last_step_at, batch.first_step)
+        values |= pace_values(
+            batch.last_step, batch.last_step_at, batch.first_step, batch.eval_s, batch.first_eval_s
+        )
     seq = _update_run(session, dialect, run_id, out, owner_attempt, values)
     if seq is None:
         out.owned = False

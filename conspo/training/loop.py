@@ -110,6 +110,7 @@ class TrainState:
     rollouts_seen: int = 0
     trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
     benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
+    sink: Sink = field(default_factory=NullSink)  # run_eval reports its phase there
 
 
 Start = Callable[[TrainState, DataFiles, ModelStore], LoopStep]
@@ -145,6 +146,7 @@ def run_loop(
     except stopping.Abandoned:  # cancelled while the task was built or the model loaded
         sink.log_event("finished", {"status": "cancelled", "step": 0, "phase": "setup"})
         return TrainResult("cancelled", 0)
+    state.sink = sink
     sampler = None
     if config.logging.system_metrics and distributed.is_main():
         sampler = SystemSampler(state.device.type, config.logging.system_interval_s)
@@ -153,9 +155,8 @@ def run_loop(
         step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
         last_step = resume(state, workdir, sink)
         if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
-            evaluated(
-                state, workdir, sink, StepRecord(0, config.steps, time.time(), run_eval(state, 0))
-            )
+            scored = run_eval(state, 0)  # stamped when it ends: the steps' clock starts there
+            evaluated(state, workdir, sink, StepRecord(0, config.steps, time.time(), scored))
         last_saved = last_step
         while last_step < config.steps and not should_stop():
             try:
@@ -420,9 +421,19 @@ def lr_at(cfg: RunConfig, step: int) -> float:
 
 def run_eval(state: TrainState, step: int) -> dict[str, float]:
     """Greedy accuracy and pass@k on the held-out split, avg@k and pass@k on each benchmark
-    (conspo.evaluation); every sample drawn at eval.temperature and eval.top_p."""
+    (conspo.evaluation); every sample drawn at eval.temperature and eval.top_p; and its
+    seconds (``time/eval_s``).
+
+    The sink hears a ``phase`` event as it starts ("evaluating") and ends ("training"): an
+    evaluation may take minutes with no step logged (the run page says what the run is doing),
+    and its seconds are what the ETA counts apart from the steps' (``backend.runs.progress``)."""
+    state.sink.log_event("phase", {"phase": "evaluating", "step": step})
+    t0 = time.perf_counter()
     with state.precision.autocast():
-        return _eval_metrics(state, step)
+        metrics = _eval_metrics(state, step)
+    metrics[M.TIME_EVAL_S] = time.perf_counter() - t0
+    state.sink.log_event("phase", {"phase": "training", "step": step})
+    return metrics
 
 
 def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:

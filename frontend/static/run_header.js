@@ -80,7 +80,9 @@ export function renderRun() {
   const run = S.run;
   document.title = `${run.name || `Run ${run.id}`} · ConSPO Lab`;
   $("#run-title").replaceChildren(run.name || `Run ${run.id}`, " ", h("span.rid", {}, `#${run.id}`));
-  $("#run-status").replaceChildren(...[statusBadge(run), attemptNote(run), waitingNote(run)].filter(Boolean));
+  $("#run-status").replaceChildren(
+    ...[statusBadge(run), phaseNote(run), attemptNote(run), waitingNote(run)].filter(Boolean),
+  );
   $("#run-lineage").replaceChildren(
     ...kindLine(run, () => S.run && renderRun()),
     run.cloned_from ? " · " : "",
@@ -156,6 +158,20 @@ function summaryValue(key, value, run) {
   const n = run.summary?.[EVAL_PROBLEMS];
   if (key === EVAL_ACCURACY && n > 0 && Number.isFinite(value)) return `${fmtNum(value, 6)} (n = ${n})`;
   return fmtNum(value, 6);
+}
+
+/** Beside the status of a running run: what it does between steps when that is not a step
+ * (an evaluation may take minutes with no step logged: the bar alone would look stuck). */
+function phaseNote(run) {
+  if (run.status !== "running") return null;
+  if (run.phase === "evaluating") {
+    const title = "scoring the held-out split (eval settings): no step is logged until it ends";
+    return h("span.phase#run-phase", { title }, "evaluating");
+  }
+  if (!run.phase && !run.external) {
+    return h("span.phase#run-phase", { title: "loading the model and the task" }, "setting up");
+  }
+  return null;
 }
 
 /** Beside the status of a run on a later attempt: which, and where it picked up (steps up to

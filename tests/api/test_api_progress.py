@@ -6,13 +6,14 @@ time since the last step into ``pace_s``; ``eta_s`` = pace × steps left − tim
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
 
 import pytest
 
-from tests.api.conftest import Api
+from tests.api.conftest import Api, run_in_worker, tiny_config
 
 pytestmark = pytest.mark.services
 
@@ -82,3 +83,117 @@ def test_a_first_write_of_several_steps_has_a_pace_from_its_own_steps(api: Api) 
     assert api.post(f"/api/runs/{run['id']}/log", json=body).status_code == 200
     state = api.get(f"/api/runs/{run['id']}").json()
     assert state["pace_s"] == pytest.approx(10) and state["eta_s"] == pytest.approx(150, abs=5)
+
+
+# Issue 49: a run evaluated for 6 minutes at "0/10, ETA –", and its ETA said 66 minutes for a run
+# of 15: the step-0 evaluation was folded into the first step's pace and the last evaluation was
+# left out. Evaluations are timed apart (time/eval_s) and reported as the run's phase.
+
+
+def test_a_run_says_it_is_evaluating_while_it_evaluates(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run through the worker's code: each evaluation waits at a gate until the test has
+    read the run from the API, so what the API says mid-evaluation is observed, not raced."""
+    import conspo.training.loop as loop
+
+    evaluating, release = threading.Semaphore(0), threading.Semaphore(0)
+    real = loop._eval_metrics
+
+    def gated(state: Any, step: int) -> dict[str, float]:
+        evaluating.release()
+        assert release.acquire(timeout=120), "the test never released the evaluation"
+        return real(state, step)
+
+    monkeypatch.setattr(loop, "_eval_metrics", gated)
+    name = f"phase-{uuid.uuid4().hex[:8]}"
+    config = tiny_config(2, name=name, eval={"every": 0, "at_start": True, "pass_k": 1})
+    done: list[dict[str, Any]] = []
+    worker = threading.Thread(target=lambda: done.append(run_in_worker(api, config)))
+    worker.start()
+    try:
+        seen = []
+        for _ in range(2):  # the start's evaluation (step 0), then the last step's
+            assert evaluating.acquire(timeout=300), "no evaluation started"
+            (run,) = [r for r in api.get("/api/runs", params={"q": name}).json()["items"]]
+            seen.append(run)
+            release.release()
+    finally:
+        for _ in range(2):
+            release.release()  # a failed assertion must not leave the worker at its gate
+        worker.join(timeout=300)
+    assert [r["phase"] for r in seen] == ["evaluating", "evaluating"]
+    assert seen[0]["status"] == "running" and seen[0]["step"] == 0
+    assert seen[0]["eta_s"] is None  # no step timed yet: the page says "evaluating", not "–"
+    (finished,) = done
+    assert finished["status"] == "succeeded" and finished["phase"] is None
+    assert finished["summary"]["time/eval_s"] > 0
+
+
+def test_evaluations_are_timed_apart_from_the_steps() -> None:
+    """The issue's run, replayed: 10 steps of 18 s, a 360 s evaluation at step 0 and one at the
+    end (eval.every 10). Each step's write folds its time less its evaluation's; the ETA is the
+    steps left at that pace plus the evaluations still due."""
+    from sqlalchemy import create_engine, select, update
+    from sqlalchemy.orm import Session
+
+    from backend.models import Base, Run, RunStatus
+    from backend.runs.progress import eta_s, pace_values
+
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    step_s, eval_s, total = 18.0, 360.0, 10
+    claimed = 1_000_000.0
+    config = {"eval": {"every": 10, "at_start": True, "pass_k": 1}, "task": {"eval_size": 200}}
+    with Session(engine) as session:
+        run = Run(name="replay", task="arith", model="tiny", config=config, summary={},
+                  status=RunStatus.running, total_steps=total, step=0,
+                  last_step_at=claimed)  # fmt: skip
+        session.add(run)
+        session.commit()
+
+        def write(step: int, wall: float, evaluated: float = 0.0) -> Run:
+            values = pace_values(step, wall, None, evaluated, evaluated)
+            session.execute(update(Run).where(Run.id == run.id).values(**values))
+            session.execute(update(Run).where(Run.id == run.id, Run.step < step).values(step=step))
+            if evaluated:
+                summary = {"time/eval_s": evaluated}
+                session.execute(update(Run).where(Run.id == run.id).values(summary=summary))
+            session.commit()
+            return session.scalars(select(Run).where(Run.id == run.id)).one()
+
+        wall = claimed + eval_s
+        write(0, wall, eval_s)  # the start's evaluation: no step, the clock moves on by it
+        for step in range(1, total + 1):
+            wall += step_s + (eval_s if step == total else 0)
+            state = write(step, wall, eval_s if step == total else 0.0)
+            assert state.pace_s == pytest.approx(step_s)
+            if step < total:
+                left = (total - step) * step_s + eval_s  # the last evaluation is still due
+                assert eta_s(state, now=wall) == pytest.approx(left)
+                # mid-step, the ETA counts down with the clock
+                assert eta_s(state, now=wall + 5) == pytest.approx(left - 5)
+
+
+def test_evaluations_still_due_and_their_estimate_before_one_is_measured() -> None:
+    from backend.models import Run, RunStatus
+    from backend.runs.progress import eta_s, eval_seconds, evals_left
+
+    every_4 = {"eval": {"every": 4}}
+    assert [evals_left(every_4, s, 10) for s in (0, 3, 4, 8, 9, 10)] == [3, 3, 2, 1, 1, 0]
+    assert [evals_left({"eval": {"every": 5}}, s, 10) for s in (0, 5, 9)] == [2, 1, 1]
+    assert evals_left({"eval": {"every": 0}}, 0, 10) == 1  # the last step's alone
+    # Not measured yet (eval.at_start off): the step's seconds per rollout times the answers an
+    # evaluation writes, greedy and pass@k: 8 prompts × 4 rollouts in 16 s of generation, 20
+    # problems × (1 + 2) answers → 30 s.
+    config = {"sampling": {"prompts_per_step": 8, "group_size": 4}, "task": {"eval_size": 20},
+              "eval": {"every": 0, "pass_k": 2, "at_start": False}}  # fmt: skip
+    fields = {"status": RunStatus.running, "pace_s": 20.0, "last_step_at": 0.0, "step": 2,
+              "total_steps": 10, "config": config, "external": False}  # fmt: skip
+    estimated = Run(**fields, summary={"time/rollout_s": 16.0})
+    assert eval_seconds(estimated) == pytest.approx(30)
+    assert eta_s(estimated, now=0.0) == pytest.approx(8 * 20 + 30)
+    measured = Run(**fields, summary={"time/rollout_s": 16.0, "time/eval_s": 50.0})
+    assert eta_s(measured, now=0.0) == pytest.approx(8 * 20 + 50)
+    # an external run that logs no evaluation time has none counted
+    assert eval_seconds(Run(**{**fields, "external": True}, summary={})) == 0
