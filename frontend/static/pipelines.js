@@ -1,5 +1,6 @@
 // Pipelines list (/pipelines): every pipeline with its stages (what each trains, its run and
-// status), newest first; a row links to its pipeline page. Refreshed while any is active.
+// status, each stage's progress), newest first; a row links to its pipeline page. Refreshed while
+// any is active.
 import { errorText, get } from "/static/api.js";
 import { $, FINISHED, fmtTime, h, progressBar, statusBadge, toast } from "/static/util.js";
 
@@ -19,11 +20,24 @@ function stagesCell(p) {
   );
 }
 
-/** The stage running now (else the last one with a run): its progress. */
-function currentProgress(p) {
-  const runs = p.stages.map((st) => st.run).filter(Boolean);
-  const run = runs.find((r) => !FINISHED.has(r.status)) || runs[runs.length - 1];
-  return run ? progressBar(run) : h("span.muted", {}, "–");
+/** Each stage's progress on a line of its own ("2. conspo ▮▮▯ 3/10"; a stage with no run yet
+ * says why), under how many stages have finished: a pipeline is several runs, and the one
+ * running now is not all of it. */
+function stagesProgress(p) {
+  const done = p.stages.filter((st) => st.run?.status === "succeeded").length;
+  return h(
+    "div.stages-progress",
+    {},
+    h("div.small.muted.stages-done", {}, `${done}/${p.stages.length} stages done`),
+    ...p.stages.map((st, i) =>
+      h(
+        "div.stage-progress",
+        { "data-stage": i },
+        h("span.stage-n", {}, `${i + 1}.`),
+        st.run ? progressBar(st.run) : h("span.muted", {}, st.skipped ? "never ran" : "not started"),
+      ),
+    ),
+  );
 }
 
 async function load() {
@@ -43,7 +57,7 @@ async function load() {
       h("td", {}, h("a", { href: `/pipelines/${p.id}` }, p.name)),
       h("td", {}, statusBadge({ status: p.status })),
       h("td", {}, stagesCell(p)),
-      h("td", {}, currentProgress(p)),
+      h("td", {}, stagesProgress(p)),
       h("td", {}, fmtTime(p.created_at)),
     ),
   );

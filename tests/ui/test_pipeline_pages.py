@@ -130,3 +130,34 @@ def test_sft_then_conspo_pipeline_from_the_form_to_the_models_page(
     page.wait_for_url(re.compile(rf"/runs/new\?from_run={sft_run['id']}$"))
     page.wait_for_selector('[name="config.model.from_run"]')
     assert page.input_value('[name="config.model.from_run"]') == str(sft_run["id"])
+
+
+def test_the_pipelines_list_shows_every_stages_progress(page: Any, ui_server: Any) -> None:
+    """A pipeline is several runs: the list gives each stage's own steps (2 then 3 here) and how
+    many stages are done, not only the progress of the stage that ran last."""
+    if not ui_server.has_worker:
+        pytest.skip("needs the worker to train the stages")
+    small = {
+        "model": {"name": "tiny"},
+        "task": {"eval_size": 4},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "eval": {"every": 0},
+        "checkpoint": {"every": 0},
+    }
+    stages = [
+        {**small, "kind": "sft", "kind_params": {"batch_size": 4}, "steps": 2},
+        {**small, "algorithm": "grpo", "steps": 3},
+    ]
+    made = ui_server.api("POST", "/api/pipelines", json={"name": "ui-progress", "stages": stages})
+    wait_until(
+        page,
+        lambda: ui_server.api("GET", f"/api/pipelines/{made['id']}")["status"] == "succeeded",
+        400,
+        "the pipeline to succeed",
+    )
+    page.goto(f"{ui_server.url}/pipelines")
+    row = page.locator(f'#pipelines-table tr[data-id="{made["id"]}"]')
+    row.wait_for()
+    labels = row.locator(".stage-progress .plabel")
+    assert [labels.nth(i).inner_text() for i in range(labels.count())] == ["2/2", "3/3"]
+    assert row.locator(".stages-done").inner_text() == "2/2 stages done"

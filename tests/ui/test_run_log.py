@@ -46,3 +46,44 @@ def test_a_failed_run_leads_with_its_traceback_and_the_logs_tab_shows_it(
                what="the traceback in the Logs tab")  # fmt: skip
     assert page.query_selector("#run-log script, #run-log img") is None
     shutil.copy(shot(page, "run-logs"), ROOT / "docs" / "screenshot-run-logs.png")
+
+
+def test_carriage_returns_redraw_the_line_as_on_a_terminal(page: Any, ui_server: Any) -> None:
+    """tqdm redraws its bar with "\\r": the Logs tab shows each bar's last state on one line,
+    a redraw split across two chunks included, not every state run together."""
+    from backend.config import Settings
+    from backend.db import Database
+    from backend.storage import run_logs
+
+    if not (ui_server.data_dir / "conspo.db").is_file():
+        pytest.skip("writes the log into the server's own database")
+    run = ui_server.external_run(f"ui-log-cr-{uuid.uuid4().hex[:6]}", {}, total_steps=3)
+    chunks = [
+        "loading the model\n",
+        "steps:   0%|      | 0/3\rsteps:  33%|##    | 1/3\r",  # the worker keeps endless lines
+        "steps:  67%|####  | 2/3\rsteps: 100%|######| 3/3\n",
+        "evaluating\r\ndone\n",
+    ]
+    db = Database(Settings(data_dir=ui_server.data_dir))
+    try:
+        with db.session() as session:
+            for text in chunks:
+                run_logs.append(session, run["id"], 1, text)
+            session.commit()
+    finally:
+        db.engine.dispose()
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    page.click(".tabs button[data-tab='logs']")
+    log = page.locator("#run-log")
+    wait_until(page, lambda: "done" in log.inner_text(), what="the log's last line")
+    assert log.inner_text().splitlines() == [
+        "loading the model",
+        "steps: 100%|######| 3/3",
+        "evaluating",
+        "done",
+    ]
+    # a shorter redraw writes over the start of the line and leaves the rest, as a terminal
+    typed = page.evaluate(
+        "() => import('/static/run_log.js').then(m => m.asOnTerminal('12345\\rab\\r\\nnext'))"
+    )
+    assert typed == "ab345\nnext"
