@@ -274,6 +274,11 @@ class RunOut(BaseModel):
         description="Seconds until it ends at that pace, as of this response; null unless it is"
         " running (not being cancelled) with a pace.",
     )
+    order_value: float | str | None = Field(
+        None,
+        description="In a list with order_by: this run's value of what it is ordered by (the"
+        " summary, e.g. max(sep/gap), or the config field); null otherwise or where it has none.",
+    )
     phase: Literal["training", "evaluating"] | None = Field(
         None,
         description="What a running run is doing between steps: training, or evaluating on the"

@@ -78,12 +78,25 @@ def list_runs(
 def _order(session: Session, o: Order) -> list[Any]:
     """ORDER BY terms of ``o``: a metric summary, or a config field (its numbers, then its
     text); runs without it last, whichever the direction."""
-    if isinstance(o.left, MetricSummary):
-        columns = [_summary(o.left)]
-    else:
-        field = dialect_of(session).json_field(Run.__table__.c.config, o.left.names)
-        columns = [field.number, field.text]
+    columns = _order_columns(session, o)
     return [c.desc().nulls_last() if o.descending else c.asc().nulls_last() for c in columns]
+
+
+def order_values(session: Session, o: Order, ids: Sequence[int]) -> dict[int, Any]:
+    """Run id → its value of what ``o`` orders by (a config field's number, else its text; a
+    summary's number), for ``ids``: the list shows the value it is ordered by."""
+    if not ids:
+        return {}
+    columns = _order_columns(session, o)
+    rows = session.execute(select(Run.id, *columns).where(Run.id.in_(ids))).all()
+    return {row[0]: next((v for v in row[1:] if v is not None), None) for row in rows}
+
+
+def _order_columns(session: Session, o: Order) -> list[Any]:
+    if isinstance(o.left, MetricSummary):
+        return [_summary(o.left)]
+    field = dialect_of(session).json_field(Run.__table__.c.config, o.left.names)
+    return [field.number, field.text]
 
 
 def _summary(s: MetricSummary) -> Any:

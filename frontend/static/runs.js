@@ -13,6 +13,7 @@ import {
   sharedRange,
   symbolsOf,
   tableRows,
+  valueSummary,
   varyingKeys,
 } from "/static/runs_table.js";
 import { $, debounce, FINISHED, fmtNum, h, setConn, toast } from "/static/util.js";
@@ -232,6 +233,10 @@ function refreshPipelineRows(pipelineId) {
 
 /** The hyperparameter heads (before Progress) and the column picker's choices. */
 function renderHead(cols) {
+  const shown = valueSummary(state.orderBy, state.metric);
+  $("#value-head").textContent = shown;
+  $("#value-head").title =
+    `each run's ${shown} ${state.metric}${shown === "last" ? "" : ": what the list is ordered by"}`;
   for (const th of document.querySelectorAll("#runs-table th.hp")) th.remove();
   const before = $("#progress-head");
   for (const key of cols)
@@ -247,6 +252,9 @@ function renderHead(cols) {
 }
 
 function updateRow(run) {
+  // The stream's rows carry no order_value (it is the list's): keep the listed one until the
+  // reload a new step asks for (onRunEvent).
+  if (!("order_value" in run)) run.order_value = state.runs.get(run.id)?.order_value;
   state.runs.set(run.id, run);
   const row = body.querySelector(`tr[data-id="${run.id}"]`);
   if (!row) return;
@@ -430,6 +438,7 @@ function onRunEvent(run) {
     updateRow(run);
     if (!matches(run)) reloadSoon();
     else if (run.step !== before.step || run.status !== before.status) {
+      if (valueSummary(state.orderBy, state.metric) !== "last") reloadSoon(); // its summary and place may move
       sparkRefresh.add(run.id);
       flushSparks();
       if (/^study-\d+$/.test(run.group_id || "")) loadStudiesSoon();

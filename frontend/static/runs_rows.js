@@ -4,7 +4,17 @@
 import { qs } from "/static/api.js";
 import { fromText, pipelineLink } from "/static/lineage.js";
 import { noteLine } from "/static/notes.js";
-import { armsOf, groupKey, groupName, meanSd, meanSeries, statusCounts, usedConfig } from "/static/runs_table.js";
+import {
+  armsOf,
+  groupKey,
+  groupName,
+  meanSd,
+  meanSeries,
+  shownValue,
+  statusCounts,
+  usedConfig,
+  valueSummary,
+} from "/static/runs_table.js";
 import {
   color,
   FINISHED,
@@ -50,7 +60,7 @@ export function rowFor(state, run, cols, onPipelineSize) {
   const sel = state.selected.has(run.id);
   const key = groupKey(run);
   const inGroup = key && state.groupOf.get(run.id) === key;
-  const last = run.summary ? run.summary[state.metric] : undefined;
+  const value = shownValue(state, run); // what the list is ordered by, when it is a summary
   const finished = FINISHED.has(run.status);
   const actions = h(
     "div.actions",
@@ -100,7 +110,7 @@ export function rowFor(state, run, cols, onPipelineSize) {
     hyperCells([run], cols, state.paramNeeds),
     h("td", {}, progressBar(run)),
     h("td.spark-cell", {}, sparkFor(state, run.id)),
-    h("td.num", {}, fmtNum(last)),
+    h("td.num.value-cell", {}, fmtNum(value)),
     h("td.muted.opt", { title: fmtTime(run.created_at) }, fmtAgo(run.created_at)),
     h("td", {}, actions),
   );
@@ -136,7 +146,8 @@ function groupProgress(state, key, runs) {
   );
 }
 
-/** Per arm: its mean curve in the sparkline, its mean ± sd of the runs' last values. Arms are
+/** Per arm: its mean curve in the sparkline, its mean ± sd of the runs' values (last, or the
+ * summary the list is ordered by: the column's `shownValue`). Arms are
  * never averaged together (a GRPO and a ConSPO run's mean means nothing). */
 function armStats(state, runs) {
   const arms = armsOf(runs);
@@ -145,7 +156,7 @@ function armStats(state, runs) {
     return { xs: mean.steps, ys: mean.values, color: arms.length > 1 ? color(i) : undefined, name: arm.label };
   });
   const stats = arms.map((arm, i) => {
-    const stat = meanSd(arm.runs.map((r) => r.summary?.[state.metric]));
+    const stat = meanSd(arm.runs.map((r) => shownValue(state, r)));
     return h(
       "div.arm-stat",
       { "data-arm": arm.label },
@@ -212,7 +223,11 @@ export function groupRowFor(state, key, ids, cols) {
     hyperCells(runs, cols, state.paramNeeds),
     h("td", {}, groupProgress(state, key, runs)),
     h("td.spark-cell", {}, sparklines(lines, { range: state.range })),
-    h("td.num.group-stat", { title: `${state.metric}: per arm, mean ± sd of the runs' last values` }, stats),
+    h(
+      "td.num.group-stat",
+      { title: `${state.metric}: per arm, mean ± sd of the runs' ${valueSummary(state.orderBy, state.metric)} values` },
+      stats,
+    ),
     h("td.muted.opt", {}, ""),
     h(
       "td",

@@ -5,6 +5,21 @@ import { configMeets } from "/static/catalogue.js";
 import { interp } from "/static/series.js";
 import { flatten, fmtNum } from "/static/util.js";
 
+/** Which summary of the column's metric the value column shows: the one the list is ordered by
+ * (`-max(sep/gap)` → "max"), else its last value. Ordered by max, the column showed last values
+ * and read out of order. */
+export function valueSummary(orderBy, metric) {
+  const ordered = /^-?(best|max|min|last)\((.*)\)$/.exec(orderBy || "");
+  return ordered && ordered[2] === metric ? ordered[1] : "last";
+}
+
+/** A run's value in that column: the server's `order_value` (the summary it ordered by), or the
+ * last value from its summary (kept live by the run stream). */
+export function shownValue(state, run) {
+  if (valueSummary(state.orderBy, state.metric) === "last") return run.summary?.[state.metric];
+  return run.order_value;
+}
+
 /** The group a run belongs to, or null: the seeds of one submission share `group_id` (a study's
  * runs share "study-<id>"), the stages of a pipeline share `pipeline_id`. */
 export function groupKey(run) {

@@ -331,7 +331,12 @@ def _runs_page(
     cluster = Cluster.load(session, settings) if show_cluster else None
     queued = any(r.status == RunStatus.queued for r in rows)
     places = storage_runs.queue_positions(session) if queued else {}
-    page = {"items": [with_place(run_out(r, cluster), places) for r in rows], "total": total}
+    items = [with_place(run_out(r, cluster), places) for r in rows]
+    if where.order is not None:  # each row says the value it is ordered by (max, not last)
+        values = storage_runs.order_values(session, where.order, [r.id for r in rows])
+        for item in items:
+            item["order_value"] = values.get(item["id"])
+    page = {"items": items, "total": total}
     return RUN_LIST.dump_json(RUN_LIST.validate_python(page), by_alias=True)
 
 
