@@ -136,7 +136,7 @@ export function renderRun() {
   renderProgress();
   const err = $("#run-error");
   err.hidden = !run.error;
-  err.textContent = run.error ? `Error: ${run.error}` : "";
+  err.replaceChildren(...(run.error ? errorParts(run.error) : []));
   $("#cancel-btn").hidden = finished || run.cancel_requested;
   $("#clone-btn").hidden = Boolean(run.external); // logged from elsewhere: nothing to rerun
   $("#edit-btn").hidden = Boolean(run.external);
@@ -151,6 +151,21 @@ export function renderRun() {
       ? summary.map(([k, v]) => h("tr", {}, h("td", { title: helpOf(k) }, k), h("td", {}, summaryValue(k, v, run))))
       : [h("tr", {}, h("td", {}, "no metrics yet"), h("td"))]),
   );
+}
+
+/** A failed run's error as the box shows it: the line that says why first, in full view, and the
+ * traceback folded under it. The worker puts a config's fault (out of memory, refused) before
+ * the traceback; otherwise why is the traceback's last line, which a box of a fixed height left
+ * below its fold. */
+function errorParts(error) {
+  const lines = error.split("\n");
+  const traced = lines[0].startsWith("Traceback");
+  const why = traced ? lines.filter((l) => l.trim() && !/^\s/.test(l)).pop() : lines[0];
+  const rest = traced ? error : lines.slice(1).join("\n").trim();
+  return [
+    h("div.error-why#run-error-why", {}, `Error: ${why}`),
+    rest ? h("details.error-trace", {}, h("summary", {}, "traceback"), h("pre", {}, rest)) : null,
+  ].filter(Boolean);
 }
 
 /** A summary value; the accuracy with the n it was scored on (its interval is on the chart). */
