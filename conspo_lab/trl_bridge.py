@@ -17,9 +17,20 @@ they are sent with the step's points, so the run page draws the same separation 
 distributions as a native run's. Under ``accelerate launch`` only the main process logs (the
 trainer has already gathered the statistics of every process).
 
+With a plain ``GRPOTrainer`` there are no per-rollout scores, so the separation panels stay
+empty (the run page says they need ``ConSPOTrainer``); what TRL's reward statistics do tell is
+logged under the catalogue's keys: the pass rate (mean 0/1 reward) and the mixed ("valid")
+groups per step (groups whose rewards are not all equal, from ``frac_reward_zero_std``). TRL's
+reward spread stays as it is, ``trl/reward_std`` (the catalogue has no key of that meaning).
+
 The server is never allowed to break training: every request is retried a few times, a failed
 flush keeps its points for the next one, and after that everything is a warning. A training
 crash marks the run failed (an uncaught exception seen at interpreter exit, or ``fail(exc)``).
+
+Cancelling the run on the platform stops the trainer: the server refuses the next flush (the run
+no longer accepts points: 409 once cancelled, 404 once deleted), the callback says so once and
+sets ``control.should_training_stop``, so TRL ends after the step it is in. That flush comes
+within ``flush_steps`` steps or ``flush_seconds`` (each step when a step takes longer).
 """
 
 from __future__ import annotations
@@ -63,16 +74,27 @@ TRL_PREFIX = "trl/"
 MAX_ROLLOUT_STEPS = 100
 # TRL's mean of one reward function, rewards/<name>/mean, is the catalogue's reward/<name>.
 REWARD_FUNC_KEY = re.compile(r"^rewards/([\w.-]+)/mean$")
+# TRL's share of rollouts whose group's rewards all agree (std 0): with 0/1 rewards, 1 − it is
+# the share of mixed groups, the ones that train (batch/valid_groups counts them).
+ZERO_STD_KEY = "frac_reward_zero_std"
+# A log refused with one of these is for a run that no longer accepts points: cancelled or
+# finished (409), deleted (404), gone (410). Retrying cannot help; the trainer is stopped.
+RUN_CLOSED = frozenset({404, 409, 410})
 
 
-def map_logs(logs: Mapping[str, Any], binary_reward: bool = True) -> dict[str, float]:
+def map_logs(
+    logs: Mapping[str, Any], binary_reward: bool = True, groups: int | None = None
+) -> dict[str, float]:
     """The lab metrics for one ``on_log`` dict: numeric values only, originals under ``trl/``.
 
     NaN/Inf are kept (the client sends them as null; the server stores null). With
-    ``binary_reward`` (verifiable 0/1 rewards), the mean ``reward`` is the pass rate. Keys of the
-    catalogue (what ``ConSPOTrainer`` logs) are kept as they are, once.
+    ``binary_reward`` (verifiable 0/1 rewards), the mean ``reward`` is the pass rate and, given
+    ``groups`` (groups per generation batch, when TRL's zero-std share is per group), the
+    zero-std share gives the mixed groups. Keys of the catalogue (what ``ConSPOTrainer`` logs)
+    are kept as they are, once, and win over a value mapped from TRL's keys.
     """
     out: dict[str, float] = {}
+    mapped: dict[str, float] = {}
     for key, value in logs.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue  # strings, None (TRL logs None when no reward was valid), tensors...
@@ -82,13 +104,30 @@ def map_logs(logs: Mapping[str, Any], binary_reward: bool = True) -> dict[str, f
             continue
         out[TRL_PREFIX + key] = value
         reward_func = REWARD_FUNC_KEY.match(key)
+        share = not math.isfinite(value) or 0 <= value <= 1
         if key in KEY_MAP:
-            out[KEY_MAP[key]] = value
+            mapped[KEY_MAP[key]] = value
         elif reward_func is not None:
-            out[M.reward_key(reward_func.group(1))] = value
-        elif key == REWARD_KEY and binary_reward and (not math.isfinite(value) or 0 <= value <= 1):
-            out[PASS_RATE_KEY] = value
-    return out
+            mapped[M.reward_key(reward_func.group(1))] = value
+        elif key == REWARD_KEY and binary_reward and share:
+            mapped[PASS_RATE_KEY] = value
+        elif key == ZERO_STD_KEY and binary_reward and groups and share:
+            # a whole count per step, a mean of counts over a logging window of several
+            mapped[M.BATCH_VALID_GROUPS] = round((1 - value) * groups, 6)
+    return mapped | out
+
+
+def groups_per_batch(args: Any) -> int | None:
+    """Groups in one of TRL's generation batches, when its ``frac_reward_zero_std`` is a share of
+    groups (rewards summed, then normalised per group or not at all); else None."""
+    generation = getattr(args, "generation_batch_size", None)
+    size = getattr(args, "num_generations", None)
+    if not isinstance(generation, int) or not isinstance(size, int) or size <= 0:
+        return None  # not a GRPOConfig
+    scale = getattr(args, "scale_rewards", "group")
+    per_group = scale in ("group", "none", True, False)  # older TRL: True is group, False none
+    summed = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+    return generation // size if per_group and summed == "sum_then_normalize" else None
 
 
 class ConSPOLabCallback(TrainerCallback):
@@ -99,7 +138,8 @@ class ConSPOLabCallback(TrainerCallback):
     run_name:      the run's display name.
     config:        free JSON stored with the run (e.g. your GRPOConfig as a dict).
     algorithm, task, model: shown in the run list (model defaults to the trainer's model name).
-    binary_reward: rewards are 0/1 (verifiable), so TRL's mean ``reward`` is ``batch/pass_rate``.
+    binary_reward: rewards are 0/1 (verifiable), so TRL's mean ``reward`` is ``batch/pass_rate``
+                   and its groups of unequal rewards are ``batch/valid_groups``.
     flush_steps / flush_seconds: send when this many steps are buffered or this long passed.
     retries:       attempts per request before the points wait for the next flush.
     """
@@ -135,6 +175,9 @@ class ConSPOLabCallback(TrainerCallback):
         self.retry_wait = retry_wait
         self.run_id: int | None = None
         self.total_steps: int | None = None
+        self.groups: int | None = None  # per generation batch (``groups_per_batch``)
+        # why the server refused the run's points (cancelled, deleted): the trainer is stopped
+        self.stopped: str | None = None
         self._pending: dict[int, dict[str, Any]] = {}
         self._rollouts: dict[int, list[dict[str, Any]]] = {}
         self._last_flush = time.monotonic()
@@ -154,6 +197,8 @@ class ConSPOLabCallback(TrainerCallback):
             self._other_process = True  # one process logs for all of them; this one never
             return
         self.total_steps = state.max_steps or None
+        self.groups = groups_per_batch(args)
+        self.stopped = None
         if self.model is None:
             model = kwargs.get("model")
             self.model = getattr(getattr(model, "config", None), "_name_or_path", None) or "hf"
@@ -178,7 +223,7 @@ class ConSPOLabCallback(TrainerCallback):
     ) -> None:
         if not self._active or not logs:
             return
-        metrics = map_logs(logs, self.binary_reward)
+        metrics = map_logs(logs, self.binary_reward, self.groups)
         if not metrics:
             return
         entry = self._pending.setdefault(
@@ -189,6 +234,14 @@ class ConSPOLabCallback(TrainerCallback):
         due = time.monotonic() - self._last_flush >= self.flush_seconds
         if len(self._pending) >= self.flush_steps or due:
             self.flush()
+        if self.stopped is not None:
+            control.should_training_stop = True  # TRL checks it right after logging
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.stopped is not None:  # refused at a flush outside on_log (``flush()`` by hand)
+            control.should_training_stop = True
 
     def on_rollouts(
         self,
@@ -249,7 +302,7 @@ class ConSPOLabCallback(TrainerCallback):
             return
         self._finished = True
         self._active = False
-        if not self.flush(status=status, error=error):
+        if not self.flush(status=status, error=error) and self.stopped is None:
             log.warning("ConSPO Lab: could not mark run %s %s", self.run_id, status)
         self._remove_crash_hooks()
 
@@ -288,6 +341,9 @@ class ConSPOLabCallback(TrainerCallback):
             try:
                 return fn()
             except ApiError as exc:
+                if what == "log" and exc.status in RUN_CLOSED:
+                    self._run_closed(exc)
+                    return None
                 if 400 <= exc.status < 500 and exc.status not in (408, 429):
                     log.warning("ConSPO Lab: %s rejected: %s", what, exc)
                     return None  # a bad request will not get better by retrying
@@ -298,6 +354,21 @@ class ConSPOLabCallback(TrainerCallback):
                 time.sleep(self.retry_wait * 2 ** (attempt - 1))
         log.warning("ConSPO Lab: %s failed after %d attempts: %s", what, self.retries, error)
         return None
+
+    def _run_closed(self, exc: ApiError) -> None:
+        """The run no longer accepts points (cancelled or deleted on the platform): say so once,
+        log nothing more, and have the trainer stop (``on_log`` / ``on_step_end``)."""
+        self.stopped = str(exc.detail)
+        self._active = False
+        self._finished = True  # nothing more to mark: the platform closed the run
+        self._pending.clear()
+        self._rollouts.clear()
+        self._remove_crash_hooks()
+        log.warning(
+            "ConSPO Lab: run %s no longer accepts points (%s): stopping training",
+            self.run_id,
+            self.stopped,
+        )
 
     def _install_crash_hooks(self) -> None:
         """TrainerCallback has no error hook: an uncaught exception reaches sys.excepthook and

@@ -123,6 +123,18 @@ function hasData(def) {
   return chartKeys(def).some((k) => hasFinite(S.series[k.key]));
 }
 
+// An external run that logs points but no per-rollout scores (TRL's plain GRPOTrainer through
+// conspo_lab.trl_bridge) will never fill the panels drawn from those scores: say what would.
+const NEEDS_SCORES =
+  "this run's trainer sends no per-rollout scores (TRL's GRPOTrainer logs only reward means):" +
+  " these curves need conspo.integrations.trl.ConSPOTrainer";
+
+function withoutRolloutScores(def) {
+  if (!S.run?.external || !Object.keys(S.series).length) return false;
+  if (def.kind === "rollout_heatmap") return S.rolloutsLoaded && !S.rollouts.length;
+  return def.section === "sep" && !chartKeys(def).length;
+}
+
 function placeholder(entry, text) {
   if (entry.plot.dataset.state !== "empty") {
     if (entry.plot.dataset.state === "plotted") window.Plotly.purge(entry.plot);
@@ -139,6 +151,7 @@ export function drawChart(entry) {
   if (!built) {
     let text = "no data yet";
     if (S.run && S.run.status === "queued") text = "waiting for the run to start…";
+    else if (withoutRolloutScores(def)) text = NEEDS_SCORES;
     else if (def.kind === "rollout_heatmap" && !S.rolloutsLoaded) text = "loading the sampled rollouts…";
     else if (chartKeys(def).length) {
       text =

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from conspo import metrics as M
 from conspo_lab.client import Client
-from conspo_lab.trl_bridge import KEY_MAP, ConSPOLabCallback, map_logs
+from conspo_lab.trl_bridge import KEY_MAP, ConSPOLabCallback, groups_per_batch, map_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,46 @@ def test_map_logs_keeps_originals_and_maps_known_keys():
         M.reward_key("verify"): 0.5,
         "trl/rewards/verify/mean": 0.5,
     }
+
+
+def test_map_logs_counts_mixed_groups_and_keeps_what_the_trainer_logged_itself():
+    args = SimpleNamespace(generation_batch_size=16, num_generations=4, scale_rewards="group")
+    groups = groups_per_batch(args)
+    assert groups == 4
+    out = map_logs({"reward": 0.5, "frac_reward_zero_std": 0.25}, groups=groups)
+    assert out[M.BATCH_VALID_GROUPS] == 3.0 and out["trl/frac_reward_zero_std"] == 0.25
+    assert M.BATCH_VALID_GROUPS not in map_logs({"frac_reward_zero_std": 0.25})  # groups unknown
+    for other in (
+        {"scale_rewards": "batch"},
+        {"multi_objective_aggregation": "normalize_then_sum"},
+    ):
+        assert groups_per_batch(SimpleNamespace(**{**vars(args), **other})) is None  # not per group
+    # ConSPOTrainer's own counts and pass rate win over what TRL's means would give, whatever
+    # the order of the log dict.
+    logged = {M.BATCH_VALID_GROUPS: 1.0, M.BATCH_PASS_RATE: 0.4}
+    for logs in ({**logged, "reward": 0.5, "frac_reward_zero_std": 0.25},
+                 {"reward": 0.5, "frac_reward_zero_std": 0.25, **logged}):  # fmt: skip
+        out = map_logs(logs, groups=groups)
+        assert (out[M.BATCH_VALID_GROUPS], out[M.BATCH_PASS_RATE]) == (1.0, 0.4)
+
+
+def test_a_refused_log_for_a_closed_run_stops_the_trainer_and_is_said_once(lab, caplog):
+    from transformers import TrainerControl
+
+    cb = ConSPOLabCallback(lab, run_name="cb-deleted", flush_steps=1, retry_wait=0)
+    args, control = SimpleNamespace(logging_steps=1), TrainerControl()
+    cb.on_train_begin(args, fake_state(0, 9), control)
+    cb.on_log(args, fake_state(1, 9), control, logs={"loss": 1.0})
+    assert not control.should_training_stop
+    lab.delete(cb.run_id)  # a 404 from now on
+    with caplog.at_level(logging.WARNING, logger="conspo_lab.trl_bridge"):
+        cb.on_log(args, fake_state(2, 9), control, logs={"loss": 0.5})
+        assert control.should_training_stop and cb.stopped
+        cb.on_log(args, fake_state(3, 9), control, logs={"loss": 0.25})  # TRL's last log
+        cb.on_train_end(args, fake_state(3, 9), control)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ConSPO Lab: run {cb.run_id} no longer accepts points ({cb.stopped}): stopping training"
+    ]
 
 
 def fake_state(step: int, max_steps: int = 3):
