@@ -21,13 +21,17 @@ class Limits:
     rlimits of the same names, per process, except the wall clock, the output caps and the two
     RAM file systems.
 
-    What a snippet can hold in the host's memory beyond its processes' address spaces is its
-    files, ``tmpfs_bytes + shm_bytes`` (``files_in_memory_bytes``: /tmp and /dev/shm are the only
-    writable file systems, /dev itself is read-only), and what the kernel buffers for its pipes
-    and sockets, each bounded per descriptor (``open_files``) by the kernel's own caps: a pipe
-    by ``fs.pipe-max-size`` and, once the user holds ``fs.pipe-user-pages-soft`` pages in pipes,
-    two pages; a Unix socket by ``net.core.wmem_max``; a loopback TCP connection by
-    ``net.ipv4.tcp_wmem`` + ``tcp_rmem`` (their maxima) and host-wide by ``net.ipv4.tcp_mem``.
+    Memory, where a memory cgroup can be made (``sandbox_available`` says): all the snippet's
+    processes together, with their files, SysV shared memory, pipe and socket buffers, at most
+    ``memory_budget_bytes`` (cgroup v1 counts TCP buffers apart, against a limit of the same
+    size). Where none can be made, each process is bounded by its address
+    space, and beyond them the snippet holds its files, ``files_in_memory_bytes`` (/tmp and
+    /dev/shm are its only writable file systems: /dev itself is read-only), SysV shared memory
+    detached from every process (unbounded: its IPC namespace's default limits), and what the
+    kernel buffers for its descriptors (``open_files`` each process): a pipe at most
+    ``fs.pipe-max-size`` (1 MiB), two pages once the user holds ``fs.pipe-user-pages-soft``
+    (64 MiB) in pipes; a Unix socket about ``net.core.wmem_max``; a loopback TCP connection up to
+    ``net.ipv4.tcp_wmem`` + ``tcp_rmem`` (their maxima), host-wide at most ``net.ipv4.tcp_mem``.
     """
 
     wall_seconds: float = 5.0
@@ -52,6 +56,11 @@ class Limits:
     def files_in_memory_bytes(self) -> int:
         """The most the snippet's files can take of the host's memory: both tmpfs caps."""
         return self.tmpfs_bytes + self.shm_bytes
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """The memory cgroup's limit: what one process may address, plus room for the files."""
+        return self.address_space_bytes + self.files_in_memory_bytes
 
 
 @dataclass(frozen=True)

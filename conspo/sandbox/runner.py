@@ -7,11 +7,11 @@ interpreter's own directories; a private size-capped tmpfs as ``/tmp`` and cwd, 
 ``/dev/shm``, a read-only ``/dev`` (see ``Limits`` for all the snippet can hold); an empty
 environment but for PATH, HOME, LANG and the PYTHON* settings below. The bwrap process is
 started in a new session with rlimits set before exec (CPU, address space, processes, file size,
-open files, no core), which everything inside inherits, and in a pids cgroup of its own when one
-can be made (``cgroup``). The snippet is the sandbox's PID 1 (``--as-pid-1``), so bwrap reaps it
-itself and its CPU time (and that of the children it waited for) reaches ``os.wait4``; when it
-exits or is killed every process left in its PID namespace dies with it. At the wall-clock limit
-the whole session is killed, then whatever is left in the cgroup.
+open files, no core), which everything inside inherits, and in a pids and a memory cgroup of its
+own when they can be made (``cgroup``). The snippet is the sandbox's PID 1 (``--as-pid-1``), so
+bwrap reaps it itself and its CPU time (and that of the children it waited for) reaches
+``os.wait4``; when it exits or is killed every process left in its PID namespace dies with it.
+At the wall-clock limit the whole session is killed, then whatever is left in the cgroup.
 
 ``unsafe_local=True`` runs the snippet as a plain subprocess with the same rlimits, timeout,
 output caps and empty environment, but with the caller's network, file system and user: only
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from conspo.sandbox.base import Limits, SandboxResult, SandboxUnavailable, Snippet
-from conspo.sandbox.cgroup import PidsCgroup, make_pids_cgroup
+from conspo.sandbox.cgroup import SnippetCgroup, make_snippet_cgroup
 
 SANDBOX_UID = 65534  # nobody: owns nothing on the read-only system
 SYSTEM_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
@@ -159,7 +159,7 @@ def bwrap_argv(python: str, snippet_file: str, limits: Limits) -> list[str]:
     return [*argv, "--", python, "-B", SNIPPET_PATH]
 
 
-def _set_rlimits(limits: Limits, cgroup: PidsCgroup | None) -> None:
+def _set_rlimits(limits: Limits, cgroup: SnippetCgroup | None) -> None:
     """The child's preexec_fn: runs between fork and exec, so it only sets limits."""
     if cgroup is not None:
         cgroup.join()
@@ -262,7 +262,7 @@ def run(
         probe = sandbox_available(python)
         if not probe:
             raise SandboxUnavailable(f"cannot sandbox code: {probe.reason}")
-    cgroup = make_pids_cgroup(limits.processes)
+    cgroup = make_snippet_cgroup(limits.processes, limits.memory_budget_bytes)
     if cgroup is None and through_bwrap and os.geteuid() == 0:
         raise SandboxUnavailable(
             "cannot bound the number of processes: running as root (RLIMIT_NPROC does not apply)"
@@ -293,7 +293,7 @@ def _run_process(
     stdin: IO[bytes],
     python: str,
     limits: Limits,
-    cgroup: PidsCgroup | None,
+    cgroup: SnippetCgroup | None,
     through_bwrap: bool,
 ) -> SandboxResult:
     started = time.monotonic()
@@ -390,7 +390,7 @@ def sandbox_available(python: str | None = None) -> Probe:
     python = python or sys.executable
     if shutil.which("bwrap") is None:
         return Probe(False, "bwrap is not installed (apt-get install bubblewrap)")
-    cgroup = make_pids_cgroup(Limits().processes)
+    cgroup = make_snippet_cgroup(Limits().processes, Limits().memory_budget_bytes)
     if cgroup is None and os.geteuid() == 0:
         return Probe(False, "running as root with no writable pids cgroup: processes unbounded")
     try:
@@ -418,4 +418,5 @@ def sandbox_available(python: str | None = None) -> Probe:
             False, f"bwrap failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}"
         )
     pids = "a pids cgroup" if cgroup is not None else "RLIMIT_NPROC"
-    return Probe(True, f"bwrap works; processes bounded by {pids}")
+    memory = "a memory cgroup" if cgroup is not None and cgroup.bounds_memory else "rlimits only"
+    return Probe(True, f"bwrap works; processes bounded by {pids}, memory by {memory}")

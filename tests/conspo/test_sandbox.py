@@ -22,6 +22,7 @@ import pytest
 import conspo.sandbox.runner as sandbox_runner
 from conspo.sandbox import Limits, SandboxUnavailable, Snippet, run, run_many, sandbox_available
 from conspo.sandbox.base import MIB
+from conspo.sandbox.cgroup import make_snippet_cgroup
 
 REQUIRE = os.environ.get("CONSPO_REQUIRE_SERVICES") == "1"
 PROBE = sandbox_available()
@@ -128,6 +129,92 @@ def test_ram_file_systems_are_capped_and_spare_the_host(where: str, cap: str) ->
     assert written <= getattr(limits, cap) <= limits.files_in_memory_bytes
     # The 200 MiB tried would show; other processes of a shared machine come and go.
     assert shmem_grown < 100 * MIB
+
+
+def _memory_cgroup_here() -> bool:
+    cgroup = make_snippet_cgroup(Limits().processes, Limits().memory_budget_bytes)
+    if cgroup is None:
+        return False
+    cgroup.kill_all_and_remove()
+    return cgroup.bounds_memory
+
+
+# Each holds memory by one route outside the address space rlimit, UNIT MiB at a time up to
+# TARGET, printing the MiB it holds so far: its last line is what it held when it was stopped
+# (killed at the memory budget, or refused more).
+HOLD_PRELUDE = "import ctypes, os, socket, time\nUNIT, TARGET = 32, 640\n"
+HOLD = {
+    # Detached segments belong to no process: only the cgroup sees them.
+    "sysv_shm": """
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+for held in range(UNIT, TARGET + 1, UNIT):
+    address = libc.shmat(libc.shmget(0, UNIT << 20, 0o600), None, 0)  # IPC_PRIVATE
+    ctypes.memset(address, 1, UNIT << 20)
+    libc.shmdt(ctypes.c_void_p(address))
+    print(held, flush=True)
+""",
+    # Each process within its address space; together past it. At the budget the kernel kills
+    # one of them: only those still alive hold anything.
+    "processes": """
+alive = set()
+for _ in range(TARGET // UNIT):
+    r, w = os.pipe()
+    if (pid := os.fork()) == 0:
+        hog = b'x' * (UNIT << 20)
+        os.write(w, b'1')
+        time.sleep(60)
+    alive.add(pid)
+    os.read(r, 1)  # it holds its share, or was killed (end of file)
+    alive -= {k for k in alive if os.waitpid(k, os.WNOHANG)[0] == k}
+    print(len(alive) * UNIT, flush=True)
+""",
+    # What one end sent and the other has not read waits in the kernel.
+    "unix_sockets": """
+held, pairs = 0, []
+while held < TARGET << 20 and len(pairs) < 400:
+    a, b = socket.socketpair()
+    pairs.append((a, b))
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+    a.setblocking(False)
+    try:
+        while True:
+            held += a.send(bytes(65536))
+    except BlockingIOError:
+        print(held >> 20, flush=True)
+""",
+    "tcp_loopback": """
+held, pairs = 0, []
+server = socket.create_server(('127.0.0.1', 0), backlog=64)
+while held < TARGET << 20 and len(pairs) < 400:
+    a = socket.create_connection(server.getsockname())
+    pairs.append((a, server.accept()[0]))
+    a.setblocking(False)
+    try:
+        while True:
+            held += a.send(bytes(65536))
+    except BlockingIOError:
+        print(held >> 20, flush=True)
+""",
+}
+
+
+@pytest.mark.parametrize("route", list(HOLD))
+def test_memory_held_outside_the_address_space_counts_against_the_budget(route: str) -> None:
+    if not _memory_cgroup_here():
+        if REQUIRE:
+            pytest.fail("CONSPO_REQUIRE_SERVICES=1 but no memory cgroup can be made here")
+        pytest.skip("no memory cgroup can be made here: memory is bounded per process only")
+    limits = Limits(address_space_bytes=128 * MIB, open_files=1024, wall_seconds=60, cpu_seconds=60)
+    result = run(HOLD_PRELUDE + HOLD[route], limits)
+    assert not result.timed_out, result
+    held_mib = int(result.stdout.split()[-1])
+    # Slack: a unit whose process is being killed, or TCP's accounting letting a few buffers
+    # past the limit before it refuses more.
+    assert held_mib * MIB <= limits.memory_budget_bytes + 64 * MIB, result
+    assert held_mib < 400, result  # well short of the 640 MiB it tried
 
 
 @pytest.mark.parametrize("name", [f.name for f in fields(Limits)])
