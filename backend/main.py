@@ -192,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         models,
     ):
         api.include_router(module.router)
+    api.include_router(models.runs_router)  # GET /api/runs/{run_id}/export: a model's download
     app.include_router(api)
     app.include_router(health.router, prefix="/api")  # health stays open
     errors.install(app)

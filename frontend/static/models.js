@@ -1,11 +1,12 @@
 // The models page (/models): the model registry, GET /api/models (every succeeded run with a
 // checkpoint on disk), one row per model: its run, kind, lineage back to the base model, its last
 // and best checkpoints and its last eval. "Export" is POST /api/models/{run}/export (the path of
-// the Hugging Face directory is shown in the row); "Train from this" opens the form with
+// the Hugging Face directory is shown in the row); "Download" exports it the same way, then saves
+// GET /api/runs/{run}/export, a tar of that directory; "Train from this" opens the form with
 // model.from_run prefilled. A model is its owner's until they share it: the owner (or an admin)
 // ticks "shared" (PATCH /api/runs/{run} {model_shared}, its error said in the row); others see
 // the flag, and the buttons the API's may_start_from / may_export forbid are disabled.
-import { errorText, get, patch, post } from "/static/api.js";
+import { ApiError, errorText, get, patch, post } from "/static/api.js";
 import { EVAL_PROBLEMS, metricInfo } from "/static/catalogue.js";
 import { $, fmtNum, h, toast } from "/static/util.js";
 
@@ -92,6 +93,23 @@ function trainFrom(model) {
   );
 }
 
+/** Save the file a GET of ``path`` answers (with the page's token, which a plain link cannot
+ * send) under the name its Content-Disposition gives; returns that name. */
+async function saveDownload(path) {
+  const resp = await fetch(path, {
+    headers: window.CONSPO_TOKEN ? { Authorization: `Bearer ${window.CONSPO_TOKEN}` } : {},
+  });
+  if (!resp.ok) throw new ApiError(resp.status, (await resp.json().catch(() => ({}))).detail);
+  const name = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") ?? "")?.[1] ?? "model.tar";
+  const href = URL.createObjectURL(await resp.blob());
+  const link = h("a", { href, download: name, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(href), 60_000);
+  return name;
+}
+
 function row(model) {
   const out = h("div.export-path.mono.small");
   const exportBtn = h(
@@ -120,6 +138,34 @@ function row(model) {
       exportBtn.disabled = false;
     }
   });
+  const downloadBtn = h(
+    "button.btn.btn-xs",
+    {
+      type: "button",
+      "data-act": "download",
+      disabled: !model.may_export,
+      title: model.may_export
+        ? "Download the last checkpoint as a Hugging Face directory in a tar (exported first)"
+        : refused(model, "Downloading it (yours only)"),
+    },
+    "Download",
+  );
+  downloadBtn.addEventListener("click", async () => {
+    downloadBtn.disabled = true;
+    out.textContent = "exporting…";
+    try {
+      // Exported first: a LoRA merge may take longer than a GET may wait (a POST is not cut).
+      await post(`/api/models/${model.run_id}/export`, { step: "last" });
+      out.textContent = "downloading…";
+      const name = await saveDownload(`/api/runs/${model.run_id}/export?step=last`);
+      out.textContent = `${name}: tar -xf it, then from_pretrained(directory)`;
+    } catch (err) {
+      out.textContent = "";
+      toast(errorText(err), "error");
+    } finally {
+      downloadBtn.disabled = false;
+    }
+  });
   const kind = model.label; // what it trained, as the API words it ("rl · grpo", "sft")
   return h(
     "tr",
@@ -138,7 +184,7 @@ function row(model) {
     h("td", {}, checkpoints(model)),
     h("td", {}, evals(model)),
     sharing(model),
-    h("td", {}, h("div.actions", {}, exportBtn, trainFrom(model)), out),
+    h("td", {}, h("div.actions", {}, exportBtn, downloadBtn, trainFrom(model)), out),
   );
 }
 

@@ -1,9 +1,10 @@
-"""The models page's sharing flag (models.js): the owner ticks *shared* and the run is shared; a
-change the server refuses is said in the row and undone; another user sees the flag as text and
-may start from the model only while it is shared."""
+"""The models page (models.js): the owner downloads the model as a tar and ticks *shared*, and
+the run is shared; a change the server refuses is said in the row and undone; another user sees
+the flag as text and may start from the model only while it is shared."""
 
 from __future__ import annotations
 
+import tarfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,14 @@ def test_the_owner_shares_a_model_on_the_models_page(page: Any, ui_server: Any) 
     # its last evaluation: each score with its n, pass@k with its k (issue 37, item 5)
     scores = row.inner_text()
     assert "pass@2" in scores and "pass@k" not in scores and "(n = 4)" in scores, scores
+    # Download: exported, then saved as a tar of the Hugging Face directory
+    with page.expect_download(timeout=120_000) as downloading:
+        row.locator('[data-act="download"]').click()
+    saved = downloading.value
+    assert saved.suggested_filename == f"run-{run_id}-2.tar"
+    with tarfile.open(saved.path()) as archive:
+        assert f"run-{run_id}-2/config.json" in archive.getnames()
+    wait_until(page, lambda: "tar -xf" in row.locator(".export-path").inner_text(), what="done")
     box.click()
     wait_until(page, lambda: stored()["model_shared"], what="the flag stored")
     assert box.is_checked() and box.is_enabled()
@@ -70,6 +79,7 @@ def test_the_owner_shares_a_model_on_the_models_page(page: Any, ui_server: Any) 
     assert row.locator('[data-act="share"]').count() == 0
     assert row.locator('a[data-act="train"]').count() == 1
     assert row.locator('[data-act="export"]').is_disabled()  # not bob's run
+    assert row.locator('[data-act="download"]').is_disabled()
     ui_server.api("PATCH", f"/api/runs/{run_id}", json={"model_shared": False})
     page.reload()
     row.locator('[data-shared="false"]').wait_for()

@@ -1,21 +1,30 @@
 """The model registry: finished runs' checkpoints as models, with lineage and eval results;
-each exportable as a plain Hugging Face directory (``backend.model_registry``). A model is its
-owner's until they share it (``backend.runs.sharing``): each entry says what the caller may do."""
+each exportable as a plain Hugging Face directory (``backend.model_registry``) and downloadable
+as a tar of it (``GET /api/runs/{run_id}/export``). A model is its owner's until they share it
+(``backend.runs.sharing``): each entry says what the caller may do."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
 from backend import model_registry
 from backend.api.body import JSONBodyRoute
 from backend.api.contract import refusals
 from backend.api.deps import CurrentUser, OptionalUser, OwnedRunDep, SessionDep, SettingsDep
+from backend.config import Settings
+from backend.models import Run, User
 from backend.runs import sharing
+from conspo.models.export import ModelTar
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=JSONBodyRoute)
+# The download is a read of the run it comes from, beside its other reads (/api/runs/{id}/…).
+runs_router = APIRouter(prefix="/runs", tags=["models"], route_class=JSONBodyRoute)
 
 Step = Literal["best", "last"] | Annotated[int, Field(ge=0, le=1_000_000)]
 
@@ -93,17 +102,16 @@ class ExportRequest(BaseModel):
     step: Step = "last"
 
 
-@router.post(
-    "/{run_id}/export",
-    response_model=Exported,
-    responses=refusals(
-        {
-            403: "The run is another user's, or was trained from another user's run that is not"
-            " shared (an admin may).",
-            404: "No run has this id, or it has no such checkpoint on disk.",
-        }
-    ),
+EXPORT_REFUSALS = refusals(
+    {
+        403: "The run is another user's, or was trained from another user's run that is not"
+        " shared (an admin may).",
+        404: "No run has this id, or it has no such checkpoint on disk.",
+    }
 )
+
+
+@router.post("/{run_id}/export", response_model=Exported, responses=EXPORT_REFUSALS)
 def export(
     run: OwnedRunDep,
     body: ExportRequest,
@@ -115,12 +123,49 @@ def export(
     the data dir; returns its path (it loads with ``from_pretrained``). Its owner or an admin
     only: it writes to the server's disk. A model trained from another user's run that is not
     shared is that user's too: 403 naming the run, unless the caller is an admin."""
+    out = _exported(run, body.step, user, session, settings)
+    return {"run_id": run.id, "step": body.step, "path": str(out)}
+
+
+@runs_router.get(
+    "/{run_id}/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/x-tar": {}},
+            "description": "A tar of one directory, run-<id>-<step>/, that loads with"
+            " AutoModelForCausalLM.from_pretrained once extracted.",
+        },
+        **EXPORT_REFUSALS,
+    },
+)
+def download_export(
+    run: OwnedRunDep,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    step: Annotated[Step, Query(description="Its checkpoint: last, best or a kept step.")] = "last",
+) -> StreamingResponse:
+    """The exported model as a tar, streamed from the disk (the export written first if it is
+    not yet: a LoRA merge may take longer than a read may wait, so POST
+    /api/models/{run_id}/export first). The same rules as that export."""
+    out = _exported(run, step, user, session, settings)
+    archive = ModelTar(out, out.name)
+    headers = {
+        "Content-Disposition": f'attachment; filename="{out.name}.tar"',
+        "Content-Length": str(archive.size),
+    }
+    return StreamingResponse(archive.chunks(), media_type="application/x-tar", headers=headers)
+
+
+def _exported(run: Run, step: Step, user: User, session: Session, settings: Settings) -> Path:
+    """The run's checkpoint ``step`` as an exported directory (written once): 403 naming the
+    run of its lineage the caller may not use, 404 when there is no such checkpoint."""
     refused = sharing.first_refused(session, run, user, itself=False)
     if refused is not None:
         detail = sharing.refusal(run, refused, "exporting a model trained from it")
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail)
     try:
-        out = model_registry.export_model(settings, run.id, body.step)
+        return model_registry.export_model(settings, run.id, step)
     except FileNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    return {"run_id": run.id, "step": body.step, "path": str(out)}
