@@ -2,10 +2,10 @@
 
 Each snippet gets its own process tree inside ``bwrap``: its own user (uid 65534, no
 capabilities), network (loopback only: nothing on the host is reachable), PID, IPC and UTS
-namespaces; a read-only view of /usr, /lib, /bin, the few /etc files the loader needs and the
-interpreter's own directories; a private size-capped tmpfs as ``/tmp`` and cwd, another as
-``/dev/shm``, a read-only ``/dev`` (see ``Limits`` for all the snippet can hold); an empty
-environment but for PATH, HOME, LANG and the PYTHON* settings below. The bwrap process is
+namespaces; a read-only view of /usr, /lib, /bin, the few /etc files the loader needs, the
+interpreter's own directories and /proc/sys; a private size-capped tmpfs as ``/tmp`` and cwd,
+another as ``/dev/shm``, a read-only ``/dev`` (see ``Limits`` for all the snippet can hold); an
+empty environment but for PATH, HOME, LANG and the PYTHON* settings below. The bwrap process is
 started in a new session with rlimits set before exec (CPU, address space, processes, file size,
 open files, no core), which everything inside inherits, and in a pids and a memory cgroup of its
 own when they can be made (``cgroup``). The snippet is the sandbox's PID 1 (``--as-pid-1``), so
@@ -127,6 +127,13 @@ def bwrap_argv(python: str, snippet_file: str, limits: Limits) -> list[str]:
         "/tmp",
         "--proc",
         "/proc",
+        # The kernel lets the host's uid 0 write any sysctl with no capability, and a worker
+        # run as root maps the sandbox's user to it: core_pattern (a command run as root on the
+        # next crash), the pipe and shared-memory limits. bwrap covers /proc/sys only where the
+        # directory is writable, which it never is; a read-only bind covers it always.
+        "--ro-bind",
+        "/proc/sys",
+        "/proc/sys",
         "--dev",
         "/dev",
         # bwrap's /dev is an uncapped tmpfs the sandbox's user owns, with /dev/shm a plain

@@ -85,6 +85,16 @@ def test_cannot_write_outside_its_tmpfs(target: str) -> None:
     assert not Path(target, "conspo-probe").exists()
 
 
+@pytest.mark.parametrize(
+    "setting", ["kernel/core_pattern", "fs/pipe-max-size", "kernel/shmall", "vm/overcommit_memory"]
+)
+def test_kernel_settings_are_read_only(setting: str) -> None:
+    # Opened for writing, never written: were the sandbox to fail, the host stays as it was.
+    result = run(f"import os\nos.open('/proc/sys/{setting}', os.O_WRONLY)\n")
+    assert result.exit_code != 0
+    assert "Read-only file system" in result.stderr or "Permission denied" in result.stderr
+
+
 def test_can_write_its_tmpfs_up_to_the_file_size_limit() -> None:
     result = run(
         "open('small', 'w').write('x' * 1000)\n"
