@@ -361,6 +361,8 @@ class Worker(Base):
 class StudyStatus(StrEnum):
     active = "active"  # runs pending, queued or running
     done = "done"  # every run finished
+    # stopped by its own cancel (its queued and running runs cancelled too), or by one of its
+    # runs cancelled from outside it (its other runs are left to finish); no run is released
     cancelled = "cancelled"
 
 
@@ -394,6 +396,7 @@ class StudyRunState(StrEnum):
     pending = "pending"  # waiting for a slot; no run yet
     released = "released"  # its run exists (queued, running or finished)
     cancelled = "cancelled"  # the study was cancelled before it was released
+    stopped = "stopped"  # released, then stopped by the study itself (its cancel, a pruner)
 
 
 class StudyRun(Base):

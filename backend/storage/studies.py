@@ -58,6 +58,24 @@ def active_runs(session: Session, study_id: int) -> int:
     return int(busy or 0)
 
 
+def cancelled_from_outside(session: Session, study_id: int) -> list[int]:
+    """Its runs cancelled without the study asking: a row still ``released`` (the study's own
+    stops, its cancel and a search's pruner, mark theirs ``stopped``) whose run ended
+    ``cancelled`` (its owner cancelled it from the runs list, the run page or the API)."""
+    return list(
+        session.scalars(
+            select(Run.id)
+            .join(StudyRun, StudyRun.run_id == Run.id)
+            .where(
+                StudyRun.study_id == study_id,
+                StudyRun.state == StudyRunState.released,
+                Run.status == RunStatus.cancelled,
+            )
+            .order_by(StudyRun.position)
+        )
+    )
+
+
 def study_runs(session: Session, study_id: int) -> list[Run]:
     """Its released runs, in release order."""
     return list(

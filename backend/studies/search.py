@@ -237,9 +237,8 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
             else:
                 ostudy.tell(number, state=TrialState.FAIL)
         elif search.prune and _prune(session, ostudy, trial, mine, mine_runs, spec):
-            for row in mine:
-                if row.state == StudyRunState.pending:
-                    row.state = StudyRunState.cancelled
+            for row in mine:  # all released (``_prune``): their runs are stopped by the study
+                row.state = StudyRunState.stopped  # itself, which ``release`` tells from a user's
             session.commit()
             for run in mine_runs:
                 if run is not None and run.status not in FINISHED:

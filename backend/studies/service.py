@@ -3,10 +3,11 @@
 * ``create_study`` stores the study and one ``study_runs`` row per (arm, seed), all pending, in
   one transaction, then ``release`` queues the first ``concurrency`` of them.
 * ``release`` is the one place pending runs become ordinary runs. It is called where runs
-  finish (the worker after ``lifecycle.finish``, every reaper pass, a cancel) and is
+  finish (the worker after ``lifecycle.finish``, every reaper pass) and is
   idempotent and race-safe: it first UPDATEs the study row, which holds that row's lock on
   PostgreSQL and the database's write lock on SQLite, so two callers release one after the
-  other and the second sees the first's runs when it counts the free slots.
+  other and the second sees the first's runs when it counts the free slots. A run cancelled
+  by its owner is not a free slot: it stops the study (``cancel_study`` stops it from its page).
 * ``study_view`` computes what the study page, the CLI and the report show: the objective of
   every finished run, the statistics (``backend.studies.stats``), the verdict and the curves.
 """
@@ -18,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend import markdown
@@ -154,6 +155,8 @@ def create_search_study(session: Session, jobs: JobQueue, owner: User, body: Stu
 def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
     """Turn pending rows into queued runs while fewer than ``concurrency`` of the study's runs
     are queued or running; mark the study done when nothing is left. Returns the new run ids.
+    A run of the study cancelled from outside it (not by ``cancel_study`` or a search's
+    pruner) stops the study instead: it is ``cancelled`` and releases nothing more.
 
     Runs are committed before they are sent (as ``lifecycle.queue_runs`` does); a send that
     fails leaves the run with ``enqueued_at`` NULL for the reapers' ``unsent`` pass.
@@ -169,6 +172,13 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
         return []
     study = session.get(Study, study_id, populate_existing=True)
     assert study is not None
+    if outside := stored.cancelled_from_outside(session, study_id):
+        # Its owner stopped one of its runs: the next one would undo that (a user who cancels
+        # a study's runs from the runs list means to stop the study, not to make room).
+        log.info("study %s: run %s cancelled from outside it; no more runs", study_id, outside)
+        _stop_releasing(session, study_id)
+        session.commit()
+        return []
     busy = stored.active_runs(session, study_id)
     free = max(0, study.concurrency - busy)
     if study.spec.get("search"):
@@ -214,21 +224,22 @@ def release_for_run(session: Session, jobs: JobQueue, run_id: int) -> list[int]:
 
 
 def cancel_study(session: Session, study: Study) -> Study:
-    """Pending rows → cancelled, queued or running runs → cancel requested, study → cancelled.
-    A study that is no longer active (done, or cancelled already) is refused with ``Conflict``."""
+    """Pending rows → cancelled, queued or running runs → cancel requested (their rows →
+    stopped: the study stopped them), study → cancelled. A study that is no longer active
+    (done, or cancelled already) is refused with ``Conflict``."""
     if study.status != StudyStatus.active:
         raise lifecycle.Conflict(
             f"study {study.id} is {study.status}; only an active study can be cancelled"
         )
+    _stop_releasing(session, study.id)
     session.execute(
         update(StudyRun)
-        .where(StudyRun.study_id == study.id, StudyRun.state == StudyRunState.pending)
-        .values(state=StudyRunState.cancelled)
-    )
-    session.execute(
-        update(Study)
-        .where(Study.id == study.id, Study.status == StudyStatus.active)
-        .values(status=StudyStatus.cancelled, updated_at=utcnow())
+        .where(
+            StudyRun.study_id == study.id,
+            StudyRun.state == StudyRunState.released,
+            StudyRun.run_id.in_(select(Run.id).where(Run.status.not_in(FINISHED))),
+        )
+        .values(state=StudyRunState.stopped)  # the study stops them, not their owner
     )
     session.commit()
     for run in stored.study_runs(session, study.id):
@@ -236,6 +247,22 @@ def cancel_study(session: Session, study: Study) -> Study:
             lifecycle.request_cancel(session, run)
     session.refresh(study)
     return study
+
+
+def _stop_releasing(session: Session, study_id: int) -> None:
+    """Study → cancelled, its pending rows → cancelled (uncommitted). The study row first, as
+    ``release`` takes it: a release that locked it before finishes first (its runs are then
+    found and cancelled by the caller), one that comes after finds the study no longer active."""
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id, Study.status == StudyStatus.active)
+        .values(status=StudyStatus.cancelled, updated_at=utcnow())
+    )
+    session.execute(
+        update(StudyRun)
+        .where(StudyRun.study_id == study_id, StudyRun.state == StudyRunState.pending)
+        .values(state=StudyRunState.cancelled)
+    )
 
 
 def study_summary(study: Study, progress: dict[str, int] | None = None) -> dict[str, Any]:
@@ -305,6 +332,9 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "runs": run_rows,
         "counts": dict(counts),
         "seeds": spec.seeds,
+        "stopped_by": stored.cancelled_from_outside(session, study.id)
+        if study.status == StudyStatus.cancelled
+        else [],
     }
     if spec.tasks:
         out["tasks"] = _across_tasks(by_arm, baseline, spec, summary.verdict)

@@ -129,11 +129,28 @@ export function studyLink(run) {
     : null;
 }
 
+/** The studies list's item of a study's group (GET /api/studies: its plan), if any. */
+function studyOfGroup(state, key) {
+  const study = /^g:study-(\d+)$/.exec(key);
+  return study ? state.studies.get(Number(study[1])) : undefined;
+}
+
+/** "15 runs (2 started) · 3 arms": a study counts its plan, not the runs released so far (a
+ * demo of 15 runs read "2 runs · 2 arms" while two ran); another group its listed runs. */
+function groupCount(state, key, runs, arms) {
+  const study = studyOfGroup(state, key);
+  if (study?.progress) {
+    const n = study.arms.length;
+    const what = study.search ? "search" : `${n} arm${n === 1 ? "" : "s"}`;
+    return `${study.progress.runs} runs (${study.progress.started} started) · ${what}`;
+  }
+  return `${runs.length} runs${arms.length > 1 ? ` · ${arms.length} arms` : ""}`;
+}
+
 /** "1,290/4,500 steps": a group's progress against its planned work. A study's plan is the
  * server's (`state.studies`: its pending runs count too), else the listed runs' total. */
 function groupProgress(state, key, runs) {
-  const study = /^g:study-(\d+)$/.exec(key);
-  const planned = study ? state.studies.get(Number(study[1]))?.progress : null;
+  const planned = studyOfGroup(state, key)?.progress;
   const steps = planned ? planned.steps : runs.reduce((a, r) => a + (r.step || 0), 0);
   const total = planned ? planned.total_steps : runs.reduce((a, r) => a + (r.total_steps || r.config?.steps || 0), 0);
   const frac = total ? Math.min(1, steps / total) : 0;
@@ -194,7 +211,7 @@ export function groupRowFor(state, key, ids, cols) {
       " ",
       h("strong", {}, groupName(key, runs)),
       " ",
-      h("span.muted.small.group-n", {}, `${runs.length} runs${arms.length > 1 ? ` · ${arms.length} arms` : ""}`),
+      h("span.muted.small.group-n", {}, groupCount(state, key, runs, arms)),
       studyLink(runs[0]), // a study's group row links its verdict page, folded or not
     ),
     h("td.small.group-status", {}, statusCounts(runs)),

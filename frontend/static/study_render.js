@@ -313,6 +313,23 @@ function searchCharts(view, Plotly, root) {
   }
 }
 
+/** Why a study its owner did not cancel stopped (runs of it were cancelled from outside it):
+ * a list of at most one line, spread into the page. */
+function stoppedNote(view) {
+  const ids = view.stopped_by || [];
+  if (!ids.length) return [];
+  const links = ids.flatMap((id, i) => [i ? ", " : "", h("a", { href: `/runs/${id}` }, `#${id}`)]);
+  return [
+    h(
+      "p.muted#study-stopped",
+      {},
+      `Stopped: run${ids.length > 1 ? "s" : ""} `,
+      ...links,
+      ` ${ids.length > 1 ? "were" : "was"} cancelled outside the study, so it released no more runs.`,
+    ),
+  ];
+}
+
 export function renderStudy(view, root, Plotly) {
   const colors = armColors(view);
   root.replaceChildren();
@@ -327,6 +344,7 @@ export function renderStudy(view, root, Plotly) {
       h("span.badge", { id: "study-status" }, view.status),
       h("span.muted", {}, counts),
     ),
+    ...stoppedNote(view),
     h(
       "div.panel#verdict",
       {},

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import csv
 import io
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
 from backend.db import Database
-from backend.models import Study, StudyRun
+from backend.models import RunStatus, Study, StudyRun, utcnow
 from backend.runs.queue import JobQueue, make_celery
 from tests.api.conftest import Api, tiny_config
 
@@ -187,7 +188,91 @@ def test_cancel_drops_pending_runs_and_cancels_queued_ones(api: Api) -> None:
     assert api.get("/api/studies/999999").status_code == 404
 
 
+def claim(api: Api, run_id: int) -> int:
+    """queued → running, as a worker takes it (``lifecycle.claim``); returns the attempt."""
+    from backend.runs import lifecycle
+
+    db = Database(api.settings)
+    try:
+        with db.session() as session:
+            run = lifecycle.claim(
+                session, run_id, host="test", stale_before=utcnow() - timedelta(hours=1),
+                max_attempts=3,
+            )  # fmt: skip
+            assert run is not None
+            return run.attempt
+    finally:
+        db.dispose()
+
+
+def finish(api: Api, run_id: int, attempt: int, status: RunStatus) -> list[int]:
+    """The worker's end of a run: ``lifecycle.finish``, then its study's ``release_for_run``
+    (as ``worker.tasks`` does); returns the runs that released."""
+    from backend.runs import lifecycle
+    from backend.studies import service
+
+    settings = api.settings
+    db, jobs = Database(settings), JobQueue(make_celery(settings), settings.queue)
+    try:
+        with db.session() as session:
+            assert lifecycle.finish(session, run_id, attempt, status)
+            return service.release_for_run(session, jobs, run_id)
+    finally:
+        db.dispose()
+
+
+def test_the_study_page_cancel_stops_running_runs_and_releases_no_more(api: Api) -> None:
+    """Cancel on the study page: the running run is asked to stop, the queued one is
+    cancelled, the pending ones dropped; when the worker honours the stop, nothing is
+    released."""
+    sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    running, queued = (r["run_id"] for r in api.get(f"/api/studies/{sid}").json()["runs"][:2])
+    attempt = claim(api, running)
+    view = api.post(f"/api/studies/{sid}/cancel").json()
+    assert view["status"] == "cancelled"
+    assert view["counts"] == {"running": 1, "cancelled": 5}
+    assert api.get(f"/api/runs/{running}").json()["cancel_requested"]
+    assert api.get(f"/api/runs/{queued}").json()["status"] == "cancelled"
+    assert finish(api, running, attempt, RunStatus.cancelled) == []
+    view = api.get(f"/api/studies/{sid}?curves=false").json()
+    assert view["counts"] == {"cancelled": 6} and view["stopped_by"] == []  # its own cancel
+    assert [r["run_id"] is None for r in view["runs"]] == [False, False] + [True] * 4
+
+
+def test_a_run_cancelled_from_the_runs_list_stops_its_study(api: Api) -> None:
+    """Issue 49: cancelling a study's runs from the runs list made the study release the next
+    ones at once. A cancelled run is not a free slot: the study stops (cancelled, its pending
+    rows dropped, nothing released); its other run is left to finish. A run that fails frees
+    its slot as before (test_release_is_idempotent_and_keeps_the_limit)."""
+    from backend.studies import service
+
+    sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    first, second = (r["run_id"] for r in api.get(f"/api/studies/{sid}").json()["runs"][:2])
+    attempt = claim(api, first)
+    assert api.post(f"/api/runs/{first}/cancel").status_code == 200  # the runs list's Cancel
+    assert finish(api, first, attempt, RunStatus.cancelled) == []  # the worker honours it
+    view = api.get(f"/api/studies/{sid}?curves=false").json()
+    assert view["status"] == "cancelled" and view["stopped_by"] == [first]
+    assert view["counts"] == {"cancelled": 5, "queued": 1}
+    assert [r["run_id"] for r in view["runs"] if r["run_id"] is not None] == [first, second]
+    # a queued run cancelled at once (no worker to release anything): the reapers' pass
+    sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    first = api.get(f"/api/studies/{sid}").json()["runs"][0]["run_id"]
+    assert api.post(f"/api/runs/{first}/cancel").json()["status"] == "cancelled"
+    settings = api.settings
+    db, jobs = Database(settings), JobQueue(make_celery(settings), settings.queue)
+    try:
+        with db.session() as session:
+            service.release_all(session, jobs)
+            assert service.release(session, jobs, sid) == []
+    finally:
+        db.dispose()
+    view = api.get(f"/api/studies/{sid}?curves=false").json()
+    assert view["status"] == "cancelled" and view["counts"] == {"cancelled": 5, "queued": 1}
+
+
 def test_release_is_idempotent_and_keeps_the_limit(api: Api) -> None:
+    from backend.runs import lifecycle
     from backend.studies import service
 
     sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
@@ -200,8 +285,9 @@ def test_release_is_idempotent_and_keeps_the_limit(api: Api) -> None:
         view = api.get(f"/api/studies/{sid}?curves=false").json()
         assert view["counts"] == {"queued": 2, "pending": 4}
         first = view["runs"][0]["run_id"]
-        api.post(f"/api/runs/{first}/cancel")  # a finished run frees one slot, once
-        with db.session() as session:
+        attempt = claim(api, first)
+        with db.session() as session:  # a finished run frees one slot, once
+            assert lifecycle.fail(session, first, attempt, "out of memory")
             assert len(service.release(session, jobs, sid)) == 1
             assert service.release(session, jobs, sid) == []
     finally:

@@ -80,3 +80,50 @@ def test_study_page_and_offline_report(
         line = offline.wait_for_selector("#verdict .verdict-line").inner_text()
         assert line == verdict
         offline.wait_for_selector('.chart[data-key="eval/accuracy"] .main-svg')
+
+
+def test_a_study_is_stopped_from_its_page(page: Any, ui_server: Any) -> None:
+    """Issue 49: the study page had no Cancel. 3 arms × 2 seeds, two runs at a time: the runs
+    list's group row counts the plan (6 runs, 2 started, 3 arms; it said "2 runs · 2 arms"),
+    Cancel on the study page stops its runs and releases no other."""
+    body = {
+        "name": "ui-study-cancel",
+        "config": {**TINY, "steps": 400},  # still running when Cancel is clicked
+        "arms": [
+            {"name": "grpo", "overrides": {"algorithm": "grpo"}},
+            {"name": "conspo", "overrides": {"algorithm": "conspo"}},
+            {"name": "linear", "overrides": {"algorithm": "conspo", "params.contrast": "linear"}},
+        ],
+        "seeds": [0, 1],
+        "baseline": "grpo",
+        "concurrency": 2,
+    }
+    study = ui_server.api("POST", "/api/studies", json=body)
+    sid = study["id"]
+    page.goto(f"{ui_server.url}/?q=study-{sid}-")
+    count = f'tr.group-row[data-group="g:study-{sid}"] .group-n'  # redrawn once the plan is in
+    page.wait_for_function(
+        "sel => document.querySelector(sel)?.textContent === '6 runs (2 started) · 3 arms'",
+        arg=count,
+        timeout=60_000,
+    )
+
+    page.goto(f"{ui_server.url}/studies/{sid}")
+    cancel = page.wait_for_selector("#study-cancel:not([hidden])")
+    page.once("dialog", lambda d: d.accept())  # it asks first
+    cancel.click()
+    page.wait_for_selector("#study-status:has-text('cancelled')")
+    assert page.locator("#study-cancel").is_hidden()
+    deadline = time.monotonic() + 120
+    view = ui_server.api("GET", f"/api/studies/{sid}?curves=false")
+    while view["counts"] != {"cancelled": 6} and time.monotonic() < deadline:
+        time.sleep(0.5)  # the worker stops the running run at its next heartbeat
+        view = ui_server.api("GET", f"/api/studies/{sid}?curves=false")
+    assert view["status"] == "cancelled" and view["counts"] == {"cancelled": 6}, view["counts"]
+    assert [r["run_id"] is not None for r in view["runs"]] == [True] * 2 + [False] * 4
+    # the page follows the stopping run until it has stopped
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#runs-table tbody tr td:nth-child(4)')]"
+        ".every(td => td.textContent === 'cancelled')",
+        timeout=60_000,
+    )
