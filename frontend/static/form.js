@@ -69,7 +69,9 @@ export function field(path, rawProp, value, opts = {}) {
     );
   }
   if (p.enum || opts.options) {
-    const options = opts.options || p.enum.map((v) => ({ value: v, label: v }));
+    // a nullable choice (the SFT's tool) can be set back to none: readValue sends "" as null
+    const none = p.nullable ? [{ value: "", label: "(none)" }] : [];
+    const options = opts.options || [...none, ...p.enum.map((v) => ({ value: v, label: v }))];
     input = h(
       "select",
       common,
@@ -257,12 +259,16 @@ export function collect(prefix) {
 // ---- a 422's messages, under the fields they name ------------------------------------------------
 export function clearErrors() {
   $("#form-error").hidden = true;
-  for (const f of $$(".field.has-error")) {
-    f.classList.remove("has-error");
-    const e = $(".err", f);
-    e.hidden = true;
-    e.textContent = "";
-  }
+  for (const f of $$(".field.has-error")) clearField(f);
+}
+
+/** Take `field`'s mark and its message away together (a message left showing under a field no
+ * longer marked was never cleared again). */
+export function clearField(field) {
+  field.classList.remove("has-error");
+  const e = $(".err", field);
+  e.hidden = true;
+  e.textContent = "";
 }
 
 /** The field of the longest prefix of `parts` that names one (`data-field`), or null. */

@@ -13,7 +13,7 @@
 // per stage (tabs above the form; each later stage starts from the one before) and submits them
 // as one POST /api/pipelines, then opens the pipeline page. `?from_run=N` prefills model.from_run.
 import { ApiError, errorText, get, post, qs } from "/static/api.js";
-import { clearErrors, fieldAt, showErrors as showFieldErrors, withDefaults } from "/static/form.js";
+import { clearErrors, clearField, fieldAt, showErrors as showFieldErrors, withDefaults } from "/static/form.js";
 import { lineageText } from "/static/lineage.js";
 import {
   buildRequest,
@@ -128,6 +128,7 @@ function markEstimateStale() {
 
 function formChanged() {
   updatePreview();
+  updateModelNote();
   markEstimateStale();
   refreshEstimateSoon();
   // the generator's fields follow the task and dataset shown (drawn again only when they change)
@@ -279,16 +280,41 @@ function withRecommended(base, over) {
  * over the form's and says so: the tiny demo's defaults (6 new tokens, no LoRA, an answer tag)
  * are a trap for a real model. Choosing it again after edits applies them again. */
 function applyRecommended(name) {
-  const note = $("#model-note");
   const model = presets.models.find((m) => m.name === name);
-  if (!model || !Object.keys(model.recommended || {}).length) {
+  recommendedFor = model && Object.keys(model.recommended || {}).length ? model : null;
+  if (!recommendedFor) return updateModelNote();
+  const { config } = buildRequest();
+  render(withRecommended(config, model.recommended), { name: config.name }); // the note follows
+}
+
+let recommendedFor = null; // the catalogue model whose recommended settings were applied last
+
+/** The note says what holds now: the settings applied, then those changed since by name; it
+ * goes when the model is no longer the one they were applied for. */
+function updateModelNote() {
+  const note = $("#model-note");
+  const config = recommendedFor && buildRequest().config;
+  if (!recommendedFor || config.model?.name !== recommendedFor.name) {
+    recommendedFor = null;
     note.hidden = true;
     return;
   }
-  const { config } = buildRequest();
-  render(withRecommended(config, model.recommended), { name: config.name });
-  note.textContent = `${name}: its recommended settings are applied (${model.recommended_why}).`;
+  const { name, recommended_why: why } = recommendedFor;
+  const changed = changedFrom(recommendedFor.recommended, config);
+  note.textContent = changed.length
+    ? `${name}: its recommended settings were applied (${why}); changed since: ${changed.join(", ")}.`
+    : `${name}: its recommended settings are applied (${why}).`;
   note.hidden = false;
+}
+
+/** The dot paths of `recommended` whose value `config` no longer has. */
+function changedFrom(recommended, config, prefix = "") {
+  return Object.entries(recommended).flatMap(([key, value]) => {
+    const path = `${prefix}${key}`;
+    const now = config?.[key];
+    if (value && typeof value === "object" && !Array.isArray(value)) return changedFrom(value, now, `${path}.`);
+    return JSON.stringify(value) === JSON.stringify(now) ? [] : [path];
+  });
 }
 
 /** The base model a registry entry's chain ends at (what model.name should say). */
@@ -319,8 +345,10 @@ form.addEventListener("change", (ev) => {
     saveStage();
     renderStageTabs();
   }
+  // an edited field loses its message at once; the estimate after this edit marks it again if
+  // the server still refuses it (and clears every field it now accepts)
   const f = ev.target.closest(".field.has-error");
-  if (f) f.classList.remove("has-error");
+  if (f) clearField(f);
   formChanged();
 });
 $("#pipeline-name").addEventListener("input", (ev) => {
@@ -337,7 +365,7 @@ $("#remove-stage").addEventListener("click", () => {
 $("#reset-btn").addEventListener("click", () => {
   for (const k of Object.keys(typed)) delete typed[k];
   clearErrors();
-  $("#model-note").hidden = true;
+  recommendedFor = null;
   render(structuredClone(presets.defaults));
 });
 init();

@@ -233,8 +233,14 @@ function flatTaskParams(task) {
   return Object.fromEntries(Object.entries(task || {}).filter(([k]) => !(k in known)));
 }
 
+/** Whether job kind `kind` trains with RunConfig section `section` (GET /api/presets `kinds`). */
+export function kindUses(kind, section) {
+  const entry = presets.kinds.find((k) => k.name === kind);
+  return (entry ? entry.sections : KIND_SECTIONS).includes(section);
+}
+
 export function render(config, extra = {}) {
-  current.kind = config.kind ?? "rl";
+  current.kind = config.kind ?? presets.defaults.kind;
   current.algorithm = config.algorithm;
   current.task = config.task?.name;
   const top = h(
@@ -248,7 +254,7 @@ export function render(config, extra = {}) {
         label: "Name",
         placeholder: "(automatic)",
       }),
-      field("config.kind", schema.properties.kind, config.kind ?? "rl", {
+      field("config.kind", schema.properties.kind, current.kind, {
         label: "Kind",
         options: entryOptions("kind"),
       }),
@@ -336,12 +342,11 @@ export function render(config, extra = {}) {
 
 /** Hide what the chosen job kind does not train with (the values are still sent: defaults). */
 export function applyKind() {
-  const kind = presets.kinds.find((k) => k.name === current.kind);
-  const uses = new Set(kind ? kind.sections : KIND_SECTIONS);
-  $("[data-field='config.algorithm']").hidden = !uses.has("algorithm");
-  for (const el of $$("[data-uses]")) el.hidden = !uses.has(el.dataset.uses);
+  const uses = (section) => kindUses(current.kind, section);
+  $("[data-field='config.algorithm']").hidden = !uses("algorithm");
+  for (const el of $$("[data-uses]")) el.hidden = !uses(el.dataset.uses);
   for (const el of $$("[data-field^='config.sampling.']"))
-    el.hidden = !uses.has("sampling") && !EVERY_KIND_FIELDS.has(el.dataset.field);
+    el.hidden = !uses("sampling") && !EVERY_KIND_FIELDS.has(el.dataset.field);
   const laterStage = pipeline.on && pipeline.at > 0;
   const fromRun = $("[data-field='config.model.from_run']");
   fromRun.hidden = laterStage; // a later stage starts from the stage before it

@@ -1,7 +1,9 @@
 // The reasoning_gym task's generator config as fields: the chosen generator's own parameters
 // (GET /api/presets/generators/{name}: type, default, caps) drawn under its JSON field, which
 // stays what the form sends. Typing in a field writes its key into the JSON (blank: the key
-// goes, the generator's default applies); editing the JSON by hand updates the fields.
+// goes, the generator's default applies); editing the JSON by hand updates the fields. The JSON
+// belongs to one generator (its `data-generator`): switching the dataset to another empties it,
+// and the panel says what was dropped, so no generator is sent another's settings.
 import { get } from "/static/api.js";
 import { h } from "/static/util.js";
 
@@ -53,6 +55,20 @@ function readInput(el, param) {
   return raw;
 }
 
+/** The JSON's settings of another generator than `name`, removed: what was dropped, said for
+ * the panel ("" when nothing was). The first generator the JSON is drawn for owns it (a run
+ * prefilled, a model's recommended settings); an unknown name being typed is no switch yet. */
+function dropForeignConfig(text, name) {
+  const owner = text.dataset.generator;
+  text.dataset.generator = name;
+  const config = parsed(text);
+  if (owner === undefined || owner === name || (config && !Object.keys(config).length)) return "";
+  const old = text.value.trim();
+  text.value = "";
+  text.dispatchEvent(new Event("input", { bubbles: true })); // the request follows
+  return `${owner}'s settings were dropped with it: ${old}`;
+}
+
 /** Draw (or redraw) the fields of the generator the dataset field names; nothing for another
  * task or an unknown generator. */
 export async function refreshGeneratorFields() {
@@ -74,9 +90,12 @@ export async function refreshGeneratorFields() {
   }
   const params = known.get(name);
   if (dataset.value.trim() !== name || !box.isConnected) return; // changed meanwhile
-  document.querySelector("#generator-fields")?.remove();
+  const shown = document.querySelector("#generator-fields");
+  if (shown?.dataset.generator === name && shown.previousElementSibling === box) return; // drawn by an overlapping call
+  shown?.remove();
   if (!params) return;
   const text = box.querySelector("input, textarea");
+  const dropped = dropForeignConfig(text, name);
   const values = parsed(text) || {};
   const typed = params.filter((p) => p.type !== "other");
   const fields = typed.map((p) => {
@@ -94,6 +113,7 @@ export async function refreshGeneratorFields() {
     "div.generator-fields#generator-fields",
     { "data-generator": name },
     h("div.muted.small", {}, `${name}'s parameters (blank: the generator's default)`),
+    dropped ? h("div.small.generator-dropped", {}, dropped) : null,
     h("div.generator-grid", {}, fields),
     others.length ? h("div.muted.small", {}, `Set in the JSON only: ${others.join(", ")}`) : null,
   );

@@ -3,7 +3,7 @@
 // stage with errors, with its messages at its fields.
 import { post } from "/static/api.js";
 import { withDefaults } from "/static/form.js";
-import { applyKind, buildRequest, pipeline, presets, render, typed } from "/static/new_run_fields.js";
+import { applyKind, buildRequest, kindUses, pipeline, presets, render, typed } from "/static/new_run_fields.js";
 import { $, h } from "/static/util.js";
 
 /** POST /api/pipelines's body: every stage's config (the one on screen read from the form);
@@ -43,7 +43,8 @@ export function renderStageTabs() {
   $("#stage-tabs").replaceChildren(
     ...pipeline.stages.map((st, i) => {
       const c = st.config;
-      const what = (c.kind ?? "rl") === "rl" ? c.algorithm : c.kind;
+      const kind = c.kind ?? presets.defaults.kind;
+      const what = kindUses(kind, "algorithm") ? c.algorithm : kind; // "grpo" says more than "rl"
       const tab = h(
         `button.btn.btn-sm${i === pipeline.at ? ".btn-primary" : ""}`,
         { type: "button", role: "tab", "data-stage": i, "aria-selected": String(i === pipeline.at) },
@@ -69,10 +70,10 @@ export function setPipelineMode(on) {
 
 export function addStage() {
   saveStage();
-  // The next stage copies this one (same task, model, eval) as an RL stage: the usual
-  // SFT → RL recipe is "sft", then "+ Add stage".
+  // The next stage copies this one (same task, model, eval) as a stage of the default kind (RL):
+  // the usual SFT → RL recipe is "sft", then "+ Add stage".
   const config = structuredClone(pipeline.stages[pipeline.at].config);
-  config.kind = "rl";
+  config.kind = presets.defaults.kind;
   config.kind_params = {};
   config.name = null;
   if (config.model) delete config.model.from_run;

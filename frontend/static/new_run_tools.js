@@ -5,7 +5,7 @@
 // RunConfig's schema. Inputs are named config.tools.names.<i> and config.tools.<field>: the
 // shape of the request and the `loc` of a 422 about them (a tool refused for want of a worker
 // with a sandbox is marked on its row). No tool listed: plain single-turn rollouts.
-import { collect, field, resolve } from "/static/form.js";
+import { anyField, collect, field, resolve } from "/static/form.js";
 import { h } from "/static/util.js";
 
 const PATH = "config.tools";
@@ -82,6 +82,8 @@ export function toolsFields(tools, presets, toolsProp, onChange) {
   renderRows(tools?.names || []);
 
   const limit = (name) => {
+    // a mapping (tools.params: each tool's own parameters) is JSON text, as a reward's params
+    if (resolve(props[name]).type === "object") return anyField(`${PATH}.${name}`, props[name], tools?.[name]);
     let help = null;
     if (name === "timeout_s" && presets.tool_timeout_max_s)
       help = `${resolve(props[name]).description} This platform allows at most ${presets.tool_timeout_max_s} s.`;
