@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -32,12 +33,33 @@ sys.stdin.read()  # until the test closes it (or kills this process)
 """
 
 
+# A whole engine's start (``VllmEngine._start``) with an interpreter without vLLM: its server
+# runs and refuses "start", and the engine holds its directory, socket and all.
+ENGINE_OWNER = f"""
+import sys
+from pathlib import Path
+import torch
+from conspo.config import SamplingConfig
+from conspo.generation import shm_dirs, vllm_engine
+shm_dirs.ROOT = Path(sys.argv[1])
+vllm_engine.vllm_python = lambda: sys.executable
+engine = vllm_engine.VllmEngine(SamplingConfig(), sys.argv[2], torch.float32)
+try:
+    engine._start(model=None)
+except vllm_engine.EngineProcessError:
+    pass
+(engine._dir.path / {WEIGHTS!r}).write_bytes(bytes(1 << 20))
+print(engine._dir.path, flush=True)
+sys.stdin.read()
+"""
+
+
 class Owner:
     """A process that made a directory through the engine's own code, and holds it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, script: str = OWNER, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", OWNER, str(root)],
+            [sys.executable, "-c", script, str(root), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -91,21 +113,23 @@ def test_a_directory_without_a_lock_goes_only_once_old(tmp_path: Path) -> None:
     assert new.exists() and not old.exists()
 
 
-def test_the_engine_s_start_removes_a_killed_engine_s_directory(
+def test_the_engine_s_start_removes_what_a_killed_engine_left(
     tmp_path: Path, owners: list[Owner], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real start, but with an interpreter without vLLM: the server runs and refuses 'start'
-    after the engine has cleaned up and made its own directory."""
-    shm = tmp_path / "shm"
+    """Both engines start for real, with an interpreter without vLLM: the server runs and
+    refuses 'start' after the engine has cleaned up and made its own directory."""
+    shm, model = tmp_path / "shm", tmp_path / "model"
     shm.mkdir()
-    dead = Owner(shm)
-    owners.append(dead)
-    dead.kill_9()
-    model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(
         '{"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 8}'
     )
+    dead = Owner(shm, ENGINE_OWNER, str(model))
+    owners.append(dead)
+    (server,) = psutil.Process(dead.process.pid).children()
+    dead.kill_9()
+    server.wait(timeout=60)  # its server sees its trainer gone and exits: nothing holds the dir
+    assert (dead.path / WEIGHTS).exists()
     monkeypatch.setattr(shm_dirs, "ROOT", shm)
     monkeypatch.setattr(vllm_engine, "vllm_python", lambda: sys.executable)
     engine = VllmEngine(SamplingConfig(), model, torch.float32)
