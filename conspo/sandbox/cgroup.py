@@ -28,6 +28,9 @@ PREFIX = "conspo-sandbox-"
 REMOVE_WAIT_S = 2.0
 STALE_AFTER_S = 60.0  # far past the moment between a cgroup's mkdir and its child joining
 V1_ROOT = V2_ROOT = Path("/sys/fs/cgroup")
+# Swap is disk, and TCP buffers are bounded host-wide by net.ipv4.tcp_mem: a kernel that refuses
+# these limits (v1's are deprecated) still gets the memory cgroup's main one.
+BEST_EFFORT = {"memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes", "memory.swap.max"}
 
 
 def own_cgroup(controller: str) -> Path | None:
@@ -82,7 +85,11 @@ class SnippetCgroup:
                 path.mkdir()
                 self.paths.append(path)
                 for file, value in settings:
-                    (path / file).write_text(value)
+                    try:
+                        (path / file).write_text(value)
+                    except OSError:
+                        if file not in BEST_EFFORT:
+                            raise
                 # Opened here, written in the child: the child's preexec_fn then makes no
                 # allocation heavier than a small write.
                 self.join_fds.append(os.open(path / "cgroup.procs", os.O_WRONLY))
