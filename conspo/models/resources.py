@@ -165,6 +165,8 @@ def planned_micro_batch_tokens(
     counts prompt positions too, so its micro-batches hold fewer rows than planned, not more.
     """
     optim = cfg.optim
+    if supervised_rows(cfg) is not None:
+        return 0  # its step is one forward over its rows, never split
     if optim.micro_batch_tokens:
         return optim.micro_batch_tokens
     whole = _estimate(cfg, dims, dtype_bytes, 0)
@@ -245,6 +247,9 @@ def _estimate(cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int) ->
     b, s, m = dtype_bytes, cfg.sampling, cfg.model
     mixed = b < FLOAT32 and (m.mixed_precision or m.dtype == "float16")
     w = FLOAT32 if mixed else b
+    supervised = supervised_rows(cfg)
+    if supervised is not None:
+        return _supervised_estimate(cfg, dims, b, w, mixed, *supervised)
     params = cfg.objective_params()
     beta = float(getattr(params, "beta", 0.0))
     refill = bool(getattr(params, "refill_groups", False))
@@ -289,6 +294,67 @@ def _estimate(cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int) ->
         grad_pass += dims.params * w
     update = batch + max(freeze_old, grad_pass)
     return MemoryEstimate(state, _sampling(dims, n, columns, b), evaluation, update, budget)
+
+
+def supervised_rows(cfg: RunConfig) -> tuple[int, bool] | None:
+    """For a kind that trains on given text rather than on rollouts it samples: the rows one
+    step's forward holds and whether a reference forward scores them too; None for the others
+    (rl, distill: their step samples, as ``_estimate`` counts). sft: kind_params.batch_size
+    examples; dpo: a chosen and a rejected answer per pair, scored by the reference too."""
+    if cfg.kind not in SUPERVISED_KINDS:
+        return None
+    batch = int(getattr(cfg.job_params(), "batch_size", 1))
+    return (2 * batch, True) if cfg.kind == "dpo" else (batch, False)
+
+
+SUPERVISED_KINDS = ("sft", "dpo")
+
+
+def _supervised_estimate(
+    cfg: RunConfig, dims: ModelDims, b: int, w: int, mixed: bool, rows: int, reference: bool
+) -> MemoryEstimate:
+    """Peak memory of a step of a kind that trains on given rows (``supervised_rows``), in
+    bytes. R rows of T = sampling.max_new_tokens tokens each (a row is a prompt and its target,
+    and T bounds the estimate's rows as it bounds a rollout's answer: set it near the rows'
+    length), other symbols as in ``_estimate``. Counted:
+
+    * model state as for RL without a reference (4·P·w, or LoRA's P·w + 16·A), plus a frozen
+      copy of the weights (P·w) when the kind scores a reference without LoRA (dpo);
+    * no sampling: the step samples nothing (tool traces' calls run in the sandbox's processes);
+    * evaluation as for RL;
+    * the update: one forward with gradients over all R·T tokens, its activations as in
+      ``_estimate`` and its logits whole (``conspo.training.sft.answer_loss`` and
+      ``conspo.training.logprobs.sequence_logprobs`` take the log-softmax of every position at
+      once: no chunks), R·T·V·(b+12); the mixed-precision weight copies (P·b); and with a
+      reference, its no-grad forward over the same tokens, logits whole, held beside the graph.
+    """
+    m = cfg.model
+    tokens = rows * cfg.sampling.max_new_tokens
+    if m.lora.rank:
+        state = dims.params * w + 4 * FLOAT32 * lora_params(
+            dims, m.lora.rank, m.lora.target_modules
+        )
+    else:
+        state = dims.params * w * (5 if reference else 4)
+    columns = (
+        tool_columns(cfg.sampling.max_new_tokens)
+        if cfg.tools.names
+        else cfg.sampling.max_new_tokens
+    )
+    evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, columns, b)
+    layer = _layer_activations(dims)
+    if m.lora.rank:
+        layer += 2 * _adapted_widths(dims, m.lora.target_modules)[1]
+    kept = (
+        dims.layers * dims.hidden + 2 * layer if m.gradient_checkpointing else dims.layers * layer
+    )
+    update = tokens * (kept + dims.hidden) * b + tokens * dims.vocab * (b + 3 * FLOAT32)
+    if mixed and not m.lora.rank:
+        update += dims.params * b
+    if reference:
+        per_token = 2 * dims.layers * dims.kv_width + 4 * (dims.intermediate + dims.hidden)
+        update += tokens * per_token * b + tokens * dims.vocab * (b + 2 * FLOAT32)
+    return MemoryEstimate(state, 0, evaluation, update, 0)
 
 
 def lora_params(dims: ModelDims, rank: int, targets: list[str]) -> int:
