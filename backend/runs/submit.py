@@ -15,6 +15,7 @@ models, memory, software, the sandbox) and ``backend.runs.chaining`` (runs start
 worker checks again with its own settings when it runs the config.
 
     refuse_unfit(session, settings, [Submitted(("body", "config"), config)], caller)
+    warnings(config, settings)      # what is fit but worth a second look: said, not refused
 """
 
 from __future__ import annotations
@@ -26,11 +27,21 @@ from sqlalchemy.orm import Session
 
 from backend import task_checks
 from backend.config import Settings
-from backend.errors import Forbidden, InvalidInput, dotted_loc
+from backend.errors import Busy, Forbidden, InvalidInput, dotted_loc
 from backend.models import User
 from backend.runs import chaining, inputs
 from backend.runs.inputs import Loc, Problem
+from conspo.access import DataFiles, Unavailable
 from conspo.config import RunConfig
+from conspo.tasks import make_task
+from conspo.tasks.probe import TaskRefused, probed
+
+# Under this many held-out problems an evaluation's accuracy moves in steps of over 3 points:
+# worth saying at submit (not refusing: a small file of one's own is a fair thing to try).
+MIN_HELD_OUT = 32
+# A dataset file is read at submit to count its held-out problems only up to this size; a
+# bigger one holds far more problems than MIN_HELD_OUT, or names its own eval_path.
+COUNTED_DATASET_BYTES = 4 * 2**20
 
 
 class Submitted(NamedTuple):
@@ -86,3 +97,39 @@ def _located(
             if error not in errors:
                 errors.append(error)
     return errors
+
+
+def warnings(config: RunConfig, settings: Settings) -> list[str]:
+    """What the submit response says of a config it accepted: a held-out split too small to
+    measure with (under ``MIN_HELD_OUT`` problems, where ``task.eval_size`` asks for more)."""
+    limit = min(config.task.eval_size, MIN_HELD_OUT)
+    found = held_out_problems(config, settings, limit)
+    if found is None or found >= limit:
+        return []
+    return [held_out_warning(found)]
+
+
+def held_out_warning(found: int) -> str:
+    return (
+        f"held-out split: {found} problem{'' if found == 1 else 's'}, under {MIN_HELD_OUT}: each"
+        f" moves eval/accuracy by {100 / max(found, 1):.0f} points; a bigger dataset (or one of"
+        " its own as task.params.eval_path) gives a steadier measure"
+    )
+
+
+def held_out_problems(config: RunConfig, settings: Settings, limit: int) -> int | None:
+    """The distinct held-out problems a run of ``config`` would score, counted up to ``limit``;
+    None where that is not known cheaply here: a procedural task's from its check (built in a
+    probe helper, remembered), a task reading files by building it from them when they are
+    small regular files."""
+    if probed(config.task):
+        try:
+            probe = task_checks.for_settings(settings).probe(config.task, config.task.eval_size)
+        except (TaskRefused, Busy):
+            return None
+        return None if probe.held_out is None else min(probe.held_out, limit)
+    files = DataFiles(roots=tuple(settings.data_roots), max_bytes=COUNTED_DATASET_BYTES)
+    try:  # a directory (a saved dataset) or a big file: not read here (Unavailable)
+        return len(make_task(config.task, files).eval_examples(limit))
+    except (Unavailable, ValueError, OSError):
+        return None

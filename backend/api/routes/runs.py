@@ -44,7 +44,14 @@ from backend.runs import where as run_where
 from backend.runs.progress import pace_of_like
 from backend.runs.rows import name_base
 from backend.runs.scheduling import Cluster
-from backend.runs.submit import Submitted, refuse_unfit
+from backend.runs.submit import (
+    MIN_HELD_OUT,
+    Submitted,
+    held_out_problems,
+    held_out_warning,
+    refuse_unfit,
+)
+from backend.runs.submit import warnings as submit_warnings
 from backend.schemas import (
     INT32_MAX,
     FreeJSON,
@@ -89,10 +96,11 @@ def create(
 ) -> dict[str, Any]:
     """Queue one run per seed (``config.seed`` replaced); ``group_id`` ties 2+ seeds together."""
     refuse_unfit(session, settings, [Submitted(("body", "config"), body.config)], user)
+    warned = submit_warnings(body.config, settings)
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, body.config, seeds=body.seeds, tags=body.tags, name=body.name
     )
-    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs]}
+    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs], "warnings": warned}
 
 
 class EstimateRequest(BaseModel):
@@ -240,10 +248,22 @@ def _seed_errors(raw: Any) -> list[dict[str, Any]]:
 
 def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
     """The estimate's account of the task's check; busy helpers are said, not a 503 (the
-    memory estimate beside it still stands)."""
-    if not probed(config.task):
-        return None
+    memory estimate beside it still stands). A held-out split under ``MIN_HELD_OUT`` problems
+    is said as the submit will say it (a task reading small files: only then)."""
     asked = config.task.eval_size
+    if not probed(config.task):
+        limit = min(asked, MIN_HELD_OUT)
+        counted = held_out_problems(config, settings, limit)
+        if counted is None or counted >= limit:
+            return None
+        text = held_out_warning(counted)
+        return {
+            "checked": True,
+            "refused": False,
+            "held_out": counted,
+            "asked": asked,
+            "text": text,
+        }
     try:
         found = task_checks.for_settings(settings).probe(config.task, asked)
     except TaskRefused as exc:
@@ -266,6 +286,8 @@ def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
         text += " (the task may hold more)"
     else:
         text = f"{found.held_out} distinct held-out problems"
+    if short is None and found.held_out is not None and found.held_out < min(asked, MIN_HELD_OUT):
+        text = held_out_warning(found.held_out)
     return {
         "checked": True,
         "refused": short is not None,
@@ -442,12 +464,13 @@ def clone(
     the body gives. Each copy records ``cloned_from``."""
     config = cloned_config(run, body.overrides)
     refuse_unfit(session, settings, [Submitted(("body", "overrides"), config)], user)
+    warned = submit_warnings(config, settings)
     name = body.name or (None if body.overrides else name_base(run.name))
     group_id, runs = lifecycle.queue_runs(
         session, jobs, user, config, seeds=body.seeds, tags=body.tags or [], name=name,
         cloned_from=run.id,
     )  # fmt: skip
-    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs]}
+    return {"group_id": group_id, "runs": [run_out(r, cluster) for r in runs], "warnings": warned}
 
 
 def cloned_config(source: Run, overrides: dict[str, Any]) -> RunConfig:
