@@ -749,10 +749,18 @@ class StudyProgress(BaseModel):
     total_steps: int = Field(description="Steps planned, all its runs.")
 
 
+STUDY_STATUS = (
+    "active (runs pending, queued or running), done (every run finished: the verdict is final)"
+    " or cancelled (stopped by its cancel, or by one of its runs cancelled from outside it: no"
+    " more runs are released; those already queued or running are left to finish unless the"
+    " study's own cancel stopped them)."
+)
+
+
 class StudySummary(BaseModel):
     id: int
     name: str
-    status: str = Field(description="active, done or cancelled.")
+    status: str = Field(description=STUDY_STATUS)
     owner: str | None
     created_at: float
     note: str = Field("", description="The owner's Markdown note.")
@@ -782,7 +790,11 @@ class StudyRunOut(BaseModel):
     arm: str
     task: str | None
     seed: int
-    state: str = Field(description="pending, released or cancelled.")
+    state: str = Field(
+        description="pending (waiting for a slot), released (its run exists), cancelled (the"
+        " study stopped before releasing it) or stopped (released, then stopped by the study:"
+        " its cancel, a search's pruner)."
+    )
     trial: int | None
     run_id: int | None
     name: str
@@ -799,7 +811,7 @@ class StudyOut(BaseModel):
     id: int
     name: str
     owner: str | None
-    status: str
+    status: str = Field(description=STUDY_STATUS)
     created_at: float
     note: str = Field("", description="The owner's Markdown note.")
     note_html: str = Field("", description="The note rendered (raw HTML escaped).")
@@ -821,3 +833,8 @@ class StudyOut(BaseModel):
     tasks: dict[str, Any] | None = Field(None, description="Across tasks (a study over tasks).")
     curves: dict[str, Any] | None = Field(None, description="Per key and arm: mean ± 95% band.")
     search: dict[str, Any] | None = Field(None, description="A search's trials and importances.")
+    stopped_by: list[int] = Field(
+        default_factory=list,
+        description="A cancelled study stopped by its runs: those cancelled from outside it"
+        " (the runs list, the run page, the API); empty when its own cancel stopped it.",
+    )
