@@ -182,14 +182,23 @@ def models(ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None) -> No
 def export(
     run_id: Annotated[int, typer.Argument(help="The run whose checkpoint to export.")],
     step: Annotated[str, typer.Option(help="last, best or a kept step number.")] = "last",
+    download: Annotated[
+        Path | None,
+        typer.Option(help="Also download it into this directory (here, unpacked)."),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Export a run's model checkpoint as a Hugging Face model directory (LoRA merged).
 
-    The directory is written on the server; its path is printed. The run's metrics are
+    The directory is written on the server; its path is printed. With --download DIR it is
+    also downloaded into DIR and the local directory printed. The run's metrics are
     `conspo-lab export RUN`."""
     which: str | int = int(step) if step.isdigit() else step
     with _client(url, token) as lab:
-        path = lab.export_model(run_id, which)
-    console.print(path, highlight=False, soft_wrap=True)
+        path = (
+            lab.download_model(run_id, download, which)
+            if download
+            else lab.export_model(run_id, which)
+        )
+    console.print(str(path), highlight=False, soft_wrap=True)

@@ -12,9 +12,11 @@ Errors come back as ``ApiError`` (status code plus the server's ``detail``); a 4
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import tarfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -589,6 +591,26 @@ class Client:
         data = self._request("POST", f"/api/models/{run_id}/export", json={"step": step})
         return str(data["path"])
 
+    def download_model(self, run_id: int, into: str | Path, step: str | int = "last") -> Path:
+        """Export the run's checkpoint, then download it into the directory ``into``, unpacked
+        as it streams (``GET /api/runs/{run_id}/export``, a tar); the model directory, which
+        loads with ``AutoModelForCausalLM.from_pretrained``."""
+        self.export_model(run_id, step)  # a LoRA merge may outlast what a GET may wait
+        path = f"/api/runs/{run_id}/export"
+        with self._http.stream("GET", path, params={"step": step}) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError(response.status_code, _detail(response), "GET", path)
+            stream = io.BufferedReader(_ByteStream(response.iter_bytes()))
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                tops: set[str] = set()
+                for member in archive:
+                    tops.add(member.name.split("/", 1)[0])
+                    archive.extract(member, into, filter="data")
+        if len(tops) != 1:
+            raise ApiError(0, f"the archive holds {sorted(tops)}, not one directory", "GET", path)
+        return Path(into) / tops.pop()
+
     def _text(self, method: str, path: str, params: dict[str, Any] | None = None) -> str:
         try:
             response = self._http.request(method, path, params=params)
@@ -669,6 +691,26 @@ class Client:
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
+
+
+class _ByteStream(io.RawIOBase):
+    """The chunks of a streamed response as a file to read from (``tarfile``'s stream mode)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.left = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.left:
+            self.left = next(self.chunks, b"")
+            if not self.left:
+                return 0
+        n = min(len(buffer), len(self.left))
+        buffer[:n] = self.left[:n]
+        self.left = self.left[n:]
+        return n
 
 
 def _detail(response: httpx.Response) -> Any:

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from conspo.models.export import READ_BYTES, ModelTar
-from tests.api.conftest import Api, tiny_config
+from tests.api.conftest import Api, live_server, tiny_config
 from tests.api.test_api_shared_models import from_run, share, train_as
 
 pytestmark = pytest.mark.services
+
+PORTS = range(18660, 18700)
 
 
 @pytest.fixture
@@ -90,3 +92,24 @@ def test_the_archive_is_sent_a_block_at_a_time_and_its_size_is_known_first(
         extracted = tar.extractfile("top/weights.bin")
         assert extracted is not None
         assert extracted.read() == (root / "weights.bin").read_bytes()
+
+
+def test_the_cli_downloads_a_model_over_http_unpacked_as_it_streams(
+    api: Api, tmp_path: Path
+) -> None:
+    """``conspo-lab models export RUN --download DIR`` against a real HTTP server."""
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from conspo_lab.cli import app
+
+    run_id = train_as(api, "alice", tiny_config(2))["id"]
+    with live_server(api.settings, PORTS) as url:
+        args = ["models", "export", str(run_id), "--download", str(tmp_path), "--url", url]
+        done = CliRunner().invoke(app, [*args, "--token", api.tokens["alice"]])
+        assert done.exit_code == 0, done.output
+        refused = CliRunner().invoke(app, [*args, "--token", api.tokens["bob"]])
+        assert refused.exit_code != 0 and "403" in refused.output, refused.output
+    local = tmp_path / f"run-{run_id}-2"
+    assert str(local) in "".join(done.output.split())  # rich may wrap the path
+    AutoModelForCausalLM.from_pretrained(local)
