@@ -40,6 +40,7 @@ from conspo.registry import (
     TOOLS,
     Registry,
     get_objective,
+    json_numbers,
     relocated,
 )
 from conspo.templates import placeholders, template_problem
@@ -69,7 +70,8 @@ def field_help(field: FieldInfo) -> str:
     return (field.description or "") + listing
 
 
-def _names_in(registry: Registry[Any]) -> RegistryListing:
+def names_in(registry: Registry[Any]) -> RegistryListing:
+    """A field's help ending with the names ``registry`` holds when the help is read."""
     return RegistryListing(lambda: f"Registered: {', '.join(registry.names())}.")
 
 
@@ -114,10 +116,11 @@ def _with_registered_params(
     details.extend(param_details)
     if details:
         raise ValidationError.from_exception_data(model.__name__, details)
-    assert validated is not None and resolved is not None
-    validated.params = resolved.model_dump()
-    if isinstance(validated, _Section):
-        validated.remember_typed("params", resolved)
+    assert validated is not None
+    if resolved is not None:
+        validated.params = resolved.model_dump()
+        if isinstance(validated, _Section):
+            validated.remember_typed("params", resolved)
     return validated
 
 
@@ -133,12 +136,10 @@ def _registered_params(
         error = PydanticCustomError("value_error", message + where)
         culprit = params[loc[0]] if loc else params
         return None, [{"type": error, "loc": ("params", *loc[:1]), "input": culprit}]
-    return registry.resolve_model(
-        data.get(name_field, model.model_fields[name_field].default),
-        params,
-        name_loc=(name_field,),
-        params_loc=("params",),
-    )
+    name = data.get(name_field, model.model_fields[name_field].default)
+    if name is None:  # nothing registered to resolve (an algorithm a job kind does not train)
+        return None, []
+    return registry.resolve_model(name, params, name_loc=(name_field,), params_loc=("params",))
 
 
 class _TypedCache(dict[str, tuple[dict[str, Any], BaseModel]]):
@@ -155,9 +156,16 @@ P = TypeVar("P", bound=BaseModel)
 
 
 class _Section(BaseModel):
-    # Numbers are stored as JSON, which has no NaN or Infinity.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Numbers are stored as JSON, which has no NaN or Infinity. The types are JSON's, strictly
+    # (a boolean is no number, "5" no integer: ``json_numbers``), wherever a config comes from
+    # (a request, a YAML file, the library): each source reads its own text into typed values.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     _typed: _TypedCache = PrivateAttr(default_factory=_TypedCache)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats_as_integers(cls, data: Any) -> Any:
+        return json_numbers(cls, data)
 
     def typed(self, field: str, model: type[P]) -> P:
         """The params dict ``field`` (``params``, ``kind_params``) as an instance of its
@@ -180,7 +188,7 @@ class TaskConfig(_Section):
         "arith",
         description="The task: where prompts come from and how answers are checked (a"
         " registered name; GET /api/presets lists them with their parameters).",
-        json_schema_extra=_names_in(TASKS),
+        json_schema_extra=names_in(TASKS),
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -608,7 +616,7 @@ class ToolsConfig(_Section):
             max_length=8,
             title="Tools",
             description="Tools the model may call (none: plain single-turn rollouts).",
-            json_schema_extra=_names_in(TOOLS),
+            json_schema_extra=names_in(TOOLS),
         )
     )
     max_turns: int = Field(
@@ -798,7 +806,7 @@ class RewardConfig(_Section):
         "verifier",
         description="A registered reward function (docs/config.md, 'Reward functions'; GET"
         " /api/presets lists them with their parameters).",
-        json_schema_extra=_names_in(REWARDS),
+        json_schema_extra=names_in(REWARDS),
     )
     weight: float | None = Field(
         None,
@@ -907,6 +915,23 @@ def _overlong_alias(cfg: RunConfig, data: Any) -> list[InitErrorDetails]:
     return []
 
 
+def _algorithm_of_kind(data: Any) -> Any:
+    """``data`` with the algorithm its job kind trains: none (algorithm null, params empty) for a
+    kind whose registration lacks the "algorithm" section (sft, distill, dpo), whatever was
+    given, so a stored SFT run does not claim ConSPO's parameters (``where algorithm=conspo``
+    would find it); the default for a kind that trains one, when given as null."""
+    if not isinstance(data, dict):
+        return data
+    kind = data.get("kind", RunConfig.model_fields["kind"].default)
+    if not isinstance(kind, str) or kind not in JOB_KINDS.names():
+        return data  # reported at kind
+    if not JOB_KINDS.get(kind).trains_algorithm:
+        return {**data, "algorithm": None, "params": {}}
+    if "algorithm" in data and data["algorithm"] is None:
+        return {**data, "algorithm": RunConfig.model_fields["algorithm"].default}
+    return data
+
+
 def _kind_params(data: Any) -> tuple[BaseModel | None, list[InitErrorDetails]]:
     """``kind_params`` resolved against the registered job kind that ``kind`` names (the same
     check as an objective's ``params``: conspo.registry)."""
@@ -955,17 +980,18 @@ class RunConfig(_Section):
         "rl",
         description="What the run trains: a registered job kind, each with its own kind_params"
         " (docs/config.md, 'Job kind parameters'; GET /api/presets lists them).",
-        json_schema_extra=_names_in(JOB_KINDS),
+        json_schema_extra=names_in(JOB_KINDS),
     )
     kind_params: dict[str, Any] = Field(
         default_factory=dict,
         description="The job kind's parameters (none for rl); unspecified ones take its defaults.",
     )
-    algorithm: str = Field(
+    algorithm: str | None = Field(
         "conspo",
         description="The objective: any registered one (conspo.objectives; GET /api/presets"
-        " lists them with their parameters).",
-        json_schema_extra=_names_in(OBJECTIVES),
+        " lists them with their parameters). Only a kind that trains one (rl) has it: for the"
+        " others it is null, params are empty, and what is given for them is left out.",
+        json_schema_extra=names_in(OBJECTIVES),
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -1002,6 +1028,7 @@ class RunConfig(_Section):
     def _validate_with_params(
         cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]
     ) -> RunConfig:
+        data = _algorithm_of_kind(data)
         try:
             validated = _with_registered_params(cls, data, handler, OBJECTIVES, "algorithm")
         except ValidationError as exc:
@@ -1073,8 +1100,11 @@ class RunConfig(_Section):
         ]
         return needs
 
-    def objective_params(self) -> BaseModel:
-        """``params`` as the algorithm's parameter model (validated once: ``typed``)."""
+    def objective_params(self) -> BaseModel | None:
+        """``params`` as the algorithm's parameter model (validated once: ``typed``); None for
+        a kind that trains no algorithm."""
+        if self.algorithm is None:
+            return None
         return self.typed("params", get_objective(self.algorithm).params)
 
     def job_params(self) -> BaseModel:
@@ -1086,13 +1116,27 @@ class RunConfig(_Section):
         """Load YAML (.yaml/.yml) or JSON."""
         path = Path(path)
         text = path.read_text()
-        if path.suffix in {".yaml", ".yml"}:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
+        data = (load_yaml(text) or {}) if path.suffix in {".yaml", ".yml"} else json.loads(text)
         return cls.model_validate(data)
+
+
+# YAML 1.2's floats without a dot (1e-5): PyYAML follows YAML 1.1, which reads them as text, and
+# a config takes a number only as a number (``lr: 3e-5`` would be refused).
+EXPONENT_FLOAT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+
+
+def load_yaml(text: str) -> Any:
+    """YAML ``text`` as its values (PyYAML's safe loader), ``1e-5`` read as a number."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    float_tag = "tag:yaml.org,2002:float"
+    Loader.add_implicit_resolver(float_tag, re.compile(EXPONENT_FLOAT), list("-+0123456789."))
+    return yaml.load(text, Loader=Loader)  # a SafeLoader
 
 
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -1109,13 +1153,14 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 
 def with_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """The raw config of ``base`` changed by (nested) ``overrides``: the one rule of a clone
-    and of a study arm. A new algorithm (or task) without its own params starts from its
-    defaults, since the base's were for another one; the name is dropped (it named the base)."""
+    and of a study arm. A new algorithm (or task, or job kind) without its own params starts
+    from its defaults, since the base's were for another one; the name is dropped (it named the
+    base)."""
     start = copy.deepcopy(base)
-    algorithm = overrides.get("algorithm")
-    was = start.get("algorithm", RunConfig.model_fields["algorithm"].default)
-    if algorithm and algorithm != was and "params" not in overrides:
-        start.pop("params", None)
+    for name, params in (("algorithm", "params"), ("kind", "kind_params")):
+        new, was = overrides.get(name), start.get(name, RunConfig.model_fields[name].default)
+        if new and new != was and params not in overrides:
+            start.pop(params, None)
     task, new_task = start.get("task"), overrides.get("task")
     if (
         isinstance(task, dict)

@@ -25,8 +25,18 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import FunctionType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from types import FunctionType, UnionType
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Generic,
+    Protocol,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+)
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -165,14 +175,16 @@ class Registry(Generic[E]):
         An unknown name is reported at ``name_loc``, each bad parameter at
         ``params_loc + (field,)``, so a 422 or a CLI message names the exact field. A name or
         params of the wrong type gives neither: the model's own field validation reports it.
+        The types are JSON's, strictly (``json_numbers``): ``{"tau": "10"}`` is refused.
         """
         if not isinstance(name, str) or not (params is None or isinstance(params, dict)):
             return None, []
         self._load_builtins()
         if name not in self._entries:
             return None, [_error_at(name_loc, self.unknown(name), name)]
+        model = self._entries[name].params
         try:
-            return self._entries[name].params.model_validate(params or {}), []
+            return model.model_validate(json_numbers(model, params or {}), strict=True), []
         except ValidationError as exc:
             return None, relocated(exc, params_loc)
 
@@ -204,6 +216,47 @@ def _code_of(obj: object) -> object:
 def _error_at(loc: Loc, message: str, value: object) -> InitErrorDetails:
     """One validation error at ``loc``, for ``ValidationError.from_exception_data``."""
     return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
+
+
+def json_numbers(model: type[BaseModel], data: Any) -> Any:
+    """``data`` for ``model``'s strict validation: each whole float given to an integer field
+    (at any depth of its nested models) made that integer.
+
+    A config's types are JSON's, strictly: a boolean is no number, 1 no boolean and "5" no
+    number (pydantic's lax mode takes all three, so ``steps: true`` trained one step). Strict
+    mode takes an integer for a float, as JSON does, but refuses 5.0 for an integer, which
+    JSON Schema counts as one (and Python's json writes for a float that is whole).
+    """
+    if not isinstance(data, dict):
+        return data
+    fields = model.model_fields
+    return {
+        key: _json_number(fields[key].annotation, value) if key in fields else value
+        for key, value in data.items()
+    }
+
+
+def _json_number(annotation: Any, value: Any) -> Any:
+    arms = annotation_arms(annotation)
+    if isinstance(value, float) and value.is_integer() and int in arms and float not in arms:
+        return int(value)
+    for arm in arms:
+        if get_origin(arm) is list and isinstance(value, list):
+            item = (get_args(arm) or (Any,))[0]
+            return [_json_number(item, v) for v in value]
+        if get_origin(arm) is None and isinstance(arm, type) and issubclass(arm, BaseModel):
+            return json_numbers(arm, value)
+    return value
+
+
+def annotation_arms(annotation: Any) -> list[Any]:
+    """The types a value of ``annotation`` may have: ``Annotated`` and unions unwrapped."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return annotation_arms(get_args(annotation)[0])
+    if origin is Union or origin is UnionType:
+        return [arm for each in get_args(annotation) for arm in annotation_arms(each)]
+    return [annotation]
 
 
 def relocated(exc: ValidationError, prefix: Loc) -> list[InitErrorDetails]:

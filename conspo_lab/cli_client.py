@@ -598,25 +598,15 @@ def _fail(message: str, code: int) -> Any:
     raise typer.Exit(code)
 
 
-# YAML 1.2's floats without a dot (1e-5): PyYAML follows YAML 1.1, which reads them as text,
-# and the API takes a number only as a number (a search space's "low: 1e-6" would be refused).
-EXPONENT_FLOAT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
-
-
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     """A YAML (or JSON) file that must hold a mapping; a clear message and exit 2 otherwise.
     ``what`` says what the mapping holds, e.g. "a study file is a mapping (name, config, …)"."""
-    import re
-
     import yaml
 
-    class Loader(yaml.SafeLoader):
-        pass
+    from conspo.config import load_yaml
 
-    float_tag = "tag:yaml.org,2002:float"
-    Loader.add_implicit_resolver(float_tag, re.compile(EXPONENT_FLOAT), list("-+0123456789."))
     try:
-        data = yaml.load(path.read_text(), Loader=Loader)  # a SafeLoader
+        data = load_yaml(path.read_text())
     except FileNotFoundError:
         return _fail(f"{path}: no such file", code=2)
     except (yaml.YAMLError, OSError) as exc:

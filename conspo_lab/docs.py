@@ -39,11 +39,13 @@ Field descriptions and regenerate. -->
 A run is one `RunConfig`: a YAML or JSON file for `conspo-lab submit` and `python -m conspo train`,
 the `config` object of `POST /api/runs`, and the fields of the web form. Unknown keys are errors,
 and every error names its field (`sampling.group_size: Input should be greater than or equal
-to 2`). The algorithm's own hyperparameters go under `params` and are validated against the
-parameter model of the chosen `algorithm` (section "Algorithm parameters"), the task's go under
-`task.params` (section "Task parameters") and the job kind's under `kind_params` (section "Job
-kind parameters"); the ones you leave out take the defaults of that algorithm, task or kind, and
-the resolved set is saved with the run.
+to 2`). Types are JSON's, strictly, everywhere and in every `params`: `steps: true` and
+`steps: "5"` are errors, `steps: 5.0` is 5 and `lr: 1` is 1.0; YAML numbers are read as YAML 1.2
+reads them (`lr: 3e-5` is a number). The algorithm's own hyperparameters go under `params` and
+are validated against the parameter model of the chosen `algorithm` (section "Algorithm
+parameters"), the task's go under `task.params` (section "Task parameters") and the job kind's
+under `kind_params` (section "Job kind parameters"); the ones you leave out take the defaults of
+that algorithm, task or kind, and the resolved set is saved with the run.
 """
 
 

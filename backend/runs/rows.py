@@ -43,7 +43,8 @@ def arm_of(tags: Sequence[str] | None) -> str | None:
 
 
 def default_name(config: RunConfig) -> str:
-    return config.name or f"{config.algorithm}-{config.task.name}-s{config.seed}"
+    trains = config.algorithm or config.kind  # what it trains: sft runs have no algorithm
+    return config.name or f"{trains}-{config.task.name}-s{config.seed}"
 
 
 def new_run(

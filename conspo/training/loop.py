@@ -290,7 +290,9 @@ def setup(
         distributed.shard(model)
     render = PromptRenderer(cfg.prompt, tokenizer)
     task = with_prompts(task, render)
-    params = cfg.objective_params()
+    # A kind that trains no objective (sft, distill, dpo) samples, where it does, by the shared
+    # defaults: no refill, no reference model.
+    params = cfg.objective_params() or ObjectiveParams()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
     ref_model = None
     if params.beta > 0 and cfg.model.lora.rank == 0:
@@ -305,7 +307,7 @@ def setup(
     return TrainState(
         cfg=cfg,
         params=params,
-        objective=get_objective(cfg.algorithm).fn,
+        objective=get_objective(cfg.algorithm).fn if cfg.algorithm else _no_objective,
         model=model,
         tokenizer=tokenizer,
         ref_model=ref_model,
@@ -417,6 +419,10 @@ def lr_at(cfg: RunConfig, step: int) -> float:
     updated (a skipped step does not tick it)."""
     warm = cfg.optim.warmup_steps
     return cfg.optim.lr * (min(1.0, step / warm) if warm else 1.0)
+
+
+def _no_objective(batch: Any, params: Any) -> Any:
+    raise RuntimeError("this run's job kind trains no objective (config.algorithm is null)")
 
 
 def run_eval(state: TrainState, step: int) -> dict[str, float]:

@@ -321,7 +321,12 @@ def backward(
 def linear_on_policy(state: TrainState) -> bool:
     """Whether the objective's gradient in the log-probs is known before any forward: registered
     ``linear_on_policy`` and no reference term (β = 0). Callers add π_old = π_θ."""
-    return get_objective(state.cfg.algorithm).linear_on_policy and state.params.beta <= 0
+    algorithm = state.cfg.algorithm
+    return (
+        algorithm is not None
+        and get_objective(algorithm).linear_on_policy
+        and state.params.beta <= 0
+    )
 
 
 def on_policy_backward(

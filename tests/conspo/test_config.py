@@ -5,11 +5,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from conspo.config import RunConfig
+from conspo.config import RunConfig, load_yaml
 from conspo.registry import get_objective, get_task, objective_names, task_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,7 +202,7 @@ def yaml_blocks(path: Path) -> list[str]:
     + yaml_blocks(ROOT / "README.md"),
 )
 def test_the_configs_of_the_examples_and_the_readme_validate(text):
-    RunConfig.model_validate(yaml.safe_load(text))
+    RunConfig.model_validate(load_yaml(text))  # as RunConfig.from_file reads them
 
 
 def _number_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
@@ -281,13 +280,14 @@ def test_params_are_validated_once_and_passed_typed(monkeypatch):
         monkeypatch.setattr(model, "model_validate", classmethod(counted))
     cfg = RunConfig.model_validate({"algorithm": "conspo", "params": {"tau": 3.0}})
     dpo = RunConfig.model_validate({"kind": "dpo", "kind_params": {"from_run": 7}})
-    assert calls.count("ConSPOParams") == 2 and calls.count("DPOParams") == 1  # both configs
+    # the rl config's; dpo trains no algorithm, so it has no ConSPO parameters to validate
+    assert calls.count("ConSPOParams") == 1 and calls.count("DPOParams") == 1
     params = cfg.objective_params()
     assert isinstance(params, ConSPOParams) and params.tau == 3.0
     assert cfg.objective_params() is params and cfg.task.task_params() is cfg.task.task_params()
     kind_params = dpo.typed("kind_params", DPOParams)
     assert kind_params.from_run == 7 and dpo.job_params() is kind_params
-    assert calls.count("ConSPOParams") == 2 and calls.count("DPOParams") == 1  # none more
+    assert calls.count("ConSPOParams") == 1 and calls.count("DPOParams") == 1  # none more
     cfg.params["tau"] = 5.0  # a changed dict is validated again
     assert cfg.objective_params().tau == 5.0
     copied = cfg.model_copy(update={"params": {**cfg.params, "tau": 6.0}})
@@ -310,3 +310,84 @@ def test_the_default_overlong_buffer_fits_a_short_response_cap() -> None:
         RunConfig.model_validate(
             {"algorithm": "dapo", "sampling": short, "params": {"overlong_buffer": 8}}
         )
+
+
+# Issue 49: a config's types are JSON's, strictly, wherever it enters (the API, the CLI, the
+# library), in the sections and in every registered params model alike.
+@pytest.mark.parametrize(
+    ("data", "loc"),
+    [
+        ({"steps": True}, ("steps",)),  # lax mode trained one step
+        ({"steps": "5"}, ("steps",)),
+        ({"steps": 5.5}, ("steps",)),
+        ({"optim": {"lr": "3e-5"}}, ("optim", "lr")),
+        ({"model": {"gradient_checkpointing": 1}}, ("model", "gradient_checkpointing")),
+        ({"model": {"step": "3"}}, ("model", "step", "constrained-int")),
+        ({"params": {"tau": "10"}}, ("params", "tau")),
+        ({"params": {"refill_groups": 1}}, ("params", "refill_groups")),
+        ({"task": {"name": "arith", "params": {"digits": "2"}}}, ("task", "params", "digits")),
+        ({"task": {"name": "arith", "digits": True}}, ("task", "params", "digits")),
+        (
+            {"rewards": [{"name": "length", "params": {"buffer": "2"}}]},
+            ("rewards", 0, "params", "buffer"),
+        ),
+        ({"kind": "sft", "kind_params": {"epochs": "2"}}, ("kind_params", "epochs")),
+        (
+            {"eval": {"benchmarks": [{"name": "b", "source": "humaneval", "k": "4"}]}},
+            ("eval", "benchmarks", 0, "k"),
+        ),
+    ],
+)
+def test_config_types_are_strict(data, loc):
+    assert loc in error_locs(data)
+
+
+def test_json_numbers_keep_working():
+    """JSON has one kind of number: an integer is a float field's value, and a whole float an
+    integer field's (JSON Schema counts 5.0 as an integer; Python's json writes it so)."""
+    cfg = RunConfig.model_validate(
+        {
+            "steps": 5.0,
+            "optim": {"lr": 1},
+            "params": {"tau": 10, "max_refill_rounds": 2.0},
+            "model": {"step": 3.0},
+            "task": {"name": "arith", "params": {"digits": 2.0}},
+            "eval": {"benchmarks": [{"name": "b", "source": "humaneval", "k": 2.0}]},
+        }
+    )
+    assert (cfg.steps, cfg.model.step, cfg.eval.benchmarks[0].k) == (5, 3, 2)
+    assert type(cfg.steps) is int and type(cfg.params["max_refill_rounds"]) is int
+    assert cfg.optim.lr == 1.0 and type(cfg.optim.lr) is float
+    assert cfg.params["tau"] == 10.0 and type(cfg.params["tau"]) is float
+    assert cfg.task.params["digits"] == 2 and type(cfg.task.params["digits"]) is int
+
+
+def test_yaml_exponents_without_a_dot_are_numbers(tmp_path):
+    """PyYAML (YAML 1.1) reads 3e-5 as text; a strict config would refuse the usual way of
+    writing a learning rate, so config files read it as YAML 1.2 does."""
+    (tmp_path / "lr.yaml").write_text("optim:\n  lr: 3e-5\nparams:\n  beta: 1E-3\n")
+    cfg = RunConfig.from_file(tmp_path / "lr.yaml")
+    assert cfg.optim.lr == 3e-5 and cfg.params["beta"] == 1e-3
+    (tmp_path / "text.yaml").write_text("name: 1e5x\n")  # not a number: still text
+    assert RunConfig.from_file(tmp_path / "text.yaml").name == "1e5x"
+
+
+def test_a_kind_that_trains_no_algorithm_carries_none():
+    """Issue 49: SFT runs stored ``algorithm: conspo`` and ConSPO's parameters, so a search for
+    ConSPO runs found them. A kind whose registration lacks the "algorithm" section has none."""
+    from conspo.config import with_overrides
+
+    for kind in ("sft", "distill", "dpo"):
+        given = {"kind": kind, "algorithm": "grpo", "params": {"clip_high": 0.3}}
+        if kind == "dpo":
+            given["kind_params"] = {"path": "pairs.jsonl"}
+        cfg = RunConfig.model_validate(given)
+        assert (cfg.algorithm, cfg.params, cfg.objective_params()) == (None, {}, None), kind
+        stored = cfg.model_dump(mode="json")
+        assert stored["algorithm"] is None and stored["params"] == {}
+        assert RunConfig.model_validate(stored) == cfg
+    # a kind that trains one takes null as its default; a clone into rl starts from it
+    assert RunConfig.model_validate({"algorithm": None}).algorithm == "conspo"
+    sft = RunConfig.model_validate({"kind": "sft"}).model_dump(mode="json")
+    rl = RunConfig.model_validate(with_overrides(sft, {"kind": "rl"}))
+    assert rl.algorithm == "conspo" and rl.params["tau"] == 10.0
