@@ -23,15 +23,24 @@ that have a tau). The parser produces plain values; ``backend.storage.runs`` tur
 with every name and value a bound parameter — no SQL is ever made from the text.
 
 A query that does not parse is refused with the character where it stopped and what was
-expected there (``WhereError``, a 422 at ``query.where``).
+expected there (``WhereError``, a 422 at ``query.where``). So is a config path that the run
+config does not define and no stored run holds (``check_paths``: a misspelt ``params.tua`` would
+match nothing, silently), with the closest paths it does define.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_origin
+
+from pydantic import BaseModel
+
+from conspo.config import RunConfig
+from conspo.registry import JOB_KINDS, OBJECTIVES, TASKS, Registry, annotation_arms
 
 MAX_LENGTH = 2_000  # characters of a query
 MAX_CONDITIONS = 16
@@ -45,6 +54,7 @@ Value = float | str | bool
 @dataclass(frozen=True)
 class ConfigPath:
     names: tuple[str, ...]
+    at: int = field(default=0, compare=False)  # the 0-based character where it starts
 
     def __str__(self) -> str:
         return ".".join(self.names)
@@ -165,6 +175,7 @@ class _Parser:
         return Condition(left, op, value)
 
     def left(self) -> ConfigPath | MetricSummary:
+        self.skip()
         start = self.at
         first = self.match(_NAME)
         if first is None:
@@ -190,7 +201,7 @@ class _Parser:
             self.at = name.end()
             if len(names) > MAX_DEPTH:
                 raise WhereError(start, f"a config path has at most {MAX_DEPTH} names")
-        return ConfigPath(tuple(names))
+        return ConfigPath(tuple(names), start)
 
     def op(self) -> Op:
         self.skip()
@@ -232,3 +243,64 @@ class _Parser:
                 return "".join(out)
             out.append(ch)
         raise WhereError(start, f"the text opened by {quote} at character {start + 1} never ends")
+
+
+# The config's dicts whose keys are the parameters of the registered entry the config names:
+# any entry's parameter is a path there.
+_REGISTERED_PARAMS: dict[tuple[str, ...], Registry[Any]] = {
+    ("params",): OBJECTIVES,
+    ("task", "params"): TASKS,
+    ("kind_params",): JOB_KINDS,
+}
+
+
+def config_paths() -> tuple[set[str], set[str]]:
+    """(every path a run config defines, the paths of its free-form objects, under which any
+    key may be): read from ``RunConfig`` and every registered entry's parameter model, so a new
+    field or entry is known by itself."""
+    paths: set[str] = set()
+    free: set[str] = set()
+    _walk(RunConfig, (), paths, free)
+    return paths, free
+
+
+def _walk(model: type[BaseModel], prefix: tuple[str, ...], paths: set[str], free: set[str]) -> None:
+    for name, info in model.model_fields.items():
+        path = (*prefix, name)
+        paths.add(".".join(path))
+        if path in _REGISTERED_PARAMS:
+            registry = _REGISTERED_PARAMS[path]
+            for entry in registry.names():
+                _walk(registry.get(entry).params, path, paths, free)
+            continue
+        for arm in annotation_arms(info.annotation):
+            if get_origin(arm) is dict:
+                free.add(".".join(path))
+            elif get_origin(arm) is None and isinstance(arm, type) and issubclass(arm, BaseModel):
+                _walk(arm, path, paths, free)
+
+
+def config_paths_of(
+    conditions: Iterable[Condition] = (), order: Order | None = None
+) -> Iterator[ConfigPath]:
+    """The config paths that ``conditions`` and ``order`` read."""
+    lefts = [c.left for c in conditions] + ([order.left] if order is not None else [])
+    yield from (left for left in lefts if isinstance(left, ConfigPath))
+
+
+def check_paths(paths: Iterable[ConfigPath], stored: Callable[[ConfigPath], bool]) -> None:
+    """``WhereError`` at the first of ``paths`` that the run config does not define and that
+    ``stored`` says no run holds (an external run's config, or one stored by an older version,
+    may hold any key), naming the closest paths the config defines."""
+    known: tuple[set[str], set[str]] | None = None
+    for path in paths:
+        known = known or config_paths()
+        defined, free = known
+        text = str(path)
+        if text in defined or any(text.startswith(f"{f}.") for f in free) or stored(path):
+            continue
+        close = difflib.get_close_matches(text, sorted(defined), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise WhereError(
+            path.at, f"no run config has the field {text!r} (and no stored run has it){hint}"
+        )

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, String, cast, func, select
+from sqlalchemy import ColumnElement, String, case, cast, false, func, or_, select
+from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session
 
 from backend.models import Metric, Run, RunStatus
@@ -137,6 +138,23 @@ def _condition(session: Session, c: Condition) -> ColumnElement[bool]:
         ">": left > value,
         ">=": left >= value,
     }[c.op]
+
+
+def config_path_stored(session: Session, names: Sequence[str]) -> bool:
+    """Whether some run's config holds a number, a text or a boolean at ``names``.
+
+    Only configs whose text holds the last name are read as JSON: a row written behind the
+    API's back that the database cannot read as JSON (NaN, an unpaired surrogate) breaks this
+    query only if it holds that name, and then the answer is yes (it cannot be said to be
+    absent), never an error."""
+    field = dialect_of(session).json_field(Run.__table__.c.config, names)
+    mentions = cast(Run.config, String).contains(json.dumps(names[-1]), autoescape=True)
+    held = or_(field.number.is_not(None), field.text.is_not(None), field.boolean.is_not(None))
+    try:
+        found = session.scalar(select(Run.id).where(case((mentions, held), else_=false())).limit(1))
+    except (DataError, OperationalError):
+        return True
+    return found is not None
 
 
 def queue_positions(session: Session) -> dict[int, int]:
