@@ -534,10 +534,13 @@ METRICS: tuple[Metric, ...] = (
            "Distinct held-out problems each evaluation scored (the n of accuracy and pass@k):"
            " task.eval_size, or fewer where the task's held-out split has fewer.", "problems",
            None, when="every eval.every steps, at the end and at step 0", deterministic=True),
-    Metric(LEN_POS, "len pos", "Mean response length (tokens incl. EOS) of correct rollouts.",
-           "tokens", "len", color="pos"),
-    Metric(LEN_NEG, "len neg", "Mean response length (tokens incl. EOS) of wrong rollouts.",
-           "tokens", "len", color="neg"),
+    # The model's own tokens: the length reward and the stored rollout sample count the same.
+    Metric(LEN_POS, "len pos",
+           "Mean response length of correct rollouts: the model's own tokens, EOS included (a"
+           " tool's output is not counted).", "tokens", "len", color="pos"),
+    Metric(LEN_NEG, "len neg",
+           "Mean response length of wrong rollouts: the model's own tokens, EOS included (a"
+           " tool's output is not counted).", "tokens", "len", color="neg"),
     Metric(LEN_TRUNCATED_FRAC, "truncated",
            "Fraction of the step's rollouts that hit sampling.max_new_tokens without an end"
            " token (the tokenizer's EOS or any the generation config declares).", "fraction",
