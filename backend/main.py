@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from backend import task_checks
 from backend.api import contract, errors
 from backend.api.deps import SessionGate, require_reader
-from backend.api.query import query_is_utf8
+from backend.api.query import format_is_declared, query_is_utf8
 from backend.api.routes import (
     compare,
     external,
@@ -177,7 +177,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.ui_token_inject and settings.token_file.is_file():
         app.state.ui_token = settings.token_file.read_text().strip() or None
 
-    api = APIRouter(prefix="/api", dependencies=[Depends(query_is_utf8), Depends(require_reader)])
+    api = APIRouter(
+        prefix="/api",
+        dependencies=[
+            Depends(query_is_utf8),
+            Depends(format_is_declared),
+            Depends(require_reader),
+        ],
+    )
     for module in (
         runs,
         external,

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import unquote, unquote_to_bytes
 
 from fastapi import Query, Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 
 from backend.runs import where
@@ -125,6 +126,40 @@ def parse_ids(raw: str, field: str, limit: int) -> list[int]:
             [{"type": "value_error", "loc": ("query", field), "msg": msg, "input": raw}]
         )
     return list(dict.fromkeys(int(part) for part in given))
+
+
+async def format_is_declared(request: Request) -> None:
+    """A 422 at ``query.format`` on a route that declares no ``format`` parameter.
+
+    A query parameter a route does not declare is ignored, so ``?format=csv`` came back as JSON
+    without a word; the CSV exports are paths of their own (``GET /api/runs/{id}/metrics.csv``,
+    ``…/objective.csv``). Async and string-only, like ``query_is_utf8``."""
+    if "format" not in request.query_params:
+        return
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if dependant is not None and _declares_query(dependant, "format"):
+        return
+    message = (
+        "this endpoint answers JSON and takes no format; CSV is served at paths of its own,"
+        " e.g. GET /api/runs/{id}/metrics.csv (docs/api.md)"
+    )
+    raise RequestValidationError(
+        [
+            {
+                "type": "value_error",
+                "loc": ("query", "format"),
+                "msg": message,
+                "input": request.query_params["format"],
+            }
+        ]
+    )
+
+
+def _declares_query(dependant: Dependant, name: str) -> bool:
+    """Whether the route (or one of its dependencies) takes the query parameter ``name``."""
+    return any(p.alias == name for p in dependant.query_params) or any(
+        _declares_query(sub, name) for sub in dependant.dependencies
+    )
 
 
 async def query_is_utf8(request: Request) -> None:

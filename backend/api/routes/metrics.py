@@ -1,4 +1,5 @@
-"""Metric series: keys, downsampled series with a since_step cursor, and multi-run compare."""
+"""Metric series: keys, downsampled series with a since_step cursor, every point as CSV, and
+multi-run compare."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
-from backend.api.contract import refusals
+from backend.api.contract import CSVText, refusals
 from backend.api.deps import InSessionDep, RunDep, RunId, SessionDep, require_runs
 from backend.api.query import JSONBytes, metric_key_list, parse_ids, parse_keys, run_id_list
 from backend.schemas import INT32_MAX, Compare, MetricKeys, RunSeries
-from backend.storage.series import cached_series, metric_keys, series_versions
+from backend.storage.series import cached_series, metric_keys, series_versions, whole_series
 from conspo.metrics import Catalogue, catalogue
+from conspo.spreadsheet import csv_cell
 
 router = APIRouter(tags=["metrics"])
 
@@ -83,6 +85,38 @@ def _series_json(
     wanted = parse_keys(keys, "keys", MAX_KEYS)
     data = cached_series(session, [run_id], wanted, max_points, since_step, step_max, versions)
     return to_json({"run_id": run_id, "series": data[run_id]})
+
+
+@router.get(
+    "/runs/{run_id}/metrics.csv",
+    response_class=CSVText,
+    responses=refusals({404: "No run has this id."}),
+)
+def series_csv(
+    run: RunDep,
+    session: SessionDep,
+    keys: Annotated[
+        str | None,
+        metric_key_list(MAX_KEYS, description="Comma-separated metric keys; default: all."),
+    ] = None,
+) -> CSVText:
+    """Every stored point of the run's metrics (not bucketed), long format, in key then step
+    order: ``key,step,value``; a value stored as null (NaN, ±Infinity) is an empty cell."""
+    wanted = (
+        parse_keys(keys, "keys", MAX_KEYS) if keys is not None else metric_keys(session, run.id)
+    )
+    points = whole_series(session, [run.id], wanted)
+    lines = ["key,step,value"]
+    for key in wanted:
+        steps, values = points[(run.id, key)]
+        lines += (
+            ",".join(csv_cell(c) for c in (key, step, "" if value is None else value))
+            for step, value in zip(steps, values, strict=True)
+        )
+    return CSVText(
+        "\n".join(lines) + "\n",
+        headers={"Content-Disposition": f'attachment; filename="run-{run.id}-metrics.csv"'},
+    )
 
 
 @router.get("/compare", response_model=Compare, responses=refusals({404: "A run does not exist."}))
