@@ -27,7 +27,7 @@ from typing_extensions import TypeAliasType
 from backend.runs.progress import eta_s
 from backend.runs.rows import arm_of, run_label
 from backend.runs.scheduling import Cluster, describe_needs, machine_of, resources_of
-from conspo.config import RunConfig
+from conspo.config import RunConfig, names_in
 from conspo.input_checks import (
     LABEL,
     MAX_JSON_DEPTH,
@@ -37,6 +37,7 @@ from conspo.input_checks import (
     json_problem,
     loc_text,
 )
+from conspo.registry import JOB_KINDS
 
 if TYPE_CHECKING:
     from backend.models import Run
@@ -226,7 +227,10 @@ class RunOut(BaseModel):
     owner: str | None
     status: RunStatusName
     cancel_requested: bool
-    kind: str = Field(description="What it trains: rl, sft, distill, dpo (GET /api/presets).")
+    kind: str = Field(
+        description="What it trains: a registered job kind (GET /api/presets).",
+        json_schema_extra=names_in(JOB_KINDS),
+    )
     algorithm: str | None = Field(description="Its algorithm; None for a kind that trains none.")
     label: str = Field(description='What it trains, for people: "rl · grpo", "sft".')
     task: str

@@ -109,7 +109,7 @@ class Run(_Model):
     owner: str | None = None
     status: str
     cancel_requested: bool = False
-    kind: str | None = None  # what it trains: rl, sft, distill, dpo
+    kind: str | None = None  # what it trains: a registered job kind (presets().kinds)
     algorithm: str | None = None  # None for a kind that trains none
     label: str | None = None  # both, for people: "rl · grpo", "sft"
     task: str | None = None
@@ -196,12 +196,28 @@ class RolloutRow(_Model):
 
 
 class RegisteredPreset(_Model):
-    """An algorithm or a task: its parameters' JSON schema and their defaults."""
+    """A registered entry (an algorithm, a task, a job kind, a reward): its parameters' JSON
+    schema and their defaults."""
 
     name: str
     description: str = ""
     params_schema: dict[str, Any] = Field(default_factory=dict)
     defaults: dict[str, Any] = Field(default_factory=dict)
+
+
+class KindPreset(RegisteredPreset):
+    """A job kind (config.kind); ``sections``: the config sections only some kinds train with
+    that this one does."""
+
+    sections: list[str] = Field(default_factory=list)
+
+
+class RewardPreset(RegisteredPreset):
+    """A reward function (config.rewards[].name): its weight when the config gives none, and
+    the tasks a run may have it with."""
+
+    default_weight: float = 1.0
+    tasks: list[str] = Field(default_factory=list)
 
 
 class NamedPreset(_Model):
@@ -219,8 +235,12 @@ class ToolPreset(NamedPreset):
 
 
 class Presets(_Model):
+    """What the server's registries hold (GET /api/presets): every name comes from there."""
+
+    kinds: list[KindPreset] = Field(default_factory=list)
     algorithms: list[RegisteredPreset] = Field(default_factory=list)
     tasks: list[RegisteredPreset] = Field(default_factory=list)
+    rewards: list[RewardPreset] = Field(default_factory=list)
     models: list[NamedPreset] = Field(default_factory=list)
     tools: list[ToolPreset] = Field(default_factory=list)
     config_schema: dict[str, Any] = Field(default_factory=dict)
