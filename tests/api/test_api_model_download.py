@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conspo.models.export import READ_BYTES, ModelTar
+from conspo.models.model_tar import READ_BYTES, ModelTar
 from tests.api.conftest import Api, live_server, tiny_config
 from tests.api.test_api_shared_models import from_run, share, train_as
 

@@ -20,7 +20,7 @@ from backend.api.deps import CurrentUser, OptionalUser, OwnedRunDep, SessionDep,
 from backend.config import Settings
 from backend.models import Run, User
 from backend.runs import sharing
-from conspo.models.export import ModelTar
+from conspo.models.model_tar import ModelTar
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=JSONBodyRoute)
 # The download is a read of the run it comes from, beside its other reads (/api/runs/{id}/…).
