@@ -11,6 +11,19 @@ process's resident high-water mark from the end of setup on: ``conspo.system``),
 worker computes it (the CLI sets no memory limit). Printed per run: the estimate, its parts, the
 measured peak and their ratio; the estimate is held to within 1.5x of the peak either way.
 
+Measured on the development machine (2 shared cores; GiB; shapes as in RUNS below):
+
+    kind       shape   estimate  peak RSS  ratio   before (issue 49)
+    sft        small     1.63      1.88     1.15   1.57 (1.20)
+    sft        large     9.05      7.51     0.83   1.57 (4.73)
+    dpo        small     2.08      1.94     0.93   1.57 (1.47)
+    dpo        large    12.66     11.45     0.90   1.57 (7.21)
+    grpo+tool  small     1.57      1.79     1.13   unchanged
+    grpo+tool  large     1.67      2.17     1.30   unchanged
+
+Before, SFT and DPO were estimated as RL steps of the sampling defaults (chunked logits, a
+split gradient pass): the same 1.6 GiB whatever their batch.
+
 The DPO runs train on pairs the bench writes (arith problems: the right sum as the chosen answer,
 a wrong one as the rejected). The tool runs use the calculator (no sandbox needed; the estimate's
 tool term is the same for every tool).
