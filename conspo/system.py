@@ -201,3 +201,16 @@ def _reset_peak_rss() -> None:
     worker's earlier runs do not count in this run's peak."""
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
+
+
+def host_memory_bytes() -> int:
+    """This machine's memory: physical RAM, or the container's cgroup limit when lower."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            ram = min(ram, int(text))
+    return ram

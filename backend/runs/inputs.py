@@ -41,10 +41,10 @@ from conspo.models.resources import (
     check_memory,
     dtype_bytes,
     estimate_memory,
-    host_memory_bytes,
     source_dims,
 )
 from conspo.registry import get_job_kind, get_task
+from conspo.system import host_memory_bytes
 from conspo.tasks.datasets import layout_problem
 
 Loc = tuple[str | int, ...]

@@ -20,7 +20,8 @@ from transformers import (
 from conspo.access import Unavailable, hub_offline
 from conspo.config import ModelConfig
 from conspo.models.precision import emulated_bfloat16
-from conspo.models.resources import ModelDims, host_memory_bytes
+from conspo.models.resources import ModelDims
+from conspo.system import host_memory_bytes
 
 
 def pick_device(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -504,19 +503,6 @@ def _cached_hub_config(hub_id: str) -> dict[str, Any] | None:
         return None
     found = try_to_load_from_cache(hub_id, "config.json")
     return read_hf_config(Path(found).parent) if isinstance(found, str) else None
-
-
-def host_memory_bytes() -> int:
-    """This machine's memory: physical RAM, or the container's cgroup limit when lower."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            ram = min(ram, int(text))
-    return ram
 
 
 def _size(n: int) -> str:

@@ -29,8 +29,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,6 +40,7 @@ from typing import IO
 
 from conspo.sandbox.base import Limits, SandboxResult, SandboxUnavailable, Snippet
 from conspo.sandbox.cgroup import SnippetCgroup, make_snippet_cgroup
+from conspo.system import host_memory_bytes
 
 SANDBOX_UID = 65534  # nobody: owns nothing on the read-only system
 SYSTEM_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
@@ -251,6 +253,39 @@ def _exit_code(status: int, through_bwrap: bool) -> int:
     return code
 
 
+class MemoryGate:
+    """Snippets at once in this process, bounded by what their memory budgets add up to.
+
+    Each snippet is bounded (``Limits.memory_budget_bytes``), but a run's tools.parallel calls,
+    of every rollout, run at the same time: at 64 calls of the defaults that is 37 GiB of a
+    host whose trainer needs its memory too. A snippet waits here until its budget fits beside
+    those already running; one larger than the whole gate runs alone. Per process: each of a
+    distributed run's ranks has its own.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._held = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, budget_bytes: int) -> Iterator[None]:
+        need = min(budget_bytes, self.capacity_bytes)
+        with self._changed:
+            self._changed.wait_for(lambda: self._held + need <= self.capacity_bytes)
+            self._held += need
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= need
+                self._changed.notify_all()
+
+
+# Half the host's memory (or its container's limit) for the snippets of one process at once.
+MEMORY_GATE = MemoryGate(host_memory_bytes() // 2)
+
+
 def run(
     snippet: Snippet | str,
     limits: Limits = Limits(),
@@ -260,9 +295,15 @@ def run(
 ) -> SandboxResult:
     """Run one snippet and return what it printed, how it ended and what it cost.
 
+    Waits first, while the snippets already running in this process hold ``MEMORY_GATE``.
     Raises ``SandboxUnavailable`` (saying why) where bwrap does not work here, unless
     ``unsafe_local`` asks for a plain subprocess instead (see the module docstring)."""
     snippet = Snippet(snippet) if isinstance(snippet, str) else snippet
+    with MEMORY_GATE.hold(limits.memory_budget_bytes):
+        return _run(snippet, limits, python, unsafe_local)
+
+
+def _run(snippet: Snippet, limits: Limits, python: str | None, unsafe_local: bool) -> SandboxResult:
     python = python or sys.executable
     through_bwrap = not unsafe_local
     if through_bwrap:

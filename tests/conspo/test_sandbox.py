@@ -392,6 +392,38 @@ def test_pool_keeps_order_and_its_bound(monkeypatch: pytest.MonkeyPatch) -> None
     assert most == 3
 
 
+@pytest.mark.parametrize("budgets_fitting", [2, 0])
+def test_snippets_at_once_are_bounded_by_the_memory_their_budgets_add_up_to(
+    monkeypatch: pytest.MonkeyPatch, budgets_fitting: int
+) -> None:
+    """tools.parallel calls of many rollouts at once must not add up past the host's memory:
+    a gate of two budgets runs two at a time however many the pool allows; one smaller than a
+    single budget runs them one at a time (never none)."""
+    limits = Limits()
+    capacity = max(budgets_fitting * limits.memory_budget_bytes, limits.memory_budget_bytes // 2)
+    monkeypatch.setattr(sandbox_runner, "MEMORY_GATE", sandbox_runner.MemoryGate(capacity))
+    running, most = 0, 0
+    lock = threading.Lock()
+    real_run = sandbox_runner._run
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            return real_run(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(sandbox_runner, "_run", counted)
+    snippets = [f"import time\ntime.sleep(0.3)\nprint({i} * {i})" for i in range(8)]
+    results = run_many(snippets, limits, max_workers=8)
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]
+    assert 1 <= most <= max(budgets_fitting, 1)
+
+
 def test_unavailable_without_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     refused = sandbox_runner.Probe(False, "bwrap is not installed")
     monkeypatch.setattr(sandbox_runner, "sandbox_available", lambda python=None: refused)
