@@ -257,14 +257,14 @@ export function collect(prefix) {
 }
 
 // ---- a 422's messages, under the fields they name ------------------------------------------------
-export function clearErrors() {
-  $("#form-error").hidden = true;
+export function clearErrors({ keepSummary = false } = {}) {
+  if (!keepSummary) $("#form-error").hidden = true;
   for (const f of $$(".field.has-error")) clearField(f);
 }
 
 /** Take `field`'s mark and its message away together (a message left showing under a field no
  * longer marked was never cleared again). */
-export function clearField(field) {
+function clearField(field) {
   field.classList.remove("has-error");
   const e = $(".err", field);
   e.hidden = true;

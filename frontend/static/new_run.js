@@ -13,7 +13,7 @@
 // per stage (tabs above the form; each later stage starts from the one before) and submits them
 // as one POST /api/pipelines, then opens the pipeline page. `?from_run=N` prefills model.from_run.
 import { ApiError, errorText, get, post, qs } from "/static/api.js";
-import { clearErrors, clearField, fieldAt, showErrors as showFieldErrors, withDefaults } from "/static/form.js";
+import { clearErrors, fieldAt, showErrors as showFieldErrors, withDefaults } from "/static/form.js";
 import { lineageText } from "/static/lineage.js";
 import {
   buildRequest,
@@ -75,10 +75,11 @@ async function refreshEstimate() {
     problem = errorText(err);
   }
   if (seq !== estimateSeq) return; // a later edit's answer wins
-  if (report && !pipeline.on) {
+  if (report) {
     // The server's checks as you type (what Start would be refused for): each field it names is
-    // marked now, not after Start; a config it accepts clears the marks.
-    clearErrors();
+    // marked now, not after Start; a config it accepts clears the marks. A pipeline's box above
+    // the form keeps what its submit said of the other stages.
+    clearErrors({ keepSummary: pipeline.on });
     if (report.errors?.length) showErrors(report.errors, { summary: false, focus: false });
   }
   delete box.dataset.pending;
@@ -345,10 +346,9 @@ form.addEventListener("change", (ev) => {
     saveStage();
     renderStageTabs();
   }
-  // an edited field loses its message at once; the estimate after this edit marks it again if
-  // the server still refuses it (and clears every field it now accepts)
-  const f = ev.target.closest(".field.has-error");
-  if (f) clearField(f);
+  // An edited field keeps its mark and message until the estimate of this edit says whether the
+  // server still refuses it (refreshEstimate): taking the class alone off left the message there
+  // for good, and clearing both here moved the form under the user's next click.
   formChanged();
 });
 $("#pipeline-name").addEventListener("input", (ev) => {
