@@ -165,7 +165,11 @@ class RunLogCapture:
         if final:
             whole, self._partial = data, b""
         else:
-            cut = data.rfind(b"\n") + 1
+            # A carriage return ends a line as a newline does: a progress bar (tqdm) redraws
+            # its one line after each \r and writes its newline only when it is done, so held
+            # back to a newline it would show nothing until the end. The Logs tab draws \r as a
+            # terminal does.
+            cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
             whole, self._partial = data[:cut], data[cut:]
             if len(self._partial) > CHUNK_BYTES:  # one endless line: stored as it is
                 whole, self._partial = data, b""

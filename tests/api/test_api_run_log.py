@@ -85,6 +85,30 @@ def test_everything_the_process_prints_is_captured_in_order_and_redacted(
     assert text.endswith("no newline at the end\n")
 
 
+def test_a_progress_bar_reaches_the_log_while_it_redraws(api: Api, tmp_path: Path) -> None:
+    """tqdm redraws one line after each carriage return and ends it with a newline only when
+    done: held back to a newline, the Logs tab would show no progress until the bar ended."""
+    run_id = external_run(api)
+    db = Database(api.settings)
+    try:
+        capture = RunLogCapture(db, run_id, 1, tmp_path / "attempt-1.txt",
+                                Redactor([]), interval_s=0.2)  # fmt: skip
+        with capture:
+            os.write(2, b"\rsteps:   0%|          | 0/3\rsteps:  33%|###       | 1/3\r")
+
+            def redrawn() -> str | None:
+                text, _ = read_all(api, run_id)
+                return text if "1/3" in text else None
+
+            text = wait_for(redrawn, 60, "the bar's redraws in the log while it runs")
+            os.write(2, b"steps: 100%|##########| 3/3\n")
+        assert "0/3\r" in text and "1/3\r" in text
+        final, _ = read_all(api, run_id)
+    finally:
+        db.dispose()
+    assert final.endswith("1/3\rsteps: 100%|##########| 3/3\n"), final
+
+
 def test_a_run_that_prints_fast_keeps_its_head_and_tail_and_says_what_was_cut(
     api: Api, tmp_path: Path
 ) -> None:
