@@ -51,7 +51,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STATUS_FIELDS = ("status", "cancel_requested", "error", "finished_at", "worker_host", "attempt")
+# phase: a run evaluating for minutes logs no step; its page hears of it through these.
+STATUS_FIELDS = (
+    "status", "cancel_requested", "error", "finished_at", "worker_host", "attempt", "phase",
+)  # fmt: skip
 RUNS_LIST_FIELDS = ("status", "step", "cancel_requested", "error")
 # The columns a poll reads of each watched run; the row is read in full when one moved.
 ROW_KEY = ("write_seq", "updated_at", "step", *STATUS_FIELDS)

@@ -154,6 +154,8 @@ def run_loop(
     try:
         step_fn = start(state, files, store)  # before resume: what it copies is the starting policy
         last_step = resume(state, workdir, sink)
+        if distributed.is_main():  # set up: the page's "setting up" turns to training
+            sink.log_event("phase", {"phase": "training", "step": last_step})
         if last_step == 0 and config.eval.at_start and distributed.is_main():  # score the start
             scored = run_eval(state, 0)  # stamped when it ends: the steps' clock starts there
             evaluated(state, workdir, sink, StepRecord(0, config.steps, time.time(), scored))

@@ -56,7 +56,9 @@ export function renderConfigDiff() {
   }
   const rows = new Map();
   const add = (key, getter) => rows.set(key, runs.map(getter));
-  for (const k of ["algorithm", "task", "model", "seed", "status"]) add(k, (r) => (k === "status" ? r.status : r[k]));
+  // A kind that trains no algorithm (sft, distill, dpo) has none: shown as missing ("–"), not "null".
+  for (const k of ["algorithm", "task", "model", "seed", "status"])
+    add(k, (r) => (k === "status" ? r.status : (r[k] ?? undefined)));
   add("tags", (r) => r.tags || []);
   const flats = runs.map((r) => flatten(r.config || {}));
   const allKeys = new Set();

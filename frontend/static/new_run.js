@@ -42,7 +42,8 @@ import { $, debounce, fmtDuration, h } from "/static/util.js";
 function updatePreview() {
   if (pipeline.on) {
     $("#preview").textContent = `POST /api/pipelines\n${JSON.stringify(buildPipeline(), null, 2)}`;
-    $("#submit-btn").textContent = `Start pipeline (${pipeline.stages.length} stages)`;
+    const n = pipeline.stages.length;
+    $("#submit-btn").textContent = `Start pipeline (${n} ${n === 1 ? "stage" : "stages"})`;
     return;
   }
   const req = buildRequest();

@@ -153,6 +153,9 @@ function tasksTable(view, colors) {
   );
 }
 
+// A row with no run: still pending, or never to be released (the study stopped first).
+const unreleased = (r) => (r.state === "pending" ? "waiting for a slot" : "never released");
+
 function runsTable(view, colors) {
   return table(
     "runs-table",
@@ -160,7 +163,7 @@ function runsTable(view, colors) {
     view.runs.map((r) => [
       swatch(colors[r.arm], r.task ? `${r.arm} · ${r.task}` : r.arm),
       String(r.seed),
-      r.run_id ? h("a", { href: `/runs/${r.run_id}` }, r.name) : h("span.muted", {}, "waiting for a slot"),
+      r.run_id ? h("a", { href: `/runs/${r.run_id}` }, r.name) : h("span.muted", {}, unreleased(r)),
       r.status,
       `${r.step} / ${r.total_steps ?? "?"}`,
       fmtNum(scaled(view, r.objective), 4),

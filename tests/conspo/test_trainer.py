@@ -79,6 +79,7 @@ def test_a_step_logs_every_metric_once(model_store, arith_base, tmp_path):
         M.EVAL_ACCURACY,
         M.EVAL_PASS_AT_K,
         M.EVAL_PROBLEMS,
+        M.TIME_EVAL_S,
     }  # eval.at_start
     m = sink.steps[1].metrics
     for key in (*M.SEPARATION_KEYS, M.LOSS, M.ENTROPY, M.GRAD_NORM, M.LR, M.TIME_STEP_S,
@@ -304,3 +305,35 @@ def test_a_step_without_signal_takes_no_optimiser_step(model_store, arith_base, 
         m = sink.steps[step].metrics
         assert m[M.OPTIM_SKIPPED] == 1 and m[M.OPTIM_UPDATES] == 0 and m[M.GRAD_NORM] == 0
         assert m[M.LR] == pytest.approx(1e-3 / 4)  # the warmup did not tick
+
+
+class PhaseTimeline(MemorySink):
+    """A MemorySink that also keeps the order of steps and phase events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[tuple[str, int]] = []
+
+    def log_step(self, record) -> None:  # type: ignore[no-untyped-def]
+        super().log_step(record)
+        self.order.append(("step", record.step))
+
+    def log_event(self, kind, data) -> None:  # type: ignore[no-untyped-def]
+        super().log_event(kind, data)
+        if kind == "phase":
+            self.order.append((data["phase"], data["step"]))
+
+
+def test_the_phase_is_training_from_the_end_of_set_up_and_evaluating_around_each_evaluation(
+    model_store, arith_base, tmp_path
+):
+    """Without eval.at_start a run's first phase event used to come from its first evaluation's
+    end: its page said "setting up" through every step before it."""
+    cfg = small_config(steps=2, eval={"every": 0, "at_start": False, "pass_k": 1},
+                       task={**TASK, "eval_size": 8})  # fmt: skip
+    sink = PhaseTimeline()
+    result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    assert result.status == "succeeded"
+    assert sink.order == [
+        ("training", 0), ("step", 1), ("evaluating", 2), ("training", 2), ("step", 2),
+    ]  # fmt: skip

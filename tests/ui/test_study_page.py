@@ -127,3 +127,6 @@ def test_a_study_is_stopped_from_its_page(page: Any, ui_server: Any) -> None:
         ".every(td => td.textContent === 'cancelled')",
         timeout=60_000,
     )
+    # the four runs it never released say so, not that they wait for a slot
+    runs = page.locator("#runs-table tbody tr td:nth-child(3)").all_inner_texts()
+    assert runs.count("never released") == 4 and "waiting for a slot" not in runs, runs
