@@ -230,3 +230,43 @@ def test_a_poll_that_finds_nothing_new_reads_a_few_columns_only(
     assert 1 <= len(whole) <= 2, after_change
     assert not [s for s in after_change if "FROM workers" in s]  # no queued run shown
     assert not any(name == str(quiet["id"]) for name, _ in events[10:])
+
+
+def test_a_phase_change_alone_reaches_a_live_stream(api: Api, settings: Settings) -> None:
+    """A run evaluating for minutes logs no step: its phase, written on its row as the worker's
+    sink writes it, is a status frame of its own (an open page said 'setting up' throughout)."""
+    from sqlalchemy import update
+
+    from backend.models import Run
+
+    run = api.external()
+    log_points(api, run["id"], range(1, 2))
+    fast = settings.model_copy(update={"stream_poll_s": 0.2})
+    db = Database(fast)
+
+    async def scenario() -> list[tuple[str, Any]]:
+        hub = StreamHub(db, fast)
+        events: list[tuple[str, Any]] = []
+
+        async def follow() -> None:
+            async for e in _run_events(hub, fast, run["id"], StreamCursor()):
+                events.append(parse_frame(e))
+
+        def phases() -> list[Any]:
+            return [json.loads(d).get("phase") for kind, d in events if kind == "status"]
+
+        task = asyncio.create_task(follow())
+        await until(lambda: any(kind == "metrics" for kind, _ in events), 60, "the first points")
+        with db.session() as session:
+            session.execute(update(Run).where(Run.id == run["id"]).values(phase="evaluating"))
+            session.commit()
+        await until(lambda: "evaluating" in phases(), 60, "a status frame with the phase")
+        await asyncio.to_thread(log_points, api, run["id"], range(2, 3), status="succeeded")
+        await until(lambda: events and events[-1][0] == "end", 60, "the end")
+        await task
+        return events
+
+    try:
+        run_async(scenario())
+    finally:
+        db.dispose()
