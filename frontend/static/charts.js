@@ -97,6 +97,10 @@ export function lineTraces(
   // Copies: Plotly keeps references to what it drew, and the page appends to its own arrays.
   xs = xs.slice();
   const values = s.values.slice();
+  // A line through one point draws nothing (a metric evaluated once so far): mark it.
+  if (mode === "lines" && values.filter((v) => v !== null && Number.isFinite(v)).length === 1) {
+    mode = "lines+markers";
+  }
   if (smooth > 0) {
     traces.push({
       x: xs,

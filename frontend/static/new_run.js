@@ -18,6 +18,7 @@ import { lineageText } from "/static/lineage.js";
 import {
   buildRequest,
   kindOfSelect,
+  kindUses,
   pipeline,
   presets,
   registryModels,
@@ -214,6 +215,24 @@ async function submit(ev) {
   }
 }
 
+/** The form's config for a run that starts from run ``id``'s model: what that run trained on
+ * (its task, prompt, sampling, model settings such as LoRA, evaluation), since the next run
+ * most likely goes on with it, where the tiny demo's defaults would silently change them all.
+ * A kind that trains no algorithm (sft, dpo, distill) hands over to the default kind: RL from
+ * its weights. The defaults when the run cannot be read. */
+async function startingFrom(id) {
+  try {
+    const source = (await get(`/api/runs/${id}`)).config;
+    if (!kindUses(source.kind ?? presets.defaults.kind, "algorithm")) {
+      for (const key of ["kind", "kind_params", "algorithm", "params"]) delete source[key];
+    }
+    if (source.model) delete source.model.step; // which checkpoint of *its* source it took
+    return withDefaults(presets.defaults, source);
+  } catch {
+    return structuredClone(presets.defaults);
+  }
+}
+
 async function init() {
   let loaded = null;
   try {
@@ -232,7 +251,7 @@ async function init() {
   const url = new URLSearchParams(location.search);
   const fromRun = url.get("from_run");
   if (fromRun && /^\d+$/.test(fromRun)) {
-    const config = structuredClone(presets.defaults);
+    const config = await startingFrom(Number(fromRun));
     const m = registryModels.find((x) => x.run_id === Number(fromRun));
     // a chained run names its source's base model (model.name), then starts from its weights
     config.model = { ...config.model, from_run: Number(fromRun), name: m ? baseOf(m) : config.model.name };

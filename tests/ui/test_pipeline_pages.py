@@ -130,6 +130,11 @@ def test_sft_then_conspo_pipeline_from_the_form_to_the_models_page(
     page.wait_for_url(re.compile(rf"/runs/new\?from_run={sft_run['id']}$"))
     page.wait_for_selector('[name="config.model.from_run"]')
     assert page.input_value('[name="config.model.from_run"]') == str(sft_run["id"])
+    # the rest is what the SFT run trained on (not the demo's defaults), as RL: SFT trains no
+    # algorithm, so the next run is the default kind
+    page.wait_for_selector('[name="config.task.eval_size"]', state="attached")
+    assert page.input_value('[name="config.task.eval_size"]') == "4"
+    assert page.input_value('[name="config.kind"]') == "rl"
 
 
 def test_the_pipelines_list_shows_every_stages_progress(page: Any, ui_server: Any) -> None:
