@@ -289,3 +289,18 @@ def test_at_800_px_nothing_covers_the_progress_and_the_table_says_it_scrolls(
     wrap.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
     wait_until(page, lambda: "cue-left" in (wrap.get_attribute("class") or ""), what="cue left")
     assert "cue-right" not in (wrap.get_attribute("class") or "")
+
+
+def test_a_series_of_one_point_is_drawn(page: Any, ui_server: Any) -> None:
+    """A line through one point draws nothing: a metric logged once so far showed axes and a
+    legend and no point (the walk of issue 49: eval/problems, logged at the final step)."""
+    run = ui_server.external_run(f"i49-one-{uuid.uuid4().hex[:6]}", {"steps": 20}, total_steps=20)
+    steps = [{"step": 10, "metrics": {"sep/gap": 0.25}}]
+    ui_server.api("POST", f"/api/runs/{run['id']}/log", json={"steps": steps})
+    page.goto(f"{ui_server.url}/runs/{run['id']}")
+    modes_of_gap = """() => [...document.querySelectorAll('.js-plotly-plot')]
+        .flatMap(el => el.data || []).filter(t => t.meta && t.meta.key === 'sep/gap')
+        .map(t => t.mode)"""
+    page.wait_for_function(f"({modes_of_gap})().length > 0", timeout=60_000)
+    modes = page.evaluate(modes_of_gap)
+    assert all("markers" in m for m in modes), modes
