@@ -72,6 +72,7 @@ def test_step_zero_eval_best_checkpoint_and_no_repeat_on_resume(model_store, ari
         M.EVAL_ACCURACY,
         M.EVAL_PASS_AT_K,
         M.EVAL_PROBLEMS,
+        M.TIME_EVAL_S,
         "eval/bench/avg@2",
         "eval/bench/pass@2",
     }

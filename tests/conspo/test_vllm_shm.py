@@ -126,9 +126,12 @@ def test_the_engine_s_start_removes_what_a_killed_engine_left(
     )
     dead = Owner(shm, ENGINE_OWNER, str(model))
     owners.append(dead)
-    (server,) = psutil.Process(dead.process.pid).children()
+    # its server (if it has not exited already, having refused 'start') sees its trainer gone
+    # and exits: nothing holds the directory
+    servers = psutil.Process(dead.process.pid).children()
     dead.kill_9()
-    server.wait(timeout=60)  # its server sees its trainer gone and exits: nothing holds the dir
+    for server in servers:
+        server.wait(timeout=60)
     assert (dead.path / WEIGHTS).exists()
     monkeypatch.setattr(shm_dirs, "ROOT", shm)
     monkeypatch.setattr(vllm_engine, "vllm_python", lambda: sys.executable)

@@ -6,6 +6,7 @@ behind a sideways scroll."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -62,9 +63,17 @@ def test_the_runs_lists_last_column_is_in_sight_at_1440(
     queued = {**busy, "name": f"sweep-conspo-queued-{sweep}"}
     second = ui_server.api("POST", "/api/runs", json={"config": queued})["runs"][0]
     try:
+        # the reason it waits exists once the worker holds the first (it may still be finishing
+        # another test's run): the page is loaded after that
+        deadline = time.monotonic() + 300
+        while ui_server.api("GET", f"/api/runs/{first['id']}")["status"] != "running":
+            assert time.monotonic() < deadline, "the worker never took the busy run"
+            time.sleep(0.5)
         page.set_viewport_size({"width": 1440, "height": 900})
         page.goto(f"{ui_server.url}/?q=sweep-conspo")
-        page.wait_for_selector(f'#runs-table tr[data-id="{second["id"]}"] .waiting')
+        page.wait_for_selector(
+            f'#runs-table tr[data-id="{second["id"]}"] .waiting', timeout=120_000
+        )
         page.wait_for_selector("#runs-table tbody tr[data-id] svg.spark path")
         past = page.query_selector("#runs-table").evaluate(PAST_EDGE)
         assert past <= 1, f"the runs list's last column is cut {past:.0f}px past the edge"

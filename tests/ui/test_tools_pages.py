@@ -162,8 +162,10 @@ def test_a_run_with_tools_shows_its_tools_charts_and_each_rollouts_turns(
     shot(page, "run_tools")
     # long calls and outputs wrap inside their cell: the page never scrolls sideways
     page.set_viewport_size({"width": 800, "height": 900})
-    page.wait_for_timeout(600)  # a last redraw
-    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 1
+    # the charts redraw at the new width (later on a loaded machine): wait for it, not a time
+    page.wait_for_function(
+        "() => document.documentElement.scrollWidth - window.innerWidth <= 1", timeout=60_000
+    )
 
 
 def test_a_run_without_tools_folds_the_section_and_keeps_plain_text(
