@@ -369,27 +369,32 @@ def test_stdin_and_exit_code() -> None:
     assert result.exit_code == 3
 
 
-def test_pool_keeps_order_and_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    running, most = 0, 0
-    lock = threading.Lock()
-    real_run = sandbox_runner.run
+class AtOnce:
+    """Wraps the runner's function ``name`` to count the calls in it at once (``most``)."""
 
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal running, most
-        with lock:
-            running += 1
-            most = max(most, running)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        self.running = self.most = 0
+        self._lock = threading.Lock()
+        self._real = getattr(sandbox_runner, name)
+        monkeypatch.setattr(sandbox_runner, name, self._counted)
+
+    def _counted(self, *args: object, **kwargs: object) -> object:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
         try:
-            return real_run(*args, **kwargs)  # type: ignore[arg-type]
+            return self._real(*args, **kwargs)
         finally:
-            with lock:
-                running -= 1
+            with self._lock:
+                self.running -= 1
 
-    monkeypatch.setattr(sandbox_runner, "run", counted)
+
+def test_pool_keeps_order_and_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    at_once = AtOnce(monkeypatch, "run")
     snippets = [f"import time\ntime.sleep(0.2)\nprint({i} * {i})" for i in range(12)]
     results = run_many(snippets, max_workers=3)
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(12)]
-    assert most == 3
+    assert at_once.most == 3
 
 
 @pytest.mark.parametrize("budgets_fitting", [2, 0])
@@ -402,26 +407,11 @@ def test_snippets_at_once_are_bounded_by_the_memory_their_budgets_add_up_to(
     limits = Limits()
     capacity = max(budgets_fitting * limits.memory_budget_bytes, limits.memory_budget_bytes // 2)
     monkeypatch.setattr(sandbox_runner, "MEMORY_GATE", sandbox_runner.MemoryGate(capacity))
-    running, most = 0, 0
-    lock = threading.Lock()
-    real_run = sandbox_runner._run
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal running, most
-        with lock:
-            running += 1
-            most = max(most, running)
-        try:
-            return real_run(*args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            with lock:
-                running -= 1
-
-    monkeypatch.setattr(sandbox_runner, "_run", counted)
+    at_once = AtOnce(monkeypatch, "_run")
     snippets = [f"import time\ntime.sleep(0.3)\nprint({i} * {i})" for i in range(8)]
     results = run_many(snippets, limits, max_workers=8)
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]
-    assert 1 <= most <= max(budgets_fitting, 1)
+    assert 1 <= at_once.most <= max(budgets_fitting, 1)
 
 
 def test_unavailable_without_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.lab.test_serve import wait_for
 from tests.support import ROOT, free_port, stop
 
 PORTS = range(18400, 18500)
@@ -31,16 +31,6 @@ TINY = {
     "eval": {"every": 0, "pass_k": 1},
     "checkpoint": {"every": 0},
 }
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def newcomer_env() -> dict[str, str]:
