@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,8 +119,10 @@ def test_the_engine_s_start_removes_what_a_killed_engine_left(
 ) -> None:
     """Both engines start for real, with an interpreter without vLLM: the server runs and
     refuses 'start' after the engine has cleaned up and made its own directory."""
-    shm, model = tmp_path / "shm", tmp_path / "model"
-    shm.mkdir()
+    # the server's socket lies in the shm directory: a short path (AF_UNIX names are at most
+    # 107 bytes; pytest's tmp_path under xdist can be longer)
+    shm = Path(tempfile.mkdtemp(prefix="shm-", dir="/tmp"))
+    model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(
         '{"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 8}'
@@ -146,3 +149,4 @@ def test_the_engine_s_start_removes_what_a_killed_engine_left(
     finally:
         engine.close()
     assert list(shm.iterdir()) == []
+    shm.rmdir()
