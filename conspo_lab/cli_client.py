@@ -338,7 +338,7 @@ def _follow(lab: Client, run_id: int, since_step: int | None = None) -> Run:
     run = lab.get_run(run_id)
     view = _WatchView(run)
     if not console.is_terminal:
-        print(view.line(f"run {run.id} {run.name or ''}: {run.status},"), flush=True)
+        print(view.line(f"run {run.id} {run.name or ''}: {run.status_text},"), flush=True)
         for event in lab.watch(run_id, since_step=since_step):
             for line in view.apply(event):
                 print(line, flush=True)
@@ -407,13 +407,14 @@ class _WatchView:
     def apply(self, event: Any) -> list[str]:
         """Take one stream event; the lines a piped watch prints for it."""
         if event.event == "status" and event.run is not None:
-            changed = event.run.status != self.run.status
+            # A phase change is news too: minutes of evaluation log no step.
+            changed = event.run.status_text != self.run.status_text
             self.run = event.run
             self.step = max(self.step, event.run.step)
             if not changed:
                 return []
             again = f" ({self.run.attempts_text})" if self.run.attempts_text else ""
-            return [f"[{self.elapsed()}] run {self.run.id}: {self.run.status}{again}"]
+            return [f"[{self.elapsed()}] run {self.run.id}: {self.run.status_text}{again}"]
         if event.event != "metrics" or not isinstance(event.data, dict):
             return []
         fresh = False
@@ -449,7 +450,7 @@ def _duration(seconds: float) -> str:
 
 
 def _describe(run: Run) -> str:
-    return " ".join(p for p in (f"run {run.id}", run.name, "·", run.status) if p)
+    return " ".join(p for p in (f"run {run.id}", run.name, "·", run.status_text) if p)
 
 
 # --------------------------------------------------------------------------------------------
@@ -653,9 +654,9 @@ _STATUS_STYLE = {
 
 
 def _status_text(run: Run) -> str:
-    """The status as the runs page shows it: a queued run's place and why it waits, and a
-    run's attempts, worker deaths and where it resumed, too."""
-    text = run.status + (" (cancel requested)" if run.cancel_requested else "")
+    """The status as the runs page shows it: a running run's phase, a queued run's place and
+    why it waits, and a run's attempts, worker deaths and where it resumed, too."""
+    text = run.status_text + (" (cancel requested)" if run.cancel_requested else "")
     if run.status == "queued" and run.queue_position:
         text += f" #{run.queue_position}"
     styled = f"[{_STATUS_STYLE.get(run.status, 'white')}]{escape(text)}[/]"

@@ -138,6 +138,17 @@ class Run(_Model):
     resumed_from_step: int | None = None  # the latest attempt's checkpoint step
     pace_s: float | None = None  # seconds per step lately
     eta_s: float | None = None  # seconds left at that pace, as of the response
+    phase: str | None = None  # running: "training" or "evaluating"; None while setting up
+
+    @property
+    def status_text(self) -> str:
+        """ "running (evaluating)": the status with what a running run is doing between steps,
+        as its page says it (an evaluation may take minutes with no step logged, a set-up too).
+        An external run reports no phase: its status alone."""
+        if self.status != "running":
+            return self.status
+        doing = self.phase or (None if self.external else "setting up")
+        return f"running ({doing})" if doing else "running"
 
     @property
     def finished(self) -> bool:

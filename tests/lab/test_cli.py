@@ -290,3 +290,30 @@ def test_yaml_files_read_exponents_as_numbers(tmp_path) -> None:  # type: ignore
     spec.write_text("low: 1e-6\nhigh: -3E+2\ndotted: 1.0e-4\ntext: x1e5\nquoted: '1e-5'\n")
     read = cli_client._read_mapping(spec, "a mapping")
     assert read == {"low": 1e-6, "high": -300.0, "dotted": 1e-4, "text": "x1e5", "quoted": "1e-5"}
+
+
+def test_runs_and_watch_say_what_a_running_run_is_doing(lab_server, lab):
+    """Minutes of evaluation log no step: `runs` and `watch` say "running (evaluating)", as the
+    run's page does, and a piped watch prints a line when the phase changes."""
+    import sqlite3
+    from contextlib import closing
+
+    from conspo_lab.client import Run, StreamEvent
+
+    run = lab.create_external_run("cli-phase", {}, "conspo", "arith", "tiny", ["cli-phase"], 3)
+    # The phase is the worker's to write (its trainer's phase events); no worker serves this
+    # server, so the test writes it where the worker would.
+    with closing(sqlite3.connect(lab_server.data_dir / "conspo.db")) as db, db:
+        db.execute("UPDATE runs SET phase = 'evaluating' WHERE id = ?", (run.id,))
+    result = invoke(lab_server, "runs", "--tag", "cli-phase")
+    assert result.exit_code == 0, result.output
+    assert "running (evaluating)" in result.output
+
+    # A worker's run between its claim and its first phase event is setting up.
+    setting_up = Run(id=7, status="running", total_steps=3)
+    view = cli_client._WatchView(setting_up)
+    assert "run 7 · running (setting up)" in cli_client._describe(setting_up)
+    evaluating = {**setting_up.model_dump(), "phase": "evaluating"}
+    lines = view.apply(StreamEvent("status", evaluating))
+    assert len(lines) == 1 and lines[0].endswith("run 7: running (evaluating)"), lines
+    assert view.apply(StreamEvent("status", evaluating)) == []  # no change, no line
