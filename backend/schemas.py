@@ -745,12 +745,22 @@ class PipelineList(BaseModel):
 
 
 class StudyProgress(BaseModel):
-    """A study's progress against its planned work (pending runs count too)."""
+    """A study's progress against its planned work, the same on the studies list, the study
+    page and the runs list's study row (``backend.studies.progress``)."""
 
-    runs: int = Field(description="Runs planned (cancelled ones no longer are).")
+    runs: int = Field(
+        description="Runs planned: every (arm, seed) row, released or not (one the study"
+        " cancelled before releasing it counts as a cancelled run)."
+    )
     started: int = Field(description="Runs released so far.")
+    ended: int = Field(description="Runs ended: succeeded, failed or cancelled (released or not).")
     steps: int = Field(description="Steps done, all its runs.")
-    total_steps: int = Field(description="Steps planned, all its runs.")
+    total_steps: int = Field(
+        description="Steps planned, all its runs (a run that ended early keeps its plan)."
+    )
+    counts: dict[str, int] = Field(
+        description="Runs per status: a released run's, else the row's (pending, cancelled)."
+    )
 
 
 STUDY_STATUS = (
@@ -832,7 +842,8 @@ class StudyOut(BaseModel):
         default_factory=dict, description="The range of each bounded key (a fraction: [0, 1])."
     )
     runs: list[StudyRunOut]
-    counts: dict[str, int] = Field(description="Runs per status.")
+    counts: dict[str, int] = Field(description="Runs per status (``progress.counts``).")
+    progress: StudyProgress = Field(description="As the studies list shows it.")
     seeds: list[int]
     tasks: dict[str, Any] | None = Field(None, description="Across tasks (a study over tasks).")
     curves: dict[str, Any] | None = Field(None, description="Per key and arm: mean ± 95% band.")

@@ -104,9 +104,10 @@ def parse_keys(raw: str, field: str, limit: int) -> list[str]:
 _RUN_ID = re.compile(RUN_ID)
 
 
-def parse_ids(raw: str, field: str, limit: int) -> list[int]:
-    """The distinct run ids of ``raw``; a 422 unless it gives 1 to ``limit`` of them (repeats
-    count), each an integer 1..2³¹-1 in ASCII digits without leading zeros."""
+def parse_ids(raw: str, field: str, limit: int, noun: str = "run") -> list[int]:
+    """The distinct ids of ``raw`` (run ids, or ``noun``'s); a 422 unless it gives 1 to
+    ``limit`` of them (repeats count), each an integer 1..2³¹-1 in ASCII digits without leading
+    zeros."""
     given = _items(raw)
     for part in given:
         if _RUN_ID.fullmatch(part) is None:
@@ -115,13 +116,17 @@ def parse_ids(raw: str, field: str, limit: int) -> list[int]:
                     {
                         "type": "int_parsing",
                         "loc": ("query", field),
-                        "msg": f"{part[:40]!r} is not a run id",
+                        "msg": f"{part[:40]!r} is not a {noun} id",
                         "input": raw,
                     }
                 ]
             )
     if not given or len(given) > limit:
-        msg = f"{len(given)} runs; the limit is {limit}" if given else "give at least one run id"
+        msg = (
+            f"{len(given)} {noun}s; the limit is {limit}"
+            if given
+            else f"give at least one {noun} id"
+        )
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", field), "msg": msg, "input": raw}]
         )

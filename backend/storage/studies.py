@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -12,10 +13,26 @@ from backend.models import Run, RunStatus, Study, StudyRun, StudyRunState, Study
 ACTIVE = (RunStatus.queued, RunStatus.running)
 
 
-def list_studies(session: Session, limit: int, offset: int) -> tuple[list[Study], int]:
-    """(one page of the studies, newest first; how many there are)."""
-    total = session.scalar(select(func.count()).select_from(Study)) or 0
-    rows = session.scalars(select(Study).order_by(Study.id.desc()).limit(limit).offset(offset))
+class PlanRow(NamedTuple):
+    """A study's row as its progress counts it (``plan_rows``)."""
+
+    study_id: int
+    state: StudyRunState
+    planned_steps: int  # its config's
+    status: RunStatus | None  # its run's; None before it is released
+    step: int | None
+    total_steps: int | None
+
+
+def list_studies(
+    session: Session, limit: int, offset: int, ids: Sequence[int] | None = None
+) -> tuple[list[Study], int]:
+    """(one page of the studies, or of those among ``ids``, newest first; how many there are)."""
+    chosen = [] if ids is None else [Study.id.in_(list(ids))]
+    total = session.scalar(select(func.count()).select_from(Study).where(*chosen)) or 0
+    rows = session.scalars(
+        select(Study).where(*chosen).order_by(Study.id.desc()).limit(limit).offset(offset)
+    )
     return list(rows.unique()), total
 
 
@@ -88,25 +105,26 @@ def study_runs(session: Session, study_id: int) -> list[Run]:
     )
 
 
-def planned_progress(session: Session, study_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """Per study, its progress against the planned work: ``runs`` planned (cancelled rows are
-    no longer planned), ``started`` (released into runs), ``steps`` done and ``total_steps``
-    planned (a pending row counts its config's steps). A runs list that sees only the released
-    runs would otherwise show a study as further along than it is."""
-    out = {i: {"runs": 0, "started": 0, "steps": 0, "total_steps": 0} for i in study_ids}
+def plan_rows(session: Session, study_ids: Sequence[int]) -> list[PlanRow]:
+    """Every row of these studies (released or not, cancelled too) with its config's steps and
+    its run's status and steps (None before it is released): what
+    ``backend.studies.progress`` counts."""
     if not study_ids:
-        return out
+        return []
     rows = session.execute(
-        select(StudyRun.study_id, StudyRun.state, StudyRun.config, Run.step, Run.total_steps)
+        select(
+            StudyRun.study_id,
+            StudyRun.state,
+            StudyRun.config,
+            Run.status,
+            Run.step,
+            Run.total_steps,
+        )
         .outerjoin(Run, Run.id == StudyRun.run_id)
         .where(StudyRun.study_id.in_(list(study_ids)))
+        .order_by(StudyRun.study_id, StudyRun.position)
     )
-    for study_id, state, config, step, total in rows:
-        if state == StudyRunState.cancelled:
-            continue
-        p = out[study_id]
-        p["runs"] += 1
-        p["started"] += total is not None
-        p["steps"] += int(step or 0)
-        p["total_steps"] += int(total if total is not None else (config or {}).get("steps") or 0)
-    return out
+    return [
+        PlanRow(study_id, state, int((config or {}).get("steps") or 0), status, step, total)
+        for study_id, state, config, status, step, total in rows
+    ]

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +40,7 @@ from backend.runs.rows import name_uniquely, new_run, study_tag
 from backend.storage import studies as stored
 from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series
-from backend.studies import search, stats
+from backend.studies import progress, search, stats
 from backend.studies.arms import add_arms
 from backend.studies.objective import (
     SEPARATION_KEYS,
@@ -265,10 +264,10 @@ def _stop_releasing(session: Session, study_id: int) -> None:
     )
 
 
-def study_summary(study: Study, progress: dict[str, int] | None = None) -> dict[str, Any]:
-    """A study as the studies list shows it (with its ``planned_progress`` when given)."""
+def study_summary(study: Study, planned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A study as the studies list shows it (with its ``progress.study_progress`` when given)."""
     return {
-        "progress": progress,
+        "progress": planned,
         "id": study.id,
         "name": study.name,
         "status": study.status,
@@ -308,9 +307,7 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         effect=objective.effect,
         bounds=M.bounds(objective.metric),
     )
-    counts: dict[str, int] = defaultdict(int)
-    for r in run_rows:
-        counts[str(r["status"])] += 1
+    planned = progress.progress_of(session, [study.id])[study.id]
     out: dict[str, Any] = {
         "id": study.id,
         "name": study.name,
@@ -330,7 +327,8 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
         "separation": values.separation_view(),
         "bounds": bounds_of(keys),
         "runs": run_rows,
-        "counts": dict(counts),
+        "counts": planned["counts"],  # the same figures as the studies list and the runs list
+        "progress": planned,
         "seeds": spec.seeds,
         "stopped_by": stored.cancelled_from_outside(session, study.id)
         if study.status == StudyStatus.cancelled
@@ -371,7 +369,7 @@ def _run_rows(
                 "trial": row.trial,
                 "run_id": row.run_id,
                 "name": run.name if run is not None else run_name(study.id, arm, row.seed, task),
-                "status": run.status if run is not None else row.state,
+                "status": progress.status_of(row.state, run.status if run else None),
                 "step": run.step if run is not None else 0,
                 "total_steps": run.total_steps if run is not None else row.config.get("steps"),
                 "objective": value,

@@ -131,11 +131,16 @@ async function loadRuns() {
 }
 
 /** The studies of the listed runs (their planned work: a study's group row counts its pending
- * runs too), then their group rows redrawn. */
+ * runs too), asked for by id (not the newest page of studies), then their group rows redrawn. */
 async function loadStudies() {
-  if (![...state.runs.values()].some((r) => /^study-\d+$/.test(r.group_id || ""))) return;
+  const ids = new Set();
+  for (const r of state.runs.values()) {
+    const study = /^study-(\d+)$/.exec(r.group_id || "");
+    if (study) ids.add(Number(study[1]));
+  }
+  if (!ids.size) return;
   try {
-    const data = await get(`/api/studies${qs({ limit: 500 })}`);
+    const data = await get(`/api/studies${qs({ ids: [...ids].slice(0, 500), limit: 500 })}`);
     state.studies = new Map(data.items.map((s) => [s.id, s]));
     redrawGroupRows();
   } catch (err) {

@@ -17,6 +17,7 @@ import {
 } from "/static/runs_table.js";
 import {
   color,
+  countsText,
   FINISHED,
   fmtAgo,
   fmtNum,
@@ -29,6 +30,7 @@ import {
   sparkline,
   sparklines,
   statusBadge,
+  stepsBar,
   waitingNote,
 } from "/static/util.js";
 
@@ -135,8 +137,9 @@ function studyOfGroup(state, key) {
   return study ? state.studies.get(Number(study[1])) : undefined;
 }
 
-/** "15 runs (2 started) · 3 arms": a study counts its plan, not the runs released so far (a
- * demo of 15 runs read "2 runs · 2 arms" while two ran); another group its listed runs. */
+/** "15 runs (2 started) · 3 arms": a study counts its plan (`progress`, as the studies list and
+ * its page do), not the runs listed (a demo of 15 runs read "2 runs · 2 arms" while two ran, and
+ * still "2 runs" once cancelled); another group its listed runs. */
 function groupCount(state, key, runs, arms) {
   const study = studyOfGroup(state, key);
   if (study?.progress) {
@@ -147,20 +150,24 @@ function groupCount(state, key, runs, arms) {
   return `${runs.length} runs${arms.length > 1 ? ` · ${arms.length} arms` : ""}`;
 }
 
+/** "2 running · 13 pending": a study's runs per status, its rows not released yet too. */
+function groupStatus(state, key, runs) {
+  const planned = studyOfGroup(state, key)?.progress;
+  return planned ? countsText(planned.counts) : statusCounts(runs);
+}
+
 /** "1,290/4,500 steps": a group's progress against its planned work. A study's plan is the
  * server's (`state.studies`: its pending runs count too), else the listed runs' total. */
 function groupProgress(state, key, runs) {
   const planned = studyOfGroup(state, key)?.progress;
   const steps = planned ? planned.steps : runs.reduce((a, r) => a + (r.step || 0), 0);
   const total = planned ? planned.total_steps : runs.reduce((a, r) => a + (r.total_steps || r.config?.steps || 0), 0);
-  const frac = total ? Math.min(1, steps / total) : 0;
-  const runsText = planned ? `${planned.started} of ${planned.runs} runs started` : `${runs.length} runs`;
-  return h(
-    "div.progress.group-progress",
-    { title: `steps done / planned over all its runs (${runsText})`, "data-steps": steps, "data-total": total },
-    h("div.bar", {}, h("div.fill.st-running", { style: `width:${(frac * 100).toFixed(1)}%` })),
-    h("span.plabel", {}, `${steps.toLocaleString()}/${total ? total.toLocaleString() : "?"}`),
-  );
+  const runsText = planned
+    ? `${planned.started} of ${planned.runs} runs started, ${planned.ended} ended`
+    : `${runs.length} runs`;
+  const bar = stepsBar(steps, total, `steps done / planned over all its runs (${runsText})`);
+  bar.classList.add("group-progress");
+  return bar;
 }
 
 /** Per arm: its mean curve in the sparkline, its mean ± sd of the runs' values (last, or the
@@ -214,7 +221,7 @@ export function groupRowFor(state, key, ids, cols) {
       h("span.muted.small.group-n", {}, groupCount(state, key, runs, arms)),
       studyLink(runs[0]), // a study's group row links its verdict page, folded or not
     ),
-    h("td.small.group-status", {}, statusCounts(runs)),
+    h("td.small.group-status", {}, groupStatus(state, key, runs)),
     h(
       "td",
       {},

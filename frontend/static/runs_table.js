@@ -3,7 +3,7 @@
 // listed runs, so runs.js stays a page of rendering and events.
 import { configMeets } from "/static/catalogue.js";
 import { interp } from "/static/series.js";
-import { flatten, fmtNum } from "/static/util.js";
+import { countsText, flatten, fmtNum } from "/static/util.js";
 
 /** Which summary of the column's metric the value column shows: the one the list is ordered by
  * (`-max(sep/gap)` → "max"), else its last value. Ordered by max, the column showed last values
@@ -62,13 +62,9 @@ export function groupName(key, runs) {
 
 /** "2 running · 1 queued", most advanced states first. */
 export function statusCounts(runs) {
-  const order = ["running", "queued", "succeeded", "failed", "cancelled"];
-  const counts = new Map();
-  for (const r of runs) counts.set(r.status, (counts.get(r.status) || 0) + 1);
-  return [...counts.entries()]
-    .sort((a, b) => order.indexOf(a[0]) - order.indexOf(b[0]))
-    .map(([s, n]) => `${n} ${s}`)
-    .join(" · ");
+  const counts = {};
+  for (const r of runs) counts[r.status] = (counts[r.status] || 0) + 1;
+  return countsText(counts);
 }
 
 /** Mean ± sample sd of the finite values, as text with n ("0.412 ± 0.031 (n=3)"). */

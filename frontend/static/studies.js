@@ -1,20 +1,19 @@
 // Studies list (/studies): every study with its status, arms, seeds and baseline, newest first;
 // a row links to its study page (the verdict).
 import { errorText, get, qs } from "/static/api.js";
-import { $, fmtTime, h, toast } from "/static/util.js";
+import { $, countsText, fmtTime, h, stepsBar, toast } from "/static/util.js";
 
 const HEAD = ["id", "name", "status", "progress", "arms", "seeds", "baseline", "owner", "created"];
 
-/** "1,290/4,500 steps · 5 of 15 runs started": against the planned work, pending runs too. */
+/** "1,290/4,500" over "2 running · 3 succeeded · 10 pending": steps done against the planned
+ * work and its runs per status, its pending runs too (`progress`, as the study page and the runs
+ * list's study row show it). */
 function progressCell(p) {
   if (!p) return "–";
-  const frac = p.total_steps ? Math.min(1, p.steps / p.total_steps) : 0;
-  return h(
-    "div.progress",
-    { title: `${p.started} of ${p.runs} runs started` },
-    h("div.bar", {}, h("div.fill.st-running", { style: `width:${(frac * 100).toFixed(1)}%` })),
-    h("span.plabel", {}, `${p.steps.toLocaleString()}/${p.total_steps.toLocaleString()}`),
-  );
+  return [
+    stepsBar(p.steps, p.total_steps, `steps done / planned (${p.started} of ${p.runs} runs started, ${p.ended} ended)`),
+    h("div.muted.small.study-counts", {}, countsText(p.counts)),
+  ];
 }
 
 async function load() {

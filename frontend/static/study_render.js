@@ -3,7 +3,7 @@
 // search the parallel coordinates and parameter importances. Shared by the study page
 // (study.js) and the self-contained HTML report, which inlines this file and util.js with their
 // import/export lines stripped, so it must use nothing but util.js and a global Plotly.
-import { color, fmtNum, h, seedsWithData } from "/static/util.js";
+import { color, countsText, fmtNum, h, seedsWithData, stepsBar } from "/static/util.js";
 
 const CHART_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
@@ -336,16 +336,23 @@ function stoppedNote(view) {
 export function renderStudy(view, root, Plotly) {
   const colors = armColors(view);
   root.replaceChildren();
-  const counts = Object.entries(view.counts)
-    .map(([k, v]) => `${v} ${k}`)
-    .join(", ");
+  // a study's progress: the same figures as the studies list and the runs list's study row (a
+  // comparison of runs, drawn by this renderer too, has only its runs' counts)
+  const p = view.progress;
   root.append(
     h(
       "div.page-head",
       {},
       h("h1", {}, view.title || `Study ${view.id}: ${view.name}`),
       h("span.badge", { id: "study-status" }, view.status),
-      h("span.muted", {}, counts),
+      h("span.muted#study-counts", {}, p ? `${p.runs} runs: ${countsText(p.counts)}` : countsText(view.counts)),
+      p
+        ? stepsBar(
+            p.steps,
+            p.total_steps,
+            `steps done / planned (${p.started} of ${p.runs} runs started, ${p.ended} ended)`,
+          )
+        : null,
     ),
     ...stoppedNote(view),
     h(

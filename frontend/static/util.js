@@ -119,6 +119,29 @@ export function progressBar(run) {
   );
 }
 
+// What is moving first (backend/studies/progress.py's STATUS_ORDER).
+const STATUS_ORDER = ["running", "queued", "pending", "succeeded", "failed", "cancelled"];
+
+/** "2 running · 3 succeeded · 10 pending" from runs per status (a study's `progress.counts`). */
+export function countsText(counts) {
+  const rank = (s) => (STATUS_ORDER.includes(s) ? STATUS_ORDER.indexOf(s) : STATUS_ORDER.length);
+  return Object.entries(counts)
+    .sort((a, b) => rank(a[0]) - rank(b[0]))
+    .map(([s, n]) => `${n} ${s}`)
+    .join(" · ");
+}
+
+/** "1,290/4,500": steps done against steps planned over many runs (a study, a group of runs). */
+export function stepsBar(steps, total, title) {
+  const frac = total ? Math.min(1, steps / total) : 0;
+  return h(
+    "div.progress.steps-bar",
+    { title, "data-steps": steps, "data-total": total },
+    h("div.bar", {}, h("div.fill.st-running", { style: `width:${(frac * 100).toFixed(1)}%` })),
+    h("span.plabel", {}, `${steps.toLocaleString()}/${total ? total.toLocaleString() : "?"}`),
+  );
+}
+
 /** Exponential moving average with TensorBoard-style debiasing; weight in [0, 1). */
 export function ema(values, weight) {
   if (!weight || weight <= 0) return values.slice();

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from backend.db import Database
 from backend.models import RunStatus, Study, StudyRun, utcnow
@@ -295,18 +295,56 @@ def test_release_is_idempotent_and_keeps_the_limit(api: Api) -> None:
         api.post(f"/api/studies/{sid}/cancel")
 
 
-def test_the_studies_list_counts_the_planned_work(api: Api) -> None:
-    """6 runs of 2 steps are planned; 2 are released (concurrency 2): the progress says 12
-    planned steps and 6 planned runs, not the released runs' 4 steps."""
+def progress_on_every_page(api: Api, sid: int) -> dict[str, Any]:
+    """The study's progress as each page reads it, held equal: the studies list
+    (``GET /api/studies``), the runs list's study row (``?ids=``, beside its runs from
+    ``GET /api/runs?group_id=``) and the study page (``GET /api/studies/{id}``, whose counts
+    and rows agree with it too)."""
+    newest = {s["id"]: s for s in api.get("/api/studies").json()["items"]}[sid]["progress"]
+    (asked,) = api.get(f"/api/studies?ids={sid}").json()["items"]
+    view = api.get(f"/api/studies/{sid}?curves=false").json()
+    assert newest == asked["progress"] == view["progress"]
+    assert view["counts"] == newest["counts"] and len(view["runs"]) == newest["runs"]
+    listed = api.get(f"/api/runs?group_id=study-{sid}").json()["items"]
+    assert len(listed) == newest["started"]  # the runs released; the others are rows only
+    assert sum(r["step"] for r in listed) == newest["steps"]
+    return dict(newest)
+
+
+def test_a_study_counts_the_same_on_every_page(api: Api) -> None:
+    """Issue 49: the demo (15 runs, 2 at a time) cancelled read "2 runs · 0/600" on the runs
+    list and the studies list, 15 runs on its page: a row cancelled before its release was no
+    longer counted. Here 6 runs of 2 steps, 2 released, one of them 1 step in: every page says
+    6 runs and 1/12 steps, before and after the study is cancelled (its rows cancelled then)."""
+    from backend.models import Run
+
     sid = api.post("/api/studies", json=study_body(concurrency=2)).json()["id"]
+    running = api.get(f"/api/studies/{sid}?curves=false").json()["runs"][0]["run_id"]
+    attempt = claim(api, running)
+    db = Database(api.settings)
     try:
-        items = {s["id"]: s for s in api.get("/api/studies").json()["items"]}
-        assert items[sid]["progress"] == {"runs": 6, "started": 2, "steps": 0, "total_steps": 12}
+        with db.session() as session:  # one step done, as the worker's sink writes it
+            session.execute(update(Run).where(Run.id == running).values(step=1))
+            session.commit()
     finally:
-        api.post(f"/api/studies/{sid}/cancel")
-    # A cancelled study's pending rows are no longer planned.
-    items = {s["id"]: s for s in api.get("/api/studies").json()["items"]}
-    assert items[sid]["progress"]["runs"] == 2
+        db.dispose()
+    before = progress_on_every_page(api, sid)
+    assert before == {
+        "runs": 6,
+        "started": 2,
+        "ended": 0,
+        "steps": 1,
+        "total_steps": 12,
+        "counts": {"running": 1, "queued": 1, "pending": 4},
+    }
+    api.post(f"/api/studies/{sid}/cancel")
+    finish(api, running, attempt, RunStatus.cancelled)  # the worker honours the stop
+    after = progress_on_every_page(api, sid)
+    assert after == {**before, "ended": 6, "counts": {"cancelled": 6}}
+    # the runs list asks only for the studies it shows; a bad id is named
+    r = api.get("/api/studies?ids=0")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "ids"], r.text
+    assert "study id" in r.json()["detail"][0]["msg"]
 
 
 @pytest.mark.slow

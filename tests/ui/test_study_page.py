@@ -130,3 +130,20 @@ def test_a_study_is_stopped_from_its_page(page: Any, ui_server: Any) -> None:
     # the four runs it never released say so, not that they wait for a slot
     runs = page.locator("#runs-table tbody tr td:nth-child(3)").all_inner_texts()
     assert runs.count("never released") == 4 and "waiting for a slot" not in runs, runs
+    # every page counts the plan alike once it is cancelled (the runs list and the studies
+    # list said "2 runs"): 6 runs, 6 cancelled, the steps done out of 6 × 400 planned
+    assert page.inner_text("#study-counts") == "6 runs: 6 cancelled"
+    steps = page.get_attribute("#study .steps-bar", "data-steps")
+    page.goto(f"{ui_server.url}/?q=study-{sid}-")
+    row = f'tr.group-row[data-group="g:study-{sid}"]'
+    page.wait_for_function(
+        "sel => document.querySelector(sel)?.textContent === '6 runs (2 started) · 3 arms'",
+        arg=f"{row} .group-n",
+        timeout=60_000,
+    )
+    assert page.inner_text(f"{row} .group-status") == "6 cancelled"
+    assert page.get_attribute(f"{row} .group-progress", "data-total") == "2400"
+    assert page.get_attribute(f"{row} .group-progress", "data-steps") == steps
+    page.goto(f"{ui_server.url}/studies")
+    cell = page.wait_for_selector(f'#studies-table tr[data-id="{sid}"] .study-counts')
+    assert cell.inner_text() == "6 cancelled"

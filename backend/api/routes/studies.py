@@ -19,14 +19,16 @@ from backend.api.deps import (
     SettingsDep,
     StudyDep,
 )
+from backend.api.query import RUN_ID, list_pattern, parse_ids
 from backend.models import User
 from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import NotePatch, StudyList, StudyOut, StudyPlan
 from backend.storage import studies as stored
-from backend.studies import report, search, service
+from backend.studies import progress, report, search, service
 from backend.studies.spec import StudyCreate
 from conspo.config import RunConfig
 
+MAX_IDS = 500
 router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRoute)
 
 
@@ -99,10 +101,22 @@ def list_studies(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    ids: Annotated[
+        str | None,
+        Query(
+            max_length=10_000,
+            description=f"Only these studies: comma-separated ids (at most {MAX_IDS}). The runs"
+            " list asks for the studies of the runs it shows, however old they are.",
+            json_schema_extra={"pattern": list_pattern(RUN_ID, MAX_IDS)},
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    studies, total = stored.list_studies(session, limit, offset)
-    progress = stored.planned_progress(session, [s.id for s in studies])
-    items = [service.study_summary(s, progress[s.id]) for s in studies]
+    """Newest first, each with its ``progress`` (``backend.studies.progress``: the figures the
+    study page and the runs list's study row show too)."""
+    chosen = None if ids is None else parse_ids(ids, "ids", MAX_IDS, noun="study")
+    studies, total = stored.list_studies(session, limit, offset, chosen)
+    planned = progress.progress_of(session, [s.id for s in studies])
+    items = [service.study_summary(s, planned[s.id]) for s in studies]
     return {"items": items, "total": total}
 
 
