@@ -38,6 +38,7 @@ from backend.config import VERSION, Settings, get_settings
 from backend.db import Database
 from backend.pipelines.stages import install_hooks
 from backend.runs.queue import JobQueue, make_celery
+from conspo import plugins
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The task-check helpers start on first use (the form's estimate, as you type, or a
         # submit), not here: most processes serving pages and reads never need them.
+        # The users' plugins are imported now, so one that fails is named in the log at start
+        # (and in /api/health), not at the first submit that needs it.
+        plugins.load_plugins()
         yield
         app.state.db.dispose()
         task_checks.for_settings(settings).close()

@@ -1100,6 +1100,20 @@ class RunConfig(_Section):
         ]
         return needs
 
+    def registered_at(self) -> list[tuple[tuple[str | int, ...], Registry[Any], str]]:
+        """(field, registry, name) of each registered entry this run uses: its kind, its
+        algorithm, its task, its rewards and its tools. Where one comes from a plugin
+        (``Registry.origin``), the run needs a worker that loaded that plugin."""
+        used: list[tuple[tuple[str | int, ...], Registry[Any], str]] = [
+            (("kind",), JOB_KINDS, self.kind),
+            (("task", "name"), TASKS, self.task.name),
+        ]
+        if self.algorithm is not None:
+            used.append((("algorithm",), OBJECTIVES, self.algorithm))
+        used += [(("rewards", i, "name"), REWARDS, r.name) for i, r in enumerate(self.rewards)]
+        used += [(("tools", "names", i), TOOLS, name) for i, name in enumerate(self.tools.names)]
+        return used
+
     def objective_params(self) -> BaseModel | None:
         """``params`` as the algorithm's parameter model (validated once: ``typed``); None for
         a kind that trains no algorithm."""

@@ -41,6 +41,8 @@ from typing import (
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from conspo import plugins
+
 if TYPE_CHECKING:
     from conspo.tasks.base import Task
 
@@ -123,7 +125,8 @@ class Registry(Generic[E]):
 
     ``builtins`` names the modules or packages whose import registers the built-in entries; a
     package has every module in it imported, so a new built-in is a new file and nothing else.
-    They are loaded on first lookup, not on import, because those modules import this one.
+    They are loaded on first lookup, not on import, because those modules import this one; the
+    users' plugins (``conspo.plugins``) are loaded right after, on that same first lookup.
     """
 
     def __init__(self, kind: str, *builtins: str) -> None:
@@ -131,6 +134,7 @@ class Registry(Generic[E]):
         self.builtins = builtins
         self._entries: dict[str, E] = {}
         self._loaded = False
+        _REGISTRIES.append(self)
 
     def add(self, entry: E) -> None:
         """One name registered twice is an error, unless it is the same code again (a module
@@ -142,6 +146,16 @@ class Registry(Generic[E]):
                 f" {getattr(existing.code, '__qualname__', existing.code)}"
             )
         self._entries[entry.name] = entry
+        plugins.note_registered(self, entry.name)
+
+    def discard(self, name: str) -> None:
+        """Take ``name`` back (a plugin whose import failed after registering it)."""
+        self._entries.pop(name, None)
+
+    def origin(self, name: str) -> str | None:
+        """The plugin that registered ``name``; None for a built-in."""
+        self._load_builtins()
+        return plugins.origin(self.kind, name)
 
     def get(self, name: str) -> E:
         self._load_builtins()
@@ -189,6 +203,11 @@ class Registry(Generic[E]):
             return None, relocated(exc, params_loc)
 
     def _load_builtins(self) -> None:
+        """The built-ins, then every registry's plugins (once per process)."""
+        self.load_builtins()
+        plugins.load_plugins()
+
+    def load_builtins(self) -> None:
         if self._loaded:
             return
         for name in self.builtins:
@@ -196,6 +215,17 @@ class Registry(Generic[E]):
             for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
                 importlib.import_module(f"{name}.{module.name}")
         self._loaded = True
+
+
+_REGISTRIES: list[Registry[Any]] = []
+
+
+def all_registries() -> list[Registry[Any]]:
+    """Every registry (objectives, tasks, rewards, job kinds, tools, ...), in creation order."""
+    return list(_REGISTRIES)
+
+
+plugins.use_registries(all_registries)
 
 
 def _same_code(a: _Entry, b: _Entry) -> bool:

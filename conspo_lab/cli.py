@@ -64,6 +64,22 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _plugins_at_start() -> None:
+    """A plugin that fails to import is named at once, not found out as an "unknown task"
+    later (CONSPO_PLUGINS and the conspo.plugins entry points: conspo.plugins)."""
+    import logging
+
+    from conspo import plugins
+
+    if not plugins.declared():
+        return
+    # Said once, below, in the CLI's own words (not also by logging's last-resort handler).
+    logging.getLogger(plugins.__name__).addHandler(logging.NullHandler())
+    for plugin in plugins.failed():
+        typer.echo(f"conspo-lab: plugin {plugin.name!r} failed to load: {plugin.error}", err=True)
+
+
 def _register_commands() -> None:
     # Each module adds its commands to `app`; importing them here keeps `conspo-lab --help` whole.
     from conspo_lab import cli_client, cli_pipeline, cli_server, cli_study

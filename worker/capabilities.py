@@ -16,6 +16,7 @@ from typing import Any
 
 from backend.config import Settings
 from backend.runs.scheduling import Capacity, queues_served
+from conspo import plugins
 from conspo.generation.engines import ENGINES
 from conspo.generation.vllm_interpreter import vllm_available
 from conspo.sandbox import sandbox_available
@@ -31,7 +32,7 @@ def installed(module: str) -> bool:
 
 def probe(settings: Settings | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(gpus [{index, name, memory_bytes}], {engines, flash_attn, torch, cuda, sandbox,
-    cpu_processes, ray}); ``ray`` is the cluster address when Ray is installed and
+    cpu_processes, ray, plugins}); ``ray`` is the cluster address when Ray is installed and
     ``ray_address`` is set."""
     from backend.config import get_settings
 
@@ -41,6 +42,9 @@ def probe(settings: Settings | None = None) -> tuple[list[dict[str, Any]], dict[
         **found,
         "cpu_processes": settings.worker_cpu_processes,
         "ray": settings.ray_address if settings.ray_address and installed("ray") else None,
+        # The users' plugins it loaded (and any that failed, by name): the API refuses a run
+        # whose plugin no live worker has (backend.runs.inputs.missing_plugins).
+        "plugins": plugins.report(),
     }
     return list(gpus), capabilities
 

@@ -133,6 +133,37 @@ def missing_software(config: RunConfig, session: Session, settings: Settings) ->
     ]
 
 
+def missing_plugins(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
+    """Each field naming an entry that a plugin registered (``conspo.plugins``) while no live
+    worker loaded that plugin: the run would fail there as an unknown name. The API's own
+    process does not count (it validates configs; workers run them)."""
+    needed = [
+        (loc, registry.kind, name, plugin)
+        for loc, registry, name in config.registered_at()
+        if (plugin := registry.origin(name)) is not None
+    ]
+    if not needed:
+        return []
+    workers = live_capabilities(session, settings)
+
+    def loaded_by(caps: dict[str, Any]) -> set[str]:
+        report = caps.get("plugins") or {}
+        return {str(p.get("name")) for p in report.get("loaded", []) if isinstance(p, dict)}
+
+    loaded = set().union(*(loaded_by(caps) for caps in workers)) if workers else set()
+    return [
+        (
+            loc,
+            f"{kind} {name!r} comes from the plugin {plugin!r}, which no live worker has"
+            f" loaded ({len(workers)} alive; /api/health lists each worker's plugins): install"
+            " it where runs run (pip install, or CONSPO_PLUGINS) and restart the worker",
+            name,
+        )
+        for loc, kind, name, plugin in needed
+        if plugin not in loaded
+    ]
+
+
 def code_execution_fields(config: RunConfig) -> list[tuple[Loc, str, Any]]:
     """Where ``config`` makes a worker run model-written code: (location, what in words, value)
     for each part ``RunConfig.code_execution_at`` names."""
@@ -300,6 +331,7 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
     except MemoryRefused as exc:
         fits, text = False, str(exc)
     parts = {
+        "process": estimate.process,
         "state": estimate.state,
         "sampling": estimate.sampling,
         "evaluation": estimate.evaluation,

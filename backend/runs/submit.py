@@ -57,6 +57,7 @@ def problems(config: RunConfig, session: Session, settings: Settings) -> list[Pr
     return [
         *inputs.missing_software(config, session, settings),
         *inputs.missing_sandbox(config, session, settings),
+        *inputs.missing_plugins(config, session, settings),
         *inputs.problems(config, settings),
         *chaining.start_problems(config, session, settings),
     ]

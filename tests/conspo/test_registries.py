@@ -30,6 +30,7 @@ from conspo.registry import (
     TOOLS,
     RegisteredJobKind,
     Registry,
+    all_registries,
     get_objective,
     get_reward,
     get_task,
@@ -48,6 +49,13 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "examples" / "data" / "math"
 REGISTRIES: tuple[Registry[Any], ...] = (OBJECTIVES, TASKS, REWARDS, JOB_KINDS, TOOLS)
 CATALOGUE = M.catalogue()
+
+
+def test_every_registry_is_held_to_these_rules() -> None:
+    """A new registry (all_registries lists every one: the plugins load into each) is named
+    here too, or none of the rules below covers its entries."""
+    assert set(REGISTRIES) == set(all_registries())
+
 
 # ------------------------------------------------------------------------------------------------
 # Every entry and every parameter is described (the form's help, OpenAPI and docs/config.md)

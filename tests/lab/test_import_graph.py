@@ -55,7 +55,7 @@ BACKEND_ROOMS: Rooms = (
     ("backend.main",),
 )
 # conspo, from the bottom up. The base: the config and its checks, the registries, the metric
-# catalogue, the sink, access to files and models, the catalogue of built-in models, the
+# catalogue, the users' plugins (loaded by the registries), the sink, access to files and models, the catalogue of built-in models, the
 # sandbox for model-written code (standard library only) and the task interface (what the
 # registry's entries are typed against). Then what registers there (tasks, objectives,
 # rewards, tools); the models (loading, precision, the store, resources); generation and the
@@ -70,6 +70,7 @@ CONSPO_ROOMS: Rooms = (
         "conspo.templates",
         "conspo.spreadsheet",
         "conspo.metrics",
+        "conspo.plugins",
         "conspo.registry",
         "conspo.sink",
         "conspo.system",

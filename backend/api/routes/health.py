@@ -35,6 +35,7 @@ from backend.runs import lifecycle
 from backend.runs.queue import JobQueue
 from backend.schemas import Health
 from backend.storage.runs import count_in, count_queued, stale_running
+from conspo import plugins
 
 router = APIRouter(tags=["health"])
 
@@ -145,6 +146,7 @@ async def health(
         "stale_runs": work.stale,
         "reasons": reasons,
         "live_streams": {"open": hub.open_streams, "runs_watched": hub.runs_watched},
+        "plugins": plugins.report(),
     }
 
 
