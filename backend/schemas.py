@@ -681,6 +681,11 @@ class Health(BaseModel):
     )
     reasons: list[str] = Field(description="Why the status is not ok, one line each.")
     live_streams: LiveStreams
+    plugins: dict[str, list[dict[str, Any]]] = Field(
+        description="The users' plugins this API process loaded ({loaded, failed}: name,"
+        " source, version, what each provides, why one failed); each worker's are in its"
+        " capabilities."
+    )
 
 
 class StageStart(BaseModel):
