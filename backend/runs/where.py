@@ -25,7 +25,9 @@ with every name and value a bound parameter — no SQL is ever made from the tex
 A query that does not parse is refused with the character where it stopped and what was
 expected there (``WhereError``, a 422 at ``query.where``). So is a config path that the run
 config does not define and no stored run holds (``check_paths``: a misspelt ``params.tua`` would
-match nothing, silently), with the closest paths it does define.
+match nothing, silently), with the closest paths it does define; and a metric key that the
+catalogue does not declare and no run has stored (``check_metrics``: ``best(eval/acuracy)``),
+with the closest keys it knows.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Literal, get_origin
 
 from pydantic import BaseModel
 
+from conspo import metrics
 from conspo.config import RunConfig
 from conspo.registry import JOB_KINDS, OBJECTIVES, TASKS, Registry, annotation_arms
 
@@ -64,6 +67,7 @@ class ConfigPath:
 class MetricSummary:
     summary: Summary
     key: str
+    at: int = field(default=0, compare=False)  # the 0-based character where its key starts
 
     def __str__(self) -> str:
         return f"{self.summary}({self.key})"
@@ -182,6 +186,7 @@ class _Parser:
             raise self.fail("a config path (params.tau) or best/max/min/last(metric)")
         if first.lower() in SUMMARIES and self.literal("("):
             self.skip()
+            key_at = self.at
             key = self.match(_METRIC)
             if key is None:
                 raise self.fail("a metric key such as eval/accuracy")
@@ -190,7 +195,7 @@ class _Parser:
             if not self.literal(")"):
                 raise self.fail("')' after the metric key")
             summary = next(s for s in SUMMARIES if s == first.lower())
-            return MetricSummary(summary, key)
+            return MetricSummary(summary, key, key_at)
         names = [first]
         while self.text.startswith(".", self.at):
             self.at += 1
@@ -303,4 +308,43 @@ def check_paths(paths: Iterable[ConfigPath], stored: Callable[[ConfigPath], bool
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise WhereError(
             path.at, f"no run config has the field {text!r} (and no stored run has it){hint}"
+        )
+
+
+def metric_summaries_of(
+    conditions: Iterable[Condition] = (), order: Order | None = None
+) -> Iterator[MetricSummary]:
+    """The metric summaries that ``conditions`` and ``order`` read."""
+    lefts = [c.left for c in conditions] + ([order.left] if order is not None else [])
+    yield from (left for left in lefts if isinstance(left, MetricSummary))
+
+
+def declared_metric(key: str) -> bool:
+    """Whether the metric catalogue declares ``key``: a described key, a family's key (a
+    benchmark's, a reward's, a GPU's) or a key that older runs stored under another name."""
+    return (
+        metrics.metric(key) is not None
+        or metrics.pattern(key) is not None
+        or key in metrics.LEGACY_KEYS
+    )
+
+
+def check_metrics(
+    summaries: Iterable[MetricSummary],
+    stored: Callable[[str], bool],
+    known: Callable[[], Iterable[str]] = lambda: (),
+) -> None:
+    """``WhereError`` at the key of the first of ``summaries`` that the catalogue does not
+    declare and that ``stored`` says no run holds (any run, an external one in particular, may
+    log keys of its own), naming the closest of the declared keys and of ``known()`` (keys runs
+    hold, asked for only then)."""
+    for summary in summaries:
+        if declared_metric(summary.key) or stored(summary.key):
+            continue
+        candidates = {m.key for m in metrics.METRICS} | set(metrics.LEGACY_KEYS) | set(known())
+        close = difflib.get_close_matches(summary.key, sorted(candidates), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise WhereError(
+            summary.at,
+            f"no metric {summary.key!r} is in the catalogue or stored by any run{hint}",
         )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, String, case, cast, false, func, or_, select
+from sqlalchemy import ColumnElement, String, case, cast, false, func, literal, or_, select
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -155,6 +155,26 @@ def config_path_stored(session: Session, names: Sequence[str]) -> bool:
     except (DataError, OperationalError):
         return True
     return found is not None
+
+
+def metric_key_stored(session: Session, key: str) -> bool:
+    """Whether some run has a point of ``key``.
+
+    A probe of each run on the metrics' primary key (run_id, key, step), stopping at the first
+    run that has one: the cost the list's own ``best(key)`` pays. Not ``WHERE key = ?`` alone,
+    which no index leads with: a key that no run has (the case this asks about) would read every
+    point. The LIMIT keeps the subquery per run (a database may not turn it into a join)."""
+    has_one = (
+        select(literal(1)).where(Metric.run_id == Run.id, Metric.key == key).limit(1)
+    ).scalar_subquery()
+    return session.scalar(select(Run.id).where(has_one.is_not(None)).limit(1)) is not None
+
+
+def recent_metric_keys(session: Session, runs: int = 200) -> set[str]:
+    """The keys the ``runs`` latest runs logged (their summaries hold each key's last value):
+    what a misspelt key is compared with, beside the catalogue's."""
+    summaries = session.scalars(select(Run.summary).order_by(Run.id.desc()).limit(runs))
+    return {key for summary in summaries if isinstance(summary, dict) for key in summary}
 
 
 def queue_positions(session: Session) -> dict[int, int]:

@@ -73,7 +73,7 @@ CASES: list[tuple[str, set[str]]] = [
     ("last(eval/accuracy)>=0.7, params.contrast=exp", set()),
     ("best(eval/accuracy) > 0.4 && algorithm != conspo", {"grpo-good"}),
     ("params.tau<6 and params.tau>2", {"conspo-t5-good"}),
-    ("best(no/such/metric)>0", set()),
+    ("best(eval/gsm8k/pass@4)>0", set()),  # a declared key (a benchmark's) no run has logged
 ]
 
 
@@ -214,6 +214,33 @@ def test_a_misspelt_config_path_names_the_closest_ones(api, runs):
     assert found(api, marker, "task.params.config.size>1") == set()  # under a free-form object
     ext = api.external(name=f"free-{marker}", config={"learning_rate": 0.1}, tags=[marker])
     assert found(api, marker, "learning_rate>0.05") == {ext["id"]}
+    assert api.delete(f"/api/runs/{ext['id']}").status_code == 204
+
+
+def test_a_misspelt_metric_key_names_the_closest_ones(api, runs):
+    """Issue 49: best(eval/acuracy) matched nothing, silently. A key that the catalogue does not
+    declare and no run has stored is a 422 at the parameter, at the key's character, with the
+    closest known keys (declared, or logged by a recent run); a key only an external run logged
+    is still a key (it is stored)."""
+    marker, ids = runs
+    ext = api.external(name=f"own-key-{marker}", config={}, tags=[marker])
+    steps = [{"step": 1, "metrics": {"train/my_reward": 1.5}}]
+    logged = api.post(f"/api/runs/{ext['id']}/log", json={"steps": steps})
+    assert logged.status_code == 200, logged.text
+    for param, text, at, close in [
+        ("where", "algorithm=conspo AND best(eval/acuracy)>0.2", 27, "eval/accuracy"),
+        ("where", "params.tau>0, max(sep/gpa)>0", 19, "sep/gap"),
+        ("where", "max(train/my_rewrd)>1", 5, "train/my_reward"),  # a stored key, not declared
+        ("order_by", "-last(eval/acuracy)", 7, "eval/accuracy"),
+    ]:
+        r = api.get("/api/runs", params={"tag": marker, param: text})
+        assert r.status_code == 422, (text, r.text)
+        [error] = r.json()["detail"]
+        assert error["loc"] == ["query", param]
+        assert error["msg"].startswith(f"at character {at}:") and close in error["msg"], error
+    assert found(api, marker, "max(train/my_reward)>1") == {ext["id"]}
+    r = api.get("/api/runs", params={"tag": marker, "order_by": "-max(train/my_reward)"})
+    assert r.status_code == 200 and r.json()["items"][0]["id"] == ext["id"], r.text
     assert api.delete(f"/api/runs/{ext['id']}").status_code == 204
 
 

@@ -343,19 +343,30 @@ async def list_runs(
 RUN_LIST = TypeAdapter(RunList)
 
 
-def _check_config_paths(session: Session, where: RunFilter) -> None:
-    """A config path of ``where`` or ``order_by`` that no config defines and no run holds is a
-    422 at that parameter, naming the closest defined paths (``backend.runs.where``)."""
+def _check_names(session: Session, where: RunFilter) -> None:
+    """A config path of ``where`` or ``order_by`` that no config defines and no run holds, or a
+    metric key that the catalogue does not declare and no run has stored, is a 422 at that
+    parameter, naming the closest known ones (``backend.runs.where``): either would match
+    nothing, silently."""
 
     def stored(path: run_where.ConfigPath) -> bool:
         return storage_runs.config_path_stored(session, path.names)
 
-    for param, paths in (
-        ("where", run_where.config_paths_of(where.conditions)),
-        ("order_by", run_where.config_paths_of(order=where.order)),
+    def key_stored(key: str) -> bool:
+        return storage_runs.metric_key_stored(session, key)
+
+    def known_keys() -> set[str]:
+        return storage_runs.recent_metric_keys(session)
+
+    for param, conditions, order in (
+        ("where", where.conditions, None),
+        ("order_by", (), where.order),
     ):
         try:
-            run_where.check_paths(paths, stored)
+            run_where.check_paths(run_where.config_paths_of(conditions, order), stored)
+            run_where.check_metrics(
+                run_where.metric_summaries_of(conditions, order), key_stored, known_keys
+            )
         except run_where.WhereError as exc:
             raise InvalidInput.at(("query", param), str(exc)) from None
 
@@ -363,7 +374,7 @@ def _check_config_paths(session: Session, where: RunFilter) -> None:
 def _runs_page(
     session: Session, settings: Settings, where: RunFilter, sort: RunSort, limit: int, offset: int
 ) -> bytes:
-    _check_config_paths(session, where)
+    _check_names(session, where)
     rows, total = storage_runs.list_runs(session, where, sort, limit, offset)
     # What only some rows show is read only when one of them is on the page: the live workers
     # (what a run that is not external needs of them), the queue (a queued run's place).
