@@ -1,11 +1,13 @@
 """Real Celery worker processes: end to end, cancel, and kill -9 mid-run with resume.
 
 Cluster mode (PostgreSQL + Redis) and embedded mode (SQLite + kombu's SQLAlchemy transport) each
-get a worker subprocess running ``conspo-lab worker`` on the tiny model.
+get a worker subprocess running ``conspo-lab worker`` on the tiny model; the end-to-end one
+has the example plugin (examples/plugins/) loaded by the worker and trains its task and reward.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from backend.main import create_app
 from backend.migrate import migrate
 from backend.models import Metric, RolloutStep
 from conspo import metrics as M
+from conspo import plugins
 from conspo_lab.client import Run
 from tests.api.conftest import (
     Api,
@@ -28,6 +31,7 @@ from tests.api.conftest import (
     tiny_config,
     wait_for,
 )
+from tests.api.test_api_plugins import EXAMPLE, PLUGIN, USES_PLUGIN, example_plugin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -90,8 +94,13 @@ def assert_steps_once(api: Api, run_id: int, n: int) -> None:
 def test_worker_runs_a_job_end_to_end_and_cancels(
     mode: str, tmp_path: Path, request: pytest.FixtureRequest, workers, model_store: Path
 ) -> None:
+    request.getfixturevalue("example_plugin")  # the API process (this one) loads it
     api = mode_api(mode, tmp_path, request)
     wp = workers(api.settings, model_store)
+    wp.env |= {
+        plugins.ENV_VAR: PLUGIN,
+        "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{wp.env['PYTHONPATH']}",
+    }
     wp.start()
     run_id = submit(api, tiny_config(4, checkpoint_every=2))
     run = finished(api, run_id, 300, wp)
@@ -101,6 +110,11 @@ def test_worker_runs_a_job_end_to_end_and_cancels(
     assert M.LOSS in run["summary"] and "sep/gap" in run["summary"]
     assert_steps_once(api, run_id, 4)
     assert (api.settings.run_dir(run_id) / "checkpoints").is_dir()
+
+    # A user's own task and reward (the example plugin, which the worker loaded too).
+    plugin_run = finished(api, submit(api, tiny_config(1, **USES_PLUGIN)), 300, wp)
+    assert plugin_run["status"] == "succeeded", plugin_run["error"]
+    assert plugin_run["task"] == "count_letter" and "reward/brevity" in plugin_run["summary"]
 
     long_id = submit(api, tiny_config(400))
     wait_for(lambda: run_state(api, long_id)["step"] >= 2, 300, "two steps")
