@@ -21,6 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from conspo.models.lineage import ADAPTER_CONFIG, TRAINING_FILES
+from conspo.models.loading import peft_reading_old_names
 
 
 def recorded_base(checkpoint_dir: str | Path) -> str:
@@ -48,7 +49,8 @@ def export_merged(
     base_path = base_model_path or recorded_base(checkpoint_dir)
     saved_dtype = AutoConfig.from_pretrained(base_path).dtype or torch.float32  # as shipped
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, checkpoint_dir).merge_and_unload()
+    with peft_reading_old_names():
+        merged = PeftModel.from_pretrained(base, checkpoint_dir).merge_and_unload()
     merged.to(saved_dtype).save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out_dir)
     return out_dir

@@ -6,6 +6,9 @@ what transformers would fetch from a hub the sources do not admit), attention an
 from __future__ import annotations
 
 import importlib.util
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -157,6 +160,26 @@ def prepare_for_training(
         cuda = [model.device] if model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # leave the process's random streams alone
             torch.manual_seed(seed)
-            return get_peft_model(model, lora)  # type: ignore[return-value]
+            with peft_reading_old_names():
+                return get_peft_model(model, lora)  # type: ignore[return-value]
     except ValueError as exc:  # e.g. a target module the model does not have
         raise ValueError(f"model.lora.target_modules: {exc}") from None
+
+
+@contextmanager
+def peft_reading_old_names() -> Iterator[None]:
+    """Around making a ``PeftModel`` (``get_peft_model``, ``PeftModel.from_pretrained``).
+
+    peft 0.21's ``PeftModel.__init__`` reads ``model.is_gradient_checkpointing``, a name that
+    transformers 5.24 keeps only as a deprecated alias of ``is_activation_checkpointing``: each
+    LoRA run printed that FutureWarning into its log (its Logs tab), about a line of peft that
+    no caller can change. That warning, raised by that read, is not shown; any other warning
+    still is. Drop this when peft reads the new name."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message="`is_gradient_checkpointing` is deprecated",
+            category=FutureWarning,
+            module=r"transformers\.modeling_utils",
+        )
+        yield
