@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from conspo.access import ModelSource
 from conspo.config import RunConfig
 from conspo.models.catalog import builtin_hf_config
+from conspo.templates import render
 from conspo.tools.base import tool_columns
 
 Loc = tuple[str, ...]
@@ -32,6 +34,25 @@ INT64 = 8
 # applies the LM head to this many bytes' worth of positions at a time): 256 MiB, 441 positions of a
 # 151,936 vocabulary.
 LOGIT_CHUNK_BYTES = 2**28
+# The process a run trains in, before any weights or step: the Python interpreter with torch,
+# transformers and conspo's training modules imported and the tokenizer loaded. Measured as the
+# resident memory of a fresh process on the development machine (CPU, GiB): python 0.01,
+# + torch 0.22, + transformers 0.25, + conspo.training and the job kinds 0.38, + SmolLM2's
+# tokenizer 0.42. The estimate counts it because a run's peak (``system/peak_rss_gib``) does:
+# left out, a small run read 0.4 GiB low (issue 49's walk: 2.1-2.4x under on SmolLM2). On CUDA
+# the device holds its context and kernels instead, of the same order.
+PROCESS_BYTES = 430 * 2**20
+# A supervised row's tokens from its text (``supervised_row_tokens``): a chat template's system
+# message and role markers (SmolLM2's default frame is 30 tokens), and text at 3 characters a
+# token (SmolLM2's tokenizer: 3.3 on reasoning_gym's gcd questions, 2.7 on basic_arithmetic, 2.5
+# on their answers; digits are a token each, but short next to the frame), and the EOS.
+CHAT_FRAME_TOKENS = 32
+CHARS_PER_TOKEN = 3
+# An sft row's prompt when the task's problems were not drawn to measure it (the API, which
+# builds no task on a request thread): a question of 48 tokens (gcd's are up to 49, arith's 4).
+DEFAULT_QUESTION_TOKENS = 48
+DEFAULT_ANSWER_TOKENS = 8  # a final answer (gcd's are up to 8 tokens)
+ROWS_MEASURED = 16  # problems drawn to measure a task's rows (the longest counts)
 
 
 def logit_chunk_tokens(vocab: int) -> int:
@@ -96,13 +117,15 @@ class MemoryEstimate:
     evaluation: int
     update: int
     micro_batch_tokens: int = 0  # the gradient pass's split the update assumes (0: none)
+    process: int = PROCESS_BYTES  # the interpreter and its libraries, held all run
 
     @property
     def total(self) -> int:
-        return self.state + max(self.sampling, self.evaluation, self.update)
+        return self.process + self.state + max(self.sampling, self.evaluation, self.update)
 
     def describe(self) -> str:
         parts = {
+            "process": self.process,
             "model state": self.state,
             "sampling": self.sampling,
             "evaluation": self.evaluation,
@@ -115,7 +138,7 @@ class MemoryEstimate:
 
     def culprit(self, limit: int) -> Loc:
         """The config field most to blame for exceeding ``limit``."""
-        if self.state > limit:
+        if self.process + self.state > limit:
             return ("model", "name")
         if self.evaluation > max(self.sampling, self.update):
             return ("eval",)
@@ -132,12 +155,20 @@ def _layer_activations(dims: ModelDims) -> int:
 
 
 def estimate_memory(
-    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, limit: int | None = None
+    cfg: RunConfig,
+    dims: ModelDims,
+    dtype_bytes: int,
+    limit: int | None = None,
+    task: Any = None,
 ) -> MemoryEstimate:
-    """Peak memory of a training step of ``cfg`` on the device that trains it, in bytes, its
-    gradient pass split as ``planned_micro_batch_tokens`` (with ``limit``) splits it."""
+    """Peak memory of a run of ``cfg`` on the device that trains it, in bytes: the process, the
+    model state and a step's largest transient, its gradient pass split as
+    ``planned_micro_batch_tokens`` (with ``limit``) splits it. ``task``: the run's task when
+    built (a ``conspo.tasks.Task``, prompts not yet rendered), from which an sft step's rows are
+    measured (``supervised_row_tokens``)."""
     planned = planned_micro_batch_tokens(cfg, dims, dtype_bytes, limit)
-    return _estimate(cfg, dims, dtype_bytes, planned)
+    rows = supervised_row_tokens(cfg, task)
+    return _estimate(cfg, dims, dtype_bytes, planned, rows)
 
 
 # The gradient pass the automatic memory budget (optim.memory_budget 0) allows whatever sampling
@@ -156,12 +187,13 @@ def planned_micro_batch_tokens(
     otherwise 0 (one gradient pass over the mini-batch) when that keeps the update within its
     allowance, else the largest token budget that does (at least max_new_tokens: one answer).
 
-    The allowance: with optim.memory_budget, the budget less the model state; automatic (0), the
-    larger of sampling's and evaluation's transients and ``AUTO_GRAPH_BYTES``, and no more than
-    ``limit`` (bytes a run may use here, when known) less the model state. A budget no split
-    meets gives the smallest split; ``check_memory`` / ``check_budget`` then refuse the config.
-    The plan counts response tokens only, as the estimate does; ``conspo.training.microbatch``
-    counts prompt positions too, so its micro-batches hold fewer rows than planned, not more.
+    The allowance: with optim.memory_budget, the budget less the process and the model state;
+    automatic (0), the larger of sampling's and evaluation's transients and ``AUTO_GRAPH_BYTES``,
+    and no more than ``limit`` (bytes a run may use here, when known) less those two. A budget
+    no split meets gives the smallest split; ``check_memory`` / ``check_budget`` then refuse
+    the config. The plan counts response tokens only, as the estimate does;
+    ``conspo.training.microbatch`` counts prompt positions too, so its micro-batches hold fewer
+    rows than planned, not more.
     """
     optim = cfg.optim
     if supervised_rows(cfg) is not None:
@@ -169,12 +201,13 @@ def planned_micro_batch_tokens(
     if optim.micro_batch_tokens:
         return optim.micro_batch_tokens
     whole = _estimate(cfg, dims, dtype_bytes, 0)
+    held = whole.process + whole.state
     if optim.memory_budget:
-        allowed = int(optim.memory_budget * GIB) - whole.state
+        allowed = int(optim.memory_budget * GIB) - held
     else:
         allowed = max(whole.sampling, whole.evaluation, AUTO_GRAPH_BYTES)
         if limit:
-            allowed = min(allowed, limit - whole.state)
+            allowed = min(allowed, limit - held)
     if whole.update <= allowed:
         return 0
     t = cfg.sampling.max_new_tokens
@@ -191,7 +224,9 @@ def planned_micro_batch_tokens(
     return low
 
 
-def _estimate(cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int) -> MemoryEstimate:
+def _estimate(
+    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int, row_tokens: int = 0
+) -> MemoryEstimate:
     """Peak memory of a training step of ``cfg`` with micro-batches of ``budget`` tokens (0:
     one gradient pass), in bytes.
 
@@ -233,22 +268,26 @@ def _estimate(cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int) ->
         no-grad forward over the same tokens when β > 0; and with fsdp the gathered gradient
         the backwards accumulate before one reduce-scatter per update (P·w).
 
-    Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it), the
-    process itself (the Python interpreter, torch's libraries, a CUDA context, allocator slack),
-    and attention score matrices (SDPA kernels do not keep them; a CPU's short training forwards
-    run eager attention, which keeps up to ``conspo.training.logprobs.EAGER_ATTENTION_BYTES``). So
-    it is near, and mostly below, the real peak of a step whose answers all run to
-    ``max_new_tokens``: a config refused by it does not fit. A step of shorter answers peaks lower
-    (the gradient pass runs on length buckets, ``conspo.training.microbatch.length_buckets``).
-    tests/conspo/test_resources.py compares it
-    with the measured peak RSS of a CPU run.
+    Counted apart (``MemoryEstimate.process``): the process itself, ``PROCESS_BYTES``.
+
+    Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it),
+    allocator slack, and attention score matrices (SDPA kernels do not keep them; a CPU's short
+    training forwards run eager attention, which keeps up to
+    ``conspo.training.logprobs.EAGER_ATTENTION_BYTES``). So it is near the real peak of a step
+    whose answers all run to ``max_new_tokens``: a config refused by it does not fit. A step of
+    shorter answers peaks lower (the gradient pass runs on length buckets,
+    ``conspo.training.microbatch.length_buckets``). tests/conspo/test_resources.py compares a
+    step's part with the measured growth of a CPU run, bench/memory_estimate.py the whole with
+    the peak RSS of SmolLM2 runs of each kind.
     """
     b, s, m = dtype_bytes, cfg.sampling, cfg.model
     mixed = b < FLOAT32 and (m.mixed_precision or m.dtype == "float16")
     w = FLOAT32 if mixed else b
     supervised = supervised_rows(cfg)
     if supervised is not None:
-        return _supervised_estimate(cfg, dims, b, w, mixed, *supervised)
+        rows, reference = supervised
+        tokens = rows * (row_tokens or cfg.sampling.max_new_tokens)
+        return _supervised_estimate(cfg, dims, b, w, mixed, tokens, reference)
     params = cfg.objective_params()
     beta = float(getattr(params, "beta", 0.0))
     refill = bool(getattr(params, "refill_groups", False))
@@ -309,13 +348,49 @@ def supervised_rows(cfg: RunConfig) -> tuple[int, bool] | None:
 SUPERVISED_KINDS = ("sft", "dpo")
 
 
+def supervised_row_tokens(cfg: RunConfig, task: Any = None) -> int:
+    """Tokens of the longest row of a supervised step of ``cfg``; 0 where rows are not sized
+    here (an RL kind, or rows read from kind_params.path or built as tool traces: the estimate
+    takes sampling.max_new_tokens for them, which a config sets near their length).
+
+    An sft step on the task's own problems trains on the prompt as the run renders it (its
+    prompt template, the chat template's frame) and the target (kind_params.target holding the
+    reference answer), then EOS. With ``task`` (built: the worker) the longest of
+    ``ROWS_MEASURED`` training problems drawn as the probe draws them is measured, in characters
+    turned to tokens (``CHARS_PER_TOKEN``; no tokenizer is loaded before the estimate);
+    without (the API) a question of ``DEFAULT_QUESTION_TOKENS`` and an answer of
+    ``DEFAULT_ANSWER_TOKENS``.
+    Never sampling.max_new_tokens: it bounds what evaluation writes, not these rows (issue 49:
+    a default of 16 sized a 76-token row)."""
+    if cfg.kind != "sft":
+        return 0
+    params = cfg.job_params()
+    if getattr(params, "path", None) is not None or getattr(params, "tool", None) is not None:
+        return 0
+    target = str(getattr(params, "target", "{answer}"))
+    frame = CHAT_FRAME_TOKENS + (len(cfg.prompt.system or "") + 1) // CHARS_PER_TOKEN
+    if task is None:
+        wrapper = math.ceil(len(target.replace("{answer}", "")) / CHARS_PER_TOKEN)
+        return frame + DEFAULT_QUESTION_TOKENS + wrapper + DEFAULT_ANSWER_TOKENS + 1
+    drawn = task.train_prompts(random.Random(0), ROWS_MEASURED)
+    longest = max(
+        (
+            len(render(cfg.prompt.text(), {"question": ex.prompt}))
+            + len(render(target, {"answer": str(ex.answer)}))
+            for ex in drawn
+        ),
+        default=0,
+    )
+    return frame + math.ceil(longest / CHARS_PER_TOKEN) + 1
+
+
 def _supervised_estimate(
-    cfg: RunConfig, dims: ModelDims, b: int, w: int, mixed: bool, rows: int, reference: bool
+    cfg: RunConfig, dims: ModelDims, b: int, w: int, mixed: bool, tokens: int, reference: bool
 ) -> MemoryEstimate:
     """Peak memory of a step of a kind that trains on given rows (``supervised_rows``), in
-    bytes. R rows of T = sampling.max_new_tokens tokens each (a row is a prompt and its target,
-    and T bounds the estimate's rows as it bounds a rollout's answer: set it near the rows'
-    length), other symbols as in ``_estimate``. Counted:
+    bytes: ``tokens`` = R rows × T tokens each, T the longest row (``supervised_row_tokens``, or
+    where rows come from a file, sampling.max_new_tokens: set it near the rows' length), other
+    symbols as in ``_estimate``. Counted:
 
     * model state as for RL without a reference (4·P·w, or LoRA's P·w + 16·A), plus a frozen
       copy of the weights (P·w) when the kind scores a reference without LoRA (dpo);
@@ -328,7 +403,6 @@ def _supervised_estimate(
       reference, its no-grad forward over the same tokens, logits whole, held beside the graph.
     """
     m = cfg.model
-    tokens = rows * cfg.sampling.max_new_tokens
     if m.lora.rank:
         state = dims.params * w + 4 * FLOAT32 * lora_params(
             dims, m.lora.rank, m.lora.target_modules

@@ -273,7 +273,8 @@ def setup(
     if memory_limit is not None:
         capacity = device_memory(device)
         limit = min(memory_limit, capacity) if memory_limit else capacity
-    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize, limit)
+    # The task is built, its prompts not yet rendered: an sft step's rows are measured on it.
+    estimate = None if dims is None else estimate_memory(cfg, dims, dtype.itemsize, limit, task)
     if estimate is not None:
         check_budget(estimate, cfg)
         if limit is not None:

@@ -154,7 +154,7 @@ def test_the_memory_estimate_follows_the_config_and_agrees_with_submit(api: Api)
 
     small = report(tiny_config(1))
     assert small["fits"] is True and small["total_bytes"] > 0
-    assert small["total_bytes"] == small["parts"]["state"] + max(
+    assert small["total_bytes"] == small["parts"]["process"] + small["parts"]["state"] + max(
         small["parts"][k] for k in ("sampling", "evaluation", "update")
     )
     assert small["text"].startswith("needs about")

@@ -183,13 +183,14 @@ def test_the_worker_refuses_what_its_own_settings_do_not_allow(
         {
             "CONSPO_DATA_ROOTS": str(shared),
             "CONSPO_HUB_ALLOW": "conspo-test/*",
-            "CONSPO_MAX_RUN_MEMORY_GIB": "0.1",
+            # room for the process (430 MiB by the estimate) and a tiny run, not for "big"
+            "CONSPO_MAX_RUN_MEMORY_GIB": "0.6",
             "HF_HUB_OFFLINE": "1",
             "HF_ENDPOINT": "http://127.0.0.1:9",  # any download attempt would fail differently
         }
     )
     wp.start()
-    big = {"prompts_per_step": 64, "group_size": 16, "max_new_tokens": 64}  # about 1.3 GiB
+    big = {"prompts_per_step": 64, "group_size": 16, "max_new_tokens": 64}  # about 1.4 GiB
     configs = {
         "dataset outside the worker's roots": jsonl_config(str(api_only / "train.jsonl")),
         "hub id not in the cache, offline": {**tiny_config(2), "model": {"name": "conspo-test/x"}},
@@ -221,7 +222,7 @@ def test_the_worker_refuses_what_its_own_settings_do_not_allow(
         assert runs[case]["status"] == "failed", errors
         assert text in runs[case]["error"], errors
         assert runs[case]["step"] == 0
-    assert "over the 102.4 MiB a run may use" in runs["over the worker's memory limit"]["error"]
+    assert "over the 614.4 MiB a run may use" in runs["over the worker's memory limit"]["error"]
     api.client.close()
     assert os.path.exists(shared / "train.jsonl")
 

@@ -85,7 +85,8 @@ def test_a_memory_budget_splits_the_pass_as_planned_and_keeps_the_gradient(model
     transients = max(unsplit.sampling, unsplit.evaluation)
     assert unsplit.update > transients
     # A budget that leaves the update only what sampling takes: the pass must be split.
-    optim = cfg.optim.model_copy(update={"memory_budget": (unsplit.state + transients) / 2**30})
+    held = unsplit.process + unsplit.state
+    optim = cfg.optim.model_copy(update={"memory_budget": (held + transients) / 2**30})
     budgeted = cfg.model_copy(update={"optim": optim})
     planned = setup(budgeted, model_store).cfg.optim.micro_batch_tokens
     assert planned > 0 and len(micro_batches(rollouts.batch, 4, planned)) > 1
