@@ -433,8 +433,8 @@ class OptimConfig(_Section):
         " where they fit; the same gradient) as far as keeps the step under it, and a config that"
         " does not fit even one rollout at a time is refused. 0: automatic, the gradient pass"
         " kept within what sampling already takes, or 1 GiB if that is more (and under the"
-        " worker's memory). The estimate leaves out the process itself (libraries, tokenizer,"
-        " allocator slack): resident memory runs 1-2 GiB above it on a CPU.",
+        " worker's memory). The budget covers the whole process: the estimate counts its"
+        " libraries and tokenizer (430 MiB) besides the model and the step.",
     )
 
 
