@@ -8,8 +8,10 @@ stall on this. A tailer thread reads the file every ``interval_s``, echoes what 
 worker's own stderr (its console and log stay as they were), redacts secrets, and appends the
 whole lines to the run's log in the database (``backend.storage.run_logs``, which bounds it).
 
-Bounds: the file is truncated once the tailer has read past ``ROTATE_BYTES``; a tick reads at
-most ``TICK_BYTES`` and skips the rest with a line saying how much (a run printing faster than a
+Bounds: the disk space of what the tailer has read is given back once it is past
+``ROTATE_BYTES`` (a hole punched over it: the file keeps its size, so what a writer appends
+meanwhile is kept, where a truncation lost it; ``punch_hole``); a tick reads at most
+``TICK_BYTES`` and skips the rest with a line saying how much (a run printing faster than a
 log can usefully keep); text the database could not take (an outage) waits, up to
 ``PENDING_BYTES``. Nothing here can fail the run: a write that fails is reported on the
 worker's stderr and retried with the next tick.
@@ -22,6 +24,8 @@ the credentials of any URL, bearer tokens and ``token=…``-style assignments.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import logging
 import os
 import re
@@ -101,7 +105,8 @@ class RunLogCapture:
         self._saved: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._offset = 0
+        self._offset = 0  # the file's bytes before it are read
+        self._freed = 0  # those before it are a hole (their disk space given back)
         self._partial = b""
         self._pending = ""
         self._streams: tuple[object, object] = (sys.stdout, sys.stderr)
@@ -181,8 +186,8 @@ class RunLogCapture:
 
     def _read(self) -> bytes:
         size = self.path.stat().st_size
-        if size < self._offset:  # truncated by us: start again from its head
-            self._offset = 0
+        if size < self._offset:  # truncated by us (_rotate): start again from its head
+            self._offset = self._freed = 0
         with self.path.open("rb") as f:
             f.seek(self._offset)
             if size - self._offset <= TICK_BYTES:
@@ -201,12 +206,26 @@ class RunLogCapture:
                           " its log keeps …]\n").encode()  # fmt: skip
                 data = first + marker + f.read(size - f.tell())
             self._offset = f.tell()
-        if self._offset >= ROTATE_BYTES:
-            # Writers append (O_APPEND): after the truncation they write at the new end. What
-            # they wrote between the read above and here is lost with it, at most a few lines.
-            os.truncate(self.path, 0)
-            self._offset = 0
+        if self._offset - self._freed >= ROTATE_BYTES:
+            self._rotate()
         return data
+
+    def _rotate(self) -> None:
+        """Give back the disk space of what has been read.
+
+        Writers append (O_APPEND) at the file's end, in this process and in the processes it
+        started, none under a lock of ours: whatever the tailer does to the file, they may be
+        writing. A hole punched over what has been read keeps the file's size, so their place
+        and the tailer's stay where they were and what they wrote meanwhile is read next tick.
+        A truncation instead threw away what they wrote after the read above (the tail of a run
+        that ended meanwhile): only where the filesystem cannot punch holes is it the fallback,
+        that loss (a few lines at most) included."""
+        try:
+            punch_hole(self.path, self._freed, self._offset)
+            self._freed = self._offset
+        except OSError:
+            os.truncate(self.path, 0)
+            self._offset = self._freed = 0
 
     def _store(self) -> None:
         if not self._pending:
@@ -230,6 +249,27 @@ class RunLogCapture:
 
     def _complain(self, message: str) -> None:
         self._echo((message + "\n").encode())
+
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h
+
+
+def punch_hole(path: Path, start: int, end: int) -> None:
+    """Give back the disk blocks of bytes [start, end) of ``path``, its size unchanged (they
+    read as zeros): Linux's fallocate(2). OSError where the system or the filesystem cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fallocate = getattr(libc, "fallocate64", None) or getattr(libc, "fallocate", None)
+    if fallocate is None:
+        raise OSError(errno.ENOSYS, "no fallocate on this system")
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+        if fallocate(fd, mode, start, end - start) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), str(path))
+    finally:
+        os.close(fd)
 
 
 def _split(text: str, limit: int) -> tuple[str, str]:

@@ -143,6 +143,44 @@ def test_a_run_that_prints_fast_keeps_its_head_and_tail_and_says_what_was_cut(
     assert "the last line" in seen  # the live reader got to the end too
 
 
+def test_what_is_written_while_the_log_is_read_survives_its_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast-printing test above once lost its tail under load: a line appended after the
+    tailer had measured the file, before it rotated it, went with the rotation. Here a writer
+    appends at exactly that moment, at every read: each line is read once, in order, and the
+    disk space of what was read is given back all the same."""
+    from worker import run_log
+
+    monkeypatch.setattr(run_log, "ROTATE_BYTES", 4096)
+    writer = os.open(tmp_path / "attempt.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    written = 0
+
+    def write_a_line() -> None:
+        nonlocal written
+        os.write(writer, f"{written:06d} {'x' * 92}\n".encode())  # 100 bytes
+        written += 1
+
+    class WrittenMeanwhile(type(tmp_path)):  # type: ignore[misc]
+        def stat(self, **kwargs: Any) -> os.stat_result:
+            measured = super().stat(**kwargs)
+            write_a_line()  # the writer goes on, just after the reader measured the file
+            return measured
+
+    try:
+        for _ in range(50):  # 5,000 bytes: the first read goes past ROTATE_BYTES
+            write_a_line()
+        path = WrittenMeanwhile(tmp_path / "attempt.txt")
+        capture = RunLogCapture(None, 1, 1, path, Redactor([]))  # type: ignore[arg-type]
+        read = b"".join(capture._read() for _ in range(4)).decode()
+    finally:
+        os.close(writer)
+    # Each read takes what was there when it measured: all but the line written after the last.
+    assert [int(line[:6]) for line in read.splitlines()] == list(range(written - 1))
+    on_disk = os.stat(path)
+    assert on_disk.st_size == 100 * written and on_disk.st_blocks * 512 < on_disk.st_size
+
+
 def test_a_failed_run_has_its_traceback_in_its_log(api: Api, workers, model_store: Path) -> None:
     """A real worker process trains a run whose dataset was accepted at submit and is gone when
     the worker reads it: the run fails, and its log holds what the worker printed — the
