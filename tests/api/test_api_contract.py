@@ -98,6 +98,8 @@ ANSWERS = [
     ("PATCH", "/api/pipelines/{pipeline_id}", {"pipeline_id": "missing"}, True, {"note": ""}, 401),
     ("POST", "/api/pipelines/{pipeline_id}/cancel", {"pipeline_id": "missing"}, True, None, 401),
     ("POST", "/api/studies/{study_id}/cancel", {"study_id": "missing"}, True, None, 401),
+    # a download with neither a token nor a ticket (the export's download_url brings one)
+    ("GET", "/api/runs/{run_id}/export", {"run_id": "ext"}, True, None, 401),
     # what is not there: 404
     ("GET", "/api/runs/{run_id}", {"run_id": "missing"}, True, None, 404),
     ("GET", "/api/runs/{run_id}/log", {"run_id": "missing"}, True, None, 404),
