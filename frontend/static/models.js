@@ -1,12 +1,13 @@
 // The models page (/models): the model registry, GET /api/models (every succeeded run with a
 // checkpoint on disk), one row per model: its run, kind, lineage back to the base model, its last
 // and best checkpoints and its last eval. "Export" is POST /api/models/{run}/export (the path of
-// the Hugging Face directory is shown in the row); "Download" exports it the same way, then saves
-// GET /api/runs/{run}/export, a tar of that directory; "Train from this" opens the form with
+// the Hugging Face directory is shown in the row); "Download" exports it the same way, then
+// follows its download_url (GET /api/runs/{run}/export, a tar of that directory, with a ticket
+// standing for the token) as a plain link; "Train from this" opens the form with
 // model.from_run prefilled. A model is its owner's until they share it: the owner (or an admin)
 // ticks "shared" (PATCH /api/runs/{run} {model_shared}, its error said in the row); others see
 // the flag, and the buttons the API's may_start_from / may_export forbid are disabled.
-import { ApiError, errorText, get, patch, post } from "/static/api.js";
+import { errorText, get, patch, post } from "/static/api.js";
 import { EVAL_PROBLEMS, metricInfo } from "/static/catalogue.js";
 import { $, fmtNum, h, toast } from "/static/util.js";
 
@@ -93,25 +94,21 @@ function trainFrom(model) {
   );
 }
 
-/** Save the file a GET of ``path`` answers (with the page's token, which a plain link cannot
- * send) under the name its Content-Disposition gives; returns that name. */
-async function saveDownload(path) {
-  const resp = await fetch(path, {
-    headers: window.CONSPO_TOKEN ? { Authorization: `Bearer ${window.CONSPO_TOKEN}` } : {},
-  });
-  if (!resp.ok) throw new ApiError(resp.status, (await resp.json().catch(() => ({}))).detail);
-  const name = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") ?? "")?.[1] ?? "model.tar";
-  const href = URL.createObjectURL(await resp.blob());
-  const link = h("a", { href, download: name, hidden: true });
+/** Follow ``url`` as a plain link: the browser streams what it answers to the disk (a fetch and
+ * a Blob held the whole tar, 541 MB at SmolLM2, in the page's memory). The export's download_url
+ * carries a short-lived ticket in place of the token, which a link cannot send. */
+function follow(url) {
+  const link = h("a", { href: url, download: "", hidden: true });
   document.body.append(link);
   link.click();
   link.remove();
-  setTimeout(() => URL.revokeObjectURL(href), 60_000);
-  return name;
 }
 
+/** A path in the row: breaks anywhere (it has no spaces), unlike the words around it. */
+const pathText = (text) => h("span.path.mono", {}, text);
+
 function row(model) {
-  const out = h("div.export-path.mono.small");
+  const out = h("div.export-path.small");
   const exportBtn = h(
     "button.btn.btn-xs",
     {
@@ -129,7 +126,7 @@ function row(model) {
     out.textContent = "exporting…";
     try {
       const res = await post(`/api/models/${model.run_id}/export`, { step: "last" });
-      out.textContent = res.path;
+      out.replaceChildren(pathText(res.path));
       out.title = "loads with AutoModelForCausalLM.from_pretrained(path)";
     } catch (err) {
       out.textContent = "";
@@ -155,10 +152,10 @@ function row(model) {
     out.textContent = "exporting…";
     try {
       // Exported first: a LoRA merge may take longer than a GET may wait (a POST is not cut).
-      await post(`/api/models/${model.run_id}/export`, { step: "last" });
-      out.textContent = "downloading…";
-      const name = await saveDownload(`/api/runs/${model.run_id}/export?step=last`);
-      out.textContent = `${name}: tar -xf it, then from_pretrained(directory)`;
+      const res = await post(`/api/models/${model.run_id}/export`, { step: "last" });
+      follow(res.download_url);
+      const name = `${res.path.split("/").pop()}.tar`; // the name the server gives the tar
+      out.replaceChildren(pathText(name), " downloading: tar -xf it, then from_pretrained its directory");
     } catch (err) {
       out.textContent = "";
       toast(errorText(err), "error");

@@ -73,6 +73,57 @@ def test_a_download_follows_the_export_rules(api: Api) -> None:
     assert api.get(f"/api/runs/{derived}/export", user="root").status_code == 200  # an admin
 
 
+def test_the_exports_download_url_is_a_link_a_browser_follows_without_a_token(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Models page navigates to it (a plain link sends no Authorization header): its ticket
+    stands for alice's token, for that run and step only, until it expires or her token goes."""
+    from sqlalchemy import select
+
+    from backend import security
+    from backend.db import Database
+    from backend.models import ApiToken
+
+    mine = train_as(api, "alice", tiny_config(2))["id"]
+    theirs = train_as(api, "bob", tiny_config(2))["id"]
+    url = api.post(f"/api/models/{mine}/export", json={"step": "last"}).json()["download_url"]
+    assert url.startswith(f"/api/runs/{mine}/export?step=last&ticket=")
+    r = api.get(url)  # no token
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar", r.text
+    assert r.headers["content-disposition"] == f'attachment; filename="run-{mine}-2.tar"'
+    # another step, another run (bob's, which alice could not export either), a changed signature
+    refused = [
+        url.replace("step=last", "step=2"),
+        url.replace(f"/runs/{mine}/", f"/runs/{theirs}/"),
+        url[:-1] + ("0" if url[-1] != "0" else "1"),
+        url.split("&ticket=")[0] + "&ticket=1.2.x",
+    ]
+    for other in refused:
+        r = api.get(other)
+        assert r.status_code == 401 and "invalid or expired" in r.json()["detail"], (other, r.text)
+    # expired: as if the clock had gone on past its lifetime
+    later = security.time.time() + security.TICKET_TTL_S + 5
+    with monkeypatch.context() as m:
+        m.setattr(security, "time", type("Clock", (), {"time": staticmethod(lambda: later)}))
+        assert api.get(url).status_code == 401
+    assert api.get(url).status_code == 200
+    # alice's token revoked: the links it signed die with it
+    db = Database(api.settings)
+    try:
+        with db.session() as session:
+            row = session.scalar(
+                select(ApiToken).where(
+                    ApiToken.token_hash == security.hash_token(api.tokens["alice"])
+                )
+            )
+            assert row is not None
+            row.revoked = True
+            session.commit()
+    finally:
+        db.dispose()
+    assert api.get(url).status_code == 401
+
+
 def test_the_archive_is_sent_a_block_at_a_time_and_its_size_is_known_first(
     tmp_path: Path,
 ) -> None:

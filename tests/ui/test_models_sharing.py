@@ -1,6 +1,6 @@
-"""The models page (models.js): the owner downloads the model as a tar and ticks *shared*, and
-the run is shared; a change the server refuses is said in the row and undone; another user sees
-the flag as text and may start from the model only while it is shared."""
+"""The models page (models.js): the owner downloads the model as a tar (a plain link) and ticks
+*shared*, and the run is shared; a change the server refuses is said in the row and undone;
+another user sees the flag as text and may start from the model only while it is shared."""
 
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ def test_the_owner_shares_a_model_on_the_models_page(page: Any, ui_server: Any) 
     with page.expect_download(timeout=120_000) as downloading:
         row.locator('[data-act="download"]').click()
     saved = downloading.value
+    # a link the browser follows and streams to the disk, not a Blob the page filled in memory
+    # (541 MB at SmolLM2): its ticket stands for the page's token
+    assert saved.url.startswith(f"{ui_server.url}/api/runs/{run_id}/export?step=last&ticket="), (
+        saved.url
+    )
     assert saved.suggested_filename == f"run-{run_id}-2.tar"
     with tarfile.open(saved.path()) as archive:
         assert f"run-{run_id}-2/config.json" in archive.getnames()

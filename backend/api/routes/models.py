@@ -16,10 +16,22 @@ from sqlalchemy.orm import Session
 from backend import model_registry
 from backend.api.body import JSONBodyRoute
 from backend.api.contract import refusals
-from backend.api.deps import CurrentUser, OptionalUser, OwnedRunDep, SessionDep, SettingsDep
+from backend.api.deps import (
+    Credentials,
+    CurrentUser,
+    OptionalUser,
+    OwnedRunDep,
+    RunId,
+    SessionDep,
+    SettingsDep,
+    found,
+    get_current_user,
+    owned,
+)
 from backend.config import Settings
 from backend.models import Run, User
 from backend.runs import sharing
+from backend.security import TICKET_TTL_S, ticket_for, user_for_ticket
 from conspo.models.model_tar import ModelTar
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=JSONBodyRoute)
@@ -88,6 +100,11 @@ class Exported(BaseModel):
     run_id: int
     step: Step
     path: str = Field(description="The directory; it loads with from_pretrained.")
+    download_url: str = Field(
+        description="GET /api/runs/{run_id}/export of this step with a ticket signed by the"
+        f" caller's token, for {TICKET_TTL_S} s: a link a browser follows without a token (a"
+        " plain link cannot send an Authorization header)."
+    )
 
 
 @router.get("", response_model=ModelList)
@@ -118,13 +135,22 @@ def export(
     user: CurrentUser,
     session: SessionDep,
     settings: SettingsDep,
+    credentials: Credentials,
 ) -> dict[str, Any]:
     """Write the run's checkpoint as a Hugging Face directory (LoRA merged into its base) under
-    the data dir; returns its path (it loads with ``from_pretrained``). Its owner or an admin
-    only: it writes to the server's disk. A model trained from another user's run that is not
-    shared is that user's too: 403 naming the run, unless the caller is an admin."""
+    the data dir; returns its path (it loads with ``from_pretrained``) and a short-lived URL that
+    downloads it as a tar. Its owner or an admin only: it writes to the server's disk. A model
+    trained from another user's run that is not shared is that user's too: 403 naming the run,
+    unless the caller is an admin."""
     out = _exported(run, body.step, user, session, settings)
-    return {"run_id": run.id, "step": body.step, "path": str(out)}
+    assert credentials is not None  # CurrentUser checked it
+    ticket = ticket_for(session, credentials.credentials, _download_purpose(run.id, body.step))
+    url = f"/api/runs/{run.id}/export?step={body.step}&ticket={ticket}"
+    return {"run_id": run.id, "step": body.step, "path": str(out), "download_url": url}
+
+
+def _download_purpose(run_id: int, step: Step) -> str:
+    return f"export {run_id} {step}"
 
 
 @runs_router.get(
@@ -137,18 +163,36 @@ def export(
             " AutoModelForCausalLM.from_pretrained once extracted.",
         },
         **EXPORT_REFUSALS,
+        **refusals(
+            {
+                401: "Neither a token nor a ticket, or a ticket that is invalid, expired or"
+                " for another run or step: export the model again for a new download_url."
+            }
+        ),
     },
 )
 def download_export(
-    run: OwnedRunDep,
-    user: CurrentUser,
+    run_id: RunId,
     session: SessionDep,
     settings: SettingsDep,
+    credentials: Credentials,
     step: Annotated[Step, Query(description="Its checkpoint: last, best or a kept step.")] = "last",
+    ticket: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Instead of a token: the ticket of the download_url that POST"
+            " /api/models/{run_id}/export answered (this run and step, for a few minutes).",
+        ),
+    ] = None,
 ) -> StreamingResponse:
     """The exported model as a tar, streamed from the disk (the export written first if it is
     not yet: a LoRA merge may take longer than a read may wait, so POST
-    /api/models/{run_id}/export first). The same rules as that export."""
+    /api/models/{run_id}/export first). The same rules as that export. The caller is the token's
+    user, or the ticket's: a browser follows the export's download_url as a plain link, and the
+    tar streams to the disk instead of being held in the page's memory."""
+    user = _downloader(session, credentials, ticket, _download_purpose(run_id, step))
+    run = owned(found(session, Run, run_id, "run"), user, "run")
     out = _exported(run, step, user, session, settings)
     archive = ModelTar(out, out.name)
     headers = {
@@ -156,6 +200,20 @@ def download_export(
         "Content-Length": str(archive.size),
     }
     return StreamingResponse(archive.chunks(), media_type="application/x-tar", headers=headers)
+
+
+def _downloader(
+    session: Session, credentials: Credentials, ticket: str | None, purpose: str
+) -> User:
+    """The caller by its ticket when it brings one (401 when it is no good), else by its token
+    (first, as every owned read: a caller without either learns nothing of the run)."""
+    if ticket is None:
+        return get_current_user(session, credentials)
+    user = user_for_ticket(session, ticket, purpose)
+    if user is None:
+        detail = "the download link is invalid or expired: export the model again for a new one"
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail)
+    return user
 
 
 def _exported(run: Run, step: Step, user: User, session: Session, settings: Settings) -> Path:
