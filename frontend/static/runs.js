@@ -10,13 +10,14 @@ import {
   groupName,
   hyperLabel,
   paramNeedsOf,
+  scaleText,
   sharedRange,
   symbolsOf,
   tableRows,
   valueSummary,
   varyingKeys,
 } from "/static/runs_table.js";
-import { $, debounce, FINISHED, fmtNum, h, setConn, toast } from "/static/util.js";
+import { $, debounce, FINISHED, h, setConn, toast } from "/static/util.js";
 
 // Any charted catalogue metric can fill the sparkline column; the first key metric by default.
 const SPARK_METRICS = CHARTED_KEYS;
@@ -176,7 +177,7 @@ async function loadSparks(ids) {
 
 /** Redraw every sparkline on the column's shared y-scale (one run's new points can widen it). */
 function updateSparks() {
-  state.range = sharedRange(state.order.map((id) => state.sparks.get(id)?.values));
+  state.range = sharedRange(listedSeries());
   for (const cell of body.querySelectorAll("tr[data-id] td.spark-cell")) {
     cell.replaceChildren(sparkFor(state, Number(cell.parentElement.dataset.id)));
   }
@@ -184,14 +185,16 @@ function updateSparks() {
   sparkHead();
 }
 
+/** The sparkline column's series, one per listed run (undefined until loaded). */
+const listedSeries = () => state.order.map((id) => state.sparks.get(id)?.values);
+
 function sparkHead() {
-  const r = state.range;
   $("#spark-head").replaceChildren(
     state.metric,
     h(
       "div.spark-scale.small",
       { title: "every sparkline in this column is drawn on this one y-range, so rows compare" },
-      r ? `y ${fmtNum(r[0], 3)} … ${fmtNum(r[1], 3)}` : "",
+      state.range ? scaleText(listedSeries()) : "",
     ),
   );
 }
@@ -236,6 +239,10 @@ function refreshPipelineRows(pipelineId) {
   for (const r of state.runs.values()) if (r.pipeline_id === pipelineId) updateRow(r);
 }
 
+/** A head's label with a line break allowed after each "_" (max_refill_ / rounds) and nowhere
+ * inside a word: breaking anywhere, a narrow column cut "contrast" into "contr" / "ast". */
+const wrappable = (label) => label.split(/(?<=_)/).flatMap((part, i) => (i ? [h("wbr"), part] : [part]));
+
 /** The hyperparameter heads (before Progress) and the column picker's choices. */
 function renderHead(cols) {
   const shown = valueSummary(state.orderBy, state.metric);
@@ -245,7 +252,7 @@ function renderHead(cols) {
   for (const th of document.querySelectorAll("#runs-table th.hp")) th.remove();
   const before = $("#progress-head");
   for (const key of cols)
-    before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, hyperLabel(key, state.symbols)));
+    before.before(h("th.hp", { "data-key": key, title: `config.${key}` }, wrappable(hyperLabel(key, state.symbols))));
   const offered = [...new Set([...state.varying, ...cols])];
   $("#cols-list").replaceChildren(
     ...offered.map((key) =>

@@ -2,7 +2,7 @@
 // planned work, a sparkline per arm and each arm's mean). Built from the page's `state` (runs.js),
 // passed in.
 import { qs } from "/static/api.js";
-import { fromText, pipelineLink } from "/static/lineage.js";
+import { fromText, pipelineInfo, pipelineLink } from "/static/lineage.js";
 import { noteLine } from "/static/notes.js";
 import {
   armsOf,
@@ -90,7 +90,7 @@ export function rowFor(state, run, cols, onPipelineSize) {
       run.seed !== null && run.seed !== undefined ? h("span.muted.small", {}, ` · seed ${run.seed}`) : null,
       studyLink(run),
       run.pipeline_id !== null && run.pipeline_id !== undefined ? " · " : null,
-      pipelineLink(run, () => onPipelineSize(run.pipeline_id)),
+      pipelineLink(run, onPipelineSize), // one function for every row: called once, with the id
       run.pipeline_id == null && fromText(run) ? h("span.muted.small", {}, ` · ${fromText(run)}`) : null,
       noteLine(run.note) ? h("div.note-line.muted.small", { title: run.note }, noteLine(run.note)) : null,
     ),
@@ -135,6 +135,13 @@ export function studyLink(run) {
 function studyOfGroup(state, key) {
   const study = /^g:study-(\d+)$/.exec(key);
   return study ? state.studies.get(Number(study[1])) : undefined;
+}
+
+/** The name of a study's or a pipeline's group (its studies list item; its pipeline, read once
+ * by lineage.js, whose arrival redraws the rows of its runs and so this one), if known yet. */
+function knownName(state, key) {
+  const pipeline = /^p:(\d+)$/.exec(key);
+  return pipeline ? pipelineInfo(Number(pipeline[1]))?.name : studyOfGroup(state, key)?.name;
 }
 
 /** "15 runs (2 started) · 3 arms": a study counts its plan (`progress`, as the studies list and
@@ -216,7 +223,7 @@ export function groupRowFor(state, key, ids, cols) {
         open ? "▾" : "▸",
       ),
       " ",
-      h("strong", {}, groupName(key, runs)),
+      h("strong", {}, groupName(key, runs, knownName(state, key))),
       " ",
       h("span.muted.small.group-n", {}, groupCount(state, key, runs, arms)),
       studyLink(runs[0]), // a study's group row links its verdict page, folded or not

@@ -49,13 +49,15 @@ export function tableRows(order, runs) {
   return rows;
 }
 
-/** A group's name: its study or pipeline, else its runs' common name without the suffixes the
- * server adds, per seed and to keep names unique (`conspo-arith-s0`, `…-s1-2` → `conspo-arith`). */
-export function groupName(key, runs) {
+/** A group's name: its pipeline's (`name`, when known) with its id ("sft-then-grpo · pipeline
+ * 3"), its study's (the row's link says "study 3"), else its runs' common name without the
+ * suffixes the server adds, per seed and to keep names unique (`conspo-arith-s0`, `…-s1-2` →
+ * `conspo-arith`). */
+export function groupName(key, runs, name) {
   const first = runs[0];
   const study = /^g:study-(\d+)$/.exec(key);
-  if (study) return `study ${study[1]}`;
-  if (key.startsWith("p:")) return `pipeline ${key.slice(2)}`;
+  if (study) return name || `study ${study[1]}`;
+  if (key.startsWith("p:")) return name ? `${name} · pipeline ${key.slice(2)}` : `pipeline ${key.slice(2)}`;
   const bases = runs.map((r) => (r.name || "").replace(/(-s\d+)?(-\d+)?$/, ""));
   return bases.every((b) => b === bases[0]) && bases[0] ? bases[0] : first.name || `group of run ${first.id}`;
 }
@@ -153,6 +155,24 @@ export function hyperLabel(key, symbols = {}) {
 /** One [min, max] over every sparkline of the column, so rows compare by eye; null when no
  * run has two finite points. A flat column gets a small pad so its line sits mid-cell. */
 export function sharedRange(seriesList) {
+  const range = valuesRange(seriesList);
+  if (!range || range[0] !== range[1]) return range;
+  const pad = Math.abs(range[0]) * 0.05 || 0.5;
+  return [range[0] - pad, range[1] + pad];
+}
+
+/** The column head's words for its scale: the values' own [min, max], not the padded range a
+ * flat column is drawn on (a series constant at 0 read "y −0.5 … 0.5", values none of its runs
+ * had); "" when no run has two finite points. */
+export function scaleText(seriesList) {
+  const range = valuesRange(seriesList);
+  if (!range) return "";
+  const [lo, hi] = range.map((v) => fmtNum(v, 3));
+  return lo === hi ? `y = ${lo}, constant` : `y ${lo} … ${hi}`;
+}
+
+/** [min, max] of the finite values of every series with two or more of them, else null. */
+function valuesRange(seriesList) {
   let lo = Infinity;
   let hi = -Infinity;
   for (const values of seriesList) {
@@ -163,12 +183,7 @@ export function sharedRange(seriesList) {
       if (v > hi) hi = v;
     }
   }
-  if (!Number.isFinite(lo)) return null;
-  if (lo === hi) {
-    const pad = Math.abs(lo) * 0.05 || 0.5;
-    return [lo - pad, hi + pad];
-  }
-  return [lo, hi];
+  return Number.isFinite(lo) ? [lo, hi] : null;
 }
 
 /** The arms of a group: its runs partitioned by config apart from the seed and the name (a

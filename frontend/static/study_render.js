@@ -385,11 +385,13 @@ export function renderStudy(view, root, Plotly) {
     h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, separationTable(view, colors)),
   );
   const charts = h("div.charts#study-charts");
-  root.append(h("h3.section-title", {}, "Curves"), charts);
+  const curvesTitle = h("h3.section-title#curves-title", {}, "Curves");
+  root.append(curvesTitle, charts);
   if (Plotly) {
     curveCharts(view, colors, Plotly, charts);
     searchCharts(view, Plotly, root);
   }
+  curvesTitle.hidden = !charts.childElementCount; // no heading over nothing (no run logged yet)
   root.append(
     h("h3.section-title", {}, "Runs"),
     h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, runsTable(view, colors)),

@@ -200,7 +200,8 @@ export function sparklines(lines, { width = 110, height = 24, range = null } = {
   const y0 = range ? range[0] : Math.min(...ys),
     y1 = range ? range[1] : Math.max(...ys);
   const sx = (x) => 1 + ((x - x0) / (x1 - x0 || 1)) * (width - 2);
-  const sy = (y) => height - 2 - ((y - y0) / (y1 - y0 || 1)) * (height - 4);
+  // a flat series on its own scale sits mid-cell (at the bottom, it read as the column's minimum)
+  const sy = (y) => (y1 === y0 ? height / 2 : height - 2 - ((y - y0) / (y1 - y0)) * (height - 4));
   const titles = [];
   for (const { pts, color = "#4f46e5", name } of drawn) {
     if (!pts.length) continue;

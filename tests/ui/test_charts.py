@@ -304,3 +304,23 @@ def test_a_series_of_one_point_is_drawn(page: Any, ui_server: Any) -> None:
     page.wait_for_function(f"({modes_of_gap})().length > 0", timeout=60_000)
     modes = page.evaluate(modes_of_gap)
     assert all("markers" in m for m in modes), modes
+
+
+def test_a_constant_sparkline_says_its_value(
+    page: Any, ui_server: Any, grpo_and_conspo: Any
+) -> None:
+    """GRPO's clip fraction, 0 at every step: the sparkline column's head read "y −0.5 … 0.5",
+    the padding that centres a flat line, as if the runs had those values; it says the value.
+    Drawn on its own scale (no shared range), a flat line sat on the cell's floor."""
+    g, _ = grpo_and_conspo
+    page.goto(f"{ui_server.url}/?q=i14-grpo&metric=grpo/clip_frac")
+    line = f'tr[data-id="{g["id"]}"] svg.spark path'
+    page.wait_for_selector(line, state="attached")  # flat: 0 px high, never "visible"
+    assert page.inner_text("#spark-head .spark-scale") == "y = 0, constant"
+    flat = """async () => {
+        const { sparklines } = await import('/static/util.js');
+        const svg = sparklines([{ ys: [0, 0, 0] }], { height: 24 });
+        return [...svg.querySelector('path').getAttribute('d').matchAll(/,([\\d.]+)/g)]
+            .map(m => Number(m[1]));
+    }"""
+    assert page.evaluate(flat) == [12, 12, 12]  # mid-cell

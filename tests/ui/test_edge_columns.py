@@ -28,6 +28,29 @@ PAST_EDGE = """(table) => {
 }"""
 
 
+# The words of ``root``'s text laid out on more than one line: broken inside the word (a head
+# "Sta-tus", "contr" / "ast", a hint's "from_pretrai" / "ned"), where a line should break only
+# between words. A word is a run of non-spaces of one text node (a <wbr> splits a name into
+# words); text inside ``skip`` (a path, which has no spaces to break at) is not checked.
+BROKEN_WORDS = """(root, skip) => {
+    const broken = [];
+    const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+        const el = node.parentElement;
+        if (!el.getClientRects().length || (skip && el.closest(skip))) continue;
+        for (const m of node.data.matchAll(/\\S+/g)) {
+            const word = document.createRange();
+            word.setStart(node, m.index);
+            word.setEnd(node, m.index + m[0].length);
+            const lines = new Set([...word.getClientRects()].filter(r => r.width > 0)
+                .map(r => Math.round(r.bottom)));
+            if (lines.size > 1) broken.push(m[0]);
+        }
+    }
+    return broken;
+}"""
+
+
 @pytest.fixture(scope="module")
 def sweep(ui_server: Any) -> str:
     """Six logged runs of a sweep over ConSPO's knobs, tagged."""
@@ -82,6 +105,19 @@ def test_the_runs_lists_last_column_is_in_sight_at_1440(
             ui_server.api("POST", f"/api/runs/{run['id']}/cancel")
 
 
+def test_the_runs_lists_heads_break_only_between_words_at_800(
+    page: Any, ui_server: Any, sweep: str
+) -> None:
+    """The walk saw heads cut inside a word at 800 px ("contr" over "ast"): a hyperparameter's
+    head broke anywhere. Its long names (max_refill_rounds) still wrap, at their "_"s."""
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.goto(f"{ui_server.url}/?tag={sweep}")
+    page.wait_for_selector("#runs-table th.hp")
+    page.wait_for_selector("#runs-table tbody tr[data-id] svg.spark path")  # widths settled
+    head = page.query_selector("#runs-table thead")
+    assert head.evaluate(BROKEN_WORDS) == [], head.inner_text()
+
+
 def test_the_models_actions_are_in_sight_at_800(page: Any, ui_server: Any) -> None:
     if not ui_server.has_worker:
         pytest.skip("needs the worker: a model is a finished run's checkpoint")
@@ -100,3 +136,10 @@ def test_the_models_actions_are_in_sight_at_800(page: Any, ui_server: Any) -> No
     for button in row.query_selector_all(".actions button, .actions a"):
         box = button.bounding_box()
         assert box is not None and box["x"] + box["width"] <= 800, button.inner_text()
+    # Download: the hint under the actions breaks between its words (break-all cut them
+    # anywhere); only the tar's name may break anywhere
+    with page.expect_download(timeout=120_000):
+        row.query_selector('[data-act="download"]').click()
+    hint = page.locator(f'#models-body tr[data-run="{run["id"]}"] .export-path')
+    wait_until(page, lambda: "tar -xf" in hint.inner_text(), what="the download's hint")
+    assert hint.evaluate(BROKEN_WORDS, ".path") == [], hint.inner_text()

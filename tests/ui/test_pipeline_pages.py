@@ -166,3 +166,13 @@ def test_the_pipelines_list_shows_every_stages_progress(page: Any, ui_server: An
     labels = row.locator(".stage-progress .plabel")
     assert [labels.nth(i).inner_text() for i in range(labels.count())] == ["2/2", "3/3"]
     assert row.locator(".stages-done").inner_text() == "2/2 stages done"
+    # the runs list groups its two runs under a row named by the pipeline, its id kept (it read
+    # "pipeline 7", as if pipelines had no names)
+    pid = made["id"]
+    page.goto(f"{ui_server.url}/?q=ui-progress")
+    name = page.locator(f'tr.group-row[data-group="p:{pid}"] td.name strong')
+    wait_until(
+        page,
+        lambda: name.count() and name.inner_text() == f"ui-progress · pipeline {pid}",
+        what="the pipeline's name on its group row",
+    )

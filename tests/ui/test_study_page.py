@@ -67,6 +67,7 @@ def test_study_page_and_offline_report(
         assert rows.nth(i).locator("td").nth(1).inner_text() == "3 of 3"
     assert page.locator("#pair-table tbody tr").count() == 1
     page.wait_for_selector('#study-charts .chart[data-key="eval/accuracy"] .main-svg')
+    assert page.get_by_role("heading", name="Curves", exact=True).is_visible()
     shutil.copy(shot(page, "study"), ROOT / "docs" / "screenshot-study.png")
 
     # the runs page links study runs to their study
@@ -130,6 +131,32 @@ def test_a_study_is_stopped_from_its_page(page: Any, ui_server: Any) -> None:
     # the four runs it never released say so, not that they wait for a slot
     runs = page.locator("#runs-table tbody tr td:nth-child(3)").all_inner_texts()
     assert runs.count("never released") == 4 and "waiting for a slot" not in runs, runs
+
+    # At 800 px the page's actions sit in a row of their own, not over the Notes card (floated
+    # right, they covered its Edit button); a section with nothing in it has no heading: the
+    # view of a study whose runs logged nothing yet (its curves emptied here) showed "Curves"
+    # over nothing.
+    page.set_viewport_size({"width": 800, "height": 900})
+    view = page.evaluate(f"() => fetch('/api/studies/{sid}').then(r => r.json())")
+    page.route(
+        f"**/api/studies/{sid}",
+        lambda route: route.fulfill(json={**view, "curves": {}}),
+    )
+    page.reload()
+    page.wait_for_selector("#runs-table tbody tr")
+    notes = page.locator("#study-notes").bounding_box()
+    for action in page.locator(".page-actions > :not([hidden])").all():
+        box = action.bounding_box()
+        assert box is not None and notes is not None
+        apart = (
+            box["y"] + box["height"] <= notes["y"]
+            or notes["y"] + notes["height"] <= box["y"]
+            or box["x"] + box["width"] <= notes["x"]
+            or notes["x"] + notes["width"] <= box["x"]
+        )
+        assert apart, f"{action.inner_text()} {box} lies over the Notes card {notes}"
+    assert page.locator("#study-charts > *").count() == 0
+    assert page.get_by_role("heading", name="Curves", exact=True).count() == 0
     # every page counts the plan alike once it is cancelled (the runs list and the studies
     # list said "2 runs"): 6 runs, 6 cancelled, the steps done out of 6 × 400 planned
     assert page.inner_text("#study-counts") == "6 runs: 6 cancelled"
