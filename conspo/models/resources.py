@@ -40,7 +40,7 @@ LOGIT_CHUNK_BYTES = 2**28
 # + torch 0.22, + transformers 0.25, + conspo.training and the job kinds 0.38, + SmolLM2's
 # tokenizer 0.42. The estimate counts it because a run's peak (``system/peak_rss_gib``) does:
 # left out, a small run read 0.4 GiB low (issue 49's walk: 2.1-2.4x under on SmolLM2). On CUDA
-# the device holds its context and kernels instead, of the same order.
+# it stands for the CUDA context and kernels the device holds instead (not measured here).
 PROCESS_BYTES = 430 * 2**20
 # A supervised row's tokens from its text (``supervised_row_tokens``): a chat template's system
 # message and role markers (SmolLM2's default frame is 30 tokens), and text at 3 characters a
