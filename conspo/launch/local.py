@@ -110,7 +110,7 @@ def launch_local(
         _wait_children(children, scratch, timeout=JOIN_TIMEOUT_S)
         return result
     except BaseException as exc:
-        failure = _child_failure(children, scratch, grace=10.0)
+        failure = _child_failure(children, scratch, grace=30.0)
         if failure is not None and not isinstance(exc, RankFailed):
             raise RankFailed(failure) from exc
         raise
@@ -197,14 +197,24 @@ def _child_failure(
     the children to exit (rank 0's error may be the echo of a child's: a closed connection)."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        if any((scratch / f"rank{r}.err").exists() for r in range(1, len(children) + 1)):
+            break  # a child's own error is written before it leaves the group (_child_main)
         time.sleep(0.05)
     for r, child in enumerate(children, start=1):
         code = child.poll()
+        report = scratch / f"rank{r}.err"
+        if report.exists():
+            detail = _read_report(report)
+            how = "failed" if code is None else f"exited with code {code}"
+            return f"rank {r} {how}:\n{detail}"
         if code is not None and code != 0:
-            report = scratch / f"rank{r}.err"
-            detail = report.read_text() if report.exists() else "(no traceback: killed?)"
-            return f"rank {r} exited with code {code}:\n{detail}"
+            return f"rank {r} exited with code {code}:\n(no traceback: killed?)"
     return None
+
+
+def _read_report(report: Path) -> str:
+    """A child's traceback (written whole, then renamed into place: ``_report``)."""
+    return report.read_text()
 
 
 def _child_main(scratch: Path, rank_: int) -> None:
@@ -240,11 +250,25 @@ def _child_main(scratch: Path, rank_: int) -> None:
                 files=spec["files"],
                 memory_limit=spec["memory_limit"],
             )
+        except BaseException:
+            # Said before leaving the group: leaving closes rank 0's connections, and rank 0
+            # then looks for this report (on a loaded machine the exit itself may come late).
+            _report(scratch, rank_)
+            raise
         finally:
             dist.destroy_process_group()
     except BaseException:
-        (scratch / f"rank{rank_}.err").write_text(traceback.format_exc()[-20_000:])
+        if not (scratch / f"rank{rank_}.err").exists():
+            _report(scratch, rank_)
         sys.exit(1)
+
+
+def _report(scratch: Path, rank_: int) -> None:
+    """This child's traceback as rank{rank}.err, written whole then renamed into place, so
+    rank 0 never reads half of it."""
+    partial = scratch / f"rank{rank_}.err.partial"
+    partial.write_text(traceback.format_exc()[-20_000:])
+    partial.rename(scratch / f"rank{rank_}.err")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ rtol 1e-5 / atol 1e-6 too.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import pickle
 import random
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -223,10 +225,16 @@ def test_train_on_two_processes_logs_the_whole_batch_and_resumes(
 
 
 class BrokenOnRankOne(ModelStore):
-    """A model store rank 1 cannot load from: a child that fails after joining the group."""
+    """A model store rank 1 cannot load from: a child that fails after joining the group. With
+    ``slow_exit_s``, the failed child then takes that long to exit, as on a loaded machine: its
+    error must reach the run anyway, without waiting for the exit."""
+
+    slow_exit_s = 0.0
 
     def resolve(self, name: str) -> Path | str:
         if distributed.rank() == 1:
+            if self.slow_exit_s:
+                atexit.register(time.sleep, self.slow_exit_s)
             raise RuntimeError("rank 1 cannot load its model")
         return super().resolve(name)
 
@@ -245,10 +253,13 @@ def test_a_failing_child_fails_the_run_with_its_own_error(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     cfg = scenario_config("grpo")
     broken = BrokenOnRankOne(model_store.root, builder=build_builtin)
+    broken.slow_exit_s = 60  # longer than rank 0 waits for an exit (the CI flake: 10 s then)
+    started = time.monotonic()
     with pytest.raises(launch.RankFailed, match="rank 1 cannot load its model"):
         launch.launch_local(
             cfg, MemorySink(), workdir=tmp_path, nprocs=2, model_store=broken, timeout_s=120
         )
+    assert time.monotonic() - started < broken.slow_exit_s  # not held by the slow exit
     assert not dist.is_initialized()
 
 
