@@ -579,6 +579,9 @@ class RegisteredPreset(NamedPreset):
 
     params_schema: dict[str, Any]
     defaults: dict[str, Any]
+    plugin: str | None = Field(
+        None, description="The users' plugin that registered it (conspo.plugins); null: built in."
+    )
 
 
 class RewardPreset(RegisteredPreset):

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from backend.api.routes.presets import presets
 from backend.liveness import WorkerIdentity
 from conspo import plugins
 from tests.api.conftest import Api, run_in_worker, tiny_config
@@ -39,12 +40,14 @@ def example_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The example package loaded in this process (the API's) and the task-check helpers it
     starts (processes of their own): CONSPO_PLUGINS names it, and it is on their path."""
     plugins.reset()
+    presets.cache_clear()  # the form's presets, read from the registries once per process
     monkeypatch.syspath_prepend(str(EXAMPLE))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLE), *sys.path]))
     monkeypatch.setenv(plugins.ENV_VAR, PLUGIN)
     yield
     monkeypatch.delenv(plugins.ENV_VAR)
     plugins.reset()
+    presets.cache_clear()
 
 
 def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
@@ -75,6 +78,10 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
     assert health["plugins"]["failed"] == []
     workers = {w["host"]: w["capabilities"].get("plugins") for w in health["workers"]}
     assert workers["cpu-2"]["loaded"] == [{"name": PLUGIN}]
+
+    presets = own_api.get("/api/presets").json()
+    tasks = {t["name"]: t["plugin"] for t in presets["tasks"]}
+    assert tasks["count_letter"] == PLUGIN and tasks["arith"] is None
 
     run = run_in_worker(own_api, config)  # the worker's code, with the plugin loaded here
     assert run["status"] == "succeeded", run["error"]

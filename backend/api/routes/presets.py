@@ -68,7 +68,8 @@ def _tools() -> list[dict[str, Any]]:
 
 
 def _registered(registry: Registry[Any]) -> list[dict[str, Any]]:
-    """Each entry's name, description, parameter schema and defaults (what the form renders)."""
+    """Each entry's name, description, parameter schema and defaults (what the form renders),
+    and the plugin that registered it (None for a built-in)."""
     out = []
     for name in registry.names():
         entry = registry.get(name)
@@ -78,6 +79,7 @@ def _registered(registry: Registry[Any]) -> list[dict[str, Any]]:
                 "description": entry.description,
                 "params_schema": entry.params.model_json_schema(),
                 "defaults": _defaults(entry.params),
+                "plugin": registry.origin(name),
             }
         )
     return out
