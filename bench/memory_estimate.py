@@ -23,8 +23,8 @@ with 128-token answers, where the issue's walk found the estimate 2.1-2.4x under
     sft        large        8.41      7.51*    0.89   9.05 (0.83)
     dpo        small        2.50      2.29     0.92   2.08 (1.10)
     dpo        large       13.08     11.45*    0.88   12.66 (0.90)
-    grpo+tool  small        1.99      1.79*    0.90   1.57 (1.14)
-    grpo+tool  large        2.09      2.17*    1.04   1.67 (1.30)
+    grpo+tool  small        1.99      1.82     0.91   1.57 (1.16)
+    grpo+tool  large        2.09      2.11     1.01   1.67 (1.26)
     sft        form b8      3.16      2.67     0.85   3.96 (0.68); at its default 16 tokens 1.09
     sft        form b32     9.68      7.69     0.79   14.13 (0.54)
     sft        full b8      3.84      3.18     0.83   4.21 (0.75)
@@ -33,9 +33,9 @@ with 128-token answers, where the issue's walk found the estimate 2.1-2.4x under
     grpo       full         3.42      3.64     1.06   3.00 (1.21)
 
     * peaks measured for the previous version of this table (commit 8f48c41), not run again
-      here (the large ones' 7.5 and 11.5 GiB did not fit beside the other work on the
-      machine). Peaks vary between runs: sft small gave 1.88 then, 1.65 now; dpo small 1.94,
-      2.29.
+      here (their 7.5 and 11.5 GiB did not fit beside the other work on the machine). Peaks
+      vary between runs: sft small gave 1.88 then, 1.65 now; dpo small 1.94, 2.29; grpo+tool
+      1.79 and 2.17, now 1.82 and 2.11.
 
 Before, the process (430 MiB: the interpreter, torch, transformers, the tokenizer) was left out,
 which put every small run under its peak, and an SFT row was sized by sampling.max_new_tokens:
