@@ -304,10 +304,13 @@ def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
                 yield (*loc, field), problem, name
 
 
-def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
+def memory_report(
+    config: RunConfig, settings: Settings, question_chars: int | None = None
+) -> dict[str, Any]:
     """What the form shows beside its submit button: ``conspo.models.resources``' estimate of
     ``config``, the limit a run may use here, whether it fits (what submitting would check),
-    and a line of text. The numbers are None when the model's dimensions are not readable here."""
+    and a line of text. The numbers are None when the model's dimensions are not readable here.
+    ``question_chars``: the longest question the task's check drew (an sft step's rows)."""
     limit = report_limit(settings)
     unknown = {
         "total_bytes": None,
@@ -323,7 +326,7 @@ def memory_report(config: RunConfig, settings: Settings) -> dict[str, Any]:
     dims = source_dims(source)
     if dims is None:
         return {**unknown, "text": f"{config.model.name}: dimensions not readable here"}
-    estimate = _estimate(config, dims, limit)
+    estimate = _estimate(config, dims, limit, question_chars)
     try:
         check_budget(estimate, config)
         check_memory(estimate, limit)
@@ -376,9 +379,11 @@ def estimated_bytes(config: RunConfig, settings: Settings) -> int | None:
     return None if dims is None else _estimate(config, dims, report_limit(settings)).total
 
 
-def _estimate(config: RunConfig, dims: Any, limit: int) -> MemoryEstimate:
+def _estimate(
+    config: RunConfig, dims: Any, limit: int, question_chars: int | None = None
+) -> MemoryEstimate:
     dtype = dtype_bytes(config.model.dtype, config.model.device)
-    return estimate_memory(config, dims, dtype, limit)
+    return estimate_memory(config, dims, dtype, limit, question_chars=question_chars)
 
 
 def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:

@@ -160,14 +160,16 @@ def estimate_memory(
     dtype_bytes: int,
     limit: int | None = None,
     task: Any = None,
+    question_chars: int | None = None,
 ) -> MemoryEstimate:
     """Peak memory of a run of ``cfg`` on the device that trains it, in bytes: the process, the
     model state and a step's largest transient, its gradient pass split as
     ``planned_micro_batch_tokens`` (with ``limit``) splits it. ``task``: the run's task when
     built (a ``conspo.tasks.Task``, prompts not yet rendered), from which an sft step's rows are
-    measured (``supervised_row_tokens``)."""
+    measured (``supervised_row_tokens``); else ``question_chars``, the longest question a check
+    of the task drew (the API's task check), when known."""
     planned = planned_micro_batch_tokens(cfg, dims, dtype_bytes, limit)
-    rows = supervised_row_tokens(cfg, task)
+    rows = supervised_row_tokens(cfg, task, question_chars)
     return _estimate(cfg, dims, dtype_bytes, planned, rows)
 
 
@@ -348,7 +350,9 @@ def supervised_rows(cfg: RunConfig) -> tuple[int, bool] | None:
 SUPERVISED_KINDS = ("sft", "dpo")
 
 
-def supervised_row_tokens(cfg: RunConfig, task: Any = None) -> int:
+def supervised_row_tokens(
+    cfg: RunConfig, task: Any = None, question_chars: int | None = None
+) -> int:
     """Tokens of the longest row of a supervised step of ``cfg``; 0 where rows are not sized
     here (an RL kind, or rows read from kind_params.path or built as tool traces: the estimate
     takes sampling.max_new_tokens for them, which a config sets near their length).
@@ -358,8 +362,8 @@ def supervised_row_tokens(cfg: RunConfig, task: Any = None) -> int:
     reference answer), then EOS. With ``task`` (built: the worker) the longest of
     ``ROWS_MEASURED`` training problems drawn as the probe draws them is measured, in characters
     turned to tokens (``CHARS_PER_TOKEN``; no tokenizer is loaded before the estimate);
-    without (the API) a question of ``DEFAULT_QUESTION_TOKENS`` and an answer of
-    ``DEFAULT_ANSWER_TOKENS``.
+    without (the API) the longest question its task check drew (``question_chars``) or, not
+    checked, one of ``DEFAULT_QUESTION_TOKENS``, and an answer of ``DEFAULT_ANSWER_TOKENS``.
     Never sampling.max_new_tokens: it bounds what evaluation writes, not these rows (issue 49:
     a default of 16 sized a 76-token row)."""
     if cfg.kind != "sft":
@@ -371,7 +375,11 @@ def supervised_row_tokens(cfg: RunConfig, task: Any = None) -> int:
     frame = CHAT_FRAME_TOKENS + (len(cfg.prompt.system or "") + 1) // CHARS_PER_TOKEN
     if task is None:
         wrapper = math.ceil(len(target.replace("{answer}", "")) / CHARS_PER_TOKEN)
-        return frame + DEFAULT_QUESTION_TOKENS + wrapper + DEFAULT_ANSWER_TOKENS + 1
+        question = DEFAULT_QUESTION_TOKENS
+        if question_chars is not None:
+            template = len(render(cfg.prompt.text(), {"question": ""}))
+            question = math.ceil((template + question_chars) / CHARS_PER_TOKEN)
+        return frame + question + wrapper + DEFAULT_ANSWER_TOKENS + 1
     drawn = task.train_prompts(random.Random(0), ROWS_MEASURED)
     longest = max(
         (

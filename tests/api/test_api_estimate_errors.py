@@ -85,3 +85,26 @@ def test_a_generators_parameters_for_the_form(api: Api) -> None:
     missing = api.get("/api/presets/generators/no_such_generator")
     assert missing.status_code == 404 and "no_such_generator" in missing.json()["detail"]
     assert api.get("/api/presets/generators/..%2Fetc").status_code in (404, 422)
+
+
+def test_an_sft_estimate_sizes_its_rows_by_the_problems_its_task_check_drew(api: Api) -> None:
+    """Issue 49: without its task built, an sft step's rows were sized by a default question of
+    48 tokens (arith's are "12+7=": the estimate read 2.6x its peak). With a token the task
+    check draws the problems, and the update is sized by the longest of them."""
+    sft = {
+        **tiny_config(2),
+        "algorithm": None,
+        "kind": "sft",
+        "kind_params": {"batch_size": 32},
+        "model": {"name": "smollm2-135m-instruct"},
+    }
+    anonymous = api.post("/api/runs/estimate", user=None, json={"config": sft}).json()
+    checked = api.post("/api/runs/estimate", json={"config": sft}).json()
+    assert checked["task"]["longest_prompt"] > 0
+    assert checked["parts"]["update"] < 0.8 * anonymous["parts"]["update"]
+    assert checked["total_bytes"] == sum(checked["parts"][k] for k in ("process", "state")) + max(
+        checked["parts"][k] for k in ("sampling", "evaluation", "update")
+    )
+    # the same rows where no task is built to measure them: an rl run's are its answers
+    rl = api.post("/api/runs/estimate", json={"config": tiny_config(2)}).json()
+    assert rl["task"] is None or "longest_prompt" in rl["task"]

@@ -123,6 +123,11 @@ class TaskCheck(BaseModel):
     )
     asked: int = Field(description="task.eval_size.")
     text: str
+    longest_prompt: int | None = Field(
+        None,
+        description="Characters of the longest problem drawn: an sft run's rows are sized by it"
+        " in the memory estimate beside (else by a default question).",
+    )
 
 
 class PaceOfLike(BaseModel):
@@ -186,6 +191,13 @@ async def estimate(
         return report
     await anyio.to_thread.run_sync(check_token, db, credentials)  # a bad token: 401
     report["task"] = await anyio.to_thread.run_sync(_task_check, config, settings)
+    if config.kind == "sft" and (chars := (report["task"] or {}).get("longest_prompt")):
+        # An sft step's rows are its problems: the check drew them, so size the rows by them
+        # (without, a default question; issue 49: arith's 4-token questions read 48).
+        measured = await anyio.to_thread.run_sync(
+            run_inputs.memory_report, config, settings, chars
+        )
+        report.update({k: v for k, v in measured.items() if k != "errors"})
     validated = config.model_dump(mode="json")  # as runs store it: every default filled in
     report["pace"] = await anyio.to_thread.run_sync(_pace_of_like, db, validated)
     return report
@@ -294,6 +306,7 @@ def _task_check(config: RunConfig, settings: Settings) -> dict[str, Any] | None:
         "held_out": found.held_out,
         "asked": asked,
         "text": text,
+        "longest_prompt": found.longest_prompt,
     }
 
 
