@@ -108,9 +108,11 @@ export function anyField(path, rawProp, value) {
   if (special) return special;
   if (p.type === "object" && p.properties) return subObject(path, p, value);
   if (items?.type === "object") return objectList(path, p, items, value);
-  // A free-form mapping (a reward's params): JSON text, parsed on submit.
-  if (p.type === "object") return field(path, { ...p, type: "json" }, JSON.stringify(value ?? {}));
-  if (items) return field(path, { ...p, type: "list" }, (value || []).join(", "));
+  // A free-form mapping (a reward's params): JSON text, parsed on submit; text that did not
+  // parse is shown as it was typed, not quoted again.
+  const json = typeof value === "string" ? value : JSON.stringify(value ?? {});
+  if (p.type === "object") return field(path, { ...p, type: "json" }, json);
+  if (items) return field(path, { ...p, type: "list" }, Array.isArray(value) ? value.join(", ") : (value ?? ""));
   return field(path, rawProp, value);
 }
 

@@ -355,14 +355,12 @@ export function applyKind() {
     : "";
 }
 
+/** What was typed into `kind`'s parameters, as values (a generator's config an object, a list an
+ * array): switching back rebuilds the fields from them. Kept as the inputs' text, a JSON field's
+ * came back quoted as a string (and the server refused it as one). */
 function rememberParams(kind) {
-  const { prefix } = REGISTRIES[kind];
   typed[kind] ??= {};
-  const saved = {};
-  typed[kind][current[kind]] = saved;
-  for (const el of $$(`[name^='${prefix}.']`)) {
-    saved[el.name.slice(prefix.length + 1)] = el.type === "checkbox" ? el.checked : el.value;
-  }
+  typed[kind][current[kind]] = collect(REGISTRIES[kind].prefix) || {};
 }
 
 export function switchEntry(kind, name) {

@@ -16,6 +16,7 @@ from tests.ui.test_pages import wait_until
 pytestmark = pytest.mark.browser
 CONFIG = '[name="config.task.params.config"]'
 DATASET = '[name="config.task.params.dataset"]'
+TASK = '[name="config.task.name"]'
 
 
 def request_preview(page: Any) -> dict[str, Any]:
@@ -111,4 +112,24 @@ def test_the_sft_tool_can_be_set_back_to_none(page: Any, ui_server: Any) -> None
         page,
         lambda: request_preview(page)["config"]["kind_params"].get("tool") is None,
         what="no tool in the request",
+    )
+
+
+def test_a_task_s_settings_come_back_as_they_were_after_switching_away(
+    page: Any, ui_server: Any
+) -> None:
+    """The walk after issue 49: SmolLM2's gcd settings, the task switched to arith and back:
+    the generator's config came back as a quoted string (the field's text re-encoded), and the
+    server refused it (task.params.config: a valid dictionary)."""
+    choose_smollm2(page, ui_server)
+    gcd = json.loads(page.input_value(CONFIG))
+    page.select_option(TASK, "arith")
+    page.wait_for_selector('[name="config.task.params.digits"]')
+    page.select_option(TASK, "reasoning_gym")
+    page.wait_for_selector(CONFIG)
+    assert json.loads(page.input_value(CONFIG)) == gcd  # an object again, not a string of one
+    wait_until(
+        page,
+        lambda: request_preview(page)["config"]["task"]["params"].get("config") == gcd,
+        what="the request's config an object",
     )
