@@ -106,7 +106,8 @@ function pairGrid(view, colors) {
           ? "– (needs ≥ 3 pairs)"
           : "–"
         : `${fmtNum(p.p_improvement, 3)} [${(p.p_improvement_ci || []).map((v) => fmtNum(v, 2)).join(", ") || "–"}]`,
-      p.dropped.length ? p.dropped.join(", ") : "none",
+      // "seed 0", not a bare "0" that reads as a count of none (the verdict names the seeds too)
+      p.dropped.length ? `${p.dropped.length > 1 ? "seeds" : "seed"} ${p.dropped.join(", ")}` : "none",
     ]),
   );
 }
