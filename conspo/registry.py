@@ -44,6 +44,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from conspo import plugins
 
 if TYPE_CHECKING:
+    from conspo.environments.base import EnvNeeds
     from conspo.tasks.base import Task
 
 Loc = tuple[str | int, ...]
@@ -543,3 +544,49 @@ def get_tool(name: str) -> RegisteredTool:
 
 def tool_names() -> list[str]:
     return TOOLS.names()
+
+
+# --------------------------------------------------------------------------------------------
+# Environments (conspo/environments/): the multi-turn worlds a rollout plays
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisteredEnvironment:
+    name: str
+    # A class built as ``cls(params, example, seed)`` per rollout (it implements
+    # ``conspo.environments.base.Environment``), always played through
+    # ``conspo.environments.runner``, which contains its faults.
+    cls: Callable[..., Any]
+    params: type[BaseModel]
+    description: str
+    needs: EnvNeeds  # what it needs of a run: turns, tools, sandbox, a judge model
+
+    @property
+    def code(self) -> object:
+        return self.cls
+
+
+ENVIRONMENTS: Registry[RegisteredEnvironment] = Registry("environment", "conspo.environments")
+EnvironmentClass = TypeVar("EnvironmentClass", bound=Callable[..., Any])
+
+
+def register_environment(
+    name: str, *, params: type[BaseModel], description: str, needs: EnvNeeds
+) -> Callable[[EnvironmentClass], EnvironmentClass]:
+    """Register the environment class ``cls(params, example, seed)`` under ``name``; ``needs``:
+    what it needs of a run (an ``EnvNeeds``: turns, tools, sandbox, a judge model)."""
+
+    def decorator(cls: EnvironmentClass) -> EnvironmentClass:
+        ENVIRONMENTS.add(RegisteredEnvironment(name, cls, params, description, needs))
+        return cls
+
+    return decorator
+
+
+def get_environment(name: str) -> RegisteredEnvironment:
+    return ENVIRONMENTS.get(name)
+
+
+def environment_names() -> list[str]:
+    return ENVIRONMENTS.names()

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from conspo import metrics as M
 from conspo.config import RunConfig, TaskConfig, ToolsConfig
 from conspo.registry import (
+    ENVIRONMENTS,
     JOB_KINDS,
     OBJECTIVES,
     REWARDS,
@@ -47,7 +48,9 @@ from tests.support import REQUIRE_SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "examples" / "data" / "math"
-REGISTRIES: tuple[Registry[Any], ...] = (OBJECTIVES, TASKS, REWARDS, JOB_KINDS, TOOLS)
+REGISTRIES: tuple[Registry[Any], ...] = (
+    OBJECTIVES, TASKS, REWARDS, JOB_KINDS, TOOLS, ENVIRONMENTS
+)  # fmt: skip
 CATALOGUE = M.catalogue()
 
 
@@ -123,8 +126,8 @@ def test_the_first_lookup_imports_every_module_of_each_registrys_packages() -> N
     found = json.loads(
         python("""
             import json, sys
-            from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS
-            for registry in (JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS):
+            from conspo.registry import all_registries
+            for registry in all_registries():
                 registry.names()
             print(json.dumps(sorted(sys.modules)))
         """)
