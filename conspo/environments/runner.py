@@ -167,7 +167,11 @@ class EpisodeRunner:
         """Play one action; the turn as recorded (its ``error`` set when it failed the episode)."""
         if self._env is None or self.over:
             raise RuntimeError("this episode takes no action: not reset, or over")
-        turn = play_turn(self._env, action, self.limits)
+        try:
+            turn = play_turn(self._env, action, self.limits)
+        except stopping.Abandoned:
+            self._cancelled()
+            raise
         self._turns.append(turn)
         if turn.error is not None:
             self._fail(turn.error)
@@ -203,10 +207,19 @@ class EpisodeRunner:
     def _call(self, fn: Callable[[], V], what: str) -> V:
         try:
             return contained_call(fn, timeout_s=self.limits.timeout_s, what=what)
+        except stopping.Abandoned:
+            self._cancelled()
+            raise
         except EnvironmentFault as fault:
             if "timed out" in str(fault):
                 self._abandoned = True
             raise
+
+    def _cancelled(self) -> None:
+        """The run was cancelled while a call was under way: that call's thread may still be
+        inside the environment, so it is abandoned as a hung one is."""
+        self._abandoned = True
+        self._fail("cancelled while the environment was in a call")
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from conspo import stopping
 from conspo.config import RunConfig
 from conspo.environments import (
     EnvironmentLimits,
@@ -188,6 +189,21 @@ def test_a_faulty_environment_fails_its_episode_and_the_others_play_on(fault, re
     assert slowest < limits.timeout_s + 2.0  # a hang costs its timeout, not the caller's time
     # a hung environment is abandoned (it is still inside its call): never closed
     assert faulty.closed is (fault != "hangs")
+
+
+def test_a_cancel_lands_while_an_environment_hangs(released) -> None:
+    """A hung step is waited on in slices that ask the cancel check: the run's cancel ends the
+    wait long before the step's timeout."""
+    hung = Faulty("hangs")
+    runner = EpisodeRunner(lambda: hung, EnvironmentLimits(timeout_s=60))
+    runner.reset()
+    runner.step("first")
+    started = time.monotonic()
+    with pytest.raises(stopping.Abandoned), stopping.abandon_when(lambda: True):
+        runner.step("second")
+    assert time.monotonic() - started < 10
+    episode = runner.finish()  # the environment is still inside its step: never closed
+    assert episode.failure == "cancelled while the environment was in a call" and not hung.closed
 
 
 def test_an_environment_that_fails_to_start_fails_its_episode() -> None:
