@@ -55,14 +55,14 @@ BACKEND_ROOMS: Rooms = (
     ("backend.main",),
 )
 # conspo, from the bottom up. The base: the config and its checks, the registries, the metric
-# catalogue, the users' plugins (loaded by the registries), the sink, access to files and models, the catalogue of built-in models, the
-# sandbox for model-written code (standard library only) and the task and environment
-# interfaces (what the registry's entries are typed against). Then what registers there (tasks,
-# objectives, rewards, tools, environments); the models (loading, precision, the store, resources); generation and the
-# collectives; evaluation; supervised fine-tuning, which the built-ins' warm starts run
-# (``models.builtins``: the one module of models/ that trains, handed to the store as its
-# builder); the RL trainer and the loop; the job kinds and the TRL integration; the launcher; the
-# command line.
+# catalogue, the users' plugins (loaded by the registries), the sink, access to files and
+# models, the catalogue of built-in models, the sandbox for model-written code (standard
+# library only) and the task and environment interfaces (what the registry's entries are typed
+# against). Then what registers there (tasks, objectives, rewards, tools, environments); the
+# models (loading, precision, the store, resources); generation and the collectives;
+# evaluation; supervised fine-tuning, which the built-ins' warm starts run (``models.builtins``:
+# the one module of models/ that trains, handed to the store as its builder); the RL trainer
+# and the loop; the job kinds and the TRL integration; the launcher; the command line.
 CONSPO_ROOMS: Rooms = (
     (
         "conspo.lazy",

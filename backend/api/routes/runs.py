@@ -194,9 +194,7 @@ async def estimate(
     if config.kind == "sft" and (chars := (report["task"] or {}).get("longest_prompt")):
         # An sft step's rows are its problems: the check drew them, so size the rows by them
         # (without, a default question; issue 49: arith's 4-token questions read 48).
-        measured = await anyio.to_thread.run_sync(
-            run_inputs.memory_report, config, settings, chars
-        )
+        measured = await anyio.to_thread.run_sync(run_inputs.memory_report, config, settings, chars)
         report.update({k: v for k, v in measured.items() if k != "errors"})
     validated = config.model_dump(mode="json")  # as runs store it: every default filled in
     report["pace"] = await anyio.to_thread.run_sync(_pace_of_like, db, validated)
