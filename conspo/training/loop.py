@@ -168,6 +168,10 @@ def run_loop(
             if record is None:  # stopped inside the step: the step did not happen
                 break
             if sampler is not None:
+                if record.step == config.steps:
+                    # The last step reads once more, so a run shorter than one sampling
+                    # interval still logs its readings (its peak memory above all).
+                    sampler.sample()
                 record.metrics |= sampler.take()
             last_step = record.step
             evaluated(state, workdir, sink, record)

@@ -141,3 +141,19 @@ def test_the_trainer_logs_system_metrics_on_the_steps_a_sample_fell_in(on, model
     else:
         assert with_readings == []
     assert not any(k.startswith("system/gpu") for r in sink.steps.values() for k in r.metrics)
+
+
+def test_a_run_shorter_than_one_interval_still_logs_its_readings_on_its_last_step(model_store):
+    """On an idle machine a short run finished before the sampler's first reading and logged no
+    system/* at all (no peak memory to hold an estimate to): the last step reads once more."""
+    cfg = RunConfig.model_validate({
+        "algorithm": "grpo", "steps": 2, "model": {"name": "tiny-arith", "device": "cpu"},
+        "task": {"name": "arith", "eval_size": 4}, "eval": {"every": 0},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "logging": {"system_interval_s": 60},
+    })  # fmt: skip
+    sink = MemorySink()
+    with tempfile.TemporaryDirectory() as workdir:
+        train(cfg, sink, workdir=workdir, model_store=model_store)
+    assert M.SYS_PEAK_RSS_GIB not in sink.steps[1].metrics  # no reading fell in it
+    assert sink.steps[2].metrics[M.SYS_PEAK_RSS_GIB] >= sink.steps[2].metrics[M.SYS_RSS_GIB] > 0.05
