@@ -279,6 +279,11 @@ def _probe_in_child(request: dict[str, Any], replies_fd: int) -> dict[str, Any]:
     if "built" not in reply and "failure" not in reply:
         if time.monotonic() >= deadline:
             reply["failure"] = ["timeout", ""]
+        elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT:
+            # Under the address-space limit an allocation in C code that fails aborts the
+            # process (a C++ bad_alloc's terminate, a malloc check) instead of raising
+            # MemoryError: the budget's refusal, as a MemoryError would give.
+            reply["failure"] = ["memory", "signal 6 (an allocation failed)"]
         elif os.WIFSIGNALED(status):
             reply["failure"] = ["died", f"signal {os.WTERMSIG(status)}"]
         else:

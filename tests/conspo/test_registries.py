@@ -302,6 +302,9 @@ def test_every_job_kind_trains_from_its_example_and_logs_exactly_what_it_declare
     for name, run in job_kind_runs.items():
         assert run.status == "succeeded", name
         declared = declared_keys(run.config, JOB_KINDS.get(name))
-        undeclared, missing = run.logged - declared, declared - run.logged
+        # system/* readings come from the sampler of any run that trains through the loop, on
+        # the steps a sample fell in and on the last step (conspo.system): not the kind's own.
+        logged = {k for k in run.logged if not k.startswith("system/")}
+        undeclared, missing = logged - declared, declared - logged
         assert not undeclared, f"kind {name} logs keys it does not declare: {sorted(undeclared)}"
         assert not missing, f"kind {name} declares keys it never logged: {sorted(missing)}"
