@@ -203,11 +203,16 @@ def _module_loader(name: str) -> Callable[[], object]:
     return load
 
 
+def file_module_name(path: str | Path) -> str:
+    """The module name a ``.py`` plugin file is imported as (in ``sys.modules``)."""
+    return "conspo_plugin_" + re.sub(r"\W", "_", Path(path).stem)
+
+
 def _file_loader(path: Path) -> Callable[[], object]:
     def load() -> object:
         if not path.is_file():
             raise FileNotFoundError(f"no such file: {path}")
-        module_name = "conspo_plugin_" + re.sub(r"\W", "_", path.stem)
+        module_name = file_module_name(path)
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot import {path}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 from conspo import plugins
 
@@ -27,7 +26,7 @@ def allowed_roots() -> set[str]:
             continue
         module = plugin.target.split(":")[0]
         if module.endswith(".py") or "/" in module or "\\" in module:
-            module = "conspo_plugin_" + re.sub(r"\W", "_", Path(module).stem)
+            module = plugins.file_module_name(module)
         roots.add(module.split(".")[0])
     return roots
 
