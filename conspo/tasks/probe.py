@@ -320,11 +320,15 @@ def _draw(fd: int, request: dict[str, Any]) -> None:
 
 def _ran_out_of_memory(exc: BaseException) -> bool:
     """Whether a MemoryError is anywhere in the chain: generators wrap what they hit (word_ladder
-    raises ``RuntimeError("Error processing words.csv content: ")`` from the MemoryError)."""
+    raises ``RuntimeError("Error processing words.csv content: ")`` from the MemoryError). Under
+    the address-space cap a C extension whose allocation failed may return without setting any
+    error, which Python reports as the SystemError below: that is the cap too."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         if isinstance(current, MemoryError):
+            return True
+        if isinstance(current, SystemError) and "without exception set" in str(current):
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__

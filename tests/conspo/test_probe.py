@@ -87,6 +87,9 @@ def test_a_memory_error_wrapped_by_the_generator_is_still_memory() -> None:
         wrapped()
     assert _ran_out_of_memory(caught.value)
     assert not _ran_out_of_memory(RuntimeError("Error processing words.csv content: "))
+    # a C allocation that failed under the cap without setting an error (seen in CI)
+    assert _ran_out_of_memory(SystemError("error return without exception set"))
+    assert not _ran_out_of_memory(SystemError("some other internal error"))
 
 
 def test_a_count_past_the_deadline_is_unknown_not_refused(prober: TaskProber) -> None:
