@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
@@ -49,6 +50,9 @@ REPLY_MARGIN_S = 5.0
 # A new helper says it is ready (its imports done: seconds, more on a busy machine) within this.
 START_TIMEOUT_S = 120.0
 READY = "ready"
+# A build that failed under the memory cap in a way that is not plainly a MemoryError is tried
+# again with at least this much more room (``_draw``).
+RETRY_ROOM_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -292,30 +296,46 @@ def _probe_in_child(request: dict[str, Any], replies_fd: int) -> dict[str, Any]:
 
 
 def _draw(fd: int, request: dict[str, Any]) -> None:
-    """The child: build the task, report its first problems' length, then count held-out."""
+    """The child: build the task, report its first problems' length, then count held-out.
+
+    A failure under the memory cap may surface as any exception at all (an allocation failed in
+    the parser, in C code that set no error, ...), so a failure that is not plainly a
+    MemoryError is tried once more with more room (``RETRY_ROOM_BYTES`` over the cap): what
+    then succeeds failed for want of memory, and is the budget's refusal."""
 
     def send(*message: Any) -> None:
         os.write(fd, (json.dumps(message) + "\n").encode())
 
     try:
-        _cap_memory(request["memory_bytes"])
-        started = time.monotonic()
-        from conspo.tasks import make_task
-
-        task = make_task(TaskConfig.model_validate(request["task"]))
-        prompts = task.train_prompts(random.Random(0), 4)
-        longest = max((len(p.prompt) for p in prompts), default=0)
-        send("built", longest, time.monotonic() - started)
-        if longest > request["max_prompt_chars"]:
-            return
-        held_out = task.eval_examples(request["eval_size"])
-        send("held_out", len(held_out), max((len(p.prompt) for p in held_out), default=0))
+        limit = _cap_memory(request["memory_bytes"])
+        try:
+            _build_and_count(request, send)
+        except Exception as first:
+            if _ran_out_of_memory(first):
+                raise
+            _raise_soft_limit(limit + max(request["memory_bytes"], RETRY_ROOM_BYTES))
+            _build_and_count(request, lambda *message: None)  # the retry only tells apart
+            send("failure", ["memory", ""])  # it needed the room the cap did not leave
     except BaseException as exc:  # whatever the task raises is what is wrong with it
         with contextlib.suppress(Exception):
             if _ran_out_of_memory(exc):
                 send("failure", ["memory", ""])
             else:
                 send("failure", ["error", f"{type(exc).__name__}: {exc}"[:500]])
+
+
+def _build_and_count(request: dict[str, Any], send: Callable[..., None]) -> None:
+    started = time.monotonic()
+    from conspo.tasks import make_task
+
+    task = make_task(TaskConfig.model_validate(request["task"]))
+    prompts = task.train_prompts(random.Random(0), 4)
+    longest = max((len(p.prompt) for p in prompts), default=0)
+    send("built", longest, time.monotonic() - started)
+    if longest > request["max_prompt_chars"]:
+        return
+    held_out = task.eval_examples(request["eval_size"])
+    send("held_out", len(held_out), max((len(p.prompt) for p in held_out), default=0))
 
 
 def _ran_out_of_memory(exc: BaseException) -> bool:
@@ -344,12 +364,17 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _cap_memory(extra_bytes: int) -> None:
+def _cap_memory(extra_bytes: int) -> int:
     """Cap the address space at what it is now plus ``extra_bytes`` (an allocation past it
-    raises MemoryError)."""
+    raises MemoryError); the cap in bytes."""
     with open("/proc/self/statm") as f:
         virtual = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     limit = virtual + extra_bytes
+    _raise_soft_limit(limit)
+    return limit
+
+
+def _raise_soft_limit(limit: int) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
