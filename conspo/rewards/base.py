@@ -10,18 +10,28 @@ reward's mean over the step's rollouts is logged as ``reward/<name>``. ``verifie
 verify, the verified outcome O: every run has it (the config adds it with weight 1 when it is not
 listed), and O alone decides who is positive, whatever the other rewards and the weights are.
 Pure Python on strings, no torch: the API validates configs against the parameter models.
+
+A reward is user code (a plugin registers its own, and a user's task brings its own verify), so
+scoring contains it: a rollout whose reward raises, or returns no finite number, fails that
+reward alone (scored 0, counted in ``RewardScores.failed``, the first reason logged once per
+step), and a batched reward whose call fails fails its whole batch. A cancel and the device
+running out of memory are the run's, not a rollout's: they still end the step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from conspo.registry import get_reward
+from conspo.stopping import Abandoned
 from conspo.tasks.base import Example, Task, prefetch
 
 if TYPE_CHECKING:
@@ -31,6 +41,7 @@ log = logging.getLogger(__name__)
 
 VERIFIER = "verifier"  # the reward whose value is the verified outcome (conspo.rewards.verifier)
 BOXED = "\\boxed{"  # the answer's marker, which format and info_gain both look for
+REASON_CHARS = 300  # a failure's reason is cut to this: one log line, not a page of repr
 
 
 # (rows, contexts, continuations) → for each row, the mean log π(continuation | the row's prompt
@@ -53,7 +64,8 @@ class RewardContext:
 
 class RewardFailed(Exception):
     """A reward that could not be computed for one rollout: the rollout gets 0 from it, and
-    ``score_rollouts`` counts and logs such rollouts per reward."""
+    ``score_rollouts`` counts and logs such rollouts per reward, with this message as the
+    reason. Any other exception counts the same, reported with its type (a bug, not a verdict)."""
 
 
 class RewardParams(BaseModel):
@@ -95,6 +107,9 @@ class RewardScores:
     parts: dict[str, list[float]]
     shaped: list[float]
     failed: dict[str, int] = field(default_factory=dict)  # reward → rollouts it failed on
+    # reward → why it failed, its first failure of the batch: an exception's type and message,
+    # or what it returned instead of a number
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 def score_rollouts(
@@ -106,27 +121,128 @@ def score_rollouts(
 ) -> RewardScores:
     """Every reward of every rollout; ``rewards`` must hold the verifier (the config adds it).
     The task first sees the whole batch (its optional ``prefetch``: the code task runs the
-    batch's sandboxes together)."""
+    batch's sandboxes together). A reward that fails on a rollout scores it 0 (the module
+    docstring); ``Abandoned`` and the device's out-of-memory error propagate."""
     parts: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
+    reasons: dict[str, str] = {}
     prefetch(context.task, completions, examples)
     for reward in rewards:
-        if reward.batched:
-            values = reward.fn(completions, examples, lengths, context, reward.params)
-            parts[reward.name] = [float(v) for v in values]
-            continue
-        parts[reward.name] = []
-        for text, example, n in zip(completions, examples, lengths, strict=True):
-            try:
-                value = reward.fn(text, example, replace(context, length=n), reward.params)
-            except RewardFailed as exc:
-                value, failed[reward.name] = 0.0, failed.get(reward.name, 0) + 1
-                why = str(exc)
-            parts[reward.name].append(value)
-        if reward.name in failed:
+        score = _score_batch if reward.batched else _score_each
+        parts[reward.name], failures = score(reward, completions, examples, lengths, context)
+        if failures:
+            failed[reward.name], reasons[reward.name] = len(failures), failures[0]
             log.warning(
                 "reward %s failed on %d of %d rollouts (scored 0): %s",
-                reward.name, failed[reward.name], len(completions), why,
+                reward.name, len(failures), len(completions), failures[0],
             )  # fmt: skip
     shaped = [sum(r.weight * parts[r.name][i] for r in rewards) for i in range(len(completions))]
-    return RewardScores(outcome=parts[VERIFIER], parts=parts, shaped=shaped, failed=failed)
+    return RewardScores(
+        outcome=parts[VERIFIER], parts=parts, shaped=shaped, failed=failed, reasons=reasons
+    )
+
+
+# A reward's scores, and the reason of each rollout it failed on.
+Scored = tuple[list[float], list[str]]
+
+
+def _score_each(
+    reward: WeightedReward,
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    lengths: Sequence[int],
+    context: RewardContext,
+) -> Scored:
+    """One call per rollout: a rollout whose call raises or returns no number fails alone."""
+    values: list[float] = []
+    failures: list[str] = []
+    for text, example, n in zip(completions, examples, lengths, strict=True):
+        try:
+            returned = reward.fn(text, example, replace(context, length=n), reward.params)
+            values.append(_as_score(returned))
+        except Exception as exc:
+            if _ends_the_step(exc):
+                raise
+            values.append(0.0)
+            failures.append(_reason(exc))
+    return values, failures
+
+
+def _score_batch(
+    reward: WeightedReward,
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    lengths: Sequence[int],
+    context: RewardContext,
+) -> Scored:
+    """One call for the batch: a call that raises, or returns no sequence of one value per
+    rollout, fails every rollout (no value can be told apart from its neighbours'); a value
+    that is no number fails its own rollout."""
+    n = len(completions)
+    try:
+        returned = reward.fn(completions, examples, lengths, context, reward.params)
+        each = _one_per_rollout(returned, n)
+    except Exception as exc:
+        if _ends_the_step(exc):
+            raise
+        return [0.0] * n, [_reason(exc)] * n
+    values: list[float] = []
+    failures: list[str] = []
+    for value in each:
+        try:
+            values.append(_as_score(value))
+        except Exception as exc:  # its own __float__ may raise anything
+            if _ends_the_step(exc):
+                raise
+            values.append(0.0)
+            failures.append(_reason(exc))
+    return values, failures
+
+
+def _one_per_rollout(returned: object, n: int) -> list[object]:
+    # A string is iterable, and would pass as its characters.
+    if isinstance(returned, str | bytes) or not isinstance(returned, Iterable):
+        raise RewardFailed(f"returned {_shown(returned)}, not a list of {n} numbers")
+    values = list(returned)
+    if len(values) != n:
+        raise RewardFailed(f"returned {len(values)} values for {n} rollouts")
+    return values
+
+
+def _as_score(value: object) -> float:
+    """``value`` as a reward: a finite real number, or ``RewardFailed``. Whatever ``float``
+    takes counts (an int, a numpy or one-element torch scalar), and so does a bool, as 1.0 or
+    0.0: a verifier-like reward returns whether the answer is right, as a task's verify may,
+    and refusing it would fail every rollout of a correct reward. A string is refused although
+    ``float`` parses "0.5": a reward that returns text is a bug, not a score."""
+    number = math.nan
+    if not isinstance(value, str | bytes | bytearray):
+        # None, a list, a 2-element tensor: no number
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            number = float(value)  # type: ignore[arg-type]  # anything may come back
+    if not math.isfinite(number):
+        raise RewardFailed(f"returned {_shown(value)}, not a finite number")
+    return number
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{text if len(text) <= 80 else text[:79] + '…'} ({type(value).__name__})"
+
+
+def _reason(exc: Exception) -> str:
+    """A ``RewardFailed`` says why in its message; any other exception is named by its type."""
+    why = str(exc) if isinstance(exc, RewardFailed) else f"{type(exc).__name__}: {exc}"
+    return why if len(why) <= REASON_CHARS else why[: REASON_CHARS - 1] + "…"
+
+
+def _ends_the_step(exc: Exception) -> bool:
+    """Whether ``exc`` is the run's, not the rollout's, and must propagate: a cancel (a
+    batched reward that reads the policy asks ``stopping.check`` between its layers) and the
+    device out of memory (the training loop turns it into a message saying what to lower).
+    torch is looked up, not imported, to keep this module torch-free: a process that never
+    imported it has no device memory to run out of."""
+    torch = sys.modules.get("torch")
+    return isinstance(exc, Abandoned) or (
+        torch is not None and isinstance(exc, torch.OutOfMemoryError)
+    )
