@@ -33,12 +33,14 @@ from conspo.input_checks import Label, Text, check_label, json_problem, loc_text
 from conspo.metrics import EVAL_ACCURACY, EVAL_PASS_AT_K, benchmark_keys
 from conspo.models.catalog import BUILTIN_MODELS
 from conspo.registry import (
+    ENVIRONMENTS,
     JOB_KINDS,
     OBJECTIVES,
     REWARDS,
     TASKS,
     TOOLS,
     Registry,
+    get_environment,
     get_objective,
     json_numbers,
     relocated,
@@ -960,6 +962,16 @@ def _checked_by_kind(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def _checked_environment(cfg: RunConfig) -> RunConfig:
+    """``cfg`` if what its environment needs (``EnvNeeds``) and its credit setting fit the rest
+    of it; else every problem at its field."""
+    problems = cfg.environment_problems()
+    if problems:
+        details = [_error(loc, message, value) for loc, message, value in problems]
+        raise ValidationError.from_exception_data("RunConfig", details)
+    return cfg
+
+
 def _buffer_too_long(field: str, buffer: int, limit: int) -> str:
     """DAPO's overlong penalty starts at max_new_tokens − buffer: a buffer as long as the
     response cap would penalise every answer, however short (a correct 2-token answer would
@@ -972,6 +984,64 @@ def _buffer_too_long(field: str, buffer: int, limit: int) -> str:
 
 def _error(loc: tuple[str | int, ...], message: str, value: object) -> InitErrorDetails:
     return {"type": PydanticCustomError("value_error", message), "loc": loc, "input": value}
+
+
+class EnvironmentConfig(_Section):
+    """How a run whose task plays an environment (task ``environment``) plays it, turn by turn
+    (``conspo.environments``): each turn of the model is an action, the environment's answer its
+    next user message (masked from every loss), and the rollout ends when the episode does. And
+    how its turns are credited (``conspo.credit``)."""
+
+    max_turns: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        title="Max turns",
+        description="Actions one episode may take (none: the environment's own limit, which it"
+        " may not exceed). sampling.max_new_tokens bounds the whole rollout, the model's and the"
+        " environment's tokens together.",
+    )
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=120,
+        title="Call timeout (s)",
+        json_schema_extra={"advanced": True},
+        description="Wall-clock limit of one call into the environment (create, reset, step,"
+        " close); past it the episode fails and the call is abandoned.",
+    )
+    max_observation_chars: int = Field(
+        2048,
+        ge=64,
+        le=65_536,
+        title="Observation shown (chars)",
+        json_schema_extra={"advanced": True},
+        description="What the model is shown of one observation, at most (head and tail, the"
+        " cut said).",
+    )
+    credit: Literal["outcome", "turn", "gigpo"] = Field(
+        "outcome",
+        title="Credit",
+        description="How turns are credited: outcome = the rollout's reward on every token"
+        " (as a single answer); turn = plus each turn's discounted return, normalised among the"
+        " group's rollouts at the same turn; gigpo = plus the same, normalised among the group's"
+        " turns that acted on the same observation (GiGPO's anchor states, arXiv:2505.10978).",
+    )
+    gamma: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        title="Discount γ",
+        description="Discount of later turns' rewards in a turn's return (turn, gigpo credit).",
+    )
+    step_weight: float = Field(
+        1.0,
+        ge=0,
+        le=10,
+        title="Turn weight ω",
+        json_schema_extra={"advanced": True},
+        description="Weight ω of the turn-level advantage added to the episode's (GiGPO's ω).",
+    )
 
 
 class RunConfig(_Section):
@@ -1009,6 +1079,7 @@ class RunConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig, title="Tools")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, title="Environment")
     rewards: list[RewardConfig] = Field(
         default_factory=list,
         max_length=16,
@@ -1043,7 +1114,7 @@ class RunConfig(_Section):
         if resolved is not None:
             validated.kind_params = resolved.model_dump()
             validated.remember_typed("kind_params", resolved)
-        return _checked_by_kind(_resolved_rewards(validated, data))
+        return _checked_environment(_checked_by_kind(_resolved_rewards(validated, data)))
 
     @model_validator(mode="after")
     def _every_process_has_a_group(self) -> RunConfig:
@@ -1076,6 +1147,68 @@ class RunConfig(_Section):
             )
         return self
 
+    def played_environment(self) -> str | None:
+        """The environment this run's task plays, turn by turn (None: its task plays none)."""
+        if self.task.name != "environment":
+            return None
+        name = self.task.params.get("environment", "guess_number")
+        return name if isinstance(name, str) and name in ENVIRONMENTS.names() else None
+
+    def environment_problems(self) -> list[tuple[tuple[str | int, ...], str, object]]:
+        """(field, message, value) of each way the run's environment settings do not fit."""
+        env = self.environment
+        name = self.played_environment()
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        if name is None:
+            if env.credit != "outcome":
+                problems.append((
+                    ("environment", "credit"),
+                    f"credit {env.credit!r} credits an environment's turns: it needs a task"
+                    " that plays one (task.name 'environment')",
+                    env.credit,
+                ))  # fmt: skip
+            return problems
+        needs = get_environment(name).needs
+        where = ("task", "params", "environment")
+        if self.sampling.engine != "native":
+            problems.append((
+                ("sampling", "engine"),
+                f"environment {name!r} is played turn by turn by the native engine; the"
+                f" {self.sampling.engine!r} engine does not play environments yet",
+                self.sampling.engine,
+            ))  # fmt: skip
+        if env.max_turns is not None and env.max_turns > needs.max_turns:
+            problems.append((
+                ("environment", "max_turns"),
+                f"environment {name!r} takes at most {needs.max_turns} turns",
+                env.max_turns,
+            ))  # fmt: skip
+        if needs.judge:
+            problems.append((
+                where,
+                f"environment {name!r} needs a judge or simulator model, which no run can give"
+                " an environment yet",
+                name,
+            ))  # fmt: skip
+        missing = [tool for tool in needs.tools if tool not in self.tools.names]
+        if missing:
+            problems.append((
+                ("tools", "names"),
+                f"environment {name!r} needs the tools {', '.join(missing)}: list them",
+                self.tools.names,
+            ))  # fmt: skip
+        if env.credit != "outcome":
+            known = self.algorithm is not None and self.algorithm in OBJECTIVES.names()
+            if self.algorithm is None or (known and not get_objective(self.algorithm).turn_credit):
+                takes = ", ".join(n for n in OBJECTIVES.names() if get_objective(n).turn_credit)
+                problems.append((
+                    ("environment", "credit"),
+                    f"credit {env.credit!r} needs an objective that takes per-turn advantages"
+                    f" ({takes}), not {self.algorithm or self.kind!r}",
+                    env.credit,
+                ))  # fmt: skip
+        return problems
+
     def code_execution(self) -> list[str]:
         """What in this run executes model-written code, in words (empty: nothing does)."""
         return [words for _, words in self.code_execution_at()]
@@ -1093,6 +1226,9 @@ class RunConfig(_Section):
         task = TASKS.get(self.task.name) if self.task.name in TASKS.names() else None
         if task is not None and getattr(task.cls, "runs_code", False):
             needs.append((("task", "name"), f"task {self.task.name!r}"))
+        played = self.played_environment()
+        if played is not None and get_environment(played).needs.sandbox:
+            needs.append((("task", "params", "environment"), f"environment {played!r}"))
         needs += [
             (("eval", "benchmarks", i, "source"), f"benchmark {b.name!r}")
             for i, b in enumerate(self.eval.benchmarks)
@@ -1112,6 +1248,8 @@ class RunConfig(_Section):
             used.append((("algorithm",), OBJECTIVES, self.algorithm))
         used += [(("rewards", i, "name"), REWARDS, r.name) for i, r in enumerate(self.rewards)]
         used += [(("tools", "names", i), TOOLS, name) for i, name in enumerate(self.tools.names)]
+        if (played := self.played_environment()) is not None:
+            used.append((("task", "params", "environment"), ENVIRONMENTS, played))
         return used
 
     def objective_params(self) -> BaseModel | None:

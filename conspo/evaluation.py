@@ -48,6 +48,7 @@ from conspo.objectives.base import positive_mask
 from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example, Task, Verifier, prefetch
 from conspo.tasks.datasets import load_problems
+from conspo.tasks.environment import with_episode
 from conspo.tasks.humaneval import HumanEvalVerifier, humaneval_problems
 
 BEST_DIR = "best"
@@ -129,8 +130,11 @@ def generate_and_verify(
         temperature=temperature,
         top_p=top_p,
         generator=generator,
+        examples=examples,
     )
     batch = (engine or NativeEngine()).sample(model, ids, mask, request)
+    if batch.episodes is not None:  # what each answer played: verify reads it
+        examples = [with_episode(ex, ep) for ex, ep in zip(examples, batch.episodes, strict=True)]
     texts = verified_texts(tokenizer, batch)
     prefetch(task, texts, examples)
     rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])

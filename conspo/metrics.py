@@ -107,6 +107,17 @@ TOOLS_TURNS = "tools/turns"
 TOOLS_OBSERVATION_TOKENS = "tools/observation_tokens"
 TIME_TOOLS_S = "time/tools_s"
 TIME_SANDBOX_S = "time/sandbox_s"
+ENV_TURNS = "env/turns"
+ENV_TURNS_POS = "env/turns_pos"
+ENV_TURNS_NEG = "env/turns_neg"
+ENV_SUCCESS = "env/success"
+ENV_RETURN = "env/return"
+ENV_TURN_REWARD = "env/turn_reward"
+ENV_FAILED = "env/failed"
+ENV_TRUNCATED = "env/truncated"
+ENV_INVALID = "env/invalid"
+ENV_OBSERVATION_TOKENS = "env/observation_tokens"
+TIME_ENV_S = "time/env_s"
 EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"
 
 # --- time and throughput --------------------------------------------------------------------
@@ -336,6 +347,13 @@ SECTIONS: tuple[Section, ...] = (
         needs="tools.names",
         folded="this run calls no tools (tools.names is empty): every rollout is one answer",
     ),
+    Section(
+        "env",
+        "Environment episodes",
+        needs="task.name=environment",
+        folded="this run plays no environment (task.name is not 'environment'): every rollout"
+        " is one answer",
+    ),
     Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
     Section("system", "System: the training process and the machine"),
@@ -429,6 +447,17 @@ CHARTS: tuple[Chart, ...] = (
           y_range="zero",
           help="Model turns (calls + 1) and the interpreter's tokens in each rollout: context"
           " the model reads, which no loss or score counts."),
+    Chart("envturns", "Turns per episode: correct vs wrong", "env", "turns / episode",
+          y_range="zero", always=True,
+          help="Do the episodes that end right finish in fewer turns? Mean turns of every"
+          " episode, of the won ones and of the lost ones."),
+    Chart("envoutcome", "How episodes ended", "env", "fraction of episodes", y_range="unit",
+          help="Share of the step's episodes won, failed by the environment (it raised, hung,"
+          " returned a wrong type or a non-finite reward) and cut by the turn limit or the"
+          " token budget; and the share of turns the environment called invalid."),
+    Chart("envreward", "Environment reward", "env", "reward",
+          help="Mean return of an episode (the environment's final reward, else the sum of its"
+          " turns') and mean reward of one turn."),
     Chart("sft", "SFT: answer-token accuracy", "job", "fraction of answer tokens",
           y_range="unit", kinds=("sft",), always=True,
           help="Share of the target's tokens the model predicts first (argmax), teacher-forced."),
@@ -656,6 +685,37 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_TOOL_CALL_RATE, "tool-call rate (greedy)",
            "Share of the held-out problems whose greedy answer called a tool.", "fraction",
            "evalc", when="the run has tools, at every evaluation", color="accent3", dash=True),
+    # environments
+    Metric(ENV_TURNS, "turns", "Mean turns (actions played) per episode of the step.",
+           "turns", "envturns", when="the run plays an environment"),
+    Metric(ENV_TURNS_POS, "turns (won)", "Mean turns of the won episodes (NaN: none won).",
+           "turns", "envturns", when="the run plays an environment", color="pos", dash=True),
+    Metric(ENV_TURNS_NEG, "turns (lost)", "Mean turns of the lost episodes (NaN: all won).",
+           "turns", "envturns", when="the run plays an environment", color="neg", dash=True),
+    Metric(ENV_SUCCESS, "won", "Share of the step's episodes won (their rollouts verified"
+           " correct).", "fraction", "envoutcome", when="the run plays an environment",
+           better="higher", color="pos"),
+    Metric(ENV_FAILED, "environment failed",
+           "Share of episodes the environment failed: it raised, hung past"
+           " environment.timeout_s, or returned a wrong type or a non-finite reward.",
+           "fraction", "envoutcome", when="the run plays an environment", better="lower",
+           color="neg"),
+    Metric(ENV_TRUNCATED, "cut", "Share of episodes cut before the environment said done: at"
+           " environment.max_turns or sampling.max_new_tokens.", "fraction", "envoutcome",
+           when="the run plays an environment", color="accent3", dash=True),
+    Metric(ENV_INVALID, "invalid turns", "Share of the step's turns the environment marked"
+           " invalid (info['invalid']: no move found, a move against the rules; NaN: no turn).",
+           "fraction", "envoutcome", when="the run plays an environment", better="lower",
+           color="accent2", dash=True),
+    Metric(ENV_RETURN, "return", "Mean return of an episode: the environment's final reward,"
+           " else the sum of its turn rewards (0 for a failed one).", "reward", "envreward",
+           when="the run plays an environment", better="higher"),
+    Metric(ENV_TURN_REWARD, "per turn", "Mean reward of one turn (NaN: no turn).", "reward",
+           "envreward", when="the run plays an environment", color="accent2", dash=True),
+    Metric(ENV_OBSERVATION_TOKENS, "observation tokens",
+           "Mean environment tokens per rollout (its turns' text: masked out of every loss and"
+           " score, counted against sampling.max_new_tokens).", "tokens", None,
+           when="the run plays an environment"),
     # job kinds other than rl
     Metric(SFT_TOKEN_ACC, "token accuracy",
            "SFT: share of the target's tokens (answer + EOS; a tool trace's interpreter output"
@@ -700,6 +760,10 @@ METRICS: tuple[Metric, ...] = (
            " waited for its tool call (calls also run while other rollouts write: this is what"
            " they added to the rollout time).", "s", "time", when="the run has tools",
            better="lower", color="accent2"),
+    Metric(TIME_ENV_S, "environment steps",
+           "Seconds the step's environment calls took, added up over its episodes (they run"
+           " while other rollouts write).", "s", "time", when="the run plays an environment",
+           better="lower", color="accent3", dash=True),
     Metric(TIME_SANDBOX_S, "tool calls",
            "Seconds the step's tool calls ran, added up (sandbox start included): the"
            " sandbox's busy time. Calls run beside generation and each other, so this can exceed"

@@ -78,6 +78,9 @@ class RegisteredObjective:
     # a split gradient pass then needs no no-grad forward first (conspo.training.update).
     # tests/conspo/test_objectives.py checks each registration against the loss itself.
     linear_on_policy: bool = False
+    # Its loss takes per-turn advantages (``PolicyBatch.turn_advantages``): an environment run
+    # may credit turns (``environment.credit``) only with such an objective.
+    turn_credit: bool = False
 
     @property
     def code(self) -> object:
@@ -320,15 +323,19 @@ def register_objective(
     description: str,
     metrics: tuple[str, ...] = (),
     linear_on_policy: bool = False,
+    turn_credit: bool = False,
 ) -> Callable[[F], F]:
     """Register the objective function ``fn(batch, params)`` under ``name``; ``metrics``: the
     catalogue keys its stats add to what every run logs; ``linear_on_policy``: on policy and
     with β = 0 its gradient in the log-probs does not depend on their values
-    (``RegisteredObjective.linear_on_policy``)."""
+    (``RegisteredObjective.linear_on_policy``); ``turn_credit``: its loss adds
+    ``PolicyBatch.turn_advantages`` (``RegisteredObjective.turn_credit``)."""
 
     def decorator(fn: F) -> F:
         OBJECTIVES.add(
-            RegisteredObjective(name, fn, params, description, tuple(metrics), linear_on_policy)
+            RegisteredObjective(
+                name, fn, params, description, tuple(metrics), linear_on_policy, turn_credit
+            )
         )
         return fn
 

@@ -57,11 +57,17 @@ class GuessNumber:
     def step(self, action_text: str) -> StepResult:
         numbers = NUMBER.findall(action_text)
         if not numbers:
-            return StepResult("No number found in your answer: write your guess as a number.")
+            return StepResult(
+                "No number found in your answer: write your guess as a number.",
+                info={"invalid": True},
+            )
         guess = int(numbers[-1])
         low, high = self.params.low, self.params.high
         if not low <= guess <= high:
-            return StepResult(f"{guess} is outside the range: guess between {low} and {high}.")
+            return StepResult(
+                f"{guess} is outside the range: guess between {low} and {high}.",
+                info={"invalid": True},
+            )
         self.guesses += 1
         if guess == self.secret:
             return StepResult(f"{guess} is right!", reward=1.0, done=True)

@@ -143,6 +143,11 @@ class EpisodeRunner:
         self._finished: Episode | None = None
 
     @property
+    def environment(self) -> Environment | None:
+        """The environment once created (None before ``reset`` or when creating it failed)."""
+        return self._env
+
+    @property
     def failed(self) -> bool:
         return self._failure is not None
 

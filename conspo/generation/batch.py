@@ -50,6 +50,11 @@ class RolloutBatch:
     # (N, T') float: the log-probs the engine reported for the tokens it sampled, under the
     # distribution it sampled from (vllm); None where the engine reports none (native, hf).
     sampled_logprobs: torch.Tensor | None = None
+    # Rollouts that play an environment (``conspo.environments``): (N, T') long, the turn (0, 1,
+    # …) each of the model's tokens belongs to, -1 on observation tokens and padding; and each
+    # row's ``Episode`` as played. None: a run without an environment.
+    turn_index: torch.Tensor | None = None
+    episodes: list[Any] | None = None
 
     @property
     def model_mask(self) -> torch.Tensor:
@@ -69,10 +74,9 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The rollouts at ``rows`` ((N,) bool mask or index tensor on the batch's device)."""
-        calls = None
-        if self.tool_calls is not None:
-            picked = rows.nonzero().squeeze(1) if rows.dtype == torch.bool else rows
-            calls = [self.tool_calls[i] for i in picked.tolist()]
+        picked = (rows.nonzero().squeeze(1) if rows.dtype == torch.bool else rows).tolist()
+        calls = None if self.tool_calls is None else [self.tool_calls[i] for i in picked]
+        episodes = None if self.episodes is None else [self.episodes[i] for i in picked]
         return RolloutBatch(
             self.prompt_ids[rows],
             self.prompt_mask[rows],
@@ -84,6 +88,8 @@ class RolloutBatch:
             calls,
             self.tool_seconds,
             None if self.sampled_logprobs is None else self.sampled_logprobs[rows],
+            None if self.turn_index is None else self.turn_index[rows],
+            episodes,
         )
 
     def to(self, device: torch.device) -> RolloutBatch:
@@ -98,6 +104,8 @@ class RolloutBatch:
             self.tool_calls,
             self.tool_seconds,
             None if self.sampled_logprobs is None else self.sampled_logprobs.to(device),
+            None if self.turn_index is None else self.turn_index.to(device),
+            self.episodes,
         )
 
 
@@ -122,6 +130,9 @@ class SampleRequest:
     # generation, not after it). None: never asked (evaluation; a process group, whose ranks
     # must stop at the same step boundary).
     should_stop: Callable[[], bool] | None = None
+    # The example each row answers (``conspo.tasks.Example``): what an environment run's rows
+    # play (``conspo.generation.tool_rollout.ToolEngine``); None where no engine needs them.
+    examples: Sequence[Any] | None = None
 
     @property
     def stop_ids(self) -> list[int]:

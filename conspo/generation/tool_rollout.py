@@ -38,15 +38,24 @@ The ``hf`` engine (transformers' ``generate``) has its own path, ``generate_with
 turn is one ``generate`` call over the prompt and everything so far (its prefix recomputed),
 stopping at the closing tags. Same format, same masks, slower.
 
+Environments (``conspo.environments``) take the same path: a row whose task plays an
+environment ends its turn with its end token, as in a conversation; while its episode goes on,
+that turn's text is the action its ``EpisodeRunner`` plays (on the same pool, so rows do not
+wait for each other's steps), and the observation comes back as the next user turn of the chat
+template (``TurnFormat``), its tokens masked like the interpreter's, the KV cache extended the
+same way. The row ends at an end token once its episode is over (won, lost, failed, or at its
+turn limit). ``RolloutBatch.turn_index`` says which turn each of the model's tokens belongs to
+and ``RolloutBatch.episodes`` holds each row's ``Episode``: its turns, rewards and failure.
+
 Shapes: N rows, P prompt positions, T' response positions (model and interpreter tokens).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
 from typing import Any, Protocol
@@ -55,6 +64,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from conspo import stopping
+from conspo.environments.base import Episode, Turn
+from conspo.environments.runner import EpisodeRunner
 from conspo.generation.batch import (
     STOP_CHECK_COLUMNS,
     CallRecord,
@@ -74,12 +85,95 @@ TOOL_WAIT_SLICE_S = 0.5
 
 
 @dataclass(frozen=True)
+class TurnFormat:
+    """The text around an environment's observation once the model has ended its turn with its
+    end token: the chat template's user turn, then the assistant turn opened again."""
+
+    before: str
+    after: str
+
+    def wrap(self, observation: str) -> str:
+        return f"{self.before}{observation}{self.after}"
+
+
+# Stand-ins rendered through a chat template to find the text around a user turn.
+_ANSWER, _OBSERVATION = "\x00answer\x00", "\x00observation\x00"
+
+
+def turn_format(tokenizer: PreTrainedTokenizerBase, chat: bool) -> TurnFormat:
+    """How an observation follows the model's turn: the chat template's own user turn (the text
+    between the end of an assistant message and a user message's content, and after it up to
+    the next assistant turn), less the end token the model wrote itself; without a chat
+    template, plain "User:" / "Assistant:" lines."""
+    if not chat:
+        return TurnFormat("\nUser: ", "\nAssistant: ")
+    messages = [
+        {"role": "user", "content": "question"},
+        {"role": "assistant", "content": _ANSWER},
+        {"role": "user", "content": _OBSERVATION},
+    ]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert isinstance(text, str)
+    around = text[text.index(_ANSWER) + len(_ANSWER) :]
+    before, after = around.split(_OBSERVATION, 1)
+    ends = [str(tokenizer.decode([i])) for i in _end_ids(tokenizer)]
+    for end in sorted(ends, key=len, reverse=True):
+        if end and before.startswith(end):  # the model wrote it: its turn ended with it
+            before = before[len(end) :]
+            break
+    return TurnFormat(before, after)
+
+
+def _end_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id]
+
+
+@dataclass(frozen=True)
+class EnvironmentPlay:
+    """A run's environment: how to start one row's episode (``start(example, seed)``: an
+    ``EpisodeRunner`` not yet reset, None for an example that is no game of it, such as a
+    benchmark's problem) and how its observations read (``TurnFormat``)."""
+
+    start: Callable[[Any, int], EpisodeRunner | None]
+    format: TurnFormat
+
+    def episodes(
+        self, examples: Sequence[Any] | None, group_size: int
+    ) -> list[EpisodeRunner | None]:
+        """One reset episode per row: rollout j of a group plays its example's game with seed
+        j (the environment's own randomness, when it has any)."""
+        if examples is None:
+            raise ValueError("an environment run samples with each row's example given")
+        g = max(1, group_size)
+        runners = [self.start(example, i % g) for i, example in enumerate(examples)]
+        for runner in runners:
+            if runner is not None:
+                runner.reset()  # a failure fails that episode only (``EpisodeRunner.reset``)
+        return runners
+
+
+@dataclass(frozen=True)
+class EnvironmentAction:
+    """A row's turn played as an action of its episode."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ToolUse:
     """What a rollout with tools needs beyond a plain one: the run's tools and the tokenizer
-    that turns their output into tokens (and the model's text back into calls)."""
+    that turns their output into tokens (and the model's text back into calls); for a run that
+    plays an environment, the environment and (per batch) each row's episode."""
 
     box: ToolBox
     tokenizer: PreTrainedTokenizerBase
+    environment: EnvironmentPlay | None = None
+    episodes: tuple[EpisodeRunner | None, ...] | None = None  # one per row, set per batch
+
+    @property
+    def has_tools(self) -> bool:
+        return bool(self.box.closing_tags)
 
 
 class Mode(Enum):
@@ -98,9 +192,12 @@ class _Row:
     mode: Mode = Mode.WRITING
     segment_start: int = 0  # where the model's current stretch of text begins in ``tokens``
     queue: list[int] = field(default_factory=list)  # observation tokens still to feed
-    pending: ToolCall | None = None
+    pending: ToolCall | EnvironmentAction | None = None
     calls: list[CallRecord] = field(default_factory=list)
     truncated: bool = False
+    episode: EpisodeRunner | None = None  # the environment's episode this row plays
+    turn: int = 0  # the environment turn the model writes now
+    turn_of: list[int] = field(default_factory=list)  # per token: its turn, -1 observed
 
 
 @lru_cache(maxsize=8)
@@ -236,13 +333,15 @@ def sample_with_tools(
         )
     stops = set(request.stop_ids)
     closers = _closer_ids(use.tokenizer)
-    rows = [_Row() for _ in range(n)]
+    rows = _rows(n, use)
     drawn_so_far = torch.zeros(n, dtype=torch.long, device=device)
     real = torch.zeros(n, capacity, dtype=torch.bool, device=device)  # (N, columns) fed
-    calls: dict[int, Future[ToolResult]] = {}  # row → its pending call
+    calls: dict[int, Future[ToolResult | Turn]] = {}  # row → its pending call
     blocked = 0.0  # seconds every unfinished row waited for a call
     t = 0
-    pool = ThreadPoolExecutor(max_workers=use.box.parallel, thread_name_prefix="tool-call")
+    # an environment's steps are Python calls of their own: each row may wait on its own
+    workers = use.box.parallel + (n if use.episodes is not None else 0)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool-call")
     try:
         while True:
             for i in [i for i, call in calls.items() if call.done()]:
@@ -269,7 +368,7 @@ def sample_with_tools(
                     feed[i], fed[i] = drawn[i], True
                     _write(row, drawn[i], stops, closers, use, budget)
                     if row.pending is not None:  # it made a call: run it now, write on later
-                        calls[i] = pool.submit(use.box.run_one, row.pending)
+                        calls[i] = pool.submit(_perform, row.pending, row, use)
                 elif row.mode is Mode.READING:
                     feed[i], fed[i] = row.queue.pop(0), True
                     _read(row, feed[i], budget)
@@ -296,7 +395,24 @@ def sample_with_tools(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, blocked)
+    return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, blocked, use)
+
+
+def _rows(n: int, use: ToolUse) -> list[_Row]:
+    if use.episodes is None:
+        return [_Row() for _ in range(n)]
+    if len(use.episodes) != n:
+        raise ValueError(f"{len(use.episodes)} episodes for {n} rows")
+    return [_Row(episode=episode) for episode in use.episodes]
+
+
+def _perform(pending: ToolCall | EnvironmentAction, row: _Row, use: ToolUse) -> ToolResult | Turn:
+    """A row's call, on the pool: its tool's, or its turn played in its episode (contained by
+    ``EpisodeRunner``: whatever the environment does comes back as a ``Turn``)."""
+    if isinstance(pending, EnvironmentAction):
+        assert row.episode is not None
+        return row.episode.step(pending.text)
+    return use.box.run_one(pending)
 
 
 def _stop_if_asked(request: SampleRequest, now: bool) -> None:
@@ -317,13 +433,18 @@ def _write(
     complete tool call (while it has calls left)."""
     row.tokens.append(token)
     row.observed.append(False)
+    row.turn_of.append(row.turn)
     if token in stops:
+        if row.episode is not None and not row.episode.over:  # its turn, played
+            row.pending = EnvironmentAction(_segment_text(row, use))
+            row.mode = Mode.WAITING
+            return
         row.mode = Mode.DONE
         return
     if len(row.tokens) >= budget:
         row.mode, row.truncated = Mode.DONE, True
         return
-    if token in closers and len(row.calls) < use.box.max_turns:
+    if token in closers and use.has_tools and len(row.calls) < use.box.max_turns:
         call = use.box.call_in(_segment_text(row, use))
         if call is not None:
             row.pending, row.mode = call, Mode.WAITING
@@ -333,6 +454,7 @@ def _read(row: _Row, token: int, budget: int) -> None:
     """``token`` of the row's observation was fed; the model writes again after the last."""
     row.tokens.append(token)
     row.observed.append(True)
+    row.turn_of.append(-1)
     if not row.queue:
         row.segment_start = len(row.tokens)
         row.mode = Mode.WRITING if len(row.tokens) < budget else Mode.DONE
@@ -340,13 +462,24 @@ def _read(row: _Row, token: int, budget: int) -> None:
 
 
 def _start_reading(row: _Row, result: Any, use: ToolUse, budget: int) -> None:
-    """Queue the observation of ``result`` for ``row``, cut to what is left of its budget."""
+    """Queue the observation of ``result`` for ``row``, cut to what is left of its budget; a
+    row whose episode that turn ended is done."""
     assert row.pending is not None
-    ids = use.tokenizer(observation_text(result), add_special_tokens=False).input_ids
     room = budget - len(row.tokens)
-    ids = ids[:room]
-    row.calls.append(CallRecord(row.pending.tool, result.status, result.seconds, len(ids)))
-    row.pending = None
+    if isinstance(result, Turn):
+        assert row.episode is not None and use.environment is not None
+        row.pending, row.turn = None, row.turn + 1
+        if row.episode.over:
+            row.mode = Mode.DONE
+            return
+        text = use.environment.format.wrap(result.observation)
+        ids = use.tokenizer(text, add_special_tokens=False).input_ids[:room]
+    else:
+        ids = use.tokenizer(observation_text(result), add_special_tokens=False).input_ids
+        ids = ids[:room]
+        assert isinstance(row.pending, ToolCall)
+        row.calls.append(CallRecord(row.pending.tool, result.status, result.seconds, len(ids)))
+        row.pending = None
     if ids:
         row.queue, row.mode = list(ids), Mode.READING
     else:
@@ -373,6 +506,7 @@ def _assemble(
     prompt_mask: torch.Tensor,
     pad_id: int,
     seconds: float,
+    use: ToolUse,
 ) -> RolloutBatch:
     n, device = len(rows), prompt_ids.device
     width = max(1, max(len(r.tokens) for r in rows))
@@ -384,6 +518,13 @@ def _assemble(
         ids[i, :k] = torch.tensor(row.tokens, dtype=torch.long)
         mask[i, :k] = 1.0
         observed[i, :k] = torch.tensor(row.observed, dtype=torch.float32)
+    turn_index, episodes = None, None
+    if use.episodes is not None:
+        turn_index = torch.full((n, width), -1, dtype=torch.long)
+        for i, row in enumerate(rows):
+            turn_index[i, : len(row.turn_of)] = torch.tensor(row.turn_of, dtype=torch.long)
+        turn_index = turn_index.to(device)
+        episodes = [_finished(row) for row in rows]
     return RolloutBatch(
         prompt_ids,
         prompt_mask,
@@ -392,9 +533,17 @@ def _assemble(
         mask.sum(-1).long().to(device),
         torch.tensor([r.truncated for r in rows], device=device),
         observed.to(device),
-        [r.calls for r in rows],
+        [r.calls for r in rows] if use.has_tools else None,
         seconds,
+        None,
+        turn_index,
+        episodes,
     )
+
+
+def _finished(row: _Row) -> Episode | None:
+    """The row's episode as played: its final reward read and the environment closed."""
+    return None if row.episode is None else row.episode.finish()
 
 
 def verified_texts(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
@@ -456,7 +605,7 @@ def generate_with_tools(
             _start_reading(row, result, use, budget)
             while row.queue:  # the whole observation at once: the next generate re-reads it
                 _read(row, row.queue.pop(0), budget)
-    return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, seconds)
+    return _assemble(rows, prompt_ids, prompt_mask, request.pad_id, seconds, use)
 
 
 def _at_closer(row: _Row, use: ToolUse) -> bool:
@@ -507,7 +656,11 @@ class ToolEngine:
         prompt_mask: torch.Tensor,
         request: SampleRequest,
     ) -> RolloutBatch:
-        return self.inner.sample_with_tools(model, prompt_ids, prompt_mask, request, self.use)
+        use = self.use
+        if use.environment is not None:  # this batch's episodes, one per row
+            episodes = use.environment.episodes(request.examples, request.group_size)
+            use = replace(use, episodes=tuple(episodes))
+        return self.inner.sample_with_tools(model, prompt_ids, prompt_mask, request, use)
 
     def sample_with_tools(
         self,

@@ -165,6 +165,9 @@ class PolicyBatch:
     group_ids:     (B,) int64 prompt-group id; a group is never split across mini-batches.
     progress:      step / total_steps in [0, 1] (margin curriculum).
     max_response_len: the constant of seq-mean-token-sum-norm (max_new_tokens).
+    turn_advantages: (B, T) a turn-level advantage added to each token's, or None: an
+                   environment run's per-turn credit (``conspo.credit``), 0 off the model's
+                   tokens. Objectives registered with ``turn_credit`` take it.
     """
 
     logprobs: torch.Tensor
@@ -182,6 +185,7 @@ class PolicyBatch:
     whole: WholeBatch | None = None
     correct: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    turn_advantages: torch.Tensor | None = None
 
     @property
     def outcome(self) -> torch.Tensor:
@@ -434,11 +438,15 @@ def clipped_surrogate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, clip fraction) of −agg_t min(ρ_t Â, clip(ρ_t, 1−ε_low, 1+ε_high) Â) (§1.2).
 
-    advantages: (B,) one advantage per rollout, broadcast over its tokens. The clip fraction is
-    the share of response tokens where the clipped term is the active one.
+    advantages: (B,) one advantage per rollout, broadcast over its tokens, plus the batch's
+    per-turn credit where it has one (``PolicyBatch.turn_advantages``: Â_t = Â + ω·Â_turn(t),
+    GiGPO's combination). The clip fraction is the share of response tokens where the clipped
+    term is the active one.
     """
     ratio = token_ratio(batch.logprobs, batch.old_logprobs, batch.mask)
     adv = advantages.to(ratio.dtype)[:, None]
+    if batch.turn_advantages is not None:
+        adv = adv + batch.turn_advantages.to(ratio.dtype)
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
     loss = aggregate_tokens(

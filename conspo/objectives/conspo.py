@@ -21,6 +21,7 @@ from conspo.objectives.base import (
     PolicyBatch,
     SeparationView,
     clipped_ratio_scores,
+    clipped_surrogate,
     group_counts,
     margin_at,
     segment_sum,
@@ -143,6 +144,7 @@ def linear_contrast_loss(
     params=ConSPOParams,
     description="ConSPO: group-wise InfoNCE on length-normalised log-prob scores with a margin"
     " curriculum.",
+    turn_credit=True,
 )
 def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutput:
     """ConSPO (Eq. 13 of arXiv:2605.12969) with the paper's ablation switches (§2).
@@ -164,6 +166,12 @@ def conspo_objective(batch: PolicyBatch, params: ConSPOParams) -> ObjectiveOutpu
         )
     else:
         loss = linear_contrast_loss(scores, batch.outcome, batch.group_ids)
+    if batch.turn_advantages is not None:
+        # Per-turn credit: the contrast ranks whole rollouts, the turn-level advantages move
+        # each turn's tokens beside it (GiGPO's step term, in the clipped token surrogate).
+        zero = torch.zeros_like(batch.rewards, dtype=torch.float32)
+        turn_loss, _ = clipped_surrogate(batch, zero, params.clip, params.clip, "token-mean")
+        loss = loss + turn_loss
     stats: dict[str, torch.Tensor] = {}
     loss = with_kl(loss, stats, batch, params.beta, "token-mean")
     stats[metrics.LOSS] = loss.detach()

@@ -44,6 +44,7 @@ class DAPOParams(GRPOParams):
     description="DAPO: GRPO with clip-higher, token-mean, dynamic sampling, overlong shaping.",
     metrics=GRPO_FAMILY_METRICS,
     linear_on_policy=True,
+    turn_credit=True,
 )
 def dapo_objective(batch: PolicyBatch, params: DAPOParams) -> ObjectiveOutput:
     return grpo_objective(batch, params)

@@ -39,6 +39,7 @@ class DrGRPOParams(GRPOParams):
     description="Dr. GRPO: no std scaling, token sums over a constant.",
     metrics=GRPO_FAMILY_METRICS,
     linear_on_policy=True,
+    turn_credit=True,
 )
 def dr_grpo_objective(batch: PolicyBatch, params: DrGRPOParams) -> ObjectiveOutput:
     return grpo_objective(batch, params)

@@ -60,6 +60,7 @@ GRPO_FAMILY_METRICS = (metrics.CLIP_FRAC,)
     description="GRPO: group-normalised advantages, clipped ratio.",
     metrics=GRPO_FAMILY_METRICS,
     linear_on_policy=True,
+    turn_credit=True,
 )
 def grpo_objective(batch: PolicyBatch, params: GRPOParams) -> ObjectiveOutput:
     """GRPO / DAPO / Dr. GRPO: −agg_t min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â) + β·KL (§1, §3).

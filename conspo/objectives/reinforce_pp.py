@@ -83,6 +83,7 @@ def reinforce_pp_advantages(
     " (baseline=group_mean: REINFORCE++-baseline), in the clipped surrogate.",
     metrics=(metrics.CLIP_FRAC,),
     linear_on_policy=True,
+    turn_credit=True,
 )
 def reinforce_pp_objective(batch: PolicyBatch, params: ReinforcePPParams) -> ObjectiveOutput:
     """REINFORCE++ (Hu, 2025; OpenRLHF) with outcome rewards: the clipped surrogate (§1.2) on

@@ -46,6 +46,7 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> 
     " clipped surrogate.",
     metrics=(metrics.CLIP_FRAC,),
     linear_on_policy=True,
+    turn_credit=True,
 )
 def rloo_objective(batch: PolicyBatch, params: RLOOParams) -> ObjectiveOutput:
     """RLOO (Ahmadian et al., 2024) in the PPO-clip form of TRL / veRL / OpenRLHF (§6.1)."""

@@ -6,24 +6,34 @@
 Each problem is one game: a seed in [0, seeds), which the environment builds its game from
 (``conspo.environments.base.game_seed``), so every rollout of a group plays the same game, and
 about a tenth of the seeds (hashed, as every procedural task's held-out split is) are held-out
-games, never trained on. The prompt only names the game: what the model reads is the
-environment's first observation, which the rollout appends to it (``reset``).
+games, never trained on. The prompt is the game's first observation (its ``reset``, at seed
+0): what the model reads first, as the user's message, with the game's number after it.
 
-Until the rollout plays environments turn by turn, ``verify`` plays the completion as the
-episode's single action: 1.0 when that wins the game (``Episode.succeeded``). The reference
-answer is the environment's ``reference_answer()`` (one winning action) when it has one.
+A run on this task plays its games turn by turn (``conspo.generation.tool_rollout``): each
+rollout's ``Episode`` reaches ``verify`` in ``example.data["episode"]`` (``with_episode``), and
+a rollout is right when its episode is won (``Episode.succeeded``). Given no episode (a single
+answer, as the task check or an SFT trace gives), ``verify`` plays the completion as the
+episode's one action. The reference answer is the environment's ``reference_answer()`` (one
+winning action) when it has one.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
 from conspo.environments.base import Episode
-from conspo.environments.runner import EnvironmentLimits, EpisodeRunner
+from conspo.environments.runner import (
+    EnvironmentFault,
+    EnvironmentLimits,
+    EpisodeRunner,
+    contained_call,
+)
 from conspo.registry import ENVIRONMENTS, get_environment, json_numbers, register_task
 from conspo.tasks.base import Example, ProceduralTask, TaskParams
 
@@ -90,23 +100,75 @@ class EnvironmentTask(ProceduralTask):
 
     def sample(self, rng: random.Random) -> Example:
         seed = rng.randrange(self.seeds)
-        example = Example(
+        label = Example(
             prompt=f"[{self.environment} game {seed}]\n",
             answer="",
             data={"seed": seed, "environment": self.environment},
         )
-        if hasattr(self.entry.cls, "reference_answer"):
-            env = self.entry.cls(self.env_params, example, 0)
-            example = Example(example.prompt, str(env.reference_answer()), example.data)
-            env.close()
-        return example
+        runner = self.runner(label, 0, self.limits)
+        first = runner.reset()  # None: it failed (its episodes fail too: the label stays)
+        answer = ""
+        env = runner.environment
+        if first is not None and callable(getattr(env, "reference_answer", None)):
+            try:  # one winning action of the game just reset (user code: contained)
+                reference = contained_call(
+                    env.reference_answer,  # type: ignore[union-attr]
+                    timeout_s=self.limits.timeout_s,
+                    what="reference_answer",
+                )
+                answer = "" if reference is None else str(reference)
+            except EnvironmentFault:
+                pass
+        runner.finish()
+        # The game's number stays in the prompt: prompts are what tell problems apart (the
+        # held-out split, a step's distinct prompts, the per-prompt history), and every game of
+        # an environment may open with the same words.
+        prompt = label.prompt if first is None else f"{first}\n(game {seed})"
+        return replace(label, prompt=prompt, answer=answer)
+
+    def runner(self, example: Example, seed: int, limits: EnvironmentLimits) -> EpisodeRunner:
+        """An episode of ``example``'s game, not yet reset, every call into it contained."""
+        return EpisodeRunner(lambda: self.entry.cls(self.env_params, example, seed), limits)
 
     def play(self, completion: str, example: Example) -> Episode:
         """The completion played as the episode's one action (contained: ``runner``)."""
-        runner = EpisodeRunner(lambda: self.entry.cls(self.env_params, example, 0), self.limits)
+        runner = self.runner(example, 0, self.limits)
         if runner.reset() is not None:
             runner.step(completion)
         return runner.finish()
 
     def verify(self, completion: str, example: Example) -> float:
-        return 1.0 if self.play(completion, example).succeeded else 0.0
+        episode = example.data.get("episode")
+        if not isinstance(episode, Episode):  # a single answer: played as one action
+            episode = self.play(completion, example)
+        return 1.0 if episode.succeeded else 0.0
+
+
+def episode_starter(
+    task: object, limits: EnvironmentLimits
+) -> Callable[[Example, int], EpisodeRunner | None] | None:
+    """How a run on ``task`` starts each rollout's episode (``start(example, seed)``), or None
+    when ``task`` plays no environment. ``task`` may be wrapped by its prompts
+    (``conspo.tasks.prompts.PromptedTask``), whose examples carry the task's own."""
+    inner = getattr(task, "task", task)
+    if not isinstance(inner, EnvironmentTask):
+        return None
+
+    def start(example: Example, seed: int) -> EpisodeRunner | None:
+        game = example.data.get("_original", example)
+        if game.data.get("environment") != inner.environment:  # a benchmark's problem
+            return None
+        return inner.runner(game, seed, limits)
+
+    return start
+
+
+def with_episode(example: Example, episode: Episode | None) -> Example:
+    """``example`` carrying the episode its rollout played (``data["episode"]``), in the
+    task's own example too where prompts wrap it: what ``verify`` and rewards read."""
+    if episode is None:
+        return example
+    data = {**example.data, "episode": episode}
+    if isinstance(data.get("_original"), Example):
+        data["_original"] = with_episode(data["_original"], episode)
+    return replace(example, data=data)

@@ -36,6 +36,7 @@ from conspo import stopping
 from conspo.access import DataFiles
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
+from conspo.environments.runner import EnvironmentLimits
 from conspo.evaluation import (
     Benchmark,
     best_so_far,
@@ -48,7 +49,7 @@ from conspo.evaluation import (
 )
 from conspo.generation.batch import Engine
 from conspo.generation.engines import make_engine
-from conspo.generation.tool_rollout import ToolEngine, ToolUse
+from conspo.generation.tool_rollout import EnvironmentPlay, ToolEngine, ToolUse, turn_format
 from conspo.models.builtins import builtin_store
 from conspo.models.loading import (
     describe_device,
@@ -69,12 +70,13 @@ from conspo.models.resources import (
 )
 from conspo.models.store import ModelStore
 from conspo.objectives.base import ObjectiveParams
-from conspo.registry import get_objective
+from conspo.registry import get_environment, get_objective
 from conspo.rewards import WeightedReward, build_rewards
 from conspo.sandbox import require_sandbox
 from conspo.sink import NullSink, Sink, StepRecord, flush_sink
 from conspo.system import SystemSampler
 from conspo.tasks import Example, Task, make_task
+from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -322,7 +324,9 @@ def setup(
         task=task,
         eval_examples=task.eval_examples(cfg.task.eval_size),
         device=device,
-        engine=tool_engine(cfg, make_engine(cfg.sampling, path, dtype), tokenizer, unsafe_local),
+        engine=tool_engine(
+            cfg, make_engine(cfg.sampling, path, dtype), tokenizer, unsafe_local, task, render
+        ),
         benchmarks=[rendered(b, render) for b in benchmarks],
         precision=precision,
         trainable=trainable,
@@ -332,14 +336,35 @@ def setup(
 
 
 def tool_engine(
-    cfg: RunConfig, engine: Engine, tokenizer: PreTrainedTokenizerBase, unsafe_local: bool
+    cfg: RunConfig,
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    unsafe_local: bool,
+    task: Task,
+    render: PromptRenderer,
 ) -> Engine:
-    """``engine``, or with ``cfg.tools`` one whose rollouts call them (training and evaluation
+    """``engine``, or with ``cfg.tools`` one whose rollouts call them, or with a task that
+    plays an environment one whose rollouts play it turn by turn (training and evaluation
     alike: ``conspo.generation.tool_rollout``)."""
-    if not cfg.tools.names:
+    limits = environment_limits(cfg)
+    start = None if limits is None else episode_starter(task, limits)
+    if not cfg.tools.names and start is None:
         return engine
     box = make_toolbox(cfg.tools, unsafe_local=unsafe_local)
-    return ToolEngine(engine, ToolUse(box, tokenizer))
+    play = None
+    if start is not None:
+        play = EnvironmentPlay(start, turn_format(tokenizer, render.chat))
+    return ToolEngine(engine, ToolUse(box, tokenizer, play))
+
+
+def environment_limits(cfg: RunConfig) -> EnvironmentLimits | None:
+    """What each episode of the run's environment may use (None: its task plays none)."""
+    name = cfg.played_environment()
+    if name is None:
+        return None
+    env = cfg.environment
+    max_turns = env.max_turns or get_environment(name).needs.max_turns
+    return EnvironmentLimits(env.timeout_s, env.max_observation_chars, max_turns)
 
 
 def check_group(cfg: RunConfig) -> None:

@@ -23,6 +23,7 @@ from functools import cached_property, partial
 import torch
 import torch.nn.functional as F
 
+from conspo.credit import turn_advantages
 from conspo.distributed import collectives as distributed
 from conspo.generation.batch import CallRecord, GenerationStopped, RolloutBatch, SampleRequest
 from conspo.generation.rollout import encode_prompts, end_token_ids
@@ -32,6 +33,7 @@ from conspo.rewards import RewardContext, score_rollouts
 from conspo.sink import PromptRecord, prompt_key
 from conspo.tasks import Example
 from conspo.tasks.base import distinct_prompts
+from conspo.tasks.environment import with_episode
 from conspo.training.logprobs import token_logprobs
 from conspo.training.loop import TrainState, step_seed
 
@@ -51,6 +53,9 @@ class Rollouts:
     # Every prompt sampled this step, refill rounds and dropped groups included (None: the
     # batch's own groups are all there were).
     prompts: list[PromptRecord] | None = None
+    # (N, T') the turn-level advantage of each token, on the CPU (``conspo.credit``); None:
+    # outcome credit.
+    turn_advantages: torch.Tensor | None = None
 
     @cached_property
     def reward_std(self) -> float:
@@ -152,6 +157,7 @@ def sample_round(
         group_ids,
         whole.generated,
         reward_parts=parts,
+        turn_advantages=_rows_of(whole.turn_advantages, rows),
     )
 
 
@@ -164,6 +170,7 @@ def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
         r.group_ids,
         r.generated,
         reward_parts=r.reward_parts,
+        turn_advantages=r.turn_advantages,
     )
 
 
@@ -194,6 +201,7 @@ def draw_rollouts(
         generator=generator,
         group_size=g if share_prefill else 1,
         should_stop=should_stop,
+        examples=[ex for ex in prompts for _ in range(g)],
     )
     batch = state.engine.sample(state.model, ids, mask, request)
     return batch, ids, mask
@@ -210,6 +218,8 @@ def sample_groups(
     g = cfg.sampling.group_size
     expanded = [ex for ex in prompts for _ in range(g)]
     batch, ids, mask = draw_rollouts(state, prompts, seed, should_stop=should_stop)
+    if batch.episodes is not None:  # what each rollout played: verify and rewards read it
+        expanded = [with_episode(ex, ep) for ex, ep in zip(expanded, batch.episodes, strict=True)]
     texts = verified_texts(state.tokenizer, batch)
     scorer = partial(continuation_logprobs, state, ids, mask)
     context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)
@@ -218,13 +228,22 @@ def sample_groups(
     scored = score_rollouts(state.rewards, texts, expanded, lengths, context)
     parts = {name: torch.tensor(values) for name, values in scored.parts.items()}
     group_ids = torch.arange(len(prompts)).repeat_interleave(g)
+    rewards = torch.tensor(scored.shaped)
+    credit = None
+    if batch.turn_index is not None and batch.episodes is not None:
+        env = cfg.environment
+        credit = turn_advantages(
+            batch.turn_index, batch.episodes, rewards, group_ids, env.credit,
+            gamma=env.gamma, weight=env.step_weight,
+        )  # fmt: skip
     return Rollouts(
         batch,
-        torch.tensor(scored.shaped),
+        rewards,
         torch.tensor(scored.outcome),
         group_ids,
         generated=len(expanded),
         reward_parts=parts,
+        turn_advantages=credit,
     )
 
 
@@ -280,8 +299,18 @@ def keep_groups(r: Rollouts, keep: torch.Tensor, g: int) -> Rollouts:
     group_ids = torch.arange(int(keep.sum())).repeat_interleave(g)
     parts = {name: values[rows] for name, values in r.reward_parts.items()}
     return Rollouts(
-        batch, r.rewards[rows], r.correct[rows], group_ids, r.generated, reward_parts=parts
+        batch,
+        r.rewards[rows],
+        r.correct[rows],
+        group_ids,
+        r.generated,
+        reward_parts=parts,
+        turn_advantages=_rows_of(r.turn_advantages, rows),
     )
+
+
+def _rows_of(values: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if values is None else values[rows.cpu()]
 
 
 def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
@@ -303,7 +332,11 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         torch.cat([x.batch.lengths for x in parts]),
         torch.cat([x.batch.truncated for x in parts]),
         *_concat_tool_fields([x.batch for x in parts], t),
+        None,
+        *_concat_turn_fields([x.batch for x in parts], t),
     )
+    credits = [x.turn_advantages for x in parts if x.turn_advantages is not None]
+    credit = torch.cat([pad(c, t, False, 0.0) for c in credits]) if credits else None
     rewards = torch.cat([x.rewards for x in parts])
     correct = torch.cat([x.correct for x in parts])
     group_ids = torch.arange(len(rewards) // g).repeat_interleave(g)
@@ -315,6 +348,7 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         group_ids,
         sum(x.generated for x in parts),
         reward_parts=reward_parts,
+        turn_advantages=credit,
     )
 
 
@@ -331,6 +365,17 @@ def _concat_tool_fields(
     ]  # fmt: skip
     calls = [row for b in batches for row in (b.tool_calls or [[]] * len(b.lengths))]
     return torch.cat(masks), calls, sum(b.tool_seconds for b in batches)
+
+
+def _concat_turn_fields(
+    batches: list[RolloutBatch], width: int
+) -> tuple[torch.Tensor | None, list[object] | None]:
+    """(turn index, episodes) of stacked rounds (None: rollouts without an environment)."""
+    if any(b.turn_index is None or b.episodes is None for b in batches):
+        return None, None
+    index = [b.turn_index for b in batches if b.turn_index is not None]
+    padded = [F.pad(x, (0, width - x.shape[1]), value=-1) for x in index]
+    return torch.cat(padded), [e for b in batches for e in b.episodes or []]
 
 
 def prompt_records(state: TrainState, r: Rollouts) -> list[PromptRecord]:

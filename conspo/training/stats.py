@@ -13,10 +13,12 @@ negative weighs as much as one with 4 and 4 (the same weighting as ConSPO's batc
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from conspo import metrics
+from conspo.environments.base import Episode
 from conspo.generation.batch import CallRecord
 from conspo.objectives.base import dense_group_index, positive_mask, token_ratio
 
@@ -192,3 +194,38 @@ def tool_stats(calls: list[list[CallRecord]], correct: list[float]) -> dict[str,
             [float(sum(call.observation_tokens for call in row)) for row in calls]
         ),
     }
+
+
+def environment_stats(
+    episodes: Sequence[Episode | None], correct: list[float], observed: list[float]
+) -> dict[str, float]:
+    """The step's episodes (``conspo.environments``): turns overall and by outcome (do the won
+    ones finish sooner?), how episodes ended, rewards, and the seconds the environment took.
+    ``correct``: each rollout's verified outcome; ``observed``: its observation tokens. Rows
+    that played no episode (a benchmark's problem) are left out. Host lists only."""
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else math.nan
+
+    played = [(e, c > 0.5, o) for e, c, o in zip(episodes, correct, observed, strict=True) if e]
+    turns = [(float(e.turn_count), won) for e, won, _ in played]
+    every_turn = [turn for e, _, _ in played for turn in e.turns]
+    return {
+        metrics.ENV_TURNS: mean([t for t, _ in turns]),
+        metrics.ENV_TURNS_POS: mean([t for t, won in turns if won]),
+        metrics.ENV_TURNS_NEG: mean([t for t, won in turns if not won]),
+        metrics.ENV_SUCCESS: mean([float(won) for _, won, _ in played]),
+        metrics.ENV_FAILED: mean([float(e.failure is not None) for e, _, _ in played]),
+        metrics.ENV_TRUNCATED: mean([float(_cut(e)) for e, _, _ in played]),
+        metrics.ENV_INVALID: mean([float(bool(t.info.get("invalid"))) for t in every_turn]),
+        metrics.ENV_RETURN: mean([e.total_reward for e, _, _ in played]),
+        metrics.ENV_TURN_REWARD: mean([t.reward for t in every_turn]),
+        metrics.ENV_OBSERVATION_TOKENS: mean([o for _, _, o in played]),
+        metrics.TIME_ENV_S: sum(t.seconds for t in every_turn),
+    }
+
+
+def _cut(episode: Episode) -> bool:
+    """Ended without a fault before the environment said done (the turn limit, the budget)."""
+    ended = bool(episode.turns) and episode.turns[-1].done
+    return episode.failure is None and not ended

@@ -46,7 +46,7 @@ from conspo.sink import Sink, StepRecord
 from conspo.training.loop import TrainResult, TrainState, eval_due, lr_at, run_eval, run_loop
 from conspo.training.records import make_record
 from conspo.training.rollouts import collect_rollouts
-from conspo.training.stats import tool_stats
+from conspo.training.stats import environment_stats, tool_stats
 from conspo.training.update import update
 
 
@@ -104,6 +104,9 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
     if rollouts.batch.tool_calls is not None:
         floats[M.TIME_TOOLS_S] = rollouts.batch.tool_seconds
         floats.update(tool_stats(rollouts.batch.tool_calls, rollouts.correct.tolist()))
+    if (batch := rollouts.batch).episodes is not None:
+        observed = (batch.lengths - batch.model_lengths).tolist()
+        floats.update(environment_stats(batch.episodes, rollouts.correct.tolist(), observed))
     if eval_due(cfg, step):
         floats.update(run_eval(state, step))
     return make_record(state, step, stats, floats, rollouts, scores)

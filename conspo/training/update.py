@@ -543,4 +543,7 @@ def policy_batch(
         whole=None if bool(rows_cpu.all()) else r.whole,
         correct=r.correct[rows_cpu].to(device),
         entropy=entropy,
+        turn_advantages=None
+        if r.turn_advantages is None
+        else r.turn_advantages[rows_cpu].to(device),
     )
