@@ -262,8 +262,9 @@ class RolloutStep(Base):
 
 class RolloutText(Base):
     """The text of a sampled rollout (``conspo.sink.RolloutRecord``'s prompt and completion,
-    each at most ``ROLLOUT_TEXT_CHARS``), beside its numbers in ``rollout_steps``: a table of its
-    own so the numeric writes and the distribution reads never carry text."""
+    each at most ``ROLLOUT_TEXT_CHARS``, and its episode), beside its numbers in
+    ``rollout_steps``: a table of its own so the numeric writes and the distribution reads
+    never carry text."""
 
     __tablename__ = "rollout_texts"
 
@@ -273,6 +274,9 @@ class RolloutText(Base):
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     prompt: Mapped[str] = mapped_column(Text)
     completion: Mapped[str] = mapped_column(Text)
+    # A rollout that played an environment: its episode (``conspo.sink.episode_json``: the
+    # first observation, each turn, the outcome); NULL for one that played none.
+    episode: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class PromptStat(Base):

@@ -535,6 +535,13 @@ class RolloutOut(BaseModel):
     truncated: bool
     prompt: str | None = Field(None, description="With text=true: the prompt, ≤ 2,000 chars.")
     completion: str | None = Field(None, description="With text=true: the response, ≤ 2,000.")
+    episode: dict[str, Any] | None = Field(
+        None,
+        description="With text=true: the environment episode the rollout played, null when it"
+        " played none: {first_observation, turns: [{action, observation, reward, done, seconds,"
+        " error, cut_chars, info, info_dropped}], final_reward, failure, truncated, turn_count,"
+        " total_reward, succeeded}; each action and observation ≤ 1,000 chars.",
+    )
 
 
 class RolloutList(BaseModel):

@@ -18,7 +18,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from conspo.environments.base import Episode
 
 # The text a rollout record keeps of its prompt and of its completion, at most (characters; the
 # rest is cut and marked with "…"): enough to read an answer, bounded so the sample stays small.
@@ -28,6 +31,50 @@ ROLLOUT_TEXT_CHARS = 2000
 def clip_text(text: str, limit: int = ROLLOUT_TEXT_CHARS) -> str:
     """``text`` cut to ``limit`` characters, the cut marked with a trailing "…"."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# What a rollout record keeps of its episode: each action and observation at most this many
+# characters (up to 64 turns of both, so a sampled rollout stays ~tens of kB at the worst), and
+# a turn's ``info`` only when its JSON is this small (an environment may put a whole board in it).
+EPISODE_TEXT_CHARS = 1000
+EPISODE_INFO_CHARS = 1000
+EPISODE_REASON_CHARS = 300  # a turn's error, the episode's failure
+
+
+def episode_json(episode: Episode) -> dict[str, Any]:
+    """``episode.as_dict()`` as a rollout record keeps it: texts clipped (``clip_text``'s "…"
+    says where), a large ``info`` dropped (``info_dropped`` says so), and every text valid
+    Unicode (a lone surrogate, which an environment's text or info may hold and neither a
+    database nor a JSON response takes, becomes U+FFFD)."""
+    data = episode.as_dict()
+    data["first_observation"] = clip_text(data["first_observation"])
+    if data["failure"] is not None:
+        data["failure"] = clip_text(data["failure"], EPISODE_REASON_CHARS)
+    for turn in data["turns"]:
+        turn["action"] = clip_text(turn["action"], EPISODE_TEXT_CHARS)
+        turn["observation"] = clip_text(turn["observation"], EPISODE_TEXT_CHARS)
+        if turn["error"] is not None:
+            turn["error"] = clip_text(turn["error"], EPISODE_REASON_CHARS)
+        info = _valid_unicode(turn["info"])
+        turn["info"] = info if len(json.dumps(info)) <= EPISODE_INFO_CHARS else {}
+        turn["info_dropped"] = info != turn["info"]
+    result: dict[str, Any] = _valid_unicode(data)
+    return result
+
+
+def _valid_unicode(value: Any) -> Any:
+    """``value`` (JSON data) with every lone surrogate in its texts and keys replaced."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # the UTF-16 round trip keeps surrogate pairs, replaces the rest
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_unicode(v) for v in value]
+    return value
 
 
 @dataclass
@@ -44,6 +91,10 @@ class RolloutRecord:
     truncated: bool  # hit max_new_tokens without EOS
     prompt: str = ""  # the prompt the policy saw (chat template applied), clipped
     completion: str = ""  # the sampled response, special tokens dropped, clipped
+    # A rollout that played an environment: its episode as ``episode_json`` keeps it (the first
+    # observation, then each turn's action, observation, reward, done and error, and the
+    # outcome); None for a rollout that played none.
+    episode: dict[str, Any] | None = None
 
 
 @dataclass

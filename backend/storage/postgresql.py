@@ -431,7 +431,9 @@ def _unnest_upsert(
     for i, c in enumerate(cols):
         param, expr = _column([row.get(c.name) for row in rows], c.type)
         params[f"a{i}"] = param
-        arrays.append(f"CAST(%(a{i})b AS {c.type.compile(dialect=_PG)}[])")
+        # A JSON column travels as text, each element cast to JSON in the SELECT (_column).
+        element = "TEXT" if isinstance(c.type, JSON) else c.type.compile(dialect=_PG)
+        arrays.append(f"CAST(%(a{i})b AS {element}[])")
         selected.append(expr.format(f"u.c{i}"))
     conflict = ", ".join(quote(k) for k in key)
     sets = ", ".join(
@@ -451,9 +453,12 @@ def _column(values: list[Any], type_: Any) -> tuple[Any, str]:
 
     Fixed-width numbers go pre-encoded (``PgArray``): psycopg would dump a list element by
     element in Python. A NULL float travels as NaN and comes back with NULLIF (the schema stores
-    NaN as NULL anyway); integers with a NULL, and other types, go as plain lists.
+    NaN as NULL anyway); integers with a NULL, and other types, go as plain lists; JSON as text.
     """
     kind = type(type_)
+    if issubclass(kind, JSON):  # psycopg adapts no dict: each value as its JSON text, None NULL
+        cast_to = type_.compile(dialect=_PG)
+        return [None if v is None else json.dumps(v) for v in values], f"CAST({{}} AS {cast_to})"
     if issubclass(kind, Float):
         return Float8Array(values), "NULLIF({}, 'NaN')"
     if issubclass(kind, Boolean) and None not in values:

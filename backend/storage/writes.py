@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from backend.models import MAX_ABS_VALUE, MetricRollup, RolloutText, Run, finite, utcnow
 from backend.runs.lifecycle import owned_by
 from backend.runs.progress import pace_values
-from backend.schemas import RolloutOut
+from backend.schemas import RolloutOut, renderable
 from backend.storage.columns import MetricColumns, RolloutColumns, last_unique, none_if_nan
 from backend.storage.dialect import Dialect
 from backend.storage.prompts import PromptPoint, prompt_rows, write_prompts
@@ -53,7 +53,7 @@ class StepPoints:
 
 class RolloutPoint(RolloutOut):
     """One rollout to write: the fields a read gives back (``RolloutOut``, the API's), its text
-    "" when it has none (a read leaves the text out unless asked for it)."""
+    "" and its episode None when it has none (a read leaves them out unless asked for them)."""
 
     prompt: str = ""
     completion: str = ""
@@ -297,12 +297,19 @@ def _rollout_columns(
     except AttributeError:  # duck-typed rollouts without text
         prompt = [getattr(r, "prompt", "") for r in every]
         completion = [getattr(r, "completion", "") for r in every]
-    if any(prompt) or any(completion):
-        for i in np.flatnonzero([bool(p or c) for p, c in zip(prompt, completion, strict=True)]):
+    episode = [getattr(r, "episode", None) for r in every]
+    if any(prompt) or any(completion) or any(e is not None for e in episode):
+        kept = [
+            bool(p or c or e is not None)
+            for p, c, e in zip(prompt, completion, episode, strict=True)
+        ]
+        for i in np.flatnonzero(kept):
             st, g, ix = int(step[i]), int(group[i]), int(index[i])
             texts[(st, g, ix)] = {
                 "run_id": run_id, "step": st, "group": g, "index": ix,
                 "prompt": clip_text(prompt[i]), "completion": clip_text(completion[i]),
+                # renderable: what the database and a response take (no lone surrogate, NaN)
+                "episode": None if episode[i] is None else renderable(episode[i]),
             }  # fmt: skip
     return columns, list(texts.values())
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 
-from conspo.sink import RolloutRecord, StepRecord, clip_text
+from conspo.sink import RolloutRecord, StepRecord, clip_text, episode_json
 from conspo.training.loop import TrainState
 from conspo.training.rollouts import Rollouts, prompt_records
 
@@ -50,6 +51,7 @@ def make_record(
         values[len(keys) + j * keep : len(keys) + (j + 1) * keep] for j in range(3)
     )
     prompts_text, completions = sampled_texts(state, r, idx.tolist())
+    episodes = sampled_episodes(r, idx.tolist())
     records = [
         RolloutRecord(
             group=i // g,
@@ -60,9 +62,17 @@ def make_record(
             truncated=bool(tr),
             prompt=p_text,
             completion=c_text,
+            episode=episode,
         )
-        for i, s, n_tok, tr, p_text, c_text in zip(
-            idx.tolist(), sample_scores, lengths, truncated, prompts_text, completions, strict=True
+        for i, s, n_tok, tr, p_text, c_text, episode in zip(
+            idx.tolist(),
+            sample_scores,
+            lengths,
+            truncated,
+            prompts_text,
+            completions,
+            episodes,
+            strict=True,
         )
     ]
     metrics = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
@@ -85,3 +95,13 @@ def sampled_texts(state: TrainState, r: Rollouts, rows: list[int]) -> tuple[list
         b.response_ids[at.to(b.response_ids.device)].cpu().tolist(), skip_special_tokens=True
     )
     return [clip_text(t) for t in prompts], [clip_text(t) for t in completions]
+
+
+def sampled_episodes(r: Rollouts, rows: list[int]) -> list[dict[str, Any] | None]:
+    """The episodes the sampled rollout ``rows`` played, as the rollout table keeps them
+    (``episode_json``); None for a row that played none (every row, in a run without an
+    environment)."""
+    episodes = r.batch.episodes
+    if episodes is None:
+        return [None] * len(rows)
+    return [None if episodes[i] is None else episode_json(episodes[i]) for i in rows]
