@@ -219,6 +219,9 @@ def evaluate(
     if greedy_batch.tool_calls is not None:
         called = [float(bool(calls)) for calls in greedy_batch.tool_calls]
         out[M.EVAL_TOOL_CALL_RATE] = sum(called) / len(called)
+    played = [e for e in greedy_batch.episodes or [] if e is not None]
+    if played:  # a game's greedy episodes: do the won ones take fewer turns as training goes?
+        out[M.EVAL_ENV_TURNS] = sum(e.turn_count for e in played) / len(played)
     return out
 
 

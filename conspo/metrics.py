@@ -119,6 +119,7 @@ ENV_INVALID = "env/invalid"
 ENV_OBSERVATION_TOKENS = "env/observation_tokens"
 TIME_ENV_S = "time/env_s"
 EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"
+EVAL_ENV_TURNS = "eval/env_turns"
 
 # --- time and throughput --------------------------------------------------------------------
 TIME_STEP_S = "time/step_s"
@@ -682,6 +683,10 @@ METRICS: tuple[Metric, ...] = (
            "Mean interpreter tokens per rollout (masked out of every loss and score; they count"
            " against sampling.max_new_tokens).", "tokens", "tooltokens",
            when="the run has tools (tools.names)", color="accent2"),
+    Metric(EVAL_ENV_TURNS, "turns (held-out, greedy)",
+           "Mean turns of the held-out games' greedy episodes (eval/accuracy is their success"
+           " rate).", "turns", "envturns", when="the run plays an environment, at every"
+           " evaluation", color="accent3", dash=True),
     Metric(EVAL_TOOL_CALL_RATE, "tool-call rate (greedy)",
            "Share of the held-out problems whose greedy answer called a tool.", "fraction",
            "evalc", when="the run has tools, at every evaluation", color="accent3", dash=True),

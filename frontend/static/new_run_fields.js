@@ -79,10 +79,14 @@ const SECTIONS = [
   { key: "sampling", title: "Sampling" },
   { key: "optim", title: "Optimiser" },
   { key: "resources", title: "Resources" }, // GPUs per node, nodes (Ray), ddp or fsdp
+  // turns, credit and γ of a task that plays an environment (task "environment"); the config
+  // refuses a credit other than outcome for any other task, at its field
+  { key: "environment", title: "Environment (multi-turn tasks)" },
 ];
 const ADVANCED = [
   { title: "Precision and memory", keys: ["model", "sampling", "optim"], advanced: true },
   { key: "eval", title: "Evaluation and benchmarks" },
+  { title: "Environment limits", keys: ["environment"], advanced: true },
   { key: "checkpoint", title: "Checkpoints" },
   { key: "logging", title: "Logging" },
 ];
@@ -315,7 +319,7 @@ export function render(config, extra = {}) {
   const adv = h(
     "details.adv",
     { open: extra.openAdvanced || null },
-    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, checkpoints, logging"),
+    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, environment limits, checkpoints, logging"),
     ADVANCED.map((s) =>
       h(
         "div.form-section",

@@ -27,7 +27,14 @@ USES_PLUGIN: dict[str, Any] = {
     "task": {"name": "count_letter", "eval_size": 4},
     "rewards": [{"name": "verifier"}, {"name": "brevity", "params": {"limit": 20}}],
 }
+# The plugin's environment and its reward that reads the played episode, turns credited
+PLAYS_PLUGIN: dict[str, Any] = {
+    "task": {"name": "environment", "eval_size": 4, "params": {"environment": "nim"}},
+    "rewards": [{"name": "verifier"}, {"name": "few_turns", "params": {"max_turns": 4}}],
+    "environment": {"max_turns": 4, "credit": "gigpo"},
+}
 TASK, REWARD = ("body", "config", "task", "name"), ("body", "config", "rewards", 1, "name")
+ENVIRONMENT = ("body", "config", "task", "params", "environment")
 
 
 def loaded(*names: str) -> dict[str, Any]:
@@ -62,6 +69,9 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
         " (0 alive; /api/health lists each worker's plugins)"
     )
     assert errors[REWARD].startswith(f"reward 'brevity' comes from the plugin '{PLUGIN}'")
+    errors = errors_at(own_api.post("/api/runs", json={"config": tiny_config(1, **PLAYS_PLUGIN)}))
+    assert set(errors) == {ENVIRONMENT, REWARD}
+    assert errors[ENVIRONMENT].startswith(f"environment 'nim' comes from the plugin '{PLUGIN}'")
     # A worker that loaded other plugins (or none) does not count.
     alive(settings, WorkerIdentity(host="cpu-1", pid=1, capabilities=loaded("someone_else")))
     assert "(1 alive;" in errors_at(own_api.post("/api/runs", json={"config": config}))[TASK]
@@ -72,7 +82,8 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
     health = own_api.get("/api/health").json()
     (mine,) = health["plugins"]["loaded"]
     assert mine["name"] == PLUGIN and mine["provides"] == {
-        "reward": ["brevity"],
+        "environment": ["nim"],
+        "reward": ["brevity", "few_turns"],
         "task": ["count_letter"],
     }
     assert health["plugins"]["failed"] == []
@@ -88,3 +99,8 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
     assert run["task"] == "count_letter"
     keys = own_api.get(f"/api/runs/{run['id']}/metrics/keys").json()["keys"]
     assert "reward/brevity" in keys
+    # the plugin's environment, played turn by turn, its reward reading each episode
+    played = run_in_worker(own_api, tiny_config(1, **PLAYS_PLUGIN))
+    assert played["status"] == "succeeded", played["error"]
+    keys = own_api.get(f"/api/runs/{played['id']}/metrics/keys").json()["keys"]
+    assert {"reward/few_turns", "env/turns", "env/success", "time/env_s"} <= set(keys)

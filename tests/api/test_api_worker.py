@@ -31,7 +31,13 @@ from tests.api.conftest import (
     tiny_config,
     wait_for,
 )
-from tests.api.test_api_plugins import EXAMPLE, PLUGIN, USES_PLUGIN, example_plugin  # noqa: F401
+from tests.api.test_api_plugins import (  # noqa: F401
+    EXAMPLE,
+    PLAYS_PLUGIN,
+    PLUGIN,
+    USES_PLUGIN,
+    example_plugin,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -115,6 +121,10 @@ def test_worker_runs_a_job_end_to_end_and_cancels(
     plugin_run = finished(api, submit(api, tiny_config(1, **USES_PLUGIN)), 300, wp)
     assert plugin_run["status"] == "succeeded", plugin_run["error"]
     assert plugin_run["task"] == "count_letter" and "reward/brevity" in plugin_run["summary"]
+    # and its environment, played turn by turn in the worker
+    env_run = finished(api, submit(api, tiny_config(1, **PLAYS_PLUGIN)), 300, wp)
+    assert env_run["status"] == "succeeded", env_run["error"]
+    assert {"env/turns", "reward/few_turns"} <= set(env_run["summary"])
 
     long_id = submit(api, tiny_config(400))
     wait_for(lambda: run_state(api, long_id)["step"] >= 2, 300, "two steps")

@@ -36,12 +36,12 @@ def test_keys_charts_and_sections_hold_together() -> None:
 
 def _logged_keys(algorithm: str, params: dict, model_store, tmp_path, **extra: object) -> set[str]:
     cfg = RunConfig.model_validate({
-        **extra,
         "algorithm": algorithm,
         "params": params,
         "steps": 2,
         "model": {"name": "tiny"},
         "task": {"name": "arith", "eval_size": 4},
+        **extra,
         # Longer than DAPO's default overlong buffer (8), which must leave some length unpenalised.
         "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 10},
         "optim": {"mini_batches": 2},
@@ -93,12 +93,18 @@ def test_every_catalogue_key_is_logged_by_some_run(
     with_reference = _logged_keys("grpo", {"beta": 0.1}, model_store, tmp_path)
     # Tool use is logged by runs with tools (the calculator: no sandbox, nothing to install).
     with_tools = _logged_keys("grpo", {}, model_store, tmp_path / "tools", tools=["calculator"])
+    # Episodes are logged by runs that play an environment.
+    game = {"name": "environment", "eval_size": 4, "params": {"environment": "guess_number"}}
+    with_env = _logged_keys("grpo", {}, model_store, tmp_path / "env", task=game)
     by_kinds = [run.logged for run in job_kind_runs.values()]
     # The system readings come from a sampler on the clock, on the steps a sample fell in: these
     # runs' steps are too short for one; tests/conspo/test_system.py has a run log them.
     system = {k for k in KEYS if k.startswith("system/")}
-    never = KEYS - system - with_reference - with_tools - set().union(*logged.values(), *by_kinds)
+    never = KEYS - system - with_reference - with_tools - with_env
+    never -= set().union(*logged.values(), *by_kinds)
     assert not never, f"catalogue keys no run logs: {never}"
     assert M.KL in with_reference and not any(M.KL in keys for keys in logged.values())
     tool_keys = {m.key for m in CATALOGUE.metrics if m.chart and m.chart.startswith("tool")}
     assert tool_keys <= with_tools and not any(tool_keys & keys for keys in logged.values())
+    env_keys = {m.key for m in CATALOGUE.metrics if m.key.startswith("env/")}
+    assert env_keys <= with_env and not any(env_keys & keys for keys in logged.values())

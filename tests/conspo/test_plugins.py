@@ -158,4 +158,8 @@ def test_an_installed_entry_point_is_found_without_any_setting(tmp_path: Path) -
     (loaded,) = json.loads(out.stdout)["loaded"]
     assert loaded["name"] == "example" and loaded["source"] == "entry point"
     assert loaded["distribution"] == "conspo-example-plugin" and loaded["version"] == "0.1.0"
-    assert loaded["provides"] == {"reward": ["brevity"], "task": ["count_letter"]}
+    assert loaded["provides"] == {
+        "environment": ["nim"],
+        "reward": ["brevity", "few_turns"],
+        "task": ["count_letter"],
+    }
