@@ -1,6 +1,7 @@
 // The run page's views of the sampled rollouts: the score distribution over steps (a heatmap per
 // class), the interquartile bands behind the score lines, and the table of one step's rollouts
-// with their text (a run with tools: each response as its turns, turns.js).
+// with their text (a run with tools: each response as its turns, turns.js; a rollout that played
+// an environment: its episode turn by turn, episodeView).
 import { errorText, get, qs } from "/static/api.js";
 import { CHARTS, ROLE_COLORS } from "/static/catalogue.js";
 import { alpha, bandTraces, baseLayout, noteAnnotation, withNotes, X_TITLES } from "/static/charts.js";
@@ -152,8 +153,51 @@ function toolFormat() {
   return formatLoad;
 }
 
+/** How an episode ended, in a word: failed (an environment fault), won (a winning return), cut
+ * (the turn limit ended it before the environment said done) or lost. */
+function episodeOutcome(ep) {
+  if (ep.failure !== null && ep.failure !== undefined) return "failed";
+  if (ep.succeeded) return "won";
+  if (ep.truncated) return "cut";
+  return "lost";
+}
+
+function episodeText(kind, label, text) {
+  return h(`div.episode-${kind}`, {}, h("span.turn-label", {}, label), h("pre", {}, text));
+}
+
+/** A rollout's episode (the API's `episode`, conspo.sink.episode_json) in order: the
+ * environment's first observation, then each turn's action, the environment's answer, its reward
+ * and whether the episode was done; a turn that failed the episode shows why, in red. Model and
+ * environment text alike is hostile: h() makes every piece a text node. */
+function episodeView(ep) {
+  const outcome = episodeOutcome(ep);
+  const turns = ep.turns.map((t, i) => {
+    const cut = t.cut_chars ? ` (${t.cut_chars} chars cut)` : "";
+    const meta = `reward ${fmtNum(t.reward)} · ${t.done ? "done" : "not done"}`;
+    return h(
+      `div.episode-turn${t.error ? ".failed" : ""}`,
+      { dataset: { turn: i + 1 } },
+      episodeText("action", `turn ${i + 1} · model`, t.action),
+      t.error ? h("div.episode-error", {}, t.error) : episodeText("observation", `environment${cut}`, t.observation),
+      h("div.episode-meta", {}, meta),
+    );
+  });
+  const n = ep.turns.length;
+  const summary = `${n} turn${n === 1 ? "" : "s"} · ${outcome} · total reward ${fmtNum(ep.total_reward)}`;
+  return h(
+    "div.episode",
+    { dataset: { outcome } },
+    h("div.episode-summary", {}, summary),
+    outcome === "failed" && !ep.turns.some((t) => t.error) ? h("div.episode-error", {}, ep.failure) : null,
+    episodeText("first", "environment · start", ep.first_observation),
+    ...turns,
+  );
+}
+
 function completionCell(r, format) {
   const text = r.completion || "";
+  if (r.episode) return h("td.text.turned", {}, episodeView(r.episode));
   if (format && text) return h("td.text.turned", {}, turnsView(text, format));
   if (!text && r.prompt)
     return h(
