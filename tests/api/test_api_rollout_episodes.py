@@ -39,7 +39,7 @@ WON = Episode(
 FAILED = Episode(
     turns=(Turn("3", "", 0.0, True, 0.5, error="step raised ValueError: <b>boom</b> \ud800"),),
     failure="step raised ValueError: <b>boom</b> \ud800",
-    first_observation="I am thinking of a number from 1 to 8.",
+    first_observation="I am thinking of a number from 1 to 8.\x00",  # NUL: JSON escapes it
 )
 
 
@@ -92,7 +92,7 @@ def test_episode_json_clips_texts_drops_large_info_and_replaces_lone_surrogates(
         == failed["turns"][0]["error"]
         == ("step raised ValueError: <b>boom</b> \ufffd")
     )
-    assert failed["succeeded"] is False
+    assert failed["succeeded"] is False and failed["first_observation"].endswith("\x00")
 
 
 def test_episodes_round_trip_from_the_sink_to_the_api(api: Api, db: Database) -> None:
