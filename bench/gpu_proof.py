@@ -96,6 +96,9 @@ DECODE_BF16_SLACK = 1.25
 BUCKET_BOUND = {"float32": 1e-4, "bfloat16": 3e-2}
 # The memory estimate's stated factor (tests/conspo/test_resources.py, measured on a CPU).
 MEMORY_FACTOR = (0.6, 1.6)
+# Share of the tokens a greedy environment rollout wrote that a replayed forward also picks:
+# near-ties may flip under float rounding (the cache's sums in another order), little else.
+ENVIRONMENT_ARGMAX_BOUND = 0.97
 
 
 @dataclass
@@ -429,6 +432,87 @@ def nvml_check(proof: Proof) -> None:
     proof.add(Row("correctness", check, figure, "", "ok" if gpu else "DEVIATION"))
 
 
+def environment_check(proof: Proof) -> None:
+    """SmolLM2 plays guess_number turn by turn on the device (the native engine, greedy): each
+    turn's observation fed as tokens into the growing KV cache. Replayed as one forward over
+    prompt + whole conversation, every token the model wrote is that forward's argmax (the cache
+    extended by observations holds what a recompute would), each turn's action is the text the
+    model wrote in it, and at least one episode went past its first turn."""
+    import random
+
+    import torch
+
+    from conspo.config import PromptConfig, TaskConfig, ToolsConfig
+    from conspo.environments.runner import EnvironmentLimits
+    from conspo.generation.batch import SampleRequest
+    from conspo.generation.engines import NativeEngine
+    from conspo.generation.rollout import encode_prompts, end_token_ids
+    from conspo.generation.tool_rollout import EnvironmentPlay, ToolEngine, ToolUse, turn_format
+    from conspo.models.loading import load_pretrained
+    from conspo.tasks import make_task
+    from conspo.tasks.environment import episode_starter
+    from conspo.tasks.prompts import PromptRenderer, with_prompts
+    from conspo.tools import make_toolbox
+
+    smoke = proof.args.smoke
+    rows, budget = (4, 64) if smoke else (16, 192)
+    device = torch.device(proof.device)
+    model, tokenizer = load_pretrained(model_path(), device, torch.float32)
+    model.eval()
+    game = {"environment": "guess_number", "environment_params": {"high": 8}}
+    render = PromptRenderer(PromptConfig(system="Answer with one number only."), tokenizer)
+    task = with_prompts(make_task(TaskConfig(name="environment", params=game)), render)
+    limits = EnvironmentLimits(timeout_s=10, max_turns=3)
+    start = episode_starter(task, limits)
+    assert start is not None
+    play = EnvironmentPlay(start, turn_format(tokenizer, render.chat))
+    engine = ToolEngine(NativeEngine(), ToolUse(make_toolbox(ToolsConfig()), tokenizer, play))
+    examples = task.train_prompts(random.Random(0), rows)
+    ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
+    request = SampleRequest(
+        max_new_tokens=budget,
+        eos_id=end_token_ids(tokenizer, model),
+        pad_id=tokenizer.pad_token_id,
+        temperature=0.0,
+        examples=examples,
+    )
+    started = time.perf_counter()
+    batch = engine.sample(model, ids, mask, request)
+    seconds = time.perf_counter() - started
+    assert batch.episodes is not None and batch.turn_index is not None
+    full = torch.cat([ids, batch.response_ids], dim=1)
+    attention = torch.cat([mask, batch.response_mask.long()], dim=1)
+    positions = (attention.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=attention, position_ids=positions).logits
+    p = ids.shape[1]
+    predicted = logits[:, p - 1 : -1].argmax(-1)  # (N, T) what the forward picks at each
+    written = batch.model_mask > 0
+    agree = int((predicted == batch.response_ids)[written].sum())
+    total = int(written.sum())
+    actions_match = all(
+        turn.action
+        == tokenizer.decode(
+            batch.response_ids[i][batch.turn_index[i] == k].tolist(), skip_special_tokens=True
+        )
+        for i, episode in enumerate(batch.episodes)
+        if episode is not None
+        for k, turn in enumerate(episode.turns)
+    )
+    several = sum(1 for e in batch.episodes if e is not None and e.turn_count > 1)
+    won = sum(1 for e in batch.episodes if e is not None and e.succeeded)
+    share = agree / max(total, 1)
+    check = f"environment rollout, guess_number ({rows} games, {budget} tokens, greedy)"
+    figure = (
+        f"{agree}/{total} written tokens are the replay's argmax; {several}/{rows} episodes"
+        f" past turn 1, {won} won; actions {'=' if actions_match else '≠'} written text;"
+        f" {seconds:.1f} s"
+    )
+    ok = share >= ENVIRONMENT_ARGMAX_BOUND and actions_match and several > 0
+    proof.add(Row("correctness", check, figure, f"≥ {ENVIRONMENT_ARGMAX_BOUND:g} agree",
+                  "ok" if ok else "DEVIATION"))  # fmt: skip
+
+
 def correctness(proof: Proof) -> None:
     dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
     for dtype in ["float32", "bfloat16"]:  # the smoke's 2×4 tokens are cheap in bfloat16 too
@@ -438,6 +522,7 @@ def correctness(proof: Proof) -> None:
     for dtype in dtypes:
         guarded(proof, "correctness", f"buckets, {dtype}", lambda d=dtype: bucket_check(proof, d))
     guarded(proof, "correctness", "memory", lambda: memory_check(proof))
+    guarded(proof, "correctness", "environment rollout", lambda: environment_check(proof))
     guarded(proof, "correctness", "system metrics", lambda: nvml_check(proof))
 
 
