@@ -183,9 +183,11 @@ class EpisodeRunner:
         self._done = turn.done
         return turn
 
-    def finish(self) -> Episode:
+    def finish(self, cut: bool = False) -> Episode:
         """The episode as played: the environment's final reward read and the environment
-        closed (each contained; a failing ``close`` is logged and changes nothing)."""
+        closed (each contained; a failing ``close`` is logged and changes nothing). ``cut``:
+        its player stopped before the environment said done (a rollout out of tokens), so the
+        episode is truncated even with no turn played."""
         if self._finished is not None:
             return self._finished
         final: float | None = None
@@ -203,7 +205,7 @@ class EpisodeRunner:
                 self._call(env.close, "close")
             except EnvironmentFault as fault:
                 log.warning("environment %s: %s", type(env).__name__, fault)
-        truncated = not self.failed and not self._done and bool(self._turns)
+        truncated = not self.failed and not self._done and (bool(self._turns) or cut)
         self._finished = Episode(
             tuple(self._turns), final, self._failure, self._first_observation, truncated
         )

@@ -543,7 +543,7 @@ def _assemble(
 
 def _finished(row: _Row) -> Episode | None:
     """The row's episode as played: its final reward read and the environment closed."""
-    return None if row.episode is None else row.episode.finish()
+    return None if row.episode is None else row.episode.finish(cut=row.truncated)
 
 
 def verified_texts(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:

@@ -99,7 +99,10 @@ def test_each_turn_is_an_action_and_each_observation_a_masked_user_turn(played) 
         assert episode.turn_count <= MAX_TURNS
         if episode.turn_count == 0:  # its first turn ran out of tokens: nothing was played
             assert bool(batch.truncated[i]) and not bool(observed.any())
+            assert episode.truncated  # cut, as an episode out of turns is
             continue
+        if bool(batch.truncated[i]) and not episode.turns[-1].done:
+            assert episode.truncated
         # Each played turn's action is the text the model wrote in that turn, as written.
         for t, turn in enumerate(episode.turns):
             written = tokenizer.decode(ids[turns == t].tolist(), skip_special_tokens=True)
