@@ -627,6 +627,10 @@ class Presets(BaseModel):
     )
     algorithms: list[RegisteredPreset]
     tasks: list[RegisteredPreset]
+    environments: list[RegisteredPreset] = Field(
+        description="Environments the task `environment` may play (its params.environment), with"
+        " the schema and defaults of their params (its params.environment_params)."
+    )
     rewards: list[RewardPreset] = Field(
         description="Reward functions (config.rewards[].name) with their params schema, defaults,"
         " default weight and the tasks they apply to."

@@ -31,7 +31,18 @@ export function startForm(loaded, models, onChange) {
 /** The fields this form renders its own way (the generic form does the rest). */
 function special(path, p, value) {
   if (path === "config.prompt.template") return templateField(path, p, value);
+  if (path === "config.task.params.environment") return environmentField(path, p, value);
   return null;
+}
+
+/** The environment task's params.environment: a select of the registered environments (GET
+ * /api/presets `environments`), so their names are in sight rather than to be known and typed.
+ * A name no longer registered (a run copied from a removed plugin's) stays offered, for the
+ * server's 422 to name at the field. */
+function environmentField(path, p, value) {
+  const options = presets.environments.map((e) => ({ value: e.name, label: e.name, title: e.description }));
+  if (value && !options.some((o) => o.value === value)) options.push({ value, label: `${value} (not registered)` });
+  return field(path, p, value, { label: "Environment", options });
 }
 
 // The registered kinds whose entry is picked by a select and whose parameters are rendered from
@@ -319,7 +330,11 @@ export function render(config, extra = {}) {
   const adv = h(
     "details.adv",
     { open: extra.openAdvanced || null },
-    h("summary", {}, "Advanced: precision and memory, evaluation and benchmarks, environment limits, checkpoints, logging"),
+    h(
+      "summary",
+      {},
+      "Advanced: precision and memory, evaluation and benchmarks, environment limits, checkpoints, logging",
+    ),
     ADVANCED.map((s) =>
       h(
         "div.form-section",

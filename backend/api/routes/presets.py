@@ -16,7 +16,15 @@ from backend.schemas import Presets
 from conspo.config import PROMPT_TEMPLATES, RunConfig
 from conspo.demo import DEMO_CONFIG
 from conspo.models.catalog import BUILTIN_MODELS
-from conspo.registry import JOB_KINDS, OBJECTIVES, REWARDS, TASKS, TOOLS, Registry
+from conspo.registry import (
+    ENVIRONMENTS,
+    JOB_KINDS,
+    OBJECTIVES,
+    REWARDS,
+    TASKS,
+    TOOLS,
+    Registry,
+)
 from conspo.tools.base import OBSERVATION_TEMPLATE
 
 router = APIRouter(tags=["presets"])
@@ -32,6 +40,8 @@ def presets() -> dict[str, Any]:
         ],
         "algorithms": _registered(OBJECTIVES),
         "tasks": _registered(TASKS),
+        # what task "environment" may play (its params.environment, environment_params)
+        "environments": _registered(ENVIRONMENTS),
         "rewards": _rewards(),
         "models": [
             {
