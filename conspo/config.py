@@ -1042,6 +1042,23 @@ class EnvironmentConfig(_Section):
         json_schema_extra={"advanced": True},
         description="Weight ω of the turn-level advantage added to the episode's (GiGPO's ω).",
     )
+    simulator: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        title="Simulator model",
+        description="The model an environment that needs one talks to (a simulated user, a"
+        " judge): a built-in (smollm2-135m-instruct) or a model-store name, run by the worker"
+        " beside the policy. Only for an environment that needs it.",
+    )
+    simulator_max_new_tokens: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        title="Simulator reply tokens",
+        json_schema_extra={"advanced": True},
+        description="Tokens one simulator reply may take, at most (greedy).",
+    )
 
 
 class RunConfig(_Section):
@@ -1160,6 +1177,13 @@ class RunConfig(_Section):
         name = self.played_environment()
         problems: list[tuple[tuple[str | int, ...], str, object]] = []
         if name is None:
+            if env.simulator is not None:
+                problems.append((
+                    ("environment", "simulator"),
+                    "a simulator model is for an environment that talks to one: this task"
+                    " plays none",
+                    env.simulator,
+                ))  # fmt: skip
             if env.credit != "outcome":
                 problems.append((
                     ("environment", "credit"),
@@ -1169,7 +1193,6 @@ class RunConfig(_Section):
                 ))  # fmt: skip
             return problems
         needs = get_environment(name).needs
-        where = ("task", "params", "environment")
         if self.sampling.engine != "native":
             problems.append((
                 ("sampling", "engine"),
@@ -1183,12 +1206,18 @@ class RunConfig(_Section):
                 f"environment {name!r} takes at most {needs.max_turns} turns",
                 env.max_turns,
             ))  # fmt: skip
-        if needs.judge:
+        if needs.judge and env.simulator is None:
             problems.append((
-                where,
-                f"environment {name!r} needs a judge or simulator model, which no run can give"
-                " an environment yet",
-                name,
+                ("environment", "simulator"),
+                f"environment {name!r} talks to a simulator model: name one (e.g."
+                " smollm2-135m-instruct)",
+                None,
+            ))  # fmt: skip
+        if not needs.judge and env.simulator is not None:
+            problems.append((
+                ("environment", "simulator"),
+                f"environment {name!r} talks to no simulator model: leave it empty",
+                env.simulator,
             ))  # fmt: skip
         missing = [tool for tool in needs.tools if tool not in self.tools.names]
         if missing:

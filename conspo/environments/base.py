@@ -49,7 +49,7 @@ class EnvNeeds:
     max_turns: int  # the most turns an episode of it may take (turns with an action each)
     tools: tuple[str, ...] = ()  # registered tools its episodes call besides its own steps
     sandbox: bool = False  # it runs model-written code (conspo.sandbox)
-    judge: bool = False  # it calls a judge or simulator model
+    judge: bool = False  # it calls a simulator (or judge) model: created with ``simulator=``
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,26 @@ class Environment(Protocol):
     def close(self) -> None:
         """Release what the episode holds; called once, even after a failure."""
         ...
+
+
+class Simulator(Protocol):
+    """A model an environment may talk to (a simulated user, a judge), given to an environment
+    whose registration says ``EnvNeeds(judge=True)`` as ``cls(params, example, seed,
+    simulator=...)``. Bounded in tokens by the run (``environment.simulator_max_new_tokens``)
+    and in time by the step that calls it (``environment.timeout_s``)."""
+
+    def reply(self, messages: list[dict[str, str]]) -> str:
+        """The model's next message after chat ``messages`` ({"role", "content"} each)."""
+        ...
+
+
+class NoSimulator:
+    """What an environment that needs a simulator gets where no model runs: where prompts are
+    drawn and a single answer is checked (the API's task check, a verify without an episode).
+    Its ``reset`` must not need one; a ``step`` that calls it fails its episode, saying why."""
+
+    def reply(self, messages: list[dict[str, str]]) -> str:
+        raise RuntimeError("no simulator model here: a run plays this environment with one")
 
 
 def game_seed(example: Example) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
-from conspo.environments.base import Episode
+from conspo.environments.base import Episode, NoSimulator, Simulator
 from conspo.environments.runner import (
     EnvironmentFault,
     EnvironmentLimits,
@@ -126,9 +126,21 @@ class EnvironmentTask(ProceduralTask):
         prompt = label.prompt if first is None else f"{first}\n(game {seed})"
         return replace(label, prompt=prompt, answer=answer)
 
-    def runner(self, example: Example, seed: int, limits: EnvironmentLimits) -> EpisodeRunner:
-        """An episode of ``example``'s game, not yet reset, every call into it contained."""
-        return EpisodeRunner(lambda: self.entry.cls(self.env_params, example, seed), limits)
+    def runner(
+        self,
+        example: Example,
+        seed: int,
+        limits: EnvironmentLimits,
+        simulator: Simulator | None = None,
+    ) -> EpisodeRunner:
+        """An episode of ``example``'s game, not yet reset, every call into it contained. An
+        environment that needs a simulator model gets ``simulator`` (``NoSimulator`` when none
+        runs here)."""
+        cls, params = self.entry.cls, self.env_params
+        if not self.entry.needs.judge:
+            return EpisodeRunner(lambda: cls(params, example, seed), limits)
+        model = simulator or NoSimulator()
+        return EpisodeRunner(lambda: cls(params, example, seed, simulator=model), limits)
 
     def play(self, completion: str, example: Example) -> Episode:
         """The completion played as the episode's one action (contained: ``runner``)."""
@@ -145,7 +157,7 @@ class EnvironmentTask(ProceduralTask):
 
 
 def episode_starter(
-    task: object, limits: EnvironmentLimits
+    task: object, limits: EnvironmentLimits, simulator: Simulator | None = None
 ) -> Callable[[Example, int], EpisodeRunner | None] | None:
     """How a run on ``task`` starts each rollout's episode (``start(example, seed)``), or None
     when ``task`` plays no environment. ``task`` may be wrapped by its prompts
@@ -158,7 +170,7 @@ def episode_starter(
         game = example.data.get("_original", example)
         if game.data.get("environment") != inner.environment:  # a benchmark's problem
             return None
-        return inner.runner(game, seed, limits)
+        return inner.runner(game, seed, limits, simulator)
 
     return start
 

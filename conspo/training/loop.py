@@ -36,6 +36,7 @@ from conspo import stopping
 from conspo.access import DataFiles
 from conspo.config import RunConfig
 from conspo.distributed import collectives as distributed
+from conspo.environments.base import Simulator
 from conspo.environments.runner import EnvironmentLimits
 from conspo.evaluation import (
     Benchmark,
@@ -49,6 +50,7 @@ from conspo.evaluation import (
 )
 from conspo.generation.batch import Engine
 from conspo.generation.engines import make_engine
+from conspo.generation.simulator import ModelSimulator
 from conspo.generation.tool_rollout import EnvironmentPlay, ToolEngine, ToolUse, turn_format
 from conspo.models.builtins import builtin_store
 from conspo.models.loading import (
@@ -325,7 +327,13 @@ def setup(
         eval_examples=task.eval_examples(cfg.task.eval_size),
         device=device,
         engine=tool_engine(
-            cfg, make_engine(cfg.sampling, path, dtype), tokenizer, unsafe_local, task, render
+            cfg,
+            make_engine(cfg.sampling, path, dtype),
+            tokenizer,
+            unsafe_local,
+            task,
+            render,
+            lambda name: load_simulator(cfg, store.resolve(name), device, precision.weights),
         ),
         benchmarks=[rendered(b, render) for b in benchmarks],
         precision=precision,
@@ -342,12 +350,17 @@ def tool_engine(
     unsafe_local: bool,
     task: Task,
     render: PromptRenderer,
+    simulator_of: Callable[[str], Simulator] | None = None,
 ) -> Engine:
     """``engine``, or with ``cfg.tools`` one whose rollouts call them, or with a task that
     plays an environment one whose rollouts play it turn by turn (training and evaluation
-    alike: ``conspo.generation.tool_rollout``)."""
+    alike: ``conspo.generation.tool_rollout``), talking to the simulator model
+    ``simulator_of(environment.simulator)`` when the environment needs one."""
     limits = environment_limits(cfg)
-    start = None if limits is None else episode_starter(task, limits)
+    simulator = None
+    if limits is not None and cfg.environment.simulator and simulator_of is not None:
+        simulator = simulator_of(cfg.environment.simulator)
+    start = None if limits is None else episode_starter(task, limits, simulator)
     if not cfg.tools.names and start is None:
         return engine
     box = make_toolbox(cfg.tools, unsafe_local=unsafe_local)
@@ -355,6 +368,16 @@ def tool_engine(
     if start is not None:
         play = EnvironmentPlay(start, turn_format(tokenizer, render.chat))
     return ToolEngine(engine, ToolUse(box, tokenizer, play))
+
+
+def load_simulator(
+    cfg: RunConfig, path: Path | str, device: torch.device, dtype: torch.dtype
+) -> Simulator:
+    """The environment's simulator model, loaded beside the policy (frozen, greedy)."""
+    model, tokenizer = load_pretrained(path, device, dtype)
+    model.requires_grad_(False)
+    stopping.check_between_layers(model)
+    return ModelSimulator(model, tokenizer, cfg.environment.simulator_max_new_tokens)
 
 
 def environment_limits(cfg: RunConfig) -> EnvironmentLimits | None:

@@ -144,3 +144,82 @@ def test_turn_credit_stays_row_for_row_when_rounds_stack_and_groups_drop() -> No
     assert kept.turn_advantages is not None
     assert kept.turn_advantages[:, 0].tolist() == [20.0, 21.0]
     assert kept.batch.episodes == [None, None]
+
+
+class ScriptedUser:
+    """A simulator that records what it was asked and answers from a script."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer, self.asked = answer, []
+
+    def reply(self, messages):
+        self.asked.append(messages)
+        return self.answer
+
+
+def test_ask_the_user_talks_to_its_simulator_and_keeps_the_secret() -> None:
+    from conspo.environments.simulated_user import AskTheUser, AskTheUserParams
+    from conspo.tasks.base import Example
+
+    example = Example("game", "", {"seed": 5})
+    user = ScriptedUser("")
+    env = AskTheUser(AskTheUserParams(words=4), example, 0, simulator=user)
+    word = env.word
+    user.answer = f"Yes, {word.upper()} is sweet."
+    assert "ANSWER: <word>" in env.reset()
+    first = env.step("Is it sweet?")
+    assert not first.done and word not in first.observation.lower() and "…" in first.observation
+    persona, question = user.asked[0][0], user.asked[0][-1]
+    assert persona["role"] == "system" and word in persona["content"]
+    assert question == {"role": "user", "content": "Is it sweet?"}
+    env.step("Is it yellow?")  # the conversation so far goes with each question
+    assert [m["role"] for m in user.asked[1]] == ["system", "user", "assistant", "user"]
+    won = env.step(f"ANSWER: {word}")
+    assert won.done and won.reward == 1.0
+    lost = AskTheUser(AskTheUserParams(), example, 0, simulator=user).step("ANSWER: nothing")
+    assert lost.done and lost.reward == 0.0
+
+
+def test_an_environment_that_needs_a_simulator_plays_without_one_only_what_needs_none() -> None:
+    import random
+
+    from conspo.config import TaskConfig
+    from conspo.tasks import make_task
+
+    task = make_task(TaskConfig.model_validate({
+        "name": "environment", "params": {"environment": "ask_the_user"},
+    }))  # fmt: skip
+    (example,) = task.train_prompts(random.Random(0), 1)
+    assert "ANSWER: <word>" in example.prompt  # drawn without a model (the API's check)
+    assert task.verify(example.answer, example) == 1.0  # the reference needs no simulator
+    episode = task.play("Is it red?", example)
+    assert episode.failure is not None and "no simulator model here" in episode.failure
+
+
+def test_a_simulator_is_named_where_an_environment_needs_one_and_only_there() -> None:
+    from pydantic import ValidationError
+
+    def errors(data: dict) -> dict:
+        with pytest.raises(ValidationError) as caught:
+            RunConfig.model_validate(data)
+        return {tuple(e["loc"]): e["msg"] for e in caught.value.errors()}
+
+    asks = {"name": "environment", "params": {"environment": "ask_the_user"}}
+    assert "name one" in errors({"task": asks})[("environment", "simulator")]
+    guess = {"name": "environment", "params": {"environment": "guess_number"}}
+    simulator = {"simulator": "smollm2-135m-instruct"}
+    refused = errors({"task": guess, "environment": simulator})
+    assert "talks to no simulator" in refused[("environment", "simulator")]
+    assert "plays none" in errors({"environment": simulator})[("environment", "simulator")]
+    assert RunConfig.model_validate({"task": asks, "environment": simulator})
+
+
+def test_a_run_plays_ask_the_user_with_a_model_as_the_user(model_store, tmp_path) -> None:
+    cfg = game_run("ask_the_user", {"words": 3}, environment={
+        "max_turns": 3, "credit": "turn", "simulator": "tiny", "simulator_max_new_tokens": 8,
+    })  # fmt: skip
+    sink = MemorySink()
+    result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    assert result.status == "succeeded"
+    m = sink.steps[1].metrics
+    assert m[M.ENV_FAILED] == 0.0 and M.TIME_ENV_S in m
