@@ -237,6 +237,7 @@ def problems(config: RunConfig, settings: Settings) -> list[Problem]:
         *_dataset_problems(config, files),
         *_benchmark_problems(config, files),
         *_kind_model_problems(config, sources),
+        *_simulator_problems(config, sources),
     ]
     try:
         source = sources.locate(config.model.name)
@@ -280,6 +281,18 @@ def _kind_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[P
         except Unavailable as exc:
             message = str(exc).replace("model.name", f"kind_params.{field}", 1)
             yield ("kind_params", field), message, name
+
+
+def _simulator_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
+    """The environment's simulator model, when the model sources refuse it (as model.name)."""
+    name = config.environment.simulator
+    if name is None:
+        return
+    try:
+        sources.locate(name)
+    except Unavailable as exc:
+        message = str(exc).replace("model.name", "environment.simulator", 1)
+        yield ("environment", "simulator"), message, name
 
 
 def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:

@@ -78,6 +78,10 @@ CASES = [
     # a distillation teacher outside the model roots and the hub allowlist
     *[Case(RUNS, run(**distill(t)), "config.kind_params.teacher") for t in TEACHERS],
     Case(CLONE, {"overrides": distill("/etc")}, "overrides.kind_params.teacher"),
+    # an environment's simulator model outside the model roots and the hub allowlist
+    *[Case(RUNS, run(task={"name": "environment", "params": {"environment": "ask_the_user"}},
+                     environment={"simulator": t}), "config.environment.simulator")
+      for t in TEACHERS],
     Case(PIPELINES, {"name": "p", "stages": [run(**distill("/etc"))["config"]]},
          "stages.0.kind_params.teacher"),
     *both(
