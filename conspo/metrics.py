@@ -456,6 +456,10 @@ CHARTS: tuple[Chart, ...] = (
           help="Share of the step's episodes won, failed by the environment (it raised, hung,"
           " returned a wrong type or a non-finite reward) and cut by the turn limit or the"
           " token budget; and the share of turns the environment called invalid."),
+    Chart("envtokens", "Environment tokens per rollout", "env", "tokens / rollout",
+          y_range="zero",
+          help="The environment's turns in each rollout, as tokens: context the model reads,"
+          " which no loss or score counts, and which count against sampling.max_new_tokens."),
     Chart("envreward", "Environment reward", "env", "reward",
           help="Mean return of an episode (the environment's final reward, else the sum of its"
           " turns') and mean reward of one turn."),
@@ -719,7 +723,7 @@ METRICS: tuple[Metric, ...] = (
            "envreward", when="the run plays an environment", color="accent2", dash=True),
     Metric(ENV_OBSERVATION_TOKENS, "observation tokens",
            "Mean environment tokens per rollout (its turns' text: masked out of every loss and"
-           " score, counted against sampling.max_new_tokens).", "tokens", None,
+           " score, counted against sampling.max_new_tokens).", "tokens", "envtokens",
            when="the run plays an environment"),
     # job kinds other than rl
     Metric(SFT_TOKEN_ACC, "token accuracy",
