@@ -223,3 +223,36 @@ def test_a_run_plays_ask_the_user_with_a_model_as_the_user(model_store, tmp_path
     assert result.status == "succeeded"
     m = sink.steps[1].metrics
     assert m[M.ENV_FAILED] == 0.0 and M.TIME_ENV_S in m
+
+
+def test_the_example_plugins_trl_class_trains_smollm2_with_lora(
+    model_store, tmp_path, monkeypatch
+) -> None:
+    """The TRL environment_factory class shipped in the example plugin (TRL's docs' shape,
+    unchanged), loaded as a plugin and played through the adapter by SmolLM2 + LoRA."""
+    from pathlib import Path
+
+    from conspo import plugins
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "conspo_example_plugin"
+    plugins.reset()
+    monkeypatch.syspath_prepend(str(example))
+    monkeypatch.setenv(plugins.ENV_VAR, "conspo_example_plugin")
+    try:
+        entry = "conspo_example_plugin.trl_env:GuessEnv"
+        cfg = game_run(
+            "trl",
+            {"entry_point": entry},
+            model={"name": "smollm2-135m-instruct", "dtype": "float32", "lora": {"rank": 4}},
+            sampling={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 64},
+            environment={"max_turns": 3, "credit": "gigpo"},
+        )
+        sink = MemorySink()
+        result = train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    finally:
+        monkeypatch.delenv(plugins.ENV_VAR)
+        plugins.reset()
+    assert result.status == "succeeded"
+    m = sink.steps[1].metrics
+    assert m[M.ENV_FAILED] == 0.0 and math.isfinite(m[M.LOSS])
+    assert any("guess" in (r.prompt or "") for r in sink.steps[1].rollouts)

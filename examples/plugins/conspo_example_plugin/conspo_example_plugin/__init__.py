@@ -6,7 +6,9 @@
 A run then names them like built-ins: ``task: {name: count_letter}`` and
 ``rewards: [{name: verifier}, {name: brevity, weight: 0.1}]``; its environment is played as
 ``task: {name: environment, params: {environment: nim}}``, with
-``rewards: [{name: verifier}, {name: few_turns, weight: 0.1}]``.
+``rewards: [{name: verifier}, {name: few_turns, weight: 0.1}]``. ``trl_env.GuessEnv`` is a TRL
+``environment_factory`` class, played unchanged as ``environment: trl`` with
+``environment_params: {entry_point: "conspo_example_plugin.trl_env:GuessEnv"}``.
 """
 
 from conspo_example_plugin import environments, rewards, tasks
