@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -324,35 +325,21 @@ def test_a_registered_adapter_builds_only_a_class_in_a_plugins_package(monkeypat
 # ------------------------------------------------------------------------------------------------
 
 
-class GuessEnv:
-    def __init__(self):
-        self.secret = 0
-        self.reward = 0.0
+def _example_trl_class() -> type:
+    """The example plugin's TRL class (examples/plugins/.../trl_env.py), loaded from its file:
+    one copy of the class the docs show, read by this test and by the example alike."""
+    path = (
+        Path(__file__).resolve().parents[2]
+        / "examples" / "plugins" / "conspo_example_plugin" / "conspo_example_plugin" / "trl_env.py"
+    )  # fmt: skip
+    spec = importlib.util.spec_from_file_location("example_trl_env", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.GuessEnv
 
-    def reset(self, **kwargs) -> str | None:
-        self.secret = kwargs["seed"] % 10 + 1
-        self.reward = 0.0
-        return "Guess the secret number between 1 and 10 with the `guess` tool."
 
-    def guess(self, number: int) -> str:
-        """
-        Guess the secret number.
-
-        Args:
-            number: The number you guess, between 1 and 10.
-
-        Returns:
-            Whether the secret is higher, lower, or your guess is correct.
-        """
-        if number == self.secret:
-            self.reward = 1.0
-            return "Correct!"
-        if not 1 <= number <= 10:
-            raise ValueError("The number must be between 1 and 10.")
-        return "Higher." if self.secret > number else "Lower."
-
-    def get_reward(self) -> float:
-        return self.reward
+GuessEnv = _example_trl_class()
 
 
 def call(name: str, **arguments: Any) -> str:
