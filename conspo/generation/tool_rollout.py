@@ -82,6 +82,9 @@ from conspo.tools.base import tool_columns
 # While every unfinished row waits on a tool call, the wait is cut into slices this long so a
 # cancel (``_stop_if_asked``) is seen within one of them, however long the call may run.
 TOOL_WAIT_SLICE_S = 0.5
+# The most environment steps one batch runs at once (each in a thread of the call pool): they
+# are Python calls, so more threads than this add switching, not speed.
+ENVIRONMENT_THREADS = 32
 
 
 @dataclass(frozen=True)
@@ -339,8 +342,9 @@ def sample_with_tools(
     calls: dict[int, Future[ToolResult | Turn]] = {}  # row → its pending call
     blocked = 0.0  # seconds every unfinished row waited for a call
     t = 0
-    # an environment's steps are Python calls of their own: each row may wait on its own
-    workers = use.box.parallel + (n if use.episodes is not None else 0)
+    # an environment's steps are Python calls of their own: rows wait on their own, up to a
+    # bound (a step holds its thread for at most the environment's timeout)
+    workers = use.box.parallel + (min(n, ENVIRONMENT_THREADS) if use.episodes is not None else 0)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool-call")
     try:
         while True:
