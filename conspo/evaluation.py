@@ -25,6 +25,7 @@ from the step_* rotation) with ``best.json`` holding {step, metric, value}.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -45,6 +46,7 @@ from conspo.generation.engines import NativeEngine
 from conspo.generation.rollout import encode_prompts, end_token_ids
 from conspo.generation.tool_rollout import verified_texts
 from conspo.objectives.base import positive_mask
+from conspo.rewards.base import contained_verify
 from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example, Task, Verifier, prefetch
 from conspo.tasks.datasets import load_problems
@@ -53,6 +55,8 @@ from conspo.tasks.humaneval import HumanEvalVerifier, humaneval_problems
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -137,7 +141,12 @@ def generate_and_verify(
         examples = [with_episode(ex, ep) for ex, ep in zip(examples, batch.episodes, strict=True)]
     texts = verified_texts(tokenizer, batch)
     prefetch(task, texts, examples)
-    rewards = torch.tensor([task.verify(t, ex) for t, ex in zip(texts, examples, strict=True)])
+    verified = [contained_verify(task, t, ex) for t, ex in zip(texts, examples, strict=True)]
+    failures = [why for _, why in verified if why is not None]
+    if failures:  # a user's verify that fails scores 0, as in training, and is said once
+        log.warning("verify failed on %d of %d held-out answers (scored 0): %s",
+                    len(failures), len(texts), failures[0])  # fmt: skip
+    rewards = torch.tensor([score for score, _ in verified])
     return batch, rewards
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from conspo.registry import get_reward
 from conspo.stopping import Abandoned
-from conspo.tasks.base import Example, Task, prefetch
+from conspo.tasks.base import Example, Task, Verifier, prefetch
 
 if TYPE_CHECKING:
     from conspo.config import RewardConfig
@@ -234,6 +234,17 @@ def _reason(exc: Exception) -> str:
     """A ``RewardFailed`` says why in its message; any other exception is named by its type."""
     why = str(exc) if isinstance(exc, RewardFailed) else f"{type(exc).__name__}: {exc}"
     return why if len(why) <= REASON_CHARS else why[: REASON_CHARS - 1] + "…"
+
+
+def contained_verify(task: Verifier, completion: str, example: Example) -> tuple[float, str | None]:
+    """(``task.verify``'s outcome, None), or (0.0, why) when it raised or gave no finite
+    number: a held-out answer is verified as a training rollout is (``score_rollouts``)."""
+    try:
+        return _as_score(task.verify(completion, example)), None
+    except Exception as exc:
+        if _ends_the_step(exc):
+            raise
+        return 0.0, _reason(exc)
 
 
 def _ends_the_step(exc: Exception) -> bool:

@@ -132,3 +132,29 @@ def test_tiny_chat_math_trains_on_the_math_fixtures_with_a_benchmark(model_store
     valid = sum(r.metrics[M.BATCH_VALID_GROUPS] for r in sink.steps.values())
     assert valid > 0  # some groups mixed: the warm start is right part of the time
     assert math.isfinite(last[M.SEP_GAP])  # separation statistics over the mixed groups
+
+
+class Faulty:
+    """A user's verifier that raises on one problem and returns no number on another."""
+
+    name = "faulty"
+
+    def verify(self, completion: str, example: Example) -> float:
+        if example.prompt == "1+2=":
+            raise KeyError("no such answer")
+        if example.prompt == "9=":
+            return None  # type: ignore[return-value]
+        return 1.0
+
+
+def test_a_verifier_that_fails_on_a_held_out_answer_scores_it_zero(policy, caplog) -> None:
+    from conspo.evaluation import generate_and_verify
+
+    model, tok = policy
+    examples = [Example(p, "", {}) for p in ("1+2=", "7-3+5=", "9=", "12+34=")]
+    _, rewards = generate_and_verify(
+        model, tok, Faulty(), examples, max_new_tokens=4, temperature=0.0
+    )
+    assert rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert "verify failed on 2 of 4 held-out answers" in caplog.text
+    assert "KeyError" in caplog.text
