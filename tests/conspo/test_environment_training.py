@@ -6,6 +6,7 @@ reaching the update."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -256,3 +257,38 @@ def test_the_example_plugins_trl_class_trains_smollm2_with_lora(
     m = sink.steps[1].metrics
     assert m[M.ENV_FAILED] == 0.0 and math.isfinite(m[M.LOSS])
     assert any("guess" in (r.prompt or "") for r in sink.steps[1].rollouts)
+
+
+def test_the_simulator_answers_the_replies_asked_meanwhile_as_one_batch(model_store) -> None:
+    """Replies asked while a generation runs wait for it, then go together: each answer is the
+    one it would get alone (greedy), in one generation."""
+    import threading
+
+    from conspo.generation.simulator import ModelSimulator
+    from conspo.models.loading import load_pretrained
+
+    model, tokenizer = load_pretrained(
+        model_store.resolve("tiny"), torch.device("cpu"), torch.float32
+    )
+    simulator = ModelSimulator(model, tokenizer, max_new_tokens=6)
+    asks = [[{"role": "user", "content": f"question {i} " * (i + 1)}] for i in range(6)]
+    alone = [simulator.reply(a) for a in asks]
+    calls: list[int] = []
+    generate = simulator._generate
+    simulator._generate = lambda texts: calls.append(len(texts)) or generate(texts)  # type: ignore[method-assign]
+    answers: dict[int, str] = {}
+    simulator._lock.acquire()  # a generation under way: the asks queue behind it
+    threads = [
+        threading.Thread(target=lambda i=i: answers.__setitem__(i, simulator.reply(asks[i])))
+        for i in range(6)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(simulator._asks) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    simulator._lock.release()
+    for t in threads:
+        t.join(60)
+    assert calls == [6]
+    assert [answers[i] for i in range(6)] == alone
