@@ -251,6 +251,7 @@ class Presets(_Model):
     kinds: list[KindPreset] = Field(default_factory=list)
     algorithms: list[RegisteredPreset] = Field(default_factory=list)
     tasks: list[RegisteredPreset] = Field(default_factory=list)
+    environments: list[RegisteredPreset] = Field(default_factory=list)  # task environment plays
     rewards: list[RewardPreset] = Field(default_factory=list)
     models: list[NamedPreset] = Field(default_factory=list)
     tools: list[ToolPreset] = Field(default_factory=list)

@@ -89,6 +89,7 @@ CONSPO_ROOMS: Rooms = (
         "conspo.rewards",
         "conspo.tools",
         "conspo.environments",
+        "conspo.credit",
     ),
     ("conspo.models",),
     ("conspo.generation", "conspo.distributed"),
