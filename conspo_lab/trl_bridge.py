@@ -255,7 +255,12 @@ class ConSPOLabCallback(TrainerCallback):
         """A step's sample of per-rollout scores (``ConSPOTrainer``), sent with its points."""
         if not self._active:
             return
-        self._rollouts[step] = [{"step": step, **asdict(r)} for r in rollouts]
+        # a TRL rollout plays no environment of ours: its record's episode (None) is not a
+        # field the log API takes
+        self._rollouts[step] = [
+            {"step": step, **{k: v for k, v in asdict(r).items() if k != "episode"}}
+            for r in rollouts
+        ]
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
