@@ -1165,10 +1165,14 @@ class RunConfig(_Section):
         return self
 
     def played_environment(self) -> str | None:
-        """The environment this run's task plays, turn by turn (None: its task plays none)."""
-        if self.task.name != "environment":
+        """The environment this run's task plays, turn by turn (None: its task plays none): a
+        task whose class says ``plays_environment`` (the ``environment`` task, a plugin's task
+        built on it) names it in its ``environment`` parameter, or by that one's default."""
+        entry = TASKS.get(self.task.name) if self.task.name in TASKS.names() else None
+        if entry is None or not getattr(entry.cls, "plays_environment", False):
             return None
-        name = self.task.params.get("environment", "guess_number")
+        field = entry.params.model_fields.get("environment")
+        name = self.task.params.get("environment", None if field is None else field.default)
         return name if isinstance(name, str) and name in ENVIRONMENTS.names() else None
 
     def environment_problems(self) -> list[tuple[tuple[str | int, ...], str, object]]:
@@ -1188,7 +1192,7 @@ class RunConfig(_Section):
                 problems.append((
                     ("environment", "credit"),
                     f"credit {env.credit!r} credits an environment's turns: it needs a task"
-                    " that plays one (task.name 'environment')",
+                    " that plays one (task.name 'environment', or a task built on it)",
                     env.credit,
                 ))  # fmt: skip
             return problems

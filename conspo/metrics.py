@@ -351,8 +351,8 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "env",
         "Environment episodes",
-        needs="task.name=environment",
-        folded="this run plays no environment (task.name is not 'environment'): every rollout"
+        needs="task.params.environment",
+        folded="this run plays no environment (its task has no params.environment): every rollout"
         " is one answer",
     ),
     Section("job", "Training (SFT, distillation, DPO)"),

@@ -174,7 +174,10 @@ def _value_at(config: RunConfig, loc: Loc) -> Any:
     """The config's value at ``loc`` (attributes and list indices), for an error's input."""
     value: Any = config
     for part in loc:
-        value = value[part] if isinstance(part, int) else getattr(value, part)
+        if isinstance(value, dict):  # a section's free-form params (task.params.environment)
+            value = value.get(part)
+        else:
+            value = value[part] if isinstance(part, int) else getattr(value, part)
     return value
 
 

@@ -89,7 +89,11 @@ def _described(error: ErrorDetails) -> str:
     description="Games of a registered environment, one seed per problem, 10% held out.",
 )
 class EnvironmentTask(ProceduralTask):
+    """A plugin's task may build on it (its own params model, another default environment):
+    ``plays_environment`` tells the config and the trainer it is played turn by turn."""
+
     name = "environment"
+    plays_environment = True
 
     def __init__(self, params: EnvironmentTaskParams) -> None:
         self.environment = params.environment

@@ -27,9 +27,10 @@ USES_PLUGIN: dict[str, Any] = {
     "task": {"name": "count_letter", "eval_size": 4},
     "rewards": [{"name": "verifier"}, {"name": "brevity", "params": {"limit": 20}}],
 }
-# The plugin's environment and its reward that reads the played episode, turns credited
+# All three of the plugin's kinds of entry in one run: its task (built on the environment
+# task), the environment it plays, and its reward that reads the played episode; turns credited
 PLAYS_PLUGIN: dict[str, Any] = {
-    "task": {"name": "environment", "eval_size": 4, "params": {"environment": "nim"}},
+    "task": {"name": "nim_games", "eval_size": 4},
     "rewards": [{"name": "verifier"}, {"name": "few_turns", "params": {"max_turns": 4}}],
     "environment": {"max_turns": 4, "credit": "gigpo"},
 }
@@ -70,7 +71,7 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
     )
     assert errors[REWARD].startswith(f"reward 'brevity' comes from the plugin '{PLUGIN}'")
     errors = errors_at(own_api.post("/api/runs", json={"config": tiny_config(1, **PLAYS_PLUGIN)}))
-    assert set(errors) == {ENVIRONMENT, REWARD}
+    assert set(errors) == {TASK, ENVIRONMENT, REWARD}
     assert errors[ENVIRONMENT].startswith(f"environment 'nim' comes from the plugin '{PLUGIN}'")
     # A worker that loaded other plugins (or none) does not count.
     alive(settings, WorkerIdentity(host="cpu-1", pid=1, capabilities=loaded("someone_else")))
@@ -84,7 +85,7 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
     assert mine["name"] == PLUGIN and mine["provides"] == {
         "environment": ["nim"],
         "reward": ["brevity", "few_turns"],
-        "task": ["count_letter"],
+        "task": ["count_letter", "nim_games"],
     }
     assert health["plugins"]["failed"] == []
     workers = {w["host"]: w["capabilities"].get("plugins") for w in health["workers"]}
@@ -99,8 +100,9 @@ def test_a_run_needs_a_live_worker_that_loaded_its_plugin(
     assert run["task"] == "count_letter"
     keys = own_api.get(f"/api/runs/{run['id']}/metrics/keys").json()["keys"]
     assert "reward/brevity" in keys
-    # the plugin's environment, played turn by turn, its reward reading each episode
+    # the plugin's task, environment and reward in one run, played turn by turn
     played = run_in_worker(own_api, tiny_config(1, **PLAYS_PLUGIN))
     assert played["status"] == "succeeded", played["error"]
+    assert played["task"] == "nim_games"
     keys = own_api.get(f"/api/runs/{played['id']}/metrics/keys").json()["keys"]
     assert {"reward/few_turns", "env/turns", "env/success", "time/env_s"} <= set(keys)

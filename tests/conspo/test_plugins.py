@@ -161,5 +161,5 @@ def test_an_installed_entry_point_is_found_without_any_setting(tmp_path: Path) -
     assert loaded["provides"] == {
         "environment": ["nim"],
         "reward": ["brevity", "few_turns"],
-        "task": ["count_letter"],
+        "task": ["count_letter", "nim_games"],
     }

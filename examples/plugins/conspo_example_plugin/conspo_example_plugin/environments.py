@@ -6,7 +6,9 @@ plays the model's move and the opponent's answer. The example's game seed fixes 
 rollout of a group plays the same game). A move that is not 1 to 3 sticks (or more than are
 left) is invalid: the model is told so and loses that turn.
 
-A run plays it as ``task: {name: environment, params: {environment: nim}}``.
+A run plays it as ``task: {name: environment, params: {environment: nim}}``, or as this
+plugin's own task ``nim_games`` (the environment task with nim as its default), e.g.
+``task: {name: nim_games}``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import re
 from pydantic import Field
 
 from conspo.environments.base import EnvironmentParams, EnvNeeds, StepResult, game_seed
-from conspo.registry import register_environment
+from conspo.registry import register_environment, register_task
 from conspo.tasks.base import Example
+from conspo.tasks.environment import EnvironmentTask, EnvironmentTaskParams
 
 MOVE = re.compile(r"\d+")
 
@@ -72,3 +75,16 @@ class Nim:
 
     def close(self) -> None:
         pass
+
+
+class NimGamesParams(EnvironmentTaskParams):
+    environment: str = Field("nim", description="The environment played: nim by default.")
+
+
+@register_task(
+    "nim_games",
+    params=NimGamesParams,
+    description="Games of nim, one pile per problem, 10% held out (example plugin).",
+)
+class NimGames(EnvironmentTask):
+    name = "nim_games"
