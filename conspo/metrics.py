@@ -29,6 +29,7 @@ ENTROPY = "policy/entropy"
 ENTROPY_POS = "policy/entropy_pos"
 ENTROPY_NEG = "policy/entropy_neg"
 KL = "policy/kl"
+KL_IN_REWARD = "policy/kl_in_reward"
 CLIP_FRAC = "grpo/clip_frac"
 OPTIM_UPDATES = "optim/updates"
 OPTIM_SKIPPED = "optim/skipped"
@@ -415,6 +416,10 @@ CHARTS: tuple[Chart, ...] = (
     Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero", kinds=()),
     Chart("entropy", "Entropy", "opt", "nats / token", y_range="zero"),
     Chart("kl", "KL to reference", "opt", "nats / token", y_range="zero"),
+    Chart("klreward", "KL penalty in the reward", "opt", "nats / rollout", zero_line=True,
+          help="Σ_t (log π_old − log π_ref) over a rollout's tokens, the mean over the step's"
+          " rollouts: what params.kl_in_reward (β) times takes off each reward before the"
+          " advantages (InstructGPT's KL in the reward)."),
     Chart("lr", "Learning rate", "opt", "learning rate", y_range="zero", y_format="~e",
           kinds=()),
     Chart("clipfrac", "Clip fraction", "opt", "fraction of tokens", y_range="unit"),
@@ -598,6 +603,12 @@ METRICS: tuple[Metric, ...] = (
            "nats / token", "entropy", color="neg", dash=True),
     Metric(KL, "kl", "k3 estimate of KL(π_θ ‖ π_ref) per token.", "nats / token", "kl",
            when="a reference model is loaded (params.beta > 0)", better="lower", color="neg"),
+    Metric(KL_IN_REWARD, "kl in reward",
+           "Mean over the step's rollouts of Σ_t (log π_old − log π_ref) over the rollout's own"
+           " tokens (the k1 estimate of the sequence's KL(π ‖ π_ref)); each reward lost"
+           " params.kl_in_reward times it before the advantages.",
+           "nats / rollout", "klreward", when="params.kl_in_reward > 0", better="lower",
+           color="neg"),
     Metric(LR, "lr", "Learning rate used for this step (warmup, then constant).",
            "learning rate", "lr", deterministic=True, color="reference"),
     Metric(CLIP_FRAC, "clip_frac",

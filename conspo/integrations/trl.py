@@ -195,6 +195,12 @@ class ConSPOTrainer(GRPOTrainer):
         """The objective's β is TRL's: TRL loads the reference model and computes its log-probs
         only when ``args.beta`` > 0."""
         trl_beta = float(self.args.beta)
+        if float(params.get("kl_in_reward", 0) or 0) > 0:
+            # TRL forms the advantages from its rewards before the loss sees anything
+            raise ValueError(
+                "params.kl_in_reward: ConSPOTrainer cannot put a KL penalty in TRL's rewards"
+                " (TRL computes the advantages); use GRPOConfig.beta for a KL in the loss"
+            )
         if "beta" in params and float(params["beta"]) != trl_beta:
             raise ValueError(
                 f"params.beta ({params['beta']}) differs from GRPOConfig.beta ({trl_beta}):"

@@ -292,6 +292,8 @@ def _estimate(
         return _supervised_estimate(cfg, dims, b, w, mixed, tokens, reference)
     params = cfg.objective_params()
     beta = float(getattr(params, "beta", 0.0))
+    kl_in_reward = float(getattr(params, "kl_in_reward", 0.0))
+    reference = beta > 0 or kl_in_reward > 0  # a frozen copy of the weights (full fine-tuning)
     refill = bool(getattr(params, "refill_groups", False))
     n, t = s.prompts_per_step * s.group_size, s.max_new_tokens
     rows = math.ceil(n / cfg.optim.mini_batches)
@@ -302,18 +304,19 @@ def _estimate(
         adapters = lora_params(dims, m.lora.rank, m.lora.target_modules)
         state = dims.params * w + 4 * FLOAT32 * adapters
     elif sharded:
-        state = dims.params * w * (1 + (1 if beta > 0 else 0)) + math.ceil(
+        state = dims.params * w * (1 + (1 if reference else 0)) + math.ceil(
             4 * dims.params * w / world
         )
     else:
-        state = dims.params * w * (5 if beta > 0 else 4)
+        state = dims.params * w * (5 if reference else 4)
     # Rollouts that call tools hold more columns while they sample: room for the ones a row
     # leaves empty while its call runs (conspo.generation.tool_rollout).
     columns = tool_columns(t) if cfg.tools.names else t
     evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, columns, b)
     batch = 16 * n * t * (2 if refill else 1)
     freeze_old = 0
-    if cfg.optim.mini_batches * cfg.optim.epochs > 1:  # π_old frozen before the first update
+    # π_old frozen before the first update; the KL in the reward reads it (and π_ref) first too
+    if cfg.optim.mini_batches * cfg.optim.epochs > 1 or kl_in_reward > 0:
         freeze_old = _no_grad_forward(dims, min(n * t, budget or n * t), b) + 2 * n * t * FLOAT32
     layer = _layer_activations(dims)
     if m.lora.rank:

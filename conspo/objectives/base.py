@@ -75,6 +75,7 @@ PARAM_LABELS: dict[str, tuple[str, str]] = {
     "clip_low": ("Clip ε low", "ε_low"),
     "clip_high": ("Clip ε high", "ε_high"),
     "beta": ("KL β", "β"),
+    "kl_in_reward": ("KL β in the reward", "β_r"),
     "loss_agg": ("Loss aggregation", ""),
 }
 
@@ -122,6 +123,21 @@ class ObjectiveParams(BaseModel):
         description="KL coefficient to a frozen reference model (k3 estimator). 0 loads no"
         " reference model.",
     )
+    kl_in_reward: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="β of InstructGPT's KL penalty in the reward: before advantages, each"
+        " rollout's reward loses β · Σ_t (log π_old − log π_ref) over its own tokens (the"
+        " per-token k1 estimate of KL(π ‖ π_ref), as InstructGPT and veRL's use_kl_in_reward),"
+        " so the penalty is part of the return the advantage normalises, not a loss term."
+        " Independent of beta (the KL in the loss); either loads the reference. 0: none.",
+    )
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the run computes log π_ref (the KL in the loss or in the reward)."""
+        return self.beta > 0 or self.kl_in_reward > 0
 
     def separation_view(self, progress: float) -> SeparationView:
         """τ, m_t and ε of the §4 statistics at ``progress`` = step / total_steps.

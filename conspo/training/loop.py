@@ -306,7 +306,7 @@ def setup(
     params = cfg.objective_params() or ObjectiveParams()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
     ref_model = None
-    if params.beta > 0 and cfg.model.lora.rank == 0:
+    if params.needs_reference and cfg.model.lora.rank == 0:
         # A frozen copy of the starting policy (the checkpoint never replaces it). With LoRA the
         # reference is the base itself, adapters disabled (reference_logprobs).
         ref_model, _ = load_pretrained(path, device, precision.weights, attn)

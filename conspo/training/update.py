@@ -18,6 +18,7 @@ Shapes: N rollouts of the step, B of a mini-batch, b of this rank's share, T res
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,8 +64,15 @@ def update(
     logprob_mode(state.model)
     plan = update_plan(cfg, len(r.group_ids) // cfg.sampling.group_size, step)
     before_update = None
+    current = None  # the whole batch's (log-probs, entropy) under π_θ = π_old, where computed
+    if len(plan) > 1 or state.params.kl_in_reward > 0:
+        current = whole_no_grad_logprobs(state, r)
     if len(plan) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
-        before_update = whole_no_grad_logprobs(state, r)
+        before_update = current
+    kl_stats: dict[str, torch.Tensor] = {}
+    if state.params.kl_in_reward > 0:
+        assert current is not None
+        r, kl_stats = kl_in_reward(state, r, current[0])
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     view = state.params.separation_view(step / cfg.steps)
@@ -77,8 +85,8 @@ def update(
         rows = (r.group_ids[:, None] == chunk[None]).any(-1).to(device)  # (N,) whole groups
         # The first mini-batch's π_θ is still π_old: its no-grad pass is already done.
         known = None
-        if before_update is not None and i == 0:
-            known = before_update[0][rows], before_update[1][rows]
+        if current is not None and i == 0:
+            known = current[0][rows], current[1][rows]
         old_logprobs = None if before_update is None else before_update[0][rows]
         # Behaviour scores are π_old's in every epoch; clipped-ratio scores end as the last's.
         stats, scores[rows], clipped[rows], stepped = optimise_chunk(
@@ -97,7 +105,25 @@ def update(
         clipped_scores=clipped,
     )
     truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
-    return {**combined(per_update), **sep, **truncated}, scores, taken
+    return {**combined(per_update), **sep, **truncated, **kl_stats}, scores, taken
+
+
+def kl_in_reward(
+    state: TrainState, r: Rollouts, old_logprobs: torch.Tensor
+) -> tuple[Rollouts, dict[str, torch.Tensor]]:
+    """``r`` with InstructGPT's KL penalty in its rewards (params.kl_in_reward = β): each
+    rollout's reward less β · Σ_t (log π_old − log π_ref) over its own tokens, before any
+    advantage is formed, so group normalisation, RLOO's leave-one-out and REINFORCE++'s
+    whitening all see the penalised return. The per-token sum is the k1 estimate (unbiased for
+    the sequence's KL; k3 is a per-token loss estimator, not a return). Only the objective's
+    input changes: the verified outcome (who is positive), the logged rewards and the stored
+    rollouts keep the task's own values. ``old_logprobs``: (N, T) log π_old of the batch."""
+    ref = whole_reference_logprobs(state, r)
+    mask = r.batch.model_mask.to(ref.device)  # a tool's or environment's tokens are not π's
+    per_rollout = ((old_logprobs - ref) * mask).sum(-1)  # (N,) nats
+    penalty = state.params.kl_in_reward * per_rollout.to(r.rewards.device, r.rewards.dtype)
+    penalised = dataclasses.replace(r, rewards=r.rewards - penalty)
+    return penalised, {M.KL_IN_REWARD: per_rollout.float().mean()}
 
 
 def update_plan(cfg: RunConfig, n_groups: int, step: int) -> list[torch.Tensor]:
@@ -466,12 +492,27 @@ def no_grad_logprobs(
     return logprobs, entropy
 
 
+def whole_reference_logprobs(state: TrainState, r: Rollouts) -> torch.Tensor:
+    """``reference_logprobs`` of the whole rollout batch; in a process group each rank
+    computes its own groups' and they are gathered."""
+    if not distributed.active():
+        ref = reference_logprobs(state, r.batch, None)
+        assert ref is not None
+        return ref
+    mine = distributed.owned(r.group_ids).to(r.batch.response_ids.device)
+    sub = r.batch.select(mine)
+    own = reference_logprobs(state, sub, None) if bool(mine.any()) else empty_rows(state, sub)
+    assert own is not None
+    (values,) = distributed.gather_rows(distributed.owner(r.group_ids), [own])
+    return values
+
+
 def reference_logprobs(
-    state: TrainState, batch: RolloutBatch, pieces: list[torch.Tensor]
+    state: TrainState, batch: RolloutBatch, pieces: list[torch.Tensor] | None
 ) -> torch.Tensor | None:
-    """(N, T) log π_ref (no grad), or None without a reference (β = 0). With LoRA π_ref is the
-    base model: the policy with its adapters disabled."""
-    if state.params.beta <= 0:
+    """(N, T) log π_ref (no grad), or None without a reference (no KL in the loss or the
+    reward). With LoRA π_ref is the base model: the policy with its adapters disabled."""
+    if not state.params.needs_reference:
         return None
     temperature = state.cfg.sampling.temperature
 

@@ -89,8 +89,9 @@ def test_keys_every_run_logs_are_logged_by_every_objective(logged) -> None:
 def test_every_catalogue_key_is_logged_by_some_run(
     logged, job_kind_runs, model_store, tmp_path
 ) -> None:
-    # The KL to a reference model is logged only when one is loaded (beta > 0).
-    with_reference = _logged_keys("grpo", {"beta": 0.1}, model_store, tmp_path)
+    # The KL to a reference model is logged only when one is loaded (beta > 0), and the KL in
+    # the reward only by runs that put it there (kl_in_reward > 0).
+    with_reference = _logged_keys("grpo", {"beta": 0.1, "kl_in_reward": 0.1}, model_store, tmp_path)
     # Tool use is logged by runs with tools (the calculator: no sandbox, nothing to install).
     with_tools = _logged_keys("grpo", {}, model_store, tmp_path / "tools", tools=["calculator"])
     # Episodes are logged by runs that play an environment.
@@ -103,7 +104,8 @@ def test_every_catalogue_key_is_logged_by_some_run(
     never = KEYS - system - with_reference - with_tools - with_env
     never -= set().union(*logged.values(), *by_kinds)
     assert not never, f"catalogue keys no run logs: {never}"
-    assert M.KL in with_reference and not any(M.KL in keys for keys in logged.values())
+    for key in (M.KL, M.KL_IN_REWARD):
+        assert key in with_reference and not any(key in keys for keys in logged.values())
     tool_keys = {m.key for m in CATALOGUE.metrics if m.chart and m.chart.startswith("tool")}
     assert tool_keys <= with_tools and not any(tool_keys & keys for keys in logged.values())
     env_keys = {m.key for m in CATALOGUE.metrics if m.key.startswith("env/")}
