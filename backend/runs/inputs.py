@@ -44,6 +44,7 @@ from conspo.models.resources import (
     source_dims,
 )
 from conspo.registry import get_job_kind, get_task
+from conspo.rewards.base import field_name, model_fields
 from conspo.system import host_memory_bytes
 from conspo.tasks.datasets import layout_problem
 
@@ -241,6 +242,7 @@ def problems(config: RunConfig, settings: Settings) -> list[Problem]:
         *_benchmark_problems(config, files),
         *_kind_model_problems(config, sources),
         *_simulator_problems(config, sources),
+        *_reward_model_problems(config, sources),
     ]
     try:
         source = sources.locate(config.model.name)
@@ -296,6 +298,16 @@ def _simulator_problems(config: RunConfig, sources: ModelSources) -> Iterator[Pr
     except Unavailable as exc:
         message = str(exc).replace("model.name", "environment.simulator", 1)
         yield ("environment", "simulator"), message, name
+
+
+def _reward_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
+    """The models the run's rewards name (``rewards[i].params.model``: reward_model's) that
+    the model sources refuse, as ``model.name`` would be."""
+    for loc, name in model_fields(config):
+        try:
+            sources.locate(name)
+        except Unavailable as exc:
+            yield loc, str(exc).replace("model.name", field_name(loc), 1), name
 
 
 def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:

@@ -26,16 +26,16 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from conspo.registry import get_reward
+from conspo.registry import get_job_kind, get_reward
 from conspo.stopping import Abandoned
 from conspo.tasks.base import Example, Task, Verifier, prefetch
 
 if TYPE_CHECKING:
-    from conspo.config import RewardConfig
+    from conspo.config import RewardConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,28 @@ REASON_CHARS = 300  # a failure's reason is cut to this: one log line, not a pag
 ContinuationScorer = Callable[[Sequence[int], Sequence[str], Sequence[str]], list[float]]
 
 
+class RewardModels(Protocol):
+    """The models a run's rewards call, each loaded once per run (``conspo.models.scoring
+    .ModelScorers``, which the trainer builds at set-up from the run's model store), so that a
+    reward calling a model stays torch-free at import. A generative judge's ``generate`` is to
+    join ``score`` here."""
+
+    def score(
+        self,
+        name: str,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        *,
+        max_tokens: int,
+        batch_size: int,
+        deadline: float,
+    ) -> list[float]:
+        """The score model ``name``'s scalar for each (prompt, completion), NaN included,
+        ``batch_size`` at a time, each text cut to ``max_tokens``; a ``TimeoutError`` once
+        ``time.monotonic()`` passes ``deadline``, ``Abandoned`` on a cancel."""
+        ...
+
+
 @dataclass(frozen=True)
 class RewardContext:
     """What a reward may need beyond the completion and its example."""
@@ -60,6 +82,30 @@ class RewardContext:
     length: int = 0
     group_size: int = 1  # rows [i*G, (i+1)*G) share a prompt (batched rewards)
     continuation_logprob: ContinuationScorer | None = None  # the policy, for batched rewards
+    models: RewardModels | None = None  # the models rewards call (None: the rewards call none)
+
+
+def model_fields(cfg: RunConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    """(location, name) of each model the run's rewards name (a reward's params model lists
+    its fields that name one in ``model_names``: reward_model's ``model``), when the run's job
+    kind scores rewards: what the trainer loads at set-up and the API checks at submit."""
+    if "rewards" not in get_job_kind(cfg.kind).sections:
+        return []
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for i, spec in enumerate(cfg.rewards):
+        params = spec.reward_params()
+        for name in getattr(type(params), "model_names", ()):
+            found.append((("rewards", i, "params", name), getattr(params, name)))
+    return found
+
+
+def field_name(loc: Sequence[str | int]) -> str:
+    """A config location as people write it: ("rewards", 1, "params", "model") →
+    rewards[1].params.model."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
+    return text
 
 
 class RewardFailed(Exception):

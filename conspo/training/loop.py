@@ -70,6 +70,7 @@ from conspo.models.resources import (
     estimate_memory,
     out_of_memory_message,
 )
+from conspo.models.scoring import ModelScorers, load_reward_models
 from conspo.models.store import ModelStore
 from conspo.objectives.base import ObjectiveParams
 from conspo.registry import get_environment, get_objective
@@ -111,6 +112,8 @@ class TrainState:
     trainable: list[torch.nn.Parameter]  # what the optimiser updates (LoRA: the adapters)
     estimate: MemoryEstimate | None  # of conspo.models.resources; None for a model it cannot size
     rewards: list[WeightedReward]  # the configured reward functions (the verifier among them)
+    # the models those rewards call (conspo.models.scoring; None: they call none)
+    reward_models: ModelScorers | None = None
     rollouts_seen: int = 0
     trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
     benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
@@ -293,6 +296,8 @@ def setup(
     attn = cfg.model.attn_implementation
     model, tokenizer = load_pretrained(path, device, precision.weights, attn)
     stopping.check()
+    resolve = lambda name: distributed.main_first(lambda: store.resolve(name))  # noqa: E731
+    reward_models = load_reward_models(cfg, resolve, device, precision.weights)
     model = prepare_for_training(model, cfg.model, cfg.seed)
     stopping.check_between_layers(model)
     distributed.broadcast_parameters(model)
@@ -340,6 +345,7 @@ def setup(
         trainable=trainable,
         estimate=estimate,
         rewards=build_rewards(cfg.rewards),
+        reward_models=reward_models,
     )
 
 

@@ -222,7 +222,9 @@ def sample_groups(
         expanded = [with_episode(ex, ep) for ex, ep in zip(expanded, batch.episodes, strict=True)]
     texts = verified_texts(state.tokenizer, batch)
     scorer = partial(continuation_logprobs, state, ids, mask)
-    context = RewardContext(state.task, cfg.sampling.max_new_tokens, 0, g, scorer)
+    context = RewardContext(
+        state.task, cfg.sampling.max_new_tokens, 0, g, scorer, models=state.reward_models
+    )
     # The model's own tokens, as len/* counts them: a tool's output is not the model's length.
     lengths = batch.model_lengths.tolist()
     scored = score_rollouts(state.rewards, texts, expanded, lengths, context)
