@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import torch
 from pydantic import BaseModel, ValidationError
 
 from conspo import metrics as M
 from conspo.config import RunConfig, TaskConfig, ToolsConfig
+from conspo.models.scoring import ModelScorers
 from conspo.registry import (
     ENVIRONMENTS,
     JOB_KINDS,
@@ -44,6 +46,7 @@ from conspo.rewards import RewardContext, build_rewards, score_rollouts
 from conspo.sandbox import sandbox_available
 from conspo.tasks import make_task
 from conspo.tools import ToolCall, make_toolbox, observation_text
+from tests.conspo.score_models import build_reward_model
 from tests.support import REQUIRE_SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,11 +223,24 @@ def stand_in_scorer(rows, contexts, continuations) -> list[float]:
     return [-1.0 / (1 + len(context)) - 0.01 * len(answer) for context, answer in pairs]
 
 
+@pytest.fixture(scope="module")
+def reward_models(model_store: Any, tmp_path_factory: Any) -> tuple[Path, ModelScorers]:
+    """A tiny reward model (tiny-chat's body, a one-label head), and the run's models as the
+    trainer gives them to rewards: what a reward that calls a model (its params' model_names,
+    reward_model's ``model``) is given here."""
+    path = build_reward_model(model_store.resolve("tiny-chat"), tmp_path_factory.mktemp("rm"))
+    return path, ModelScorers(model_store.resolve, torch.device("cpu"), torch.float32)
+
+
 @pytest.mark.parametrize("task_name", task_names())
-def test_every_reward_scores_every_tasks_reference_answers(task_name: str, tmp_path: Path) -> None:
+def test_every_reward_scores_every_tasks_reference_answers(
+    task_name: str, tmp_path: Path, reward_models: tuple[Path, ModelScorers]
+) -> None:
     """Each registered reward, default params, on the task's own reference answers: a finite
     float per rollout. Two rollouts per prompt (a group): the bare reference, and the reference
-    after some reasoning, which gives a reward that reads the reasoning (info_gain) work to do."""
+    after some reasoning, which gives a reward that reads the reasoning (info_gain) work to do.
+    A parameter naming a model (``model_names``) names the tiny reward model."""
+    rm_path, models = reward_models
     task_cfg = task_section(task_name, tmp_path)
     task = make_task(TaskConfig.model_validate(task_cfg))
     examples = task.train_prompts(random.Random(0), 4) + task.eval_examples(4)
@@ -233,11 +249,12 @@ def test_every_reward_scores_every_tasks_reference_answers(task_name: str, tmp_p
     # a character count stands for the token count (no tokenizer here), capped like sampling's
     lengths = [min(len(text), MAX_NEW_TOKENS) for text in completions]
     context = RewardContext(
-        task, MAX_NEW_TOKENS, group_size=2, continuation_logprob=stand_in_scorer
+        task, MAX_NEW_TOKENS, group_size=2, continuation_logprob=stand_in_scorer, models=models
     )
     for name in reward_names():
+        named = {f: str(rm_path) for f in getattr(get_reward(name).params, "model_names", ())}
         data = {"task": task_cfg, "sampling": {"max_new_tokens": MAX_NEW_TOKENS},
-                "rewards": [{"name": name}]}  # fmt: skip
+                "rewards": [{"name": name, "params": named}]}  # fmt: skip
         if not get_reward(name).applies_to(get_task(task_name)):
             # a reward that needs a task method this task lacks: the config refuses the pair
             with pytest.raises(ValidationError) as refused:
