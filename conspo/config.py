@@ -863,6 +863,10 @@ def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
             loc = ("rewards", i, "params", "buffer")
             message = _buffer_too_long(f"rewards.{i}.params.buffer", buffer, limit)
             details.append(_error(loc, message, buffer))
+    known = names if "verifier" in names else ["verifier", *names]
+    if cfg.truth not in known:
+        message = f"truth {cfg.truth!r} is not one of the run's rewards ({', '.join(known)})"
+        details.append(_error(("truth",), message, cfg.truth))
     if details:
         raise ValidationError.from_exception_data("RunConfig", details)
     if "verifier" not in names:
@@ -1105,6 +1109,15 @@ class RunConfig(_Section):
         " verified outcome) is always one of them, added first with weight 1 when not listed;"
         " positives are the verified-correct rollouts whatever the shaping.",
     )
+    truth: str = Field(
+        "verifier",
+        max_length=100,
+        description="The reward that stands for the truth in the proxy-vs-truth view (one of"
+        " rewards): wherever another listed reward has a weight, each step logs the shaped"
+        " reward the objective trains on (the proxy) against it, their gap and how they rank"
+        " the rollouts alike (proxy/*). The verifier, by default; positives stay the verified"
+        " ones whatever this names.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -1163,6 +1176,17 @@ class RunConfig(_Section):
                 " parameters: sampling.engine must be 'native' or 'hf', not 'vllm'"
             )
         return self
+
+    def proxy_rewards(self) -> list[str]:
+        """The rewards besides the truth that carry a weight: the proxy-vs-truth view is
+        logged when there is one (the shaped reward then differs from the truth)."""
+        weights = {r.name: r.weight for r in self.rewards}
+        return [
+            name
+            for name, weight in weights.items()
+            if name != self.truth
+            and (REWARDS.get(name).default_weight if weight is None else weight) != 0
+        ]
 
     def played_environment(self) -> str | None:
         """The environment this run's task plays, turn by turn (None: its task plays none): a

@@ -108,6 +108,12 @@ TOOLS_TURNS = "tools/turns"
 TOOLS_OBSERVATION_TOKENS = "tools/observation_tokens"
 TIME_TOOLS_S = "time/tools_s"
 TIME_SANDBOX_S = "time/sandbox_s"
+# The proxy-vs-truth view: what the objective trains on (the shaped reward) against the truth
+PROXY_REWARD = "proxy/reward"
+PROXY_TRUTH = "proxy/truth"
+PROXY_GAP = "proxy/gap"
+PROXY_AGREEMENT = "proxy/agreement"
+PROXY_SPEARMAN = "proxy/spearman"
 ENV_TURNS = "env/turns"
 ENV_TURNS_POS = "env/turns_pos"
 ENV_TURNS_NEG = "env/turns_neg"
@@ -356,6 +362,8 @@ SECTIONS: tuple[Section, ...] = (
         folded="this run plays no environment (its task has no params.environment): every rollout"
         " is one answer",
     ),
+    # drawn where a run logged it: a reward besides the truth has a weight
+    Section("proxy", "Proxy reward against the truth"),
     Section("job", "Training (SFT, distillation, DPO)"),
     Section("speed", "Speed"),
     Section("system", "System: the training process and the machine"),
@@ -453,6 +461,18 @@ CHARTS: tuple[Chart, ...] = (
           y_range="zero",
           help="Model turns (calls + 1) and the interpreter's tokens in each rollout: context"
           " the model reads, which no loss or score counts."),
+    Chart("proxytruth", "What the run trains on vs the truth", "proxy", "mean reward",
+          zero_line=True,
+          help="Mean over the step's rollouts of the shaped reward the objective trains on (the"
+          " proxy: Σ weight · reward) and of the truth (the config's truth reward, the verifier"
+          " by default), and their gap. Goodhart: the proxy keeps rising while the truth stalls"
+          " or falls. The gap is in the truth's units only when the proxy is on its scale."),
+    Chart("proxyrank", "Does the proxy still rank like the truth?", "proxy", "agreement",
+          y_range="auto", zero_line=True,
+          help="Within each prompt's group, the share of (right, wrong) pairs the proxy orders"
+          " right (ties half; 0.5 is chance), and Spearman's rank correlation of proxy and"
+          " truth over the step's rollouts. Falling while the proxy rises: the policy found"
+          " what the proxy rewards and the truth does not."),
     Chart("envturns", "Turns per episode: correct vs wrong", "env", "turns / episode",
           y_range="zero", always=True,
           help="Do the episodes that end right finish in fewer turns? Mean turns of every"
@@ -705,6 +725,28 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_TOOL_CALL_RATE, "tool-call rate (greedy)",
            "Share of the held-out problems whose greedy answer called a tool.", "fraction",
            "evalc", when="the run has tools, at every evaluation", color="accent3", dash=True),
+    # proxy vs truth
+    Metric(PROXY_REWARD, "proxy (trained on)",
+           "Mean shaped reward Σ weight · reward of the step's rollouts: what the objective"
+           " trains on (before any KL in the reward).", "reward", "proxytruth",
+           when="a reward besides the truth has a weight"),
+    Metric(PROXY_TRUTH, "truth",
+           "Mean of the truth reward (config truth; the verifier by default) over the step's"
+           " rollouts.", "reward", "proxytruth", when="a reward besides the truth has a weight",
+           better="higher", color="pos"),
+    Metric(PROXY_GAP, "gap (proxy − truth)",
+           "proxy/reward − proxy/truth: widening while the truth stalls is over-optimisation.",
+           "reward", "proxytruth", when="a reward besides the truth has a weight",
+           color="neg", dash=True),
+    Metric(PROXY_AGREEMENT, "pair agreement",
+           "Of the pairs of rollouts of one prompt whose truth differs, the share the proxy"
+           " orders the same way (a tie counts half; 0.5 is chance). NaN: no such pair.",
+           "fraction", "proxyrank", when="a reward besides the truth has a weight",
+           better="higher"),
+    Metric(PROXY_SPEARMAN, "Spearman ρ",
+           "Spearman's rank correlation of the proxy and the truth over the step's rollouts"
+           " (ties at their mean rank). NaN: either is constant.", "ρ", "proxyrank",
+           when="a reward besides the truth has a weight", better="higher", color="accent2"),
     # environments
     Metric(ENV_TURNS, "turns", "Mean turns (actions played) per episode of the step.",
            "turns", "envturns", when="the run plays an environment"),

@@ -229,3 +229,62 @@ def _cut(episode: Episode) -> bool:
     """Ended without a fault before the environment said done (the turn limit, the budget)."""
     ended = bool(episode.turns) and episode.turns[-1].done
     return episode.failure is None and not ended
+
+
+def proxy_stats(
+    proxy: Sequence[float], truth: Sequence[float], group_ids: Sequence[int]
+) -> dict[str, float]:
+    """The proxy-vs-truth view of one step (``RunConfig.truth``): each rollout's shaped reward
+    (``proxy``, what the objective trains on) against its truth reward. Means and their gap;
+    within each prompt's group, the share of pairs whose truth differs that the proxy orders
+    the same way (a tie counts half: 0.5 is chance; NaN without such a pair), which is what
+    a reward model is trained to get right and what over-optimisation erodes; and Spearman's ρ
+    over the whole step (NaN when either side is constant). Host lists only."""
+    n = len(proxy)
+    agree = pairs = 0.0
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    for rows in members.values():
+        for a_pos, a in enumerate(rows):
+            for b in rows[a_pos + 1 :]:
+                if truth[a] == truth[b]:
+                    continue
+                pairs += 1
+                same = (proxy[a] - proxy[b]) * (truth[a] - truth[b])
+                agree += 1.0 if same > 0 else 0.5 if same == 0 else 0.0
+    mean_proxy, mean_truth = sum(proxy) / n, sum(truth) / n
+    return {
+        metrics.PROXY_REWARD: mean_proxy,
+        metrics.PROXY_TRUTH: mean_truth,
+        metrics.PROXY_GAP: mean_proxy - mean_truth,
+        metrics.PROXY_AGREEMENT: agree / pairs if pairs else math.nan,
+        metrics.PROXY_SPEARMAN: spearman(proxy, truth),
+    }
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation (Pearson's of the ranks, ties at their mean rank); NaN when
+    either side is constant."""
+    rx, ry = mean_ranks(xs), mean_ranks(ys)
+    n = len(rx)
+    mx, my = sum(rx) / n, sum(ry) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+def mean_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks of ``values``, tied values sharing the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            ranks[order[k]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks

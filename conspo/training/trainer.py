@@ -46,7 +46,7 @@ from conspo.sink import Sink, StepRecord
 from conspo.training.loop import TrainResult, TrainState, eval_due, lr_at, run_eval, run_loop
 from conspo.training.records import make_record
 from conspo.training.rollouts import collect_rollouts
-from conspo.training.stats import environment_stats, tool_stats
+from conspo.training.stats import environment_stats, proxy_stats, tool_stats
 from conspo.training.update import update
 
 
@@ -107,6 +107,9 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
     if (batch := rollouts.batch).episodes is not None:
         observed = (batch.lengths - batch.model_lengths).tolist()
         floats.update(environment_stats(batch.episodes, rollouts.correct.tolist(), observed))
+    if cfg.proxy_rewards():  # the shaped reward is not the truth: set one against the other
+        truth = rollouts.reward_parts[cfg.truth].tolist()
+        floats.update(proxy_stats(rollouts.rewards.tolist(), truth, rollouts.group_ids.tolist()))
     if eval_due(cfg, step):
         floats.update(run_eval(state, step))
     return make_record(state, step, stats, floats, rollouts, scores)
