@@ -88,11 +88,15 @@ DPO_ACCURACY = "dpo/accuracy"
 DPO_MARGIN = "dpo/margin"
 DPO_CHOSEN = "dpo/chosen_reward"
 DPO_REJECTED = "dpo/rejected_reward"
+RM_ACCURACY = "rm/accuracy"
+RM_MARGIN = "rm/margin"
 
 # --- evaluation -----------------------------------------------------------------------------
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_PASS_AT_K = "eval/pass@k"
 EVAL_PROBLEMS = "eval/problems"
+EVAL_RM_ACCURACY = "eval/rm_accuracy"  # a reward model's held-out pairs (conspo.jobs.reward_model)
+EVAL_RM_MARGIN = "eval/rm_margin"
 
 # --- tools inside rollouts (conspo.tools, conspo.generation.tool_rollout) --------------------
 TOOLS_CALLS = "tools/calls"
@@ -181,17 +185,15 @@ KEY_METRICS: tuple[str, ...] = (
 )
 
 # What every job kind logs besides the keys its registration declares (``metrics=``): the learning
-# rate and step time of each step, and the held-out evaluation when it is due (the shared loop,
-# conspo.training.loop.one_update_per_step, and the RL trainer alike). A kind that trains an
+# rate and step time of each step, and the held-out evaluation's time when it is due (the shared
+# loop, conspo.training.loop.one_update_per_step, and the RL trainer alike). A kind that trains an
 # algorithm (rl) also logs the "every run" keys and its objective's.
-EVERY_KIND: tuple[str, ...] = (
-    LR,
-    TIME_STEP_S,
-    TIME_EVAL_S,
-    EVAL_ACCURACY,
-    EVAL_PASS_AT_K,
-    EVAL_PROBLEMS,
-)
+EVERY_KIND: tuple[str, ...] = (LR, TIME_STEP_S, TIME_EVAL_S)
+# What the task's held-out evaluation (generated answers, verified) logs: every kind whose model
+# generates (RegisteredJobKind.head "causal_lm"); a reward model scores its own held-out pairs
+# instead and declares those keys.
+TASK_EVAL: tuple[str, ...] = (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PROBLEMS)
+
 
 # Keys written before the top-level ones were namespaced (migration 0003 renamed them in stored
 # worker runs); readers of older exports can map them with this.
@@ -505,6 +507,14 @@ CHARTS: tuple[Chart, ...] = (
           help="Share of the step's pairs whose implicit reward ranks chosen above rejected."),
     Chart("dporeward", "DPO: implicit rewards β·log π_θ/π_ref", "job", "reward", zero_line=True,
           kinds=("dpo",)),
+    Chart("rmacc", "Reward model: pair accuracy", "job", "fraction of pairs", y_range="unit",
+          kinds=("reward_model",), always=True, markers=True,
+          help="Share of pairs the model scores chosen above rejected: the step's training"
+          " pairs, and the held-out pairs at each evaluation (0.5: chance)."),
+    Chart("rmmargin", "Reward model: margin r(chosen) − r(rejected)", "job", "score",
+          zero_line=True, kinds=("reward_model",), markers=True,
+          help="Mean score of the chosen answer less the rejected one's, on the step's training"
+          " pairs and on the held-out pairs."),
     Chart("time", "Step time", "speed", "seconds (s)", y_range="zero", kinds=(),
           help="Wall-clock seconds per step, the part spent generating rollouts, and with tools"
           " what the calls held generation up and the sandbox's busy time."),
@@ -807,6 +817,22 @@ METRICS: tuple[Metric, ...] = (
     Metric(DPO_REJECTED, "rejected",
            "DPO: mean implicit reward β·log π_θ/π_ref of rejected answers.", "reward",
            "dporeward", logged_by="objective", color="neg"),
+    Metric(RM_ACCURACY, "pair accuracy (train)",
+           "Reward model: share of the step's training pairs scored chosen above rejected.",
+           "fraction", "rmacc", logged_by="objective", better="higher"),
+    Metric(EVAL_RM_ACCURACY, "pair accuracy (held-out)",
+           "Reward model: share of the held-out pairs (kind_params.eval_fraction of the"
+           " prompts, never trained on) scored chosen above rejected.", "fraction", "rmacc",
+           logged_by="objective", when="steps with the held-out evaluation", better="higher",
+           color="accent2"),
+    Metric(RM_MARGIN, "margin (train)",
+           "Reward model: mean r(chosen) − r(rejected) over the step's training pairs (the"
+           " Bradley–Terry loss is −log σ of it).", "score", "rmmargin", logged_by="objective",
+           better="higher"),
+    Metric(EVAL_RM_MARGIN, "margin (held-out)",
+           "Reward model: mean r(chosen) − r(rejected) over the held-out pairs.", "score",
+           "rmmargin", logged_by="objective", when="steps with the held-out evaluation",
+           better="higher", color="accent2"),
     # speed
     Metric(TIME_STEP_S, "step", "Wall-clock seconds of the whole step.", "s", "time",
            better="lower"),

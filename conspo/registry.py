@@ -31,6 +31,7 @@ from typing import (
     Annotated,
     Any,
     Generic,
+    Literal,
     Protocol,
     TypeVar,
     Union,
@@ -414,6 +415,9 @@ def reward_names() -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+Head = Literal["causal_lm", "sequence_score"]
+
+
 @dataclass(frozen=True)
 class RegisteredJobKind:
     name: str
@@ -446,6 +450,11 @@ class RegisteredJobKind:
     # check(config) -> [(loc, message, value)], each problem at the field to blame (the config
     # refuses the run with them). E.g. sft's tool traces need the tool in tools.names.
     check: Callable[[Any], list[tuple[Loc, str, object]]] | None = None
+    # The head on the model it trains (``conspo.models.loading.load_pretrained``): the causal
+    # LM's next-token logits, or one scalar on the last non-pad token (a reward model,
+    # transformers' AutoModelForSequenceClassification with num_labels=1), which generates
+    # nothing: such a kind evaluates itself, not by the task's generated answers.
+    head: Head = "causal_lm"
 
     @property
     def code(self) -> object:
@@ -479,18 +488,20 @@ def register_job_kind(
     inputs: Callable[..., None] | None = None,
     example_params: dict[str, Any],
     check: Callable[[Any], list[tuple[Loc, str, object]]] | None = None,
+    head: Head = "causal_lm",
 ) -> Callable[[F], F]:
     """Register ``fn`` as the train function of job kind ``name`` (``config.kind``); its
     module must stay torch-free at import (``conspo.lazy``): the API validates configs.
     ``example_params``: kind_params of a seconds-long run on a tiny model (checked against
     ``params`` here), from which the registry-wide test trains the kind. ``check(config)``:
-    what the kind needs of the rest of the config, as (loc, message, value) problems."""
+    what the kind needs of the rest of the config, as (loc, message, value) problems.
+    ``head``: the model head it trains (``RegisteredJobKind.head``)."""
     params.model_validate(example_params)  # a wrong example fails at import, not in a test
 
     def decorator(fn: F) -> F:
         kind = RegisteredJobKind(
             name, fn, params, description, tuple(metrics), tuple(sections), distributed,
-            tuple(input_runs), inputs, dict(example_params), check,
+            tuple(input_runs), inputs, dict(example_params), check, head,
         )  # fmt: skip
         JOB_KINDS.add(kind)
         return fn

@@ -14,27 +14,20 @@ the tool's output, not the policy's, and is left out of both sums
 (``conspo.training.sft.answer_tokens``). With LoRA the reference is the base with the adapters
 disabled; otherwise a frozen copy of the starting weights.
 
-Pairs from a finished run (``from_run``): whoever launches the job writes them to
-``workdir/dpo_pairs.jsonl`` first (the worker does, from the run's stored rollouts:
-``build_pairs``). Only a sample of each step's rollouts is stored (``logging.rollout_sample``,
-spread evenly over the batch), so a prompt pairs only when its stored rollouts hold both a
-verified-correct and a wrong completion; prompts are the rendered text the policy saw, matched
-exactly across steps.
+The pairs, from a file or a finished run's rollouts, are ``conspo.jobs.preferences``'
+(shared with the ``reward_model`` kind).
 """
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from conspo import metrics as M
-from conspo.jobs.base import DatasetParams
+from conspo.jobs.preferences import PreferenceParams, load_pairs, pairs_from_run
 from conspo.lazy import lazy_import
 from conspo.registry import register_job_kind
 
@@ -48,88 +41,13 @@ if TYPE_CHECKING:
 else:
     torch = lazy_import("torch")
 
-PAIRS_FILE = "dpo_pairs.jsonl"  # in the job's workdir, for kind_params.from_run
 
-
-class DPOParams(DatasetParams):
-    # path: the pairs, columns prompt (a question, rendered like every prompt), chosen, rejected
-    from_run: int | None = Field(
-        None,
-        ge=1,
-        le=2**31 - 1,
-        description="Build the pairs from this finished run's stored rollouts instead: a"
-        " verified-correct vs a wrong completion of the same prompt.",
-    )
-    max_pairs_per_prompt: int = Field(
-        4, ge=1, le=1000, description="from_run: pairs kept per prompt (each completion once)."
-    )
+class DPOParams(PreferenceParams):
+    # path / from_run / max_pairs_per_prompt: the pairs (conspo.jobs.preferences)
     beta: float = Field(
         0.1, gt=0, le=100, description="β: the strength of the KL to the reference."
     )
     batch_size: int = Field(8, ge=1, le=4096, description="Pairs per step.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DPOParams:
-        if (self.path is None) == (self.from_run is None):
-            raise ValueError("give exactly one of path (a pairs dataset) and from_run (a run id)")
-        return self
-
-
-@dataclass(frozen=True)
-class Pair:
-    prompt: str  # as the policy sees it (rendered)
-    chosen: str
-    rejected: str
-
-
-def build_pairs(
-    rollouts: Iterable[tuple[str, str, bool]], max_per_prompt: int
-) -> tuple[list[Pair], dict[str, int]]:
-    """Pairs from (prompt, completion, verified correct) rollouts, and counts for the report.
-
-    Per prompt, in the order given: the i-th distinct correct completion is paired with the i-th
-    distinct wrong one, up to ``max_per_prompt`` (each completion in one pair at most).
-    """
-    by_prompt: dict[str, tuple[list[str], list[str]]] = {}
-    n = 0
-    for prompt, completion, correct in rollouts:
-        n += 1
-        good, bad = by_prompt.setdefault(prompt, ([], []))
-        side = good if correct else bad
-        if completion not in side:
-            side.append(completion)
-    pairs = [
-        Pair(prompt, c, r)
-        for prompt, (good, bad) in by_prompt.items()
-        for c, r in list(zip(good, bad, strict=False))[:max_per_prompt]
-    ]
-    paired = len({p.prompt for p in pairs})
-    return pairs, {"rollouts": n, "prompts": len(by_prompt), "paired_prompts": paired}
-
-
-def write_pairs(pairs: list[Pair], path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs))
-    tmp.replace(path)
-
-
-def pairs_from_run(
-    config: RunConfig,
-    workdir: Path,
-    rollouts_of: Callable[[int], Iterable[tuple[str, str, float | None]]],
-) -> None:
-    """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, the pairs built from
-    that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once (a resumed attempt
-    reuses them). A rollout is correct when its reward passes the one positive threshold."""
-    from conspo.objectives.base import is_positive
-
-    params = config.typed("kind_params", DPOParams)
-    path = workdir / PAIRS_FILE
-    if params.from_run is None or path.is_file():
-        return
-    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
-    pairs, _ = build_pairs(rollouts, params.max_pairs_per_prompt)
-    write_pairs(pairs, path)
 
 
 @register_job_kind(
@@ -156,34 +74,6 @@ def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
         start=one_update_per_step(lambda s, f, m: start(s, f, m, workdir)),
         **kwargs,
     )
-
-
-def load_pairs(params: DPOParams, files: DataFiles, workdir: Path, render: Any) -> list[Pair]:
-    if params.from_run is not None:
-        path = workdir / PAIRS_FILE
-        if not path.is_file():
-            raise ValueError(
-                f"kind_params.from_run: the pairs of run {params.from_run} were not prepared"
-                f" ({path} is missing)"
-            )
-        pairs = [Pair(**json.loads(line)) for line in path.read_text().splitlines() if line]
-        where = f"run {params.from_run}'s stored rollouts"
-    else:
-        from conspo.tasks.datasets import load_dataset_file
-
-        assert params.path is not None
-        rows = load_dataset_file(files, params.path).to_list()
-        missing = {"prompt", "chosen", "rejected"} - set(rows[0] if rows else {})
-        if missing:
-            raise ValueError(f"kind_params.path: {params.path} lacks columns {sorted(missing)}")
-        pairs = [Pair(render(r["prompt"]), r["chosen"], r["rejected"]) for r in rows]
-        where = params.path
-    if not pairs:
-        raise ValueError(
-            f"no preference pairs in {where}: it needs prompts with both a correct and a wrong"
-            " completion"
-        )
-    return pairs
 
 
 def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:

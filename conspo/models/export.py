@@ -6,7 +6,10 @@
 A LoRA checkpoint's adapters are merged into its base model (peft's ``merge_and_unload``), in
 float32, and saved in the base's own dtype; a full fine-tuning checkpoint already is such a
 directory and is copied without its optimiser and trainer state. Either result loads with
-``AutoModelForCausalLM.from_pretrained``.
+``AutoModelForCausalLM.from_pretrained``, or, a reward model's (the ``reward_model`` job kind:
+peft's SEQ_CLS adapters and score head; a full checkpoint whose config's architectures name a
+``…ForSequenceClassification``), with ``AutoModelForSequenceClassification.from_pretrained``,
+one label read at the last non-pad token.
 
 ``conspo.models.model_tar.ModelTar`` streams such a directory as one tar archive (a download).
 """
@@ -16,9 +19,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
 
 from conspo.models.lineage import ADAPTER_CONFIG, TRAINING_FILES
 from conspo.models.loading import peft_reading_old_names
@@ -48,9 +57,23 @@ def export_merged(
 
     base_path = base_model_path or recorded_base(checkpoint_dir)
     saved_dtype = AutoConfig.from_pretrained(base_path).dtype or torch.float32  # as shipped
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+    base = _base_with_head(checkpoint_dir, base_path, tokenizer)
     with peft_reading_old_names():
         merged = PeftModel.from_pretrained(base, checkpoint_dir).merge_and_unload()
     merged.to(saved_dtype).save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def _base_with_head(checkpoint_dir: Path, base_path: str | Path, tokenizer: Any) -> Any:
+    """The base model in float32 with the head the adapters were trained on: the causal LM's,
+    or for a reward model's (peft's task_type SEQ_CLS) the one-label score head, whose trained
+    weights the adapters carry (modules_to_save), reading the last token that is not the
+    tokenizer's pad, as the run did (``conspo.models.loading.load_pretrained``)."""
+    task_type = json.loads((checkpoint_dir / ADAPTER_CONFIG).read_text()).get("task_type")
+    if task_type == "SEQ_CLS":
+        return AutoModelForSequenceClassification.from_pretrained(
+            base_path, dtype=torch.float32, num_labels=1, pad_token_id=tokenizer.pad_token_id
+        )
+    return AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)

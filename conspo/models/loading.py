@@ -15,6 +15,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -24,6 +25,7 @@ from conspo.access import Unavailable, hub_offline
 from conspo.config import ModelConfig
 from conspo.models.precision import emulated_bfloat16
 from conspo.models.resources import ModelDims
+from conspo.registry import Head
 from conspo.system import host_memory_bytes
 
 
@@ -86,20 +88,47 @@ def load_pretrained(
     device: torch.device,
     dtype: torch.dtype,
     attn_implementation: str = "sdpa",
+    head: Head = "causal_lm",
+    seed: int = 0,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model at ``path`` with its weights in ``dtype`` on ``device``, and its tokenizer."""
+    """The model at ``path`` with its weights in ``dtype`` on ``device``, and its tokenizer.
+
+    ``head`` (the job kind's, ``RegisteredJobKind.head``): "sequence_score" loads the model with
+    one scalar output on its last non-pad token (``AutoModelForSequenceClassification``,
+    num_labels=1: TRL's reward-model format) in place of the LM head; a causal LM's own head is
+    dropped and the score starts random, drawn from ``seed`` alone, a reward model's is kept as
+    trained."""
     check_attention(attn_implementation, device)
     local_only = _local_only(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=local_only, attn_implementation=attn_implementation
-        )
+        if tokenizer.pad_token is None:  # many causal LMs ship without one
+            tokenizer.pad_token = tokenizer.eos_token
+        model: PreTrainedModel
+        if head == "sequence_score":
+            # Without pad_token_id the head cannot find a row's last token: it would score the
+            # padding of every row shorter than the batch's longest.
+            cuda = [device] if device.type == "cuda" else []
+            with torch.random.fork_rng(devices=cuda):  # leave the process's random streams alone
+                torch.manual_seed(seed)
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    path,
+                    num_labels=1,
+                    pad_token_id=tokenizer.pad_token_id,
+                    dtype=dtype,
+                    local_files_only=local_only,
+                    attn_implementation=attn_implementation,
+                )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                dtype=dtype,
+                local_files_only=local_only,
+                attn_implementation=attn_implementation,
+            )
     except OSError as exc:
         raise Unavailable(_not_loadable(path, exc)) from None
     tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:  # many causal LMs ship without one
-        tokenizer.pad_token = tokenizer.eos_token
     # PreTrainedModel.to is declared with @functools.wraps(nn.Module.to), whose typeshed type
     # takes the unbound signature (self first), so mypy rejects a device as the first argument.
     model = model.to(device)  # type: ignore[arg-type]
@@ -123,12 +152,14 @@ def check_attention(attn_implementation: str, device: torch.device) -> None:
 
 
 def prepare_for_training(
-    model: PreTrainedModel, cfg: ModelConfig, seed: int = 0
+    model: PreTrainedModel, cfg: ModelConfig, seed: int = 0, head: Head = "causal_lm"
 ) -> PreTrainedModel:
     """Gradient checkpointing and LoRA adapters (``cfg.lora.rank`` > 0) as ``cfg`` asks.
 
     With LoRA the result is a peft model whose base weights are frozen: only the adapters
-    require grad. Their random initialisation is a function of ``seed`` alone.
+    require grad. Their random initialisation is a function of ``seed`` alone. A
+    "sequence_score" head (``load_pretrained``) is trained whole beside the adapters (peft's
+    SEQ_CLS task keeps the ``score`` layer in ``modules_to_save``): it starts random.
     """
     if model.device.type == "cuda":
         # cuDNN's SDPA kernel gives NaN gradients for queries that attend to nothing, which the
@@ -154,7 +185,7 @@ def prepare_for_training(
         lora_alpha=cfg.lora.alpha,  # type: ignore[arg-type]  # peft says int; α / r takes any
         lora_dropout=cfg.lora.dropout,
         target_modules="all-linear" if targets == ["all-linear"] else targets,
-        task_type=TaskType.CAUSAL_LM,
+        task_type=TaskType.SEQ_CLS if head == "sequence_score" else TaskType.CAUSAL_LM,
     )
     try:
         cuda = [model.device] if model.device.type == "cuda" else []

@@ -73,7 +73,7 @@ from conspo.models.resources import (
 from conspo.models.scoring import ModelScorers, load_reward_models
 from conspo.models.store import ModelStore
 from conspo.objectives.base import ObjectiveParams
-from conspo.registry import get_environment, get_objective
+from conspo.registry import get_environment, get_job_kind, get_objective
 from conspo.rewards import WeightedReward, build_rewards
 from conspo.sandbox import require_sandbox
 from conspo.sink import NullSink, Sink, StepRecord, flush_sink
@@ -118,6 +118,9 @@ class TrainState:
     trained_steps: int = 0  # steps that took an optimiser step: the lr schedule's clock
     benchmarks: list[Benchmark] = field(default_factory=list)  # prompts rendered
     sink: Sink = field(default_factory=NullSink)  # run_eval reports its phase there
+    # A kind's own held-out evaluation, in place of the task's generated answers (its start
+    # sets it: a reward model scores held-out pairs); held_out(step) -> its metrics.
+    held_out: Callable[[int], dict[str, float]] | None = None
 
 
 Start = Callable[[TrainState, DataFiles, ModelStore], LoopStep]
@@ -294,11 +297,12 @@ def setup(
         optim = cfg.optim.model_copy(update={"micro_batch_tokens": estimate.micro_batch_tokens})
         cfg = cfg.model_copy(update={"optim": optim})
     attn = cfg.model.attn_implementation
-    model, tokenizer = load_pretrained(path, device, precision.weights, attn)
+    head = get_job_kind(cfg.kind).head  # a reward model trains a score head, not the LM's
+    model, tokenizer = load_pretrained(path, device, precision.weights, attn, head, cfg.seed)
     stopping.check()
     resolve = lambda name: distributed.main_first(lambda: store.resolve(name))  # noqa: E731
     reward_models = load_reward_models(cfg, resolve, device, precision.weights)
-    model = prepare_for_training(model, cfg.model, cfg.seed)
+    model = prepare_for_training(model, cfg.model, cfg.seed, head)
     stopping.check_between_layers(model)
     distributed.broadcast_parameters(model)
     sharded = cfg.resources.strategy == "fsdp" and distributed.active()
@@ -506,6 +510,8 @@ def run_eval(state: TrainState, step: int) -> dict[str, float]:
 def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
     cfg = state.cfg
     state.model.eval()
+    if state.held_out is not None:
+        return state.held_out(step)
     # The same noise at every evaluation (common random numbers: two checkpoints differ by their
     # policies, not their draws), and in every run of this seed, so a chained run's step-0 eval
     # repeats the final eval of the run it starts from (an SFT → RL pipeline compares alike).

@@ -105,6 +105,7 @@ def test_every_catalogue_key_is_described_and_every_declared_key_is_in_it() -> N
         **{f"algorithm {name}": get_objective(name).metrics for name in OBJECTIVES.names()},
         **{f"kind {name}": JOB_KINDS.get(name).metrics for name in job_kind_names()},
         "every kind (conspo.metrics.EVERY_KIND)": M.EVERY_KIND,
+        "the task's evaluation (conspo.metrics.TASK_EVAL)": M.TASK_EVAL,
     }
     for who, its_keys in declared.items():
         lacking = set(its_keys) - keys
@@ -301,9 +302,12 @@ def test_every_tool_answers_every_call_with_one_result(name: str) -> None:
 
 def declared_keys(config: RunConfig, kind: RegisteredJobKind) -> set[str]:
     """What a run of ``kind`` logs by its declarations: the registration's metrics and what every
-    kind logs; a kind that trains an algorithm also the catalogue's "every run" keys (those
-    without a further condition) and its objective's; one with rewards, reward/<name> of each."""
+    kind logs; one whose model generates (a causal LM head) the task's evaluation; a kind that
+    trains an algorithm also the catalogue's "every run" keys (those without a further
+    condition) and its objective's; one with rewards, reward/<name> of each."""
     keys = set(kind.metrics) | set(M.EVERY_KIND)
+    if kind.head == "causal_lm":
+        keys |= set(M.TASK_EVAL)
     if kind.trains_algorithm:
         keys |= {m.key for m in CATALOGUE.metrics if m.logged_by == "every run" and not m.when}
         keys |= set(get_objective(config.algorithm).metrics)
