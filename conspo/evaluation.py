@@ -72,6 +72,12 @@ class Benchmark:
         return M.benchmark_keys(self.name, self.k)
 
 
+# what generate_and_verify hands on: (texts, examples, model lengths, verified outcomes)
+AnswersSeen = Callable[[list[str], list[Example], list[int], list[float]], None]
+# (texts, examples, lengths, outcomes, samples per problem) → the held-out proxy metrics
+HeldOutProxy = Callable[[list[str], list[Example], list[int], list[float], int], dict[str, float]]
+
+
 def load_benchmarks(benchmarks: list[BenchmarkConfig], files: DataFiles) -> list[Benchmark]:
     """Every benchmark's problems (the first ``limit``): a file's read through ``files``."""
     loaded = []
@@ -122,9 +128,10 @@ def generate_and_verify(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     engine: Engine | None = None,
+    on_answers: AnswersSeen | None = None,
 ) -> tuple[RolloutBatch, torch.Tensor]:
     """Sample one response per example with ``engine`` (default: the native sampler); returns
-    the rollouts and their (N,) rewards on CPU."""
+    the rollouts and their (N,) rewards on CPU. ``on_answers`` is handed what was verified."""
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples], device)
     request = SampleRequest(
@@ -147,6 +154,8 @@ def generate_and_verify(
         log.warning("verify failed on %d of %d held-out answers (scored 0): %s",
                     len(failures), len(texts), failures[0])  # fmt: skip
     rewards = torch.tensor([score for score, _ in verified])
+    if on_answers is not None:
+        on_answers(texts, examples, batch.model_lengths.tolist(), rewards.tolist())
     return batch, rewards
 
 
@@ -162,6 +171,7 @@ def sampled_pass_at_k(
     top_p: float,
     generator: torch.Generator | None,
     engine: Engine | None = None,
+    on_answers: AnswersSeen | None = None,
 ) -> tuple[torch.Tensor, float]:
     """(the (N·k,) rewards of k samples of each example, the mean unbiased pass@k over the
     examples): each problem counts as solved by its positive samples (``positive_mask``)."""
@@ -176,6 +186,7 @@ def sampled_pass_at_k(
         top_p=top_p,
         generator=generator,
         engine=engine,
+        on_answers=on_answers,
     )
     per_problem = positive_mask(rewards.view(len(examples), k)).sum(-1).tolist()
     passes = [pass_at_k(k, int(c), k) for c in per_problem]
@@ -194,9 +205,11 @@ def evaluate(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     engine: Engine | None = None,
+    proxy: HeldOutProxy | None = None,
 ) -> dict[str, float]:
     """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
-    ``top_p``) on the held-out ``examples``."""
+    ``top_p``) on the held-out ``examples``; with ``proxy``, the proxy-vs-truth view of the
+    pass@k samples (``held_out_proxy``)."""
     if not examples:
         return {M.EVAL_ACCURACY: float("nan"), M.EVAL_PASS_AT_K: float("nan"), M.EVAL_PROBLEMS: 0.0}
     greedy_batch, greedy = generate_and_verify(
@@ -208,6 +221,7 @@ def evaluate(
         temperature=0.0,
         engine=engine,
     )
+    seen: list[tuple[list[str], list[Example], list[int], list[float]]] = []
     _, pass_k_value = sampled_pass_at_k(
         model,
         tokenizer,
@@ -219,12 +233,15 @@ def evaluate(
         top_p=top_p,
         generator=generator,
         engine=engine,
+        on_answers=None if proxy is None else lambda *answers: seen.append(answers),
     )
     out = {
         M.EVAL_ACCURACY: greedy.mean().item(),
         M.EVAL_PASS_AT_K: pass_k_value,
         M.EVAL_PROBLEMS: float(len(examples)),
     }
+    if proxy is not None and seen:
+        out |= proxy(*seen[0], pass_k)
     if greedy_batch.tool_calls is not None:
         called = [float(bool(calls)) for calls in greedy_batch.tool_calls]
         out[M.EVAL_TOOL_CALL_RATE] = sum(called) / len(called)

@@ -118,6 +118,10 @@ PROXY_TRUTH = "proxy/truth"
 PROXY_GAP = "proxy/gap"
 PROXY_AGREEMENT = "proxy/agreement"
 PROXY_SPEARMAN = "proxy/spearman"
+EVAL_PROXY_REWARD = "eval/proxy_reward"  # the same on the held-out pass@k samples
+EVAL_PROXY_TRUTH = "eval/proxy_truth"
+EVAL_PROXY_AGREEMENT = "eval/proxy_agreement"
+EVAL_PROXY_SPEARMAN = "eval/proxy_spearman"
 ENV_TURNS = "env/turns"
 ENV_TURNS_POS = "env/turns_pos"
 ENV_TURNS_NEG = "env/turns_neg"
@@ -757,6 +761,23 @@ METRICS: tuple[Metric, ...] = (
            "Spearman's rank correlation of the proxy and the truth over the step's rollouts"
            " (ties at their mean rank). NaN: either is constant.", "ρ", "proxyrank",
            when="a reward besides the truth has a weight", better="higher", color="accent2"),
+    Metric(EVAL_PROXY_REWARD, "proxy (held-out)",
+           "Mean shaped reward of the held-out pass@k samples (eval.pass_k per problem, at"
+           " eval.temperature).", "reward", "proxytruth", when="a reward besides the truth has"
+           " a weight, at every evaluation", dash=True),
+    Metric(EVAL_PROXY_TRUTH, "truth (held-out)",
+           "Mean truth reward of the held-out pass@k samples (with the verifier as the truth:"
+           " their pass rate).", "reward", "proxytruth", when="a reward besides the truth has"
+           " a weight, at every evaluation", better="higher", color="pos", dash=True),
+    Metric(EVAL_PROXY_AGREEMENT, "pair agreement (held-out)",
+           "The pair agreement on the held-out pass@k samples, a problem's samples as its group"
+           " (NaN with eval.pass_k = 1: no pairs).", "fraction", "proxyrank",
+           when="a reward besides the truth has a weight, at every evaluation", better="higher",
+           dash=True),
+    Metric(EVAL_PROXY_SPEARMAN, "Spearman ρ (held-out)",
+           "Spearman's ρ of proxy and truth over the held-out pass@k samples.", "ρ", "proxyrank",
+           when="a reward besides the truth has a weight, at every evaluation", better="higher",
+           color="accent2", dash=True),
     # environments
     Metric(ENV_TURNS, "turns", "Mean turns (actions played) per episode of the step.",
            "turns", "envturns", when="the run plays an environment"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ from conspo.environments.base import Simulator
 from conspo.environments.runner import EnvironmentLimits
 from conspo.evaluation import (
     Benchmark,
+    HeldOutProxy,
     best_so_far,
     evaluate,
     improves,
@@ -75,6 +76,7 @@ from conspo.models.store import ModelStore
 from conspo.objectives.base import ObjectiveParams
 from conspo.registry import get_environment, get_job_kind, get_objective
 from conspo.rewards import WeightedReward, build_rewards
+from conspo.rewards.base import VERIFIER, RewardContext, score_rollouts
 from conspo.sandbox import require_sandbox
 from conspo.sink import NullSink, Sink, StepRecord, flush_sink
 from conspo.system import SystemSampler
@@ -83,6 +85,7 @@ from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from conspo.training.stats import proxy_stats
 
 LoopStep = Callable[[int, Callable[[], bool]], StepRecord | None]
 
@@ -527,6 +530,7 @@ def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
         top_p=cfg.eval.top_p,
         generator=generator,
         engine=state.engine,
+        proxy=held_out_proxy(state) if cfg.proxy_rewards() else None,
     )
     for benchmark in state.benchmarks:
         metrics |= score_benchmark(
@@ -562,6 +566,40 @@ def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) 
             workdir, record.step, key, value, state.model, state.tokenizer, model_state
         )
         sink.log_event("best", {**info, "path": str(workdir / "checkpoints" / "best")})
+
+
+# The held-out proxy-vs-truth keys, by the step's keys (conspo.training.stats.proxy_stats).
+HELD_OUT_PROXY = {
+    M.PROXY_REWARD: M.EVAL_PROXY_REWARD,
+    M.PROXY_TRUTH: M.EVAL_PROXY_TRUTH,
+    M.PROXY_AGREEMENT: M.EVAL_PROXY_AGREEMENT,
+    M.PROXY_SPEARMAN: M.EVAL_PROXY_SPEARMAN,
+}
+
+
+def held_out_proxy(state: TrainState) -> HeldOutProxy:
+    """The proxy-vs-truth view of held-out answers (``RunConfig.truth``): the run's shaped
+    reward and its truth on the pass@k samples, k per problem (``proxy_stats``: a problem's
+    samples are its group), as eval/proxy_*. The verifier is not run again: its outcomes are
+    the ones the evaluation verified. A reward that fails is contained as in training."""
+    cfg = state.cfg
+    context = RewardContext(
+        state.task, cfg.sampling.max_new_tokens, models=state.reward_models
+    )  # no policy scorer: a reward reading the policy (info_gain) fails, contained
+
+    def score(
+        texts: list[str], examples: list[Example], lengths: list[int], outcomes: list[float], k: int
+    ) -> dict[str, float]:
+        known = [
+            replace(r, fn=lambda *_: outcomes, batched=True) if r.name == VERIFIER else r
+            for r in state.rewards
+        ]
+        scored = score_rollouts(known, texts, examples, lengths, replace(context, group_size=k))
+        groups = [i // k for i in range(len(texts))]
+        stats = proxy_stats(scored.shaped, scored.parts[cfg.truth], groups)
+        return {HELD_OUT_PROXY[key]: value for key, value in stats.items() if key in HELD_OUT_PROXY}
+
+    return score
 
 
 def optimiser_step(state: TrainState, loss: torch.Tensor) -> float:

@@ -71,7 +71,7 @@ def test_the_truth_must_be_one_of_the_runs_rewards() -> None:
 
 def test_a_run_trained_on_a_proxy_logs_it_against_the_truth(model_store, tmp_path) -> None:
     rewards = [{"name": "verifier", "weight": 0.5}, {"name": "format", "weight": 1}]
-    cfg = RunConfig.model_validate(base(steps=2, rewards=rewards, eval={"every": 0}))
+    cfg = RunConfig.model_validate(base(steps=2, rewards=rewards, eval={"every": 2, "pass_k": 3}))
     sink = MemorySink()
     train(cfg, sink, workdir=tmp_path / "proxy", model_store=model_store)
     trained = [r for step, r in sink.steps.items() if step > 0]  # step 0: the evaluation alone
@@ -84,6 +84,12 @@ def test_a_run_trained_on_a_proxy_logs_it_against_the_truth(model_store, tmp_pat
         assert got[M.PROXY_REWARD] == pytest.approx(shaped, abs=1e-6)
         assert got[M.PROXY_GAP] == pytest.approx(shaped - truth, abs=1e-6)
         assert M.PROXY_SPEARMAN in got and M.PROXY_AGREEMENT in got
+    # The held-out pass@k samples (3 per problem, 4 problems) at the evaluation of step 2.
+    held_out = sink.steps[2].metrics
+    truth, proxy = held_out[M.EVAL_PROXY_TRUTH], held_out[M.EVAL_PROXY_REWARD]
+    assert 0 <= truth <= 1 and (truth * 12).is_integer()
+    assert 0 <= proxy - 0.5 * truth <= 1  # the format reward's mean, 0 or 1 per sample
+    assert M.EVAL_PROXY_AGREEMENT in held_out and M.EVAL_PROXY_SPEARMAN in held_out
 
     plain = RunConfig.model_validate(base(steps=1, eval={"every": 0}))
     sink = MemorySink()
