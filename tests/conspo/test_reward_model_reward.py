@@ -10,6 +10,7 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ NAN_TEXT = "!"  # the NaN reward model's poisoned character
 
 
 @pytest.fixture(scope="module")
-def reward_models(model_store, tmp_path_factory) -> dict[str, Path]:
+def reward_models(model_store: Any, tmp_path_factory: Any) -> dict[str, Path]:
     """Reward models on the character tokenizer (tiny: no chat template) and on the BPE one with
     Qwen's chat template (tiny-chat), and one whose "!" embeds to NaN."""
     root = tmp_path_factory.mktemp("reward-models")
@@ -53,7 +54,7 @@ def reward_models(model_store, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def scorers(model_store) -> ModelScorers:
+def scorers(model_store: Any) -> ModelScorers:
     return ModelScorers(model_store.resolve, CPU, torch.float32)
 
 
@@ -77,7 +78,7 @@ def context(scorers: ModelScorers, group_size: int = 2) -> RewardContext:
     return RewardContext(ARITH, 16, group_size=group_size, models=scorers)
 
 
-def rm_reward(scorers: ModelScorers, path: Path, **params) -> list[float]:
+def rm_reward(scorers: ModelScorers, path: Path, **params: Any) -> list[float]:
     p = RewardModelParams(model=str(path), **params)
     return reward_model_reward(COMPLETIONS, EXAMPLES, [1] * 6, context(scorers), p)
 
