@@ -80,6 +80,22 @@ def _rendered_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: s
     return list(tokenizer(prompt + completion).input_ids)
 
 
+def forward_scores(model: PreTrainedModel, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The (B,) float32 scores of a score model on token rows (``conversation_ids``), padded on
+    the right: HF's sequence classification reads the rightmost token that is not
+    ``config.pad_token_id``. With gradients when the caller computes them (a reward model's
+    training reads its pairs through this too, so it scores there as the reward does here)."""
+    width = max(1, *(len(r) for r in rows))
+    ids = torch.full((len(rows), width), int(model.config.pad_token_id), dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(list(row), dtype=torch.long)
+        mask[i, : len(row)] = 1
+    device = model.device
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+    return out.logits[:, 0].float()
+
+
 class ModelScorer:
     """One score model, frozen: ``score`` turns (prompt, completion) pairs into its scalars."""
 
@@ -87,17 +103,12 @@ class ModelScorer:
         self.name = name
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
-        self.pad_id = int(model.config.pad_token_id)
         self._deadline: float | None = None  # while score() runs
         stopping.check_between_layers(model)
         for module in model.modules():
             if isinstance(module, torch.nn.ModuleList):
                 for layer in module:
                     layer.register_forward_pre_hook(self._before_layer)
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     def score(
         self,
@@ -132,18 +143,8 @@ class ModelScorer:
         return scores
 
     def _forward(self, rows: list[list[int]]) -> list[float]:
-        # Right padding: HF's sequence classification reads the rightmost non-pad token.
-        width = max(1, *(len(r) for r in rows))
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
         with torch.no_grad():
-            logits = self.model(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False
-            ).logits
-        return [float(x) for x in logits[:, 0].float().cpu()]
+            return forward_scores(self.model, rows).cpu().tolist()
 
     def _before_layer(self, _module: Any, _args: Any) -> None:
         self._check_deadline()
