@@ -17,7 +17,10 @@ reward reads a rollout (``conspo.models.scoring.conversation_ids``: the conversa
 prompt, assistant: answer] in the model's own chat template, at most ``max_tokens`` tokens), so a
 checkpoint of this kind, exported, is what the ``reward_model`` reward loads and it scores there
 as it did here. A pairs file's prompt is therefore the question as written, not this run's
-rendering of it; pairs from a run (``from_run``) hold the prompt that run's policy saw.
+rendering of it. Pairs from a run (``from_run``) hold the prompt that run's policy saw, rendered
+in its template (the stored rollouts keep no other): a reward model trained on them reads, at
+reward time, the bare question instead. A pairs file of bare questions avoids that shift
+(bench/reward_model.py builds one from a task's own sampled answers).
 
 A share of the prompts (``eval_fraction``, drawn from the seed) is held out, all their pairs
 with them; at each of the loop's evaluation points the kind scores them instead of generating
