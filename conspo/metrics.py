@@ -81,6 +81,10 @@ BATCH_REFILL_ROUNDS = "batch/refill_rounds"
 # --- job kinds other than rl (conspo/jobs/) ----------------------------------------------------
 SFT_TOKEN_ACC = "sft/token_acc"
 SFT_TOKENS = "sft/answer_tokens"
+RFT_ACCEPTED = "rft/accepted"  # rejection sampling (conspo.jobs.rejection_sampling): a round's draw
+RFT_KEPT = "rft/kept"
+RFT_PROMPTS_KEPT = "rft/prompts_kept"
+RFT_POOL = "rft/pool"
 DISTILL_REVERSE_KL = "distill/reverse_kl"
 DISTILL_TEACHER_LOGPROB = "distill/teacher_logprob"
 DISTILL_LENGTH = "distill/length"
@@ -197,7 +201,6 @@ EVERY_KIND: tuple[str, ...] = (LR, TIME_STEP_S, TIME_EVAL_S)
 # generates (RegisteredJobKind.head "causal_lm"); a reward model scores its own held-out pairs
 # instead and declares those keys.
 TASK_EVAL: tuple[str, ...] = (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PROBLEMS)
-
 
 # Keys written before the top-level ones were namespaced (migration 0003 renamed them in stored
 # worker runs); readers of older exports can map them with this.
@@ -495,10 +498,18 @@ CHARTS: tuple[Chart, ...] = (
           help="Mean return of an episode (the environment's final reward, else the sum of its"
           " turns') and mean reward of one turn."),
     Chart("sft", "SFT: answer-token accuracy", "job", "fraction of answer tokens",
-          y_range="unit", kinds=("sft",), always=True,
+          y_range="unit", kinds=("sft", "rejection_sampling"), always=True,
           help="Share of the target's tokens the model predicts first (argmax), teacher-forced."),
     Chart("sfttokens", "SFT: answer tokens per step", "job", "tokens", y_range="zero",
-          kinds=("sft",)),
+          kinds=("sft", "rejection_sampling")),
+    Chart("rftaccept", "Rejection sampling: each round's draw", "job", "fraction",
+          y_range="unit", kinds=("rejection_sampling",), always=True, markers=True,
+          help="At each round's first step: the share of the sampled answers the accept reward"
+          " passed, and the share of the round's prompts with at least one kept answer."),
+    Chart("rftkept", "Rejection sampling: answers kept", "job", "answers", y_range="zero",
+          kinds=("rejection_sampling",), markers=True,
+          help="The round's kept answers (passed, distinct, capped per prompt) and the pool the"
+          " SFT steps draw from."),
     Chart("distill", "Distillation: reverse KL to the teacher", "job", "nats / token",
           y_range="zero", kinds=("distill",), always=True,
           help="KL(π_θ ‖ π_teacher) at each response position of the student's own samples."),
@@ -814,6 +825,23 @@ METRICS: tuple[Metric, ...] = (
            "SFT: share of the target's tokens (answer + EOS; a tool trace's interpreter output"
            " excluded) that are the model's argmax under teacher forcing.", "fraction", "sft",
            logged_by="objective", better="higher"),
+    Metric(RFT_ACCEPTED, "accepted",
+           "Rejection sampling: share of the round's sampled answers whose accept reward is"
+           " above the threshold (before deduplication and the per-prompt cap); logged at the"
+           " round's first step.", "fraction", "rftaccept", logged_by="objective",
+           when="a round's first step", better="higher"),
+    Metric(RFT_PROMPTS_KEPT, "prompts with a kept answer",
+           "Rejection sampling: share of the round's prompts with at least one kept answer.",
+           "fraction", "rftaccept", logged_by="objective", when="a round's first step",
+           better="higher", color="accent2"),
+    Metric(RFT_KEPT, "kept this round",
+           "Rejection sampling: answers the round kept (passed, distinct per prompt, at most"
+           " max_per_prompt each).", "answers", "rftkept", logged_by="objective",
+           when="a round's first step"),
+    Metric(RFT_POOL, "pool",
+           "Rejection sampling: answers the step's SFT batch was drawn from (every round's so"
+           " far, or the latest round's: kind_params.pool).", "answers", "rftkept",
+           logged_by="objective", color="accent2"),
     Metric(SFT_TOKENS, "answer tokens",
            "SFT: target tokens the step's loss averaged over (prompt, padding and the"
            " interpreter's output inside tool traces excluded).",
