@@ -204,3 +204,28 @@ def test_the_score_head_starts_from_the_seed_alone(arith_base) -> None:
         return model.score.weight.detach().clone()
 
     assert torch.equal(head(1), head(1)) and not torch.equal(head(1), head(2))
+
+
+@pytest.mark.parametrize("lora_rank", [4, 0], ids=["lora", "full"])
+def test_a_resumed_run_continues_exactly(model_store, tmp_path, lora_rank) -> None:
+    """The score head is in the checkpoint (LoRA: peft's modules_to_save beside the adapters):
+    a run stopped after step 2 and resumed logs step 3 as the run that never stopped."""
+    pairs = write_jsonl(tmp_path / "prefs.jsonl", arith_pairs(24))
+
+    def config(steps: int) -> RunConfig:
+        return rm_config(
+            {"path": str(pairs), "batch_size": 4},
+            steps=steps,
+            model={"name": "tiny", "lora": {"rank": lora_rank}},
+            optim={"lr": 1e-3},
+            checkpoint={"every": 1},
+        )
+
+    whole = MemorySink()
+    train_job(config(3), whole, workdir=tmp_path / "whole", model_store=model_store)
+    train_job(config(2), MemorySink(), workdir=tmp_path / "resumed", model_store=model_store)
+    resumed = MemorySink()
+    train_job(config(3), resumed, workdir=tmp_path / "resumed", model_store=model_store)
+    assert resumed.steps.keys() == {3}
+    for key in ("optim/loss", "rm/margin", "eval/rm_margin"):
+        assert resumed.steps[3].metrics[key] == pytest.approx(whole.steps[3].metrics[key], abs=1e-6)
