@@ -22,7 +22,7 @@ from typing import Any
 
 from conspo.access import ModelSource
 from conspo.config import RunConfig
-from conspo.models.catalog import builtin_hf_config
+from conspo.models.catalog import BUILTIN_MODELS, builtin_hf_config
 from conspo.templates import render
 from conspo.tools.base import tool_columns
 
@@ -168,9 +168,10 @@ def estimate_memory(
     built (a ``conspo.tasks.Task``, prompts not yet rendered), from which an sft step's rows are
     measured (``supervised_row_tokens``); else ``question_chars``, the longest question a check
     of the task drew (the API's task check), when known."""
-    planned = planned_micro_batch_tokens(cfg, dims, dtype_bytes, limit)
+    prompt = prompt_tokens(cfg, task, question_chars)
+    planned = planned_micro_batch_tokens(cfg, dims, dtype_bytes, limit, prompt)
     rows = supervised_row_tokens(cfg, task, question_chars)
-    return _estimate(cfg, dims, dtype_bytes, planned, rows)
+    return _estimate(cfg, dims, dtype_bytes, planned, rows, prompt)
 
 
 # The gradient pass the automatic memory budget (optim.memory_budget 0) allows whatever sampling
@@ -183,7 +184,7 @@ GIB = 2**30
 
 
 def planned_micro_batch_tokens(
-    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, limit: int | None = None
+    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, limit: int | None = None, prompt: int = 0
 ) -> int:
     """optim.micro_batch_tokens as a step of ``cfg`` runs it: the configured value when set;
     otherwise 0 (one gradient pass over the mini-batch) when that keeps the update within its
@@ -202,7 +203,7 @@ def planned_micro_batch_tokens(
         return 0  # its step is one forward over its rows, never split
     if optim.micro_batch_tokens:
         return optim.micro_batch_tokens
-    whole = _estimate(cfg, dims, dtype_bytes, 0)
+    whole = _estimate(cfg, dims, dtype_bytes, 0, prompt=prompt)
     held = whole.process + whole.state
     if optim.memory_budget:
         allowed = int(optim.memory_budget * GIB) - held
@@ -227,7 +228,12 @@ def planned_micro_batch_tokens(
 
 
 def _estimate(
-    cfg: RunConfig, dims: ModelDims, dtype_bytes: int, budget: int, row_tokens: int = 0
+    cfg: RunConfig,
+    dims: ModelDims,
+    dtype_bytes: int,
+    budget: int,
+    row_tokens: int = 0,
+    prompt: int = 0,
 ) -> MemoryEstimate:
     """Peak memory of a training step of ``cfg`` with micro-batches of ``budget`` tokens (0:
     one gradient pass), in bytes.
@@ -235,7 +241,8 @@ def _estimate(
     b = ``dtype_bytes``, the compute dtype's (4 for float32, 2 for bfloat16 / float16); w, the
     weights' bytes: 4 under mixed precision (model.mixed_precision, always for float16), else b.
     P = ``dims.params``; A = the LoRA adapters' parameters (model.lora: r × (in + out) per adapted
-    matrix); N = prompts_per_step × group_size rollouts, T = max_new_tokens, M =
+    matrix); N = prompts_per_step × group_size rollouts, T = max_new_tokens, P = ``prompt``,
+    the longest prompt's tokens (``prompt_tokens``), M =
     optim.mini_batches, B = ⌈N/M⌉; L, H, I, K, V as in ``ModelDims``. The training forward's
     tokens: B·T, or with micro-batches of m = ``budget`` > 0 tokens a micro-batch's, min(B·T,
     max(m, T));
@@ -248,9 +255,10 @@ def _estimate(
       processes (conspo.distributed.collectives), the gathered weights every forward uses (P·w) and
       each process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
       (P·w) when β > 0: it is not sharded;
-    * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·T·b (one layer's cache is copied while
-      it grows; ``conspo.generation.decode``'s preallocated one is 2·L·N·K·T·b; rollouts that
-      call tools hold ``conspo.tools.base.tool_columns(T)`` columns),
+    * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·(P+T)·b (one layer's cache is copied
+      while it grows; ``conspo.generation.decode``'s preallocated one holds the prompt's P
+      columns and T response columns, 2·L·N·K·(P+T)·b; rollouts that call tools hold
+      ``conspo.tools.base.tool_columns(T)`` response columns),
       ``conspo.generation.decode``'s copy of the weights in the compute dtype (P·b), a step's logits
       and softmax N·V·(b+12), and the sampler's int64 attention mask, token ids and end-of-sequence
       masks (48·N·T);
@@ -272,8 +280,8 @@ def _estimate(
 
     Counted apart (``MemoryEstimate.process``): the process itself, ``PROCESS_BYTES``.
 
-    Not counted: prompt tokens (T counts the response only; RLVR prompts are short next to it),
-    allocator slack, and attention score matrices (SDPA kernels do not keep them; a CPU's short
+    Not counted: prompt tokens in the update (T counts the response only there), allocator
+    slack, and attention score matrices (SDPA kernels do not keep them; a CPU's short
     training forwards run eager attention, which keeps up to
     ``conspo.training.logprobs.EAGER_ATTENTION_BYTES``). So it is near the real peak of a step
     whose answers all run to ``max_new_tokens``: a config refused by it does not fit. A step of
@@ -289,7 +297,7 @@ def _estimate(
     if supervised is not None:
         rows, reference = supervised
         tokens = rows * (row_tokens or cfg.sampling.max_new_tokens)
-        return _supervised_estimate(cfg, dims, b, w, mixed, tokens, reference)
+        return _supervised_estimate(cfg, dims, b, w, mixed, tokens, reference, prompt)
     params = cfg.objective_params()
     beta = float(getattr(params, "beta", 0.0))
     kl_in_reward = float(getattr(params, "kl_in_reward", 0.0))
@@ -311,7 +319,7 @@ def _estimate(
         state = dims.params * w * (5 if reference else 4)
     # Rollouts that call tools hold more columns while they sample: room for the ones a row
     # leaves empty while its call runs (conspo.generation.tool_rollout).
-    columns = tool_columns(t) if cfg.tools.names else t
+    columns = prompt + (tool_columns(t) if cfg.tools.names else t)
     evaluation = _sampling(dims, cfg.task.eval_size * cfg.eval.pass_k, columns, b)
     batch = 16 * n * t * (2 if refill else 1)
     freeze_old = 0
@@ -353,6 +361,40 @@ def supervised_rows(cfg: RunConfig) -> tuple[int, bool] | None:
 SUPERVISED_KINDS = ("sft", "dpo")
 
 
+def prompt_tokens(cfg: RunConfig, task: Any = None, question_chars: int | None = None) -> int:
+    """Tokens of the longest prompt a run of ``cfg`` renders: the chat template's frame, its
+    prompt template and the question. Sampling and evaluation hold a key and value for each of
+    them beside every answer's (``conspo.generation.decode``'s buffers are prompt + response
+    columns wide): issue 49's walk, SmolLM2 with its chat template on gcd, had 80-token prompts
+    beside 128-token answers, and an evaluation estimated without them peaked 1.5x above it.
+
+    With ``task`` (built: the worker) the longest of ``ROWS_MEASURED`` training problems drawn
+    as the probe draws them is measured, in characters turned to tokens (``CHARS_PER_TOKEN``;
+    no tokenizer is loaded before the estimate); without (the API) the longest question its
+    task check drew (``question_chars``) or, not checked, one of ``DEFAULT_QUESTION_TOKENS``."""
+    frame = chat_frame_tokens(cfg)
+    if task is None:
+        if question_chars is None:
+            return frame + DEFAULT_QUESTION_TOKENS
+        template = len(render(cfg.prompt.text(), {"question": ""}))
+        return frame + math.ceil((template + question_chars) / CHARS_PER_TOKEN)
+    drawn = task.train_prompts(random.Random(0), ROWS_MEASURED)
+    longest = max((len(render(cfg.prompt.text(), {"question": ex.prompt})) for ex in drawn),
+                  default=0)  # fmt: skip
+    return frame + math.ceil(longest / CHARS_PER_TOKEN)
+
+
+def chat_frame_tokens(cfg: RunConfig) -> int:
+    """The chat template's frame around a prompt (its system message and role markers): none
+    with prompt.chat_template off, or auto on a built-in tiny model (a character tokenizer
+    without a chat template); else ``CHAT_FRAME_TOKENS`` and the system message's tokens."""
+    chat = cfg.prompt.chat_template
+    builtin = BUILTIN_MODELS.get(cfg.model.name)
+    if chat == "off" or (chat == "auto" and builtin is not None and builtin.family == "tiny"):
+        return 0
+    return CHAT_FRAME_TOKENS + (len(cfg.prompt.system or "") + 1) // CHARS_PER_TOKEN
+
+
 def supervised_row_tokens(
     cfg: RunConfig, task: Any = None, question_chars: int | None = None
 ) -> int:
@@ -364,9 +406,8 @@ def supervised_row_tokens(
     prompt template, the chat template's frame) and the target (kind_params.target holding the
     reference answer), then EOS. With ``task`` (built: the worker) the longest of
     ``ROWS_MEASURED`` training problems drawn as the probe draws them is measured, in characters
-    turned to tokens (``CHARS_PER_TOKEN``; no tokenizer is loaded before the estimate);
-    without (the API) the longest question its task check drew (``question_chars``) or, not
-    checked, one of ``DEFAULT_QUESTION_TOKENS``, and an answer of ``DEFAULT_ANSWER_TOKENS``.
+    turned to tokens (``CHARS_PER_TOKEN``); without (the API) the prompt as ``prompt_tokens``
+    takes it and an answer of ``DEFAULT_ANSWER_TOKENS``.
     Never sampling.max_new_tokens: it bounds what evaluation writes, not these rows (issue 49:
     a default of 16 sized a 76-token row)."""
     if cfg.kind != "sft":
@@ -375,14 +416,10 @@ def supervised_row_tokens(
     if getattr(params, "path", None) is not None or getattr(params, "tool", None) is not None:
         return 0
     target = str(getattr(params, "target", "{answer}"))
-    frame = CHAT_FRAME_TOKENS + (len(cfg.prompt.system or "") + 1) // CHARS_PER_TOKEN
     if task is None:
         wrapper = math.ceil(len(target.replace("{answer}", "")) / CHARS_PER_TOKEN)
-        question = DEFAULT_QUESTION_TOKENS
-        if question_chars is not None:
-            template = len(render(cfg.prompt.text(), {"question": ""}))
-            question = math.ceil((template + question_chars) / CHARS_PER_TOKEN)
-        return frame + question + wrapper + DEFAULT_ANSWER_TOKENS + 1
+        return prompt_tokens(cfg, None, question_chars) + wrapper + DEFAULT_ANSWER_TOKENS + 1
+    frame = CHAT_FRAME_TOKENS + (len(cfg.prompt.system or "") + 1) // CHARS_PER_TOKEN
     drawn = task.train_prompts(random.Random(0), ROWS_MEASURED)
     longest = max(
         (
@@ -396,7 +433,14 @@ def supervised_row_tokens(
 
 
 def _supervised_estimate(
-    cfg: RunConfig, dims: ModelDims, b: int, w: int, mixed: bool, tokens: int, reference: bool
+    cfg: RunConfig,
+    dims: ModelDims,
+    b: int,
+    w: int,
+    mixed: bool,
+    tokens: int,
+    reference: bool,
+    prompt: int = 0,
 ) -> MemoryEstimate:
     """Peak memory of a step of a kind that trains on given rows (``supervised_rows``), in
     bytes: ``tokens`` = R rows × T tokens each, T the longest row (``supervised_row_tokens``, or
@@ -420,7 +464,7 @@ def _supervised_estimate(
         )
     else:
         state = dims.params * w * (5 if reference else 4)
-    columns = (
+    columns = prompt + (
         tool_columns(cfg.sampling.max_new_tokens)
         if cfg.tools.names
         else cfg.sampling.max_new_tokens

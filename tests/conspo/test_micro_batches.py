@@ -10,6 +10,7 @@ from conspo.access import ModelSources
 from conspo.config import RunConfig
 from conspo.generation.batch import RolloutBatch
 from conspo.models.resources import estimate_memory, source_dims
+from conspo.tasks import make_task
 from conspo.training import microbatch
 from conspo.training import update as update_module
 from conspo.training.loop import setup
@@ -80,7 +81,8 @@ def test_a_memory_budget_splits_the_pass_as_planned_and_keeps_the_gradient(model
     whole, rollouts = step_gradients(cfg, model_store)
     dims = source_dims(ModelSources().locate("tiny-arith"))
     assert dims is not None
-    unsplit = estimate_memory(cfg, dims, 4)
+    # as the trainer plans it: sampling's columns include the built task's prompts
+    unsplit = estimate_memory(cfg, dims, 4, task=make_task(cfg.task))
     assert unsplit.micro_batch_tokens == 0  # this small step needs no split by itself
     transients = max(unsplit.sampling, unsplit.evaluation)
     assert unsplit.update > transients
