@@ -528,6 +528,15 @@ class EvalConfig(_Section):
         " problems ({name, path, k, limit}) or HumanEval ({name, source: humaneval, k, limit}),"
         " whose answers run in the sandbox.",
     )
+    best_of: str | None = Field(
+        None,
+        max_length=100,
+        title="Best-of-N by",
+        description="Best-of-N: of the eval.pass_k samples of each held-out problem, the one"
+        " this reward (one of rewards: a reward model, a judge) scores highest is picked, and"
+        " eval/best_of_n is the share of picks verified correct, beside eval/pass@k (any of"
+        " the N) and eval/sample_accuracy (one sample: pass@1). None: not measured.",
+    )
     best_metric: Annotated[Label, Field(min_length=1, max_length=200)] | None = Field(
         None,
         description="A metric (e.g. eval/math500/avg@16 or eval/accuracy): the checkpoint of the"
@@ -867,6 +876,13 @@ def _resolved_rewards(cfg: RunConfig, data: Any) -> RunConfig:
     if cfg.truth not in known:
         message = f"truth {cfg.truth!r} is not one of the run's rewards ({', '.join(known)})"
         details.append(_error(("truth",), message, cfg.truth))
+    best_of = cfg.eval.best_of
+    if best_of is not None and best_of not in known:
+        message = f"best_of {best_of!r} is not one of the run's rewards ({', '.join(known)})"
+        details.append(_error(("eval", "best_of"), message, best_of))
+    elif best_of is not None and cfg.eval.pass_k < 2:
+        message = "best-of-N picks among eval.pass_k samples per problem: it needs pass_k ≥ 2"
+        details.append(_error(("eval", "best_of"), message, best_of))
     if details:
         raise ValidationError.from_exception_data("RunConfig", details)
     if "verifier" not in names:

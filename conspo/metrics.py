@@ -69,6 +69,7 @@ GRPO_CLIP_GAP = "grpo/clip_gap"
 
 # --- batch composition ----------------------------------------------------------------------
 BATCH_PASS_RATE = "batch/pass_rate"
+BATCH_REWARD_LOST = "batch/reward_lost"
 BATCH_VALID_GROUPS = "batch/valid_groups"
 BATCH_ALL_POS_GROUPS = "batch/all_pos_groups"
 BATCH_ALL_NEG_GROUPS = "batch/all_neg_groups"
@@ -126,6 +127,8 @@ EVAL_PROXY_REWARD = "eval/proxy_reward"  # the same on the held-out pass@k sampl
 EVAL_PROXY_TRUTH = "eval/proxy_truth"
 EVAL_PROXY_AGREEMENT = "eval/proxy_agreement"
 EVAL_PROXY_SPEARMAN = "eval/proxy_spearman"
+EVAL_BEST_OF_N = "eval/best_of_n"  # eval.best_of: the pick of a reward among pass_k samples
+EVAL_SAMPLE_ACCURACY = "eval/sample_accuracy"
 ENV_TURNS = "env/turns"
 ENV_TURNS_POS = "env/turns_pos"
 ENV_TURNS_NEG = "env/turns_neg"
@@ -470,6 +473,11 @@ CHARTS: tuple[Chart, ...] = (
           y_range="zero",
           help="Model turns (calls + 1) and the interpreter's tokens in each rollout: context"
           " the model reads, which no loss or score counts."),
+    Chart("bestofn", "Best-of-N: a reward's pick among eval.pass_k samples", "eval",
+          "fraction of problems", y_range="unit", markers=True, kinds=(),
+          help="eval.best_of: the share of held-out problems whose sample the reward scores"
+          " highest is verified correct, against one sample (pass@1 at eval.temperature);"
+          " pass@k, any of the N, is its ceiling (the pass@k panel)."),
     Chart("proxytruth", "What the run trains on vs the truth", "proxy", "mean reward",
           zero_line=True,
           help="Mean over the step's rollouts of the shaped reward the objective trains on (the"
@@ -591,6 +599,11 @@ METRICS: tuple[Metric, ...] = (
     Metric(BATCH_PASS_RATE, "pass rate",
            "Fraction of all rollouts of the step that were verified correct.",
            "fraction", "reward", better="higher", color="pos"),
+    Metric(BATCH_REWARD_LOST, "lost a reward",
+           "Fraction of the step's rollouts on which a reward failed (it raised, hung past its"
+           " timeout, or gave no finite number): each such reward scored 0 there, the first"
+           " reason in the run's log. 0 when every reward scored every rollout.",
+           "fraction", "reward", better="lower", color="neg", dash=True),
     Metric(BATCH_ALL_POS_GROUPS, "all correct",
            "Groups whose rollouts were all correct (no contrast).", "groups", "groups",
            color="pos"),
@@ -772,6 +785,15 @@ METRICS: tuple[Metric, ...] = (
            "Spearman's rank correlation of the proxy and the truth over the step's rollouts"
            " (ties at their mean rank). NaN: either is constant.", "ρ", "proxyrank",
            when="a reward besides the truth has a weight", better="higher", color="accent2"),
+    Metric(EVAL_BEST_OF_N, "best-of-N",
+           "Share of held-out problems whose eval.pass_k samples' pick by the eval.best_of"
+           " reward (its highest-scored) is verified correct.", "fraction", "bestofn",
+           when="eval.best_of is set, at every evaluation", better="higher", color="pos"),
+    Metric(EVAL_SAMPLE_ACCURACY, "one sample (pass@1)",
+           "Share of the held-out pass@k samples verified correct: the expected accuracy of"
+           " one sample at eval.temperature, what best-of-N improves on.", "fraction",
+           "bestofn", when="eval.best_of is set, at every evaluation", better="higher",
+           color="reference", dash=True),
     Metric(EVAL_PROXY_REWARD, "proxy (held-out)",
            "Mean shaped reward of the held-out pass@k samples (eval.pass_k per problem, at"
            " eval.temperature).", "reward", "proxytruth", when="a reward besides the truth has"

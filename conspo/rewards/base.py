@@ -156,6 +156,8 @@ class RewardScores:
     # reward → why it failed, its first failure of the batch: an exception's type and message,
     # or what it returned instead of a number
     reasons: dict[str, str] = field(default_factory=dict)
+    # per rollout: whether any of its rewards failed (it lost that reward: scored 0)
+    lost: list[bool] = field(default_factory=list)
 
 
 def score_rollouts(
@@ -172,10 +174,13 @@ def score_rollouts(
     parts: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
     reasons: dict[str, str] = {}
+    lost = [False] * len(completions)
     prefetch(context.task, completions, examples)
     for reward in rewards:
         score = _score_batch if reward.batched else _score_each
-        parts[reward.name], failures = score(reward, completions, examples, lengths, context)
+        parts[reward.name], each = score(reward, completions, examples, lengths, context)
+        lost = [was or why is not None for was, why in zip(lost, each, strict=True)]
+        failures = [why for why in each if why is not None]
         if failures:
             failed[reward.name], reasons[reward.name] = len(failures), failures[0]
             log.warning(
@@ -184,12 +189,17 @@ def score_rollouts(
             )  # fmt: skip
     shaped = [sum(r.weight * parts[r.name][i] for r in rewards) for i in range(len(completions))]
     return RewardScores(
-        outcome=parts[VERIFIER], parts=parts, shaped=shaped, failed=failed, reasons=reasons
+        outcome=parts[VERIFIER],
+        parts=parts,
+        shaped=shaped,
+        failed=failed,
+        reasons=reasons,
+        lost=lost,
     )
 
 
-# A reward's scores, and the reason of each rollout it failed on.
-Scored = tuple[list[float], list[str]]
+# A reward's scores, and per rollout why it failed (None: it did not).
+Scored = tuple[list[float], list[str | None]]
 
 
 def _score_each(
@@ -201,11 +211,12 @@ def _score_each(
 ) -> Scored:
     """One call per rollout: a rollout whose call raises or returns no number fails alone."""
     values: list[float] = []
-    failures: list[str] = []
+    failures: list[str | None] = []
     for text, example, n in zip(completions, examples, lengths, strict=True):
         try:
             returned = reward.fn(text, example, replace(context, length=n), reward.params)
             values.append(_as_score(returned))
+            failures.append(None)
         except Exception as exc:
             if _ends_the_step(exc):
                 raise
@@ -233,10 +244,11 @@ def _score_batch(
             raise
         return [0.0] * n, [_reason(exc)] * n
     values: list[float] = []
-    failures: list[str] = []
+    failures: list[str | None] = []
     for value in each:
         try:
             values.append(_as_score(value))
+            failures.append(None)
         except Exception as exc:  # its own __float__ may raise anything
             if _ends_the_step(exc):
                 raise

@@ -85,7 +85,7 @@ from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from conspo.training.stats import proxy_stats
+from conspo.training.stats import best_of_n, proxy_stats
 
 LoopStep = Callable[[int, Callable[[], bool]], StepRecord | None]
 
@@ -530,7 +530,7 @@ def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
         top_p=cfg.eval.top_p,
         generator=generator,
         engine=state.engine,
-        proxy=held_out_proxy(state) if cfg.proxy_rewards() else None,
+        proxy=held_out_proxy(state) if cfg.proxy_rewards() or cfg.eval.best_of else None,
     )
     for benchmark in state.benchmarks:
         metrics |= score_benchmark(
@@ -578,10 +578,11 @@ HELD_OUT_PROXY = {
 
 
 def held_out_proxy(state: TrainState) -> HeldOutProxy:
-    """The proxy-vs-truth view of held-out answers (``RunConfig.truth``): the run's shaped
-    reward and its truth on the pass@k samples, k per problem (``proxy_stats``: a problem's
-    samples are its group), as eval/proxy_*. The verifier is not run again: its outcomes are
-    the ones the evaluation verified. A reward that fails is contained as in training."""
+    """The held-out pass@k samples (k per problem) scored with the run's rewards: the
+    proxy-vs-truth view (``RunConfig.truth``; ``proxy_stats``, a problem's samples its group)
+    as eval/proxy_*, and best-of-N by eval.best_of (``best_of_n``). The verifier is not run
+    again: its outcomes are the ones the evaluation verified. A reward that fails is contained
+    as in training."""
     cfg = state.cfg
     context = RewardContext(
         state.task, cfg.sampling.max_new_tokens, models=state.reward_models
@@ -595,9 +596,14 @@ def held_out_proxy(state: TrainState) -> HeldOutProxy:
             for r in state.rewards
         ]
         scored = score_rollouts(known, texts, examples, lengths, replace(context, group_size=k))
-        groups = [i // k for i in range(len(texts))]
-        stats = proxy_stats(scored.shaped, scored.parts[cfg.truth], groups)
-        return {HELD_OUT_PROXY[key]: value for key, value in stats.items() if key in HELD_OUT_PROXY}
+        out: dict[str, float] = {}
+        if cfg.proxy_rewards():
+            groups = [i // k for i in range(len(texts))]
+            stats = proxy_stats(scored.shaped, scored.parts[cfg.truth], groups)
+            out |= {HELD_OUT_PROXY[key]: v for key, v in stats.items() if key in HELD_OUT_PROXY}
+        if cfg.eval.best_of is not None:
+            out |= best_of_n(scored.parts[cfg.eval.best_of], outcomes, k)
+        return out
 
     return score
 

@@ -56,6 +56,8 @@ class Rollouts:
     # (N, T') the turn-level advantage of each token, on the CPU (``conspo.credit``); None:
     # outcome credit.
     turn_advantages: torch.Tensor | None = None
+    # (N,) bool on the CPU: a reward failed on the rollout (it lost that reward, scored 0)
+    reward_lost: torch.Tensor | None = None
 
     @cached_property
     def reward_std(self) -> float:
@@ -158,6 +160,7 @@ def sample_round(
         whole.generated,
         reward_parts=parts,
         turn_advantages=_rows_of(whole.turn_advantages, rows),
+        reward_lost=_rows_of(whole.reward_lost, rows),
     )
 
 
@@ -171,6 +174,7 @@ def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
         r.generated,
         reward_parts=r.reward_parts,
         turn_advantages=r.turn_advantages,
+        reward_lost=r.reward_lost,
     )
 
 
@@ -246,6 +250,7 @@ def sample_groups(
         generated=len(expanded),
         reward_parts=parts,
         turn_advantages=credit,
+        reward_lost=torch.tensor(scored.lost, dtype=torch.bool),
     )
 
 
@@ -308,6 +313,7 @@ def keep_groups(r: Rollouts, keep: torch.Tensor, g: int) -> Rollouts:
         r.generated,
         reward_parts=parts,
         turn_advantages=_rows_of(r.turn_advantages, rows),
+        reward_lost=_rows_of(r.reward_lost, rows),
     )
 
 
@@ -343,6 +349,7 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
     correct = torch.cat([x.correct for x in parts])
     group_ids = torch.arange(len(rewards) // g).repeat_interleave(g)
     reward_parts = {k: torch.cat([x.reward_parts[k] for x in parts]) for k in parts[0].reward_parts}
+    losses = [x.reward_lost for x in parts if x.reward_lost is not None]
     return Rollouts(
         batch,
         rewards,
@@ -351,6 +358,7 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         sum(x.generated for x in parts),
         reward_parts=reward_parts,
         turn_advantages=credit,
+        reward_lost=torch.cat(losses) if len(losses) == len(parts) else None,
     )
 
 

@@ -20,7 +20,12 @@ import torch
 from conspo import metrics
 from conspo.environments.base import Episode
 from conspo.generation.batch import CallRecord
-from conspo.objectives.base import dense_group_index, positive_mask, token_ratio
+from conspo.objectives.base import (
+    POSITIVE_THRESHOLD,
+    dense_group_index,
+    positive_mask,
+    token_ratio,
+)
 
 
 def _padded(values: torch.Tensor, idx: torch.Tensor, n_groups: int, size: int) -> torch.Tensor:
@@ -288,3 +293,17 @@ def mean_ranks(values: Sequence[float]) -> list[float]:
             ranks[order[k]] = (start + end) / 2 + 1
         start = end + 1
     return ranks
+
+
+def best_of_n(scores: Sequence[float], outcomes: Sequence[float], n: int) -> dict[str, float]:
+    """Best-of-N on held-out samples, ``n`` consecutive per problem: the sample ``scores`` rank
+    highest (the first of a tie) is the problem's pick; eval/best_of_n is the share of picks
+    verified correct, eval/sample_accuracy the share of all samples (pass@1 at the sampling
+    temperature). A reward that ranks right lifts the first above the second."""
+    problems = range(0, len(scores), n)
+    picks = [max(range(i, i + n), key=lambda j: (scores[j], -j)) for i in problems]
+    positive = [o > POSITIVE_THRESHOLD for o in outcomes]
+    return {
+        metrics.EVAL_BEST_OF_N: sum(positive[j] for j in picks) / len(picks),
+        metrics.EVAL_SAMPLE_ACCURACY: sum(positive) / len(positive),
+    }

@@ -101,6 +101,8 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         M.BATCH_REFILL_ROUNDS: float(rollouts.refill_rounds),
         **{M.reward_key(k): float(v.mean()) for k, v in rollouts.reward_parts.items()},
     }
+    if rollouts.reward_lost is not None:
+        floats[M.BATCH_REWARD_LOST] = float(rollouts.reward_lost.float().mean())
     if rollouts.batch.tool_calls is not None:
         floats[M.TIME_TOOLS_S] = rollouts.batch.tool_seconds
         floats.update(tool_stats(rollouts.batch.tool_calls, rollouts.correct.tolist()))

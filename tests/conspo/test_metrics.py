@@ -35,6 +35,7 @@ def test_keys_charts_and_sections_hold_together() -> None:
 
 
 def _logged_keys(algorithm: str, params: dict, model_store, tmp_path, **extra: object) -> set[str]:
+    evaluation = {"every": 0, "pass_k": 2, **extra.pop("eval", {})}  # type: ignore[dict-item]
     cfg = RunConfig.model_validate({
         "algorithm": algorithm,
         "params": params,
@@ -45,7 +46,7 @@ def _logged_keys(algorithm: str, params: dict, model_store, tmp_path, **extra: o
         # Longer than DAPO's default overlong buffer (8), which must leave some length unpenalised.
         "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 10},
         "optim": {"mini_batches": 2},
-        "eval": {"every": 0, "pass_k": 2},
+        "eval": evaluation,
         "checkpoint": {"every": 0},
     })  # fmt: skip
     sink = MemorySink()
@@ -89,9 +90,12 @@ def test_keys_every_run_logs_are_logged_by_every_objective(logged) -> None:
 def test_every_catalogue_key_is_logged_by_some_run(
     logged, job_kind_runs, model_store, tmp_path
 ) -> None:
-    # The KL to a reference model is logged only when one is loaded (beta > 0), and the KL in
-    # the reward only by runs that put it there (kl_in_reward > 0).
-    with_reference = _logged_keys("grpo", {"beta": 0.1, "kl_in_reward": 0.1}, model_store, tmp_path)
+    # The KL to a reference model is logged only when one is loaded (beta > 0), the KL in the
+    # reward only by runs that put it there (kl_in_reward > 0), best-of-N only where asked.
+    with_reference = _logged_keys(
+        "grpo", {"beta": 0.1, "kl_in_reward": 0.1}, model_store, tmp_path,
+        eval={"best_of": "verifier"},
+    )  # fmt: skip
     # Tool use is logged by runs with tools (the calculator: no sandbox, nothing to install).
     with_tools = _logged_keys("grpo", {}, model_store, tmp_path / "tools", tools=["calculator"])
     # Episodes are logged by runs that play an environment.

@@ -14,7 +14,7 @@ from scipy import stats as scipy_stats
 from conspo import metrics as M
 from conspo.config import RunConfig
 from conspo.sink import MemorySink
-from conspo.training.stats import proxy_stats, spearman
+from conspo.training.stats import best_of_n, proxy_stats, spearman
 from conspo.training.trainer import train
 
 
@@ -95,3 +95,37 @@ def test_a_run_trained_on_a_proxy_logs_it_against_the_truth(model_store, tmp_pat
     sink = MemorySink()
     train(plain, sink, workdir=tmp_path / "plain", model_store=model_store)
     assert not any(k.startswith("proxy/") for r in sink.steps.values() for k in r.metrics)
+
+
+def test_best_of_n_picks_each_problems_top_scored_sample() -> None:
+    # problem 0: the top score (0.9) is a right answer; problem 1: the top (two tied at 0.7,
+    # the first wins) is wrong, though a right one is there
+    scores = [0.1, 0.9, 0.3, 0.7, 0.7, 0.2]
+    outcomes = [0.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    got = best_of_n(scores, outcomes, 3)
+    assert got == {M.EVAL_BEST_OF_N: 0.5, M.EVAL_SAMPLE_ACCURACY: 0.5}
+
+
+def test_best_of_names_a_scored_reward_and_needs_several_samples() -> None:
+    cases = [
+        (base(eval={"best_of": "judge"}), "not one of the run's rewards"),
+        (base(eval={"best_of": "verifier", "pass_k": 1}), "pass_k ≥ 2"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValidationError) as caught:
+            RunConfig.model_validate(bad)
+        (error,) = caught.value.errors()
+        assert error["loc"] == ("eval", "best_of") and message in error["msg"]
+
+
+def test_best_of_n_by_the_verifier_itself_is_pass_at_k(model_store, tmp_path) -> None:
+    """The verifier as the picker finds a right sample wherever one exists: best-of-N is then
+    exactly pass@k of the same samples, and at least one sample's accuracy."""
+    evaluation = {"every": 1, "pass_k": 4, "best_of": "verifier"}
+    cfg = RunConfig.model_validate(base(steps=1, eval=evaluation))
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    for got in (record.metrics for record in sink.steps.values()):
+        assert got[M.EVAL_BEST_OF_N] == pytest.approx(got[M.EVAL_PASS_AT_K])
+        assert got[M.EVAL_SAMPLE_ACCURACY] <= got[M.EVAL_BEST_OF_N]
+        assert not any(k.startswith("proxy/") for k in got)  # no proxy: it trains on the truth

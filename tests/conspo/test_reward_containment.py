@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from conspo.config import RewardConfig
+from conspo import metrics as M
+from conspo.config import RewardConfig, RunConfig
 from conspo.registry import REWARDS, register_reward
 from conspo.rewards import RewardContext, RewardScores, build_rewards, score_rollouts
 from conspo.rewards.base import RewardParams
+from conspo.sink import MemorySink
 from conspo.stopping import Abandoned
 from conspo.tasks.arith import ArithParams, ArithTask
 from conspo.tasks.base import Example
+from conspo.training.loop import setup
+from conspo.training.rollouts import sample_groups
+from conspo.training.trainer import train
 
 ARITH = ArithTask(ArithParams(num_operands=3, operators="+-*"))
 EXAMPLE = Example("3*4+7=", "19", {"value": 19, "steps": [12, 19]})
@@ -57,6 +63,7 @@ def assert_only_the_bad_rollout_failed(scores: RewardScores, reason: str) -> Non
     assert scores.parts[NAME] == [GOOD, 0.0, GOOD, GOOD]
     assert scores.outcome == scores.parts["verifier"] == OUTCOME
     assert scores.failed == {NAME: 1}
+    assert scores.lost == [False, True, False, False]  # the rollout that lost a reward
     assert reason in scores.reasons[NAME]
     weighted = zip(OUTCOME, scores.parts[NAME], strict=True)
     assert scores.shaped == [o + WEIGHT * p for o, p in weighted]
@@ -237,3 +244,35 @@ def test_a_cancel_or_the_device_out_of_memory_inside_a_reward_ends_the_step(
     register(reward, batched=is_batched)
     with pytest.raises(type(error)):
         score(NAME)
+
+
+def test_a_step_says_what_share_of_its_rollouts_lost_a_reward(
+    register: Register, model_store: Any, tmp_path: Any
+) -> None:
+    """The run, not only its log, says how many rollouts lost a reward (issue 51): a reward
+    that fails on the answers that are no number (the tiny model's answers are mostly numbers,
+    but the reward says no to those with a 7 in them too) shows in batch/reward_lost as
+    exactly the share of the step's rollouts it failed on."""
+
+    def picky(completion: str, example: Example, context: RewardContext, params: Any) -> float:
+        if "7" in completion:
+            raise ValueError("no sevens")
+        return 0.0
+
+    register(picky)
+    cfg = RunConfig.model_validate({
+        "steps": 1, "model": {"name": "tiny-arith"}, "eval": {"every": 0},
+        "task": {"name": "arith", "params": {"digits": 1, "num_operands": 2}, "eval_size": 2},
+        "sampling": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 4},
+        "rewards": [{"name": NAME, "weight": WEIGHT}],
+    })  # fmt: skip
+    state = setup(cfg, model_store)
+    drawn = sample_groups(state, state.task.train_prompts(random.Random(1), 8), 5)
+    texts = state.tokenizer.batch_decode(drawn.batch.response_ids, skip_special_tokens=True)
+    expected = [("7" in t) for t in texts]
+    assert drawn.reward_lost is not None and drawn.reward_lost.tolist() == expected
+
+    sink = MemorySink()
+    train(cfg, sink, workdir=tmp_path, model_store=model_store)
+    lost = sink.steps[1].metrics[M.BATCH_REWARD_LOST]
+    assert 0 <= lost <= 1 and (lost * 32).is_integer()
