@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from backend.config import Settings
 from tests.api.conftest import Api
 from tests.support import embedded_env, run_async, start_api, stop
+
+pytestmark = pytest.mark.slow  # a real server per test, thousands of streams
 
 PORTS = range(18500, 18600)
 # More than the pool holds, and more than SQLite's default pool (5 + 10) too.

@@ -26,6 +26,8 @@ import pytest
 from backend.migrate import migrate
 from tests.api.conftest import ROOT, live_server, make_settings, make_tokens
 
+pytestmark = pytest.mark.slow  # minutes of fuzzing per database
+
 PORTS = range(18150, 18200)
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = os.environ.get("CONSPO_FUZZ_EXAMPLES", "10")  # CI time: set 100+ for a deeper run

@@ -26,6 +26,8 @@ from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
 
+pytestmark = pytest.mark.slow  # SmolLM2 plays whole episodes
+
 MAX_TURNS = 4
 BUDGET = 160
 

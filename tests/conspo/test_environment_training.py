@@ -61,6 +61,7 @@ def test_a_textarena_game_and_a_trl_class_train_a_step(
     assert M.ENV_SUCCESS in m and M.TIME_ENV_S in m
 
 
+@pytest.mark.slow
 def test_smollm2_plays_guess_number_and_its_turns_reach_the_update(
     model_store, tmp_path, monkeypatch
 ) -> None:
@@ -226,6 +227,7 @@ def test_a_run_plays_ask_the_user_with_a_model_as_the_user(model_store, tmp_path
     assert m[M.ENV_FAILED] == 0.0 and M.TIME_ENV_S in m
 
 
+@pytest.mark.slow
 def test_the_example_plugins_trl_class_trains_smollm2_with_lora(
     model_store, tmp_path, monkeypatch
 ) -> None:

@@ -26,6 +26,8 @@ from conspo.sink import MemorySink
 from conspo.training.logprobs import token_logprobs
 from conspo.training.trainer import train
 
+pytestmark = pytest.mark.slow  # vLLM's process started several times, SmolLM2 trained
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _vllm_interpreter():
