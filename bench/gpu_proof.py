@@ -99,6 +99,8 @@ MEMORY_FACTOR = (0.6, 1.6)
 # Share of the tokens a greedy environment rollout wrote that a replayed forward also picks:
 # near-ties may flip under float rounding (the cache's sums in another order), little else.
 ENVIRONMENT_ARGMAX_BOUND = 0.97
+# A padded batch of score-model texts against each scored alone, float32 (|Δ score|).
+RM_BATCH_BOUND = 1e-4
 
 
 @dataclass
@@ -513,6 +515,54 @@ def environment_check(proof: Proof) -> None:
                   "ok" if ok else "DEVIATION"))  # fmt: skip
 
 
+def reward_model_check(proof: Proof) -> None:
+    """The ``reward_model`` reward's scorer on the device: SmolLM2 as a one-label score model
+    (``AutoModelForSequenceClassification``, its head drawn from a fixed seed, saved as the
+    reward_model kind saves one) scoring (prompt, answer) texts of different lengths through
+    ``ModelScorers.score``: the padded batches give each text the score it gets scored alone
+    (the last non-pad token read whatever the padding), and the texts per second."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from conspo.models.scoring import ModelScorers
+
+    n = 8 if proof.args.smoke else 64
+    device = torch.device(proof.device)
+    prompts = [f"What is {i} + {i + 3}?" for i in range(n)]
+    answers = [f"{i} plus {i + 3} makes {2 * i + 3}. " * (1 + i % 5) for i in range(n)]
+    with tempfile.TemporaryDirectory() as rm:
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_path(), num_labels=1, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(model_path())
+        model.config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
+        model.save_pretrained(rm)
+        tokenizer.save_pretrained(rm)
+        del model
+        scorers = ModelScorers(lambda name: Path(name), device, torch.float32)
+        deadline = time.monotonic() + 600
+        started = time.perf_counter()
+        batched = scorers.score(rm, prompts, answers, max_tokens=512, batch_size=8,
+                                deadline=deadline)  # fmt: skip
+        seconds = time.perf_counter() - started
+        alone = [
+            scorers.score(rm, [p], [a], max_tokens=512, batch_size=1, deadline=deadline)[0]
+            for p, a in zip(prompts, answers, strict=True)
+        ]
+    worst = max(abs(b - a) for b, a in zip(batched, alone, strict=True))
+    spread = max(alone) - min(alone)
+    check = f"reward-model reward, {n} texts in batches of 8 vs one at a time (float32)"
+    figure = (
+        f"max |batched − alone| {worst:.2e} (scores spread {spread:.3f}); {n / seconds:.1f} texts/s"
+    )
+    ok = worst <= RM_BATCH_BOUND and spread > 0
+    proof.add(Row("correctness", check, figure, f"≤ {RM_BATCH_BOUND:g}",
+                  "ok" if ok else "DEVIATION"))  # fmt: skip
+
+
 def correctness(proof: Proof) -> None:
     dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
     for dtype in ["float32", "bfloat16"]:  # the smoke's 2×4 tokens are cheap in bfloat16 too
@@ -523,6 +573,7 @@ def correctness(proof: Proof) -> None:
         guarded(proof, "correctness", f"buckets, {dtype}", lambda d=dtype: bucket_check(proof, d))
     guarded(proof, "correctness", "memory", lambda: memory_check(proof))
     guarded(proof, "correctness", "environment rollout", lambda: environment_check(proof))
+    guarded(proof, "correctness", "reward-model reward", lambda: reward_model_check(proof))
     guarded(proof, "correctness", "system metrics", lambda: nvml_check(proof))
 
 
