@@ -26,7 +26,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -52,8 +52,8 @@ ContinuationScorer = Callable[[Sequence[int], Sequence[str], Sequence[str]], lis
 class RewardModels(Protocol):
     """The models a run's rewards call, each loaded once per run (``conspo.models.scoring
     .ModelScorers``, which the trainer builds at set-up from the run's model store), so that a
-    reward calling a model stays torch-free at import. A generative judge's ``generate`` is to
-    join ``score`` here."""
+    reward calling a model stays torch-free at import: ``score`` for a sequence-score model,
+    ``generate`` for a generative judge."""
 
     def score(
         self,
@@ -68,6 +68,25 @@ class RewardModels(Protocol):
         """The score model ``name``'s scalar for each (prompt, completion), NaN included,
         ``batch_size`` at a time, each text cut to ``max_tokens``; a ``TimeoutError`` once
         ``time.monotonic()`` passes ``deadline``, ``Abandoned`` on a cancel."""
+        ...
+
+    def generate(
+        self,
+        name: str,
+        prompts: Sequence[str],
+        *,
+        samples: int,
+        temperature: float,
+        max_new_tokens: int,
+        max_prompt_tokens: int,
+        batch_size: int,
+        deadline: float,
+        seed: int,
+    ) -> list[list[str]]:
+        """The causal LM ``name``'s ``samples`` texts for each prompt (the user's turn in its
+        chat template, cut to ``max_prompt_tokens`` from its left), each at most
+        ``max_new_tokens`` tokens, drawn from ``seed``; a ``TimeoutError`` past ``deadline``,
+        ``Abandoned`` on a cancel."""
         ...
 
 
@@ -85,18 +104,31 @@ class RewardContext:
     models: RewardModels | None = None  # the models rewards call (None: the rewards call none)
 
 
-def model_fields(cfg: RunConfig) -> list[tuple[tuple[str | int, ...], str]]:
-    """(location, name) of each model the run's rewards name (a reward's params model lists
-    its fields that name one in ``model_names``: reward_model's ``model``), when the run's job
-    kind scores rewards: what the trainer loads at set-up and the API checks at submit."""
+# How a reward calls the model a params field names: a sequence-score model's ``score``, or a
+# causal LM's ``generate`` (a judge). A params model says so in its ``model_use`` ClassVar.
+ModelUse = Literal["score", "generate"]
+
+
+def model_uses(cfg: RunConfig) -> list[tuple[tuple[str | int, ...], str, ModelUse]]:
+    """(location, name, use) of each model the run's rewards name (a reward's params model
+    lists its fields that name one in ``model_names``: reward_model's ``model``; and how it
+    calls them in ``model_use``, "score" unless it says), when the run's job kind scores
+    rewards: what the trainer loads at set-up."""
     if "rewards" not in get_job_kind(cfg.kind).sections:
         return []
-    found: list[tuple[tuple[str | int, ...], str]] = []
+    found: list[tuple[tuple[str | int, ...], str, ModelUse]] = []
     for i, spec in enumerate(cfg.rewards):
         params = spec.reward_params()
+        use: ModelUse = getattr(type(params), "model_use", "score")
         for name in getattr(type(params), "model_names", ()):
-            found.append((("rewards", i, "params", name), getattr(params, name)))
+            found.append((("rewards", i, "params", name), getattr(params, name), use))
     return found
+
+
+def model_fields(cfg: RunConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    """(location, name) of each model the run's rewards name (``model_uses``): what the API
+    checks at submit, as it checks model.name."""
+    return [(loc, name) for loc, name, _use in model_uses(cfg)]
 
 
 def field_name(loc: Sequence[str | int]) -> str:
@@ -111,7 +143,23 @@ def field_name(loc: Sequence[str | int]) -> str:
 class RewardFailed(Exception):
     """A reward that could not be computed for one rollout: the rollout gets 0 from it, and
     ``score_rollouts`` counts and logs such rollouts per reward, with this message as the
-    reason. Any other exception counts the same, reported with its type (a bug, not a verdict)."""
+    reason. Any other exception counts the same, reported with its type (a bug, not a verdict).
+    A batched reward fails one rollout alone by returning one as that rollout's value."""
+
+
+# A critique is kept with its rollout at most this long: a judge's text bounded by its
+# max_new_tokens may still be pages; the stored sample is for reading, not for replaying.
+CRITIQUE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Critiqued:
+    """A batched reward's value for one rollout (a number, or ``RewardFailed``) with the text
+    that decided it (a judge's critique): ``score_rollouts`` keeps the text with the rollout
+    (``RewardScores.critiques``), cut to ``CRITIQUE_CHARS``."""
+
+    value: object
+    critique: str
 
 
 class RewardParams(BaseModel):
@@ -158,6 +206,9 @@ class RewardScores:
     reasons: dict[str, str] = field(default_factory=dict)
     # per rollout: whether any of its rewards failed (it lost that reward: scored 0)
     lost: list[bool] = field(default_factory=list)
+    # per rollout: the critique a reward gave with its value (``Critiqued``: a judge's text),
+    # the first reward's that gave one; None where none did
+    critiques: list[str | None] = field(default_factory=list)
 
 
 def score_rollouts(
@@ -175,11 +226,15 @@ def score_rollouts(
     failed: dict[str, int] = {}
     reasons: dict[str, str] = {}
     lost = [False] * len(completions)
+    critiques: list[str | None] = [None] * len(completions)
     prefetch(context.task, completions, examples)
     for reward in rewards:
         score = _score_batch if reward.batched else _score_each
-        parts[reward.name], each = score(reward, completions, examples, lengths, context)
+        parts[reward.name], each, texts = score(reward, completions, examples, lengths, context)
         lost = [was or why is not None for was, why in zip(lost, each, strict=True)]
+        critiques = [
+            was if was is not None else new for was, new in zip(critiques, texts, strict=True)
+        ]
         failures = [why for why in each if why is not None]
         if failures:
             failed[reward.name], reasons[reward.name] = len(failures), failures[0]
@@ -195,11 +250,13 @@ def score_rollouts(
         failed=failed,
         reasons=reasons,
         lost=lost,
+        critiques=critiques,
     )
 
 
-# A reward's scores, and per rollout why it failed (None: it did not).
-Scored = tuple[list[float], list[str | None]]
+# A reward's scores, per rollout why it failed (None: it did not), and per rollout the
+# critique it gave (None: none).
+Scored = tuple[list[float], list[str | None], list[str | None]]
 
 
 def _score_each(
@@ -222,7 +279,7 @@ def _score_each(
                 raise
             values.append(0.0)
             failures.append(_reason(exc))
-    return values, failures
+    return values, failures, [None] * len(values)
 
 
 def _score_batch(
@@ -234,7 +291,8 @@ def _score_batch(
 ) -> Scored:
     """One call for the batch: a call that raises, or returns no sequence of one value per
     rollout, fails every rollout (no value can be told apart from its neighbours'); a value
-    that is no number fails its own rollout."""
+    that is no number, or a ``RewardFailed``, fails its own rollout. A ``Critiqued`` value's
+    critique is kept (cut), whether its value counts or not."""
     n = len(completions)
     try:
         returned = reward.fn(completions, examples, lengths, context, reward.params)
@@ -242,11 +300,19 @@ def _score_batch(
     except Exception as exc:
         if _ends_the_step(exc):
             raise
-        return [0.0] * n, [_reason(exc)] * n
+        return [0.0] * n, [_reason(exc)] * n, [None] * n
     values: list[float] = []
     failures: list[str | None] = []
+    critiques: list[str | None] = []
     for value in each:
+        critique = None
+        if isinstance(value, Critiqued):
+            critique = _cut(str(value.critique), CRITIQUE_CHARS)
+            value = value.value
+        critiques.append(critique)
         try:
+            if isinstance(value, RewardFailed):
+                raise value
             values.append(_as_score(value))
             failures.append(None)
         except Exception as exc:  # its own __float__ may raise anything
@@ -254,7 +320,7 @@ def _score_batch(
                 raise
             values.append(0.0)
             failures.append(_reason(exc))
-    return values, failures
+    return values, failures, critiques
 
 
 def _one_per_rollout(returned: object, n: int) -> list[object]:
@@ -291,7 +357,11 @@ def _shown(value: object) -> str:
 def _reason(exc: Exception) -> str:
     """A ``RewardFailed`` says why in its message; any other exception is named by its type."""
     why = str(exc) if isinstance(exc, RewardFailed) else f"{type(exc).__name__}: {exc}"
-    return why if len(why) <= REASON_CHARS else why[: REASON_CHARS - 1] + "…"
+    return _cut(why, REASON_CHARS)
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 def contained_verify(task: Verifier, completion: str, example: Example) -> tuple[float, str | None]:

@@ -46,6 +46,7 @@ from conspo.rewards import RewardContext, build_rewards, score_rollouts
 from conspo.sandbox import sandbox_available
 from conspo.tasks import make_task
 from conspo.tools import ToolCall, make_toolbox, observation_text
+from tests.conspo.judge_models import build_scripted_judge
 from tests.conspo.score_models import build_reward_model
 from tests.support import REQUIRE_SERVICES
 
@@ -225,23 +226,31 @@ def stand_in_scorer(rows, contexts, continuations) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def reward_models(model_store: Any, tmp_path_factory: Any) -> tuple[Path, ModelScorers]:
-    """A tiny reward model (tiny-chat's body, a one-label head), and the run's models as the
-    trainer gives them to rewards: what a reward that calls a model (its params' model_names,
-    reward_model's ``model``) is given here."""
-    path = build_reward_model(model_store.resolve("tiny-chat"), tmp_path_factory.mktemp("rm"))
-    return path, ModelScorers(model_store.resolve, torch.device("cpu"), torch.float32)
+def reward_models(model_store: Any, tmp_path_factory: Any) -> tuple[dict[str, Path], ModelScorers]:
+    """Per way a reward calls a model (its params' ``model_use``): a tiny reward model
+    (tiny-chat's body, a one-label head) for "score", a scripted tiny judge that writes
+    "Score: 7" or "Score: 3" for "generate"; and the run's models as the trainer gives them to
+    rewards: what a reward that calls a model (its params' model_names) is given here."""
+    chat = model_store.resolve("tiny-chat")
+    paths = {
+        "score": build_reward_model(chat, tmp_path_factory.mktemp("rm")),
+        "generate": build_scripted_judge(
+            chat, tmp_path_factory.mktemp("judge") / "judge", ["Score: 7", "Score: 3"]
+        ),
+    }
+    return paths, ModelScorers(model_store.resolve, torch.device("cpu"), torch.float32)
 
 
 @pytest.mark.parametrize("task_name", task_names())
 def test_every_reward_scores_every_tasks_reference_answers(
-    task_name: str, tmp_path: Path, reward_models: tuple[Path, ModelScorers]
+    task_name: str, tmp_path: Path, reward_models: tuple[dict[str, Path], ModelScorers]
 ) -> None:
     """Each registered reward, default params, on the task's own reference answers: a finite
     float per rollout. Two rollouts per prompt (a group): the bare reference, and the reference
     after some reasoning, which gives a reward that reads the reasoning (info_gain) work to do.
-    A parameter naming a model (``model_names``) names the tiny reward model."""
-    rm_path, models = reward_models
+    A parameter naming a model (``model_names``) names the tiny reward model, or the tiny judge
+    where the reward generates with it (``model_use``)."""
+    model_paths, models = reward_models
     task_cfg = task_section(task_name, tmp_path)
     task = make_task(TaskConfig.model_validate(task_cfg))
     examples = task.train_prompts(random.Random(0), 4) + task.eval_examples(4)
@@ -253,7 +262,9 @@ def test_every_reward_scores_every_tasks_reference_answers(
         task, MAX_NEW_TOKENS, group_size=2, continuation_logprob=stand_in_scorer, models=models
     )
     for name in reward_names():
-        named = {f: str(rm_path) for f in getattr(get_reward(name).params, "model_names", ())}
+        params = get_reward(name).params
+        path = model_paths[getattr(params, "model_use", "score")]
+        named = {f: str(path) for f in getattr(params, "model_names", ())}
         data = {"task": task_cfg, "sampling": {"max_new_tokens": MAX_NEW_TOKENS},
                 "rewards": [{"name": name, "params": named}]}  # fmt: skip
         if not get_reward(name).applies_to(get_task(task_name)):
