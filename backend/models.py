@@ -262,7 +262,7 @@ class RolloutStep(Base):
 
 class RolloutText(Base):
     """The text of a sampled rollout (``conspo.sink.RolloutRecord``'s prompt and completion,
-    each at most ``ROLLOUT_TEXT_CHARS``, and its episode), beside its numbers in
+    each at most ``ROLLOUT_TEXT_CHARS``, its episode and its critique), beside its numbers in
     ``rollout_steps``: a table of its own so the numeric writes and the distribution reads
     never carry text."""
 
@@ -277,6 +277,9 @@ class RolloutText(Base):
     # A rollout that played an environment: its episode (``conspo.sink.episode_json``: the
     # first observation, each turn, the outcome); NULL for one that played none.
     episode: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # The critique a reward gave with the rollout's value (``conspo.sink.RolloutRecord
+    # .critique``: a judge's first judgement, clipped); NULL where none did.
+    critique: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class PromptStat(Base):

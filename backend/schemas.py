@@ -542,6 +542,11 @@ class RolloutOut(BaseModel):
         " error, cut_chars, info, info_dropped}], final_reward, failure, truncated, turn_count,"
         " total_reward, succeeded}; each action and observation ≤ 1,000 chars.",
     )
+    critique: str | None = Field(
+        None,
+        description="With text=true: the critique a reward gave with the rollout's value (a"
+        " judge reward's first judgement), ≤ 2,000 chars; null when none did.",
+    )
 
 
 class RolloutList(BaseModel):

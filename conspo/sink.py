@@ -95,6 +95,9 @@ class RolloutRecord:
     # observation, then each turn's action, observation, reward, done and error, and the
     # outcome); None for a rollout that played none.
     episode: dict[str, Any] | None = None
+    # The critique a reward gave with its value (a judge's first judgement), clipped; None
+    # where no reward gave one.
+    critique: str | None = None
 
 
 @dataclass

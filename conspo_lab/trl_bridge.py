@@ -72,6 +72,8 @@ TRL_PREFIX = "trl/"
 # Steps of rollout samples kept while the server is away (64 rollouts each stay well under the
 # 10,000 rollouts one log call takes).
 MAX_ROLLOUT_STEPS = 100
+# RolloutRecord fields the log API does not take (a TRL rollout has none of them)
+NOT_LOGGED = ("episode", "critique")
 # TRL's mean of one reward function, rewards/<name>/mean, is the catalogue's reward/<name>.
 REWARD_FUNC_KEY = re.compile(r"^rewards/([\w.-]+)/mean$")
 # TRL's share of rollouts whose group's rewards all agree (std 0): with 0/1 rewards, 1 − it is
@@ -255,10 +257,10 @@ class ConSPOLabCallback(TrainerCallback):
         """A step's sample of per-rollout scores (``ConSPOTrainer``), sent with its points."""
         if not self._active:
             return
-        # a TRL rollout plays no environment of ours: its record's episode (None) is not a
-        # field the log API takes
+        # a TRL rollout plays no environment of ours and no judge: its record's episode and
+        # critique (None) are not fields the log API takes
         self._rollouts[step] = [
-            {"step": step, **{k: v for k, v in asdict(r).items() if k != "episode"}}
+            {"step": step, **{k: v for k, v in asdict(r).items() if k not in NOT_LOGGED}}
             for r in rollouts
         ]
 

@@ -27,8 +27,8 @@ def query_rollouts(
     text: bool = False,
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rollouts of steps ``step_min``..``step_max``; with ``text``, each
-    with its prompt and completion ("" when none was stored) and its episode (None when it
-    played none)."""
+    with its prompt and completion ("" when none was stored), its episode (None when it
+    played none) and its critique (None when no reward gave one)."""
     items: list[dict[str, Any]] = []
     for r in _step_columns(session, run_id, step_min, step_max):
         items += _items(r, limit - len(items))
@@ -37,10 +37,15 @@ def query_rollouts(
     if text and items:
         texts = _texts(session, run_id, items[0]["step"], items[-1]["step"])
         for item in items:
-            prompt, completion, episode = texts.get(
-                (item["step"], item["group"], item["index"]), ("", "", None)
+            prompt, completion, episode, critique = texts.get(
+                (item["step"], item["group"], item["index"]), ("", "", None, None)
             )
-            item |= {"prompt": prompt, "completion": completion, "episode": episode}
+            item |= {
+                "prompt": prompt,
+                "completion": completion,
+                "episode": episode,
+                "critique": critique,
+            }
     return items
 
 
@@ -85,14 +90,14 @@ def _items(r: RolloutColumns, limit: int) -> list[dict[str, Any]]:
 
 def _texts(
     session: Session, run_id: int, first: int, last: int
-) -> dict[tuple[int, int, int], tuple[str, str, dict[str, Any] | None]]:
+) -> dict[tuple[int, int, int], tuple[str, str, dict[str, Any] | None, str | None]]:
     t = RolloutText
     rows = session.execute(
-        select(t.step, t.group, t.index, t.prompt, t.completion, t.episode).where(
+        select(t.step, t.group, t.index, t.prompt, t.completion, t.episode, t.critique).where(
             t.run_id == run_id, t.step >= first, t.step <= last
         )
     )
-    return {(step, g, i): (p, c, episode) for step, g, i, p, c, episode in rows}
+    return {(step, g, i): (p, c, episode, k) for step, g, i, p, c, episode, k in rows}
 
 
 def stored_texts(session: Session, run_id: int) -> list[tuple[str, str, float | None]]:

@@ -53,7 +53,8 @@ class StepPoints:
 
 class RolloutPoint(RolloutOut):
     """One rollout to write: the fields a read gives back (``RolloutOut``, the API's), its text
-    "" and its episode None when it has none (a read leaves them out unless asked for them)."""
+    "" and its episode and critique None when it has none (a read leaves them out unless asked
+    for them)."""
 
     prompt: str = ""
     completion: str = ""
@@ -298,19 +299,21 @@ def _rollout_columns(
         prompt = [getattr(r, "prompt", "") for r in every]
         completion = [getattr(r, "completion", "") for r in every]
     episode = [getattr(r, "episode", None) for r in every]
-    if any(prompt) or any(completion) or any(e is not None for e in episode):
-        kept = [
-            bool(p or c or e is not None)
-            for p, c, e in zip(prompt, completion, episode, strict=True)
-        ]
-        for i in np.flatnonzero(kept):
-            st, g, ix = int(step[i]), int(group[i]), int(index[i])
-            texts[(st, g, ix)] = {
-                "run_id": run_id, "step": st, "group": g, "index": ix,
-                "prompt": clip_text(prompt[i]), "completion": clip_text(completion[i]),
-                # renderable: what the database and a response take (no lone surrogate, NaN)
-                "episode": None if episode[i] is None else renderable(episode[i]),
-            }  # fmt: skip
+    critique = [getattr(r, "critique", None) for r in every]
+    kept = [
+        bool(p or c or e is not None or k is not None)
+        for p, c, e, k in zip(prompt, completion, episode, critique, strict=True)
+    ]
+    for i in np.flatnonzero(kept):
+        st, g, ix = int(step[i]), int(group[i]), int(index[i])
+        said = critique[i]
+        texts[(st, g, ix)] = {
+            "run_id": run_id, "step": st, "group": g, "index": ix,
+            "prompt": clip_text(prompt[i]), "completion": clip_text(completion[i]),
+            # renderable: what the database and a response take (no lone surrogate, NaN)
+            "episode": None if episode[i] is None else renderable(episode[i]),
+            "critique": None if said is None else renderable(clip_text(str(said))),
+        }  # fmt: skip
     return columns, list(texts.values())
 
 

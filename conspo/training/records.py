@@ -63,6 +63,7 @@ def make_record(
             prompt=p_text,
             completion=c_text,
             episode=episode,
+            critique=None if r.critiques is None else _clipped(r.critiques[i]),
         )
         for i, s, n_tok, tr, p_text, c_text, episode in zip(
             idx.tolist(),
@@ -95,6 +96,10 @@ def sampled_texts(state: TrainState, r: Rollouts, rows: list[int]) -> tuple[list
         b.response_ids[at.to(b.response_ids.device)].cpu().tolist(), skip_special_tokens=True
     )
     return [clip_text(t) for t in prompts], [clip_text(t) for t in completions]
+
+
+def _clipped(text: str | None) -> str | None:
+    return None if text is None else clip_text(text)
 
 
 def sampled_episodes(r: Rollouts, rows: list[int]) -> list[dict[str, Any] | None]:

@@ -58,6 +58,9 @@ class Rollouts:
     turn_advantages: torch.Tensor | None = None
     # (N,) bool on the CPU: a reward failed on the rollout (it lost that reward, scored 0)
     reward_lost: torch.Tensor | None = None
+    # (N,) the critique a reward gave with each rollout's value (a judge's first judgement,
+    # ``RewardScores.critiques``), None where none did; None: no reward gives critiques
+    critiques: list[str | None] | None = None
 
     @cached_property
     def reward_std(self) -> float:
@@ -161,6 +164,7 @@ def sample_round(
         reward_parts=parts,
         turn_advantages=_rows_of(whole.turn_advantages, rows),
         reward_lost=_rows_of(whole.reward_lost, rows),
+        critiques=_items_of(whole.critiques, rows),
     )
 
 
@@ -175,6 +179,7 @@ def rollouts_to(r: Rollouts, device: torch.device) -> Rollouts:
         reward_parts=r.reward_parts,
         turn_advantages=r.turn_advantages,
         reward_lost=r.reward_lost,
+        critiques=r.critiques,
     )
 
 
@@ -251,6 +256,7 @@ def sample_groups(
         reward_parts=parts,
         turn_advantages=credit,
         reward_lost=torch.tensor(scored.lost, dtype=torch.bool),
+        critiques=scored.critiques if any(c is not None for c in scored.critiques) else None,
     )
 
 
@@ -314,11 +320,21 @@ def keep_groups(r: Rollouts, keep: torch.Tensor, g: int) -> Rollouts:
         reward_parts=parts,
         turn_advantages=_rows_of(r.turn_advantages, rows),
         reward_lost=_rows_of(r.reward_lost, rows),
+        critiques=_items_of(r.critiques, rows),
     )
 
 
 def _rows_of(values: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
     return None if values is None else values[rows.cpu()]
+
+
+def _items_of(values: list[str | None] | None, rows: torch.Tensor) -> list[str | None] | None:
+    """``values`` at ``rows`` (a bool mask or indices, as ``_rows_of`` takes them)."""
+    if values is None:
+        return None
+    picked = rows.cpu()
+    picked = picked.nonzero().squeeze(1) if picked.dtype == torch.bool else picked
+    return [values[i] for i in picked.tolist()]
 
 
 def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
@@ -350,6 +366,8 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
     group_ids = torch.arange(len(rewards) // g).repeat_interleave(g)
     reward_parts = {k: torch.cat([x.reward_parts[k] for x in parts]) for k in parts[0].reward_parts}
     losses = [x.reward_lost for x in parts if x.reward_lost is not None]
+    critiqued = any(x.critiques is not None for x in parts)
+    critiques = [c for x in parts for c in (x.critiques or [None] * len(x.rewards))]
     return Rollouts(
         batch,
         rewards,
@@ -359,6 +377,7 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         reward_parts=reward_parts,
         turn_advantages=credit,
         reward_lost=torch.cat(losses) if len(losses) == len(parts) else None,
+        critiques=critiques if critiqued else None,
     )
 
 

@@ -22,6 +22,7 @@ from conspo import stopping
 from conspo.access import Unavailable
 from conspo.config import RunConfig
 from conspo.generation import rollout
+from conspo.generation.batch import RolloutBatch
 from conspo.models.scoring import ModelScorers
 from conspo.rewards import RewardContext, build_rewards, score_rollouts
 from conspo.rewards.judge import (
@@ -35,6 +36,7 @@ from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask
 from conspo.tasks.base import Example
 from conspo.training import loop, trainer
+from conspo.training.rollouts import Rollouts, concat_rollouts, keep_groups
 from tests.conspo.judge_models import build_scripted_judge
 
 CPU = torch.device("cpu")
@@ -260,3 +262,28 @@ def test_one_training_step_logs_the_judges_reward(model_store, scripted, tmp_pat
     value = m[M.reward_key("judge")]
     assert 0 <= value <= 0.7  # each rollout's is 0 (lost), or between 0.3 and 0.7
     assert 0 <= m[M.BATCH_REWARD_LOST] <= 1
+    # each sampled rollout carries its judge's first judgement to the sink
+    critiques = [r.critique for r in sink.steps[1].rollouts]
+    assert critiques and set(critiques) <= set(SCRIPT)
+
+
+def few_rollouts(critiques: list[str | None] | None, n: int = 4) -> Rollouts:
+    """``n`` rollouts in groups of 2, token ids all 0: only their rows and critiques matter."""
+    batch = RolloutBatch(
+        torch.zeros(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
+        torch.zeros(n, 3, dtype=torch.long), torch.ones(n, 3),
+        torch.full((n,), 3), torch.zeros(n, dtype=torch.bool),
+    )  # fmt: skip
+    ids = torch.arange(n // 2).repeat_interleave(2)
+    return Rollouts(batch, torch.zeros(n), torch.zeros(n), ids, n, critiques=critiques)
+
+
+def test_critiques_follow_their_rollouts_through_kept_groups_and_refill_rounds():
+    first = keep_groups(few_rollouts(["a0", "a1", "a2", "a3"]), torch.tensor([False, True]), 2)
+    assert first.critiques == ["a2", "a3"]
+    merged = concat_rollouts([first, few_rollouts(None)], 2, pad_id=0)
+    assert merged.critiques == ["a2", "a3", None, None, None, None]
+    assert concat_rollouts([few_rollouts(None)] * 2, 2, pad_id=0).critiques is None
+    assert keep_groups(merged, torch.tensor([True, False, True]), 2).critiques == [
+        "a2", "a3", None, None,
+    ]  # fmt: skip

@@ -93,6 +93,7 @@ CONSPO_ROOMS: Rooms = (
     ),
     ("conspo.models",),
     ("conspo.generation", "conspo.distributed"),
+    ("conspo.models.scoring",),  # a judge samples through generation's engine
     ("conspo.evaluation",),
     ("conspo.training.sft",),
     ("conspo.models.builtins",),
