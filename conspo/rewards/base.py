@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -156,10 +156,13 @@ CRITIQUE_CHARS = 2000
 class Critiqued:
     """A batched reward's value for one rollout (a number, or ``RewardFailed``) with the text
     that decided it (a judge's critique): ``score_rollouts`` keeps the text with the rollout
-    (``RewardScores.critiques``), cut to ``CRITIQUE_CHARS``."""
+    (``RewardScores.critiques``), cut to ``CRITIQUE_CHARS``. A vector reward also gives its
+    named dimensions' values (each logged as ``reward/<reward>.<dimension>``): the names its
+    params list in ``dimension_names``."""
 
     value: object
     critique: str
+    dimensions: Mapping[str, float] = field(default_factory=dict)
 
 
 class RewardParams(BaseModel):
@@ -198,6 +201,8 @@ class RewardScores:
     """Per rollout: the verified outcome, each reward, and their weighted sum."""
 
     outcome: list[float]
+    # reward → its value per rollout; a vector reward's dimensions as "<reward>.<dimension>"
+    # beside it (logged as every part is; a failed rollout's are 0, as its value is)
     parts: dict[str, list[float]]
     shaped: list[float]
     failed: dict[str, int] = field(default_factory=dict)  # reward → rollouts it failed on
@@ -230,7 +235,10 @@ def score_rollouts(
     prefetch(context.task, completions, examples)
     for reward in rewards:
         score = _score_batch if reward.batched else _score_each
-        parts[reward.name], each, texts = score(reward, completions, examples, lengths, context)
+        parts[reward.name], each, texts, dimensions = score(
+            reward, completions, examples, lengths, context
+        )
+        parts |= {f"{reward.name}.{name}": values for name, values in dimensions.items()}
         lost = [was or why is not None for was, why in zip(lost, each, strict=True)]
         critiques = [
             was if was is not None else new for was, new in zip(critiques, texts, strict=True)
@@ -254,9 +262,9 @@ def score_rollouts(
     )
 
 
-# A reward's scores, per rollout why it failed (None: it did not), and per rollout the
-# critique it gave (None: none).
-Scored = tuple[list[float], list[str | None], list[str | None]]
+# A reward's scores, per rollout why it failed (None: it did not), per rollout the critique it
+# gave (None: none), and its dimensions' scores by name (a vector reward's; else empty).
+Scored = tuple[list[float], list[str | None], list[str | None], dict[str, list[float]]]
 
 
 def _score_each(
@@ -279,7 +287,7 @@ def _score_each(
                 raise
             values.append(0.0)
             failures.append(_reason(exc))
-    return values, failures, [None] * len(values)
+    return values, failures, [None] * len(values), {}
 
 
 def _score_batch(
@@ -294,20 +302,24 @@ def _score_batch(
     that is no number, or a ``RewardFailed``, fails its own rollout. A ``Critiqued`` value's
     critique is kept (cut), whether its value counts or not."""
     n = len(completions)
+    # every step has every dimension, failed or not: rounds and steps stack by name
+    dimensions = {name: [0.0] * n for name in getattr(reward.params, "dimension_names", ())}
     try:
         returned = reward.fn(completions, examples, lengths, context, reward.params)
         each = _one_per_rollout(returned, n)
     except Exception as exc:
         if _ends_the_step(exc):
             raise
-        return [0.0] * n, [_reason(exc)] * n, [None] * n
+        return [0.0] * n, [_reason(exc)] * n, [None] * n, dimensions
     values: list[float] = []
     failures: list[str | None] = []
     critiques: list[str | None] = []
-    for value in each:
+    for row, value in enumerate(each):
         critique = None
+        given: Mapping[str, float] = {}
         if isinstance(value, Critiqued):
             critique = _cut(str(value.critique), CRITIQUE_CHARS)
+            given = value.dimensions
             value = value.value
         critiques.append(critique)
         try:
@@ -320,7 +332,11 @@ def _score_batch(
                 raise
             values.append(0.0)
             failures.append(_reason(exc))
-    return values, failures, critiques
+            continue
+        for name in dimensions:
+            with contextlib.suppress(Exception):  # a dimension not given, or no number: 0
+                dimensions[name][row] = _as_score(given[name])
+    return values, failures, critiques, dimensions
 
 
 def _one_per_rollout(returned: object, n: int) -> list[object]:

@@ -16,6 +16,12 @@ A judgement with no score, or one out of range, is dropped; a rollout none of wh
 gives one fails alone, its reason quoting the judge's text. A call that runs past ``timeout_s``
 fails the batch. The first judgement's text is kept with the rollout (its critique). OpenAI-
 compatible remote judges are not here: the judge runs in the trainer's process.
+
+A vector judge names its dimensions (``dimensions: [{name: correctness, weight: 2}, {name:
+clarity}]``): the judge writes one ``name: N`` line each (the default rubric asks for them),
+each dimension is aggregated over the judgements that give it and logged as
+``reward/judge.<name>``, and the reward is their weighted mean over ``max_score``. A rollout
+that gets no score for some dimension from any judgement fails, naming it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from conspo.input_checks import Label
 from conspo.registry import register_reward
@@ -42,13 +48,44 @@ DEFAULT_RUBRIC = (
     ' end with a final line of the form "Score: N", where N is a whole number from 0 (wrong)'
     " to {max_score} (correct and complete)."
 )
+# The default rubric of a judge with dimensions: {dimensions} is one "name: N" line each.
+DEFAULT_VECTOR_RUBRIC = (
+    "You are grading an answer to a question.\n\n"
+    "Question:\n{question}\n\n"
+    "Answer:\n{answer}\n\n"
+    "Write a short critique of the answer (two or three sentences), then end with one line per"
+    " criterion below, N a whole number from 0 (worst) to {max_score} (best):\n{dimensions}"
+)
 PLACEHOLDERS = ("{question}", "{answer}")
 QUOTED_CHARS = 120  # of the judge's text in a failed rollout's reason
 
-# "Score: 7", "score : 7.5", "**Score:** 8", "SCORE: 7/10": the number, and its "out of" if any.
-SCORE_LINE = re.compile(
-    r"score\s*\**\s*:\s*\**\s*([-+]?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.IGNORECASE
-)
+# After the label: "Score: 7", "score : 7.5", "**Score:** 8", "SCORE: 7/10": the number, and its
+# "out of" if any.
+NUMBER_AFTER_LABEL = r"\s*\**\s*:\s*\**\s*([-+]?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?"
+
+
+def score_line(label: str) -> re.Pattern[str]:
+    """The line that gives ``label``'s score (a whole word: "correctness" is not read from
+    "incorrectness")."""
+    return re.compile(rf"(?<![\w-]){re.escape(label)}{NUMBER_AFTER_LABEL}", re.IGNORECASE)
+
+
+SCORE_LINE = score_line("score")
+
+
+class Dimension(BaseModel):
+    """One named criterion of a vector judge."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,39}$",
+        description="The criterion's name, as the judge writes it ('name: N') and as it is"
+        " logged (reward/judge.<name>).",
+    )
+    weight: float = Field(
+        1.0, ge=0, le=1000, description="Its weight in the reward (a weighted mean)."
+    )
 
 
 class JudgeParams(RewardParams):
@@ -109,6 +146,14 @@ class JudgeParams(RewardParams):
     batch_size: int = Field(
         16, ge=1, le=1024, description="Judgements per call of the judge's sampler (about)."
     )
+    dimensions: list[Dimension] = Field(
+        default_factory=list,
+        max_length=16,
+        description="A vector judge's criteria ([{name, weight}]): the judge writes one 'name:"
+        " N' line each instead of one score, each is logged as reward/judge.<name>, and the"
+        " reward is their weighted mean / max_score. Empty: one 'Score: N'. With the default"
+        " rubric, the rubric asks for the lines ({dimensions} in a rubric of yours lists them).",
+    )
     timeout_s: float = Field(
         300.0,
         gt=0,
@@ -125,6 +170,29 @@ class JudgeParams(RewardParams):
         if missing:
             raise ValueError(f"the rubric must hold {' and '.join(missing)}")
         return rubric
+
+    @model_validator(mode="after")
+    def _dimensions_weigh_something(self) -> JudgeParams:
+        names = [d.name.lower() for d in self.dimensions]
+        if len(set(names)) < len(names):
+            raise ValueError("dimensions: each name once (case does not tell names apart)")
+        if self.dimensions and not any(d.weight > 0 for d in self.dimensions):
+            raise ValueError("dimensions: at least one needs a weight above 0")
+        return self
+
+    @property
+    def dimension_names(self) -> tuple[str, ...]:
+        """What ``score_rollouts`` logs beside the reward (``Critiqued.dimensions``)."""
+        return tuple(d.name for d in self.dimensions)
+
+    def prompt(self, question: str, answer: str) -> str:
+        """The judge's prompt for one rollout: the rubric (the vector one by default when
+        there are dimensions) filled in."""
+        rubric = self.rubric
+        if self.dimensions and rubric == DEFAULT_RUBRIC:
+            rubric = DEFAULT_VECTOR_RUBRIC
+        lines = "\n".join(f"{d.name}: N" for d in self.dimensions)
+        return judge_prompt(rubric, question, answer, self.max_score, lines)
 
 
 @register_reward(
@@ -148,8 +216,7 @@ def judge_reward(
     if context.models is None:
         raise RewardFailed("the judge reward calls a model: its context needs the models")
     prompts = [
-        judge_prompt(params.rubric, question(ex), text, params.max_score)
-        for ex, text in zip(examples, completions, strict=True)
+        params.prompt(question(ex), text) for ex, text in zip(examples, completions, strict=True)
     ]
     try:
         judgements = context.models.generate(
@@ -170,34 +237,55 @@ def judge_reward(
     return [verdict(texts, params) for texts in judgements]
 
 
-def judge_prompt(rubric: str, question: str, answer: str, max_score: float) -> str:
+def judge_prompt(
+    rubric: str, question: str, answer: str, max_score: float, dimensions: str = ""
+) -> str:
     """``rubric`` with its placeholders filled in one pass (an answer that holds "{question}"
     stays as written)."""
-    values = {"question": question, "answer": answer, "max_score": f"{max_score:g}"}
-    return re.sub(r"\{(question|answer|max_score)\}", lambda m: values[m[1]], rubric)
+    values = {
+        "question": question,
+        "answer": answer,
+        "max_score": f"{max_score:g}",
+        "dimensions": dimensions,
+    }
+    return re.sub(r"\{(question|answer|max_score|dimensions)\}", lambda m: values[m[1]], rubric)
 
 
 def verdict(texts: Sequence[str], params: JudgeParams) -> Critiqued:
     """One rollout's value from its judgements: the aggregate of those that parse, over
-    max_score; ``RewardFailed`` quoting the first text when none does. Its critique is the
-    first judgement's text."""
+    max_score (with dimensions: each dimension's, and their weighted mean); ``RewardFailed``
+    quoting the first text when none does (for some dimension). Its critique is the first
+    judgement's text."""
     first = texts[0] if texts else ""
-    parsed = [s for s in (parse_score(t, params.max_score) for t in texts) if s is not None]
-    if not parsed:
-        shown = first if len(first) <= QUOTED_CHARS else first[: QUOTED_CHARS - 1] + "…"
-        why = RewardFailed(
-            f"judge {params.model!r} gave no score in range in {len(texts)} judgements"
-            f" (no 'Score: N' with 0 ≤ N ≤ {params.max_score:g}); the first: {shown!r}"
-        )
-        return Critiqued(why, first)
-    return Critiqued(aggregate(parsed, params.aggregate) / params.max_score, first)
+    labels = params.dimension_names or ("Score",)
+    scores: dict[str, float] = {}
+    for label in labels:
+        line = score_line(label)
+        found = (parse_score(t, params.max_score, line) for t in texts)
+        parsed = [s for s in found if s is not None]
+        if not parsed:
+            shown = first if len(first) <= QUOTED_CHARS else first[: QUOTED_CHARS - 1] + "…"
+            which = f" for {label!r}" if params.dimensions else ""
+            why = RewardFailed(
+                f"judge {params.model!r} gave no score in range{which} in {len(texts)}"
+                f" judgements (no '{label}: N' with 0 ≤ N ≤ {params.max_score:g}); the first:"
+                f" {shown!r}"
+            )
+            return Critiqued(why, first)
+        scores[label] = aggregate(parsed, params.aggregate) / params.max_score
+    if not params.dimensions:
+        return Critiqued(scores["Score"], first)
+    total = sum(d.weight for d in params.dimensions)
+    value = sum(d.weight * scores[d.name] for d in params.dimensions) / total
+    return Critiqued(value, first, scores)
 
 
-def parse_score(text: str, max_score: float) -> float | None:
-    """The judgement's score, on the 0..max_score scale: its LAST "Score: N" (case and spaces
-    free, N a number), "N/D" read as N out of D; None when there is none or it is out of
-    range (a score below 0 or above the top is no verdict on this scale)."""
-    found = SCORE_LINE.findall(text)
+def parse_score(text: str, max_score: float, line: re.Pattern[str] = SCORE_LINE) -> float | None:
+    """The judgement's score, on the 0..max_score scale: its LAST "Score: N" (``line``: or a
+    dimension's "name: N"; case and spaces free, N a number), "N/D" read as N out of D; None
+    when there is none or it is out of range (a score below 0 or above the top is no verdict
+    on this scale)."""
+    found = line.findall(text)
     if not found:
         return None
     number, out_of = found[-1]

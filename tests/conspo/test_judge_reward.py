@@ -31,6 +31,7 @@ from conspo.rewards.judge import (
     aggregate,
     judge_prompt,
     parse_score,
+    score_line,
 )
 from conspo.sink import MemorySink
 from conspo.tasks.arith import ArithParams, ArithTask
@@ -234,7 +235,7 @@ def test_a_cancel_while_judging_ends_the_step_between_decode_steps(scripted, mod
     assert len(drawn) == 2  # the first batch's second token: not after its 256
 
 
-def rl_config(judge: str) -> RunConfig:
+def rl_config(judge: str, **params: Any) -> RunConfig:
     return RunConfig.model_validate({
         "algorithm": "grpo",
         "steps": 1,
@@ -244,7 +245,8 @@ def rl_config(judge: str) -> RunConfig:
         "eval": {"every": 0, "at_start": False, "pass_k": 1},
         "checkpoint": {"every": 0},
         "rewards": [{"name": "verifier"},
-                    {"name": "judge", "params": {"model": judge, "temperature": 1.0}}],
+                    {"name": "judge", "params": {"model": judge, "temperature": 1.0,
+                                                 **params}}],
     })  # fmt: skip
 
 
@@ -287,3 +289,93 @@ def test_critiques_follow_their_rollouts_through_kept_groups_and_refill_rounds()
     assert keep_groups(merged, torch.tensor([True, False, True]), 2).critiques == [
         "a2", "a3", None, None,
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# Vector judges: named dimensions, each logged, combined by weight
+# ------------------------------------------------------------------------------------------------
+
+VECTOR = {"dimensions": [{"name": "correctness", "weight": 2}, {"name": "clarity"}]}
+
+
+class HandWrittenJudgements:
+    """What a judge wrote, by hand (the texts a vector judge may give, which a tiny model cannot
+    be scripted to write): ``generate`` hands them out in order, k per prompt, and keeps the
+    prompts it was asked."""
+
+    def __init__(self, texts: list[list[str]]) -> None:
+        self.texts = texts
+        self.asked: list[str] = []
+
+    def score(self, *args: Any, **kwargs: Any) -> list[float]:
+        raise AssertionError("a judge generates")
+
+    def generate(self, name: str, prompts: Any, **kwargs: Any) -> list[list[str]]:
+        self.asked += prompts
+        assert len(prompts) == len(self.texts) and kwargs["samples"] == len(self.texts[0])
+        return self.texts
+
+
+def test_a_dimensions_score_is_its_own_line_read_as_a_whole_word() -> None:
+    text = "incorrectness: 1\nCorrectness : 8/10\nclarity: 4\ncorrectness: 6"
+    assert parse_score(text, 10, score_line("correctness")) == 6.0  # the last, not "incorrect…"
+    assert parse_score("incorrectness: 1", 10, score_line("correctness")) is None
+    assert parse_score(text, 10, score_line("clarity")) == 4.0
+    assert parse_score(text, 10) is None  # no "Score" line at all
+
+
+def test_a_vector_judges_dimensions_are_logged_and_weighed_into_its_value() -> None:
+    texts = [
+        ["Right.\ncorrectness: 8\nclarity: 2", "correctness: 6"],  # clarity from one of two
+        ["correctness: 10\nclarity: 10", "correctness: 10\nclarity: 10"],
+        ["Fine.\nScore: 9", "correctness: 4"],  # no clarity anywhere: the rollout fails
+    ]
+    models = HandWrittenJudgements(texts)
+    cfg = RunConfig.model_validate({
+        "task": TASK,
+        "rewards": [{"name": "verifier"},
+                    {"name": "judge", "params": {"model": "tiny-chat", "samples": 2, **VECTOR}}],
+    })  # fmt: skip
+    context = RewardContext(ARITH, 16, group_size=1, models=models)  # type: ignore[arg-type]
+    scores = score_rollouts(
+        build_rewards(cfg.rewards), COMPLETIONS[:3], EXAMPLES[:3], [1] * 3, context
+    )
+    assert scores.parts["judge.correctness"] == pytest.approx([0.7, 1.0, 0.0])
+    assert scores.parts["judge.clarity"] == pytest.approx([0.2, 1.0, 0.0])
+    assert scores.parts["judge"] == pytest.approx([(2 * 0.7 + 0.2) / 3, 1.0, 0.0])
+    assert scores.failed == {"judge": 1} and scores.lost == [False, False, True]
+    assert "no score in range for 'clarity' in 2 judgements" in scores.reasons["judge"]
+    assert "the first: 'Fine.\\nScore: 9'" in scores.reasons["judge"]
+    # the default rubric asks for one line per dimension
+    assert models.asked[0].endswith("(best):\ncorrectness: N\nclarity: N")
+    assert scores.shaped == pytest.approx([1 + v for v in scores.parts["judge"]])
+
+
+@pytest.mark.parametrize(
+    ("dimensions", "message"),
+    [
+        ([{"name": "clarity"}, {"name": "Clarity"}], "each name once"),
+        ([{"name": "a", "weight": 0}], "a weight above 0"),
+        ([{"name": "has space"}], "should match pattern"),
+    ],
+)
+def test_bad_dimensions_are_refused_at_the_field(dimensions: Any, message: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        RunConfig.model_validate({
+            "task": TASK,
+            "rewards": [{"name": "judge", "params": {"model": "tiny-chat",
+                                                     "dimensions": dimensions}}],
+        })  # fmt: skip
+    error = refused.value.errors()[0]
+    assert error["loc"][:3] == ("rewards", 0, "params") and message in error["msg"]
+
+
+def test_a_training_step_logs_each_dimension(model_store, scripted, tmp_path):
+    """The scripted judge writes "Score: 7" or "Score: 3": a one-dimension vector judge whose
+    dimension is named Score logs reward/judge.Score, equal to the reward (one weight)."""
+    cfg = rl_config(str(scripted), dimensions=[{"name": "Score"}])
+    sink = MemorySink()
+    trainer.train(cfg, sink, workdir=tmp_path / "vector", model_store=model_store)
+    m = sink.steps[1].metrics
+    assert m["reward/judge.Score"] == pytest.approx(m[M.reward_key("judge")])
+    assert 0 <= m["reward/judge.Score"] <= 0.7
