@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from conspo.jobs.reward_model import (
 from conspo.models.export import export_merged
 from conspo.models.loading import load_pretrained
 from conspo.models.scoring import ModelScorers
+from conspo.models.store import ModelStore
 from conspo.sink import MemorySink
 from conspo.tasks import make_task
 from conspo.training.checkpoint import latest_checkpoint
@@ -48,7 +51,7 @@ def arith_pairs(n: int) -> list[dict[str, str]]:
     return rows
 
 
-def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+def write_jsonl(path: Path, rows: Sequence[Mapping[str, object]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -82,7 +85,7 @@ def test_held_out_prompts_are_never_trained_on_and_the_split_follows_the_seed() 
         split_by_prompt([Pair("q", "a", "b")], 0.1, 1)
 
 
-def test_held_out_pair_accuracy_rises_above_chance(model_store, tmp_path) -> None:
+def test_held_out_pair_accuracy_rises_above_chance(model_store: ModelStore, tmp_path: Path) -> None:
     pairs = write_jsonl(tmp_path / "prefs.jsonl", arith_pairs(80))
     config = rm_config(
         {"path": str(pairs), "eval_fraction": 0.3, "batch_size": 16},
@@ -102,7 +105,9 @@ def test_held_out_pair_accuracy_rises_above_chance(model_store, tmp_path) -> Non
 
 
 @pytest.mark.parametrize("lora_rank", [8, 0], ids=["lora", "full"])
-def test_the_exported_checkpoint_scores_as_the_run_did(model_store, tmp_path, lora_rank) -> None:
+def test_the_exported_checkpoint_scores_as_the_run_did(
+    model_store: ModelStore, tmp_path: Path, lora_rank: int
+) -> None:
     """The export (LoRA merged into its base; a full checkpoint copied) loads with
     AutoModelForSequenceClassification and gives the held-out pairs the margin the run logged
     at its last step; the reward_model reward's loader reads it alike."""
@@ -147,7 +152,7 @@ def test_the_exported_checkpoint_scores_as_the_run_did(model_store, tmp_path, lo
     assert scores == pytest.approx(chosen.tolist(), abs=1e-5)
 
 
-def test_a_pairs_file_is_refused_by_its_name_column_and_row(tmp_path) -> None:
+def test_a_pairs_file_is_refused_by_its_name_column_and_row(tmp_path: Path) -> None:
     files = DataFiles()
 
     def refusal(name: str, rows: list[dict[str, object]] | None) -> str:
@@ -171,7 +176,7 @@ def test_a_pairs_file_is_refused_by_its_name_column_and_row(tmp_path) -> None:
     assert "holes.jsonl row 2: rejected must be non-empty text" in message
 
 
-def test_pairs_from_a_finished_runs_rollouts(model_store, tmp_path) -> None:
+def test_pairs_from_a_finished_runs_rollouts(model_store: ModelStore, tmp_path: Path) -> None:
     """from_run: the worker's prepare_inputs writes a right vs a wrong rollout of each prompt as a
     pair (the dpo kind's fixture), and the kind trains and holds out on them."""
     config = rm_config({"from_run": 7, "eval_fraction": 0.25})
@@ -190,24 +195,29 @@ def test_pairs_from_a_finished_runs_rollouts(model_store, tmp_path) -> None:
     assert {"eval/rm_accuracy", "eval/rm_margin"} <= sink.steps[2].metrics.keys()
 
 
-def test_a_run_whose_source_run_gave_no_pairs_is_refused(model_store, tmp_path) -> None:
+def test_a_run_whose_source_run_gave_no_pairs_is_refused(
+    model_store: ModelStore, tmp_path: Path
+) -> None:
     config = rm_config({"from_run": 7})
     prepare_inputs(config, tmp_path, lambda run: [("q", "a", 1.0), ("q", "b", 1.0)])
     with pytest.raises(ValueError, match="no preference pairs in run 7's stored rollouts"):
         train_job(config, MemorySink(), workdir=tmp_path, model_store=model_store)
 
 
-def test_the_score_head_starts_from_the_seed_alone(arith_base) -> None:
+def test_the_score_head_starts_from_the_seed_alone(arith_base: Path) -> None:
     def head(seed: int) -> torch.Tensor:
         torch.manual_seed(seed + 100)  # whatever the process's stream holds
         model, _ = load_pretrained(arith_base, CPU, torch.float32, head="sequence_score", seed=seed)
-        return model.score.weight.detach().clone()
+        score: Any = model.score
+        return score.weight.detach().clone()
 
     assert torch.equal(head(1), head(1)) and not torch.equal(head(1), head(2))
 
 
 @pytest.mark.parametrize("lora_rank", [4, 0], ids=["lora", "full"])
-def test_a_resumed_run_continues_exactly(model_store, tmp_path, lora_rank) -> None:
+def test_a_resumed_run_continues_exactly(
+    model_store: ModelStore, tmp_path: Path, lora_rank: int
+) -> None:
     """The score head is in the checkpoint (LoRA: peft's modules_to_save beside the adapters):
     a run stopped after step 2 and resumed logs step 3 as the run that never stopped."""
     pairs = write_jsonl(tmp_path / "prefs.jsonl", arith_pairs(24))
