@@ -60,8 +60,9 @@ PLACEHOLDERS = ("{question}", "{answer}")
 QUOTED_CHARS = 120  # of the judge's text in a failed rollout's reason
 
 # After the label: "Score: 7", "score : 7.5", "**Score:** 8", "SCORE: 7/10": the number, and its
-# "out of" if any.
-NUMBER_AFTER_LABEL = r"\s*\**\s*:\s*\**\s*([-+]?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?"
+# "out of" if any. One character class around the colon (spaces and markdown's stars), so a
+# long run of either costs linear time, not a backtracking search between two quantifiers.
+NUMBER_AFTER_LABEL = r"[\s*]*:[\s*]*([-+]?\d+(?:\.\d+)?)(?:[ \t]*/[ \t]*(\d+(?:\.\d+)?))?"
 
 
 def score_line(label: str) -> re.Pattern[str]:
