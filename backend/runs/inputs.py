@@ -114,6 +114,15 @@ def live_capabilities(session: Session, settings: Settings) -> list[dict[str, An
     return [w.capabilities or {} for w in liveness.alive(session, seen_after)]
 
 
+def auto_device(session: Session, settings: Settings) -> str:
+    """Where ``model.device: auto`` will run, as the memory estimate counts a weight's bytes:
+    "cpu" when workers are alive and none has a GPU (the embedded default, a CPU cluster:
+    float32, 4 bytes), else "auto" (a GPU worker, or none known yet: bfloat16's 2). Issue 49's
+    walk: the form said 2-byte weights for an SFT stage its CPU worker ran in float32."""
+    workers = live_capabilities(session, settings)
+    return "cpu" if workers and not any(w.get("cuda") for w in workers) else "auto"
+
+
 def missing_software(config: RunConfig, session: Session, settings: Settings) -> list[Problem]:
     """Each field whose value needs a package that neither this process can import nor any
     live worker advertises (a GPU worker may have vLLM where the API does not)."""
@@ -232,8 +241,9 @@ def refuse_on_worker(config: RunConfig, settings: Settings) -> None:
         raise Refused("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg, _ in found))
 
 
-def problems(config: RunConfig, settings: Settings) -> list[Problem]:
-    """(location in the config, message, offending value) of each refusal."""
+def problems(config: RunConfig, settings: Settings, auto: str = "auto") -> list[Problem]:
+    """(location in the config, message, offending value) of each refusal. ``auto``: where
+    ``model.device: auto`` runs (``auto_device``)."""
     files = data_files(settings)
     sources = model_sources(settings)
     found = [
@@ -248,7 +258,7 @@ def problems(config: RunConfig, settings: Settings) -> list[Problem]:
         source = sources.locate(config.model.name)
     except Unavailable as exc:
         return [*found, (("model", "name"), str(exc), config.model.name)]
-    refused = _memory_problem(config, source, settings)
+    refused = _memory_problem(config, source, settings, auto)
     return found + ([refused] if refused else [])
 
 
@@ -333,12 +343,13 @@ def _dataset_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem]:
 
 
 def memory_report(
-    config: RunConfig, settings: Settings, question_chars: int | None = None
+    config: RunConfig, settings: Settings, question_chars: int | None = None, auto: str = "auto"
 ) -> dict[str, Any]:
     """What the form shows beside its submit button: ``conspo.models.resources``' estimate of
     ``config``, the limit a run may use here, whether it fits (what submitting would check),
     and a line of text. The numbers are None when the model's dimensions are not readable here.
-    ``question_chars``: the longest question the task's check drew (an sft step's rows)."""
+    ``question_chars``: the longest question the task's check drew (an sft step's rows);
+    ``auto``: where ``model.device: auto`` runs (``auto_device``)."""
     limit = report_limit(settings)
     unknown = {
         "total_bytes": None,
@@ -354,7 +365,7 @@ def memory_report(
     dims = source_dims(source)
     if dims is None:
         return {**unknown, "text": f"{config.model.name}: dimensions not readable here"}
-    estimate = _estimate(config, dims, limit, question_chars)
+    estimate = _estimate(config, dims, limit, question_chars, auto)
     try:
         check_budget(estimate, config)
         check_memory(estimate, limit)
@@ -408,9 +419,14 @@ def estimated_bytes(config: RunConfig, settings: Settings) -> int | None:
 
 
 def _estimate(
-    config: RunConfig, dims: Any, limit: int, question_chars: int | None = None
+    config: RunConfig,
+    dims: Any,
+    limit: int,
+    question_chars: int | None = None,
+    auto: str = "auto",
 ) -> MemoryEstimate:
-    dtype = dtype_bytes(config.model.dtype, config.model.device)
+    device = auto if config.model.device == "auto" else config.model.device
+    dtype = dtype_bytes(config.model.dtype, device)
     return estimate_memory(config, dims, dtype, limit, question_chars=question_chars)
 
 
@@ -424,7 +440,9 @@ def _benchmark_problems(config: RunConfig, files: DataFiles) -> Iterator[Problem
             yield ("eval", "benchmarks", i, "path"), str(exc), benchmark.path
 
 
-def _memory_problem(config: RunConfig, source: ModelSource, settings: Settings) -> Problem | None:
+def _memory_problem(
+    config: RunConfig, source: ModelSource, settings: Settings, auto: str = "auto"
+) -> Problem | None:
     """The refusal of a config estimated over the limit; None when it fits or when the model's
     dimensions are not readable here (a hub model outside this machine's cache: the worker
     checks it before loading)."""
@@ -432,7 +450,7 @@ def _memory_problem(config: RunConfig, source: ModelSource, settings: Settings) 
     if dims is None:
         return None
     limit = report_limit(settings)
-    estimate = _estimate(config, dims, limit)
+    estimate = _estimate(config, dims, limit, auto=auto)
     try:
         check_budget(estimate, config)
         check_memory(estimate, limit)

@@ -58,7 +58,7 @@ def problems(config: RunConfig, session: Session, settings: Settings) -> list[Pr
         *inputs.missing_software(config, session, settings),
         *inputs.missing_sandbox(config, session, settings),
         *inputs.missing_plugins(config, session, settings),
-        *inputs.problems(config, settings),
+        *inputs.problems(config, settings, inputs.auto_device(session, settings)),
         *chaining.start_problems(config, session, settings),
     ]
 

@@ -183,7 +183,8 @@ async def estimate(
     says (held-out problems, a task refused). Nothing is stored; an invalid config gets no
     numbers and the first problem as its text. Never builds a task for an anonymous caller,
     and never on a request thread."""
-    config, report = await anyio.to_thread.run_sync(_memory_estimate, body.config, settings)
+    auto = await anyio.to_thread.run_sync(_auto_device, db, settings)
+    config, report = await anyio.to_thread.run_sync(_memory_estimate, body.config, settings, auto)
     seeds = _seed_errors(body.seeds)
     if seeds:
         report["errors"] = [*(report.get("errors") or []), *seeds]
@@ -194,7 +195,9 @@ async def estimate(
     if config.kind == "sft" and (chars := (report["task"] or {}).get("longest_prompt")):
         # An sft step's rows are its problems: the check drew them, so size the rows by them
         # (without, a default question; issue 49: arith's 4-token questions read 48).
-        measured = await anyio.to_thread.run_sync(run_inputs.memory_report, config, settings, chars)
+        measured = await anyio.to_thread.run_sync(
+            run_inputs.memory_report, config, settings, chars, auto
+        )
         report.update({k: v for k, v in measured.items() if k != "errors"})
     validated = config.model_dump(mode="json")  # as runs store it: every default filled in
     report["pace"] = await anyio.to_thread.run_sync(_pace_of_like, db, validated)
@@ -206,7 +209,14 @@ def _pace_of_like(db: Database, config: dict[str, Any]) -> dict[str, Any] | None
         return pace_of_like(session, config)
 
 
-def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, dict[str, Any]]:
+def _auto_device(db: Database, settings: Settings) -> str:
+    with db.read_sessions() as session:
+        return run_inputs.auto_device(session, settings)
+
+
+def _memory_estimate(
+    raw: Any, settings: Settings, auto: str = "auto"
+) -> tuple[RunConfig | None, dict[str, Any]]:
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as exc:
@@ -225,7 +235,7 @@ def _memory_estimate(raw: Any, settings: Settings) -> tuple[RunConfig | None, di
             "text": f"not a valid config yet ({where}: {first['msg']})",
             "errors": [*_model_error(raw, settings), *found][:MAX_REPORTED_ERRORS],
         }
-    report = run_inputs.memory_report(config, settings)
+    report = run_inputs.memory_report(config, settings, auto=auto)
     if model_errors := _model_error(raw, settings):
         report["errors"] = model_errors  # what Start would refuse, marked as you type
     return config, report
