@@ -3,8 +3,11 @@ with the truth as training goes on (Goodhart), and does InstructGPT's KL in the 
 
     PYTHONPATH=. .venv/bin/python bench/proxy_vs_truth.py --rm-run /tmp/rm-bench/run \
         [--steps 12] [--kl 0 0.05] [--prompts 4] [--group 4] [--threads 2]
+    PYTHONPATH=. .venv/bin/python bench/proxy_vs_truth.py --proxy judge [--judgements 2] ...
 
-The reward model: the last checkpoint of bench/reward_model.py's run (``--rm-run``, its
+The proxy is a reward model or a judge (``--proxy judge``: SmolLM2 itself grading each answer
+with the judge reward's default rubric, ``--judgements`` per answer). The reward model: the
+last checkpoint of bench/reward_model.py's run (``--rm-run``, its
 workdir), exported as a plain ``AutoModelForSequenceClassification`` directory (LoRA merged).
 The policy: SmolLM2-135M-Instruct + LoRA r16 on the same task (reasoning-gym chain_sum, 1-digit
 a ± b), GRPO, trained on the proxy alone: rewards [verifier at weight 0 (scored and logged: the
@@ -63,9 +66,17 @@ def exported_rm(run_dir: Path, out: Path) -> Path:
     return export_merged(latest[1], None, out)
 
 
-def config(args: argparse.Namespace, rm: Path, kl: float) -> RunConfig:
+def proxy_reward(args: argparse.Namespace, rm: Path | None) -> dict[str, object]:
+    if args.proxy == "judge":  # SmolLM2 itself grading, k judgements per answer
+        judge = {"model": MODEL, "samples": args.judgements, "max_new_tokens": 48,
+                 "temperature": 0.7, "timeout_s": 1800}  # fmt: skip
+        return {"name": "judge", "weight": 1, "params": judge}
+    return {"name": "reward_model", "weight": 1, "params": {"model": str(rm)}}
+
+
+def config(args: argparse.Namespace, rm: Path | None, kl: float) -> RunConfig:
     return RunConfig.model_validate({
-        "name": f"GRPO on a reward model, kl_in_reward {kl}",
+        "name": f"GRPO on a {args.proxy}, kl_in_reward {kl}",
         "algorithm": "grpo",
         "params": {"kl_in_reward": kl},
         "steps": args.steps,
@@ -76,8 +87,7 @@ def config(args: argparse.Namespace, rm: Path, kl: float) -> RunConfig:
         "sampling": {"prompts_per_step": args.prompts, "group_size": args.group,
                      "max_new_tokens": args.max_new_tokens, "temperature": 0.7},
         "optim": {"lr": args.lr},
-        "rewards": [{"name": "verifier", "weight": 0},
-                    {"name": "reward_model", "weight": 1, "params": {"model": str(rm)}}],
+        "rewards": [{"name": "verifier", "weight": 0}, proxy_reward(args, rm)],
         "truth": "verifier",
         "eval": {"every": args.eval_every, "at_start": True, "pass_k": args.pass_k},
         "checkpoint": {"every": 0},
@@ -90,7 +100,9 @@ def fmt(value: float | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rm-run", type=Path, required=True, help="bench/reward_model.py's run dir")
+    ap.add_argument("--proxy", choices=["reward_model", "judge"], default="reward_model")
+    ap.add_argument("--rm-run", type=Path, help="bench/reward_model.py's run dir (--proxy rm)")
+    ap.add_argument("--judgements", type=int, default=2, help="--proxy judge: k per answer")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.05])
     ap.add_argument("--prompts", type=int, default=4)
@@ -106,12 +118,17 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     store = builtin_store(args.out / "models")
-    rm = exported_rm(args.rm_run, args.out / "rm")
-    print(f"reward model: {rm}")
+    rm = None
+    if args.proxy == "reward_model":
+        if args.rm_run is None:
+            ap.error("--proxy reward_model needs --rm-run")
+        rm = exported_rm(args.rm_run, args.out / "rm")
+        print(f"reward model: {rm}")
     for kl in args.kl:
         sink = MemorySink()
         t0 = time.perf_counter()
-        result = train(config(args, rm, kl), sink, workdir=args.out / f"kl{kl}", model_store=store)
+        workdir = args.out / f"{args.proxy}-kl{kl}"
+        result = train(config(args, rm, kl), sink, workdir=workdir, model_store=store)
         wall = time.perf_counter() - t0
         print(f"\n== kl_in_reward {kl}: {result.status} in {wall:.0f} s")
         print("step  " + "  ".join(f"{name:>6}" for name, _ in STEP_KEYS))
