@@ -6,8 +6,9 @@
 One module per reward: ``verifier`` (the task's verify, the verified outcome O every run has),
 ``format`` (one \\boxed{} answer, or a regex), ``length`` (DAPO's soft overlong penalty),
 ``process`` (a process signal Φ the task provides: RLVP's R = O + βΦ), ``info_gain`` (ISPO's
-sequence signal, a batched reward that reads the policy) and ``reward_model`` (a trained
-reward model's score, through the run's models: ``RewardContext.models``); ``base`` holds what
+sequence signal, a batched reward that reads the policy), ``reward_model`` (a trained
+reward model's score, through the run's models: ``RewardContext.models``) and ``judge`` (a
+generative judge's critiques and scores, through the same models); ``base`` holds what
 they share and scores a batch (``build_rewards``, ``score_rollouts``). Adding one: a new module
 here with a parameter model and a function under ``@register_reward``; the registry imports
 every module of this package, so nothing else changes. Torch-free at import: the API validates
