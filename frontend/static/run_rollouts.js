@@ -195,7 +195,7 @@ function episodeView(ep) {
   );
 }
 
-function completionCell(r, format) {
+function answerCell(r, format) {
   const text = r.completion || "";
   if (r.episode) return h("td.text.turned", {}, episodeView(r.episode));
   if (format && text) return h("td.text.turned", {}, turnsView(text, format));
@@ -206,6 +206,15 @@ function completionCell(r, format) {
       "(empty completion)",
     );
   return h("td.text", {}, text || "–");
+}
+
+/** The rollout's answer, and below it, folded, what a judge reward wrote of it (its first
+ * judgement: the API's `critique`), as text. */
+function completionCell(r, format) {
+  const cell = answerCell(r, format);
+  if (r.critique)
+    cell.append(h("details.critique", {}, h("summary", {}, "judge's critique"), h("pre", {}, r.critique)));
+  return cell;
 }
 
 export async function loadRolloutTable(step) {
