@@ -37,11 +37,13 @@ def test_the_correctness_checks_pass_on_the_real_model_on_a_cpu(tmp_path, tmp_pa
     table = (tmp_path / "gpu_proof.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| correctness")]
     # decode (float32, bfloat16), buckets (float32), one memory config on a CPU, the
-    # environment rollout, system
-    assert len(rows) == 6, table
-    decode, decode_bf16, buckets, *memory, played, nvml = rows
+    # environment rollout, the reward-model reward's scorer, system
+    assert len(rows) == 7, table
+    decode, decode_bf16, buckets, *memory, played, scored, nvml = rows
     assert "environment rollout" in played and played.endswith("| ok |")
     assert "written tokens are the replay's argmax" in played
+    assert "reward-model reward" in scored and scored.endswith("| ok |")
+    assert "max /batched − alone/" in scored  # padded batches score each text as it alone
     assert "none on a CPU (a CPU run" in nvml and nvml.endswith("| ok |")
     assert "decode loop vs forward" in decode and decode.endswith("| ok |")
     assert "argmax agrees 8/8" in decode  # two rows of four tokens, all agreeing
