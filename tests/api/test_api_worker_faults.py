@@ -186,9 +186,10 @@ def test_sigterm_hands_the_run_back_and_a_new_worker_resumes_it(
     wp.env["CONSPO_WORKER_POOL"] = pool
     first = wp.start()
     # Enough steps that the signal (sent once step 3 is seen; the run stops at its next step
-    # boundary, step 5 or so) lands long before the end; every step resumed is trained again
-    # in full, so more only costs CI time (300 steps took ~35 s per case).
-    n = 80
+    # boundary, step 5 or so on a loaded box) lands long before the end even where a tiny step
+    # takes a few milliseconds; every step resumed is trained again in full, so more only costs
+    # CI time (300 steps took ~35 s per case on a loaded box).
+    n = 200
     run_id = submit(api, tiny_config(n))  # no periodic checkpoint: the one at the stop counts
     steps_reached(api, run_id, 3)
     assert len(api.get("/api/health").json()["workers"]) == 1
