@@ -119,14 +119,12 @@ run: install-run js
 	$(VENV)/bin/conspo-lab serve --embedded --demo --host $(HOST) --port $(PORT)
 
 # Two pytest-xdist workers, whole files each (a file's servers and workers start once): most
-# tests wait on a real worker, server or browser, so two overlap well even on two cores. Files
-# go out in collection order, those with a `slow` test first (tests/conftest.py), so the run does
-# not end on one worker's long file.
+# tests wait on a real worker, server or browser, so two overlap well even on two cores.
 TEST_WORKERS ?= 2
 
 # test-report.xml: each test's time; bench/test_times.py sums it per file (where CI time goes).
 test: install js
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 \
 	  --junit-xml=test-report.xml $(PYTEST_ARGS); status=$$?; \
 	  $(PY) bench/test_times.py test-report.xml || true; exit $$status
 

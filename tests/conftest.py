@@ -5,8 +5,6 @@ assert do not depend on whether someone ran `make vllm` here."""
 
 import os
 
-import pytest
-
 # What the vLLM tests use: the interpreter set for them, else the platform's own search. Kept in
 # the environment (not a module global): pytest may import this file twice.
 os.environ.setdefault("CONSPO_TEST_VLLM_PYTHON", os.environ.get("CONSPO_VLLM_PYTHON", ""))
@@ -18,14 +16,3 @@ os.environ["CONSPO_VLLM_PYTHON"] = "none"
 # on an oversubscribed box) instead of computing. Set before torch is imported; a caller's own
 # OMP_NUM_THREADS wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-@pytest.hookimpl(trylast=True)  # after pytest's own ordering (by fixture parameters)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a ``slow`` test run first. ``make test`` hands pytest-xdist whole files
-    (``--dist loadfile``) in this order (``--no-loadscope-reorder``; by default xdist orders files
-    by their number of tests, which put the slow one-test files, a worker's minutes each, last):
-    begun early, a long file overlaps the other worker's many short ones instead of holding one
-    worker alone at the end of the run."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within stays
