@@ -225,7 +225,51 @@ class Settings(BaseSettings):
         " more (tools.timeout_s) is refused at submit, and by a worker whose own limit is lower.",
     )
 
-    @field_validator("data_roots", "model_roots", "hub_allow", "trusted_proxies", mode="before")
+    # Alerts (backend.alerts): rules checked by every API process, their webhooks called from
+    # there, with these bounds.
+    alert_poll_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="How often an API process checks alert rules and sends the deliveries due.",
+    )
+    public_url: str = Field(
+        "",
+        max_length=500,
+        description="The address people open this platform's pages at (https://lab.example.org),"
+        " for links in alerts; empty: alerts name runs by id only.",
+    )
+    alert_webhook_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated hosts alert webhooks may call (exact names, or *.suffix);"
+        " empty: any public host.",
+    )
+    alert_allow_private: bool = Field(
+        False,
+        description="Let alert webhooks call loopback, private and link-local addresses (off: an"
+        " alert cannot be made to reach the platform's own services).",
+    )
+    alert_timeout_s: float = Field(
+        5.0, gt=0, le=60, description="One webhook call's limit (connect, send and answer)."
+    )
+    alert_max_attempts: int = Field(
+        6,
+        ge=1,
+        le=50,
+        description="Webhook calls per alert before it is marked failed; the"
+        " waits between them double from 2 s.",
+    )
+    alert_per_minute: int = Field(
+        60,
+        ge=1,
+        le=10_000,
+        description="Webhook calls per API process per minute; the rest wait their turn.",
+    )
+
+    @field_validator(
+        "data_roots", "model_roots", "hub_allow", "trusted_proxies", "alert_webhook_hosts",
+        mode="before",
+    )  # fmt: skip
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -16,10 +16,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend import task_checks
+from backend.alerts.dispatcher import Dispatcher
 from backend.api import contract, errors
 from backend.api.deps import SessionGate, require_reader
 from backend.api.query import format_is_declared, query_is_utf8
 from backend.api.routes import (
+    alerts,
     compare,
     external,
     health,
@@ -159,7 +161,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # The users' plugins are imported now, so one that fails is named in the log at start
         # (and in /api/health), not at the first submit that needs it.
         plugins.load_plugins()
+        alerts = Dispatcher(app.state.db, settings)
+        alerts.start()
         yield
+        alerts.stop()
         app.state.db.dispose()
         task_checks.for_settings(settings).close()
 
@@ -201,6 +206,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         compare,
         pipelines,
         models,
+        alerts,
     ):
         api.include_router(module.router)
     api.include_router(models.runs_router)  # GET /api/runs/{run_id}/export: a model's download

@@ -424,3 +424,54 @@ class StudyRun(Base):
         ForeignKey("runs.id", ondelete="SET NULL"), index=True
     )
     trial: Mapped[int | None] = mapped_column(Integer)  # the Optuna trial number (search studies)
+
+
+class AlertRule(Base):
+    """When to tell someone, and where (``backend.alerts``): an event of the runs in its scope
+    (one run, a study's runs, or every run of its owner) delivered to a webhook. The URL is a
+    secret (a Slack or Discord webhook's path is its key): no page, answer or log shows more
+    than its scheme and host."""
+
+    __tablename__ = "alert_rules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    # The scope: run_id, else study_id, else every run its owner owns.
+    run_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    study_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    event: Mapped[str] = mapped_column(String(16))  # failed, finished, stalled, metric
+    metric_key: Mapped[str | None] = mapped_column(String(200))
+    comparison: Mapped[str | None] = mapped_column(String(16))  # below, above, nonfinite
+    threshold: Mapped[float | None] = mapped_column(Float)
+    stall_s: Mapped[float | None] = mapped_column(Float)  # stalled: no step for this long
+    webhook_url: Mapped[str] = mapped_column(Text)
+    webhook_format: Mapped[str] = mapped_column(String(16), default="slack")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AlertFiring(Base):
+    """A rule that fired for a run: once per (rule, run), whichever process saw it first (the
+    unique index), and its webhook delivery, claimed by one process at a time (``state``
+    ``sending`` until ``claimed_until``) and retried with backoff until ``next_attempt_at``."""
+
+    __tablename__ = "alert_firings"
+    __table_args__ = (
+        Index("ux_alert_firings_rule_run", "rule_id", "run_id", unique=True),
+        Index("ix_alert_firings_state_next", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rule_id: Mapped[int] = mapped_column(ForeignKey("alert_rules.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(Integer, index=True)
+    event: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    step: Mapped[int | None] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    state: Mapped[str] = mapped_column(String(16), default="pending")  # sending delivered failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)

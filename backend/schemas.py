@@ -877,3 +877,90 @@ class StudyOut(BaseModel):
         description="A cancelled study stopped by its runs: those cancelled from outside it"
         " (the runs list, the run page, the API); empty when its own cancel stopped it.",
     )
+
+
+# --- alerts (backend.alerts) ----------------------------------------------------------------
+
+AlertEvent = Literal["failed", "finished", "stalled", "metric"]
+RowId = Annotated[int, Field(ge=1, le=INT32_MAX), INTEGRAL]
+
+
+class AlertRuleCreate(_Body):
+    """An alert: an event of the runs in its scope, told to a webhook. The scope is ``run_id``,
+    else ``study_id``, else every run of the caller."""
+
+    name: Annotated[str, Field(max_length=NAME_MAX), LABEL] = ""
+    run_id: RowId | None = None
+    study_id: RowId | None = None
+    event: AlertEvent = Field(
+        description="failed; finished (succeeded, failed or cancelled); stalled (running, no step"
+        " for stall_minutes); metric (a point of `metric` below or above `threshold`, or"
+        " non-finite). Each rule fires at most once per run."
+    )
+    metric: MetricKey | None = Field(None, description="event=metric: the metric's key.")
+    comparison: Literal["below", "above", "nonfinite"] | None = Field(
+        None, description="event=metric: a point below or above threshold, or NaN/±Inf."
+    )
+    threshold: float | None = Field(None, description="event=metric, below or above.")
+    stall_minutes: float | None = Field(
+        None, gt=0, le=10_080, description="event=stalled: minutes without a step (default 10)."
+    )
+    webhook: Annotated[str, Field(min_length=1, max_length=2000), LABEL] = Field(
+        description="An http(s) URL called with a JSON POST; a secret: answers show only its"
+        " scheme and host."
+    )
+    format: Literal["slack", "discord", "json"] = Field(
+        "slack",
+        description="slack: {text}; discord: {content}; json: {text, alert: {id, rule_id,"
+        " run_id, event, step, value, ...}}.",
+    )
+
+
+class AlertRuleOut(BaseModel):
+    id: int
+    name: str
+    owner: str | None
+    run_id: int | None
+    study_id: int | None
+    scope: str
+    event: str
+    metric: str | None
+    comparison: str | None
+    threshold: float | None
+    stall_minutes: float | None
+    webhook: str = Field(description="Its scheme and host only.")
+    format: str
+    created_at: datetime
+    fired: int = Field(description="Runs it fired for.")
+    delivered: int
+    failed: int
+
+
+class AlertRuleList(BaseModel):
+    rules: list[AlertRuleOut]
+
+
+class AlertFiringOut(BaseModel):
+    id: int
+    rule_id: int
+    rule_name: str
+    run_id: int
+    event: str
+    message: str
+    step: int | None
+    value: float | None
+    created_at: datetime
+    state: Literal["pending", "sending", "delivered", "failed"]
+    attempts: int
+    next_attempt_at: datetime | None = Field(description="pending: when it is called again.")
+    delivered_at: datetime | None
+    last_error: str | None = Field(description="What the last call met (never the URL).")
+
+
+class AlertFiringList(BaseModel):
+    firings: list[AlertFiringOut]
+
+
+class AlertTestOut(BaseModel):
+    delivered: bool
+    error: str | None

@@ -187,3 +187,49 @@ def product_demos() -> list[tuple[str, str, str, str]]:
         (f"What is {a} * {b}?", f"print({a} * {b})", str(a * b), f"The answer is {a * b}.")
         for a, b in ((12, 34), (51, 77))
     ]
+
+
+class WebhookReceiver:
+    """A real HTTP server on 127.0.0.1 standing for Slack or Discord: it records each POST (path,
+    JSON body, monotonic time) and answers the first ``fail`` of them with ``fail_status``, the
+    rest with 200."""
+
+    def __init__(self, fail: int = 0, fail_status: int = 500) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.calls: list[tuple[str, Any, float]] = []
+        self.fail, self.fail_status = fail, fail_status
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                receiver.calls.append((self.path, body, time.monotonic()))
+                code = receiver.fail_status if len(receiver.calls) <= receiver.fail else 200
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hooks/T000/B000/s3cr3t-key") -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def wait(self, n: int, timeout: float = 120.0) -> list[tuple[str, Any, float]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(self.calls) < n:
+            time.sleep(0.1)
+        assert len(self.calls) >= n, f"{len(self.calls)} webhook calls after {timeout}s, not {n}"
+        return self.calls
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
