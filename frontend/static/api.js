@@ -24,11 +24,29 @@ function takeEarly(path) {
   return sent;
 }
 
+// A 503 that carries Retry-After is the server's back-pressure (a full pool, busy task-check
+// helpers): the API promises nothing was done (docs/api.md), so asking again is safe, after the
+// wait it names, a few times before the error reaches the page.
+const BUSY_RETRIES = 4;
+const BUSY_WAIT_MAX_S = 10;
+
+function busyWait(resp) {
+  if (resp.status !== 503) return null;
+  const seconds = Number(resp.headers.get("Retry-After"));
+  return Number.isFinite(seconds) && seconds >= 0 ? Math.min(seconds, BUSY_WAIT_MAX_S) : null;
+}
+
 export async function request(method, path, body) {
   const init = { method, headers: headers(body !== undefined) };
   if (body !== undefined) init.body = JSON.stringify(body);
   const early = method === "GET" ? await takeEarly(path) : null;
-  const resp = early || (await fetch(path, init));
+  let resp = early || (await fetch(path, init));
+  for (let tries = 0; tries < BUSY_RETRIES; tries++) {
+    const wait = busyWait(resp);
+    if (wait === null) break;
+    await new Promise((done) => setTimeout(done, Math.max(wait, 0.5) * 1000));
+    resp = await fetch(path, init);
+  }
   if (resp.status === 204) return null;
   let data = null;
   const text = await resp.text();

@@ -71,6 +71,16 @@ class UIServer:
         assert resp.status_code < 400, f"{method} {path} → {resp.status_code}: {resp.text[:500]}"
         return resp.json() if resp.content else None
 
+    def stop_run(self, run_id: int) -> None:
+        """Cancel a run a test is done with, so the worker is free for the next test; a run
+        that finished first (a 409) is as good, on a machine fast enough to finish it."""
+        resp = self.http.post(f"/api/runs/{run_id}/cancel")
+        if resp.status_code == 409:
+            state = self.api("GET", f"/api/runs/{run_id}")["status"]
+            assert state in {"succeeded", "failed", "cancelled"}, f"run {run_id}: {resp.text}"
+            return
+        assert resp.status_code < 400, f"cancel run {run_id} → {resp.status_code}: {resp.text}"
+
     def external_run(
         self,
         name: str,
@@ -246,7 +256,8 @@ class PageProblems:
 
     def __init__(self, host: str) -> None:
         self.host = host
-        self.errors: list[str] = []
+        self.page_errors: list[str] = []
+        self.console: list[tuple[str, str, Any]] = []  # (text, url, location) of console errors
         self.external: list[str] = []
         self.allowed: list[tuple[str, str]] = []
 
@@ -257,19 +268,35 @@ class PageProblems:
 
     def attach(self, page: Any) -> None:
         page.on("console", self._console)
-        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.on("response", self._response)
+        page.on("pageerror", lambda exc: self.page_errors.append(f"pageerror: {exc}"))
         page.route("**/*", self._route)
 
+    def _response(self, response: Any) -> None:
+        # A 503 with Retry-After is the server's back-pressure on a loaded machine, which the
+        # page's client waits out and asks again (frontend/static/api.js): Chromium still logs
+        # it, and that line is no fault of the page. A 503 without it stays an error.
+        if response.status == 503 and response.headers.get("retry-after") is not None:
+            self.allowed.append(("status of 503", response.url))
+
     def _console(self, msg: Any) -> None:
-        if msg.type != "error":
-            return
-        url = (msg.location or {}).get("url", "")
-        if any(
-            text in msg.text and (url == where or ("?" not in where and url.split("?")[0] == where))
-            for text, where in self.allowed
-        ):
-            return
-        self.errors.append(f"console.error: {msg.text} @ {msg.location}")
+        if msg.type == "error":
+            location = msg.location or {}
+            self.console.append((msg.text, location.get("url", ""), location))
+
+    @property
+    def errors(self) -> list[str]:
+        """Uncaught exceptions and console errors, less the allowed ones (judged when asked:
+        a response's event may reach us after Chromium's log line about it)."""
+        return self.page_errors + [
+            f"console.error: {text} @ {location}"
+            for text, url, location in self.console
+            if not any(
+                allowed in text
+                and (url == where or ("?" not in where and url.split("?")[0] == where))
+                for allowed, where in self.allowed
+            )
+        ]
 
     def _route(self, route: Any) -> None:
         url = route.request.url

@@ -169,7 +169,7 @@ def test_edit_and_rerun_keeps_the_reward_functions(page: Any, ui_server: Any) ->
     page.click("#submit-btn")
     page.wait_for_url(re.compile(r"/runs/\d+$"))
     run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
-    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+    ui_server.stop_run(run["id"])  # the form is what is tested here
     assert run["config"]["rewards"] == [rewards[0], {**rewards[1], "weight": 0.25}]
 
 
@@ -211,7 +211,7 @@ def test_the_reward_picker_adds_a_registered_reward_with_its_weight_and_params(
     page.click("#submit-btn")
     page.wait_for_url(re.compile(r"/runs/\d+$"))
     run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
-    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+    ui_server.stop_run(run["id"])  # the form is what is tested here
     assert run["config"]["rewards"] == [
         {"name": "verifier", "weight": 1.0, "params": {}},
         {"name": "length", "weight": 0.5, "params": {"buffer": 4}},
@@ -322,6 +322,63 @@ def test_compare_page_loads(page: Any, shot: Any, ui_server: Any, two_runs: Any)
 # ------------------------------------------------------------------------------------------------
 # form: submit → run page; bad values → inline errors, typed values kept
 # ------------------------------------------------------------------------------------------------
+
+
+def test_a_busy_server_is_waited_out_and_the_run_is_made_once(page: Any, ui_server: Any) -> None:
+    # The first submit meets the server's back-pressure (a 503 with Retry-After, as a full
+    # pool or busy task-check helpers answer on a loaded machine; injected here through the
+    # browser's router, since a real one cannot be timed): the page waits and asks again.
+    posts: list[str] = []
+
+    def busy_once(route: Any) -> None:
+        if route.request.method != "POST":
+            route.fallback()
+            return
+        posts.append(route.request.post_data or "")
+        if len(posts) == 1:
+            route.fulfill(
+                status=503,
+                headers={"Retry-After": "1", "Content-Type": "application/json"},
+                body='{"detail": "every task check is busy; retry shortly"}',
+            )
+        else:
+            route.fallback()
+
+    page.route(f"{ui_server.url}/api/runs", busy_once)
+    name = f"ui-busy-{uuid.uuid4().hex[:6]}"
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    fill_small_run(page, name)
+    page.click("#submit-btn")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    assert len(posts) == 2 and posts[0] == posts[1]  # the same request, asked once more
+    rows = ui_server.api("GET", f"/api/runs?q={name}")["items"]
+    assert [r["name"] for r in rows] == [name]
+    ui_server.stop_run(rows[0]["id"])
+
+
+def test_a_503_without_retry_after_is_shown_not_retried(page: Any, ui_server: Any) -> None:
+    page.problems.allow_http_error(503, "/api/runs")
+    posts: list[str] = []
+
+    def down(route: Any) -> None:
+        if route.request.method != "POST":
+            route.fallback()
+            return
+        posts.append(route.request.post_data or "")
+        route.fulfill(
+            status=503,
+            headers={"Content-Type": "application/json"},
+            body='{"detail": "database unavailable, retry later"}',
+        )
+
+    page.route(f"{ui_server.url}/api/runs", down)
+    page.goto(f"{ui_server.url}/runs/new")
+    page.wait_for_selector('[name="config.params.tau"]')
+    fill_small_run(page, f"ui-down-{uuid.uuid4().hex[:6]}")
+    page.click("#submit-btn")
+    wait_until(page, lambda: "database unavailable" in page.inner_text("body"), 60, "the error")
+    assert len(posts) == 1 and "/runs/new" in page.url
 
 
 def fill_small_run(page: Any, name: str) -> None:
@@ -496,7 +553,7 @@ def test_form_submits_lora_a_benchmark_and_a_prompt_and_shows_the_estimate(
         }
     ]
     assert config["prompt"]["template"] == "boxed" and config["sampling"]["engine"] == "hf"
-    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+    ui_server.stop_run(run["id"])  # the form is what is tested here
 
 
 def test_several_seeds_land_on_the_runs_list_of_their_group(page: Any, ui_server: Any) -> None:

@@ -244,7 +244,7 @@ def test_the_form_picks_a_tool_and_its_limits_and_the_run_keeps_them(
         return
     page.wait_for_url(re.compile(r"/runs/\d+$"))
     run = ui_server.api("GET", f"/api/runs/{page.url.rsplit('/', 1)[1]}")
-    ui_server.api("POST", f"/api/runs/{run['id']}/cancel")  # the form is what is tested here
+    ui_server.stop_run(run["id"])  # the form is what is tested here
     tools = run["config"]["tools"]
     assert tools["names"] == ["python"] and tools["max_turns"] == 3
     assert tools["timeout_s"] == 2 and tools["max_output_chars"] == 256
