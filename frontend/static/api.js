@@ -31,8 +31,9 @@ const BUSY_RETRIES = 4;
 const BUSY_WAIT_MAX_S = 10;
 
 function busyWait(resp) {
-  if (resp.status !== 503) return null;
-  const seconds = Number(resp.headers.get("Retry-After"));
+  const header = resp.headers.get("Retry-After");
+  if (resp.status !== 503 || header === null || header.trim() === "") return null;
+  const seconds = Number(header);
   return Number.isFinite(seconds) && seconds >= 0 ? Math.min(seconds, BUSY_WAIT_MAX_S) : null;
 }
 
