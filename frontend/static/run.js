@@ -5,6 +5,7 @@
 import { del, errorText, get, post, qs, stream } from "/static/api.js";
 import { noteEditor } from "/static/notes.js";
 import { promptView } from "/static/prompts.js";
+import { alertsView } from "/static/run_alerts.js";
 import { drawAll, drawInTurn, scheduleDraw } from "/static/run_charts.js";
 import { renderProgress, renderRun } from "/static/run_header.js";
 import { logTail, logView } from "/static/run_log.js";
@@ -14,6 +15,7 @@ import { $, $$, FINISHED, h, setConn, toast } from "/static/util.js";
 
 const PROMPTS = promptView(runId, $("#chart-sections"));
 const LOG = logView(runId, () => Boolean(S.run && FINISHED.has(S.run.status)));
+const ALERTS = alertsView($("#run-alerts"), runId);
 let tailShown = false;
 function showErrorLog(run) {
   // A failed run leads with what it printed last, beside its error.
@@ -153,9 +155,12 @@ $("#delete-btn").addEventListener("click", async () => {
 for (const btn of $$(".tabs button")) {
   btn.addEventListener("click", () => {
     for (const b of $$(".tabs button")) b.classList.toggle("active", b === btn);
-    for (const name of ["charts", "config", "summary", "logs"]) $(`#tab-${name}`).hidden = name !== btn.dataset.tab;
+    for (const name of ["charts", "config", "summary", "logs", "alerts"])
+      $(`#tab-${name}`).hidden = name !== btn.dataset.tab;
     if (btn.dataset.tab === "logs") LOG.show();
     else LOG.hide();
+    if (btn.dataset.tab === "alerts") ALERTS.show();
+    else ALERTS.hide();
     if (btn.dataset.tab === "charts") window.dispatchEvent(new Event("resize"));
   });
 }

@@ -210,6 +210,9 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIServer]:
         CONSPO_UI_TOKEN_INJECT="true",
         CONSPO_HEARTBEAT_INTERVAL_S="0.5",
         CONSPO_MODEL_ROOTS=str(model_root),
+        # test_alerts' webhook receiver listens on this machine's loopback
+        CONSPO_ALERT_ALLOW_PRIVATE="true",
+        CONSPO_ALERT_POLL_S="0.5",
     )
     try:
         token = migrate_and_create_token(env, "ui-tester")
