@@ -4,7 +4,8 @@
   lineage (the runs it started from, back to a base model), what it trained (its kind's label),
   its last evaluation, its owner and whether they share it, and what the caller may do with it
   (``backend.runs.sharing``).
-* ``export_model`` writes one as a plain Hugging Face directory.
+* ``export_model`` writes one as a plain Hugging Face directory; ``download`` is that directory
+  as a tar (``ModelTar``) with its SHA-256, kept beside it in ``<dir>.tar.sha256``.
 
 Torch-free: a LoRA checkpoint is merged by ``python -m conspo export`` in a subprocess, so the
 API process never loads torch.
@@ -27,6 +28,7 @@ from backend.runs import sharing
 from backend.runs.rows import run_label
 from backend.storage.runs import finished_worker_runs
 from conspo.models.lineage import TRAINING_FILES, Which, checkpoint_for, describe, is_adapter
+from conspo.models.model_tar import ModelTar, checksum
 
 
 def lineage(session: Session, run: Run) -> list[dict[str, Any]]:
@@ -128,3 +130,11 @@ def export_model(settings: Settings, run_id: int, which: Which) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def download(out: Path) -> tuple[ModelTar, str]:
+    """The exported directory ``out`` as a tar of ``<name>/``, and that tar's SHA-256 (hex): read
+    from ``<out>.tar.sha256`` while the directory's listing is the one it was computed for, else
+    computed (one read of the whole tar) and kept there."""
+    archive = ModelTar(out, out.name)
+    return archive, checksum(archive, out.with_name(f"{out.name}.tar.sha256"))

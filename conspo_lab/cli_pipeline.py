@@ -5,6 +5,7 @@
     conspo-lab pipeline cancel 3                         # current stage stops, the rest never run
     conspo-lab models                                    # finished runs' checkpoints, lineage, eval
     conspo-lab models export 12 [--step best]            # a Hugging Face directory on the server
+    conspo-lab models download 12 [--into DIR]           # that directory here, resumable, checked
 
 A pipeline file is YAML or JSON with the fields of ``POST /api/pipelines``: ``name``, ``stages``
 (a list of run configs, as ``conspo-lab submit`` takes; each stage after the first starts from the
@@ -35,7 +36,7 @@ from conspo_lab.cli_client import (
 pipeline_app = typer.Typer(help="Pipelines: stages (SFT → RL, …) run one after the other.")
 models_app = typer.Typer(
     help="Finished runs' model checkpoints: list them; `models export RUN_ID` exports one as a"
-    " model directory.",
+    " model directory, `models download RUN_ID` downloads it.",
     invoke_without_command=True,
 )
 ENDED = ("succeeded", "failed", "cancelled")
@@ -202,3 +203,29 @@ def export(
             else lab.export_model(run_id, which)
         )
     console.print(str(path), highlight=False, soft_wrap=True)
+
+
+@models_app.command("download")
+def download(
+    run_id: Annotated[int, typer.Argument(help="The run whose checkpoint to download.")],
+    step: Annotated[str, typer.Option(help="last, best or a kept step number.")] = "last",
+    into: Annotated[
+        Path, typer.Option(help="The directory to unpack it in (created if need be).")
+    ] = Path("."),
+    retries: Annotated[
+        int, typer.Option(min=0, help="Dropped connections in a row to go on from.")
+    ] = 5,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Download a run's model checkpoint as a Hugging Face model directory (exported first).
+
+    The tar is saved as DIR/.run-<id>-<step>.tar.part until it is whole: a dropped connection
+    goes on from there (HTTP ranges), and so does running the command again. Its SHA-256 is
+    checked against the server's before it is unpacked; the model directory and the checksum
+    are printed."""
+    which: str | int = int(step) if step.isdigit() else step
+    with _client(url, token) as lab:
+        got = lab.fetch_model(run_id, into, which, retries=retries)
+    console.print(str(got.path.resolve()), highlight=False, soft_wrap=True)
+    console.print(f"sha256 {got.sha256}  ({got.size:,} bytes)", highlight=False, soft_wrap=True)

@@ -12,7 +12,8 @@ Errors come back as ``ApiError`` (status code plus the server's ``detail``); a 4
 
 from __future__ import annotations
 
-import io
+import base64
+import hashlib
 import json
 import math
 import os
@@ -84,6 +85,11 @@ class ApiError(Exception):
 
 class ServerUnavailable(ApiError):
     """The server could not be reached (connection refused, timeout); ``status`` is 0."""
+
+
+class ChecksumMismatch(ApiError):
+    """A downloaded model's tar is not the one the server hashed (``status`` is 0); its partial
+    file has been deleted, so the next download starts over."""
 
 
 def _field_name(loc: Sequence[Any]) -> str:
@@ -286,6 +292,16 @@ class StreamEvent:
 # --------------------------------------------------------------------------------------------
 # The client
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelDownload:
+    """What ``Client.fetch_model`` downloaded."""
+
+    path: Path  # the unpacked model directory: from_pretrained(path)
+    sha256: str  # the tar's SHA-256 (hex), the server's, which its bytes were checked against
+    size: int  # the tar's bytes
+    resumes: int  # requests that went on from a partial file with a Range
 
 
 class Client:
@@ -623,25 +639,128 @@ class Client:
         data = self._request("POST", f"/api/models/{run_id}/export", json={"step": step})
         return str(data["path"])
 
-    def download_model(self, run_id: int, into: str | Path, step: str | int = "last") -> Path:
-        """Export the run's checkpoint, then download it into the directory ``into``, unpacked
-        as it streams (``GET /api/runs/{run_id}/export``, a tar); the model directory, which
-        loads with ``AutoModelForCausalLM.from_pretrained``."""
-        self.export_model(run_id, step)  # a LoRA merge may outlast what a GET may wait
+    def download_model(
+        self,
+        run_id: int,
+        into: str | Path,
+        step: str | int = "last",
+        *,
+        retries: int = 5,
+        retry_wait: float = 1.0,
+    ) -> Path:
+        """Export the run's checkpoint and download it into the directory ``into``, checked and
+        unpacked (``fetch_model``); the model directory, which loads with
+        ``AutoModelForCausalLM.from_pretrained``."""
+        return self.fetch_model(run_id, into, step, retries=retries, retry_wait=retry_wait).path
+
+    def fetch_model(
+        self,
+        run_id: int,
+        into: str | Path,
+        step: str | int = "last",
+        *,
+        retries: int = 5,
+        retry_wait: float = 1.0,
+    ) -> ModelDownload:
+        """Export the run's checkpoint (``POST /api/models/{run_id}/export``: a LoRA merge may
+        outlast what a GET may wait), then download its tar (``GET /api/runs/{run_id}/export``)
+        to ``into/.run-<id>-<step>.tar.part``, check its SHA-256 and unpack it into ``into``.
+
+        Resumable: a dropped connection (or a 502/503/504) is retried up to ``retries`` times in
+        a row, waiting ``retry_wait`` s doubled each time, asking only for the bytes the partial
+        file lacks (a Range, conditional on the tar being the same one: ``If-Range``); a server
+        that answers the whole tar instead is read from its start. A partial file left by an
+        earlier call that gave up is gone on from the same way. A tar whose SHA-256 is not the
+        server's raises ``ChecksumMismatch`` and deletes the partial file; a tar is unpacked
+        with tarfile's ``data`` filter (nothing outside ``into``, no links out, no devices)."""
+        exported = self._request("POST", f"/api/models/{run_id}/export", json={"step": step})
+        into = Path(into)
+        into.mkdir(parents=True, exist_ok=True)
+        name = Path(exported["path"]).name  # run-<id>-<step>, the tar's one directory
+        part = into / f".{name}.tar.part"
         path = f"/api/runs/{run_id}/export"
-        with self._http.stream("GET", path, params={"step": step}) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise ApiError(response.status_code, _detail(response), "GET", path)
-            stream = io.BufferedReader(_ByteStream(response.iter_bytes()))
-            with tarfile.open(fileobj=stream, mode="r|") as archive:
-                tops: set[str] = set()
-                for member in archive:
-                    tops.add(member.name.split("/", 1)[0])
-                    archive.extract(member, into, filter="data")
-        if len(tops) != 1:
-            raise ApiError(0, f"the archive holds {sorted(tops)}, not one directory", "GET", path)
-        return Path(into) / tops.pop()
+        sha256, size, resumes = self._download(
+            path, {"step": step}, part, exported["sha256"], exported["size"], retries, retry_wait
+        )
+        got = _file_sha256(part)
+        if got != sha256:
+            part.unlink(missing_ok=True)
+            raise ChecksumMismatch(
+                0,
+                f"the download of {name}.tar has SHA-256 {got}, not the server's {sha256}: its"
+                " partial file was deleted, download it again",
+                "GET",
+                path,
+            )
+        with tarfile.open(part, mode="r:") as archive:
+            members = archive.getmembers()
+            tops = {member.name.split("/", 1)[0] for member in members}
+            if len(tops) != 1:
+                raise ApiError(
+                    0, f"the archive holds {sorted(tops)}, not one directory", "GET", path
+                )
+            archive.extractall(into, members=members, filter="data")
+        part.unlink()
+        return ModelDownload(into / tops.pop(), sha256, size, resumes)
+
+    def _download(
+        self,
+        path: str,
+        params: dict[str, Any],
+        part: Path,
+        sha256: str,
+        size: int,
+        retries: int,
+        retry_wait: float,
+    ) -> tuple[str, int, int]:
+        """GET ``path`` into the file ``part``, going on from what it holds; the SHA-256 and the
+        size the server states for what it sent (``Repr-Digest``; ``sha256`` and ``size`` until
+        it says otherwise) and the resumes (see ``fetch_model``)."""
+        failures = resumes = 0
+        while True:
+            have = part.stat().st_size if part.exists() else 0
+            if have == size:
+                return sha256, size, resumes
+            if have > size:  # not a part of this tar
+                part.unlink()
+                have = 0
+            headers = {"Range": f"bytes={have}-", "If-Range": f'"{sha256}"'} if have else {}
+            timeout = httpx.Timeout(self._http.timeout.connect, read=60.0)
+            try:
+                with self._http.stream(
+                    "GET", path, params=params, headers=headers, timeout=timeout
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        error = ApiError(response.status_code, _detail(response), "GET", path)
+                        if response.status_code == 416:  # what it holds is no part of this tar
+                            part.unlink()
+                        if response.status_code not in (416, 502, 503, 504):
+                            raise error
+                        raise _TryAgain(str(error))
+                    start = _range_start(response, have, path)
+                    sha256 = _repr_sha256(response) or sha256
+                    size = _total_size(response, size)
+                    resumes += start > 0
+                    with part.open("r+b" if start else "wb") as f:
+                        f.seek(start)
+                        f.truncate()
+                        for chunk in response.iter_bytes():
+                            f.write(chunk)
+                            failures = 0  # it got on: the next failure is the first in a row
+                        if f.tell() == start:
+                            raise _TryAgain("the server sent no bytes")
+            except (httpx.TransportError, _TryAgain) as exc:
+                failures += 1
+                if failures > retries:
+                    raise ServerUnavailable(
+                        0,
+                        f"the download from {self.base_url} failed {failures} times in a row"
+                        f" ({exc}); run it again to go on from {part}",
+                        "GET",
+                        path,
+                    ) from exc
+                time.sleep(retry_wait * 2 ** min(failures - 1, 5))
 
     def _text(self, method: str, path: str, params: dict[str, Any] | None = None) -> str:
         try:
@@ -725,32 +844,53 @@ class Client:
 # --------------------------------------------------------------------------------------------
 
 
-class _ByteStream(io.RawIOBase):
-    """The chunks of a streamed response as a file to read from (``tarfile``'s stream mode)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks, self.left = chunks, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self.left:
-            self.left = next(self.chunks, b"")
-            if not self.left:
-                return 0
-        n = min(len(buffer), len(self.left))
-        buffer[:n] = self.left[:n]
-        self.left = self.left[n:]
-        return n
-
-
 def _detail(response: httpx.Response) -> Any:
     try:
         body = response.json()
     except ValueError:
         return response.text or response.reason_phrase
     return body.get("detail", body) if isinstance(body, dict) else body
+
+
+class _TryAgain(Exception):
+    """An answer worth asking again for: a busy server (502, 503, 504), a 416."""
+
+
+def _range_start(response: httpx.Response, have: int, path: str) -> int:
+    """Where in the tar the response's bytes start: ``have`` for a 206 that goes on from there,
+    0 for a 200 (the server sent the whole tar: it is read from its start)."""
+    if response.status_code != 206:
+        return 0
+    answered = response.headers.get("Content-Range", "")
+    if not answered.startswith(f"bytes {have}-"):
+        raise ApiError(0, f"asked for bytes {have}- and got {answered!r}", "GET", path)
+    return have
+
+
+def _repr_sha256(response: httpx.Response) -> str | None:
+    """The SHA-256 (hex) of ``Repr-Digest: sha-256=:<base64>:``, if the response has one."""
+    for item in response.headers.get("Repr-Digest", "").split(","):
+        algorithm, _, value = item.strip().partition("=")
+        if algorithm == "sha-256" and value.startswith(":") and value.endswith(":"):
+            return base64.b64decode(value[1:-1]).hex()
+    return None
+
+
+def _total_size(response: httpx.Response, size: int) -> int:
+    """The tar's size by the response: a 206's Content-Range total, a 200's length."""
+    if response.status_code == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        return int(total) if total.isdigit() else size
+    length = response.headers.get("Content-Length", "")
+    return int(length) if length.isdigit() else size
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _as_dict(config: BaseModel | Mapping[str, Any]) -> dict[str, Any]:

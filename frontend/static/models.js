@@ -1,9 +1,10 @@
 // The models page (/models): the model registry, GET /api/models (every succeeded run with a
 // checkpoint on disk), one row per model: its run, kind, lineage back to the base model, its last
 // and best checkpoints and its last eval. "Export" is POST /api/models/{run}/export (the path of
-// the Hugging Face directory is shown in the row); "Download" exports it the same way, then
-// follows its download_url (GET /api/runs/{run}/export, a tar of that directory, with a ticket
-// standing for the token) as a plain link; "Train from this" opens the form with
+// the Hugging Face directory is shown in the row, and under it its tar's size and SHA-256);
+// "Download" exports it the same way, then follows its download_url (GET /api/runs/{run}/export,
+// a tar of that directory, with a ticket standing for the token) as a plain link, which the
+// browser resumes with a Range by itself; "Train from this" opens the form with
 // model.from_run prefilled. A model is its owner's until they share it: the owner (or an admin)
 // ticks "shared" (PATCH /api/runs/{run} {model_shared}, its error said in the row); others see
 // the flag, and the buttons the API's may_start_from / may_export forbid are disabled.
@@ -107,8 +108,24 @@ function follow(url) {
 /** A path in the row: breaks anywhere (it has no spaces), unlike the words around it. */
 const pathText = (text) => h("span.path.mono", {}, text);
 
+function fmtBytes(n) {
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  const i = Math.min(units.length - 1, Math.floor(Math.log10(Math.max(n, 1)) / 3));
+  return `${fmtNum(n / 1000 ** i, 3)} ${units[i]}`;
+}
+
+/** The export's tar: its size and SHA-256 (what `sha256sum` of the downloaded tar prints). */
+function showSum(sum, res) {
+  sum.replaceChildren(
+    `tar ${fmtBytes(res.size)} · sha256 `,
+    h("span.mono", { style: "overflow-wrap: anywhere" }, res.sha256),
+  );
+  sum.title = `${res.size} bytes; the download's Repr-Digest header and conspo-lab models download check it`;
+}
+
 function row(model) {
   const out = h("div.export-path.small");
+  const sum = h("div.export-sum.small.muted", { style: "max-width: 320px" });
   const exportBtn = h(
     "button.btn.btn-xs",
     {
@@ -128,6 +145,7 @@ function row(model) {
       const res = await post(`/api/models/${model.run_id}/export`, { step: "last" });
       out.replaceChildren(pathText(res.path));
       out.title = "loads with AutoModelForCausalLM.from_pretrained(path)";
+      showSum(sum, res);
     } catch (err) {
       out.textContent = "";
       toast(errorText(err), "error");
@@ -156,6 +174,7 @@ function row(model) {
       follow(res.download_url);
       const name = `${res.path.split("/").pop()}.tar`; // the name the server gives the tar
       out.replaceChildren(pathText(name), " downloading: tar -xf it, then from_pretrained its directory");
+      showSum(sum, res);
     } catch (err) {
       out.textContent = "";
       toast(errorText(err), "error");
@@ -181,7 +200,7 @@ function row(model) {
     h("td", {}, checkpoints(model)),
     h("td", {}, evals(model)),
     sharing(model),
-    h("td", {}, h("div.actions", {}, exportBtn, downloadBtn, trainFrom(model)), out),
+    h("td", {}, h("div.actions", {}, exportBtn, downloadBtn, trainFrom(model)), out, sum),
   );
 }
 
