@@ -964,3 +964,71 @@ class AlertFiringList(BaseModel):
 class AlertTestOut(BaseModel):
     delivered: bool
     error: str | None
+
+
+# --- Rollouts across runs (GET /api/compare/rollouts) ---------------------------------------
+
+
+class AcrossRollout(BaseModel):
+    group: int
+    index: int
+    reward: float | None
+    score: float | None
+    length: int
+    truncated: bool
+    completion: str = Field(description='≤ 2,000 chars as stored; "" when none was stored.')
+    episode: dict[str, Any] | None = Field(description="As GET /api/runs/{id}/rollouts?text=true.")
+    critique: str | None
+
+
+class AcrossColumn(BaseModel):
+    run_id: int
+    groups: list[int] = Field(description="The run's groups of this prompt ([]: missing).")
+    n: int
+    rewarded: int = Field(description="Rollouts with reward > 0.")
+    mean_reward: float | None
+    score_gap: float | None = Field(
+        description="Mean score of the rewarded rollouts − that of the unrewarded ones (reward"
+        " ≤ 0); null unless both exist."
+    )
+    solved: bool | None = Field(description="A rewarded rollout; null: no rollout with a reward.")
+    rollouts: list[AcrossRollout]
+
+
+class AcrossPrompt(BaseModel):
+    key: str | None = Field(description="prompt_key of the stored prompt; null: none stored.")
+    prompt: str
+    missing: list[int] = Field(description="Runs with no rollout of this prompt at the step.")
+    disagree: bool = Field(description="A run solved it and another, with rewards, did not.")
+    columns: list[AcrossColumn] = Field(description="One per run, in the order asked.")
+
+
+class AcrossRun(BaseModel):
+    id: int
+    name: str
+    algorithm: str | None
+    arm: str | None
+    seed: int
+    status: str
+    rollouts: int = Field(description="Its rollouts at the step.")
+    prompts: int = Field(description="Its prompts at the step.")
+    cut: bool = Field(description="Its step held more rollouts than were read (4,096).")
+
+
+class AcrossLimits(BaseModel):
+    runs: int
+    rows: int
+    text_chars: int
+
+
+class RolloutsAcross(BaseModel):
+    step: int
+    steps: list[int] = Field(description="Steps every run sampled (≤ 2,000 listed, thinned).")
+    steps_in_common: int
+    runs: list[AcrossRun]
+    prompts: int = Field(description="Prompts of the step, over every run.")
+    paired: int = Field(description="Prompts every run sampled at the step.")
+    disagree: int = Field(description="Prompts some run solved and another did not.")
+    items: list[AcrossPrompt]
+    left_out: int = Field(description="Prompts not in this answer (over its limits).")
+    limits: AcrossLimits

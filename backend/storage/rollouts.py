@@ -6,7 +6,7 @@ rollout each.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import select
@@ -122,3 +122,45 @@ def stored_texts(session: Session, run_id: int) -> list[tuple[str, str, float | 
         for step, g, i, prompt, completion in texts
         if (step, g, i) in reward  # a text without its rollout's numbers is left out
     ]
+
+
+def sampled_steps(session: Session, run_id: int) -> list[int]:
+    """The steps of ``run_id`` with sampled rollouts, ascending (one ``rollout_steps`` row each:
+    read from the primary key)."""
+    s = RolloutStep
+    return list(session.scalars(select(s.step).where(s.run_id == run_id).order_by(s.step)))
+
+
+def group_prompts(session: Session, run_id: int, step: int) -> dict[int, str]:
+    """The prompt of each group of ``run_id``'s rollouts at ``step`` stored with a prompt text
+    (a group is one prompt's completions; were a group's texts to name several, the least in
+    sort order). The database keeps one row per group and prompt: a step's completions are
+    not read."""
+    t = RolloutText
+    rows = session.execute(
+        select(t.group, t.prompt)
+        .where(t.run_id == run_id, t.step == step, t.prompt != "")
+        .distinct()
+        .order_by(t.group, t.prompt)
+    )
+    prompts: dict[int, str] = {}
+    for group, prompt in rows:
+        prompts.setdefault(group, prompt)
+    return prompts
+
+
+def group_texts(
+    session: Session, run_id: int, step: int, groups: Iterable[int]
+) -> dict[tuple[int, int], tuple[str, dict[str, Any] | None, str | None]]:
+    """(completion, episode, critique) of the rollouts of ``groups`` at ``step``, by (group,
+    index): the texts of the groups a caller shows, not of the whole step."""
+    wanted = sorted(set(groups))
+    if not wanted:
+        return {}
+    t = RolloutText
+    rows = session.execute(
+        select(t.group, t.index, t.completion, t.episode, t.critique).where(
+            t.run_id == run_id, t.step == step, t.group.in_(wanted)
+        )
+    )
+    return {(g, i): (c, episode, k) for g, i, c, episode, k in rows}

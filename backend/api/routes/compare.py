@@ -1,6 +1,7 @@
 """Comparison reports: the compare page's runs, grouped, as one self-contained HTML file
 (the study report's renderer, Plotly inlined: no network request) or as CSV of each run's
-value over the last-N window. Both take the same query as the page's view."""
+value over the last-N window. Both take the same query as the page's view. And the runs'
+sampled rollouts at one step, side by side per prompt (``backend.studies.rollouts_across``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from fastapi.responses import HTMLResponse
 from backend.api.contract import CSVText, refusals
 from backend.api.deps import SessionDep, found_runs
 from backend.api.query import metric_key_list, parse_ids, parse_keys, run_id_list
-from backend.studies import report
+from backend.schemas import INT32_MAX, RolloutsAcross
+from backend.studies import report, rollouts_across
 from backend.studies.comparison import comparison_csv, comparison_view
 from backend.studies.spec import Objective
 from conspo.input_checks import LABEL
@@ -76,3 +78,32 @@ def objective_csv(view: ComparisonDep) -> CSVText:
         comparison_csv(view),
         headers={"Content-Disposition": 'attachment; filename="comparison.csv"'},
     )
+
+
+@router.get(
+    "/rollouts",
+    response_model=RolloutsAcross,
+    responses=refusals(MISSING_RUNS),
+)
+def rollouts_side_by_side(
+    session: SessionDep,
+    runs: Annotated[str, run_id_list(rollouts_across.MAX_RUNS, max_length=200)],
+    step: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=INT32_MAX,
+            description="A step every run sampled; omitted: the latest of them.",
+        ),
+    ] = None,
+    disagree: Annotated[
+        bool,
+        Query(description="Only the prompts some run solved and another did not."),
+    ] = False,
+) -> dict[str, Any]:
+    """The runs' sampled rollouts at one step, one item per prompt (paired by the prompt's
+    text, not by group number) with a column per run; bounded in rollouts and text, what is
+    left out counted. A 422 at ``runs`` when they share no sampled step, at ``step`` when it
+    is not one they share (naming the nearest)."""
+    ids = parse_ids(runs, "runs", rollouts_across.MAX_RUNS)
+    return rollouts_across.rollouts_across(session, found_runs(session, ids), step, disagree)
