@@ -29,7 +29,8 @@ Rooms = tuple[tuple[str, ...], ...]  # from the bottom up; a room is modules and
 
 # backend, from the bottom up. The base: settings, errors, the schema, the database, tokens,
 # worker liveness rows, where the frontend's files lie. The run domain (lifecycle, rows, submit
-# checks, scheduling, queue) needs only the base; the API's models need run rows and scheduling
+# checks, scheduling, queue) and the alerts (rules over run rows, webhook calls) need only the
+# base; the API's models need run rows and scheduling
 # (a run as the API shows it, why it waits); storage writes are conditional on the lifecycle's
 # ownership; studies, pipelines and the model registry are made of runs and stored points; the
 # API routes them; the HTML pages and the app are on top.
@@ -46,7 +47,7 @@ BACKEND_ROOMS: Rooms = (
         "backend.markdown",
         "backend.task_checks",
     ),
-    ("backend.runs",),
+    ("backend.runs", "backend.alerts"),
     ("backend.schemas",),
     ("backend.storage",),
     ("backend.studies", "backend.pipelines", "backend.model_registry"),
