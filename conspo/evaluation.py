@@ -47,6 +47,14 @@ from conspo.generation.rollout import encode_prompts, end_token_ids
 from conspo.generation.tool_rollout import verified_texts
 from conspo.objectives.base import positive_mask
 from conspo.rewards.base import contained_verify
+from conspo.sink import (
+    HELD_OUT,
+    MAX_ANSWERS_PER_SOURCE,
+    AnswerRecord,
+    clip_text,
+    episode_json,
+    prompt_key,
+)
 from conspo.tasks.answers import verify_math
 from conspo.tasks.base import Example, Task, Verifier, prefetch
 from conspo.tasks.datasets import load_problems
@@ -76,6 +84,44 @@ class Benchmark:
 AnswersSeen = Callable[[list[str], list[Example], list[int], list[float]], None]
 # (texts, examples, lengths, outcomes, samples per problem) → the held-out proxy metrics
 HeldOutProxy = Callable[[list[str], list[Example], list[int], list[float], int], dict[str, float]]
+# handed an evaluation's problems, one record each (``AnswerRecord``)
+ProblemsSeen = Callable[[list[AnswerRecord]], None]
+# a batch of answers → each one's s_θ under the policy (None where it was not computed)
+AnswerScorer = Callable[[RolloutBatch], list[float | None]]
+
+
+def answer_records(
+    source: str,
+    examples: list[Example],
+    answers: list[str],
+    solved: list[bool],
+    scores: list[float | None],
+    sample_outcomes: list[float],
+    k: int,
+    episodes: list[Any] | None = None,
+) -> list[AnswerRecord]:
+    """One record per problem (the first ``MAX_ANSWERS_PER_SOURCE``): ``sample_outcomes`` holds
+    the k verified outcomes of each problem in turn."""
+    correct = positive_mask(torch.tensor(sample_outcomes).view(len(examples), k)).sum(-1).tolist()
+    out = []
+    for i, ex in enumerate(examples[:MAX_ANSWERS_PER_SOURCE]):
+        episode = episodes[i] if episodes is not None else None
+        out.append(
+            AnswerRecord(
+                source=source,
+                position=i,
+                key=prompt_key(ex.prompt),
+                prompt=clip_text(ex.prompt),
+                reference=clip_text(str(ex.answer)),
+                answer=clip_text(answers[i]),
+                solved=bool(solved[i]),
+                score=scores[i],
+                samples=k,
+                samples_correct=int(correct[i]),
+                episode=episode_json(episode) if episode is not None else None,
+            )
+        )
+    return out
 
 
 def load_benchmarks(benchmarks: list[BenchmarkConfig], files: DataFiles) -> list[Benchmark]:
@@ -206,12 +252,16 @@ def evaluate(
     generator: torch.Generator | None = None,
     engine: Engine | None = None,
     proxy: HeldOutProxy | None = None,
+    on_problems: ProblemsSeen | None = None,
+    score_answers: AnswerScorer | None = None,
 ) -> dict[str, float]:
     """eval/accuracy (greedy) and eval/pass@k (k samples per prompt at ``temperature`` and
     ``top_p``) on the held-out ``examples``; with ``proxy``, the proxy-vs-truth view of the
-    pass@k samples (``held_out_proxy``)."""
+    pass@k samples (``held_out_proxy``). ``on_problems`` is handed each problem's record (its
+    greedy answer, scored by ``score_answers`` when given)."""
     if not examples:
         return {M.EVAL_ACCURACY: float("nan"), M.EVAL_PASS_AT_K: float("nan"), M.EVAL_PROBLEMS: 0.0}
+    greedy_seen: list[tuple[list[str], list[Example], list[int], list[float]]] = []
     greedy_batch, greedy = generate_and_verify(
         model,
         tokenizer,
@@ -220,8 +270,10 @@ def evaluate(
         max_new_tokens=max_new_tokens,
         temperature=0.0,
         engine=engine,
+        on_answers=None if on_problems is None else lambda *answers: greedy_seen.append(answers),
     )
     seen: list[tuple[list[str], list[Example], list[int], list[float]]] = []
+    keep_samples = proxy is not None or on_problems is not None
     _, pass_k_value = sampled_pass_at_k(
         model,
         tokenizer,
@@ -233,7 +285,7 @@ def evaluate(
         top_p=top_p,
         generator=generator,
         engine=engine,
-        on_answers=None if proxy is None else lambda *answers: seen.append(answers),
+        on_answers=(lambda *answers: seen.append(answers)) if keep_samples else None,
     )
     out = {
         M.EVAL_ACCURACY: greedy.mean().item(),
@@ -242,6 +294,22 @@ def evaluate(
     }
     if proxy is not None and seen:
         out |= proxy(*seen[0], pass_k)
+    if on_problems is not None and greedy_seen and seen:
+        scores: list[float | None] = [None] * len(examples)
+        if score_answers is not None:
+            scores = score_answers(greedy_batch)
+        on_problems(
+            answer_records(
+                HELD_OUT,
+                examples,
+                greedy_seen[0][0],
+                positive_mask(greedy).tolist(),
+                scores,
+                seen[0][3],
+                pass_k,
+                greedy_batch.episodes,
+            )
+        )
     if greedy_batch.tool_calls is not None:
         called = [float(bool(calls)) for calls in greedy_batch.tool_calls]
         out[M.EVAL_TOOL_CALL_RATE] = sum(called) / len(called)
@@ -262,10 +330,13 @@ def score_benchmark(
     generator: torch.Generator | None,
     verifier: Verifier | None = None,
     engine: Engine | None = None,
+    on_problems: ProblemsSeen | None = None,
 ) -> dict[str, float]:
     """{avg@k, pass@k} of ``benchmark``: k samples per problem, drawn by ``engine`` (default: the
     native sampler). ``verifier``: anything with a task's ``verify`` (default: the benchmark's
-    own, else math answers)."""
+    own, else math answers). ``on_problems`` is handed each problem's record (its first sample
+    as the answer, solved when any sample is)."""
+    seen: list[tuple[list[str], list[Example], list[int], list[float]]] = []
     correct, pass_value = sampled_pass_at_k(
         model,
         tokenizer,
@@ -277,7 +348,23 @@ def score_benchmark(
         top_p=top_p,
         generator=generator,
         engine=engine,
+        on_answers=None if on_problems is None else lambda *answers: seen.append(answers),
     )
+    if on_problems is not None and seen:
+        k, texts, outcomes = benchmark.k, seen[0][0], seen[0][3]
+        solved = positive_mask(torch.tensor(outcomes).view(-1, k)).any(-1).tolist()
+        firsts = [texts[i * k] for i in range(len(benchmark.examples))]
+        on_problems(
+            answer_records(
+                benchmark.name,
+                benchmark.examples,
+                firsts,
+                solved,
+                [None] * len(benchmark.examples),
+                outcomes,
+                k,
+            )
+        )
     avg_key, pass_key = benchmark.keys
     return {avg_key: correct.mean().item(), pass_key: pass_value}
 

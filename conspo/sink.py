@@ -122,6 +122,34 @@ def prompt_key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:PROMPT_KEY_CHARS]
 
 
+HELD_OUT = "held_out"  # AnswerRecord.source of the held-out split (else a benchmark's name)
+MAX_ANSWERS_PER_SOURCE = 2000  # problems an evaluation keeps per split or benchmark, at most
+
+
+@dataclass
+class AnswerRecord:
+    """One problem of one evaluation: what the model answered and whether it was right, so runs
+    can be compared problem by problem (the same problem, the same seed, each run's answer).
+
+    Held-out split: ``answer`` is the greedy answer, ``solved`` its verified outcome, ``score``
+    its s_θ (the length-normalised log-prob the separation statistics use, under the policy at
+    temperature 1; None where it was not computed), and ``samples`` / ``samples_correct`` the
+    pass@k draws. A benchmark draws no greedy answer: ``answer`` is its first sample, ``solved``
+    whether any of its k samples is correct (the pass@k event)."""
+
+    source: str  # HELD_OUT or a benchmark's name
+    position: int  # the problem's index in its split (stable across a run's evaluations)
+    key: str  # prompt_key of the prompt the policy saw: the same problem across runs
+    prompt: str  # clipped, as every stored text
+    reference: str  # the dataset's answer, clipped
+    answer: str
+    solved: bool
+    score: float | None
+    samples: int
+    samples_correct: int
+    episode: dict[str, Any] | None = None  # the greedy answer's episode (an environment's)
+
+
 @dataclass
 class StepRecord:
     step: int  # 1-based; the last step equals config.steps
@@ -130,6 +158,7 @@ class StepRecord:
     metrics: dict[str, float]  # slash-namespaced keys of conspo.metrics (sep/gap, ...)
     rollouts: list[RolloutRecord] = field(default_factory=list)
     prompts: list[PromptRecord] = field(default_factory=list)  # every prompt of the step
+    answers: list[AnswerRecord] = field(default_factory=list)  # an evaluation's, problem by problem
 
 
 class Sink(Protocol):

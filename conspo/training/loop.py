@@ -22,9 +22,11 @@ everyone's, so all ranks stop at the same step boundary.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,7 +51,7 @@ from conspo.evaluation import (
     save_best,
     score_benchmark,
 )
-from conspo.generation.batch import Engine
+from conspo.generation.batch import Engine, RolloutBatch
 from conspo.generation.engines import make_engine
 from conspo.generation.simulator import ModelSimulator
 from conspo.generation.tool_rollout import EnvironmentPlay, ToolEngine, ToolUse, turn_format
@@ -73,18 +75,19 @@ from conspo.models.resources import (
 )
 from conspo.models.scoring import ModelScorers, load_reward_models
 from conspo.models.store import ModelStore
-from conspo.objectives.base import ObjectiveParams
+from conspo.objectives.base import ObjectiveParams, sequence_scores
 from conspo.registry import get_environment, get_job_kind, get_objective
 from conspo.rewards import WeightedReward, build_rewards
 from conspo.rewards.base import VERIFIER, RewardContext, score_rollouts
 from conspo.sandbox import require_sandbox
-from conspo.sink import NullSink, Sink, StepRecord, flush_sink
+from conspo.sink import AnswerRecord, NullSink, Sink, StepRecord, flush_sink
 from conspo.system import SystemSampler
 from conspo.tasks import Example, Task, make_task
 from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from conspo.training.logprobs import token_logprobs
 from conspo.training.stats import best_of_n, proxy_stats
 
 LoopStep = Callable[[int, Callable[[], bool]], StepRecord | None]
@@ -124,6 +127,9 @@ class TrainState:
     # A kind's own held-out evaluation, in place of the task's generated answers (its start
     # sets it: a reward model scores held-out pairs); held_out(step) -> its metrics.
     held_out: Callable[[int], dict[str, float]] | None = None
+    # The last evaluation's problems (``AnswerRecord``), until ``evaluated`` hands them to the
+    # sink with that step's record.
+    eval_answers: list[AnswerRecord] = field(default_factory=list)
 
 
 Start = Callable[[TrainState, DataFiles, ModelStore], LoopStep]
@@ -515,6 +521,7 @@ def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
     state.model.eval()
     if state.held_out is not None:
         return state.held_out(step)
+    state.eval_answers = []  # an evaluation whose step was never logged (a stop) leaves none
     # The same noise at every evaluation (common random numbers: two checkpoints differ by their
     # policies, not their draws), and in every run of this seed, so a chained run's step-0 eval
     # repeats the final eval of the run it starts from (an SFT → RL pipeline compares alike).
@@ -531,6 +538,11 @@ def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
         generator=generator,
         engine=state.engine,
         proxy=held_out_proxy(state) if cfg.proxy_rewards() or cfg.eval.best_of else None,
+        on_problems=state.eval_answers.extend,
+        # A sharded model's forward needs every rank, and rank 0 alone evaluates.
+        score_answers=None
+        if distributed.is_sharded(state.model)
+        else partial(answer_scores, state.model),
     )
     for benchmark in state.benchmarks:
         metrics |= score_benchmark(
@@ -542,13 +554,49 @@ def _eval_metrics(state: TrainState, step: int) -> dict[str, float]:
             top_p=cfg.eval.top_p,
             generator=generator,
             engine=state.engine,
+            on_problems=state.eval_answers.extend,
         )
     return metrics
 
 
+@torch.no_grad()
+def answer_scores(model: PreTrainedModel, batch: RolloutBatch) -> list[float | None]:
+    """Each answer's s_θ under the policy (temperature 1): the length-normalised log-prob of the
+    tokens the model wrote, ``ANSWER_SCORE_ROWS`` answers per forward."""
+    out: list[float | None] = []
+    for start in range(0, batch.response_ids.shape[0], ANSWER_SCORE_ROWS):
+        part = slice(start, start + ANSWER_SCORE_ROWS)
+        rows = replace(
+            batch,
+            prompt_ids=batch.prompt_ids[part],
+            prompt_mask=batch.prompt_mask[part],
+            response_ids=batch.response_ids[part],
+            response_mask=batch.response_mask[part],
+            lengths=batch.lengths[part],
+            truncated=batch.truncated[part],
+            observation_mask=None
+            if batch.observation_mask is None
+            else batch.observation_mask[part],
+            tool_calls=None,
+            sampled_logprobs=None,
+            turn_index=None if batch.turn_index is None else batch.turn_index[part],
+            episodes=None,
+        )
+        logprobs, _ = token_logprobs(model, rows, 1.0)
+        scores = sequence_scores(logprobs.float(), rows.model_mask.to(logprobs.device))
+        out.extend(v if math.isfinite(v) else None for v in scores.tolist())
+    return out
+
+
+ANSWER_SCORE_ROWS = 16  # held-out answers scored per forward
+
+
 def evaluated(state: TrainState, workdir: Path, sink: Sink, record: StepRecord) -> None:
-    """Log ``record``; when it holds eval.best_metric at a new best, keep this step's model as
-    checkpoints/best and log a ``best`` event."""
+    """Log ``record`` (with the problems of an evaluation it holds); when it holds
+    eval.best_metric at a new best, keep this step's model as checkpoints/best and log a
+    ``best`` event."""
+    if state.eval_answers:
+        record.answers, state.eval_answers = state.eval_answers, []
     sink.log_step(record)
     key = state.cfg.eval.best_metric
     if key is None:
