@@ -168,6 +168,19 @@ def compare_page(request: Request) -> HTMLResponse:
     )
 
 
+@router.get("/compare/rollouts", response_class=HTMLResponse)
+def compare_rollouts_page(request: Request) -> HTMLResponse:
+    """Several runs' rollouts at one step, side by side per prompt (GET /api/compare/rollouts);
+    the runs and the step are the page's query (``?runs=1,2&step=N``), read by its module."""
+    return _render(
+        request,
+        "compare_rollouts.html",
+        "compare",
+        entry="compare_rollouts.js",
+        title="Rollouts side by side",
+    )
+
+
 @router.get("/docs", response_class=HTMLResponse)
 def api_docs_page(request: Request) -> HTMLResponse:
     """The API reference, rendered from /openapi.json by our own script: works offline."""

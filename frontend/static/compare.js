@@ -113,6 +113,9 @@ async function draw({ inTurn = false } = {}) {
   $("#report-html").disabled = !exportable;
   $("#report-csv").disabled = !exportable;
   $("#compare-empty").hidden = S.runIds.length > 0;
+  // the rollout viewer takes at most 8 runs (GET /api/compare/rollouts): the first 8 chosen
+  $("#rollouts-link").hidden = !S.runIds.length;
+  $("#rollouts-link").href = `/compare/rollouts${qs({ runs: S.runIds.slice(0, 8).join(",") })}`;
   const n = S.runIds.length;
   $("#compare-sub").textContent = n
     ? `${n} run${n === 1 ? "" : "s"} · ${S.keys.length} metric${S.keys.length === 1 ? "" : "s"}`

@@ -172,6 +172,43 @@ function runsTable(view, colors) {
   );
 }
 
+/** Per seed (and task), a link to its arms' rollouts side by side (the rollout viewer takes 8
+ * runs: a seed's first 8); a seed with one released run has nothing to set beside it. */
+function rolloutLinks(view) {
+  const bySeed = new Map();
+  for (const r of view.runs) {
+    if (!r.run_id) continue;
+    const key = r.task ? `seed ${r.seed} · ${r.task}` : `seed ${r.seed}`;
+    if (!bySeed.has(key)) bySeed.set(key, []);
+    bySeed.get(key).push(r);
+  }
+  const links = [...bySeed]
+    .filter(([, runs]) => runs.length > 1)
+    .map(([key, runs]) =>
+      h(
+        "a.btn.btn-sm.rollouts-seed",
+        {
+          href: `/compare/rollouts?runs=${runs
+            .slice(0, 8)
+            .map((r) => r.run_id)
+            .join(",")}`,
+          title: `${key}: its arms' rollouts side by side at one step (${runs.map((r) => r.arm).join(", ")})`,
+        },
+        key,
+      ),
+    );
+  if (!links.length) return [];
+  return [
+    h("h3.section-title", {}, "Rollouts side by side"),
+    h(
+      "p.rollouts-seeds",
+      {},
+      h("span.muted", {}, "Each seed's arms drew the same prompts: their groups at one step, per prompt: "),
+      ...links.flatMap((a) => [a, " "]),
+    ),
+  ];
+}
+
 /** Mean lines solid where every seed of the arm reached the step, dotted where fewer did; the
  * hover gives n at each step, the legend its range; the band is the 95% t interval over the
  * seeds at that step. */
@@ -394,6 +431,7 @@ export function renderStudy(view, root, Plotly) {
   }
   curvesTitle.hidden = !charts.childElementCount; // no heading over nothing (no run logged yet)
   root.append(
+    ...rolloutLinks(view),
     h("h3.section-title", {}, "Runs"),
     h("div.panel", { style: "overflow:auto", "data-scroll-x": "" }, runsTable(view, colors)),
   );
