@@ -46,6 +46,7 @@ class _Block:
     key: str | None
     prompt: str
     rollouts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    columns: list[dict[str, Any]] = field(default_factory=list)  # _columns, once all are read
 
     @property
     def rows(self) -> int:
@@ -62,9 +63,10 @@ def rollouts_across(
     common = _common_steps(session, runs)
     at = _chosen_step(common, step)
     blocks, cut = _blocks(session, runs, at)
-    stats = {id(b): _columns(b, runs) for b in blocks}
+    for b in blocks:
+        b.columns = _columns(b, runs)
     paired = sum(not _missing(b, runs) for b in blocks)
-    disagreeing = [b for b in blocks if _disagree(stats[id(b)])]
+    disagreeing = [b for b in blocks if _disagree(b.columns)]
     shown = disagreeing if disagree else blocks
     kept, left_out = _bounded(session, runs, at, shown)
     return {
@@ -75,7 +77,7 @@ def rollouts_across(
         "prompts": len(blocks),
         "paired": paired,
         "disagree": len(disagreeing),
-        "items": [_block_out(b, stats[id(b)], runs) for b in kept],
+        "items": [_block_out(b, runs) for b in kept],
         "left_out": left_out,
         "limits": {"runs": MAX_RUNS, "rows": MAX_ROWS, "text_chars": MAX_TEXT_CHARS},
     }
@@ -234,14 +236,14 @@ def _run_out(run: Run, blocks: list[_Block], cut: bool) -> dict[str, Any]:
     }
 
 
-def _block_out(block: _Block, columns: list[dict[str, Any]], runs: Sequence[Run]) -> dict[str, Any]:
-    for column in columns:
+def _block_out(block: _Block, runs: Sequence[Run]) -> dict[str, Any]:
+    for column in block.columns:
         rows = block.rollouts.get(column["run_id"], [])
         column["rollouts"] = [{k: r[k] for k in ROLLOUT_FIELDS} for r in rows]
     return {
         "key": block.key,
         "prompt": block.prompt,
         "missing": _missing(block, runs),
-        "disagree": _disagree(columns),
-        "columns": columns,
+        "disagree": _disagree(block.columns),
+        "columns": block.columns,
     }

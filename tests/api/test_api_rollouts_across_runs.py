@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
+from backend.db import Database
+from backend.storage.writes import StepPoints, write_points
 from backend.studies import rollouts_across
+from conspo.sink import RolloutRecord
 from tests.api.conftest import Api
 
 URL = "/api/compare/rollouts"
@@ -134,6 +137,10 @@ def test_the_answer_is_bounded_in_rows_by_whole_prompts(
     assert body["left_out"] == 3 and body["prompts"] == 4 and body["limits"]["rows"] == 10
     monkeypatch.setattr(rollouts_across, "MAX_ROWS", 1)  # one prompt even over the bound
     assert len(across(api, runs=f"{a},{b}")["items"]) == 1
+    monkeypatch.setattr(rollouts_across, "MAX_ROWS", 1024)
+    monkeypatch.setattr(rollouts_across, "MAX_TEXT_CHARS", 150)  # P0 and P1: 2 + 8 × 13 each
+    body = across(api, runs=f"{a},{b}")
+    assert [item["prompt"] for item in body["items"]] == ["P0"] and body["left_out"] == 3
 
 
 def test_texts_are_as_stored_and_a_group_without_a_prompt_is_unpaired(
@@ -179,3 +186,31 @@ def test_bad_runs_and_steps_are_refused_at_the_parameter(api: Api, pair: tuple[i
     log(api, late, group(7, 0, "P0", *SOLVED))
     said = refused({"runs": f"{a},{late}"}, "runs")
     assert "no step in common" in said and f"run {late}: steps 7–7" in said
+
+
+def test_a_judges_critique_and_an_episode_come_with_their_rollout(
+    api: Api, pair: tuple[int, int]
+) -> None:
+    """Written as the worker's sink writes them (the logging endpoint takes neither)."""
+    a, _ = pair
+    c = api.external(name="across-judged")["id"]
+    episode = {
+        "first_observation": "board", "turns": [], "final_reward": 1.0, "failure": None,
+        "truncated": False, "turn_count": 0, "total_reward": 1.0, "succeeded": True,
+    }  # fmt: skip
+    records = [
+        RolloutRecord(0, 0, 1.0, -0.5, 3, False, "P0", "7", critique=HOSTILE),
+        RolloutRecord(0, 1, 0.0, -0.9, 3, False, "P0", "8", episode=episode),
+    ]
+    db = Database(api.settings)
+    try:
+        with db.session() as session:
+            write_points(session, c, [StepPoints(2, {}, rollouts=records)])
+            session.commit()
+    finally:
+        db.dispose()
+    p0 = by_prompt(across(api, runs=f"{a},{c}"))["P0"]
+    judged, played = p0["columns"][1]["rollouts"]
+    assert (judged["critique"], judged["episode"]) == (HOSTILE, None)
+    assert (played["critique"], played["episode"]["first_observation"]) == (None, "board")
+    assert p0["columns"][1]["score_gap"] == pytest.approx(0.4)
