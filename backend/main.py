@@ -22,6 +22,7 @@ from backend.api.deps import SessionGate, require_reader
 from backend.api.query import format_is_declared, query_is_utf8
 from backend.api.routes import (
     alerts,
+    answers,
     compare,
     external,
     health,
@@ -207,6 +208,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pipelines,
         models,
         alerts,
+        answers,
     ):
         api.include_router(module.router)
     api.include_router(models.runs_router)  # GET /api/runs/{run_id}/export: a model's download

@@ -475,3 +475,28 @@ class AlertFiring(Base):
     claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class EvalAnswer(Base):
+    """One held-out or benchmark problem at one evaluation of a run (``conspo.sink
+    .AnswerRecord``): its answer, whether it was right, its s_θ and the pass@k draws, so runs
+    can be compared problem by problem. ``problem_key`` (the prompt's hash) pairs the same
+    problem across runs; ``position`` is its index in the run's split. A run keeps at most
+    ``storage.answers.MAX_EVALUATIONS`` evaluations per source, thinned evenly."""
+
+    __tablename__ = "eval_answers"
+    __table_args__ = (Index("ix_eval_answers_run_source_key", "run_id", "source", "problem_key"),)
+
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # runs.id (no FK: see above)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(100), primary_key=True)  # held_out or a benchmark
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_key: Mapped[str] = mapped_column(String(64))
+    prompt: Mapped[str] = mapped_column(Text)
+    reference: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    solved: Mapped[bool] = mapped_column(Boolean)
+    score: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    samples_correct: Mapped[int] = mapped_column(Integer)
+    episode: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))

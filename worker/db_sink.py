@@ -45,8 +45,9 @@ from sqlalchemy import update
 from backend.db import Database
 from backend.models import Run, utcnow
 from backend.runs.lifecycle import owned_by
+from backend.storage.answers import write_answers
 from backend.storage.writes import Encoded, StepPoints, encode_points, write_encoded
-from conspo.sink import StepRecord
+from conspo.sink import AnswerRecord, StepRecord
 from worker.retry import Outage
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class DbSink:
             try:
                 encoded = batch.encoded()
                 what = f"run {self.run_id}: storing steps"
-                write = partial(self._write, encoded, batch.total_steps)
+                write = partial(self._write, encoded, batch.total_steps, batch.answers)
                 owned = self.outage.call(what, write) if self.outage else write()
                 error: BaseException | None = (
                     None if owned else RunGone(f"run {self.run_id} was deleted or taken over")
@@ -199,8 +200,11 @@ class DbSink:
         if error is not None:
             raise error
 
-    def _write(self, batch: Encoded, total_steps: int) -> bool:
-        """One transaction for a batch; False when the attempt no longer owns the run."""
+    def _write(
+        self, batch: Encoded, total_steps: int, answers: dict[int, list[AnswerRecord]]
+    ) -> bool:
+        """One transaction for a batch (its evaluations' problems too); False when the attempt
+        no longer owns the run."""
         with self.db.session() as session:
             written = write_encoded(
                 session,
@@ -212,6 +216,8 @@ class DbSink:
             if not written.owned:
                 session.rollback()
                 return False
+            if answers:
+                write_answers(session, self.run_id, answers)
             session.commit()
         return True
 
@@ -263,6 +269,7 @@ class _Batch:
         self.run_id = run_id
         self.records = records
         self.total_steps = max(records, key=lambda r: r.step).total_steps
+        self.answers = {r.step: r.answers for r in records if r.answers}
         self._lock = threading.Lock()  # held while encoding: a second caller waits for it
         self._encoded: Encoded | None = None
         self._error: BaseException | None = None
@@ -298,5 +305,5 @@ class _Batch:
 
 def _rows(record: StepRecord) -> int:
     """The rows a step adds to a write: metric points, its rollouts' row (one per step, however
-    many it sampled) and prompts."""
-    return len(record.metrics) + bool(record.rollouts) + len(record.prompts)
+    many it sampled), prompts and an evaluation's problems."""
+    return len(record.metrics) + bool(record.rollouts) + len(record.prompts) + len(record.answers)

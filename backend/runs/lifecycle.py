@@ -62,6 +62,7 @@ from sqlalchemy.orm import Session
 from backend.errors import DomainError
 from backend.models import (
     FINISHED,
+    EvalAnswer,
     Metric,
     MetricRollup,
     PromptStat,
@@ -585,7 +586,9 @@ def delete_run(session: Session, run: Run) -> None:
     # that comes later finds no run and writes nothing (metrics and rollouts have no foreign
     # key to cascade), so the deletes below catch every point.
     session.execute(delete(Run).where(Run.id == run.id))
-    for model in (Metric, MetricRollup, RolloutStep, RolloutText, PromptStat, RunLogChunk):
+    for model in (
+        Metric, MetricRollup, RolloutStep, RolloutText, PromptStat, RunLogChunk, EvalAnswer
+    ):  # fmt: skip
         session.execute(delete(model).where(model.run_id == run.id))
     session.commit()
 

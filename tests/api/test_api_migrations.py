@@ -19,7 +19,7 @@ from tests.api.conftest import create_pg_database, drop_pg_database
 TABLES = {
     "users", "api_tokens", "runs", "metrics", "metric_rollups", "rollout_steps", "workers",
     "prompt_stats", "rollout_texts", "studies", "study_runs", "pipelines", "run_logs",
-    "alert_rules", "alert_firings",
+    "alert_rules", "alert_firings", "eval_answers",
 }  # fmt: skip
 
 
