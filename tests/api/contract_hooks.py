@@ -17,6 +17,9 @@ NOT_IN_A_SCHEMA: dict[str, list[tuple[str, ...]]] = {
     # or no catalogue declares is refused only when no run holds it either);
     # tests/api/test_api_where.py holds both
     "GET /api/runs": [("query", "where"), ("query", "order_by")],
+    # whether the runs sampled rollouts, a step in common, and that step: the stored rollouts
+    # decide (tests/api/test_api_rollouts_across_runs.py holds each refusal)
+    "GET /api/compare/rollouts": [("query", "runs"), ("query", "step")],
 }
 # uvicorn's HTTP parser refuses a request line and headers over 64 KiB before the app sees the
 # request: a transport limit of the server, not an operation's answer (a query parameter of
