@@ -82,12 +82,13 @@ def _plugins_at_start() -> None:
 
 def _register_commands() -> None:
     # Each module adds its commands to `app`; importing them here keeps `conspo-lab --help` whole.
-    from conspo_lab import cli_client, cli_pipeline, cli_server, cli_study
+    from conspo_lab import cli_alerts, cli_client, cli_pipeline, cli_server, cli_study
 
     cli_server.register(app)
     cli_client.register(app)
     cli_study.register(app)
     cli_pipeline.register(app)
+    cli_alerts.register(app)
     _readable_everywhere(app)
 
 

@@ -630,6 +630,76 @@ class Client:
         """Cancel the current stage's run; the later stages never run."""
         return dict(self._request("POST", f"/api/pipelines/{pipeline_id}/cancel"))
 
+    # --- alerts and answers -------------------------------------------------------------------
+
+    def create_alert(
+        self,
+        event: str,
+        webhook: str,
+        *,
+        run_id: int | None = None,
+        study_id: int | None = None,
+        metric: str | None = None,
+        comparison: str | None = None,
+        threshold: float | None = None,
+        stall_minutes: float | None = None,
+        format: str = "slack",
+        name: str = "",
+    ) -> dict[str, Any]:
+        """An alert rule (``POST /api/alerts``): ``event`` failed, finished, stalled or metric,
+        told to ``webhook`` (Slack, Discord or JSON ``format``); the scope is ``run_id``, else
+        ``study_id``, else every run of yours. The answer shows the webhook's host only."""
+        body = {
+            "event": event, "webhook": webhook, "run_id": run_id, "study_id": study_id,
+            "metric": metric, "comparison": comparison, "threshold": threshold,
+            "stall_minutes": stall_minutes, "format": format, "name": name,
+        }  # fmt: skip
+        return dict(
+            self._request(
+                "POST", "/api/alerts", json={k: v for k, v in body.items() if v is not None}
+            )
+        )
+
+    def alerts(
+        self, run_id: int | None = None, study_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Your alert rules (``run_id``: those that watch that run)."""
+        params = {"run_id": run_id, "study_id": study_id}
+        return list(self._request("GET", "/api/alerts", params=params)["rules"])
+
+    def delete_alert(self, rule_id: int) -> None:
+        self._request("DELETE", f"/api/alerts/{rule_id}")
+
+    def test_alert(self, rule_id: int) -> dict[str, Any]:
+        """Call the rule's webhook once now: {delivered, error}."""
+        return dict(self._request("POST", f"/api/alerts/{rule_id}/test"))
+
+    def alert_firings(
+        self, run_id: int | None = None, rule_id: int | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """What your rules fired, newest first, with each delivery's state."""
+        params = {"run_id": run_id, "rule_id": rule_id, "limit": limit}
+        return list(self._request("GET", "/api/alerts/firings", params=params)["firings"])
+
+    def answers(
+        self,
+        run_ids: Sequence[int],
+        *,
+        step: str | int = "last",
+        source: str = "held_out",
+        show: str = "all",
+        text: bool = False,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """The runs' held-out (or a benchmark's) problems at one evaluation each, paired by
+        problem, with each pair's solved-alone counts and McNemar's p (``GET /api/answers``)."""
+        params = {
+            "runs": ",".join(map(str, run_ids)), "step": str(step), "source": source,
+            "show": show, "text": str(text).lower(), "limit": limit, "offset": offset,
+        }  # fmt: skip
+        return dict(self._request("GET", "/api/answers", params=params))
+
     def models(self) -> list[dict[str, Any]]:
         """The model registry: succeeded runs with a checkpoint, their lineage and last eval."""
         return list(self._request("GET", "/api/models")["models"])

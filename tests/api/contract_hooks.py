@@ -20,6 +20,20 @@ NOT_IN_A_SCHEMA: dict[str, list[tuple[str, ...]]] = {
     # whether the runs sampled rollouts, a step in common, and that step: the stored rollouts
     # decide (tests/api/test_api_rollouts_across_runs.py holds each refusal)
     "GET /api/compare/rollouts": [("query", "runs"), ("query", "step")],
+    # whether the runs stored answers, and at that step, and show=only's two runs among them:
+    # the stored evaluations decide (tests/api/test_api_answers.py holds each refusal)
+    "GET /api/answers": [("query", "runs"), ("query", "step"), ("query", "a")],
+    "GET /api/runs/{run_id}/answers": [("query", "runs"), ("query", "step")],
+    # a webhook URL may not name a private address, and a metric rule needs its fields: checked
+    # together in the handler (tests/api/test_api_alerts.py holds each refusal)
+    "POST /api/alerts": [
+        ("body", "webhook"),
+        ("body", "metric"),
+        ("body", "comparison"),
+        ("body", "threshold"),
+        ("body", "stall_minutes"),
+        ("body", "study_id"),
+    ],
 }
 # uvicorn's HTTP parser refuses a request line and headers over 64 KiB before the app sees the
 # request: a transport limit of the server, not an operation's answer (a query parameter of

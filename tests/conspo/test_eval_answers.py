@@ -22,7 +22,9 @@ def evaluated_run(model_store, tmp_path_factory) -> MemorySink:
         "eval": {"every": 2, "pass_k": 3, "at_start": True}, "checkpoint": {"every": 0},
     })  # fmt: skip
     sink = MemorySink()
-    result = train_job(config, sink, workdir=tmp_path_factory.mktemp("answers"), model_store=model_store)
+    result = train_job(
+        config, sink, workdir=tmp_path_factory.mktemp("answers"), model_store=model_store
+    )
     assert result.status == "succeeded"
     return sink
 

@@ -47,7 +47,8 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     except Exception as exc:  # not written yet, or broken
         _unavailable(f"cannot import backend.main.create_app: {exc!r}")
     data = tmp_path_factory.mktemp("lab-server")
-    env = embedded_env(data)
+    # test_cli_alerts' webhook receiver listens on this machine's loopback
+    env = embedded_env(data, CONSPO_ALERT_ALLOW_PRIVATE="true", CONSPO_ALERT_POLL_S="0.5")
     try:
         token = migrate_and_create_token(env, "lab-tester")
         proc, url = start_api(env, data / "server.log", PORTS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import socket
 
 import pyarrow.parquet as pq
 import pytest
@@ -161,7 +162,11 @@ def test_watch_follows_a_run_to_its_end(lab_server, logged_run):
 def test_api_errors_become_messages_and_exit_codes(lab_server):
     result = invoke(lab_server, "watch", "999999")
     assert result.exit_code == 2 and "404" in result.output
-    result = runner.invoke(app, ["runs", "--url", "http://127.0.0.1:18399"])
+    closed = socket.socket()  # a port nothing listens on (a fixed one may be the server's own)
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    result = runner.invoke(app, ["runs", "--url", f"http://127.0.0.1:{port}"])
     assert result.exit_code == 1 and "cannot reach" in result.output
 
 
