@@ -181,6 +181,13 @@ def compare_rollouts_page(request: Request) -> HTMLResponse:
     )
 
 
+@router.get("/answers", response_class=HTMLResponse)
+def answers_page(request: Request) -> HTMLResponse:
+    """Runs' held-out answers problem by problem (GET /api/answers); the runs, the evaluation
+    and the filter are the page's query (``?runs=1,2&step=last&show=disagree``)."""
+    return _render(request, "answers.html", "compare", entry="answers.js", title="Answers")
+
+
 @router.get("/docs", response_class=HTMLResponse)
 def api_docs_page(request: Request) -> HTMLResponse:
     """The API reference, rendered from /openapi.json by our own script: works offline."""

@@ -116,6 +116,9 @@ async function draw({ inTurn = false } = {}) {
   // the rollout viewer takes at most 8 runs (GET /api/compare/rollouts): the first 8 chosen
   $("#rollouts-link").hidden = !S.runIds.length;
   $("#rollouts-link").href = `/compare/rollouts${qs({ runs: S.runIds.slice(0, 8).join(",") })}`;
+  // the answers view pairs up to 50 runs' problems (GET /api/answers)
+  $("#answers-link").hidden = !S.runIds.length;
+  $("#answers-link").href = `/answers${qs({ runs: S.runIds.slice(0, 50).join(","), show: "disagree" })}`;
   const n = S.runIds.length;
   $("#compare-sub").textContent = n
     ? `${n} run${n === 1 ? "" : "s"} · ${S.keys.length} metric${S.keys.length === 1 ? "" : "s"}`

@@ -15,12 +15,91 @@ const showNote = noteEditor(document.getElementById("study-notes"), { path: `/ap
 
 let timer = null;
 
+/** Problem by problem: each arm against the baseline at its runs' last evaluation, pooled over
+ * seeds (GET /api/studies/{id}/answers), with McNemar's p, and per seed a link to the answers
+ * view of the problems the arm solved and the baseline did not. */
+async function showAnswers() {
+  const box = document.getElementById("study-answers");
+  let out;
+  try {
+    out = await get(`/api/studies/${studyId}/answers`);
+  } catch (err) {
+    box.replaceChildren(h("p.muted.small", {}, `Answers: ${errorText(err)}`));
+    return;
+  }
+  const arms = out.arms.filter((a) => a.seeds.length);
+  if (!arms.length) {
+    box.replaceChildren();
+    return;
+  }
+  const rows = arms.map((a) =>
+    h(
+      "tr",
+      { dataset: { arm: a.arm } },
+      h("td", {}, a.arm),
+      h("td.num", {}, String(a.solved_alone)),
+      h("td.num", {}, String(a.baseline_alone)),
+      h("td.num", {}, String(a.shared)),
+      h("td.num.mono", {}, a.mcnemar_p.toPrecision(3)),
+      h(
+        "td",
+        {},
+        ...a.seeds.flatMap((s) => [
+          h(
+            "a",
+            {
+              href: `/answers?runs=${s.baseline_run},${s.run}&show=only&a=${s.run}&b=${s.baseline_run}`,
+              title: `${s.run_name} against ${s.baseline_name}`,
+            },
+            `seed ${s.seed}: ${s.solved_alone} alone`,
+          ),
+          " ",
+        ]),
+      ),
+    ),
+  );
+  box.replaceChildren(
+    h("h3.section-title", {}, `Problem by problem against ${out.baseline}`),
+    h(
+      "div.panel",
+      { style: "overflow:auto", "data-scroll-x": "" },
+      h(
+        "table.grid#study-answers-table",
+        {},
+        h(
+          "thead",
+          {},
+          h(
+            "tr",
+            {},
+            ...[
+              "arm",
+              `solved, ${out.baseline} not`,
+              `${out.baseline} solved, arm not`,
+              "(seed, problem) pairs",
+              "McNemar p",
+              "answers view per seed",
+            ].map((t) => h("th", {}, t)),
+          ),
+        ),
+        h("tbody", {}, ...rows),
+      ),
+    ),
+    h(
+      "p.muted.small",
+      {},
+      "Each run's last evaluation; pairs are (seed, problem) where both runs have stored answers; McNemar's exact test on the problems one side solved alone.",
+    ),
+  );
+}
+
 function show(view) {
   const text = JSON.stringify(view);
   if (text !== last) {
     last = text;
     renderStudy(view, root, window.Plotly);
     showNote(view);
+    showAnswers();
   }
   $("#study-cancel").hidden = view.status !== "active";
 }

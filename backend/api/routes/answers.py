@@ -228,6 +228,7 @@ def _compared(
         out_problems.append({**p, "answers": answers})
     return {
         "source": source,
+        "sources": sorted({name for r in found for name in held[r.id].steps}),
         "runs": [
             {
                 "id": r.id,
