@@ -206,3 +206,22 @@ def test_the_operator_allow_list_and_private_switch() -> None:
     # A name is judged by what it resolves to when called: localhost's names are loopback.
     with pytest.raises(webhooks.WebhookRefused, match="loopback"):
         webhooks.check_resolved("localhost", 80, Settings())
+
+
+def test_a_run_without_a_step_for_the_window_is_stalled_once(
+    alerting: Api, receiver: WebhookReceiver
+) -> None:
+    api = alerting
+    quiet, busy = api.external(name="goes-quiet"), api.external(name="keeps-logging")
+    for run in (quiet, busy):
+        rule(api, run_id=run["id"], event="stalled", stall_minutes=0.05, webhook=receiver.url())
+    deadline = time.monotonic() + 60
+    step = 0
+    while time.monotonic() < deadline and not receiver.calls:
+        step += 1  # the busy run logs a step every 0.3 s, well inside its 3 s window
+        points = {"steps": [{"step": step, "metrics": {"loss": 1.0}}]}
+        api.post(f"/api/runs/{busy['id']}/log", json=points)
+        time.sleep(0.3)
+    (stalled,) = wait_for_firings(api, quiet["id"], 1)
+    assert "stalled: no step for 0.05 min" in stalled["message"]
+    assert firings(api, run_id=busy["id"]) == []

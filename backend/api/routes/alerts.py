@@ -141,7 +141,10 @@ def _watches(session: Session, rule: AlertRule, run_id: int) -> bool:
     return bool(session.scalar(select(Run.id).where(Run.id == run_id, alert_rules.in_scope(rule))))
 
 
-@router.delete("/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
+NO_RULE = {404: "No such rule among the caller's (an admin's: anyone's)."}
+
+
+@router.delete("/{rule_id}", status_code=status.HTTP_204_NO_CONTENT, responses=refusals(NO_RULE))
 def delete(rule_id: RuleId, user: CurrentUser, session: SessionDep) -> Response:
     """Delete a rule and what it fired (its pending deliveries are not sent)."""
     rule = _own_rule(session, rule_id, user)
@@ -151,7 +154,7 @@ def delete(rule_id: RuleId, user: CurrentUser, session: SessionDep) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{rule_id}/test", response_model=AlertTestOut)
+@router.post("/{rule_id}/test", response_model=AlertTestOut, responses=refusals(NO_RULE))
 def test(
     rule_id: RuleId, user: CurrentUser, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
