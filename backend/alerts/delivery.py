@@ -3,8 +3,6 @@ webhook outside any transaction, record what happened."""
 
 from __future__ import annotations
 
-import collections
-import time
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select, update
@@ -43,17 +41,10 @@ def claim(session: Session, firing_id: int, lease_s: float) -> bool:
 
 
 class Sender:
-    """This process's deliveries, at most ``alert_per_minute`` webhook calls a minute."""
+    """This process's deliveries, within its webhook call budget (``webhooks.CALLS``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.calls: collections.deque[float] = collections.deque()
-
-    def _may_call(self) -> bool:
-        now = time.monotonic()
-        while self.calls and now - self.calls[0] > 60:
-            self.calls.popleft()
-        return len(self.calls) < self.settings.alert_per_minute
 
     def deliver_due(self, session: Session) -> int:
         """Send what is due; how many calls were made."""
@@ -67,11 +58,10 @@ class Sender:
         made = 0
         lease = self.settings.alert_timeout_s * 3 + 30
         for firing_id in ids:
-            if not self._may_call():
-                break
+            if not webhooks.CALLS.take(self.settings.alert_per_minute):
+                break  # the rest wait for the next pass
             if not claim(session, firing_id, lease):
                 continue
-            self.calls.append(time.monotonic())
             made += 1
             self._send(session, firing_id)
         return made

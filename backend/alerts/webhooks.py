@@ -10,10 +10,13 @@ httpx's own lookup, DNS rebinding, is not caught: set the allow-list where that 
 
 from __future__ import annotations
 
+import collections
 import http.client
 import ipaddress
 import json
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -148,6 +151,30 @@ def payload(alert: Alert, fmt: Format) -> dict[str, Any]:
     if fmt == "discord":
         return {"content": text[:DISCORD_MAX_CHARS], "allowed_mentions": {"parse": []}}
     return {"text": text, "alert": alert.__dict__}
+
+
+class CallBudget:
+    """This process's webhook calls in the last minute, at most ``alert_per_minute``: the
+    dispatcher's deliveries and the API's test calls draw on the same budget, so neither can
+    make the platform flood a webhook."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: collections.deque[float] = collections.deque()
+
+    def take(self, per_minute: int) -> bool:
+        """Count one call now if the budget has room; False (nothing counted) if not."""
+        with self._lock:
+            now = time.monotonic()
+            while self._calls and now - self._calls[0] > 60:
+                self._calls.popleft()
+            if len(self._calls) >= per_minute:
+                return False
+            self._calls.append(now)
+            return True
+
+
+CALLS = CallBudget()
 
 
 @dataclass(frozen=True)

@@ -225,3 +225,39 @@ def test_a_run_without_a_step_for_the_window_is_stalled_once(
     (stalled,) = wait_for_firings(api, quiet["id"], 1)
     assert "stalled: no step for 0.05 min" in stalled["message"]
     assert firings(api, run_id=busy["id"]) == []
+
+
+def test_test_calls_and_deliveries_share_the_per_minute_budget(
+    own_settings: Settings, receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from backend.main import create_app
+
+    monkeypatch.setattr(webhooks, "CALLS", webhooks.CallBudget())  # this test's minute alone
+    settings = own_settings.model_copy(
+        update={"alert_poll_s": 0.2, "alert_allow_private": True, "alert_per_minute": 2}
+    )
+    with TestClient(create_app(settings)) as client:
+        api = Api(client, settings, make_tokens(settings))
+        run = api.external(name="budget")
+        made = rule(api, run_id=run["id"], event="failed", webhook=receiver.url())
+        for _ in range(2):
+            assert api.post(f"/api/alerts/{made['id']}/test").json()["delivered"] is True
+        r = api.post(f"/api/alerts/{made['id']}/test")
+        assert r.status_code == 429 and r.headers["Retry-After"] == "60"
+        api.post(f"/api/runs/{run['id']}/log", json={"steps": [], "status": "failed"})
+        (waiting,) = [f for f in _wait_fired(api, run["id"])]
+        time.sleep(1.5)  # several passes: the budget holds the delivery back
+        assert len(receiver.calls) == 2
+        assert firings(api, run_id=run["id"])[0]["state"] == "pending" and waiting["attempts"] == 0
+
+
+def _wait_fired(api: Api, run_id: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = firings(api, run_id=run_id)
+        if seen:
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"nothing fired for run {run_id}")

@@ -142,6 +142,7 @@ def _watches(session: Session, rule: AlertRule, run_id: int) -> bool:
 
 
 NO_RULE = {404: "No such rule among the caller's (an admin's: anyone's)."}
+BUDGET = {429: "The server's webhook calls for this minute are spent (Retry-After)."}
 
 
 @router.delete("/{rule_id}", status_code=status.HTTP_204_NO_CONTENT, responses=refusals(NO_RULE))
@@ -154,13 +155,20 @@ def delete(rule_id: RuleId, user: CurrentUser, session: SessionDep) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{rule_id}/test", response_model=AlertTestOut, responses=refusals(NO_RULE))
+@router.post("/{rule_id}/test", response_model=AlertTestOut, responses=refusals(NO_RULE | BUDGET))
 def test(
     rule_id: RuleId, user: CurrentUser, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Call the rule's webhook once now with a test message (not retried): whether it took it,
     and what the call met."""
     rule = _own_rule(session, rule_id, user)
+    if not webhooks.CALLS.take(settings.alert_per_minute):
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            "this server made CONSPO_ALERT_PER_MINUTE webhook calls in the last minute; retry"
+            " in a minute",
+            headers={"Retry-After": "60"},
+        )
     alert = webhooks.Alert(
         id=0,
         rule_id=rule.id,
