@@ -293,12 +293,24 @@ def export(
         ),
     ] = Layout.wide,
     keys: Annotated[str | None, typer.Option(help="Comma list of keys (default: all).")] = None,
+    answers: Annotated[
+        bool,
+        typer.Option(
+            "--answers",
+            help="Its evaluations' problems instead (one row per kept evaluation and problem:"
+            " step, source, solved, score, the answer's text).",
+        ),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Export a run's metrics (every logged step) as CSV, JSON lines or Parquet.
+    """Export a run's metrics (every logged step) as CSV, JSON lines or Parquet; with
+    --answers, its evaluations' problems.
 
-    Metrics only: `conspo-lab models export RUN_ID` exports a run's model checkpoint."""
+    `conspo-lab models export RUN_ID` exports a run's model checkpoint."""
+    if answers:
+        _export_answers(run, fmt, out, url, token)
+        return
     with _client(url, token) as lab:
         key_list = _split(keys) if keys else lab.metric_keys(run)
         series = _all_points(lab, run, key_list)
@@ -321,6 +333,38 @@ def export(
             else "one row per run, key, step)"
         )
     )
+
+
+ANSWER_COLUMNS = [
+    "step", "source", "position", "problem_key", "solved", "score", "samples",
+    "samples_correct", "prompt", "reference", "answer",
+]  # fmt: skip
+ANSWER_TYPES = {
+    "source": "string", "position": "int64", "problem_key": "string", "solved": "bool",
+    "samples": "int64", "samples_correct": "int64", "prompt": "string", "reference": "string",
+    "answer": "string",
+}  # fmt: skip
+
+
+def _export_answers(
+    run: int, fmt: ExportFormat, out: Path | None, url: str | None, token: str | None
+) -> None:
+    rows: list[dict[str, Any]] = []
+    with _client(url, token) as lab:
+        first = lab.run_answers(run, text=False)  # which evaluations it keeps, per source
+        for source, steps in first["sources"].items():
+            for step in steps:
+                got = lab.run_answers(run, step=step, source=source)
+                rows += [
+                    {**{c: a.get(c) for c in ANSWER_COLUMNS}, "step": step, "source": source}
+                    for a in got["answers"]
+                ]
+    target = out or Path(f"run-{run}-answers.{fmt.value}")
+    if str(target) == "-" and fmt is ExportFormat.parquet:
+        _fail("parquet cannot go to stdout; give --out FILE", code=2)
+    _write_rows(rows, ANSWER_COLUMNS, fmt, target, ANSWER_TYPES)
+    where = "stdout" if str(target) == "-" else str(target)
+    err_console.print(f"wrote {len(rows)} answers to {where} (one row per evaluation, problem)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -549,13 +593,20 @@ def _long_rows(run_id: int, series: dict[str, Series]) -> tuple[list[dict[str, A
 
 
 def _write_rows(
-    rows: list[dict[str, Any]], columns: list[str], fmt: ExportFormat, target: Path
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    fmt: ExportFormat,
+    target: Path,
+    column_types: dict[str, str] | None = None,
 ) -> None:
+    """``column_types``: a Parquet column's type by name (pyarrow's: "string", "bool", "int64");
+    the rest are float64 but run_id, step (int64) and key (string)."""
     if fmt is ExportFormat.parquet:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         types = {"run_id": pa.int64(), "step": pa.int64(), "key": pa.string()}
+        types |= {c: pa.type_for_alias(t) for c, t in (column_types or {}).items()}
         schema = pa.schema([(c, types.get(c, pa.float64())) for c in columns])
         table = pa.Table.from_pylist(rows, schema=schema)
         pq.write_table(table, target)

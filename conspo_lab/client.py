@@ -681,6 +681,14 @@ class Client:
         params = {"run_id": run_id, "rule_id": rule_id, "limit": limit}
         return list(self._request("GET", "/api/alerts/firings", params=params)["firings"])
 
+    def run_answers(
+        self, run_id: int, step: str | int = "last", source: str = "held_out", text: bool = True
+    ) -> dict[str, Any]:
+        """One run's problems at one kept evaluation, and every evaluation it keeps per source
+        (``sources``): ``GET /api/runs/{run_id}/answers``."""
+        params = {"step": str(step), "source": source, "text": str(text).lower()}
+        return dict(self._request("GET", f"/api/runs/{run_id}/answers", params=params))
+
     def answers(
         self,
         run_ids: Sequence[int],

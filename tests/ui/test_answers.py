@@ -5,10 +5,14 @@ history opened, the filters and the pair's McNemar line as the API computes them
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from conspo_lab.cli import app
 from tests.ui.test_pages import wait_until
 
 pytestmark = pytest.mark.browser
@@ -25,7 +29,9 @@ def trained(ui_server: Any, algorithm: str) -> int:
     return int(made["runs"][0]["id"])
 
 
-def test_two_runs_answers_side_by_side(page: Any, shot: Any, ui_server: Any) -> None:
+def test_two_runs_answers_side_by_side(
+    page: Any, shot: Any, ui_server: Any, tmp_path: Path
+) -> None:
     if not ui_server.has_worker:
         pytest.skip("needs the server's worker to train the runs")
     ids = [trained(ui_server, "grpo"), trained(ui_server, "conspo")]
@@ -69,3 +75,18 @@ def test_two_runs_answers_side_by_side(page: Any, shot: Any, ui_server: Any) -> 
     )
     page.select_option("#ans-step", "first")
     wait_until(page, lambda: "at step 0" in page.inner_text("#ans-summary"), 60, "step 0")
+
+    # the same from the command line: the comparison, and the answers exported with the run
+    auth = ["--url", ui_server.url, "--token", ui_server.token]
+    shown = CliRunner().invoke(app, ["answers", f"{ids[0]},{ids[1]}", "--show", "all", *auth])
+    assert shown.exit_code == 0, shown.output
+    assert f"alone: {pair['a_only']}" in " ".join(shown.output.split())
+    out = tmp_path / "answers.parquet"
+    exported = CliRunner().invoke(
+        app, ["export", str(ids[0]), "--answers", "--format", "parquet", "--out", str(out), *auth]
+    )
+    assert exported.exit_code == 0, exported.output
+    table = pq.read_table(out).to_pylist()
+    assert len(table) == 12 and {r["step"] for r in table} == {0, 1}  # 6 problems, 2 evaluations
+    last = [r for r in table if r["step"] == 1]
+    assert sum(r["solved"] for r in last) == solved and all(r["answer"] is not None for r in last)
