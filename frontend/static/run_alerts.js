@@ -4,6 +4,7 @@
 // and a form that adds a rule for this run (POST /api/alerts; a 422 is shown at its field).
 // A webhook URL is a secret: the server never sends it back, only its scheme and host.
 import { del, errorText, get, post } from "/static/api.js";
+import { EVAL_ACCURACY } from "/static/catalogue.js";
 import { fmtNum, h, toast } from "/static/util.js";
 
 const REFRESH_MS = 3000;
@@ -46,7 +47,7 @@ export function alertsView(root, runId) {
       h("option", { value: "stalled" }, "the run stalls (no step for a while)"),
       h("option", { value: "metric" }, "a metric crosses a line"),
     ),
-    metric: h("input", { name: "alert.metric", type: "text", placeholder: "eval/accuracy", "aria-label": "metric" }),
+    metric: h("input", { name: "alert.metric", type: "text", placeholder: EVAL_ACCURACY, "aria-label": "metric" }),
     comparison: h(
       "select",
       { name: "alert.comparison", "aria-label": "comparison" },

@@ -62,7 +62,7 @@ def test_two_runs_answers_side_by_side(
     shot(page, "answers")
 
     page.select_option("#ans-show", "disagree")
-    wait_until(page, lambda: "show=disagree" in page.url, 30, "the filter")
+    wait_until(page, lambda: "show=disagree" in page.url, 60, "the filter")
     expected = pair["a_only"] + pair["b_only"]
     wait_until(
         page,
