@@ -131,6 +131,37 @@ def answers_at(
     return [dict(r._mapping) for r in rows]
 
 
+OUTCOME = ("position", "solved", "score", "samples", "samples_correct")
+
+
+def outcomes(session: Session, run_id: int, source: str, step: int) -> dict[str, dict[str, Any]]:
+    """A run's problems at one evaluation by ``problem_key``, numbers only (no text): what a
+    comparison of many runs reads for every problem."""
+    rows = session.execute(
+        select(EvalAnswer.problem_key, *(getattr(EvalAnswer, c) for c in OUTCOME))
+        .where(EvalAnswer.run_id == run_id, EvalAnswer.source == source, EvalAnswer.step == step)
+        .order_by(EvalAnswer.position)
+    ).all()
+    return {row[0]: dict(zip(OUTCOME, row[1:], strict=True)) for row in rows}
+
+
+def prompts(
+    session: Session, run_id: int, source: str, step: int, keys: Sequence[str]
+) -> dict[str, str]:
+    """The prompt of each of ``keys`` as the run's evaluation at ``step`` stored it."""
+    if not keys:
+        return {}
+    rows = session.execute(
+        select(EvalAnswer.problem_key, EvalAnswer.prompt).where(
+            EvalAnswer.run_id == run_id,
+            EvalAnswer.source == source,
+            EvalAnswer.step == step,
+            EvalAnswer.problem_key.in_(list(keys)),
+        )
+    )
+    return {key: prompt for key, prompt in rows}
+
+
 def history(session: Session, run_id: int, source: str, problem_key: str) -> list[dict[str, Any]]:
     """One problem across a run's evaluations: each step's answer and outcome."""
     rows = session.execute(

@@ -29,6 +29,7 @@ router = APIRouter(tags=["answers"])
 
 MAX_RUNS = 50
 MAX_PAGE = 500
+MAX_PAIRED_RUNS = 10  # pairs (and McNemar lines) only up to this many runs: 45 pairs
 Source = Annotated[
     str,
     Query(
@@ -141,8 +142,8 @@ def compare_answers(
     offset: Annotated[int, Query(ge=0, le=10**6)] = 0,
 ) -> dict[str, Any]:
     """The runs' problems at one evaluation each, paired by problem, filtered by ``show``, a
-    page at a time; each run's count solved; and, per pair of runs, the problems each solved
-    alone and McNemar's exact p."""
+    page at a time; each run's count solved; and, per pair of runs (up to
+    ``MAX_PAIRED_RUNS`` runs), the problems each solved alone and McNemar's exact p."""
     ids = parse_ids(runs, "runs", MAX_RUNS)
     found = found_runs(session, ids)
     if show == "only" and (a not in ids or b not in ids or a == b):
@@ -173,21 +174,19 @@ def _compared(
     ids = [r.id for r in found]
     outcome: dict[int, dict[str, dict[str, Any]]] = {}
     problems: dict[str, dict[str, Any]] = {}  # by key, in the first run's order
+    where_from: dict[str, int] = {}  # the first run that holds each problem: its prompt's source
     for run in found:
-        rows = stored.answers_at(session, run.id, source, chosen[run.id], text=False)
-        outcome[run.id] = {}
-        for row in rows:
-            key = row["problem_key"]
-            problems.setdefault(
-                key, {"key": key, "prompt": row["prompt"], "position": row["position"]}
-            )
-            outcome[run.id][key] = row
+        outcome[run.id] = stored.outcomes(session, run.id, source, chosen[run.id])
+        for key, row in outcome[run.id].items():
+            if key not in problems:
+                problems[key] = {"key": key, "position": row["position"]}
+                where_from[key] = run.id
     first_solved: dict[int, set[str]] = {}
     if show == "regressed":
         for run in found:
             first = held[run.id].steps[source][0]
-            rows = stored.answers_at(session, run.id, source, first, text=False)
-            first_solved[run.id] = {r["problem_key"] for r in rows if r["solved"]}
+            at_first = stored.outcomes(session, run.id, source, first)
+            first_solved[run.id] = {k for k, r in at_first.items() if r["solved"]}
 
     def keep(key: str) -> bool:
         solved = [outcome[i][key]["solved"] for i in ids if key in outcome[i]]
@@ -211,6 +210,10 @@ def _compared(
 
     kept = [p for p in problems.values() if keep(p["key"])]
     page = kept[offset : offset + limit]
+    prompt_of: dict[str, str] = {}
+    for rid in dict.fromkeys(where_from[p["key"]] for p in page):
+        keys = [p["key"] for p in page if where_from[p["key"]] == rid]
+        prompt_of |= stored.prompts(session, rid, source, chosen[rid], keys)
     texts = _texts(session, found, chosen, source, [p["key"] for p in page]) if text else {}
     out_problems = []
     for p in page:
@@ -225,7 +228,7 @@ def _compared(
             if text:
                 answer |= texts.get((i, p["key"]), {})
             answers[str(i)] = answer
-        out_problems.append({**p, "answers": answers})
+        out_problems.append({**p, "prompt": prompt_of.get(p["key"], ""), "answers": answers})
     return {
         "source": source,
         "sources": sorted({name for r in found for name in held[r.id].steps}),
@@ -245,7 +248,7 @@ def _compared(
         "offset": offset,
         "limit": limit,
         "problems": out_problems,
-        "pairs": _pairs(ids, outcome),
+        "pairs": _pairs(ids, outcome) if len(ids) <= MAX_PAIRED_RUNS else [],
     }
 
 
@@ -316,8 +319,9 @@ def study_answers(
         pick = steps[-1] if step == "last" else steps[0] if step == "first" else int(step)
         if pick not in steps:
             continue
-        rows = stored.answers_at(session, rid, source, pick, text=False)
-        solved_at[rid] = {r["problem_key"]: bool(r["solved"]) for r in rows}
+        solved_at[rid] = {
+            k: bool(r["solved"]) for k, r in stored.outcomes(session, rid, source, pick).items()
+        }
     out_arms = []
     for arm in arms:
         if arm == baseline:
