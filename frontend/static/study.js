@@ -44,16 +44,16 @@ async function showAnswers() {
       h(
         "td",
         {},
-        ...a.seeds.flatMap((s) => [
+        ...a.seeds.flatMap((s, i) => [
+          i ? " · " : "",
           h(
             "a",
             {
               href: `/answers?runs=${s.baseline_run},${s.run}&show=only&a=${s.run}&b=${s.baseline_run}`,
               title: `${s.run_name} against ${s.baseline_name}`,
             },
-            `seed ${s.seed}: ${s.solved_alone} alone`,
+            `seed ${s.seed}: ${s.solved_alone} vs ${s.baseline_alone}`,
           ),
-          " ",
         ]),
       ),
     ),
