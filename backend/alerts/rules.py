@@ -24,8 +24,6 @@ from backend.models import (
     utcnow,
 )
 
-EVENTS = ("failed", "finished", "stalled", "metric")
-COMPARISONS = ("below", "above", "nonfinite")
 MAX_ERROR_CHARS = 300  # of a failed run's error, in a message
 
 

@@ -9,7 +9,6 @@ answer the same problems."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
@@ -91,14 +90,9 @@ def thin(session: Session, run_id: int, source: str, keep: int = MAX_EVALUATIONS
     return dropped
 
 
-@dataclass(frozen=True)
-class Evaluations:
-    """What a run holds: its sources and, per source, its evaluated steps (ascending)."""
-
-    steps: dict[str, list[int]]
-
-
-def evaluations(session: Session, run_ids: Iterable[int]) -> dict[int, Evaluations]:
+def evaluations(session: Session, run_ids: Iterable[int]) -> dict[int, dict[str, list[int]]]:
+    """What each run holds: per source, its kept evaluation steps (ascending); a run with none
+    is absent."""
     found: dict[int, dict[str, list[int]]] = {}
     rows = session.execute(
         select(EvalAnswer.run_id, EvalAnswer.source, EvalAnswer.step)
@@ -108,7 +102,7 @@ def evaluations(session: Session, run_ids: Iterable[int]) -> dict[int, Evaluatio
     )
     for run_id, source, step in rows:
         found.setdefault(run_id, {}).setdefault(source, []).append(step)
-    return {run_id: Evaluations(steps) for run_id, steps in found.items()}
+    return found
 
 
 ROW_COLUMNS = (
@@ -145,21 +139,27 @@ def outcomes(session: Session, run_id: int, source: str, step: int) -> dict[str,
     return {row[0]: dict(zip(OUTCOME, row[1:], strict=True)) for row in rows}
 
 
-def prompts(
-    session: Session, run_id: int, source: str, step: int, keys: Sequence[str]
-) -> dict[str, str]:
-    """The prompt of each of ``keys`` as the run's evaluation at ``step`` stored it."""
+def texts(
+    session: Session,
+    run_id: int,
+    source: str,
+    step: int,
+    keys: Sequence[str],
+    fields: Sequence[str] = ("prompt",),
+) -> dict[str, dict[str, Any]]:
+    """``fields`` (prompt, reference, answer, episode) of each of ``keys`` as the run's
+    evaluation at ``step`` stored them, by problem key: the texts of one page of problems."""
     if not keys:
         return {}
     rows = session.execute(
-        select(EvalAnswer.problem_key, EvalAnswer.prompt).where(
+        select(EvalAnswer.problem_key, *(getattr(EvalAnswer, f) for f in fields)).where(
             EvalAnswer.run_id == run_id,
             EvalAnswer.source == source,
             EvalAnswer.step == step,
             EvalAnswer.problem_key.in_(list(keys)),
         )
     )
-    return {key: prompt for key, prompt in rows}
+    return {row[0]: dict(zip(fields, row[1:], strict=True)) for row in rows}
 
 
 def history(session: Session, run_id: int, source: str, problem_key: str) -> list[dict[str, Any]]:

@@ -13,14 +13,13 @@ import math
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.api.contract import refusals
 from backend.api.deps import RunDep, SessionDep, StudyDep, found_runs
 from backend.api.query import parse_ids, run_id_list
 from backend.errors import InvalidInput
-from backend.models import EvalAnswer, Run
+from backend.models import Run
 from backend.storage import answers as stored
 from backend.storage.studies import study_rows
 from conspo.sink import HELD_OUT
@@ -89,8 +88,7 @@ def run_answers(
 ) -> dict[str, Any]:
     """One run's problems at one evaluation, and which evaluations it keeps (at most
     ``MAX_EVALUATIONS`` per source, thinned evenly: the first and the latest always)."""
-    held = stored.evaluations(session, [run.id]).get(run.id)
-    sources = held.steps if held else {}
+    sources = stored.evaluations(session, [run.id]).get(run.id, {})
     chosen = _step_of(run, sources.get(source), step, source)
     rows = stored.answers_at(session, run.id, source, chosen, text=text)
     return {
@@ -149,12 +147,7 @@ def compare_answers(
     if show == "only" and (a not in ids or b not in ids or a == b):
         raise InvalidInput.at(("query", "a"), "show=only needs a and b: two of the runs given")
     held = stored.evaluations(session, ids)
-    chosen = {
-        r.id: _step_of(
-            r, (held.get(r.id) or stored.Evaluations({})).steps.get(source), step, source
-        )
-        for r in found
-    }
+    chosen = {r.id: _step_of(r, held.get(r.id, {}).get(source), step, source) for r in found}
     return _compared(session, found, chosen, source, held, show, a, b, text, limit, offset)
 
 
@@ -163,7 +156,7 @@ def _compared(
     found: list[Run],
     chosen: dict[int, int],
     source: str,
-    held: dict[int, stored.Evaluations],
+    held: dict[int, dict[str, list[int]]],
     show: str,
     a: int | None,
     b: int | None,
@@ -184,7 +177,7 @@ def _compared(
     first_solved: dict[int, set[str]] = {}
     if show == "regressed":
         for run in found:
-            first = held[run.id].steps[source][0]
+            first = held[run.id][source][0]
             at_first = stored.outcomes(session, run.id, source, first)
             first_solved[run.id] = {k for k, r in at_first.items() if r["solved"]}
 
@@ -213,7 +206,8 @@ def _compared(
     prompt_of: dict[str, str] = {}
     for rid in dict.fromkeys(where_from[p["key"]] for p in page):
         keys = [p["key"] for p in page if where_from[p["key"]] == rid]
-        prompt_of |= stored.prompts(session, rid, source, chosen[rid], keys)
+        found_texts = stored.texts(session, rid, source, chosen[rid], keys)
+        prompt_of |= {key: t["prompt"] for key, t in found_texts.items()}
     texts = _texts(session, found, chosen, source, [p["key"] for p in page]) if text else {}
     out_problems = []
     for p in page:
@@ -231,7 +225,7 @@ def _compared(
         out_problems.append({**p, "prompt": prompt_of.get(p["key"], ""), "answers": answers})
     return {
         "source": source,
-        "sources": sorted({name for r in found for name in held[r.id].steps}),
+        "sources": sorted({name for r in found for name in held[r.id]}),
         "runs": [
             {
                 "id": r.id,
@@ -239,7 +233,7 @@ def _compared(
                 "step": chosen[r.id],
                 "problems": len(outcome[r.id]),
                 "solved": sum(1 for row in outcome[r.id].values() if row["solved"]),
-                "evaluations": held[r.id].steps.get(source, []),
+                "evaluations": held[r.id].get(source, []),
             }
             for r in found
         ],
@@ -277,23 +271,13 @@ def _pairs(ids: list[int], outcome: dict[int, dict[str, dict[str, Any]]]) -> lis
 def _texts(
     session: Session, found: list[Run], chosen: dict[int, int], source: str, keys: list[str]
 ) -> dict[tuple[int, str], dict[str, Any]]:
-    if not keys:
-        return {}
-    out: dict[tuple[int, str], dict[str, Any]] = {}
-    for run in found:
-        rows = session.execute(
-            select(
-                EvalAnswer.problem_key, EvalAnswer.reference, EvalAnswer.answer, EvalAnswer.episode
-            ).where(
-                EvalAnswer.run_id == run.id,
-                EvalAnswer.source == source,
-                EvalAnswer.step == chosen[run.id],
-                EvalAnswer.problem_key.in_(keys),
-            )
-        )
-        for key, reference, answer, episode in rows:
-            out[(run.id, key)] = {"reference": reference, "answer": answer, "episode": episode}
-    return out
+    """Each run's reference, answer and episode of the page's problems, by (run, key)."""
+    fields = ("reference", "answer", "episode")
+    return {
+        (run.id, key): t
+        for run in found
+        for key, t in stored.texts(session, run.id, source, chosen[run.id], keys, fields).items()
+    }
 
 
 @router.get("/studies/{study_id}/answers")
@@ -313,7 +297,7 @@ def study_answers(
     runs = {r.id: r for r in found_runs(session, run_ids)} if run_ids else {}
     solved_at: dict[int, dict[str, bool]] = {}
     for rid in run_ids:
-        steps = (held.get(rid) or stored.Evaluations({})).steps.get(source)
+        steps = held.get(rid, {}).get(source)
         if not steps:
             continue
         pick = steps[-1] if step == "last" else steps[0] if step == "first" else int(step)
