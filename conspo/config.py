@@ -332,6 +332,12 @@ class ModelConfig(_Section):
     )
 
 
+# How the update corrects for a sampler other than π_old (``SamplingConfig.mismatch_correction``).
+MismatchCorrection = Literal[
+    "auto", "off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+]
+
+
 class SamplingConfig(_Section):
     prompts_per_step: int = Field(
         16, ge=1, le=4096, title="Prompts per step", description="Prompts (groups) per step."
@@ -373,6 +379,44 @@ class SamplingConfig(_Section):
         " decodes faster (SmolLM2 on a CPU: ~20%) but its first start compiles for a minute or"
         " more (cached for later runs).",
     )
+    mismatch_correction: MismatchCorrection = Field(
+        "auto",
+        title="Sampler mismatch correction",
+        json_schema_extra={"advanced": True},
+        description="How the update corrects for rollouts sampled by a policy other than the"
+        " trainer's π_old (docs/objectives.md, 'Sampler mismatch'): each token's gradient is"
+        " weighted by w = π_old/μ, μ the sampler's probability, per token (token_*) or per"
+        " rollout (sequence_*, the product over its tokens), w above mismatch_cap truncated to"
+        " the cap (*_truncate) or set to 0 (*_mask). auto: sequence_mask where the sampler is"
+        " another engine than the trainer (vllm), off where it is the trainer's own weights"
+        " (native, hf). The mismatch/* metrics are drawn wherever the engine reports μ (native"
+        " and vllm), corrected or not.",
+    )
+    mismatch_cap: float = Field(
+        3.0,
+        gt=1,
+        le=1000,
+        title="Mismatch cap C",
+        json_schema_extra={"advanced": True, "symbol": "C"},
+        description="C: the largest importance weight π_old/μ the correction keeps (see"
+        " mismatch_correction).",
+    )
+
+    @model_validator(mode="after")
+    def _correction_has_sampler_logprobs(self) -> SamplingConfig:
+        if self.engine == "hf" and self.mismatch_correction not in ("auto", "off"):
+            raise ValueError(
+                "sampling.mismatch_correction: the hf engine reports no sampler log-probs to"
+                " correct with; use the native or vllm engine, or auto/off"
+            )
+        return self
+
+    @property
+    def correction(self) -> MismatchCorrection:
+        """The correction the update applies: ``mismatch_correction`` with auto resolved."""
+        if self.mismatch_correction != "auto":
+            return self.mismatch_correction
+        return "sequence_mask" if self.engine == "vllm" else "off"
 
 
 class OptimConfig(_Section):

@@ -40,6 +40,13 @@ OFFPOLICY_RATIO_MAX = "offpolicy/ratio_max"
 OFFPOLICY_RATIO_MIN = "offpolicy/ratio_min"
 OFFPOLICY_CLIP_LOW = "offpolicy/clip_low"
 OFFPOLICY_CLIP_HIGH = "offpolicy/clip_high"
+# the sampler (μ: vLLM, the native decode) against the trainer's π_old on the same tokens
+# (conspo.training.mismatch)
+MISMATCH_LOGP_DIFF_MEAN = "mismatch/logp_diff_mean"
+MISMATCH_LOGP_DIFF_MAX = "mismatch/logp_diff_max"
+MISMATCH_KL = "mismatch/kl"
+MISMATCH_WEIGHT_MEAN = "mismatch/weight_mean"
+MISMATCH_CORRECTED_FRAC = "mismatch/corrected_frac"
 
 # --- what single baselines (conspo/objectives/) add ----------------------------------------
 SAPO_GATE_WEIGHT = "sapo/gate_weight"
@@ -361,6 +368,8 @@ SECTIONS: tuple[Section, ...] = (
         folded="nothing to show: one optimiser update per rollout batch (optim.mini_batches"
         " = optim.epochs = 1), so π_θ = π_old and every ratio is 1",
     ),
+    # drawn where a run logged it: its engine reports the probabilities it sampled with
+    Section("mismatch", "Sampler against trainer"),
     Section(
         "tools",
         "Tools inside rollouts",
@@ -389,6 +398,8 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 SCORE = "log-prob / token"
+# When the mismatch/* keys are logged.
+MISMATCH_WHEN = "the engine reports what it sampled with (native at temperature > 0, vllm)"
 # Why the off-policy diagnostics sit still: said on their panels when they are constant.
 ON_POLICY = "no ratio left 1: π_θ = π_old (on-policy, one optimiser update per rollout batch)"
 
@@ -458,6 +469,18 @@ CHARTS: tuple[Chart, ...] = (
           "fraction of tokens", y_range="unit", always=True,
           help="Fraction of response tokens with ρ < 1 − ε_low and with ρ > 1 + ε_high (the"
           " objective's own clip range; ConSPO's ε for objectives without one)."),
+    Chart("mismatchlogp", "Sampler vs trainer log-prob gap", "mismatch", "|Δ log p| per token",
+          y_range="zero",
+          help="|log π_old − log μ| over the model's tokens, mean and largest: how far the"
+          " probabilities the engine sampled with (μ) are from the trainer's on the same tokens."
+          " Kernels, bf16 and stale weights widen it."),
+    Chart("mismatchkl", "KL(sampler ‖ trainer)", "mismatch", "nats / token", y_range="zero",
+          help="KL(μ ‖ π_old) per token, estimated on μ's own samples (k3)."),
+    Chart("mismatchweight", "Mismatch correction", "mismatch", "weight / fraction",
+          y_range="zero",
+          help="The mean importance weight π_old/μ the correction gives (sampling."
+          "mismatch_correction; 1 when off) and the share of tokens or rollouts past the cap C"
+          " (truncated or masked; with the correction off, the share that would be)."),
     Chart("toolcalls", "Tool calls per rollout: correct vs wrong", "tools", "calls / rollout",
           y_range="zero", always=True,
           help="Do the rollouts that end right call the tool more than the ones that end wrong?"
@@ -722,6 +745,26 @@ METRICS: tuple[Metric, ...] = (
     Metric(OFFPOLICY_CLIP_HIGH, "above 1 + ε_high",
            "Fraction of response tokens with ρ > 1 + ε_high (mean over the updates).",
            "fraction", "clipside", color="pos", constant_note=ON_POLICY),
+    # sampler against trainer
+    Metric(MISMATCH_LOGP_DIFF_MEAN, "mean |Δ log p|",
+           "Mean |log π_old − log μ| over the model's tokens of the step (μ: the probability the"
+           " engine sampled each token with).", "nats", "mismatchlogp", when=MISMATCH_WHEN,
+           better="lower"),
+    Metric(MISMATCH_LOGP_DIFF_MAX, "max |Δ log p|", "Largest |log π_old − log μ| of a token.",
+           "nats", "mismatchlogp", when=MISMATCH_WHEN, color="neg", dash=True, better="lower"),
+    Metric(MISMATCH_KL, "KL(μ ‖ π_old)",
+           "KL from the sampler to the trainer per token: the k3 estimate e^x − x − 1,"
+           " x = log π_old − log μ, on the sampled tokens.", "nats / token", "mismatchkl",
+           when=MISMATCH_WHEN, better="lower"),
+    Metric(MISMATCH_WEIGHT_MEAN, "mean weight",
+           "Mean importance weight the correction gives a token (token modes) or a rollout"
+           " (sequence modes): π_old/μ after the cap; 1 when sampling.mismatch_correction is"
+           " off.", "weight", "mismatchweight", when=MISMATCH_WHEN),
+    Metric(MISMATCH_CORRECTED_FRAC, "past the cap",
+           "Share of tokens (token modes, and off) or rollouts (sequence modes) whose π_old/μ"
+           " exceeds the cap C: truncated to C or masked out; with the correction off, the share"
+           " that would be.", "fraction", "mismatchweight", when=MISMATCH_WHEN, color="neg",
+           dash=True, better="lower"),
     # tools
     Metric(TOOLS_CALLS, "calls", "Mean tool calls per rollout of the step.", "calls",
            "toolcalls", when="the run has tools (tools.names)"),

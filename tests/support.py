@@ -74,6 +74,17 @@ def free_port(ports: range) -> int:
     raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
+def closed_port_url() -> str:
+    """A URL on a port nothing listens on: bound by us, then released, so no server holds it.
+
+    A fixed port is not enough: the lab server of another test may hold it.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
 def embedded_env(data: Path, **extra: str) -> dict[str, str]:
     """Environment of an embedded-mode server (SQLite + SQLAlchemy broker) under ``data``."""
     env = {

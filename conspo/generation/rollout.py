@@ -77,8 +77,21 @@ def _next_token(
     """(N, V) logits → (N,) token ids. temperature 0 means greedy. ``uniforms`` (N,) float64 in
     [0, 1): each row's draw, instead of fresh ones from ``generator`` (a caller whose rows do not
     sample in step with each other gives each row its own stream)."""
+    return _draw(logits, temperature, top_p, generator, uniforms)[0]
+
+
+def _draw(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``_next_token``'s ids and (N,) the log-probability each was drawn with, under the
+    distribution sampled (temperature, and top-p renormalised); None when greedy. What the
+    trainer's π_old is compared with (``RolloutBatch.sampled_logprobs``)."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return logits.argmax(-1), None
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p.
@@ -86,7 +99,11 @@ def _next_token(
         outside = sorted_probs.cumsum(-1) - sorted_probs > top_p
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return _inverse_cdf_sample(probs, generator, uniforms)
+    ids = _inverse_cdf_sample(probs, generator, uniforms)
+    chosen = probs.gather(-1, ids[:, None]).squeeze(-1)
+    if top_p < 1.0:
+        chosen = chosen / probs.sum(-1)
+    return ids, chosen.log()
 
 
 def _inverse_cdf_sample(
@@ -175,10 +192,13 @@ def sample(
         del state  # the loop holds the keys and values now
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens = []
+    drawn_with: list[torch.Tensor] = []  # (N,) log-prob of each drawn token (temperature > 0)
     for t in range(max_new_tokens):
-        tok = _next_token(logits, temperature, top_p, generator)
+        tok, logprob = _draw(logits, temperature, top_p, generator)
         tok = torch.where(done, pad_id, tok)
         tokens.append(tok)
+        if logprob is not None:
+            drawn_with.append(logprob)
         done = done | torch.isin(tok, stops)
         if t == max_new_tokens - 1:
             break
@@ -197,7 +217,10 @@ def sample(
         mask = attn if static_cache else attn[:, : p + t + 1]
         logits = extend(model, state, tok[:, None], mask, offset=t)[:, -1]
     response = torch.stack(tokens, dim=1)  # (N, T')
-    return finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
+    batch = finish_responses(prompt_ids, prompt_mask, response, eos_id, pad_id)
+    if drawn_with:
+        batch.sampled_logprobs = torch.stack(drawn_with, dim=1) * batch.response_mask
+    return batch
 
 
 def draw_seed(generator: torch.Generator | None) -> int:

@@ -337,6 +337,15 @@ def _items_of(values: list[str | None] | None, rows: torch.Tensor) -> list[str |
     return [values[i] for i in picked.tolist()]
 
 
+def _concat_sampled(batches: list[RolloutBatch], t: int) -> torch.Tensor | None:
+    """The rounds' sampler log-probs, right-padded to ``t``; None unless every round has them
+    (a step's rounds come from one engine, so all or none do)."""
+    parts = [b.sampled_logprobs for b in batches]
+    if any(x is None for x in parts):
+        return None
+    return torch.cat([F.pad(x, (0, t - x.shape[1])) for x in parts if x is not None])
+
+
 def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
     """Stack rounds: prompts re-padded on the left, responses on the right."""
     if len(parts) == 1:
@@ -356,7 +365,7 @@ def concat_rollouts(parts: list[Rollouts], g: int, pad_id: int) -> Rollouts:
         torch.cat([x.batch.lengths for x in parts]),
         torch.cat([x.batch.truncated for x in parts]),
         *_concat_tool_fields([x.batch for x in parts], t),
-        None,
+        _concat_sampled([x.batch for x in parts], t),
         *_concat_turn_fields([x.batch for x in parts], t),
     )
     credits = [x.turn_advantages for x in parts if x.turn_advantages is not None]

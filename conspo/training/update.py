@@ -45,6 +45,7 @@ from conspo.registry import get_objective
 from conspo.training.logprobs import logprob_mode, token_logprobs
 from conspo.training.loop import TrainState, step_seed
 from conspo.training.microbatch import length_buckets, micro_batches, trimmed
+from conspo.training.mismatch import correction_weights, mismatch_stats, reweighted
 from conspo.training.rollouts import Rollouts
 from conspo.training.stats import offpolicy_stats, separation_stats
 
@@ -148,6 +149,7 @@ COMBINE = {
     M.OFFPOLICY_RATIO_MIN: torch.amin,
     M.ENTROPY_POS: torch.nanmean,
     M.ENTROPY_NEG: torch.nanmean,
+    M.MISMATCH_LOGP_DIFF_MAX: torch.amax,
 }
 
 
@@ -206,6 +208,12 @@ def optimise_chunk(
         **entropy_by_outcome(entropy, mask, batch.outcome),
         M.GRAD_NORM: grad_norm.detach(),
     }
+    sampled = r.batch.sampled_logprobs
+    if sampled is not None:  # the engine said what it sampled with: how far from π_old
+        sampling = state.cfg.sampling
+        stats |= mismatch_stats(
+            behaviour, sampled[rows], mask, sampling.correction, sampling.mismatch_cap
+        )
     ref = batch.ref_logprobs
     if ref is not None and M.KL not in stats:
         stats[M.KL] = (k3_kl(logprobs, ref, mask) * mask).sum() / mask.sum().clamp(min=1)
@@ -346,12 +354,14 @@ def backward(
 
 def linear_on_policy(state: TrainState) -> bool:
     """Whether the objective's gradient in the log-probs is known before any forward: registered
-    ``linear_on_policy`` and no reference term (β = 0). Callers add π_old = π_θ."""
+    ``linear_on_policy``, no reference term (β = 0) and no mismatch correction (its weights are
+    π_old's, known only after a forward). Callers add π_old = π_θ."""
     algorithm = state.cfg.algorithm
     return (
         algorithm is not None
         and get_objective(algorithm).linear_on_policy
         and state.params.beta <= 0
+        and state.cfg.sampling.correction == "off"
     )
 
 
@@ -568,12 +578,25 @@ def policy_batch(
     entropy: torch.Tensor | None = None,
 ) -> PolicyBatch:
     """The objective's input for the rollouts in ``rows`` (N,) bool, whose π_θ log-probs are
-    ``logprobs`` (B, T) (with grad) and per-token entropy ``entropy`` (B, T) (no grad)."""
+    ``logprobs`` (B, T) (with grad) and per-token entropy ``entropy`` (B, T) (no grad).
+
+    Under a mismatch correction (``sampling.mismatch_correction``) the log-probs keep their
+    values and each token's gradient takes its importance weight π_old/μ
+    (``conspo.training.mismatch``), π_old being ``old_logprobs`` or, with one update per batch,
+    these log-probs' own values."""
     cfg, device = state.cfg, state.device
     rows_cpu = rows.cpu()
+    mask = r.batch.model_mask[rows]  # the model's tokens: never a tool's output
+    sampled = r.batch.sampled_logprobs
+    if cfg.sampling.correction != "off" and sampled is not None:
+        old = logprobs.detach() if old_logprobs is None else old_logprobs
+        weights = correction_weights(
+            old, sampled[rows], mask, cfg.sampling.correction, cfg.sampling.mismatch_cap
+        )
+        logprobs = reweighted(logprobs, weights)
     return PolicyBatch(
         logprobs=logprobs,
-        mask=r.batch.model_mask[rows],  # the model's tokens: never a tool's output
+        mask=mask,
         rewards=r.rewards[rows_cpu].to(device),
         group_ids=r.group_ids[rows_cpu].to(device),
         progress=step / cfg.steps,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import socket
 
 import pyarrow.parquet as pq
 import pytest
@@ -14,6 +13,7 @@ from typer.testing import CliRunner
 
 from conspo_lab import cli_client
 from conspo_lab.cli import app
+from tests.support import closed_port_url
 
 runner = CliRunner()
 
@@ -45,7 +45,7 @@ def logged_run(lab):
 def test_submit_bad_config_exits_2_naming_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("algorithm: grpo\nsampling:\n  group_size: 1\n")
-    result = runner.invoke(app, ["submit", str(bad), "--url", "http://127.0.0.1:18399"])
+    result = runner.invoke(app, ["submit", str(bad), "--url", closed_port_url()])
     assert result.exit_code == 2
     assert "sampling.group_size" in result.output
     unknown = tmp_path / "unknown.yaml"
@@ -162,11 +162,7 @@ def test_watch_follows_a_run_to_its_end(lab_server, logged_run):
 def test_api_errors_become_messages_and_exit_codes(lab_server):
     result = invoke(lab_server, "watch", "999999")
     assert result.exit_code == 2 and "404" in result.output
-    closed = socket.socket()  # a port nothing listens on (a fixed one may be the server's own)
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()
-    result = runner.invoke(app, ["runs", "--url", f"http://127.0.0.1:{port}"])
+    result = runner.invoke(app, ["runs", "--url", closed_port_url()])
     assert result.exit_code == 1 and "cannot reach" in result.output
 
 

@@ -13,6 +13,7 @@ from backend.db import Database
 from backend.liveness import WorkerIdentity, mark_alive, mark_stopped
 from conspo_lab.cli import app
 from tests.lab.test_cli import invoke
+from tests.support import closed_port_url
 
 runner = CliRunner()
 TOOLS_YAML = """\
@@ -69,6 +70,6 @@ def test_submit_a_yaml_with_tools(lab_server, lab, tmp_path):
 def test_a_tools_section_out_of_bounds_is_named_before_anything_is_sent(tmp_path):
     config = tmp_path / "tools.yaml"
     config.write_text("algorithm: grpo\ntools:\n  names: [shell]\n  max_turns: 17\n")
-    result = runner.invoke(app, ["submit", str(config), "--url", "http://127.0.0.1:18399"])
+    result = runner.invoke(app, ["submit", str(config), "--url", closed_port_url()])
     assert result.exit_code == 2
     assert "tools.names.0" in result.output and "tools.max_turns" in result.output

@@ -11,6 +11,7 @@ import pytest
 
 from conspo.config import RunConfig
 from conspo_lab.client import ApiError, Client, ServerUnavailable, _chunk_steps, _parse_sse
+from tests.support import closed_port_url
 
 
 def small_config(**overrides) -> RunConfig:
@@ -60,7 +61,7 @@ def test_log_payloads_are_chunked_under_the_server_limit():
 
 
 def test_unreachable_server_is_a_clear_error():
-    with Client("http://127.0.0.1:18399", "t", timeout=2) as lab, pytest.raises(ServerUnavailable):
+    with Client(closed_port_url(), "t", timeout=2) as lab, pytest.raises(ServerUnavailable):
         lab.health()
 
 

@@ -15,6 +15,7 @@ import pytest
 from conspo import metrics as M
 from conspo_lab.client import Client
 from conspo_lab.trl_bridge import KEY_MAP, ConSPOLabCallback, groups_per_batch, map_logs
+from tests.support import closed_port_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +97,7 @@ def fake_state(step: int, max_steps: int = 3):
 
 
 def test_only_the_main_process_logs_even_a_failure():
-    cb = ConSPOLabCallback(Client("http://127.0.0.1:18399", "t", timeout=1), retries=1)
+    cb = ConSPOLabCallback(Client(closed_port_url(), "t", timeout=1), retries=1)
     state = SimpleNamespace(global_step=0, max_steps=3, is_world_process_zero=False)
     cb.on_train_begin(SimpleNamespace(logging_steps=1), state, None)
     cb.on_rollouts(None, state, None, step=1, rollouts=[])
@@ -106,7 +107,7 @@ def test_only_the_main_process_logs_even_a_failure():
 
 def test_a_dead_server_never_breaks_training():
     cb = ConSPOLabCallback(
-        Client("http://127.0.0.1:18399", "t", timeout=1), run_name="x", retries=2, retry_wait=0
+        Client(closed_port_url(), "t", timeout=1), run_name="x", retries=2, retry_wait=0
     )
     args = SimpleNamespace(logging_steps=1)
     cb.on_train_begin(args, fake_state(0), None)
