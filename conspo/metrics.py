@@ -33,6 +33,7 @@ KL_IN_REWARD = "policy/kl_in_reward"
 CLIP_FRAC = "grpo/clip_frac"
 OPTIM_UPDATES = "optim/updates"
 OPTIM_SKIPPED = "optim/skipped"
+OPTIM_BACKWARD_SKIPPED = "optim/backward_skipped"
 
 # --- how off-policy each update was (importance ratio π_θ / π_old over response tokens) -------
 OFFPOLICY_RATIO_MEAN = "offpolicy/ratio_mean"
@@ -731,6 +732,11 @@ METRICS: tuple[Metric, ...] = (
            "1 when the step took no optimiser step (no group carried signal): weights, AdamW's"
            " moments and the learning-rate schedule did not move.", "flag", "updates",
            color="neg", dash=True, deterministic=True),
+    Metric(OPTIM_BACKWARD_SKIPPED, "backward skipped",
+           "Share of the step's updates known to have no gradient before any forward (an"
+           " objective linear on policy, β = 0, every group's rewards equal): their log-probs"
+           " ran without grad (scores and entropy recorded as ever) and no backward ran.",
+           "fraction", "updates", color="accent2", dash=True, deterministic=True),
     # off-policy
     Metric(OFFPOLICY_RATIO_MEAN, "ratio mean",
            "Mean importance ratio ρ = π_θ/π_old over response tokens (mean over the updates).",

@@ -178,7 +178,7 @@ def optimise_chunk(
     rollouts of ``rows``.
     """
     state.optimizer.zero_grad(set_to_none=True)
-    batch, entropy, out = backward(state, r, rows, old_logprobs, step, known)
+    batch, entropy, out, skipped = backward(state, r, rows, old_logprobs, step, known)
     # Each rank holds its rows' share: summed (fsdp: into each rank's shard).
     if distributed.is_sharded(state.model):
         distributed.sync_sharded_gradients(state.model, partial(zero_backward, state, r))
@@ -207,6 +207,7 @@ def optimise_chunk(
         M.ENTROPY: (entropy * mask).sum() / mask.sum().clamp(min=1),
         **entropy_by_outcome(entropy, mask, batch.outcome),
         M.GRAD_NORM: grad_norm.detach(),
+        M.OPTIM_BACKWARD_SKIPPED: torch.tensor(float(skipped)),
     }
     sampled = r.batch.sampled_logprobs
     if sampled is not None:  # the engine said what it sampled with: how far from π_old
@@ -293,10 +294,16 @@ def backward(
     old_logprobs: torch.Tensor | None,
     step: int,
     known: tuple[torch.Tensor, torch.Tensor] | None,
-) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput, bool]:
     """The objective on the rollouts in ``rows`` and its gradient in the trainable parameters'
-    ``.grad``; returns (the objective's input, its (B, T) entropy, the objective's output).
-    ``known``: the rows' (log-probs, entropy) under the current π_θ when already computed.
+    ``.grad``; returns (the objective's input, its (B, T) entropy, the objective's output,
+    whether the backward was skipped). ``known``: the rows' (log-probs, entropy) under the
+    current π_θ when already computed.
+
+    An objective linear on policy whose gradient in the log-probs is zero everywhere (no group
+    with signal: every group's rewards equal, no KL, no turn credit) is known to be so before any
+    forward (``on_policy_gradient``): its rows then run one forward without grad (the step's
+    scores, entropy and statistics as ever) and no backward at all.
 
     The model runs on this process's rows only (``RankRows``); the objective always on the
     whole mini-batch. Within ``optim.micro_batch_tokens`` one forward (in length buckets) keeps
@@ -314,6 +321,10 @@ def backward(
     share = RankRows.of(r, rows)
     sub = r.batch.select(share.mine)
     pieces = micro_batches(sub, g, cfg.optim.micro_batch_tokens) if bool(share.mine.any()) else []
+    if old_logprobs is None and signal_known_before_forward(state):
+        dloss = on_policy_gradient(state, r, rows, step)
+        if dloss is None or not bool(dloss.any()):
+            return *without_gradient(state, r, rows, share, sub, pieces, step, known), True
     ref = None
     if state.params.beta > 0:
         own_ref = reference_logprobs(state, sub, pieces) if pieces else empty_rows(state, sub)
@@ -329,7 +340,7 @@ def backward(
     elif known is not None:
         values, entropy = known
     elif old_logprobs is None and linear_on_policy(state):
-        return on_policy_backward(state, r, rows, share, sub, pieces, step)
+        return *on_policy_backward(state, r, rows, share, sub, pieces, step), False
     else:
         own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
         values, entropy = share.gather(list(own))
@@ -337,31 +348,37 @@ def backward(
         batch = policy_batch(state, r, rows, graph, old_logprobs, ref, step, entropy)
         out = state.objective(batch, state.params)
         state.precision.backward(out.loss)
-        return batch, entropy, out
+        return batch, entropy, out, False
     leaf = values.detach().requires_grad_()
     batch = policy_batch(state, r, rows, leaf, old_logprobs, ref, step, entropy)
     out = state.objective(batch, state.params)
     (dloss,) = torch.autograd.grad(out.loss, leaf, allow_unused=True)
     if dloss is None:  # the loss does not depend on the log-probs: no gradient anywhere
-        return batch, entropy, out
+        return batch, entropy, out, False
     own_dloss = share.own(dloss)
     if graph is not None:
         state.precision.backward((graph * own_dloss[:, : graph.shape[1]]).sum())
     else:
         backward_pieces(state, sub, pieces, g, own_dloss)
-    return batch, entropy, out
+    return batch, entropy, out, False
 
 
 def linear_on_policy(state: TrainState) -> bool:
     """Whether the objective's gradient in the log-probs is known before any forward: registered
-    ``linear_on_policy``, no reference term (β = 0) and no mismatch correction (its weights are
-    π_old's, known only after a forward). Callers add π_old = π_θ."""
+    ``linear_on_policy`` and no reference term (β = 0), and no mismatch correction (its weights
+    are π_old's, known only after a forward). Callers add π_old = π_θ."""
+    return signal_known_before_forward(state) and state.cfg.sampling.correction == "off"
+
+
+def signal_known_before_forward(state: TrainState) -> bool:
+    """Whether a zero gradient is known before any forward (``on_policy_gradient``): the
+    objective is registered ``linear_on_policy`` and has no reference term (β = 0). A mismatch
+    correction only scales each token's gradient, so zero stays zero under it."""
     algorithm = state.cfg.algorithm
     return (
         algorithm is not None
         and get_objective(algorithm).linear_on_policy
         and state.params.beta <= 0
-        and state.cfg.sampling.correction == "off"
     )
 
 
@@ -380,13 +397,7 @@ def on_policy_backward(
     its log-probs and entropy kept (no grad) — no no-grad pass over the mini-batch first. The
     objective then runs on the real values, without grad, for its loss and stats: the same
     gradient, loss and stats as the two-pass route (tests/conspo/test_micro_batches.py)."""
-    n, t = int(rows.sum()), r.batch.response_ids.shape[1]
-    stand_in = torch.zeros(n, t, device=state.device, requires_grad=True)
-    blank = torch.zeros(n, t, device=state.device)
-    probe = policy_batch(state, r, rows, stand_in, None, None, step, blank)
-    (dloss,) = torch.autograd.grad(
-        state.objective(probe, state.params).loss, stand_in, allow_unused=True
-    )
+    dloss = on_policy_gradient(state, r, rows, step)
     g = state.cfg.sampling.group_size
     if dloss is None:  # the loss does not depend on the log-probs: nothing to backpropagate
         own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
@@ -395,6 +406,46 @@ def on_policy_backward(
     else:
         own = (empty_rows(state, sub),) * 2
     values, entropy = share.gather(list(own))
+    with torch.no_grad():
+        batch = policy_batch(state, r, rows, values, None, None, step, entropy)
+        out = state.objective(batch, state.params)
+    return batch, entropy, out
+
+
+def on_policy_gradient(
+    state: TrainState, r: Rollouts, rows: torch.Tensor, step: int
+) -> torch.Tensor | None:
+    """(B, T) ∂loss/∂log-probs of an objective linear on policy (``linear_on_policy``) on the
+    rollouts in ``rows``, taken at stand-in values (zeros) before any forward: it does not
+    depend on the values. None where the loss does not read the log-probs at all."""
+    n, t = int(rows.sum()), r.batch.response_ids.shape[1]
+    stand_in = torch.zeros(n, t, device=state.device, requires_grad=True)
+    blank = torch.zeros(n, t, device=state.device)
+    probe = policy_batch(state, r, rows, stand_in, None, None, step, blank, correct=False)
+    (dloss,) = torch.autograd.grad(
+        state.objective(probe, state.params).loss, stand_in, allow_unused=True
+    )
+    return dloss
+
+
+def without_gradient(
+    state: TrainState,
+    r: Rollouts,
+    rows: torch.Tensor,
+    share: RankRows,
+    sub: RolloutBatch,
+    pieces: list[torch.Tensor],
+    step: int,
+    known: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
+    """``backward`` for rows whose gradient is known to be zero: their log-probs and entropy
+    without grad (``known``, else one no-grad forward per micro-batch), the objective on them for
+    its loss and stats, and no backward: no parameter gets a gradient, so no optimiser step."""
+    if known is not None:
+        values, entropy = known
+    else:
+        own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
+        values, entropy = share.gather(list(own))
     with torch.no_grad():
         batch = policy_batch(state, r, rows, values, None, None, step, entropy)
         out = state.objective(batch, state.params)
@@ -576,6 +627,7 @@ def policy_batch(
     ref_logprobs: torch.Tensor | None,
     step: int,
     entropy: torch.Tensor | None = None,
+    correct: bool = True,
 ) -> PolicyBatch:
     """The objective's input for the rollouts in ``rows`` (N,) bool, whose π_θ log-probs are
     ``logprobs`` (B, T) (with grad) and per-token entropy ``entropy`` (B, T) (no grad).
@@ -583,12 +635,13 @@ def policy_batch(
     Under a mismatch correction (``sampling.mismatch_correction``) the log-probs keep their
     values and each token's gradient takes its importance weight π_old/μ
     (``conspo.training.mismatch``), π_old being ``old_logprobs`` or, with one update per batch,
-    these log-probs' own values."""
+    these log-probs' own values; ``correct=False`` leaves them unweighted (a probe at stand-in
+    values, whose π_old would be the stand-ins)."""
     cfg, device = state.cfg, state.device
     rows_cpu = rows.cpu()
     mask = r.batch.model_mask[rows]  # the model's tokens: never a tool's output
     sampled = r.batch.sampled_logprobs
-    if cfg.sampling.correction != "off" and sampled is not None:
+    if correct and cfg.sampling.correction != "off" and sampled is not None:
         old = logprobs.detach() if old_logprobs is None else old_logprobs
         weights = correction_weights(
             old, sampled[rows], mask, cfg.sampling.correction, cfg.sampling.mismatch_cap
