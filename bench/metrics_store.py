@@ -1,7 +1,7 @@
 """Metric store benchmark on PostgreSQL: ingest through the worker's DB sink, compare latency.
 
     CONSPO_BENCH_PG=postgresql+psycopg://postgres@127.0.0.1:5432 python bench/metrics_store.py \
-        [--quick] [--skip-compare] [--ingest-only [--repeats N]]
+        [--quick] [--skip-compare] [--ingest-only] [--repeats N]
 
 1. Ingest: ``worker.db_sink.DbSink`` exactly as a worker drives it, with the trainer's 28 metric
    keys and 64 sampled rollouts per step: once writing every step (max_points=1, the old
@@ -97,9 +97,10 @@ def server_cpu_s(db: Database) -> float:
     return total
 
 
-def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bool = True) -> None:
+def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bool = True) -> float:
     """``DbSink`` as a worker drives it: log_step per step, flush at the end (as the trainer
-    does before its final checkpoint). ``batched=False``: a write per step (max_points=1)."""
+    does before its final checkpoint). ``batched=False``: a write per step (max_points=1).
+    Returns the metric points per second."""
     (run_id,) = make_runs(db, 1, RunStatus.running)
     sink = DbSink(db, run_id, attempt=1) if batched else DbSink(db, run_id, 1, max_points=1)
     keys = [f"bench/key_{i:03d}" for i in range(n_keys)]
@@ -147,6 +148,7 @@ def bench_sink(db: Database, steps: int, n_keys: int = TRAINER_KEYS, batched: bo
         f" p99 {1e3 * pct(blocked, 0.99):.2f} ms, max {1e3 * max(blocked):.1f} ms;"
         f" wall {dt:.2f} s, CPU {client_cpu:.2f} s here + {server_cpu:.2f} s PostgreSQL"
     )
+    return points / dt
 
 
 def bench_bulk_and_fill(db: Database, runs: int, steps: int) -> list[int]:
@@ -214,17 +216,23 @@ def main() -> None:
     parser.add_argument(
         "--ingest-only",
         action="store_true",
-        help="Only the default batched sink (the ingest target), --sink-repeats times.",
+        help="Only the default batched sink (the ingest target), --repeats times (default 3),"
+        " each repeat and the median printed.",
     )
-    parser.add_argument("--sink-repeats", type=int, default=3, help="With --ingest-only.")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="With --ingest-only: sink runs (default 3); otherwise compare calls (default 40).",
+    )
     parser.add_argument("--keep", action="store_true", help="Keep the database.")
     parser.add_argument("--quick", action="store_true", help="1,000 sink steps, 10 x 5,000 steps")
     args = parser.parse_args()
     if args.quick:
-        args.sink_steps, args.steps, args.repeats = 1000, 5000, 10
+        args.sink_steps, args.steps = 1000, 5000
+        args.repeats = args.repeats or 10
 
     import psycopg
 
@@ -239,15 +247,19 @@ def main() -> None:
         db = Database(settings)
         print(f"PostgreSQL {url.rsplit('@', 1)[-1]}")
         if args.ingest_only:
-            for _ in range(args.sink_repeats):
-                bench_sink(db, args.sink_steps)
+            rates = [bench_sink(db, args.sink_steps) for _ in range(args.repeats or 3)]
+            print(
+                "ingest, metric points/s: "
+                + ", ".join(f"{r:,.0f}" for r in rates)
+                + f"; median {statistics.median(rates):,.0f} over {len(rates)} repeats"
+            )
         else:
             bench_sink(db, max(args.sink_steps // 10, 10), batched=False)
             bench_sink(db, args.sink_steps)
             bench_sink(db, max(args.sink_steps // 10, 10), n_keys=1000)  # a wide step
         if not args.skip_compare and not args.ingest_only:
             ids = bench_bulk_and_fill(db, args.runs, args.steps)
-            bench_compare(settings, ids, args.repeats)
+            bench_compare(settings, ids, args.repeats or 40)
         db.dispose()
     finally:
         if not args.keep:
