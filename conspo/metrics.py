@@ -101,6 +101,11 @@ DPO_ACCURACY = "dpo/accuracy"
 DPO_MARGIN = "dpo/margin"
 DPO_CHOSEN = "dpo/chosen_reward"
 DPO_REJECTED = "dpo/rejected_reward"
+KTO_ACCURACY = "kto/accuracy"
+KTO_REWARD_DESIRABLE = "kto/reward_desirable"
+KTO_REWARD_UNDESIRABLE = "kto/reward_undesirable"
+KTO_KL = "kto/kl"
+KTO_WEIGHT_RATIO = "kto/desirable_weight_ratio"
 RM_ACCURACY = "rm/accuracy"
 RM_MARGIN = "rm/margin"
 
@@ -554,6 +559,23 @@ CHARTS: tuple[Chart, ...] = (
           help="Share of the step's pairs whose implicit reward ranks chosen above rejected."),
     Chart("dporeward", "DPO: implicit rewards β·log π_θ/π_ref", "job", "reward", zero_line=True,
           kinds=("dpo",)),
+    Chart("ktoacc", "KTO: completions on their side of the reference point", "job",
+          "fraction of completions", y_range="unit", kinds=("kto",), always=True,
+          help="Share of the step's completions whose log π_θ/π_ref is above the reference"
+          " point z₀ for a desirable one, below it for an undesirable one (0 at the first step,"
+          " where π_θ = π_ref)."),
+    Chart("ktoreward", "KTO: implicit rewards β·log π_θ/π_ref", "job", "reward",
+          zero_line=True, kinds=("kto",),
+          help="Mean β·log π_θ/π_ref of the step's desirable and undesirable completions (a"
+          " gap where the batch drew none of a side)."),
+    Chart("ktokl", "KTO: reference point z₀", "job", "nats", y_range="zero", kinds=("kto",),
+          help="max(0, mean log π_θ/π_ref of mismatched prompt-completion pairs): the paper's"
+          " estimate of KL(π_θ ‖ π_ref), what each completion's reward is compared with."),
+    Chart("ktoratio", "KTO: desirable weight ratio λ_D·n_D / (λ_U·n_U)", "job", "ratio",
+          y_range="zero", kinds=("kto",),
+          help="Of the step's batch. The paper advises [1, 4/3]: below 1, raise"
+          " desirable_weight (or lower undesirable_weight); a gap where the batch drew no"
+          " undesirable completion."),
     Chart("rmacc", "Reward model: pair accuracy", "job", "fraction of pairs", y_range="unit",
           kinds=("reward_model",), always=True, markers=True,
           help="Share of pairs the model scores chosen above rejected: the step's training"
@@ -937,6 +959,26 @@ METRICS: tuple[Metric, ...] = (
     Metric(DPO_REJECTED, "rejected",
            "DPO: mean implicit reward β·log π_θ/π_ref of rejected answers.", "reward",
            "dporeward", logged_by="objective", color="neg"),
+    Metric(KTO_ACCURACY, "on their side of z₀",
+           "KTO: share of the step's completions with log π_θ/π_ref above the reference point"
+           " z₀ if desirable, below it if undesirable.", "fraction", "ktoacc",
+           logged_by="objective", better="higher"),
+    Metric(KTO_REWARD_DESIRABLE, "desirable",
+           "KTO: mean implicit reward β·log π_θ/π_ref of the step's desirable completions (NaN,"
+           " a gap, when it drew none).", "reward", "ktoreward", logged_by="objective",
+           color="pos"),
+    Metric(KTO_REWARD_UNDESIRABLE, "undesirable",
+           "KTO: mean implicit reward β·log π_θ/π_ref of the step's undesirable completions"
+           " (NaN, a gap, when it drew none).", "reward", "ktoreward", logged_by="objective",
+           color="neg"),
+    Metric(KTO_KL, "z₀",
+           "KTO: the reference point, max(0, mean log π_θ/π_ref over the batch's prompts each"
+           " with another example's completion), detached: the KL estimate.", "nats", "ktokl",
+           logged_by="objective"),
+    Metric(KTO_WEIGHT_RATIO, "λ_D·n_D / (λ_U·n_U)",
+           "KTO: the step's desirable weight against its undesirable weight (n: the batch's"
+           " count of each); the paper advises [1, 4/3]. Inf (a gap) when the batch drew no"
+           " undesirable completion.", "ratio", "ktoratio", logged_by="objective"),
     Metric(RM_ACCURACY, "pair accuracy (train)",
            "Reward model: share of the step's training pairs scored chosen above rejected.",
            "fraction", "rmacc", logged_by="objective", better="higher"),

@@ -8,12 +8,15 @@ registry-wide test trains it from), found by the registry on first lookup like t
 * ``distill``: on-policy distillation from a teacher, per-token reverse KL
   (``conspo.jobs.distill``).
 * ``dpo``: direct preference optimisation on (chosen, rejected) pairs (``conspo.jobs.dpo``).
+* ``kto``: Kahneman–Tversky optimisation on single completions labelled desirable or not
+  (``conspo.jobs.kto``).
 
 Every kind's train function has ``conspo.training.trainer.train``'s signature, so the worker, the
 CLI and the tests call ``train_job(config, ...)`` whatever the kind, and ``prepare_inputs`` before
-it (a kind's ``inputs`` hook: DPO's pairs from another run's rollouts). The modules stay
-torch-free at import (the API validates ``kind_params`` against their models); the non-RL kinds
-share ``conspo.training.loop`` (setup, resume, checkpoints, the held-out eval, cancellation).
+it (a kind's ``inputs`` hook: DPO's pairs, KTO's labelled examples, from another run's
+rollouts). The modules stay torch-free at import (the API validates ``kind_params`` against their
+models); the non-RL kinds share ``conspo.training.loop`` (setup, resume, checkpoints, the
+held-out eval, cancellation).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ The pairs, from a file or a finished run's rollouts, are ``conspo.jobs.preferenc
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,9 +77,28 @@ def train_dpo(config: RunConfig, *args: Any, **kwargs: Any) -> TrainResult:
     )
 
 
-def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:
+def reference_logprobs(state: TrainState) -> Callable[[Any, Any, Any], torch.Tensor]:
+    """The starting policy's (B,) summed log-probs of ``answer_rows``' labelled tokens, no grad:
+    with LoRA the base with the adapters disabled, otherwise a frozen copy of the weights taken
+    now (the ``kto`` kind's reference too)."""
     import copy
 
+    from conspo.training.logprobs import sequence_logprobs
+
+    lora = state.cfg.model.lora.rank > 0
+    ref = None if lora else copy.deepcopy(state.model).eval().requires_grad_(False)
+
+    def reference(ids: Any, mask: Any, labels: Any) -> torch.Tensor:
+        with torch.no_grad():
+            if ref is not None:
+                return sequence_logprobs(ref, ids, mask, labels)[0]
+            with state.model.disable_adapter():  # type: ignore[operator]  # a peft model
+                return sequence_logprobs(state.model, ids, mask, labels)[0]
+
+    return reference
+
+
+def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path) -> Any:
     from conspo.tasks.prompts import PromptRenderer
     from conspo.training.logprobs import sequence_logprobs
     from conspo.training.loop import optimiser_step, step_seed
@@ -87,15 +107,7 @@ def start(state: TrainState, files: DataFiles, store: ModelStore, workdir: Path)
     cfg = state.cfg
     params = cfg.typed("kind_params", DPOParams)
     pairs = load_pairs(params, files, workdir, PromptRenderer(cfg.prompt, state.tokenizer))
-    lora = cfg.model.lora.rank > 0
-    ref = None if lora else copy.deepcopy(state.model).eval().requires_grad_(False)
-
-    def reference(ids: Any, mask: Any, labels: Any) -> Any:
-        with torch.no_grad():
-            if ref is not None:
-                return sequence_logprobs(ref, ids, mask, labels)[0]
-            with state.model.disable_adapter():  # type: ignore[operator]  # a peft model
-                return sequence_logprobs(state.model, ids, mask, labels)[0]
+    reference = reference_logprobs(state)
 
     def step(step: int) -> dict[str, float]:
         rng = random.Random(step_seed(cfg.seed, step, "dpo"))

@@ -351,14 +351,16 @@ def supervised_rows(cfg: RunConfig) -> tuple[int, bool] | None:
     """For a kind that trains on given text rather than on rollouts it samples: the rows one
     step's forward holds and whether a reference forward scores them too; None for the others
     (rl, distill: their step samples, as ``_estimate`` counts). sft: kind_params.batch_size
-    examples; dpo: a chosen and a rejected answer per pair, scored by the reference too."""
+    examples; dpo: a chosen and a rejected answer per pair, scored by the reference too; kto:
+    batch_size completions, scored by the reference too (its mismatched pairs' forwards, no
+    grad, end before the update's begins)."""
     if cfg.kind not in SUPERVISED_KINDS:
         return None
     batch = int(getattr(cfg.job_params(), "batch_size", 1))
-    return (2 * batch, True) if cfg.kind == "dpo" else (batch, False)
+    return {"dpo": (2 * batch, True), "kto": (batch, True)}.get(cfg.kind, (batch, False))
 
 
-SUPERVISED_KINDS = ("sft", "dpo")
+SUPERVISED_KINDS = ("sft", "dpo", "kto")
 
 
 def prompt_tokens(cfg: RunConfig, task: Any = None, question_chars: int | None = None) -> int:
