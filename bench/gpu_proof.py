@@ -18,6 +18,8 @@ One table, printed at the end and written to ``DIR/gpu_proof.md``:
     its own forward, one backward; conspo.training.microbatch.length_buckets, told to split
     wherever it saves a token) against one forward over the whole padded batch, on rollouts the
     model sampled: ‖g_buckets − g_whole‖ / ‖g_whole‖, float32 and bfloat16 autocast;
+  - ``mismatch``: the native engine's reported log-prob of each token it sampled against the
+    trainer's forward on the same tokens (``mismatch/*``), float32 judged, bfloat16 reported;
   - ``system``: the GPU's readings through NVML, as the run page's System section gets them;
   - ``memory``: three training configs, each in a process of its own, the trainer's memory
     estimate (conspo.models.resources.estimate_memory, what the API refuses runs by) against
@@ -563,6 +565,71 @@ def reward_model_check(proof: Proof) -> None:
                   "ok" if ok else "DEVIATION"))  # fmt: skip
 
 
+def mismatch_check(proof: Proof, dtype_name: str) -> None:
+    """The sampler against the trainer (``mismatch/*``, docs/objectives.md §1.5b): SmolLM2 with
+    a random LoRA samples chat answers at temperature 1 through the native engine (the decode
+    loop), reporting each token's log-prob, and the trainer's forward (``token_logprobs``)
+    scores the same tokens, both under the run's autocast. float32: |Δ log p| within the decode
+    bound; bfloat16: the figures a run's Sampler panels would show, and the share of rollouts
+    ``sequence_mask`` at C = 3 would leave out (not judged: the gap is the dtype's own)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conspo import metrics as M
+    from conspo.generation.rollout import end_token_ids, sample
+    from conspo.training.logprobs import token_logprobs
+    from conspo.training.mismatch import mismatch_stats
+
+    smoke = proof.args.smoke
+    rows, tokens = (4, 8) if smoke else (16, 128)
+    path = model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(proof.device)
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    model = get_peft_model(model, lora).eval()
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in (QUESTIONS * rows)[:rows]
+    ]
+    enc = tokenizer(texts, return_tensors="pt", padding=True).to(proof.device)
+    device_type = "cuda" if proof.device == "cuda" else "cpu"
+    autocast = torch.autocast(device_type, dtype=torch.bfloat16, enabled=dtype_name == "bfloat16")
+    with torch.no_grad(), autocast:
+        batch = sample(
+            model,
+            enc.input_ids,
+            enc.attention_mask,
+            max_new_tokens=tokens,
+            eos_id=end_token_ids(tokenizer, model),
+            pad_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            temperature=1.0,
+            generator=torch.Generator(device=proof.device).manual_seed(2),
+        )
+        trainer, _ = token_logprobs(model, batch, 1.0)
+    assert batch.sampled_logprobs is not None
+    stats = mismatch_stats(trainer, batch.sampled_logprobs, batch.model_mask, "sequence_mask", 3.0)
+    mean, worst = float(stats[M.MISMATCH_LOGP_DIFF_MEAN]), float(stats[M.MISMATCH_LOGP_DIFF_MAX])
+    kl, masked = float(stats[M.MISMATCH_KL]), float(stats[M.MISMATCH_CORRECTED_FRAC])
+    n = int(batch.model_mask.sum())
+    check = (
+        f"sampler vs trainer log-probs, native engine, {dtype_name} ({rows} answers, {n} tokens)"
+    )
+    figure = (
+        f"mean |Δ log p| {mean:.2e}, max {worst:.2e}, KL(μ‖π_old) {kl:.2e}/token;"
+        f" sequence_mask (C 3) leaves out {masked:.0%} of answers"
+    )
+    if dtype_name == "float32":
+        bound = DECODE_BOUND["float32"]
+        verdict = "ok" if worst <= bound else "DEVIATION"
+        proof.add(Row("correctness", check, figure, f"max ≤ {bound:g}", verdict))
+    else:
+        proof.add(Row("correctness", check, figure))
+
+
 def correctness(proof: Proof) -> None:
     dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
     for dtype in ["float32", "bfloat16"]:  # the smoke's 2×4 tokens are cheap in bfloat16 too
@@ -571,6 +638,11 @@ def correctness(proof: Proof) -> None:
         )
     for dtype in dtypes:
         guarded(proof, "correctness", f"buckets, {dtype}", lambda d=dtype: bucket_check(proof, d))
+    for dtype in ["float32", "bfloat16"]:
+        guarded(
+            proof, "correctness", f"sampler mismatch, {dtype}",
+            lambda d=dtype: mismatch_check(proof, d),
+        )  # fmt: skip
     guarded(proof, "correctness", "memory", lambda: memory_check(proof))
     guarded(proof, "correctness", "environment rollout", lambda: environment_check(proof))
     guarded(proof, "correctness", "reward-model reward", lambda: reward_model_check(proof))

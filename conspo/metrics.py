@@ -34,6 +34,7 @@ CLIP_FRAC = "grpo/clip_frac"
 OPTIM_UPDATES = "optim/updates"
 OPTIM_SKIPPED = "optim/skipped"
 OPTIM_BACKWARD_SKIPPED = "optim/backward_skipped"
+OPTIM_UPDATE_SIZE = "optim/update_size"
 
 # --- how off-policy each update was (importance ratio π_θ / π_old over response tokens) -------
 OFFPOLICY_RATIO_MEAN = "offpolicy/ratio_mean"
@@ -206,6 +207,8 @@ KEY_METRICS: tuple[str, ...] = (
     SEP_NEG_SCORE,
     BATCH_PASS_RATE,
     EVAL_ACCURACY,
+    GRAD_NORM,
+    OPTIM_UPDATE_SIZE,
 )
 
 # What every job kind logs besides the keys its registration declares (``metrics=``): the learning
@@ -451,6 +454,11 @@ CHARTS: tuple[Chart, ...] = (
           " was cut, and a verifier reading the end of it sees none."),
     Chart("loss", "Loss", "opt", "objective value", zero_line=True, kinds=()),
     Chart("gradnorm", "Gradient norm", "opt", "‖g‖ before clipping", y_range="zero", kinds=()),
+    Chart("updatesize", "Update size", "opt", "‖Δθ‖ / ‖θ‖ per step", y_range="zero",
+          y_format="~e",
+          help="The relative change of the trainable parameters over the step: what the"
+          " learning rate, the optimiser and the objective's gradient scale add up to. Compare it"
+          " across objectives before reading their curves as the objectives' doing."),
     Chart("entropy", "Entropy", "opt", "nats / token", y_range="zero"),
     Chart("kl", "KL to reference", "opt", "nats / token", y_range="zero"),
     Chart("klreward", "KL penalty in the reward", "opt", "nats / rollout", zero_line=True,
@@ -695,6 +703,12 @@ METRICS: tuple[Metric, ...] = (
            "loss", "loss", better="lower"),
     Metric(GRAD_NORM, "grad_norm", "Gradient norm before clipping (mean over mini-batches).",
            "norm", "gradnorm", color="accent2"),
+    Metric(OPTIM_UPDATE_SIZE, "update size",
+           "How far the step moved the policy: ‖θ_after − θ_before‖ / ‖θ_before‖ over the"
+           " trainable parameters (LoRA: the adapters; a full fine-tune above 8M weights: every"
+           " k-th tensor). Two objectives at one learning rate can differ in it many-fold: their"
+           " effective step sizes, side by side.", "relative change", "updatesize",
+           color="accent2"),
     Metric(ENTROPY, "entropy", "Mean per-token entropy of the policy on the sampled responses.",
            "nats / token", "entropy", color="accent3"),
     Metric(ENTROPY_POS, "entropy pos",

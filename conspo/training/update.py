@@ -78,6 +78,8 @@ def update(
         group["lr"] = lr
     view = state.params.separation_view(step / cfg.steps)
     per_update: list[dict[str, torch.Tensor]] = []
+    measured = measured_parameters(state.trainable)
+    before = [p.detach().clone() for p in measured]
     scores = torch.empty(len(r.group_ids), device=device)
     clipped = torch.empty(len(r.group_ids), device=device)
     taken = 0
@@ -106,7 +108,39 @@ def update(
         clipped_scores=clipped,
     )
     truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
-    return {**combined(per_update), **sep, **truncated, **kl_stats}, scores, taken
+    size = {M.OPTIM_UPDATE_SIZE: relative_change(before, measured)}
+    return {**combined(per_update), **sep, **truncated, **kl_stats, **size}, scores, taken
+
+
+# The update size is measured on at most this many elements of the trainable parameters (whole
+# tensors, spread over the model): a copy of LoRA's adapters whole, of a full fine-tune's
+# weights only a sample, not a second model in memory.
+UPDATE_SIZE_ELEMENTS = 8_000_000
+
+
+def measured_parameters(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """The trainable tensors ``optim/update_size`` reads: all of them when they hold at most
+    ``UPDATE_SIZE_ELEMENTS``, else every k-th tensor (k the smallest that fits), so the sample
+    spans the layers from first to last."""
+    total = sum(p.numel() for p in params)
+    stride = max(1, math.ceil(total / UPDATE_SIZE_ELEMENTS))
+    while stride > 1 and sum(p.numel() for p in params[::stride]) > UPDATE_SIZE_ELEMENTS:
+        stride += 1
+    return list(params[::stride])
+
+
+def relative_change(before: list[torch.Tensor], after: list[torch.nn.Parameter]) -> torch.Tensor:
+    """‖θ_after − θ_before‖ / ‖θ_before‖ over the tensors given (0-d): how far the step moved
+    the policy, comparable across objectives whatever their loss's scale (0 when it took no
+    optimiser step)."""
+    if not before:
+        return torch.zeros(())
+    moved = torch.nn.utils.get_total_norm(
+        [a.detach() - b for a, b in zip(after, before, strict=True)]
+    )
+    size = torch.nn.utils.get_total_norm(before)
+    moved, size = distributed.plain(moved), distributed.plain(size)
+    return (moved / size.clamp_min(1e-12)).float()
 
 
 def kl_in_reward(

@@ -36,10 +36,13 @@ def test_the_correctness_checks_pass_on_the_real_model_on_a_cpu(tmp_path, tmp_pa
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     table = (tmp_path / "gpu_proof.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| correctness")]
-    # decode (float32, bfloat16), buckets (float32), one memory config on a CPU, the
-    # environment rollout, the reward-model reward's scorer, system
-    assert len(rows) == 7, table
-    decode, decode_bf16, buckets, *memory, played, scored, nvml = rows
+    # decode (float32, bfloat16), buckets (float32), the sampler mismatch (float32,
+    # bfloat16), one memory config on a CPU, the environment rollout, the reward-model
+    # reward's scorer, system
+    assert len(rows) == 9, table
+    decode, decode_bf16, buckets, mismatch, mismatch_bf16, *memory, played, scored, nvml = rows
+    assert "sampler vs trainer log-probs" in mismatch and mismatch.endswith("| ok |")
+    assert "sequence_mask (C 3) leaves out" in mismatch_bf16 and "bfloat16" in mismatch_bf16
     assert "environment rollout" in played and played.endswith("| ok |")
     assert "written tokens are the replay's argmax" in played
     assert "reward-model reward" in scored and scored.endswith("| ok |")

@@ -322,6 +322,11 @@ def declared_keys(config: RunConfig, kind: RegisteredJobKind) -> set[str]:
     if kind.trains_algorithm:
         keys |= {m.key for m in CATALOGUE.metrics if m.logged_by == "every run" and not m.when}
         keys |= set(get_objective(config.algorithm).metrics)
+        # the native and vllm engines report what they sampled each token with (the mismatch
+        # panels), where no tool or environment turn interleaves the answer
+        plain = not config.tools.names and "environment" not in config.task.params
+        if config.sampling.engine != "hf" and plain:
+            keys |= {m.key for m in CATALOGUE.metrics if m.when == M.MISMATCH_WHEN}
     if "rewards" in kind.sections:
         keys |= {M.reward_key(r.name) for r in config.rewards}
     return keys
