@@ -99,7 +99,17 @@ async function refreshEstimate() {
   }
   box.dataset.totalBytes = report?.total_bytes ?? "";
   showTaskCheck(report?.task ?? null);
+  // Busy helpers ("retry shortly", checked: false) are asked again by the page: left for the
+  // next edit, the line said busy until the person changed a field (issue 49's walk: choosing
+  // SmolLM2's recipe sends a burst of estimates while the first reasoning-gym check imports).
+  if (report?.task?.checked === false) {
+    setTimeout(() => {
+      if (seq === estimateSeq) refreshEstimate(); // a later edit asked already
+    }, TASK_CHECK_RETRY_MS);
+  }
 }
+
+const TASK_CHECK_RETRY_MS = 2000; // the server's Retry-After for a busy task check
 
 /** " · ≈ 62 s a step (median of 4 runs like it, on cpu)": earlier runs of the same model and
  * shape; nothing when there are none (a first run of its kind has no pace to go by). */

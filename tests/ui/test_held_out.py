@@ -46,3 +46,34 @@ def test_a_run_scoring_fewer_problems_than_the_default_says_so(page: Any, ui_ser
     item = page.locator("#meta-held-out")
     wait_until(page, lambda: item.count() > 0 and "16 of 64 asked" in item.inner_text(), 180,
                "the held-out count")  # fmt: skip
+
+
+def test_a_busy_task_check_is_asked_again_without_an_edit(page: Any, ui_server: Any) -> None:
+    """The estimate says the task-check helpers are busy ("retry shortly", as a loaded machine
+    answers the burst of estimates that choosing SmolLM2's recipe sends): the page asks again
+    by itself and the line ends with what the check found, though nothing was edited since."""
+    answered: list[bool] = []  # one entry per estimate answered, True for the one made busy
+
+    def busy_once(route: Any) -> None:
+        response = route.fetch()
+        report = response.json()
+        made_busy = not any(answered) and report.get("task") is not None
+        if made_busy:
+            asked = report["task"]["asked"]
+            busy = "every task check is busy, and as many are waiting; retry shortly"
+            report["task"] = {"checked": False, "refused": False, "asked": asked, "text": busy}
+        answered.append(made_busy)
+        route.fulfill(response=response, json=report)
+
+    page.route(f"{ui_server.url}/api/runs/estimate", busy_once)
+    page.goto(f"{ui_server.url}/runs/new")
+    line = page.locator("#task-check")
+    wait_until(page, lambda: "busy" in line.inner_text(), 120, "the busy line")
+    asked_before = len(answered)
+    wait_until(
+        page,
+        lambda: "held-out problems" in line.inner_text() and "busy" not in line.inner_text(),
+        120,
+        "the task check asked again",
+    )
+    assert len(answered) > asked_before  # nothing was edited: the page asked by itself
