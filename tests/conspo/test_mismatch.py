@@ -59,6 +59,22 @@ def test_each_mode_weights_tokens_as_worked_by_hand():
     assert float(by_rollout[M.MISMATCH_WEIGHT_MEAN]) == pytest.approx(seq[1] / 2, rel=1e-6)
 
 
+def test_the_kl_of_a_sampler_agreeing_to_float32_noise_is_small_and_never_negative():
+    # The native engine and the trainer agree to float32 noise (|Δ log p| ~ 1e-6, SmolLM2's
+    # GRPO in issue 49's walk): e^x − x − 1 in float32 cancelled to about ±1e-7 a token and the
+    # logged KL came out negative (−1.9e-9). The exact value is x²/2 on average, ~1e-10 here.
+    g = torch.Generator().manual_seed(0)
+    sampled = -torch.rand(8, 48, generator=g) * 3
+    old = sampled + (torch.rand(8, 48, generator=g) - 0.5) * 4e-5
+    mask = torch.ones(8, 48)
+    mask[:, 40:] = 0  # padding carries no KL
+    x = (old.double() - sampled.double())[:, :40]
+    exact = float((x.exp() - x - 1).mean())
+    kl = float(mismatch_stats(old, sampled, mask, "off", 3.0)[M.MISMATCH_KL])
+    assert kl >= 0
+    assert kl == pytest.approx(exact, rel=1e-3)
+
+
 def test_reweighting_keeps_the_values_and_scales_each_gradient():
     x = torch.randn(2, 3, requires_grad=True)
     w = torch.tensor([[0.5, 2.0, 0.0], [1.0, 3.0, 1.0]])
