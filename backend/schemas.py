@@ -719,8 +719,11 @@ class EvalAt(BaseModel):
 
 
 class StageEval(BaseModel):
-    start: EvalAt = Field(description="The first evaluated step's held-out evaluation.")
-    end: EvalAt = Field(description="The last evaluated step's.")
+    start: EvalAt | None = Field(
+        description="Its held-out evaluation at step 0, before it trained; null when it did not"
+        " evaluate its start (eval.at_start off)."
+    )
+    end: EvalAt = Field(description="The last evaluated step's held-out evaluation.")
 
 
 class StageOut(BaseModel):

@@ -1,7 +1,7 @@
 """Queue, send, cancel and show pipelines (the stage runs themselves: ``stages``).
 
 ``GET /api/pipelines/{id}`` shows ``pipeline_view``: each stage's run, the checkpoint it
-started from and its held-out evaluation at its first and last evaluated steps (so a chained
+started from and its held-out evaluation at step 0 and at its last evaluated step (so a chained
 stage's start can be read beside its predecessor's end).
 """
 
@@ -163,8 +163,12 @@ def pipeline_view(
 
 
 def stage_eval(session: Session, run_id: int) -> dict[str, Any] | None:
-    """{start: {step, values}, end: {step, values}} of the run's held-out evaluation (``eval/*``
-    keys) at its first and last evaluated steps; None before its first evaluation."""
+    """{start: {step, values} | None, end: {step, values}} of the run's held-out evaluation
+    (``eval/*`` keys) at step 0 and at its last evaluated step; None before its first
+    evaluation. ``start`` is step 0's alone: a run that did not evaluate its start
+    (eval.at_start off) has none, and its first evaluation, after training, is no start to
+    set beside the previous stage's end (issue 49's walk: SmolLM2's recipe turns it off, and
+    the page called the GRPO stage's final eval its start, "equal" to the SFT's)."""
     rows = points_under(session, run_id, "eval/")
     if not rows:
         return None
@@ -173,7 +177,7 @@ def stage_eval(session: Session, run_id: int) -> dict[str, Any] | None:
     def at(step: int) -> dict[str, Any]:
         return {"step": step, "values": {key: value for s, key, value in rows if s == step}}
 
-    return {"start": at(first), "end": at(last)}
+    return {"start": at(first) if first == 0 else None, "end": at(last)}
 
 
 def pipeline_status(pipeline: Pipeline, runs: dict[int | None, Run]) -> str:

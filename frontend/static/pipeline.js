@@ -1,7 +1,8 @@
 // The pipeline page (/pipelines/{id}): GET /api/pipelines/{id} as a table of stages in order
-// (the run of each, its status, the checkpoint it started from, its held-out eval at its first and
-// last evaluated steps) and the hand-offs between stages: stage k's final eval beside stage k+1's
-// step-0 eval, which must agree when k+1 starts from k's last checkpoint. Refreshed every few
+// (the run of each, its status, the checkpoint it started from, its held-out eval at step 0 and at
+// its last evaluated step) and the hand-offs between stages: stage k's final eval beside stage
+// k+1's step-0 eval, which must agree when k+1 starts from k's last checkpoint; a stage that did
+// not evaluate its start (eval.at_start off) says so instead. Refreshed every few
 // seconds until the pipeline ends; "Cancel pipeline" is POST /api/pipelines/{id}/cancel.
 import { errorText, get, post } from "/static/api.js";
 import { metricInfo } from "/static/catalogue.js";
@@ -29,6 +30,10 @@ function evalCell(point) {
   );
 }
 
+/** What the "at start" cell and the hand-off say of a run that evaluated, but not at step 0. */
+const NO_START_TEXT = "not evaluated at step 0 (eval.at_start off)";
+const noStart = () => h("span.muted.small", { "data-no-start": "1" }, NO_START_TEXT);
+
 function fromText(stage) {
   const f = stage.from;
   if (f.run) return h("span", {}, h("a", { href: `/runs/${f.run}` }, `#${f.run}`), ` (${f.step})`);
@@ -55,18 +60,23 @@ function stageRow(stage) {
     h("td", {}, status),
     h("td", {}, run ? progressBar(run) : ""),
     h("td", {}, fromText(stage)),
-    h("td", {}, evalCell(stage.eval?.start)),
+    h("td", {}, stage.eval && !stage.eval.start ? noStart() : evalCell(stage.eval?.start)),
     h("td", {}, evalCell(stage.eval?.end)),
   );
 }
 
-/** Stage k's final eval beside stage k+1's first, key by key, equal ones marked. */
+/** Stage k's final eval beside stage k+1's step-0 one, key by key, equal ones marked. */
 function handoffs(stages) {
   const out = [];
   for (let i = 1; i < stages.length; i++) {
     const before = stages[i - 1].eval?.end;
     const after = stages[i].eval?.start;
     const head = `Stage ${i} → stage ${i + 1}`;
+    if (stages[i].eval && !after) {
+      const text = `${head}: stage ${i + 1} was ${NO_START_TEXT}: nothing to set beside stage ${i}'s final eval`;
+      out.push(h("p.handoff.muted", { "data-handoff": i, "data-no-start": "1" }, text));
+      continue;
+    }
     if (!before || !after) {
       out.push(h("p.handoff.muted", { "data-handoff": i }, `${head}: not evaluated yet`));
       continue;

@@ -83,13 +83,35 @@ def test_sft_then_rl_pipeline_starts_rl_from_the_sft_checkpoint(own_api: Any) ->
     for key in keys:
         assert rl_eval[key][0] == sft_eval[key][3], key  # RL step 0 == SFT's final eval
     assert series(own_api, first["id"], "sft/token_acc")["sft/token_acc"].keys() == {1, 2, 3}
-    assert own_api.get(f"/api/pipelines/{pipeline['id']}").json()["status"] == "succeeded"
+    pipeline = own_api.get(f"/api/pipelines/{pipeline['id']}").json()
+    assert pipeline["status"] == "succeeded"
+    handed, started = pipeline["stages"][0]["eval"]["end"], pipeline["stages"][1]["eval"]["start"]
+    assert (handed["step"], started["step"]) == (3, 0)
+    assert started["values"]["eval/accuracy"] == handed["values"]["eval/accuracy"]
 
     models = own_api.get("/api/models").json()["models"]
     rl_model = next(m for m in models if m["run_id"] == second["id"])
     assert rl_model["lineage"][0] == {"run": first["id"], "step": "last", "exists": True}
     assert rl_model["lineage"][-1] == {"base": "tiny"}
     assert "eval/accuracy" in rl_model["eval"]
+
+
+def test_a_stage_that_did_not_evaluate_its_start_has_no_start_eval(own_api: Any) -> None:
+    # SmolLM2's recipe turns eval.at_start off (issue 49's walk): the later stage's first
+    # evaluation is after it trained, and calling it the stage's start set the GRPO stage's
+    # final eval beside the SFT's as a hand-off that "agreed".
+    sft = {**BASE, "kind": "sft", "steps": 1, "kind_params": {"batch_size": 4}}
+    rl = {**BASE, "steps": 1, "eval": {**EVAL, "at_start": False}}
+    made = own_api.post("/api/pipelines", json={"name": "no-start", "stages": [sft, rl]})
+    assert made.status_code == 201, made.text
+    pipeline_id = made.json()["id"]
+    assert execute(own_api, made.json()["stages"][0]["run"]["id"])["status"] == "succeeded"
+    second = own_api.get(f"/api/pipelines/{pipeline_id}").json()["stages"][1]["run"]
+    assert execute(own_api, second["id"])["status"] == "succeeded"
+    first_stage, second_stage = own_api.get(f"/api/pipelines/{pipeline_id}").json()["stages"]
+    assert first_stage["eval"]["start"]["step"] == 0  # at_start on (the default)
+    assert second_stage["eval"]["start"] is None
+    assert second_stage["eval"]["end"]["step"] == 1
 
 
 def test_a_failed_stage_stops_the_pipeline(own_api: Any, own_settings: Settings) -> None:

@@ -176,3 +176,42 @@ def test_the_pipelines_list_shows_every_stages_progress(page: Any, ui_server: An
         lambda: name.count() and name.inner_text() == f"ui-progress · pipeline {pid}",
         what="the pipeline's name on its group row",
     )
+
+
+def test_a_stage_without_a_start_eval_says_so_instead_of_a_hand_off(
+    page: Any, ui_server: Any
+) -> None:
+    """SmolLM2's recipe turns eval.at_start off (issue 49's walk): the RL stage's first
+    evaluation came after it trained, and the page showed it as the stage's start, set beside
+    the SFT's final eval as a hand-off that agreed. The page now says the start was not
+    evaluated, and sets nothing beside the SFT's end."""
+    if not ui_server.has_worker:
+        pytest.skip("needs the worker to train the stages")
+    small = {
+        "model": {"name": "tiny"},
+        "task": {"eval_size": 4},
+        "sampling": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "checkpoint": {"every": 0},
+    }
+    stages = [
+        {**small, "kind": "sft", "kind_params": {"batch_size": 4}, "steps": 1,
+         "eval": {"every": 0}},
+        {**small, "algorithm": "grpo", "steps": 1, "eval": {"every": 0, "at_start": False}},
+    ]  # fmt: skip
+    made = ui_server.api("POST", "/api/pipelines", json={"name": "ui-no-start", "stages": stages})
+    page.goto(f"{ui_server.url}/pipelines/{made['id']}")
+    wait_until(
+        page,
+        lambda: page.locator('#stages-body tr[data-status="succeeded"]').count() == 2,
+        timeout=400,
+        what="both stages succeeded",
+    )
+    handoff = page.locator('[data-handoff="1"]')
+    wait_until(
+        page, lambda: handoff.get_attribute("data-no-start") == "1", what="the hand-off's line"
+    )
+    assert "stage 2 was not evaluated at step 0" in handoff.inner_text()
+    assert handoff.locator("tr[data-key]").count() == 0  # no table of "equal" values
+    rl_row = page.locator('#stages-body tr[data-stage="1"]')
+    assert "not evaluated at step 0 (eval.at_start off)" in rl_row.inner_text()
+    assert "step 0" in page.locator('#stages-body tr[data-stage="0"]').inner_text()  # at_start on
