@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from conspo import metrics as M  # noqa: E402
 from conspo.config import RunConfig  # noqa: E402
 from conspo.jobs import train_job  # noqa: E402
-from conspo.jobs.preferences import Pair, build_pairs, write_pairs  # noqa: E402
+from conspo.jobs.preferences import Pair, build_pairs, write_rows  # noqa: E402
 from conspo.jobs.reward_model import split_by_prompt  # noqa: E402
 from conspo.models.builtins import builtin_store  # noqa: E402
 from conspo.models.loading import load_pretrained  # noqa: E402
@@ -169,7 +169,7 @@ def main() -> None:
     else:
         print(f"sampling {args.k} answers to each of {args.prompts} chain_sum problems ...")
         pairs, stats = sample_pairs(args, store)
-        write_pairs(pairs, pairs_file)
+        write_rows(pairs, pairs_file)
         print("sampling:", json.dumps({k: round(v, 1) for k, v in stats.items()}))
         print(
             f"  answers right: {stats['right']} of {stats['answers']}"

@@ -109,10 +109,32 @@ def build_pairs(
     return pairs, {"rollouts": n, "prompts": len(by_prompt), "paired_prompts": paired}
 
 
-def write_pairs(pairs: list[Pair], path: Path) -> None:
+def write_rows(rows: Iterable[Pair] | Iterable[Labelled], path: Path) -> None:
+    """Pairs or labelled examples as JSONL at ``path``, atomically (a temporary file renamed)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs))
+    tmp.write_text("".join(json.dumps(asdict(row)) + "\n" for row in rows))
     tmp.replace(path)
+
+
+def verified_rollouts_to_write(
+    config: RunConfig,
+    workdir: Path,
+    rollouts_of: Callable[[int], Iterable[tuple[str, str, float | None]]],
+    name: str,
+) -> tuple[FileOrRunParams, Iterable[tuple[str, str, bool]], Path] | None:
+    """What a kind's ``from_run`` inputs hook writes: (its params, that run's stored rollouts as
+    (prompt, completion, correct), ``workdir/name``), or None when there is no ``from_run`` or
+    the file is already there (a resumed attempt reuses it). A rollout is correct when its
+    reward passes the one positive threshold."""
+    from conspo.objectives.base import is_positive
+
+    params = config.job_params()
+    assert isinstance(params, FileOrRunParams)
+    path = workdir / name
+    if params.from_run is None or path.is_file():
+        return None
+    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
+    return params, rollouts, path
 
 
 def pairs_from_run(
@@ -121,18 +143,12 @@ def pairs_from_run(
     rollouts_of: Callable[[int], Iterable[tuple[str, str, float | None]]],
 ) -> None:
     """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, the pairs built from
-    that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once (a resumed attempt
-    reuses them). A rollout is correct when its reward passes the one positive threshold."""
-    from conspo.objectives.base import is_positive
-
-    params = config.job_params()
-    assert isinstance(params, PreferenceParams)
-    path = workdir / PAIRS_FILE
-    if params.from_run is None or path.is_file():
-        return
-    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
-    pairs, _ = build_pairs(rollouts, params.max_pairs_per_prompt)
-    write_pairs(pairs, path)
+    that run's stored rollouts, written to ``workdir/dpo_pairs.jsonl`` once."""
+    todo = verified_rollouts_to_write(config, workdir, rollouts_of, PAIRS_FILE)
+    if todo is not None:
+        params, rollouts, path = todo
+        assert isinstance(params, PreferenceParams)
+        write_rows(build_pairs(rollouts, params.max_pairs_per_prompt)[0], path)
 
 
 def load_pairs(
@@ -278,12 +294,6 @@ def build_labelled(
     }
 
 
-def write_labelled(examples: list[Labelled], path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(asdict(e)) + "\n" for e in examples))
-    tmp.replace(path)
-
-
 def labelled_from_run(
     config: RunConfig,
     workdir: Path,
@@ -291,17 +301,12 @@ def labelled_from_run(
 ) -> None:
     """The job's inputs (``RegisteredJobKind.inputs``): with ``from_run``, that run's stored
     rollouts labelled by their verified outcome (``build_labelled``), written to
-    ``workdir/kto_examples.jsonl`` once (a resumed attempt reuses them)."""
-    from conspo.objectives.base import is_positive
-
-    params = config.job_params()
-    assert isinstance(params, LabelledParams)
-    path = workdir / EXAMPLES_FILE
-    if params.from_run is None or path.is_file():
-        return
-    rollouts = ((p, c, is_positive(r)) for p, c, r in rollouts_of(params.from_run))
-    examples, _ = build_labelled(rollouts, params.max_per_prompt)
-    write_labelled(examples, path)
+    ``workdir/kto_examples.jsonl`` once."""
+    todo = verified_rollouts_to_write(config, workdir, rollouts_of, EXAMPLES_FILE)
+    if todo is not None:
+        params, rollouts, path = todo
+        assert isinstance(params, LabelledParams)
+        write_rows(build_labelled(rollouts, params.max_per_prompt)[0], path)
 
 
 def load_labelled(

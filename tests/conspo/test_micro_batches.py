@@ -36,7 +36,13 @@ def config(algorithm: str, mini_batches: int, **model) -> RunConfig:
 def step_gradients(cfg: RunConfig, store, rollouts=None, budget: int = 0):
     """The flattened gradient of each optimiser step of one update, and the rollouts it used."""
     optim = cfg.optim.model_copy(update={"micro_batch_tokens": budget})
-    cfg = cfg.model_copy(update={"optim": optim})
+    grads, rollouts, _ = spied_update(cfg.model_copy(update={"optim": optim}), store, rollouts)
+    return grads, rollouts
+
+
+def spied_update(cfg: RunConfig, store, rollouts=None):
+    """One update of ``cfg`` (on ``rollouts``, else on a step it samples): the flattened
+    gradient of each of its optimiser steps, the rollouts and the update's stats."""
     state = setup(cfg, store)
     # SGD moves the weights by the gradient alone (AdamW would blow float noise up in coordinates
     # with a near-zero gradient), so later mini-batches start from the same weights.
@@ -51,8 +57,8 @@ def step_gradients(cfg: RunConfig, store, rollouts=None, budget: int = 0):
         return step(optimizer, params, max_norm)
 
     state.precision.step = spy  # type: ignore[method-assign]
-    update(state, rollouts, 1, state.cfg.optim.lr)
-    return grads, rollouts
+    stats, _, _ = update(state, rollouts, 1, state.cfg.optim.lr)
+    return grads, rollouts, stats
 
 
 def assert_same_gradients(got, want):

@@ -18,9 +18,8 @@ from conspo.sink import MemorySink
 from conspo.training.logprobs import token_logprobs
 from conspo.training.loop import setup
 from conspo.training.mismatch import correction_weights, mismatch_stats, reweighted
-from conspo.training.rollouts import collect_rollouts
 from conspo.training.trainer import train
-from conspo.training.update import update
+from tests.conspo.test_micro_batches import spied_update
 
 # Two rollouts: three tokens and two (the third position is padding).
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -97,20 +96,7 @@ def config(**sampling) -> RunConfig:
 
 def update_gradient(cfg: RunConfig, store, rollouts=None):
     """The flattened gradient of the one optimiser step of an update, the rollouts and stats."""
-    state = setup(cfg, store)
-    state.optimizer = torch.optim.SGD(state.trainable, lr=1e-2)
-    if rollouts is None:
-        rollouts = collect_rollouts(state, 1, lambda: False)
-    grads = []
-    step = state.precision.step
-
-    def spy(optimizer, params, max_norm):
-        grads.append(torch.cat([p.grad.flatten() for p in params]))
-        return step(optimizer, params, max_norm)
-
-    state.precision.step = spy  # type: ignore[method-assign]
-    stats, _, _ = update(state, rollouts, 1, state.cfg.optim.lr)
-    (grad,) = grads
+    (grad,), rollouts, stats = spied_update(cfg, store, rollouts)
     return grad, rollouts, stats
 
 
