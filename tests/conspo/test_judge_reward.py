@@ -223,13 +223,13 @@ def test_a_timeout_fails_the_batch_naming_timeout_s(scripted, models):
 
 def test_a_cancel_while_judging_ends_the_step_between_decode_steps(scripted, models, monkeypatch):
     drawn: list[int] = []
-    next_token = rollout._next_token
+    draw = rollout._draw  # every token the native sampler draws goes through it
 
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def counted(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         drawn.append(1)
-        return next_token(*args, **kwargs)
+        return draw(*args, **kwargs)
 
-    monkeypatch.setattr(rollout, "_next_token", counted)
+    monkeypatch.setattr(rollout, "_draw", counted)
     with stopping.abandon_when(lambda: len(drawn) >= 2), pytest.raises(stopping.Abandoned):
         judged(models, str(scripted), samples=2)
     assert len(drawn) == 2  # the first batch's second token: not after its 256

@@ -187,7 +187,11 @@ MEASURE = textwrap.dedent(
 )
 
 MEASURED_CONFIGS = {
+    # ConSPO, not GRPO: the random tiny model answers nothing right, and a GRPO step without
+    # signal (β = 0) skips its backward (conspo.training.update.without_gradient), where the
+    # estimate is of a step with a gradient pass; ConSPO's in-group softmax still runs it.
     "one mini-batch": {
+        "algorithm": "conspo",
         "sampling": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 48},
         "params": {"beta": 0.0},
     },
