@@ -355,9 +355,10 @@ def backward(
     share = RankRows.of(r, rows)
     sub = r.batch.select(share.mine)
     pieces = micro_batches(sub, g, cfg.optim.micro_batch_tokens) if bool(share.mine.any()) else []
+    probe: torch.Tensor | None = None  # ∂loss/∂log-probs, where known before any forward
     if old_logprobs is None and signal_known_before_forward(state):
-        dloss = on_policy_gradient(state, r, rows, step)
-        if dloss is None or not bool(dloss.any()):
+        probe = on_policy_gradient(state, r, rows, step)
+        if probe is None or not bool(probe.any()):
             return *without_gradient(state, r, rows, share, sub, pieces, step, known), True
     ref = None
     if state.params.beta > 0:
@@ -373,8 +374,8 @@ def backward(
         values, entropy = share.gather([graph.detach(), own_entropy.detach()])
     elif known is not None:
         values, entropy = known
-    elif old_logprobs is None and linear_on_policy(state):
-        return *on_policy_backward(state, r, rows, share, sub, pieces, step), False
+    elif probe is not None and linear_on_policy(state):
+        return *on_policy_backward(state, r, rows, share, sub, pieces, step, probe), False
     else:
         own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
         values, entropy = share.gather(list(own))
@@ -424,18 +425,17 @@ def on_policy_backward(
     sub: RolloutBatch,
     pieces: list[torch.Tensor],
     step: int,
+    dloss: torch.Tensor,
 ) -> tuple[PolicyBatch, torch.Tensor, ObjectiveOutput]:
     """``backward``'s split pass for an objective linear on policy (``linear_on_policy``, π_old =
-    π_θ): ∂loss/∂log-probs does not depend on the log-probs, so it is taken at stand-in values
-    (zeros) before any forward, and each micro-batch's one forward is backpropagated as it runs,
-    its log-probs and entropy kept (no grad) — no no-grad pass over the mini-batch first. The
-    objective then runs on the real values, without grad, for its loss and stats: the same
-    gradient, loss and stats as the two-pass route (tests/conspo/test_micro_batches.py)."""
-    dloss = on_policy_gradient(state, r, rows, step)
+    π_θ): ∂loss/∂log-probs does not depend on the log-probs, so it was taken at stand-in values
+    (zeros) before any forward (``dloss``, not all zero: ``backward`` skips those), and each
+    micro-batch's one forward is backpropagated as it runs, its log-probs and entropy kept (no
+    grad) — no no-grad pass over the mini-batch first. The objective then runs on the real
+    values, without grad, for its loss and stats: the same gradient, loss and stats as the
+    two-pass route (tests/conspo/test_micro_batches.py)."""
     g = state.cfg.sampling.group_size
-    if dloss is None:  # the loss does not depend on the log-probs: nothing to backpropagate
-        own = no_grad_logprobs(state, sub, pieces) if pieces else (empty_rows(state, sub),) * 2
-    elif pieces:
+    if pieces:
         own = backward_pieces(state, sub, pieces, g, share.own(dloss), keep=True)
     else:
         own = (empty_rows(state, sub),) * 2
