@@ -57,6 +57,13 @@ DISCO_CONSTRAINT_ACTIVE = "disco/constraint_active"
 MCPO_KL_MASTERED = "mcpo/kl_mastered"
 MCPO_HINGE_ACTIVE = "mcpo/hinge_active"
 ISPO_HINGE_ACTIVE = "ispo/hinge_active"
+# PPO's critic (conspo.objectives.ppo, conspo.training.critic)
+PPO_ADV_STD = "ppo/adv_std"
+PPO_RETURN_MEAN = "ppo/return_mean"
+PPO_VALUE_MEAN = "ppo/value_mean"
+PPO_EXPLAINED_VAR = "ppo/explained_var"
+PPO_VALUE_LOSS = "ppo/value_loss"
+PPO_VALUE_CLIP_FRAC = "ppo/value_clip_frac"
 
 # --- separation of positive and negative scores (valid groups only) --------------------------
 SEP_POS_SCORE = "sep/pos_score"
@@ -379,6 +386,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     # drawn where a run logged it: its engine reports the probabilities it sampled with
     Section("mismatch", "Sampler against trainer"),
+    # drawn where a run logged it: an objective with a critic (PPO)
+    Section("critic", "Critic: values, returns and GAE"),
     Section(
         "tools",
         "Tools inside rollouts",
@@ -495,6 +504,23 @@ CHARTS: tuple[Chart, ...] = (
           help="The mean importance weight π_old/μ the correction gives (sampling."
           "mismatch_correction; 1 when off) and the share of tokens or rollouts past the cap C"
           " (truncated or masked; with the correction off, the share that would be)."),
+    Chart("criticvalues", "Critic: values against returns", "critic", "return",
+          algorithms=("ppo",),
+          help="Mean value V the critic predicted when the rollouts were scored, and the mean"
+          " GAE return R = Â + V it is regressed onto, at its targets (every model token; each"
+          " turn's first token in an environment)."),
+    Chart("criticfit", "Critic: explained variance", "critic", "1 − Var(R − V)/Var(R)",
+          algorithms=("ppo",), zero_line=True,
+          help="1: the critic predicts the returns; 0: no better than their mean; below 0:"
+          " worse. GAE's advantages are only as good as this."),
+    Chart("criticloss", "Critic: value loss", "critic", "loss / fraction", y_range="zero",
+          algorithms=("ppo",),
+          help="The critic's clipped value loss ½·max((V − R)², (clip(V) − R)²) over its"
+          " updates, and the share of targets where the clipped term was the larger."),
+    Chart("advspread", "GAE advantage spread", "critic", "std of Â", y_range="zero",
+          algorithms=("ppo",),
+          help="Std of the token advantages before whitening: 0 means no token is credited"
+          " differently from another."),
     Chart("toolcalls", "Tool calls per rollout: correct vs wrong", "tools", "calls / rollout",
           y_range="zero", always=True,
           help="Do the rollouts that end right call the tool more than the ones that end wrong?"
@@ -736,6 +762,27 @@ METRICS: tuple[Metric, ...] = (
            "fraction", "clipfrac", logged_by="objective", color="accent2",
            constant_note="no ratio was clipped: π_θ = π_old (on-policy, one optimiser update per"
            " rollout batch)"),
+    Metric(PPO_VALUE_MEAN, "value V",
+           "PPO: mean value the critic predicted, when the rollouts were scored, at its"
+           " targets.", "return", "criticvalues", logged_by="objective", color="accent2"),
+    Metric(PPO_RETURN_MEAN, "return R",
+           "PPO: mean GAE return R = Â + V at the critic's targets (what it is regressed"
+           " onto).", "return", "criticvalues", logged_by="objective", color="accent"),
+    Metric(PPO_EXPLAINED_VAR, "explained variance",
+           "PPO: 1 − Var(R − V)/Var(R) over the critic's targets, of the values the rollouts"
+           " were scored with (NaN when the returns have no spread).", "fraction", "criticfit",
+           logged_by="objective", better="higher"),
+    Metric(PPO_VALUE_LOSS, "value loss",
+           "PPO: the critic's loss ½·max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²), token"
+           " mean over its targets, averaged over its updates.", "loss", "criticloss",
+           logged_by="objective", better="lower"),
+    Metric(PPO_VALUE_CLIP_FRAC, "value clip frac",
+           "PPO: share of the critic's targets where the clipped value term was the larger"
+           " (0 on the first update of a batch: V = V_old).", "fraction", "criticloss",
+           logged_by="objective", color="neg", dash=True),
+    Metric(PPO_ADV_STD, "advantage std",
+           "PPO: std of the GAE token advantages over the model's tokens, before whitening.",
+           "std", "advspread", logged_by="objective", color="accent3"),
     Metric(SAPO_GATE_WEIGHT, "gate weight",
            "SAPO: token-mean of the gate's gradient weight 4σ(1−σ)ρ (1 on-policy; smaller as"
            " ratios leave 1).",

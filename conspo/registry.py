@@ -82,6 +82,10 @@ class RegisteredObjective:
     # Its loss takes per-turn advantages (``PolicyBatch.turn_advantages``): an environment run
     # may credit turns (``environment.credit``) only with such an objective.
     turn_credit: bool = False
+    # It reads a value model's predictions (``PolicyBatch.values``): the trainer loads and
+    # trains a critic for it (``conspo.training.critic``) and fills the batch's per-token
+    # rewards and turns.
+    critic: bool = False
 
     @property
     def code(self) -> object:
@@ -325,17 +329,19 @@ def register_objective(
     metrics: tuple[str, ...] = (),
     linear_on_policy: bool = False,
     turn_credit: bool = False,
+    critic: bool = False,
 ) -> Callable[[F], F]:
     """Register the objective function ``fn(batch, params)`` under ``name``; ``metrics``: the
     catalogue keys its stats add to what every run logs; ``linear_on_policy``: on policy and
     with β = 0 its gradient in the log-probs does not depend on their values
     (``RegisteredObjective.linear_on_policy``); ``turn_credit``: its loss adds
-    ``PolicyBatch.turn_advantages`` (``RegisteredObjective.turn_credit``)."""
+    ``PolicyBatch.turn_advantages`` (``RegisteredObjective.turn_credit``); ``critic``: it reads
+    a value model's ``PolicyBatch.values`` (``RegisteredObjective.critic``)."""
 
     def decorator(fn: F) -> F:
         OBJECTIVES.add(
             RegisteredObjective(
-                name, fn, params, description, tuple(metrics), linear_on_policy, turn_credit
+                name, fn, params, description, tuple(metrics), linear_on_policy, turn_credit, critic
             )
         )
         return fn

@@ -184,6 +184,15 @@ class PolicyBatch:
     turn_advantages: (B, T) a turn-level advantage added to each token's, or None: an
                    environment run's per-turn credit (``conspo.credit``), 0 off the model's
                    tokens. Objectives registered with ``turn_credit`` take it.
+    values:        (B, T) the critic's V(s_t) of the state before each token, taken when the
+                   rollouts were scored (no grad), or None: objectives registered with
+                   ``critic`` (PPO) read it; None there means no critic (V ≡ 0).
+    token_rewards: (B, T) the reward each token earned, or None: the rollout's reward at its
+                   last model token. The trainer fills it for a critic's objective: an
+                   environment's turn rewards at each turn's last token, InstructGPT's
+                   per-token KL penalty (params.kl_in_reward) on every token.
+    turn_index:    (B, T) the model turn of each token (−1 off the model's tokens), or None (one
+                   turn): a critic's recursion steps over turns where it is given.
     """
 
     logprobs: torch.Tensor
@@ -202,6 +211,9 @@ class PolicyBatch:
     correct: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     turn_advantages: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
 
     @property
     def outcome(self) -> torch.Tensor:
@@ -454,13 +466,14 @@ def clipped_surrogate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, clip fraction) of −agg_t min(ρ_t Â, clip(ρ_t, 1−ε_low, 1+ε_high) Â) (§1.2).
 
-    advantages: (B,) one advantage per rollout, broadcast over its tokens, plus the batch's
-    per-turn credit where it has one (``PolicyBatch.turn_advantages``: Â_t = Â + ω·Â_turn(t),
-    GiGPO's combination). The clip fraction is the share of response tokens where the clipped
-    term is the active one.
+    advantages: (B,) one advantage per rollout, broadcast over its tokens, or (B, T) one per
+    token (PPO's GAE), plus the batch's per-turn credit where it has one
+    (``PolicyBatch.turn_advantages``: Â_t = Â + ω·Â_turn(t), GiGPO's combination). The clip
+    fraction is the share of response tokens where the clipped term is the active one.
     """
     ratio = token_ratio(batch.logprobs, batch.old_logprobs, batch.mask)
-    adv = advantages.to(ratio.dtype)[:, None]
+    adv = advantages.to(ratio.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv
     if batch.turn_advantages is not None:
         adv = adv + batch.turn_advantages.to(ratio.dtype)
     unclipped = ratio * adv

@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,14 @@ def save_checkpoint(
     keep: int,
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and prune to the newest ``keep``.
 
     ``model_state`` / ``optimizer_state``: the whole states when ``model`` holds only a shard
     (``resources.strategy: fsdp``, ``distributed.full_state_dicts``); default the model's and
-    optimiser's own."""
+    optimiser's own. ``extra``: writes what else the run keeps (a critic) into the directory
+    being written, before it is marked complete."""
     root = checkpoint_dir(workdir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -83,6 +86,8 @@ def save_checkpoint(
             optimizer.state_dict() if optimizer_state is None else optimizer_state,
             tmp / "optimizer.pt",
         )
+        if extra is not None:
+            extra(tmp)
         # Last: its presence marks the checkpoint complete.
         torch.save(
             {"step": step, "counters": counters, "rng": rng_state()}, tmp / "trainer_state.pt"

@@ -107,6 +107,16 @@ def token_logprobs(
     return out, torch.cat(entropy).view(n, t) if with_entropy else None
 
 
+def token_states(model: PreTrainedModel, batch: RolloutBatch, group_size: int = 1) -> torch.Tensor:
+    """(N, T, H) the decoder's final hidden state before each response token (the state s_t
+    that token t is chosen in, where a critic reads V(s_t)), through the same forward paths as
+    ``token_logprobs``: each group's prompt once where the rows allow it."""
+    shared = group_size > 1 and shares_prompts(batch, group_size) and not _drops_cache(model)
+    outputs = _shared_prompt_outputs if shared else _full_outputs
+    with _short_sequence_attention(model, batch):
+        return outputs(model, batch, group_size, logits=False)
+
+
 # Eager attention (explicit matmuls and a softmax) beats the CPU flash-attention kernel of
 # ``sdpa`` on short sequences in half precision: bench/levers.py measured the training forward +
 # backward at shape (b) (64 rows x ~138 positions, ~10M parameters) 13% faster under bfloat16

@@ -76,6 +76,7 @@ from conspo.models.resources import (
 from conspo.models.scoring import ModelScorers, load_reward_models
 from conspo.models.store import ModelStore
 from conspo.objectives.base import ObjectiveParams, sequence_scores
+from conspo.objectives.ppo import PPOParams
 from conspo.registry import get_environment, get_job_kind, get_objective
 from conspo.rewards import WeightedReward, build_rewards
 from conspo.rewards.base import VERIFIER, RewardContext, score_rollouts
@@ -87,6 +88,7 @@ from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from conspo.training.critic import Critic, load_critic, load_critic_state, save_critic
 from conspo.training.logprobs import token_logprobs
 from conspo.training.stats import best_of_n, proxy_stats
 
@@ -130,6 +132,8 @@ class TrainState:
     # The last evaluation's problems (``AnswerRecord``), until ``evaluated`` hands them to the
     # sink with that step's record.
     eval_answers: list[AnswerRecord] = field(default_factory=list)
+    # The value model of an objective that reads one (PPO; ``conspo.training.critic``).
+    critic: Critic | None = None
 
 
 Start = Callable[[TrainState, DataFiles, ModelStore], LoopStep]
@@ -332,6 +336,11 @@ def setup(
         stopping.check_between_layers(ref_model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    critic = None
+    if cfg.algorithm and get_objective(cfg.algorithm).critic:
+        assert isinstance(params, PPOParams)
+        critic_path = resolve(params.critic_model) if params.critic_model else path
+        critic = load_critic(cfg, params, critic_path, device, precision)
     distributed.gather_parameters(model)  # fsdp: full parameters resident until the first update
     return TrainState(
         cfg=cfg,
@@ -359,6 +368,7 @@ def setup(
         estimate=estimate,
         rewards=build_rewards(cfg.rewards),
         reward_models=reward_models,
+        critic=critic,
     )
 
 
@@ -450,6 +460,8 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
         return 0
     step, path = found
     saved = load_checkpoint(path, state.model, state.optimizer)
+    if state.critic is not None:
+        load_critic_state(state.critic, path)
     state.rollouts_seen = saved["counters"]["rollouts_seen"]
     # Checkpoints from before skipped steps existed: every step had ticked the schedule.
     state.trained_steps = saved["counters"].get("trained_steps", step)
@@ -484,6 +496,7 @@ def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
         state.cfg.checkpoint.keep,
         model_state,
         optimizer_state,
+        extra=None if state.critic is None else partial(save_critic, state.critic),
     )
     sink.log_event("checkpoint", {"step": step, "path": str(path)})
 

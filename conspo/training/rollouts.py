@@ -61,6 +61,10 @@ class Rollouts:
     # (N,) the critique a reward gave with each rollout's value (a judge's first judgement,
     # ``RewardScores.critiques``), None where none did; None: no reward gives critiques
     critiques: list[str | None] | None = None
+    # An objective with a critic (``conspo.training.critic.scored``): (N, T') V(s_t) of each
+    # token when the batch was scored, and (N, T') the reward each token earned; None without.
+    values: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
 
     @cached_property
     def reward_std(self) -> float:

@@ -41,7 +41,9 @@ from conspo.objectives.base import (
     positive_mask,
     sequence_scores,
 )
+from conspo.objectives.ppo import PPOParams
 from conspo.registry import get_objective
+from conspo.training.critic import ScoredBatch, critic_values, placed_rewards, train_critic
 from conspo.training.logprobs import logprob_mode, token_logprobs
 from conspo.training.loop import TrainState, step_seed
 from conspo.training.microbatch import length_buckets, micro_batches, trimmed
@@ -71,7 +73,9 @@ def update(
     if len(plan) > 1:  # π_old must be frozen before the first optimiser step moves π_θ
         before_update = current
     kl_stats: dict[str, torch.Tensor] = {}
-    if state.params.kl_in_reward > 0:
+    if state.critic is not None:  # values and per-token rewards (its KL in the reward per token)
+        r, kl_stats = critic_scored(state, r, None if current is None else current[0])
+    elif state.params.kl_in_reward > 0:
         assert current is not None
         r, kl_stats = kl_in_reward(state, r, current[0])
     for group in state.optimizer.param_groups:
@@ -97,6 +101,14 @@ def update(
         )
         per_update.append(stats)
         taken += stepped
+    critic_stats = {}
+    if state.critic is not None:
+        assert isinstance(state.params, PPOParams) and r.values is not None
+        assert r.token_rewards is not None
+        scored = ScoredBatch(r.batch, r.group_ids, r.rewards, r.values, r.token_rewards)
+        critic_stats = train_critic(
+            state.critic, state.cfg, state.params, state.precision, scored, plan
+        )
     # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
     sep = separation_stats(
         scores,
@@ -109,7 +121,31 @@ def update(
     )
     truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
     size = {M.OPTIM_UPDATE_SIZE: relative_change(before, measured)}
-    return {**combined(per_update), **sep, **truncated, **kl_stats, **size}, scores, taken
+    stats = {**combined(per_update), **sep, **truncated, **kl_stats, **size, **critic_stats}
+    return stats, scores, taken
+
+
+def critic_scored(
+    state: TrainState, r: Rollouts, old_logprobs: torch.Tensor | None
+) -> tuple[Rollouts, dict[str, torch.Tensor]]:
+    """``r`` with what an objective with a critic reads: each token's value V(s_t) under the
+    critic now (``Rollouts.values``) and each token's reward (``Rollouts.token_rewards``,
+    ``conspo.training.critic.placed_rewards``), less, with params.kl_in_reward = β,
+    InstructGPT's per-token β·(log π_old − log π_ref) on every model token (the KL in the
+    reward where a critic can credit it token by token, not summed onto the last). Returns
+    policy/kl_in_reward with it. ``old_logprobs``: (N, T) log π_old, read only for that KL."""
+    assert state.critic is not None
+    values = critic_values(state.critic, r.batch, state.cfg, state.precision)
+    rewards = placed_rewards(r.batch, r.rewards)
+    stats: dict[str, torch.Tensor] = {}
+    beta = state.params.kl_in_reward
+    if beta > 0:
+        assert old_logprobs is not None
+        ref = whole_reference_logprobs(state, r)
+        per_token = ((old_logprobs - ref) * r.batch.model_mask.to(ref.device)).cpu()
+        rewards = rewards - beta * per_token
+        stats[M.KL_IN_REWARD] = per_token.sum(-1).float().mean()
+    return dataclasses.replace(r, values=values, token_rewards=rewards), stats
 
 
 # The update size is measured on at most this many elements of the trainable parameters (whole
@@ -356,6 +392,8 @@ def backward(
     sub = r.batch.select(share.mine)
     pieces = micro_batches(sub, g, cfg.optim.micro_batch_tokens) if bool(share.mine.any()) else []
     probe: torch.Tensor | None = None  # ∂loss/∂log-probs, where known before any forward
+    if state.critic is not None and step <= state.critic.warmup:  # the critic learns alone
+        return *without_gradient(state, r, rows, share, sub, pieces, step, known), True
     if old_logprobs is None and signal_known_before_forward(state):
         probe = on_policy_gradient(state, r, rows, step)
         if probe is None or not bool(probe.any()):
@@ -697,4 +735,9 @@ def policy_batch(
         turn_advantages=None
         if r.turn_advantages is None
         else r.turn_advantages[rows_cpu].to(device),
+        values=None if r.values is None else r.values[rows].to(device),
+        token_rewards=None if r.token_rewards is None else r.token_rewards[rows_cpu].to(device),
+        turn_index=None
+        if r.values is None or r.batch.turn_index is None
+        else r.batch.turn_index[rows].to(device),
     )

@@ -24,6 +24,7 @@ from conspo.objectives.grpo import GRPOParams
 from conspo.objectives.gspo import GSPOParams, gspo_objective
 from conspo.objectives.ispo import ISPOParams, ispo_objective
 from conspo.objectives.mcpo import MCPOParams, mcpo_objective
+from conspo.objectives.ppo import PPOParams
 from conspo.objectives.reinforce_pp import (
     ReinforcePPParams,
     reinforce_pp_advantages,
@@ -605,6 +606,7 @@ def test_separation_views() -> None:
         "disco": (DisCOParams(tau=2.0), 2.0, 0.2),
         "mcpo": (MCPOParams(clip_high=0.28), 10.0, 0.28),
         "ispo": (ISPOParams(clip_high=0.3), 10.0, 0.3),
+        "ppo": (PPOParams(clip_high=0.35), 10.0, 0.35),
     }
     assert set(views) == set(BASELINES)
     for name, (params, tau, eps) in views.items():

@@ -41,7 +41,7 @@ def test_presets_carry_their_own_defaults():
 @pytest.mark.parametrize(
     "data, loc",
     [
-        ({"algorithm": "ppo"}, ("algorithm",)),
+        ({"algorithm": "trpo"}, ("algorithm",)),
         ({"params": {"tau": 0}}, ("params", "tau")),
         ({"params": {"taux": 1}}, ("params", "taux")),
         ({"algorithm": "grpo", "params": {"loss_agg": "sum"}}, ("params", "loss_agg")),
@@ -64,7 +64,7 @@ def test_invalid_values_name_their_field(data, loc):
 
 def test_unknown_algorithm_lists_valid_ones():
     with pytest.raises(ValidationError) as info:
-        RunConfig(algorithm="ppo")
+        RunConfig(algorithm="trpo")
     message = str(info.value)
     for name in objective_names():
         assert name in message
@@ -181,7 +181,7 @@ def test_params_errors_come_with_section_errors_in_one_response():
 
 
 def test_unknown_algorithm_is_reported_beside_other_errors():
-    locs = error_locs({"algorithm": "ppo", "steps": 0})
+    locs = error_locs({"algorithm": "trpo", "steps": 0})
     assert ("algorithm",) in locs and ("steps",) in locs
 
 
