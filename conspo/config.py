@@ -1230,6 +1230,14 @@ class RunConfig(_Section):
                 "resources.strategy 'fsdp' does not train LoRA adapters (model.lora.rank > 0):"
                 " use 'ddp'"
             )
+        algorithm = self.algorithm if self.algorithm in OBJECTIVES.names() else None
+        critic = algorithm is not None and get_objective(algorithm).critic
+        if critic and self.resources.world_size > 1:
+            # conspo.training.critic: its update has no gradient reduction yet.
+            raise ValueError(
+                f"algorithm {algorithm!r} trains a critic, which runs in one process for now:"
+                " resources.gpus and resources.nodes must be 1"
+            )
         if self.resources.strategy == "fsdp" and self.sampling.engine == "vllm":
             raise ValueError(
                 "resources.strategy 'fsdp' samples with the training model's gathered"

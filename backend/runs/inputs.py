@@ -253,6 +253,7 @@ def problems(config: RunConfig, settings: Settings, auto: str = "auto") -> list[
         *_kind_model_problems(config, sources),
         *_simulator_problems(config, sources),
         *_reward_model_problems(config, sources),
+        *_objective_model_problems(config, sources),
     ]
     try:
         source = sources.locate(config.model.name)
@@ -296,6 +297,21 @@ def _kind_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[P
         except Unavailable as exc:
             message = str(exc).replace("model.name", f"kind_params.{field}", 1)
             yield ("kind_params", field), message, name
+
+
+def _objective_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
+    """The models the objective's params name (the params model's ``model_names``: PPO's
+    critic_model) that the model sources refuse, as ``model.name`` would be."""
+    params = config.objective_params()
+    for field in getattr(type(params), "model_names", ()):
+        name = getattr(params, field, None)
+        if name is None:
+            continue
+        try:
+            sources.locate(name)
+        except Unavailable as exc:
+            message = str(exc).replace("model.name", f"params.{field}", 1)
+            yield ("params", field), message, name
 
 
 def _simulator_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:

@@ -16,11 +16,12 @@ Shapes: B rollouts, T response positions; S = T recursion steps (tokens, or turn
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
 from conspo import metrics
+from conspo.input_checks import Label
 from conspo.lazy import lazy_import
 from conspo.objectives.base import (
     LossAgg,
@@ -40,6 +41,9 @@ else:  # the API reads the parameter models below without loading torch (see con
 
 
 class PPOParams(ObjectiveParams):
+    # Params naming a model, checked against the model sources at submit like model.name.
+    model_names: ClassVar[tuple[str, ...]] = ("critic_model",)
+
     gamma: float = Field(
         1.0,
         ge=0,
@@ -92,8 +96,10 @@ class PPOParams(ObjectiveParams):
         description="Steps at the start that train only the critic: the policy takes no"
         " update until its advantages come from a critic that has seen returns.",
     )
-    critic_model: str | None = Field(
+    critic_model: Label | None = Field(
         None,
+        min_length=1,
+        max_length=300,
         description="The critic's backbone: a model of the catalogue or the store; null = the"
         " policy's model. It takes the run's LoRA settings (its own adapters) and a value head"
         " (a scalar per token).",

@@ -82,6 +82,9 @@ CASES = [
     *[Case(RUNS, run(task={"name": "environment", "params": {"environment": "ask_the_user"}},
                      environment={"simulator": t}), "config.environment.simulator")
       for t in TEACHERS],
+    # PPO's critic model outside the model roots and the hub allowlist
+    *[Case(RUNS, run(algorithm="ppo", params={"critic_model": t}), "config.params.critic_model")
+      for t in TEACHERS],
     Case(PIPELINES, {"name": "p", "stages": [run(**distill("/etc"))["config"]]},
          "stages.0.kind_params.teacher"),
     *both(

@@ -75,7 +75,8 @@ def test_three_turn_episode_by_hand() -> None:
     expected = torch.tensor([[a0, a0, 0, a1, a1, 0, a2, a2, 0]], dtype=DT)
     torch.testing.assert_close(found.advantages, expected)
     assert found.targets.tolist() == [[i in (0, 3, 6) for i in range(9)]]
-    torch.testing.assert_close(found.returns[found.targets], torch.tensor([0.6875, 0.45, 1.0], dtype=DT))
+    returns = torch.tensor([0.6875, 0.45, 1.0], dtype=DT)
+    torch.testing.assert_close(found.returns[found.targets], returns)
 
 
 def reference_ppo_loss(
@@ -210,3 +211,43 @@ def test_critic_warmup_holds_the_policy(model_store, tmp_path) -> None:
         assert metrics[M.OPTIM_UPDATE_SIZE] == 0
         assert math.isfinite(metrics[M.PPO_VALUE_LOSS])
     assert sink.steps[2].metrics[M.PPO_VALUE_MEAN] != 0  # the critic moved while warming up
+
+
+def test_ppo_plays_an_environment_turn_by_turn(model_store, tmp_path, monkeypatch) -> None:
+    """A TRL environment class (two turns at most) under PPO: the objective receives each
+    token's turn, reward and recorded value, the recursion's steps are the turns (the critic's
+    targets one per turn played, at its first token) and the run's critic metrics are finite."""
+    from conspo.environments import targets
+    from conspo.objectives import ppo
+    from tests.conspo.test_environment_training import _with_fn, game_run
+
+    monkeypatch.setattr(targets, "allowed_roots", lambda: {"tests"})
+    seen: list[PolicyBatch] = []
+
+    def watched(batch: PolicyBatch, params: PPOParams):
+        seen.append(batch)
+        return ppo.ppo_objective(batch, params)
+
+    monkeypatch.setattr("conspo.registry.OBJECTIVES.get", _with_fn("ppo", watched))
+    cfg = game_run(
+        "trl",
+        {"entry_point": "tests.conspo.test_environments:GuessEnv"},
+        algorithm="ppo",
+        environment={"max_turns": 2},
+    )
+    sink = MemorySink()
+    assert train(cfg, sink, workdir=tmp_path, model_store=model_store).status == "succeeded"
+    batches = [b for b in seen if b.values is not None and b.turn_index is not None]
+    assert batches, "no batch reached the objective with turns and values"
+    for b in batches:
+        assert b.token_rewards is not None
+        found = ppo_targets(b, PPOParams())
+        turns = b.turn_index.masked_fill(b.mask == 0, -1)
+        played = sum(len(set(row[row >= 0].tolist())) for row in turns)
+        assert int(found.targets.sum()) == played
+        # every target is a turn's first token: the token before it is of another turn
+        rows, cols = found.targets.nonzero(as_tuple=True)
+        for i, t in zip(rows.tolist(), cols.tolist(), strict=True):
+            assert t == 0 or int(turns[i, t - 1]) != int(turns[i, t])
+    metrics = sink.steps[1].metrics
+    assert math.isfinite(metrics[M.PPO_VALUE_LOSS]) and metrics[M.ENV_TURNS] > 0
