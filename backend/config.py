@@ -214,6 +214,20 @@ class Settings(BaseSettings):
         description="Runs estimated to need more memory are refused (0: this machine's memory;"
         " a worker also refuses more than its device has).",
     )
+    # A study's budget (backend.studies.budget), estimated at its check and refused above these
+    # at submit: a tuned study multiplies trials by seeds before its final seeds begin.
+    study_max_runs: int = Field(
+        200,
+        ge=1,
+        le=1_000,
+        description="Most runs one study may plan, both phases of a tuned study counted.",
+    )
+    study_max_tokens: int = Field(
+        2_000_000_000,
+        ge=1,
+        description="Most tokens one study may generate by its estimate (each run's steps ×"
+        " prompts per step × rollouts per prompt × max_new_tokens, summed over its runs).",
+    )
 
     # Model-written code (tools such as python, code tasks) runs only in a worker's sandbox
     # (worker.capabilities advertises it; conspo.sandbox).

@@ -393,6 +393,9 @@ class Study(Base):
     baseline: Mapped[str | None] = mapped_column(String(100))
     concurrency: Mapped[int] = mapped_column(Integer, default=4)
     note: Mapped[str] = mapped_column(Text, default="", server_default="")  # Markdown
+    # A tuned study's picks (``backend.studies.tuned``): written once, when every tuned arm's
+    # search has finished and its final runs are planned; NULL while it tunes (and for others).
+    tuning: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -823,7 +823,19 @@ class StudyPlan(BaseModel):
     arms: list[str]
     tasks: list[str]
     seeds: list[int]
-    runs: int = Field(description="Runs in all: arms (or trials) × tasks × seeds.")
+    tuning_seeds: list[int] = Field(description="The seeds tuned arms' trials run on.")
+    runs: int = Field(description="Runs in all: tuning_runs + final_runs.")
+    tuning_runs: int = Field(description="Trials × tuning seeds, over the tuned arms.")
+    final_runs: int = Field(description="Arms (or a search's trials) × tasks × seeds.")
+    tokens: int = Field(
+        description="At most this many generated tokens: each run's steps × prompts_per_step ×"
+        " group_size × max_new_tokens, summed (a tuned arm's trials at the arm's own config)."
+    )
+    seconds: float | None = Field(
+        description="Training time one run at a time, from the pace of earlier runs of the same"
+        " model and shape (only with a token; None when some config has none)."
+    )
+    text: str = Field(description="The budget in words.")
     baseline: str | None
 
 
@@ -875,6 +887,12 @@ class StudyOut(BaseModel):
     tasks: dict[str, Any] | None = Field(None, description="Across tasks (a study over tasks).")
     curves: dict[str, Any] | None = Field(None, description="Per key and arm: mean ± 95% band.")
     search: dict[str, Any] | None = Field(None, description="A search's trials and importances.")
+    tuning: dict[str, Any] | None = Field(
+        None,
+        description="A tuned study's first phase: per tuned arm its trials on the tuning seeds"
+        " (parameters, value, state, runs) and its pick (trial, parameters, value, how sure);"
+        " arms, pairs, verdict and runs are the final phase's alone.",
+    )
     stopped_by: list[int] = Field(
         default_factory=list,
         description="A cancelled study stopped by its runs: those cancelled from outside it"

@@ -50,6 +50,8 @@ def check(
         f" baseline {plan['baseline'] or '–'}",
         highlight=False,
     )
+    if plan.get("text"):  # the budget: runs of each phase, tokens, time from earlier runs
+        console.print(f"budget: {plan['text']}", highlight=False)
 
 
 @study_app.command("run")

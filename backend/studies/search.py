@@ -41,7 +41,7 @@ from backend.runs.submit import Submitted
 from backend.storage.series import whole_series
 from backend.studies.arms import add_arms
 from backend.studies.objective import reduce_series
-from backend.studies.spec import Search, SearchParam, StudyCreate, validate_arm
+from backend.studies.spec import Search, SearchParam, StudyCreate, Tune, validate_arm
 from conspo.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,12 @@ def _url(session: Session) -> str:
     return engine.url.render_as_string(hide_password=False)
 
 
-def optuna_name(study_id: int) -> str:
-    return f"conspo-lab-study-{study_id}"
+def optuna_name(study_id: int, arm: str | None = None) -> str:
+    """The Optuna study of a search study, or of one tuned arm of a tuned study."""
+    return f"conspo-lab-study-{study_id}" + (f"-arm-{arm}" if arm is not None else "")
 
 
-def distributions(search: Search) -> dict[str, Any]:
+def distributions(search: Tune) -> dict[str, Any]:
     d = _optuna().distributions
     out: dict[str, Any] = {}
     for path, p in search.space.items():
@@ -109,10 +110,12 @@ def _grid(p: SearchParam, path: str) -> list[Any]:
     return [int(v) for v in values] if p.type == "int" else values
 
 
-def sampler(search: Search, seed: int = 0) -> Any:
+def sampler(search: Tune, seed: int = 0) -> Any:
+    """The search's sampler, ``seed`` its random state; a grid's is always 0: it shuffles its
+    grid by it, and trial n takes point n of that order, so every load must shuffle alike."""
     samplers = _optuna().samplers
     if search.sampler == "grid":
-        return samplers.GridSampler({k: _grid(p, k) for k, p in search.space.items()}, seed=seed)
+        return samplers.GridSampler({k: _grid(p, k) for k, p in search.space.items()}, seed=0)
     if search.sampler == "random":
         return samplers.RandomSampler(seed=seed)
     return samplers.TPESampler(seed=seed)
@@ -136,32 +139,43 @@ def check_space(body: StudyCreate) -> list[Submitted]:
     submit checks look at (``backend.runs.submit``): the base, and the base with each value
     of each parameter (the low and high of a range), named by its path."""
     assert body.search is not None
-    errors: list[dict[str, Any]] = []
-    submitted: list[Submitted] = []
-    for path, p in body.search.space.items():
-        loc = ("body", "search", "space", path)
-        if p.type != "categorical" and path in run_paths():
-            # only the ends of a range are checked: every run a trial may start from must be
-            msg = "a run id is searched over as choices (categorical), not as a range"
-            errors.append({"type": "value_error", "loc": loc, "msg": msg})
-            continue
-        for value in _values(p):
-            config, problems = validate_arm(body.config, {path: value}, loc)
-            errors += [{**e, "loc": loc} for e in problems[:1]]
-            if config is None:
-                break
-            submitted.append(Submitted(("body", "search", "space"), config, {path: value}))
-        if body.search.sampler == "grid":
-            try:
-                _grid(p, path)
-            except ValueError as exc:
-                errors.append({"type": "value_error", "loc": (*loc, "step"), "msg": str(exc)})
+    errors, submitted = space_problems(body.config, {}, body.search, ("body", "search"))
     base, base_errors = validate_arm(body.config, {}, ("body", "config"))
     errors += base_errors
     if errors:
         raise InvalidInput(errors)
     assert base is not None
     return [Submitted(("body", "config"), base), *submitted]
+
+
+def space_problems(
+    base: dict[str, Any], overrides: dict[str, Any], search: Tune, at: tuple[str | int, ...]
+) -> tuple[list[dict[str, Any]], list[Submitted]]:
+    """The errors of ``search``'s space over the config ``base`` ⊕ ``overrides`` (each located
+    at ``<at>.space.<path>``), and the configs of each value of each parameter alone (the ends
+    of a range) for the submit checks. A search study's space (``at``: body.search) and a
+    tuned arm's (body.arms.<i>.tune) are checked alike."""
+    errors: list[dict[str, Any]] = []
+    submitted: list[Submitted] = []
+    for path, p in search.space.items():
+        loc = (*at, "space", path)
+        if p.type != "categorical" and path in run_paths():
+            # only the ends of a range are checked: every run a trial may start from must be
+            msg = "a run id is searched over as choices (categorical), not as a range"
+            errors.append({"type": "value_error", "loc": loc, "msg": msg})
+            continue
+        for value in _values(p):
+            config, problems = validate_arm(base, {**overrides, path: value}, loc)
+            errors += [{**e, "loc": loc} for e in problems[:1]]
+            if config is None:
+                break
+            submitted.append(Submitted((*at, "space"), config, {path: value}))
+        if search.sampler == "grid":
+            try:
+                _grid(p, path)
+            except ValueError as exc:
+                errors.append({"type": "value_error", "loc": (*loc, "step"), "msg": str(exc)})
+    return errors, submitted
 
 
 def _values(p: SearchParam) -> list[Any]:
@@ -194,11 +208,12 @@ def largest_trial(body: StudyCreate, settings: Settings) -> Submitted | None:
     return Submitted(("body", "search", "space"), largest[1], dict(chosen))
 
 
-def create_optuna_study(session: Session, study: Study) -> None:
-    """The Optuna study of the (flushed) search ``study``, in the same database."""
+def create_optuna_study(session: Session, study: Study, arm: str | None = None) -> None:
+    """The Optuna study of the (flushed) search ``study`` (or of its tuned ``arm``), in the
+    same database."""
     direction = "maximize" if study.spec["objective"]["direction"] == "max" else "minimize"
     _optuna().create_study(
-        study_name=optuna_name(study.id), storage=storage(_url(session)), direction=direction
+        study_name=optuna_name(study.id, arm), storage=storage(_url(session)), direction=direction
     )
 
 
@@ -227,15 +242,15 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
         )
         if done:
             values = [
-                _objective(session, r, spec)
+                run_objective(session, r, spec)
                 for r in mine_runs
                 if r is not None and r.status == RunStatus.succeeded
             ]
             finite = [v for v in values if v is not None]
             if finite:
-                ostudy.tell(number, sum(finite) / len(finite))
+                tell(ostudy, number, sum(finite) / len(finite))
             else:
-                ostudy.tell(number, state=TrialState.FAIL)
+                tell(ostudy, number, state=TrialState.FAIL)
         elif search.prune and _prune(session, ostudy, trial, mine, mine_runs, spec):
             for row in mine:  # all released (``_prune``): their runs are stopped by the study
                 row.state = StudyRunState.stopped  # itself, which ``release`` tells from a user's
@@ -243,16 +258,19 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
             for run in mine_runs:
                 if run is not None and run.status not in FINISHED:
                     lifecycle.request_cancel(session, run)
-            ostudy.tell(number, state=TrialState.PRUNED)
+            tell(ostudy, number, state=TrialState.PRUNED)
     asked = len(by_trial)
     pending = any(r.state == StudyRunState.pending for r in rows)
     while free > 0 and not pending and asked < search.trials:
+        # seeded by the trials asked so far: a sampler built anew at each load and seeded alike
+        # would draw a random search's first parameters again at every later pass
+        ostudy.sampler = sampler(search, seed=len(ostudy.get_trials(deepcopy=False)))
         trial = ostudy.ask(distributions(search))
         asked += 1
         config, problems = validate_arm(spec.config, dict(trial.params), ("search",))
         if config is None:  # a combination the config refuses (a cross-field rule)
             log.info("study %s: trial %s refused: %s", study.id, trial.number, problems[:1])
-            ostudy.tell(trial.number, state=TrialState.FAIL)
+            tell(ostudy, trial.number, state=TrialState.FAIL)
             continue
         add_arms(session, study, spec.seeds, [(f"t{trial.number}", config)], trials=[trial.number])
         session.flush()
@@ -260,7 +278,18 @@ def advance(session: Session, jobs: JobQueue, study: Study, free: int) -> None:
         pending = True
 
 
-def _objective(session: Session, run: Run, spec: StudyCreate) -> float | None:
+def tell(ostudy: Any, number: int, value: float | None = None, state: Any = None) -> None:
+    """``ostudy.tell`` outside Optuna's optimize loop: a grid sampler whose grid is done calls
+    ``Study.stop()`` after the tell, which raises there; the trial's state is stored first (in a
+    ``finally``), so that error is nothing to act on."""
+    try:
+        ostudy.tell(number, value, state=state)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
+
+
+def run_objective(session: Session, run: Run, spec: StudyCreate) -> float | None:
     series = whole_series(session, [run.id], [spec.objective.metric])
     steps, values = series[(run.id, spec.objective.metric)]
     return reduce_series(steps, values, spec.objective.reduce, spec.objective.k)

@@ -10,6 +10,8 @@
   by its owner is not a free slot: it stops the study (``cancel_study`` stops it from its page).
 * ``study_view`` computes what the study page, the CLI and the report show: the objective of
   every finished run, the statistics (``backend.studies.stats``), the verdict and the curves.
+* A tuned study (``backend.studies.tuned``) starts with no rows: ``release`` asks its arms'
+  trials on the tuning seeds, then plans the final rows; its verdict reads the final rows only.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from backend.runs.rows import name_uniquely, new_run, study_tag
 from backend.storage import studies as stored
 from backend.storage.series import WholeSeries as Series
 from backend.storage.series import whole_series
-from backend.studies import progress, search, stats
+from backend.studies import progress, search, stats, tuned
 from backend.studies.arms import add_arms
 from backend.studies.objective import (
     SEPARATION_KEYS,
@@ -56,6 +58,7 @@ from backend.studies.spec import (
     group_of,
     run_name,
     split_row_arm,
+    tuned_arm_of,
     validate_arm,
 )
 from conspo import metrics as M
@@ -79,7 +82,9 @@ def create_study(
     *,
     trials: Sequence[int | None] | None = None,
 ) -> Study:
-    """Store the study and its (arm, seed) rows in one transaction, then release the first."""
+    """Store the study and its (arm, seed) rows in one transaction, then release the first.
+    A tuned study stores no rows yet: its arms' Optuna studies, whose trials ``release`` asks
+    (``tuned.advance``), and its final rows once they have finished."""
     study = Study(
         name=spec.name,
         owner_id=owner.id,
@@ -90,7 +95,10 @@ def create_study(
     )
     session.add(study)
     session.flush()
-    add_arms(session, study, spec.seeds, arms, trials=trials)
+    if spec.tuned:
+        tuned.create_optuna_studies(session, study)
+    else:
+        add_arms(session, study, spec.seeds, arms, trials=trials)
     session.commit()
     release(session, jobs, study.id)
     session.refresh(study)
@@ -182,6 +190,8 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
     free = max(0, study.concurrency - busy)
     if study.spec.get("search"):
         search.advance(session, jobs, study, free)
+    elif is_tuned(study.spec):
+        tuned.advance(session, study, free)
     pending = stored.pending_rows(session, study_id, free)
     runs = [_new_run(study, row) for row in pending]
     # Run names are unique (ux_runs_name): a user's run may already hold a study run's name.
@@ -201,10 +211,18 @@ def release(session: Session, jobs: JobQueue, study_id: int) -> list[int]:
     return [run.id for run in runs]
 
 
+def is_tuned(spec: dict[str, Any]) -> bool:
+    """A stored spec with a tuned arm (``StudyCreate.tuned`` without validating it)."""
+    return any(arm.get("tune") for arm in spec.get("arms", []))
+
+
 def _new_run(study: Study, row: StudyRun) -> Run:
-    """The queued run of a pending row: its config holds its seed and name (``add_arms``)."""
+    """The queued run of a pending row: its config holds its seed and name (``add_arms``); a
+    tuning run is tagged with its arm and ``tuning``."""
     arm, _ = split_row_arm(row.arm)
-    tags = [*study.spec.get("tags", []), study_tag(study.id), arm]
+    tuning = tuned_arm_of(arm)
+    mine = [tuning, "tuning"] if tuning is not None else [arm]
+    tags = [*study.spec.get("tags", []), study_tag(study.id), *mine]
     config = RunConfig.model_validate(row.config)
     return new_run(study.owner_id, config, tags=tags, group_id=group_of(study.id))
 
@@ -290,9 +308,13 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
     """Everything the study page shows, as JSON."""
     spec = StudyCreate.model_validate(study.spec)
     objective = spec.objective
-    rows = stored.study_rows(session, study.id)
+    # a tuned study's verdict rests on its final rows alone: its trials are ``tuning`` below
+    rows = [r for r in stored.study_rows(session, study.id) if tuned_arm_of(r.arm) is None]
     arm_names = list(dict.fromkeys(split_row_arm(r.arm)[0] for r in rows))
-    runs = {r.id: r for r in stored.study_runs(session, study.id)}
+    if spec.tuned and not rows:  # still tuning: every arm, none with a run yet
+        arm_names = [a.name for a in spec.arms]
+    final_ids = {r.run_id for r in rows}
+    runs = {r.id: r for r in stored.study_runs(session, study.id) if r.id in final_ids}
     keys = [objective.metric, *SEPARATION_KEYS]
     values = ArmObjectives.of(arm_names)
     run_rows = _run_rows(study, rows, runs, whole_series(session, runs, keys), objective, values)
@@ -336,6 +358,8 @@ def study_view(session: Session, study: Study, *, curves: bool = True) -> dict[s
     }
     if spec.tasks:
         out["tasks"] = _across_tasks(by_arm, baseline, spec, summary.verdict)
+    if spec.tuned:
+        out["tuning"] = tuned.tuning_view(session, study)
     if curves:
         arm_runs = [ArmRunRow(split_row_arm(r.arm)[0], r.run_id) for r in rows]
         out["curves"] = group_curves(session, arm_runs, runs, keys)
@@ -428,6 +452,9 @@ def _arm_out(
     out["params"] = (
         _trial_params(mine[0].config, study.spec) if mine and mine[0].trial is not None else None
     )
+    pick = ((study.tuning or {}).get("picks") or {}).get(name)
+    if pick is not None:  # a tuned arm's final runs: its best trial's parameters
+        out["trial"], out["params"] = pick["trial"], pick["params"]
     out["planned"] = len(mine)
     return out
 
@@ -443,10 +470,19 @@ def _trial_params(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any
 
 
 def objective_csv(view: dict[str, Any]) -> str:
-    """The per-seed objective as CSV: study, arm, seed, run id, status, objective."""
-    lines = ["study,arm,seed,run_id,status,objective"]
+    """The per-seed objective as CSV: study, arm, seed, run id, status, objective. A tuned
+    study's adds phase (tuning, final) and trial, its tuning runs first."""
+    tuning = view.get("tuning")
+    lines = ["study,arm,seed,run_id,status,objective" + (",phase,trial" if tuning else "")]
+    for arm in (tuning or {}).get("arms", []):
+        for trial in arm["trials"]:
+            for r in trial["runs"]:
+                value = "" if r["objective"] is None else float(r["objective"])
+                cells = [view["id"], arm["arm"], r["seed"], r["run_id"] or "", r["status"], value]
+                lines.append(",".join(csv_cell(c) for c in [*cells, "tuning", trial["number"]]))
     for r in view["runs"]:
         value = "" if r["objective"] is None else float(r["objective"])
         cells = [view["id"], r["arm"], r["seed"], r["run_id"] or "", r["status"], value]
-        lines.append(",".join(csv_cell(c) for c in cells))
+        extra = ["final", r["trial"] if r["trial"] is not None else ""] if tuning else []
+        lines.append(",".join(csv_cell(c) for c in [*cells, *extra]))
     return "\n".join(lines) + "\n"

@@ -19,6 +19,11 @@ Each arm's config (base ⊕ overrides) is validated as a RunConfig here, so an u
 bad value is a 422 located at ``body.arms.<i>.overrides.<path>`` before anything is stored.
 A search study gives ``search`` instead of ``arms``: Optuna proposes the arms (``backend.studies.
 search``), every trial run over every seed.
+
+A tuned study is an arm study whose arms may carry ``tune: {space, trials}``: each such arm is
+first searched on ``tuning_seeds`` (disjoint from ``seeds``), then runs on ``seeds`` at its best
+trial's parameters, and the verdict is computed from those final runs alone
+(``backend.studies.tuned``).
 """
 
 from __future__ import annotations
@@ -110,6 +115,11 @@ class StudyObjective(Objective):
 class Arm(_Body):
     name: ArmName
     overrides: FreeJSON = Field(default_factory=dict)
+    tune: Tune | None = Field(
+        None,
+        description="Search this arm on the study's tuning_seeds first; its final runs take"
+        " the best trial's parameters over its own overrides.",
+    )
 
 
 class SearchParam(_Body):
@@ -138,10 +148,16 @@ class SearchParam(_Body):
         return self
 
 
-class Search(_Body):
+class Tune(_Body):
+    """An arm's search before the final seeds: its parameters (config paths over the arm's
+    config) and how many trials, each run on every tuning seed."""
+
     space: dict[Label, SearchParam] = Field(min_length=1, max_length=20)
     sampler: Literal["grid", "random", "tpe"] = "tpe"
     trials: Int = Field(8, ge=1, le=200)
+
+
+class Search(Tune):
     prune: bool = Field(
         False,
         description="Stop a trial early when its mean intermediate eval is below the median of"
@@ -171,6 +187,13 @@ class StudyCreate(_Body):
     config: FreeJSON = Field(default_factory=dict, description="The base RunConfig.")
     arms: list[Arm] = Field(default_factory=list, max_length=100)
     seeds: list[Seed] = Field(min_length=1, max_length=100, json_schema_extra={"uniqueItems": True})
+    tuning_seeds: list[Seed] = Field(
+        default_factory=list,
+        max_length=100,
+        json_schema_extra={"uniqueItems": True},
+        description="The seeds tuned arms' trials run on (required when an arm has tune;"
+        " disjoint from seeds, which only the final runs use).",
+    )
     objective: StudyObjective = Field(default_factory=StudyObjective)
     baseline: ArmName | None = Field(None, description="The arm others are paired against.")
     concurrency: Int = Field(4, ge=1, le=1_000, description="Runs queued or running at once.")
@@ -203,6 +226,13 @@ class StudyCreate(_Body):
             raise ValueError("seeds must be distinct")
         return seeds
 
+    @field_validator("tuning_seeds")
+    @classmethod
+    def _distinct_tuning_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("tuning seeds must be distinct")
+        return seeds
+
     @field_validator("tasks")
     @classmethod
     def _distinct_tasks(cls, tasks: list[str]) -> list[str]:
@@ -226,6 +256,7 @@ class StudyCreate(_Body):
             raise ValueError("a search study runs on one task: give it in config, not tasks")
         if len(self.arms or [None]) * len(self.seeds) * max(1, len(self.tasks)) > MAX_RUNS:
             raise ValueError(f"more than {MAX_RUNS} runs (arms × tasks × seeds)")
+        self._tuning_rules()
         if self.search is None and len(self.seeds) < MIN_ARM_SEEDS:
             raise _error_at(
                 "seeds",
@@ -234,6 +265,53 @@ class StudyCreate(_Body):
                 self.seeds,
             )
         return self
+
+    @property
+    def tuned(self) -> bool:
+        """Some arm is searched on the tuning seeds before the final seeds."""
+        return any(arm.tune is not None for arm in self.arms)
+
+    def planned_runs(self) -> tuple[int, int]:
+        """(tuning runs, final runs): trials × tuning seeds summed over the tuned arms, and
+        arms (or a search's trials) × tasks × seeds."""
+        tuning = sum(a.tune.trials for a in self.arms if a.tune) * len(self.tuning_seeds)
+        arms = self.search.trials if self.search is not None else len(self.arms)
+        return tuning, arms * max(1, len(self.tasks)) * len(self.seeds)
+
+    def _tuning_rules(self) -> None:
+        """A tuned study: tuning seeds given and disjoint from the final seeds, one task, no
+        search beside it, and its runs of both phases under ``MAX_RUNS``."""
+        if not self.tuned:
+            if self.tuning_seeds:
+                raise _error_at(
+                    "tuning_seeds", "no arm has a tune block to run on them", self.tuning_seeds
+                )
+            return
+        if self.search is not None:
+            raise _error_at(
+                "search", "a search study cannot also have tuned arms", self.model_dump()["search"]
+            )
+        if not self.tuning_seeds:
+            raise _error_at("tuning_seeds", "an arm has tune: give the seeds its trials run on", [])
+        if overlap := sorted(set(self.tuning_seeds) & set(self.seeds)):
+            raise _error_at(
+                "tuning_seeds",
+                f"tuning seeds must be disjoint from seeds (both have {overlap}): the final"
+                " runs must be fresh seeds, or the pick's luck on a seed enters the verdict",
+                self.tuning_seeds,
+            )
+        if self.tasks:
+            raise _error_at(
+                "tasks", "a tuned study runs on one task: give it in config, not tasks", self.tasks
+            )
+        tuning, final = self.planned_runs()
+        if tuning + final > MAX_RUNS:
+            raise _error_at(
+                "arms",
+                f"{tuning} tuning runs (trials × tuning seeds) + {final} final runs (arms ×"
+                f" seeds) = {tuning + final}, more than {MAX_RUNS}",
+                len(self.arms),
+            )
 
 
 def _error_at(field: str, message: str, value: Any) -> ValidationError:
@@ -311,6 +389,21 @@ def split_row_arm(text: str) -> tuple[str, str | None]:
     """``"grpo@arith"`` → ``("grpo", "arith")``; ``"grpo"`` → ``("grpo", None)``."""
     arm, _, task = text.partition(TASK_SEP)
     return arm, task or None
+
+
+# A tuned arm's trial rows are "arm:t<number>": study_runs is unique on (study, arm, seed), arm
+# names never contain ":" (ARM_NAME), and such a row is never an arm of the verdict.
+TRIAL_SEP = ":"
+
+
+def trial_row_arm(arm: str, trial: int) -> str:
+    return f"{arm}{TRIAL_SEP}t{trial}"
+
+
+def tuned_arm_of(text: str) -> str | None:
+    """``"grpo:t3"`` → ``"grpo"`` (a tuning row); a final row's arm → None."""
+    arm, sep, _ = text.partition(TRIAL_SEP)
+    return arm if sep else None
 
 
 def group_of(study_id: int) -> str:

@@ -1,5 +1,5 @@
-// New study form (/studies/new): name, seeds, concurrency, a base config and arms as JSON,
-// the objective and the baseline. Every change is checked against the server
+// New study form (/studies/new): name, seeds, concurrency, a base config and arms as JSON
+// (each optionally tuned on the tuning seeds first), the objective and the baseline. Every change is checked against the server
 // (POST /api/studies/check: the same validation as creating, nothing stored) and its 422s are
 // shown under the field they name; submit creates the study and opens its page.
 import { ApiError, errorText, post } from "/static/api.js";
@@ -44,6 +44,26 @@ function armRow(arm, i) {
         ),
         h("span.err", { hidden: true }),
       ),
+      h(
+        "div.field.wide",
+        { "data-field": `arms.${i}.tune` },
+        h(
+          "label",
+          { for: `f-arm-${i}-tune` },
+          "Tune ",
+          h(
+            "span.key",
+            {},
+            'optional JSON: {"space": {"optim.lr": {"type": "float", "low": 1e-5, "high": 1e-3, "log": true}}, "trials": 4}',
+          ),
+        ),
+        h(
+          "textarea.arm-tune",
+          { id: `f-arm-${i}-tune`, rows: 1 },
+          typeof arm.tune === "string" ? arm.tune : arm.tune ? JSON.stringify(arm.tune) : "",
+        ),
+        h("span.err", { hidden: true }),
+      ),
     ),
     h(
       "button.btn.btn-sm.remove-arm",
@@ -57,6 +77,7 @@ function readArms() {
   return $$(".arm-row").map((row) => ({
     name: $(".arm-name", row).value.trim(),
     overridesText: $(".arm-overrides", row).value,
+    tuneText: $(".arm-tune", row).value,
   }));
 }
 
@@ -86,21 +107,35 @@ function parseJson(text, field) {
   }
 }
 
-/** The request body, and the problems found before sending it (in `localErrors`). */
-function buildBody() {
-  localErrors.clear();
-  const seedsText = $("#f-seeds").value;
-  const seeds = seedsText
+/** The seeds typed in the field `name`; what is not a seed is a local error. */
+function readSeeds(input, name) {
+  const seeds = input.value
     .split(/[\s,]+/)
     .filter(Boolean)
     .map((s) => (/^\d+$/.test(s) ? Number(s) : s));
   const bad = seeds.filter((s) => typeof s !== "number");
-  if (bad.length) localErrors.set("seeds", `not a seed (a whole number ≥ 0): ${bad.join(", ")}`);
+  if (bad.length) localErrors.set(name, `not a seed (a whole number ≥ 0): ${bad.join(", ")}`);
+  return seeds;
+}
+
+/** An arm as the API takes it: its tune block only when its field has text. */
+function armBody(a, i) {
+  const arm = { name: a.name, overrides: parseJson(a.overridesText, `arms.${i}.overrides`) };
+  if (a.tuneText.trim()) arm.tune = parseJson(a.tuneText, `arms.${i}.tune`);
+  return arm;
+}
+
+/** The request body, and the problems found before sending it (in `localErrors`). */
+function buildBody() {
+  localErrors.clear();
+  const seeds = readSeeds($("#f-seeds"), "seeds");
+  const tuningSeeds = readSeeds($("#f-tuning-seeds"), "tuning_seeds");
   const body = {
     name: $("#f-name").value.trim(),
     config: parseJson($("#f-config").value, "config"),
-    arms: readArms().map((a, i) => ({ name: a.name, overrides: parseJson(a.overridesText, `arms.${i}.overrides`) })),
+    arms: readArms().map(armBody),
     seeds,
+    ...(tuningSeeds.length ? { tuning_seeds: tuningSeeds } : {}),
     tasks: $("#f-tasks")
       .value.split(/[\s,]+/)
       .filter(Boolean),
@@ -166,7 +201,7 @@ async function check() {
     if (mine !== checking) return false; // a later check is on its way
     const tasks = plan.tasks.length ? ` × ${plan.tasks.length} tasks` : "";
     $("#check-note").textContent =
-      `${plan.runs} runs: ${plan.arms.length || "search"} arm${plan.arms.length === 1 ? "" : "s"}${tasks} × ${plan.seeds.length} seed${plan.seeds.length === 1 ? "" : "s"}, baseline ${plan.baseline ?? "–"}`;
+      `${plan.runs} runs: ${plan.arms.length || "search"} arm${plan.arms.length === 1 ? "" : "s"}${tasks} × ${plan.seeds.length} seed${plan.seeds.length === 1 ? "" : "s"}, baseline ${plan.baseline ?? "–"}. Budget: ${plan.text}`;
     return true;
   } catch (err) {
     if (mine !== checking) return false;
@@ -202,7 +237,7 @@ form.addEventListener("input", (ev) => {
 });
 form.addEventListener("change", checkSoon);
 $("#add-arm").addEventListener("click", () => {
-  const arms = readArms().map((a) => ({ name: a.name, overrides: safeJson(a.overridesText) }));
+  const arms = readArms().map((a) => ({ name: a.name, overrides: safeJson(a.overridesText), tune: a.tuneText }));
   arms.push({ name: `arm${arms.length + 1}`, overrides: {} });
   renderArms(arms);
   checkSoon();
@@ -212,7 +247,7 @@ $("#arms").addEventListener("click", (ev) => {
   if (!button) return;
   const at = Number(button.closest(".arm-row").dataset.arm);
   const arms = readArms()
-    .map((a) => ({ name: a.name, overrides: safeJson(a.overridesText) }))
+    .map((a) => ({ name: a.name, overrides: safeJson(a.overridesText), tune: a.tuneText }))
     .filter((_, i) => i !== at);
   renderArms(arms);
   checkSoon();

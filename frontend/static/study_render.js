@@ -1,6 +1,7 @@
 // Renders a study (GET /api/studies/{id}) into a root element: the verdict, the per-arm and
 // paired tables, separation statistics, grouped curves with the real n at each step, and for a
-// search the parallel coordinates and parameter importances. Shared by the study page
+// search the parallel coordinates and parameter importances; for a tuned study its tuning phase
+// (each tuned arm's trials and the settings it picked) before the verdict. Shared by the study page
 // (study.js) and the self-contained HTML report, which inlines this file and util.js with their
 // import/export lines stripped, so it must use nothing but util.js and a global Plotly.
 import { color, countsText, fmtNum, h, seedsWithData, stepsBar } from "/static/util.js";
@@ -354,6 +355,77 @@ function searchCharts(view, Plotly, root) {
   }
 }
 
+/** A parameter's value as the tuning tables show it (a learning rate in exponent form). */
+const paramText = (v) => (typeof v === "number" ? fmtNum(v, 3) : String(v));
+
+/** "optim.lr 3.2e-4, params.tau 0.5" */
+const paramsText = (params) =>
+  Object.entries(params || {})
+    .map(([k, v]) => `${k} ${paramText(v)}`)
+    .join(", ");
+
+/** A tuned arm's pick: its settings, its mean on the tuning seeds, and how sure it is. */
+function pickLine(view, arm) {
+  const pick = arm.pick;
+  if (!pick)
+    return h("p.muted.small.tuning-pick", {}, "searching: the pick comes when every arm's search has finished");
+  if (pick.trial === null) return h("p.tuning-pick", {}, `${arm.arm}: ${pick.confidence}`);
+  return h(
+    "p.tuning-pick",
+    {},
+    h("strong", {}, `${arm.arm} runs at t${pick.trial}: ${paramsText(pick.params)}`),
+    ` (mean ${fmtNum(scaled(view, pick.value), 4)} on the tuning seeds). ${pick.confidence}.`,
+  );
+}
+
+/** A tuned study's first phase: per tuned arm its trials on the tuning seeds (parameters,
+ * value, state, each seed's run) and the pick; the verdict further down reads the final seeds
+ * alone. */
+function tuningSection(view) {
+  const t = view.tuning;
+  if (!t) return [];
+  const seeds = t.seeds.join(", ");
+  const phase =
+    t.phase === "tuning"
+      ? `Phase 1 of 2: each tuned arm is searched on tuning seeds ${seeds}; the final runs on seeds ${view.seeds.join(", ")} start when every search has finished.`
+      : `Phase 1 of 2, done: tuned on seeds ${seeds}. Phase 2 runs each arm at its pick on seeds ${view.seeds.join(", ")}; the verdict reads those runs only.`;
+  const out = [h("h3.section-title#tuning-title", {}, "Tuning"), h("p.muted.small#tuning-phase", {}, phase)];
+  for (const arm of t.arms) {
+    const chosen = arm.pick?.trial;
+    const rows = arm.trials.map((tr) => [
+      tr.number === chosen ? h("strong", {}, `t${tr.number} ★`) : `t${tr.number}`,
+      ...arm.params.map((p) => paramText(tr.params[p])),
+      fmtNum(scaled(view, tr.value), 4),
+      tr.state,
+      h(
+        "span",
+        {},
+        ...tr.runs.flatMap((r, i) => [
+          i ? " · " : "",
+          r.run_id
+            ? h(
+                "a",
+                { href: `/runs/${r.run_id}`, title: r.name },
+                `s${r.seed}: ${fmtNum(scaled(view, r.objective), 3)}`,
+              )
+            : h("span.muted", {}, `s${r.seed}: ${r.status}`),
+        ]),
+      ),
+    ]);
+    out.push(
+      h(
+        "div.panel.tuning-arm",
+        { style: "overflow:auto", "data-scroll-x": "", dataset: { arm: arm.arm } },
+        h("h4", {}, `${arm.arm}: ${arm.trials.length} of ${arm.n_trials} trials (${arm.sampler} sampler)`),
+        table(`tuning-${arm.arm}`, ["trial", ...arm.params, "mean objective", "state", "runs (seed: objective)"], rows),
+        pickLine(view, arm),
+      ),
+    );
+  }
+  out.push(h("p.muted.small", {}, `How sure a pick is: ${t.rule}.`));
+  return out;
+}
+
 /** Why a study its owner did not cancel stopped (runs of it were cancelled from outside it):
  * a list of at most one line, spread into the page. */
 function stoppedNote(view) {
@@ -393,6 +465,8 @@ export function renderStudy(view, root, Plotly) {
         : null,
     ),
     ...stoppedNote(view),
+    ...tuningSection(view),
+    ...(view.tuning ? [h("h3.section-title", {}, "Verdict (final seeds)")] : []),
     h(
       "div.panel#verdict",
       {},

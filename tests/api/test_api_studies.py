@@ -100,13 +100,20 @@ def test_check_plans_the_runs_and_stores_nothing(api: Api) -> None:
     before = count_studies(api)
     r = api.post("/api/studies/check", json=study_body())
     assert r.status_code == 200, r.text
-    assert r.json() == {
+    plan = r.json()
+    budget = {k: plan.pop(k) for k in ("tokens", "seconds", "text")}
+    assert plan == {
         "arms": ["grpo", "conspo"],
         "tasks": [],
         "seeds": [0, 1, 2],
+        "tuning_seeds": [],
         "runs": 6,
+        "tuning_runs": 0,
+        "final_runs": 6,
         "baseline": "grpo",
     }
+    # the budget: 6 runs of 2 steps × 2 prompts × 4 rollouts × ≤ 6 tokens
+    assert budget["tokens"] == 6 * 2 * 2 * 4 * 6 and budget["text"].startswith("6 runs, ≤ 576")
     assert count_studies(api) == before
 
 

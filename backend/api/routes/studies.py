@@ -20,11 +20,12 @@ from backend.api.deps import (
     StudyDep,
 )
 from backend.api.query import RUN_ID, list_pattern, parse_ids
+from backend.errors import InvalidInput
 from backend.models import User
 from backend.runs.submit import Submitted, refuse_unfit
 from backend.schemas import NotePatch, StudyList, StudyOut, StudyPlan
 from backend.storage import studies as stored
-from backend.studies import progress, report, search, service
+from backend.studies import budget, progress, report, search, service, tuned
 from backend.studies.spec import StudyCreate
 from conspo.config import RunConfig
 
@@ -34,24 +35,31 @@ router = APIRouter(prefix="/studies", tags=["studies"], route_class=JSONBodyRout
 
 def check_study(
     body: StudyCreate, session: SessionDep, settings: SettingsDep, caller: User | None
-) -> list[tuple[str, RunConfig]]:
+) -> tuple[list[tuple[str, RunConfig]], dict[str, Any]]:
     """Every check ``create`` makes before storing anything: 422 with each field's error (403
-    at a field naming another user's run that is not shared, when the caller is known).
+    at a field naming another user's run that is not shared, when the caller is known), and
+    the study's budget (``backend.studies.budget``: 422 above the operator's caps).
     A search study's configs are its base, each value of its space alone, and its largest
-    trial by memory; an arm study's are its arms (over every task it crosses)."""
+    trial by memory; an arm study's are its arms (over every task it crosses), and a tuned
+    arm's each value of its space alone over the arm's config."""
+    arms: list[tuple[str, RunConfig]] = []
     if body.search is not None:
         submitted = search.check_space(body)
         largest = search.largest_trial(body, settings)
-        refuse_unfit(session, settings, [*submitted, *([largest] if largest else [])], caller)
-        return []
-    arms = service.arm_configs(body, ("body",))
-    n = len(body.arms)  # arm_configs: task-major, then arms
-    submitted = [
-        Submitted(("body", "arms", k % n, "overrides"), config, body.arms[k % n].overrides)
-        for k, (_, config) in enumerate(arms)
-    ]
+        submitted += [largest] if largest else []
+    else:
+        arms = service.arm_configs(body, ("body",))
+        n = len(body.arms)  # arm_configs: task-major, then arms
+        submitted = [
+            Submitted(("body", "arms", k % n, "overrides"), config, body.arms[k % n].overrides)
+            for k, (_, config) in enumerate(arms)
+        ]
+        submitted += tuned.check_tunes(body)
+    plan = budget.study_budget(session if caller is not None else None, body, arms)
+    if errors := budget.refusals(body, plan, settings):
+        raise InvalidInput(errors)
     refuse_unfit(session, settings, submitted, caller)
-    return arms
+    return arms, plan
 
 
 @router.post(
@@ -65,14 +73,14 @@ def check(
     """Validate a study as ``POST /api/studies`` would, storing nothing (the study form checks
     as you type): 422 located at the field, or the runs it would plan. With a token, a run the
     caller may not start from is the 403 the submit would answer."""
-    arms = check_study(body, session, settings, caller)
-    trials = body.search.trials if body.search is not None else len(arms)  # arms × tasks
+    arms, plan = check_study(body, session, settings, caller)
     return {
         "arms": list(dict.fromkeys(name for name, _ in arms)),
         "tasks": body.tasks,
         "seeds": body.seeds,
-        "runs": trials * len(body.seeds),
+        "tuning_seeds": body.tuning_seeds,
         "baseline": body.baseline or (arms[0][0] if arms else None),
+        **plan,
     }
 
 
@@ -87,11 +95,10 @@ def create(
 ) -> dict[str, Any]:
     """Store the study and its pending runs (one transaction); queue the first ``concurrency``.
     The rest are released as runs finish."""
+    arms, _ = check_study(body, session, settings, user)
     if body.search is not None:
-        check_study(body, session, settings, user)
         study = service.create_search_study(session, jobs, user, body)
     else:
-        arms = check_study(body, session, settings, user)
         study = service.create_study(session, jobs, user, body, arms)
     return service.study_view(session, study, curves=False)
 
