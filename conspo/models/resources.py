@@ -23,6 +23,7 @@ from typing import Any
 from conspo.access import ModelSource
 from conspo.config import RunConfig
 from conspo.models.catalog import BUILTIN_MODELS, builtin_hf_config
+from conspo.registry import OBJECTIVES
 from conspo.templates import render
 from conspo.tools.base import tool_columns
 
@@ -183,6 +184,12 @@ AUTO_GRAPH_BYTES = 2**30
 GIB = 2**30
 
 
+def _trains_critic(cfg: RunConfig) -> bool:
+    """Whether the run's objective loads and trains a critic (``RegisteredObjective.critic``)."""
+    name = cfg.algorithm
+    return name is not None and name in OBJECTIVES.names() and OBJECTIVES.get(name).critic
+
+
 def planned_micro_batch_tokens(
     cfg: RunConfig, dims: ModelDims, dtype_bytes: int, limit: int | None = None, prompt: int = 0
 ) -> int:
@@ -254,7 +261,9 @@ def _estimate(
       gradients and moments (16·A); with resources.strategy fsdp over W = gpus × nodes > 1
       processes (conspo.distributed.collectives), the gathered weights every forward uses (P·w) and
       each process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
-      (P·w) when β > 0: it is not sharded;
+      (P·w) when β > 0: it is not sharded; an objective with a critic (PPO) holds a second
+      copy of the backbone trained the same way (LoRA: P·w + 16·A; else 4·P·w), counted at the
+      policy's size whatever params.critic_model names;
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·(P+T)·b (one layer's cache is copied
       while it grows; ``conspo.generation.decode``'s preallocated one holds the prompt's P
       columns and T response columns, 2·L·N·K·(P+T)·b; rollouts that call tools hold
@@ -317,6 +326,11 @@ def _estimate(
         )
     else:
         state = dims.params * w * (5 if reference else 4)
+    if _trains_critic(cfg):
+        # its own copy of the backbone, trained as the policy is (LoRA or whole); its gradient
+        # pass runs after the policy's, so the update's transient is the larger of the two,
+        # which the policy's (with the LM head's logits) is
+        state += dims.params * w + (4 * FLOAT32 * adapters if m.lora.rank else 3 * dims.params * w)
     # Rollouts that call tools hold more columns while they sample: room for the ones a row
     # leaves empty while its call runs (conspo.generation.tool_rollout).
     columns = prompt + (tool_columns(t) if cfg.tools.names else t)

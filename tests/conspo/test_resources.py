@@ -111,6 +111,27 @@ def test_the_estimate_grows_with_what_a_step_holds():
     assert estimate_memory(split, dims, 4).update < base / 2
 
 
+@pytest.mark.parametrize("lora", [0, 8])
+def test_a_critic_adds_a_second_backbone_trained_as_the_policy_is(lora: int):
+    """PPO's critic (conspo.training.critic) is a second copy of the backbone with its own
+    adapters (or whole, trained): the state grows by exactly the policy's own state less its
+    reference, and nothing else in the step changes."""
+    dims = source_dims(ModelSources().locate("tiny"))
+    assert dims is not None
+
+    def estimate(algorithm: str) -> Any:
+        cfg = RunConfig.model_validate({"algorithm": algorithm, "model": {"lora": {"rank": lora}}})
+        return estimate_memory(cfg, dims, 4)
+
+    grpo, ppo = estimate("grpo"), estimate("ppo")
+    assert ppo.state - grpo.state == grpo.state  # neither has a reference (β = 0)
+    assert (ppo.sampling, ppo.update, ppo.evaluation) == (
+        grpo.sampling,
+        grpo.update,
+        grpo.evaluation,
+    )
+
+
 def test_lora_checkpointing_and_micro_batches_shrink_what_they_should():
     dims = ModelDims.from_hf_config({**SMALL_DECODERS["qwen2, grouped kv heads, untied"],
                                      "vocab_size": 151_936, "num_hidden_layers": 24})  # fmt: skip
