@@ -153,6 +153,19 @@ def test_check_gives_the_budget_of_both_phases(api: Api) -> None:
     assert count_studies(api) == before
 
 
+def test_a_study_over_the_token_cap_is_refused_at_its_steps(api: Api) -> None:
+    """2 arms × 2 seeds of 10⁶ steps × 64 prompts × 16 rollouts × ≤ 512 tokens: past the
+    operator's 2·10⁹ tokens a study (CONSPO_STUDY_MAX_TOKENS), said at the field to change."""
+    config = {
+        **tiny_config(10**6),
+        "sampling": {"prompts_per_step": 64, "group_size": 16, "max_new_tokens": 512},
+    }
+    r = api.post("/api/studies/check", json=study_body(config=config, seeds=[0, 1]))
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body", "config", "steps"] and "CONSPO_STUDY_MAX_TOKENS" in error["msg"]
+
+
 def test_cancel_mid_tuning_cancels_its_runs_and_a_restart_carries_on(api: Api) -> None:
     """A run of the tuning phase finishing while no worker releases anything (a server down)
     is picked up by the reapers' pass (``release_all``): the next trial is asked from what the
