@@ -146,13 +146,21 @@ def _tell_finished(
     runs: dict[int, Run],
 ) -> None:
     """Tell Optuna each running trial whose seeds have all finished: the mean objective of
-    those that succeeded, or FAIL when none did."""
+    those that succeeded, or FAIL when none did; and FAIL a running trial with no rows (its
+    pass never committed them: ``advance`` runs under the study row's lock, so no other pass
+    is between its ask and its commit)."""
     TrialState = search._optuna().trial.TrialState
     state = {t.number: t.state for t in ostudy.get_trials(deepcopy=False)}
     by_trial: dict[int, list[StudyRun]] = {}
     for row in mine:
         if row.trial is not None:
             by_trial.setdefault(row.trial, []).append(row)
+    for number, trial_state in state.items():
+        if trial_state == TrialState.RUNNING and number not in by_trial:
+            # asked by a pass whose rows were never committed (the process died, the commit
+            # failed): nothing will ever run it, and a running trial holds the search open
+            log.warning("study trial %s has no runs; told FAIL", number)
+            search.tell(ostudy, number, state=TrialState.FAIL)
     for number, trial_rows in by_trial.items():
         if state.get(number) != TrialState.RUNNING:
             continue

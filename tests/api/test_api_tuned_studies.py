@@ -171,7 +171,8 @@ def test_cancel_mid_tuning_cancels_its_runs_and_a_restart_carries_on(api: Api) -
     is picked up by the reapers' pass (``release_all``): the next trial is asked from what the
     database holds. The study's cancel then stops its queued tuning runs."""
     from backend.runs import lifecycle
-    from backend.studies import service
+    from backend.studies import search, service
+    from backend.studies.spec import Tune
 
     body = tuned_body(concurrency=1)
     r = api.post("/api/studies", json=body)
@@ -187,14 +188,23 @@ def test_cancel_mid_tuning_cancels_its_runs_and_a_restart_carries_on(api: Api) -
     try:
         with db.session() as session:  # the worker dies after finishing: nothing released
             assert lifecycle.finish(session, first["run_id"], attempt, RunStatus.succeeded)
+            # and a pass died between asking grpo's next trial and committing its rows
+            storage = search.storage(session.get_bind().url.render_as_string(False))
+            name = search.optuna_name(sid, "grpo")
+            grid = search.sampler(Tune.model_validate(body["arms"][0]["tune"]))
+            search._optuna().load_study(study_name=name, storage=storage, sampler=grid).ask()
         with db.session() as session:  # a new server's reaper pass
             released = service.release_all(session, jobs)
     finally:
         db.dispose()
-    runs = study_runs(api.get(f"/api/studies/{sid}?curves=false").json())
+    view = api.get(f"/api/studies/{sid}?curves=false").json()
+    runs = study_runs(view)
     (queued,) = [r["run_id"] for r in runs if r["status"] == "queued"]
     assert queued in released  # (other tests' studies may have released runs too)
     assert len(runs) == 2 and {r["seed"] for r in runs} == {100}
+    grpo, conspo = view["tuning"]["arms"]
+    assert [t["state"] for t in grpo["trials"]][1:] == ["fail"]  # the rowless trial
+    assert [len(t["runs"]) for t in conspo["trials"]] == [1]  # the next arm's first trial
     view = api.post(f"/api/studies/{sid}/cancel").json()
     assert view["status"] == "cancelled"
     assert api.get(f"/api/runs/{queued}").json()["status"] == "cancelled"
