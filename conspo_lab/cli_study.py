@@ -45,8 +45,9 @@ def check(
         plan = lab.check_study(spec)
     tasks = f" × {len(plan['tasks'])} tasks" if plan["tasks"] else ""
     arms = f"{len(plan['arms'])} arms" if plan["arms"] else "a search"
+    tuning = f" + {plan['tuning_runs']} tuning runs" if plan.get("tuning_runs") else ""
     console.print(
-        f"ok: {plan['runs']} runs ({arms}{tasks} × {len(plan['seeds'])} seeds),"
+        f"ok: {plan['runs']} runs ({arms}{tasks} × {len(plan['seeds'])} seeds{tuning}),"
         f" baseline {plan['baseline'] or '–'}",
         highlight=False,
     )
@@ -77,10 +78,14 @@ def run(
         while study["status"] == "active":
             time.sleep(poll_s)
             study = lab.get_study(study["id"])
-            done = sum(
-                1 for r in study["runs"] if r["status"] in ("succeeded", "failed", "cancelled")
+            # progress counts both phases of a tuned study (its runs are the final phase's)
+            planned = study["progress"]
+            phase = (study.get("tuning") or {}).get("phase")
+            console.print(
+                f"  {planned['ended']} of {planned['runs']} runs finished"
+                + (f" ({phase} phase)" if phase else ""),
+                highlight=False,
             )
-            console.print(f"  {done} of {len(study['runs'])} runs finished", highlight=False)
         _print_study(study)
 
 
@@ -131,6 +136,17 @@ def _ci(ci: list[float] | None, scale: float) -> str:
 def _print_study(study: dict[str, Any]) -> None:
     scale = study["objective"]["scale"] or 1
     console.print(f"[bold]study {study['id']}: {study['name']}[/] ({study['status']})")
+    for arm in (study.get("tuning") or {}).get("arms", []):
+        pick = arm["pick"]
+        if pick is None:
+            console.print(f"  {arm['arm']}: tuning, {len(arm['trials'])} trials asked")
+            continue
+        chosen = ", ".join(
+            f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in pick["params"].items()
+        )
+        trial = "its own overrides" if pick["trial"] is None else f"t{pick['trial']} ({chosen})"
+        console.print(f"  {arm['arm']} tuned: {trial}; {pick['confidence']}", highlight=False)
     for line in study["verdict"]:
         console.print(f"  {line}", highlight=False)
     arms = Table("arm", "n", "mean", "95% CI (t)", "95% CI (bootstrap)", title="objective by arm")

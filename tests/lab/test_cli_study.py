@@ -72,3 +72,36 @@ def test_study_check_plans_and_a_single_seed_is_refused_before_any_run(
             assert refused.exit_code == 2, refused.output
             assert "seeds: an arm study needs at least 2 seeds" in text, text
         assert lab.list_studies()["total"] == before
+
+
+TUNED = """\
+name: cli-tuned
+config: {model: {name: tiny}, steps: 2, task: {eval_size: 4}}
+arms:
+  - name: grpo
+    overrides: {algorithm: grpo}
+    tune: {space: {optim.lr: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}}, trials: 2}
+  - {name: conspo, overrides: {algorithm: conspo}}
+tuning_seeds: [100]
+seeds: [0, 1]
+baseline: grpo
+concurrency: 1
+"""
+
+
+def test_a_tuned_study_checks_its_budget_and_shows_its_search(lab_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`study check` prints the budget of both phases; `study show` each tuned arm's search
+    while it tunes (no worker here: the first trial's run stays queued)."""
+    path = tmp_path / "tuned.yaml"
+    path.write_text(TUNED)
+    checked = invoke(lab_server, "study", "check", str(path))
+    text = " ".join(checked.output.split())
+    assert checked.exit_code == 0, checked.output
+    assert "ok: 6 runs (2 arms × 2 seeds + 2 tuning runs)" in text
+    assert "budget: 6 runs (2 tuning + 4 final), ≤ 24,576 generated tokens" in text, text
+    created = invoke(lab_server, "study", "run", str(path))
+    assert created.exit_code == 0, created.output
+    study_id = created.output.split("study ", 1)[1].split(" ", 1)[0]
+    shown = invoke(lab_server, "study", "show", study_id)
+    assert shown.exit_code == 0 and "grpo: tuning, 1 trials asked" in shown.output, shown.output
+    assert invoke(lab_server, "study", "cancel", study_id).exit_code == 0
