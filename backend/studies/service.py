@@ -471,8 +471,10 @@ def _trial_params(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any
 
 def objective_csv(view: dict[str, Any]) -> str:
     """The per-seed objective as CSV: study, arm, seed, run id, status, objective. A tuned
-    study's adds phase (tuning, final) and trial, its tuning runs first."""
+    study's adds phase (tuning, final) and trial (a final run's: the trial its arm picked), its
+    tuning runs first."""
     tuning = view.get("tuning")
+    picked = {a["name"]: a.get("trial") for a in view["arms"]}
     lines = ["study,arm,seed,run_id,status,objective" + (",phase,trial" if tuning else "")]
     for arm in (tuning or {}).get("arms", []):
         for trial in arm["trials"]:
@@ -483,6 +485,7 @@ def objective_csv(view: dict[str, Any]) -> str:
     for r in view["runs"]:
         value = "" if r["objective"] is None else float(r["objective"])
         cells = [view["id"], r["arm"], r["seed"], r["run_id"] or "", r["status"], value]
-        extra = ["final", r["trial"] if r["trial"] is not None else ""] if tuning else []
+        trial = picked.get(r["arm"])
+        extra = ["final", "" if trial is None else trial] if tuning else []
         lines.append(",".join(csv_cell(c) for c in [*cells, *extra]))
     return "\n".join(lines) + "\n"

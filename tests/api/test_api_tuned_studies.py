@@ -264,6 +264,9 @@ def test_tuned_study_end_to_end(api: Api) -> None:
     rows = list(csv.DictReader(io.StringIO(api.get(f"/api/studies/{sid}/objective.csv").text)))
     assert [r["phase"] for r in rows] == ["tuning"] * 4 + ["final"] * 4
     assert {r["seed"] for r in rows if r["phase"] == "tuning"} == {"100"}
+    assert {(r["arm"], r["trial"]) for r in rows if r["phase"] == "final"} == {
+        (arm, str(tuning[arm]["pick"]["trial"])) for arm in ("grpo", "conspo")
+    }
     # its runs now time the next such study: from their pace (with a token only)
     plan = api.post("/api/studies/check", json=tuned_body()).json()
     assert plan["seconds"] > 0 and "earlier runs of the same model and shape" in plan["text"]
