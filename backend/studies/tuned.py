@@ -358,8 +358,11 @@ def tuning_view(session: Session, study: Study) -> dict[str, Any]:
                 "pick": picks.get(arm.name),
             }
         )
+    tuning_runs, final_runs = spec.planned_runs()
     return {
         "phase": "tuning" if study.tuning is None else "final",
+        # the plan of both phases: the study's progress counts only the rows planned so far
+        "planned": {"tuning_runs": tuning_runs, "final_runs": final_runs},
         "seeds": spec.tuning_seeds,
         "arms": arms,
         "rule": f"gap / standard error ≥ {TELLS_APART:g}: the pick is clear of the runner-up",

@@ -385,9 +385,10 @@ function tuningSection(view) {
   const t = view.tuning;
   if (!t) return [];
   const seeds = t.seeds.join(", ");
+  const plan = `${t.planned.tuning_runs} tuning runs, then ${t.planned.final_runs} final runs`;
   const phase =
     t.phase === "tuning"
-      ? `Phase 1 of 2: each tuned arm is searched on tuning seeds ${seeds}; the final runs on seeds ${view.seeds.join(", ")} start when every search has finished.`
+      ? `Phase 1 of 2 (${plan}): each tuned arm is searched on tuning seeds ${seeds}; the final runs on seeds ${view.seeds.join(", ")} start when every search has finished.`
       : `Phase 1 of 2, done: tuned on seeds ${seeds}. Phase 2 runs each arm at its pick on seeds ${view.seeds.join(", ")}; the verdict reads those runs only.`;
   const out = [h("h3.section-title#tuning-title", {}, "Tuning"), h("p.muted.small#tuning-phase", {}, phase)];
   for (const arm of t.arms) {

@@ -180,6 +180,7 @@ def test_cancel_mid_tuning_cancels_its_runs_and_a_restart_carries_on(api: Api) -
     sid = r.json()["id"]
     view = api.get(f"/api/studies/{sid}?curves=false").json()
     assert view["runs"] == [] and view["tuning"]["phase"] == "tuning"
+    assert view["tuning"]["planned"] == {"tuning_runs": 4, "final_runs": 4}
     (first,) = [r for a in view["tuning"]["arms"] for t in a["trials"] for r in t["runs"]]
     assert first["seed"] == 100 and first["status"] == "queued"
     attempt = claim(api, first["run_id"])
