@@ -251,3 +251,42 @@ def test_ppo_plays_an_environment_turn_by_turn(model_store, tmp_path, monkeypatc
             assert t == 0 or int(turns[i, t - 1]) != int(turns[i, t])
     metrics = sink.steps[1].metrics
     assert math.isfinite(metrics[M.PPO_VALUE_LOSS]) and metrics[M.ENV_TURNS] > 0
+
+
+def test_the_kl_in_the_reward_is_paid_token_by_token(model_store, tmp_path, monkeypatch) -> None:
+    """With a critic, params.kl_in_reward = β puts −β·(log π_old − log π_ref) on every model
+    token instead of summing it onto the last: the tokens' rewards of a rollout add up to its
+    reward less β times its KL, whose mean over rollouts is the logged policy/kl_in_reward;
+    after an update moved the policy off its base it is not 0, and it is spread over tokens."""
+    from conspo.objectives import ppo
+    from tests.conspo.test_environment_training import _with_fn
+
+    seen: dict[int, list[PolicyBatch]] = {}
+
+    def watched(batch: PolicyBatch, params: PPOParams):
+        seen.setdefault(round(batch.progress * 2), []).append(batch)
+        return ppo.ppo_objective(batch, params)
+
+    monkeypatch.setattr("conspo.registry.OBJECTIVES.get", _with_fn("ppo", watched))
+    beta = 0.5
+    sink = MemorySink()
+    cfg = ppo_config(2, kl_in_reward=beta)
+    train(cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"every": 0})}),
+          sink, workdir=tmp_path, model_store=model_store)  # fmt: skip
+    for step in (1, 2):
+        kl_of: dict[tuple[int, int], float] = {}  # (group, k-th row of it) → its KL
+        for b in seen[step]:  # probes and updates see the same rows: keyed, not counted twice
+            assert b.token_rewards is not None
+            kls = ((b.rewards.float() - b.token_rewards.sum(-1)) / beta).tolist()
+            counts: dict[int, int] = {}
+            for group, kl in zip(b.group_ids.tolist(), kls, strict=True):
+                counts[group] = counts.get(group, 0) + 1
+                kl_of[(group, counts[group])] = kl
+        logged = sink.steps[step].metrics[M.KL_IN_REWARD]
+        assert len(kl_of) == 8  # two groups of four
+        assert sum(kl_of.values()) / len(kl_of) == pytest.approx(logged, rel=1e-4, abs=1e-6)
+    assert sink.steps[2].metrics[M.KL_IN_REWARD] != 0
+    last = seen[2][-1]
+    assert last.token_rewards is not None
+    # the penalty sits on many tokens, not only on each rollout's last
+    assert int(((last.token_rewards != 0) & (last.mask > 0)).sum()) > 2 * len(last.mask)
