@@ -288,30 +288,34 @@ _LABEL = TypeAdapter(Label)
 def _kind_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
     """The models a job kind's params name (the params model's ``model_names``: distillation's
     teacher) that the model sources refuse, as ``model.name`` would be."""
-    for field in getattr(get_job_kind(config.kind).params, "model_names", ()):
-        name = config.kind_params.get(field)
-        if name is None:
-            continue
-        try:
-            sources.locate(name)
-        except Unavailable as exc:
-            message = str(exc).replace("model.name", f"kind_params.{field}", 1)
-            yield ("kind_params", field), message, name
+    fields = getattr(get_job_kind(config.kind).params, "model_names", ())
+    named = {field: config.kind_params.get(field) for field in fields}
+    yield from _named_model_problems("kind_params", named, sources)
 
 
 def _objective_model_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
     """The models the objective's params name (the params model's ``model_names``: PPO's
     critic_model) that the model sources refuse, as ``model.name`` would be."""
     params = config.objective_params()
-    for field in getattr(type(params), "model_names", ()):
-        name = getattr(params, field, None)
+    fields = getattr(type(params), "model_names", ())
+    yield from _named_model_problems(
+        "params", {field: getattr(params, field, None) for field in fields}, sources
+    )
+
+
+def _named_model_problems(
+    section: str, named: dict[str, str | None], sources: ModelSources
+) -> Iterator[Problem]:
+    """Each model of ``named`` (field → name, None: not set) the model sources refuse,
+    located at ``<section>.<field>`` with model.name's message."""
+    for field, name in named.items():
         if name is None:
             continue
         try:
             sources.locate(name)
         except Unavailable as exc:
-            message = str(exc).replace("model.name", f"params.{field}", 1)
-            yield ("params", field), message, name
+            message = str(exc).replace("model.name", f"{section}.{field}", 1)
+            yield (section, field), message, name
 
 
 def _simulator_problems(config: RunConfig, sources: ModelSources) -> Iterator[Problem]:
