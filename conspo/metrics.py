@@ -779,7 +779,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(PPO_VALUE_CLIP_FRAC, "value clip frac",
            "PPO: share of the critic's targets where the clipped value term was the larger"
            " (0 on the first update of a batch: V = V_old).", "fraction", "criticloss",
-           logged_by="objective", color="neg", dash=True),
+           logged_by="objective", color="neg", dash=True,
+           constant_note="one critic update per rollout batch (optim.mini_batches = optim.epochs"
+           " = 1): V = V_old, so nothing is clipped"),
     Metric(PPO_ADV_STD, "advantage std",
            "PPO: std of the GAE token advantages over the model's tokens, before whitening.",
            "std", "advspread", logged_by="objective", color="accent3"),
