@@ -132,7 +132,7 @@ def test_reads_can_require_a_token(api: Api, tmp_path) -> None:  # type: ignore[
 def test_invalid_input_names_the_field(api: Api) -> None:
     cases = [
         ({"config": {"params": {"tau": -1}}}, ["body", "config", "params", "tau"]),
-        ({"config": {"algorithm": "ppo"}}, ["body", "config", "algorithm"]),
+        ({"config": {"algorithm": "trpo"}}, ["body", "config", "algorithm"]),
         ({"config": {"sampling": {"group_size": 1}}}, ["body", "config", "sampling", "group_size"]),
         ({"config": {"nope": 1}}, ["body", "config", "nope"]),
         # params errors arrive together with the other sections' errors
