@@ -4,6 +4,7 @@ what its header says."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,24 @@ def test_every_example_study_validates(path: Path) -> None:
             for value in (p.low, p.high):
                 config, errors = validate_arm(study.config, {**arm.overrides, param: value}, ())
                 assert config is not None, (arm.name, param, errors)
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_STUDIES = [
+    block
+    for block in re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
+    if "arms" in (yaml.safe_load(block) or {})
+]
+
+
+def test_the_readmes_study_blocks_validate_as_studies() -> None:
+    """A study's arms, seeds and tuning seeds shown in the README, over a base config."""
+    assert README_STUDIES, "the README shows a tuned study's arms"
+    for block in README_STUDIES:
+        study = StudyCreate.model_validate({"name": "readme", **yaml.safe_load(block)})
+        for i, arm in enumerate(study.arms):
+            config, errors = validate_arm(study.config, arm.overrides, ("arms", i))
+            assert config is not None, errors
 
 
 def test_the_tuned_smollm2_study_plans_what_it_says() -> None:
