@@ -38,7 +38,7 @@ from conspo.models.precision import Precision
 from conspo.objectives.base import PolicyBatch
 from conspo.objectives.ppo import PPOParams, ppo_targets
 from conspo.training.logprobs import logprob_mode, token_states
-from conspo.training.microbatch import micro_batches, trimmed
+from conspo.training.microbatch import micro_batches, piece_group_size, trimmed
 
 CRITIC_DIR = "critic"
 CRITIC_STATE = "critic.pt"
@@ -100,7 +100,7 @@ def critic_values(
         for idx in micro_batches(batch, g, cfg.optim.micro_batch_tokens):
             stopping.check()
             piece = trimmed(batch.select(idx.to(batch.response_ids.device)))
-            values = values_of(critic, piece, len(idx) if len(idx) < g else g)
+            values = values_of(critic, piece, piece_group_size(idx, g))
             out[idx.to(out.device), : values.shape[1]] = values.float()
     return out * batch.model_mask.to(out.device)
 
@@ -185,7 +185,7 @@ def train_critic(
             piece = trimmed(sub.select(idx.to(sub.response_ids.device)))
             where = idx.to(device)
             with precision.autocast():
-                values = values_of(critic, piece, len(idx) if len(idx) < g else g)
+                values = values_of(critic, piece, piece_group_size(idx, g))
             width = values.shape[1]
             loss, was_clipped = value_loss(
                 values.float(),

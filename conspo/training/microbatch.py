@@ -152,3 +152,9 @@ def trimmed(batch: RolloutBatch) -> RolloutBatch:
         batch.tool_calls,
         batch.tool_seconds,
     )
+
+
+def piece_group_size(idx: torch.Tensor, g: int) -> int:
+    """The prompt-sharing group size of a micro-batch: G for whole groups; a piece of one group
+    shares its prompt across all its rows (token_logprobs checks either claim)."""
+    return len(idx) if len(idx) < g else g

@@ -46,7 +46,7 @@ from conspo.registry import get_objective
 from conspo.training.critic import ScoredBatch, critic_values, placed_rewards, train_critic
 from conspo.training.logprobs import logprob_mode, token_logprobs
 from conspo.training.loop import TrainState, step_seed
-from conspo.training.microbatch import length_buckets, micro_batches, trimmed
+from conspo.training.microbatch import length_buckets, micro_batches, piece_group_size, trimmed
 from conspo.training.mismatch import correction_weights, mismatch_stats, reweighted
 from conspo.training.rollouts import Rollouts
 from conspo.training.stats import offpolicy_stats, separation_stats
@@ -682,12 +682,6 @@ def per_micro_batch(
             for full, part in zip(results, parts, strict=True):
                 full[rows, : part.shape[1]] = part.float()
     return results
-
-
-def piece_group_size(idx: torch.Tensor, g: int) -> int:
-    """The prompt-sharing group size of a micro-batch: G for whole groups; a piece of one group
-    shares its prompt across all its rows (token_logprobs checks either claim)."""
-    return len(idx) if len(idx) < g else g
 
 
 def policy_batch(
