@@ -239,12 +239,13 @@ class _Parser:
         out: list[str] = []
         while self.at < len(self.text):
             ch = self.text[self.at]
-            if ch == "\\" and self.at + 1 < len(self.text):
-                out.append(self.text[self.at + 1])
-                self.at += 2
-                continue
-            self.at += 1
-            if ch == quote:
+            escaped = ch == "\\" and self.at + 1 < len(self.text)
+            if escaped:
+                ch = self.text[self.at + 1]
+            if ch == "\x00":  # no stored text holds NUL (PostgreSQL's cannot): refused
+                raise WhereError(self.at, "a quoted text may not hold NUL (\\x00)")
+            self.at += 2 if escaped else 1
+            if ch == quote and not escaped:
                 return "".join(out)
             out.append(ch)
         raise WhereError(start, f"the text opened by {quote} at character {start + 1} never ends")

@@ -119,6 +119,7 @@ HOSTILE = [
     "x=\u202eevil",
     "x=\x00",
     "x\x00=1",
+    'name = "a\x00b"',
     "x=1\n;DROP",
     "a." + "b." * 20 + "c=1",
     "x=1 AND " * 20 + "y=2",

@@ -22,6 +22,7 @@ from backend.errors import InvalidInput
 from backend.models import Run
 from backend.storage import answers as stored
 from backend.storage.studies import study_rows
+from conspo.input_checks import LABEL
 from conspo.sink import HELD_OUT
 
 router = APIRouter(tags=["answers"])
@@ -31,6 +32,7 @@ MAX_PAGE = 500
 MAX_PAIRED_RUNS = 10  # pairs (and McNemar lines) only up to this many runs: 45 pairs
 Source = Annotated[
     str,
+    LABEL,  # no control characters (NUL included): the schema says so, and the database agrees
     Query(
         min_length=1,
         max_length=100,
