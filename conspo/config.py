@@ -388,9 +388,9 @@ class SamplingConfig(_Section):
         " weighted by w = π_old/μ, μ the sampler's probability, per token (token_*) or per"
         " rollout (sequence_*, the product over its tokens), w above mismatch_cap truncated to"
         " the cap (*_truncate) or set to 0 (*_mask). auto: sequence_mask where the sampler is"
-        " another engine than the trainer (vllm), off where it is the trainer's own weights"
-        " (native, hf). The mismatch/* metrics are drawn wherever the engine reports μ (native"
-        " and vllm), corrected or not.",
+        " another engine than the trainer (vllm) or older weights (max_staleness), off where it"
+        " is the trainer's own weights (native, hf). The mismatch/* metrics are drawn wherever"
+        " the engine reports μ (native and vllm), corrected or not.",
     )
     mismatch_cap: float = Field(
         3.0,
@@ -402,12 +402,31 @@ class SamplingConfig(_Section):
         " mismatch_correction).",
     )
 
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=8,
+        title="Async generation: max staleness k",
+        json_schema_extra={"advanced": True, "symbol": "k"},
+        description="0: each step's rollouts come from the policy that step trains"
+        " (synchronous). k ≥ 1: asynchronous: while the trainer updates on step t's batch the"
+        " engine already generates steps t+1…t+k, and step s is sampled by the policy after"
+        " update s−1−k, exactly k updates stale (the first k+1 steps by the starting policy);"
+        " the mismatch correction (auto: sequence_mask) weighs each token by π_old/μ. native"
+        " or vllm engine, one process (docs/objectives.md, 'Asynchronous generation').",
+    )
+
     @model_validator(mode="after")
     def _correction_has_sampler_logprobs(self) -> SamplingConfig:
         if self.engine == "hf" and self.mismatch_correction not in ("auto", "off"):
             raise ValueError(
                 "sampling.mismatch_correction: the hf engine reports no sampler log-probs to"
                 " correct with; use the native or vllm engine, or auto/off"
+            )
+        if self.engine == "hf" and self.max_staleness:
+            raise ValueError(
+                "sampling.max_staleness: asynchronous rollouts need the sampler's log-probs for"
+                " their correction, which the hf engine does not report; use native or vllm"
             )
         return self
 
@@ -416,7 +435,8 @@ class SamplingConfig(_Section):
         """The correction the update applies: ``mismatch_correction`` with auto resolved."""
         if self.mismatch_correction != "auto":
             return self.mismatch_correction
-        return "sequence_mask" if self.engine == "vllm" else "off"
+        off_policy = self.engine == "vllm" or self.max_staleness > 0
+        return "sequence_mask" if off_policy else "off"
 
 
 class OptimConfig(_Section):
@@ -1236,6 +1256,13 @@ class RunConfig(_Section):
             # conspo.training.critic: its update has no gradient reduction yet.
             raise ValueError(
                 f"algorithm {algorithm!r} trains a critic, which runs in one process for now:"
+                " resources.gpus and resources.nodes must be 1"
+            )
+        if self.sampling.max_staleness and self.resources.world_size > 1:
+            # conspo.training.pipeline: a rank's generation thread would meet the gradient
+            # all-reduce of the main thread in the same process group.
+            raise ValueError(
+                "sampling.max_staleness: asynchronous generation runs in one process for now:"
                 " resources.gpus and resources.nodes must be 1"
             )
         if self.resources.strategy == "fsdp" and self.sampling.engine == "vllm":

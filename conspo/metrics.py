@@ -49,6 +49,10 @@ MISMATCH_LOGP_DIFF_MAX = "mismatch/logp_diff_max"
 MISMATCH_KL = "mismatch/kl"
 MISMATCH_WEIGHT_MEAN = "mismatch/weight_mean"
 MISMATCH_CORRECTED_FRAC = "mismatch/corrected_frac"
+# asynchronous generation (sampling.max_staleness; conspo.training.pipeline)
+ASYNC_POLICY_LAG = "async/policy_lag"
+ASYNC_TRAINER_WAIT_S = "async/trainer_wait_s"
+ASYNC_GENERATOR_IDLE_S = "async/generator_idle_s"
 
 # --- what single baselines (conspo/objectives/) add ----------------------------------------
 SAPO_GATE_WEIGHT = "sapo/gate_weight"
@@ -386,6 +390,13 @@ SECTIONS: tuple[Section, ...] = (
     ),
     # drawn where a run logged it: its engine reports the probabilities it sampled with
     Section("mismatch", "Sampler against trainer"),
+    Section(
+        "async",
+        "Asynchronous generation",
+        needs="sampling.max_staleness",
+        folded="synchronous (sampling.max_staleness 0): each step's rollouts come from the"
+        " policy it trains, generated while the trainer waits",
+    ),
     # drawn where a run logged it: an objective with a critic (PPO)
     Section("critic", "Critic: values, returns and GAE"),
     Section(
@@ -504,6 +515,17 @@ CHARTS: tuple[Chart, ...] = (
           help="The mean importance weight π_old/μ the correction gives (sampling."
           "mismatch_correction; 1 when off) and the share of tokens or rollouts past the cap C"
           " (truncated or masked; with the correction off, the share that would be)."),
+    Chart("asynclag", "Policy lag of the rollouts", "async", "updates", y_range="zero",
+          needs="sampling.max_staleness",
+          help="How many updates older than the trainer's policy the weights that sampled the"
+          " step's rollouts were: k (sampling.max_staleness) once the first k + 1 steps, sampled"
+          " by the starting weights, are past."),
+    Chart("asyncwait", "Waiting on each side", "async", "seconds", y_range="zero",
+          needs="sampling.max_staleness",
+          help="How long the trainer waited for the step's rollouts (generation slower than"
+          " the update), and how long the generating thread sat idle before it began them"
+          " (k batches ahead already: the update slower). Near 0 on both: the overlap is"
+          " complete."),
     Chart("criticvalues", "Critic: values against returns", "critic", "return",
           algorithms=("ppo",),
           help="Mean value V the critic predicted when the rollouts were scored, and the mean"
@@ -856,6 +878,18 @@ METRICS: tuple[Metric, ...] = (
            " exceeds the cap C: truncated to C or masked out; with the correction off, the share"
            " that would be.", "fraction", "mismatchweight", when=MISMATCH_WHEN, color="neg",
            dash=True, better="lower"),
+    # asynchronous generation
+    Metric(ASYNC_POLICY_LAG, "policy lag",
+           "Updates between the weights that sampled the step's rollouts and the trainer's"
+           " π_old: step s is sampled by the weights after update s − 1 − k.", "updates",
+           "asynclag", when="sampling.max_staleness ≥ 1", deterministic=True, smoothed=False),
+    Metric(ASYNC_TRAINER_WAIT_S, "trainer waited",
+           "Seconds the trainer waited for the step's rollouts.", "s", "asyncwait",
+           when="sampling.max_staleness ≥ 1", better="lower"),
+    Metric(ASYNC_GENERATOR_IDLE_S, "generator idle",
+           "Seconds the generating thread waited, its last batch done, before this step's"
+           " batch was asked for.", "s", "asyncwait", when="sampling.max_staleness ≥ 1",
+           color="accent2", dash=True),
     # tools
     Metric(TOOLS_CALLS, "calls", "Mean tool calls per rollout of the step.", "calls",
            "toolcalls", when="the run has tools (tools.names)"),

@@ -46,6 +46,13 @@ def abandon_when(check: Callable[[], bool]) -> Iterator[None]:
         _local.check = previous
 
 
+def installed() -> Callable[[], bool] | None:
+    """This thread's installed check, for a thread this one starts to install as its own
+    (``conspo.training.pipeline``: a cancel lands in the generating thread too)."""
+    check: Callable[[], bool] | None = getattr(_local, "check", None)
+    return check
+
+
 def abandoning() -> bool:
     """Whether this thread's check is installed and true (for a loop that must clean up,
     e.g. kill an engine's process, before ``check`` raises)."""

@@ -119,10 +119,14 @@ class MemoryEstimate:
     update: int
     micro_batch_tokens: int = 0  # the gradient pass's split the update assumes (0: none)
     process: int = PROCESS_BYTES  # the interpreter and its libraries, held all run
+    # Asynchronous generation (sampling.max_staleness): the next steps' sampling runs while the
+    # update does, so their transients add up (an evaluation still runs alone).
+    overlapped: bool = False
 
     @property
     def total(self) -> int:
-        return self.process + self.state + max(self.sampling, self.evaluation, self.update)
+        step = self.sampling + self.update if self.overlapped else max(self.sampling, self.update)
+        return self.process + self.state + max(step, self.evaluation)
 
     def describe(self) -> str:
         parts = {
@@ -263,7 +267,10 @@ def _estimate(
       each process's shard of the weights, gradients and moments (4·P·w/W), plus the whole reference
       (P·w) when β > 0: it is not sharded; an objective with a critic (PPO) holds a second
       copy of the backbone trained the same way (LoRA: P·w + 16·A; else 4·P·w), counted at the
-      policy's size whatever params.critic_model names;
+      policy's size whatever params.critic_model names; asynchronous generation
+      (sampling.max_staleness k) holds k + 2 copies of the trainable weights (LoRA: 4·A each,
+      else P·w) and k rollout batches (16·N·T each), and its sampling's transient adds to the
+      update's instead of following it;
     * sampling a step's rollouts: the KV cache 2·(L+1)·N·K·(P+T)·b (one layer's cache is copied
       while it grows; ``conspo.generation.decode``'s preallocated one holds the prompt's P
       columns and T response columns, 2·L·N·K·(P+T)·b; rollouts that call tools hold
@@ -331,6 +338,12 @@ def _estimate(
         # pass runs after the policy's, so the update's transient is the larger of the two,
         # which the policy's (with the LM head's logits) is
         state += dims.params * w + (4 * FLOAT32 * adapters if m.lora.rank else 3 * dims.params * w)
+    k = s.max_staleness
+    if k:
+        # conspo.training.pipeline: the generating copy's trainable tensors and up to k + 1
+        # published versions of them, and the k batches generated ahead
+        trainable = 4 * adapters if m.lora.rank else dims.params * w
+        state += (k + 2) * trainable + k * 16 * n * t
     # Rollouts that call tools hold more columns while they sample: room for the ones a row
     # leaves empty while its call runs (conspo.generation.tool_rollout).
     columns = prompt + (tool_columns(t) if cfg.tools.names else t)
@@ -358,7 +371,8 @@ def _estimate(
     if sharded:
         grad_pass += dims.params * w
     update = batch + max(freeze_old, grad_pass)
-    return MemoryEstimate(state, _sampling(dims, n, columns, b), evaluation, update, budget)
+    sampling = _sampling(dims, n, columns, b)
+    return MemoryEstimate(state, sampling, evaluation, update, budget, overlapped=k > 0)
 
 
 def supervised_rows(cfg: RunConfig) -> tuple[int, bool] | None:

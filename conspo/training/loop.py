@@ -134,6 +134,9 @@ class TrainState:
     eval_answers: list[AnswerRecord] = field(default_factory=list)
     # The value model of an objective that reads one (PPO; ``conspo.training.critic``).
     critic: Critic | None = None
+    # What a step started that must end with the run, before the engine closes (the
+    # asynchronous generation's thread, ``conspo.training.pipeline``).
+    closers: list[Callable[[], None]] = field(default_factory=list)
 
 
 Start = Callable[[TrainState, DataFiles, ModelStore], LoopStep]
@@ -218,6 +221,8 @@ def run_loop(
         sink.log_event("finished", {"status": "cancelled", "step": last_step, "phase": "step"})
         return TrainResult("cancelled", last_step)
     finally:
+        for close in state.closers:
+            close()
         state.engine.close()  # vllm: its process; the others hold nothing
         if sampler is not None:
             sampler.close()

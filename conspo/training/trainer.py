@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from conspo import metrics as M
@@ -43,7 +42,16 @@ from conspo.access import DataFiles
 from conspo.config import RunConfig
 from conspo.models.store import ModelStore
 from conspo.sink import Sink, StepRecord
-from conspo.training.loop import TrainResult, TrainState, eval_due, lr_at, run_eval, run_loop
+from conspo.training.loop import (
+    LoopStep,
+    TrainResult,
+    TrainState,
+    eval_due,
+    lr_at,
+    run_eval,
+    run_loop,
+)
+from conspo.training.pipeline import RolloutPipeline
 from conspo.training.records import make_record
 from conspo.training.rollouts import collect_rollouts
 from conspo.training.stats import environment_stats, proxy_stats, tool_stats
@@ -67,29 +75,49 @@ def train(
         sink,
         should_stop,
         workdir=workdir,
-        start=lambda state, files, store: partial(train_step, state),
+        start=lambda state, files, store: training_steps(state),
         model_store=model_store,
         files=files,
         memory_limit=memory_limit,
     )
 
 
-def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) -> StepRecord | None:
-    """One step; None when should_stop() fired while rollouts were drawn (nothing was updated)."""
+def train_step(
+    state: TrainState,
+    step: int,
+    should_stop: Callable[[], bool],
+    pipeline: RolloutPipeline | None = None,
+) -> StepRecord | None:
+    """One step; None when should_stop() fired while rollouts were drawn (nothing was updated).
+    With ``pipeline`` the rollouts are its (generated while earlier steps trained), and the
+    updated weights are published to it instead of synced to the engine."""
     cfg = state.cfg
     t0 = time.perf_counter()
-    with state.precision.autocast():
-        rollouts = collect_rollouts(state, step, should_stop)
+    floats: dict[str, float] = {}
+    if pipeline is not None:
+        generated, waited = pipeline.take(step, should_stop)
+        rollouts = generated.rollouts
+        floats = {
+            M.ASYNC_POLICY_LAG: float(step - 1 - generated.version),
+            M.ASYNC_TRAINER_WAIT_S: waited,
+            M.ASYNC_GENERATOR_IDLE_S: generated.idle_s,
+        }
+    else:
+        with state.precision.autocast():
+            rollouts = collect_rollouts(state, step, should_stop)
     if rollouts is None:
         return None
     t_rollout = time.perf_counter() - t0
     lr = lr_at(cfg, state.trained_steps + 1)  # the schedule ticks only on steps that updated
     stats, scores, updates = update(state, rollouts, step, lr)
     state.trained_steps += int(updates > 0)
-    state.engine.sync(state.model)
+    if pipeline is not None:
+        pipeline.publish(step, state.model)
+    else:
+        state.engine.sync(state.model)
     t_step = time.perf_counter() - t0
     state.rollouts_seen += rollouts.generated
-    floats = {
+    floats |= {
         M.TIME_STEP_S: t_step,
         M.TIME_ROLLOUT_S: t_rollout,
         M.THROUGHPUT_ROLLOUTS_PER_S: rollouts.generated / t_step,
@@ -113,5 +141,24 @@ def train_step(state: TrainState, step: int, should_stop: Callable[[], bool]) ->
         truth = rollouts.reward_parts[cfg.truth].tolist()
         floats.update(proxy_stats(rollouts.rewards.tolist(), truth, rollouts.group_ids.tolist()))
     if eval_due(cfg, step):
-        floats.update(run_eval(state, step))
+        if pipeline is None:
+            floats.update(run_eval(state, step))
+        else:  # the engine between two batches, with the trainer's weights
+            with pipeline.engine_for(state.model):
+                floats.update(run_eval(state, step))
     return make_record(state, step, stats, floats, rollouts, scores)
+
+
+def training_steps(state: TrainState) -> LoopStep:
+    """The loop's step: ``train_step``, with the run's asynchronous generation
+    (``sampling.max_staleness``) started at the first step it runs (after a resume: from the
+    checkpoint's weights) and closed with the run (``TrainState.closers``)."""
+    started: list[RolloutPipeline] = []
+
+    def step(n: int, should_stop: Callable[[], bool]) -> StepRecord | None:
+        if state.cfg.sampling.max_staleness and not started:
+            started.append(RolloutPipeline(state, n, state.cfg.sampling.max_staleness))
+            state.closers.append(started[0].close)
+        return train_step(state, n, should_stop, started[0] if started else None)
+
+    return step

@@ -36,6 +36,7 @@ def test_keys_charts_and_sections_hold_together() -> None:
 
 def _logged_keys(algorithm: str, params: dict, model_store, tmp_path, **extra: object) -> set[str]:
     evaluation = {"every": 0, "pass_k": 2, **extra.pop("eval", {})}  # type: ignore[dict-item]
+    sampling = extra.pop("sampling", {})
     cfg = RunConfig.model_validate({
         "algorithm": algorithm,
         "params": params,
@@ -44,7 +45,7 @@ def _logged_keys(algorithm: str, params: dict, model_store, tmp_path, **extra: o
         "task": {"name": "arith", "eval_size": 4},
         **extra,
         # Longer than DAPO's default overlong buffer (8), which must leave some length unpenalised.
-        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 10},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 10, **sampling},
         "optim": {"mini_batches": 2},
         "eval": evaluation,
         "checkpoint": {"every": 0},
@@ -98,9 +99,11 @@ def test_every_catalogue_key_is_logged_by_some_run(
     )  # fmt: skip
     # Tool use is logged by runs with tools (the calculator: no sandbox, nothing to install).
     with_tools = _logged_keys("grpo", {}, model_store, tmp_path / "tools", tools=["calculator"])
-    # Episodes are logged by runs that play an environment.
+    # Episodes are logged by runs that play an environment; this one generates asynchronously.
     game = {"name": "environment", "eval_size": 4, "params": {"environment": "guess_number"}}
-    with_env = _logged_keys("grpo", {}, model_store, tmp_path / "env", task=game)
+    with_env = _logged_keys(
+        "grpo", {}, model_store, tmp_path / "env", task=game, sampling={"max_staleness": 1}
+    )
     by_kinds = [run.logged for run in job_kind_runs.values()]
     # The system readings come from a sampler on the clock, on the steps a sample fell in: these
     # runs' steps are too short for one; tests/conspo/test_system.py has a run log them.
@@ -114,3 +117,5 @@ def test_every_catalogue_key_is_logged_by_some_run(
     assert tool_keys <= with_tools and not any(tool_keys & keys for keys in logged.values())
     env_keys = {m.key for m in CATALOGUE.metrics if m.key.startswith("env/")}
     assert env_keys <= with_env and not any(env_keys & keys for keys in logged.values())
+    async_keys = {m.key for m in CATALOGUE.metrics if m.key.startswith("async/")}
+    assert async_keys <= with_env and not any(async_keys & keys for keys in logged.values())
