@@ -20,6 +20,8 @@ One table, printed at the end and written to ``DIR/gpu_proof.md``:
     model sampled: ‖g_buckets − g_whole‖ / ‖g_whole‖, float32 and bfloat16 autocast;
   - ``mismatch``: the native engine's reported log-prob of each token it sampled against the
     trainer's forward on the same tokens (``mismatch/*``), float32 judged, bfloat16 reported;
+  - ``async``: GRPO on SmolLM2 + LoRA with ``sampling.max_staleness`` 1 against the same run
+    synchronous: each step's policy lag as scheduled, step 1 equal, wall per step of each;
   - ``system``: the GPU's readings through NVML, as the run page's System section gets them;
   - ``memory``: three training configs, each in a process of its own, the trainer's memory
     estimate (conspo.models.resources.estimate_memory, what the API refuses runs by) against
@@ -630,6 +632,68 @@ def mismatch_check(proof: Proof, dtype_name: str) -> None:
         proof.add(Row("correctness", check, figure))
 
 
+def async_check(proof: Proof) -> None:
+    """Asynchronous generation (``sampling.max_staleness``, docs/objectives.md §1.5c): SmolLM2 +
+    LoRA trained by GRPO for a few steps synchronously and with k = 1, the same seed, one after
+    the other on the device. Judged: every step's ``async/policy_lag`` is the schedule's
+    (min(s − 1, k)), and the async run's first step, sampled by the trainer's own weights, has
+    the synchronous run's loss. Reported: wall seconds per step of each (steps after the
+    first), the trainer's wait, and the mismatch the lag opens (mean |Δ log p|, the share
+    sequence_mask leaves out)."""
+    import statistics
+    import tempfile
+
+    from conspo import metrics as M
+    from conspo.config import RunConfig
+    from conspo.models.builtins import builtin_store
+    from conspo.sink import MemorySink
+    from conspo.training.trainer import train
+
+    smoke = proof.args.smoke
+    steps, shape = (3, (2, 2, 8)) if smoke else (6, (8, 8, 256))
+    dtype = "float32" if smoke else "bfloat16"
+    store = builtin_store()
+
+    def run(k: int) -> dict[int, dict[str, float]]:
+        cfg = RunConfig.model_validate({
+            "algorithm": "grpo", "steps": steps, "seed": 7, "task": {**TASK, "eval_size": 2},
+            "prompt": {"chat_template": "on"}, "eval": {"every": 0, "at_start": False},
+            "checkpoint": {"every": 0}, "optim": {"lr": 1e-4},
+            "model": {"name": MODEL, "device": proof.device, "dtype": dtype,
+                      "lora": {"rank": 16, "alpha": 32}},
+            "sampling": {"prompts_per_step": shape[0], "group_size": shape[1],
+                         "max_new_tokens": shape[2], "max_staleness": k},
+        })  # fmt: skip
+        sink = MemorySink()
+        with tempfile.TemporaryDirectory() as workdir:
+            train(cfg, sink, workdir=workdir, model_store=store)
+        return {s: r.metrics for s, r in sorted(sink.steps.items())}
+
+    sync, overlapped = run(0), run(1)
+    lags = [overlapped[s][M.ASYNC_POLICY_LAG] for s in overlapped]
+    want = [float(min(s - 1, 1)) for s in overlapped]
+    first_same = math.isclose(sync[1][M.LOSS], overlapped[1][M.LOSS], rel_tol=1e-4, abs_tol=1e-6)
+
+    def per_step(metrics: dict[int, dict[str, float]], key: str) -> float:
+        return statistics.median(metrics[s][key] for s in metrics if s > 1)
+
+    later = [s for s in overlapped if s > 1]
+    wall_sync, wall_async = per_step(sync, M.TIME_STEP_S), per_step(overlapped, M.TIME_STEP_S)
+    figure = (
+        f"{shape[0]}×{shape[1]}×{shape[2]} {dtype}, {steps} steps: wall/step (median, steps 2+)"
+        f" sync {wall_sync:.2f} s, k=1 {wall_async:.2f} s"
+        f" (trainer waited {per_step(overlapped, M.ASYNC_TRAINER_WAIT_S):.2f} s);"
+        f" lags {[int(x) for x in lags]}; lagged steps' mean |Δ log p|"
+        f" {statistics.mean(overlapped[s][M.MISMATCH_LOGP_DIFF_MEAN] for s in later):.2e},"
+        f" sequence_mask left out"
+        f" {statistics.mean(overlapped[s][M.MISMATCH_CORRECTED_FRAC] for s in later):.0%};"
+        f" step 1 loss {'=' if first_same else '≠'} sync"
+    )
+    ok = lags == want and first_same
+    proof.add(Row("correctness", f"asynchronous generation, k = 1 ({MODEL} + LoRA)", figure,
+                  "lag = min(s − 1, k); step 1 = sync", "ok" if ok else "DEVIATION"))  # fmt: skip
+
+
 def correctness(proof: Proof) -> None:
     dtypes = ["float32"] if proof.args.smoke else ["float32", "bfloat16"]
     for dtype in ["float32", "bfloat16"]:  # the smoke's 2×4 tokens are cheap in bfloat16 too
@@ -643,6 +707,7 @@ def correctness(proof: Proof) -> None:
             proof, "correctness", f"sampler mismatch, {dtype}",
             lambda d=dtype: mismatch_check(proof, d),
         )  # fmt: skip
+    guarded(proof, "correctness", "asynchronous generation", lambda: async_check(proof))
     guarded(proof, "correctness", "memory", lambda: memory_check(proof))
     guarded(proof, "correctness", "environment rollout", lambda: environment_check(proof))
     guarded(proof, "correctness", "reward-model reward", lambda: reward_model_check(proof))

@@ -37,10 +37,23 @@ def test_the_correctness_checks_pass_on_the_real_model_on_a_cpu(tmp_path, tmp_pa
     table = (tmp_path / "gpu_proof.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| correctness")]
     # decode (float32, bfloat16), buckets (float32), the sampler mismatch (float32,
-    # bfloat16), one memory config on a CPU, the environment rollout, the reward-model
-    # reward's scorer, system
-    assert len(rows) == 9, table
-    decode, decode_bf16, buckets, mismatch, mismatch_bf16, *memory, played, scored, nvml = rows
+    # bfloat16), asynchronous generation, one memory config on a CPU, the environment
+    # rollout, the reward-model reward's scorer, system
+    assert len(rows) == 10, table
+    (
+        decode,
+        decode_bf16,
+        buckets,
+        mismatch,
+        mismatch_bf16,
+        overlapped,
+        *memory,
+        played,
+        scored,
+        nvml,
+    ) = rows
+    assert "asynchronous generation, k = 1" in overlapped and overlapped.endswith("| ok |")
+    assert "lags [0, 1, 1]" in overlapped and "step 1 loss = sync" in overlapped
     assert "sampler vs trainer log-probs" in mismatch and mismatch.endswith("| ok |")
     assert "sequence_mask (C 3) leaves out" in mismatch_bf16 and "bfloat16" in mismatch_bf16
     assert "environment rollout" in played and played.endswith("| ok |")
@@ -71,6 +84,7 @@ def test_a_deviation_fails_the_run_and_still_prints_the_table(tmp_path, tmp_path
         "import sys, gpu_proof; gpu_proof.DECODE_BOUND['float32'] = -1.0;"
         "gpu_proof.memory_check = lambda proof: None;"  # the memory children: not this test's
         "gpu_proof.bucket_check = lambda proof, dtype: None;"
+        "gpu_proof.async_check = lambda proof: None;"
         f"sys.argv = {argv!r};"
         "gpu_proof.main()"
     )  # fmt: skip

@@ -176,6 +176,42 @@ def test_a_run_trains_with_vllm_reproducibly_and_leaves_no_process(model_store, 
     assert all(0 < r.length <= 6 for s in first.steps.values() for r in s.rollouts)
 
 
+def test_an_async_run_samples_with_vllm_from_the_lagged_weights(model_store, tmp_path):
+    """sampling.max_staleness 1 with vllm (conspo.training.pipeline): the generating thread
+    pushes each step's lagged weights to vLLM, the evaluation takes the engine with the
+    trainer's; vLLM's log-probs of a lagged step are far from the trainer's π_old where a
+    synchronous run's agree, and step 1 (the starting weights either way) is the same."""
+
+    def run(k: int, name: str) -> MemorySink:
+        cfg = RunConfig.model_validate({
+            "steps": 3,
+            "seed": 4,
+            "task": {"name": "arith", "params": {"digits": 1}, "eval_size": 8},
+            "model": {"name": "tiny-arith"},
+            "optim": {"lr": 3e-3},
+            "sampling": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6,
+                         "engine": "vllm", "vllm_enforce_eager": True, "max_staleness": k},
+            "eval": {"every": 2},
+            "checkpoint": {"every": 0},
+        })  # fmt: skip
+        sink = MemorySink()
+        result = train(cfg, sink, workdir=tmp_path / name, model_store=model_store)
+        assert result.status == "succeeded" and result.last_step == 3
+        assert engine_servers() == []
+        return sink
+
+    sync, lagged = run(0, "sync"), run(1, "async")
+    assert [lagged.steps[s].metrics[M.ASYNC_POLICY_LAG] for s in (1, 2, 3)] == [0, 1, 1]
+    texts = [[r.completion for r in sink.steps[1].rollouts] for sink in (sync, lagged)]
+    assert texts[0] == texts[1]
+    assert 0 <= lagged.steps[2].metrics[M.EVAL_ACCURACY] <= 1
+    assert lagged.steps[1].metrics[M.OPTIM_UPDATES] > 0, "step 1 did not move the policy"
+    for step in (2, 3):
+        gap = {name: sink.steps[step].metrics[M.MISMATCH_LOGP_DIFF_MEAN] for name, sink in
+               (("sync", sync), ("async", lagged))}  # fmt: skip
+        assert gap["async"] > 10 * gap["sync"] and gap["async"] > 1e-3, (step, gap)
+
+
 def test_greedy_vllm_writes_what_the_native_engine_writes(model_store):
     path = model_store.resolve("tiny-arith")
     model, tokenizer = load_pretrained(path, torch.device("cpu"), torch.float32)
