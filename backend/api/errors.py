@@ -89,9 +89,27 @@ async def forbidden(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-    """An unexpected exception: a 500 with a JSON body (the server logs the traceback)."""
+    """An unexpected exception: a 500 with a JSON body (the server logs the traceback); one
+    raised because the database went away under a library of its own (Optuna's storage wraps
+    SQLAlchemy's OperationalError in its StorageInternalError) is the 503 of an unavailable
+    database, as the platform's own queries' are."""
+    if _caused_by(exc, OperationalError):
+        log.warning("database unavailable under %s", type(exc).__name__)
+        return JSONResponse({"detail": "database unavailable, retry later"}, status_code=503)
     log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
     return JSONResponse({"detail": "internal server error"}, status_code=500)
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` or an exception it was raised from (its chain, bounded) is a ``kind``."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def echoed(error: dict[str, Any]) -> dict[str, Any]:

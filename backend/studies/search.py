@@ -66,8 +66,14 @@ def storage(url: str) -> Any:
     with engine.begin() as conn:
         conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
     engine.dispose()
+    # pinged at checkout: a connection PostgreSQL dropped (a restart, an administrator's
+    # terminate) is replaced instead of failing a study page's read; the reads are few
     return optuna.storages.RDBStorage(
-        url, engine_kwargs={"connect_args": {"options": f"-csearch_path={SCHEMA}"}}
+        url,
+        engine_kwargs={
+            "connect_args": {"options": f"-csearch_path={SCHEMA}"},
+            "pool_pre_ping": True,
+        },
     )
 
 

@@ -149,8 +149,6 @@ def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
     """One returned just now is handed out as it is (no round trip); one idle longer that
     PostgreSQL dropped meanwhile is replaced before use; one dropped and reused at once fails
     its statement, and the pool drops the connections as old as it."""
-    import psycopg
-
     from backend import db as db_module
 
     monkeypatch.setattr(db_module, "PING_AFTER_IDLE_S", 0.3)
@@ -170,13 +168,7 @@ def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
             return session.scalar(text("SELECT 1"))
 
     def drop_connections() -> None:
-        admin = pg_url.replace("postgresql+psycopg://", "postgresql://").rsplit("/", 1)[0]
-        with psycopg.connect(f"{admin}/postgres", autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = %s AND pid <> pg_backend_pid()",
-                (pg_url.rsplit("/", 1)[1],),
-            )
+        drop_database_connections(pg_url)
 
     try:
         assert select_one() == 1 and select_one() == 1
@@ -192,3 +184,57 @@ def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
         assert select_one() == 1  # the pool dropped the dead ones: the next read works
     finally:
         database.dispose()
+
+
+def drop_database_connections(pg_url: str) -> None:
+    """PostgreSQL terminates every connection to ``pg_url``'s database (as a restart or an
+    administrator would), but the one asking."""
+    import psycopg
+
+    admin = pg_url.replace("postgresql+psycopg://", "postgresql://").rsplit("/", 1)[0]
+    with psycopg.connect(f"{admin}/postgres", autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (pg_url.rsplit("/", 1)[1],),
+        )
+
+
+def test_the_study_search_storage_replaces_a_connection_postgresql_dropped(pg_url: str) -> None:
+    """Optuna's storage (search and tuned studies; their pages read it) pings a pooled
+    connection before use: one PostgreSQL terminated is replaced, where it was a study page's
+    500 (stop 60's CI: another test's terminate, then GET /api/studies/1)."""
+    from backend.studies.search import storage
+
+    store = storage(pg_url)
+    store.get_all_studies()  # a connection pooled
+    drop_database_connections(pg_url)
+    time.sleep(0.1)  # PostgreSQL closes it; the pool does not know yet
+    assert isinstance(store.get_all_studies(), list)
+
+
+def test_the_database_gone_under_a_library_is_a_503_not_a_500() -> None:
+    """An exception a library raised from SQLAlchemy's OperationalError (Optuna's
+    StorageInternalError) is the 503 of an unavailable database; any other, a 500."""
+    from fastapi import FastAPI
+
+    from backend.api import errors
+
+    app = FastAPI()
+    errors.install(app)
+
+    @app.get("/wrapped")
+    def wrapped() -> None:
+        try:
+            raise OperationalError("SELECT 1", {}, Exception("terminating connection"))
+        except OperationalError as exc:
+            raise RuntimeError("An exception is raised during the commit") from exc
+
+    @app.get("/plain")
+    def plain() -> None:
+        raise RuntimeError("a bug")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        gone = client.get("/wrapped")
+        assert gone.status_code == 503 and "database unavailable" in gone.json()["detail"]
+        assert client.get("/plain").status_code == 500
