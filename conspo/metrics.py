@@ -68,6 +68,10 @@ PPO_VALUE_MEAN = "ppo/value_mean"
 PPO_EXPLAINED_VAR = "ppo/explained_var"
 PPO_VALUE_LOSS = "ppo/value_loss"
 PPO_VALUE_CLIP_FRAC = "ppo/value_clip_frac"
+# RRPO's frozen anchors (conspo.objectives.rrpo, conspo.training.anchors)
+RRPO_ANCHOR_AUC = "rrpo/anchor_auc"
+RRPO_ANCHOR_GAP = "rrpo/anchor_gap"
+RRPO_ANCHORS = "rrpo/anchors"
 
 # --- separation of positive and negative scores (valid groups only) --------------------------
 SEP_POS_SCORE = "sep/pos_score"
@@ -399,6 +403,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     # drawn where a run logged it: an objective with a critic (PPO)
     Section("critic", "Critic: values, returns and GAE"),
+    # drawn where a run logged it: an objective that scores rollouts against anchors (RRPO)
+    Section("anchors", "Anchors: the frozen head against the verifier"),
     Section(
         "tools",
         "Tools inside rollouts",
@@ -543,6 +549,15 @@ CHARTS: tuple[Chart, ...] = (
           algorithms=("ppo",),
           help="Std of the token advantages before whitening: 0 means no token is credited"
           " differently from another."),
+    Chart("anchoragree", "Anchor scores against the verifier", "anchors", "AUC",
+          y_range="unit", algorithms=("rrpo",),
+          help="Once the projection head is frozen: the chance that a rollout the verifier"
+          " passed scores above one it failed, by their scores against the anchors (0.5: the"
+          " head tells them apart no better than chance). Empty while anchors are collected."),
+    Chart("anchorgap", "Anchor score gap and anchor sets", "anchors", "score / anchors",
+          algorithms=("rrpo",), zero_line=True,
+          help="Mean anchor score s = cos(z, c⁺) − cos(z, c⁻) of the passed rollouts less the"
+          " failed ones', and how many anchors the head was trained on (0 until it is)."),
     Chart("toolcalls", "Tool calls per rollout: correct vs wrong", "tools", "calls / rollout",
           y_range="zero", always=True,
           help="Do the rollouts that end right call the tool more than the ones that end wrong?"
@@ -807,6 +822,17 @@ METRICS: tuple[Metric, ...] = (
     Metric(PPO_ADV_STD, "advantage std",
            "PPO: std of the GAE token advantages over the model's tokens, before whitening.",
            "std", "advspread", logged_by="objective", color="accent3"),
+    Metric(RRPO_ANCHOR_AUC, "anchor AUC",
+           "RRPO: P(s(o⁺) > s(o⁻)) over the mini-batch's passed/failed pairs, s the score"
+           " against the frozen anchors; NaN until the head is frozen or without both classes.",
+           "AUC", "anchoragree", logged_by="objective", better="higher"),
+    Metric(RRPO_ANCHOR_GAP, "anchor score gap",
+           "RRPO: mean anchor score of the passed rollouts less the failed ones' (NaN until the"
+           " head is frozen).", "score", "anchorgap", logged_by="objective", color="accent2"),
+    Metric(RRPO_ANCHORS, "anchors",
+           "RRPO: how many anchors (positives and negatives) the frozen head was trained on; 0"
+           " while they are still collected.", "count", "anchorgap", logged_by="objective",
+           color="accent3", dash=True, smoothed=False),
     Metric(SAPO_GATE_WEIGHT, "gate weight",
            "SAPO: token-mean of the gate's gradient weight 4σ(1−σ)ρ (1 on-policy; smaller as"
            " ratios leave 1).",

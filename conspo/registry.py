@@ -86,6 +86,10 @@ class RegisteredObjective:
     # trains a critic for it (``conspo.training.critic``) and fills the batch's per-token
     # rewards and turns.
     critic: bool = False
+    # It reads each rollout's score against frozen anchors (``PolicyBatch.anchor_scores``):
+    # the trainer collects the anchors, trains their projection head and scores every batch
+    # with it (``conspo.training.anchors``; RRPO).
+    anchors: bool = False
 
     @property
     def code(self) -> object:
@@ -330,18 +334,28 @@ def register_objective(
     linear_on_policy: bool = False,
     turn_credit: bool = False,
     critic: bool = False,
+    anchors: bool = False,
 ) -> Callable[[F], F]:
     """Register the objective function ``fn(batch, params)`` under ``name``; ``metrics``: the
     catalogue keys its stats add to what every run logs; ``linear_on_policy``: on policy and
     with β = 0 its gradient in the log-probs does not depend on their values
     (``RegisteredObjective.linear_on_policy``); ``turn_credit``: its loss adds
     ``PolicyBatch.turn_advantages`` (``RegisteredObjective.turn_credit``); ``critic``: it reads
-    a value model's ``PolicyBatch.values`` (``RegisteredObjective.critic``)."""
+    a value model's ``PolicyBatch.values`` (``RegisteredObjective.critic``); ``anchors``: it
+    reads ``PolicyBatch.anchor_scores`` (``RegisteredObjective.anchors``)."""
 
     def decorator(fn: F) -> F:
         OBJECTIVES.add(
             RegisteredObjective(
-                name, fn, params, description, tuple(metrics), linear_on_policy, turn_credit, critic
+                name,
+                fn,
+                params,
+                description,
+                tuple(metrics),
+                linear_on_policy,
+                turn_credit,
+                critic,
+                anchors,
             )
         )
         return fn

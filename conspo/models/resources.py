@@ -317,7 +317,11 @@ def _estimate(
     params = cfg.objective_params()
     beta = float(getattr(params, "beta", 0.0))
     kl_in_reward = float(getattr(params, "kl_in_reward", 0.0))
-    reference = beta > 0 or kl_in_reward > 0  # a frozen copy of the weights (full fine-tuning)
+    # A frozen copy of the weights (full fine-tuning): the KL's reference, or RRPO's anchors'
+    # (they read the reference's hidden states).
+    name = cfg.algorithm
+    anchored = name is not None and name in OBJECTIVES.names() and OBJECTIVES.get(name).anchors
+    reference = beta > 0 or kl_in_reward > 0 or anchored
     refill = bool(getattr(params, "refill_groups", False))
     n, t = s.prompts_per_step * s.group_size, s.max_new_tokens
     rows = math.ceil(n / cfg.optim.mini_batches)

@@ -193,6 +193,8 @@ class PolicyBatch:
                    per-token KL penalty (params.kl_in_reward) on every token.
     turn_index:    (B, T) the model turn of each token (−1 off the model's tokens), or None (one
                    turn): a critic's recursion steps over turns where it is given.
+    anchor_scores: (B,) each rollout's score against the frozen anchors (RRPO), or None: no
+                   head frozen yet, or an objective registered without ``anchors``.
     """
 
     logprobs: torch.Tensor
@@ -214,6 +216,7 @@ class PolicyBatch:
     values: torch.Tensor | None = None
     token_rewards: torch.Tensor | None = None
     turn_index: torch.Tensor | None = None
+    anchor_scores: torch.Tensor | None = None
 
     @property
     def outcome(self) -> torch.Tensor:

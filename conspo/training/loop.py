@@ -87,6 +87,7 @@ from conspo.tasks import Example, Task, make_task
 from conspo.tasks.environment import episode_starter
 from conspo.tasks.prompts import PromptRenderer, with_prompts
 from conspo.tools import make_toolbox
+from conspo.training.anchors import Anchors, load_anchors, load_anchors_state, save_anchors
 from conspo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from conspo.training.critic import Critic, load_critic, load_critic_state, save_critic
 from conspo.training.logprobs import token_logprobs
@@ -134,6 +135,9 @@ class TrainState:
     eval_answers: list[AnswerRecord] = field(default_factory=list)
     # The value model of an objective that reads one (PPO; ``conspo.training.critic``).
     critic: Critic | None = None
+    # The anchors of an objective that scores rollouts against them (RRPO;
+    # ``conspo.training.anchors``).
+    anchors: Anchors | None = None
     # What a step started that must end with the run, before the engine closes (the
     # asynchronous generation's thread, ``conspo.training.pipeline``).
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -332,8 +336,11 @@ def setup(
     # defaults: no refill, no reference model.
     params = cfg.objective_params() or ObjectiveParams()
     assert isinstance(params, ObjectiveParams)  # every registered params model extends it
+    objective = get_objective(cfg.algorithm) if cfg.algorithm else None
+    anchored = objective is not None and objective.anchors
     ref_model = None
-    if params.needs_reference and cfg.model.lora.rank == 0:
+    # RRPO's anchors read the reference's hidden states (conspo.training.anchors).
+    if (params.needs_reference or anchored) and cfg.model.lora.rank == 0:
         # A frozen copy of the starting policy (the checkpoint never replaces it). With LoRA the
         # reference is the base itself, adapters disabled (reference_logprobs).
         ref_model, _ = load_pretrained(path, device, precision.weights, attn)
@@ -374,6 +381,7 @@ def setup(
         rewards=build_rewards(cfg.rewards),
         reward_models=reward_models,
         critic=critic,
+        anchors=load_anchors() if anchored else None,
     )
 
 
@@ -467,6 +475,8 @@ def resume(state: TrainState, workdir: Path, sink: Sink) -> int:
     saved = load_checkpoint(path, state.model, state.optimizer)
     if state.critic is not None:
         load_critic_state(state.critic, path)
+    if state.anchors is not None:
+        load_anchors_state(state.anchors, path)
     state.rollouts_seen = saved["counters"]["rollouts_seen"]
     # Checkpoints from before skipped steps existed: every step had ticked the schedule.
     state.trained_steps = saved["counters"].get("trained_steps", step)
@@ -501,9 +511,26 @@ def checkpoint(state: TrainState, workdir: Path, step: int, sink: Sink) -> None:
         state.cfg.checkpoint.keep,
         model_state,
         optimizer_state,
-        extra=None if state.critic is None else partial(save_critic, state.critic),
+        extra=checkpoint_extras(state),
     )
     sink.log_event("checkpoint", {"step": step, "path": str(path)})
+
+
+def checkpoint_extras(state: TrainState) -> Callable[[Path], None] | None:
+    """What a checkpoint keeps beside the policy: the critic (PPO), the anchors (RRPO)."""
+    savers: list[Callable[[Path], None]] = []
+    if state.critic is not None:
+        savers.append(partial(save_critic, state.critic))
+    if state.anchors is not None:
+        savers.append(partial(save_anchors, state.anchors))
+    if not savers:
+        return None
+
+    def save_all(directory: Path) -> None:
+        for save in savers:
+            save(directory)
+
+    return save_all
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:

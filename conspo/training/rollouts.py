@@ -65,6 +65,9 @@ class Rollouts:
     # token when the batch was scored, and (N, T') the reward each token earned; None without.
     values: torch.Tensor | None = None
     token_rewards: torch.Tensor | None = None
+    # An objective with anchors (``conspo.training.anchors``): (N,) each rollout's score
+    # against them, on the CPU, once their head is frozen; None before or without.
+    anchor_scores: torch.Tensor | None = None
 
     @cached_property
     def reward_std(self) -> float:

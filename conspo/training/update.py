@@ -42,7 +42,9 @@ from conspo.objectives.base import (
     sequence_scores,
 )
 from conspo.objectives.ppo import PPOParams
+from conspo.objectives.rrpo import RRPOParams
 from conspo.registry import get_objective
+from conspo.training.anchors import rollout_features
 from conspo.training.critic import ScoredBatch, critic_values, placed_rewards, train_critic
 from conspo.training.logprobs import logprob_mode, token_logprobs
 from conspo.training.loop import TrainState, step_seed
@@ -78,6 +80,13 @@ def update(
     elif state.params.kl_in_reward > 0:
         assert current is not None
         r, kl_stats = kl_in_reward(state, r, current[0])
+    anchor_features = None
+    if state.anchors is not None:  # scored by the frozen head, or collected until it is
+        anchor_features = rollout_features(
+            state.model, state.ref_model, r.batch, cfg, state.precision
+        )
+        if state.anchors.frozen:
+            r = dataclasses.replace(r, anchor_scores=state.anchors.scores(anchor_features))
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     view = state.params.separation_view(step / cfg.steps)
@@ -109,6 +118,13 @@ def update(
         critic_stats = train_critic(
             state.critic, state.cfg, state.params, state.precision, scored, plan
         )
+    if state.anchors is not None and not state.anchors.frozen:
+        assert isinstance(state.params, RRPOParams) and anchor_features is not None
+        state.anchors.collect(anchor_features, r.correct, r.group_ids, state.params)
+        if state.anchors.ready(state.params, step):  # scores the next step's rollouts
+            state.anchors.freeze(state.params, step_seed(cfg.seed, step, "anchors"))
+    if state.anchors is not None:
+        critic_stats.update(state.anchors.stats())
     # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
     sep = separation_stats(
         scores,
@@ -734,4 +750,5 @@ def policy_batch(
         turn_index=None
         if r.values is None or r.batch.turn_index is None
         else r.batch.turn_index[rows].to(device),
+        anchor_scores=None if r.anchor_scores is None else r.anchor_scores[rows_cpu].to(device),
     )

@@ -132,6 +132,24 @@ def test_a_critic_adds_a_second_backbone_trained_as_the_policy_is(lora: int):
     )
 
 
+@pytest.mark.parametrize("lora", [0, 8])
+def test_rrpo_anchors_count_a_reference_as_the_kl_does(lora: int):
+    """RRPO's anchors read a frozen reference (conspo.training.anchors): without LoRA a copy of
+    the weights, as GRPO's β > 0 holds; with LoRA the base itself, nothing more."""
+    dims = source_dims(ModelSources().locate("tiny"))
+    assert dims is not None
+
+    def estimate(algorithm: str, **params: float) -> Any:
+        cfg = RunConfig.model_validate(
+            {"algorithm": algorithm, "params": params, "model": {"lora": {"rank": lora}}}
+        )
+        return estimate_memory(cfg, dims, 4)
+
+    rrpo, grpo, with_kl = estimate("rrpo"), estimate("grpo"), estimate("grpo", beta=0.1)
+    assert rrpo.state == with_kl.state
+    assert (rrpo.state > grpo.state) == (lora == 0)
+
+
 def test_lora_checkpointing_and_micro_batches_shrink_what_they_should():
     dims = ModelDims.from_hf_config({**SMALL_DECODERS["qwen2, grouped kv heads, untied"],
                                      "vocab_size": 151_936, "num_hidden_layers": 24})  # fmt: skip
