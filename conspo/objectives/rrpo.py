@@ -230,7 +230,8 @@ RRPO_METRICS = (
 @register_objective(
     "rrpo",
     params=RRPOParams,
-    description="RRPO: group-centred scores against frozen positive/negative anchors (2607.18470).",
+    description="RRPO (designed from its summary): group-centred scores against frozen"
+    " positive/negative anchors (arXiv:2607.18470).",
     metrics=RRPO_METRICS,
     linear_on_policy=True,
     turn_credit=True,
