@@ -110,21 +110,19 @@ def update(
         )
         per_update.append(stats)
         taken += stepped
-    critic_stats = {}
+    beside: dict[str, torch.Tensor] = {}  # what the critic's update and the anchors log
     if state.critic is not None:
         assert isinstance(state.params, PPOParams) and r.values is not None
         assert r.token_rewards is not None
         scored = ScoredBatch(r.batch, r.group_ids, r.rewards, r.values, r.token_rewards)
-        critic_stats = train_critic(
-            state.critic, state.cfg, state.params, state.precision, scored, plan
-        )
+        beside = train_critic(state.critic, state.cfg, state.params, state.precision, scored, plan)
     if state.anchors is not None and not state.anchors.frozen:
         assert isinstance(state.params, RRPOParams) and anchor_features is not None
         state.anchors.collect(anchor_features, r.correct, r.group_ids, state.params)
         if state.anchors.ready(state.params, step):  # scores the next step's rollouts
             state.anchors.freeze(state.params, step_seed(cfg.seed, step, "anchors"))
     if state.anchors is not None:
-        critic_stats.update(state.anchors.stats())
+        beside.update(state.anchors.stats())
     # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
     sep = separation_stats(
         scores,
@@ -137,7 +135,7 @@ def update(
     )
     truncated = {M.LEN_TRUNCATED_FRAC: r.batch.truncated.float().mean()}
     size = {M.OPTIM_UPDATE_SIZE: relative_change(before, measured)}
-    stats = {**combined(per_update), **sep, **truncated, **kl_stats, **size, **critic_stats}
+    stats = {**combined(per_update), **sep, **truncated, **kl_stats, **size, **beside}
     return stats, scores, taken
 
 
