@@ -18,6 +18,7 @@ projection's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,13 @@ class RRPOParams(ObjectiveParams):
         " and this many negatives become anchors (the first ones sampled), so that prompts"
         " the policy always solves cannot fill the positive set alone.",
     )
+    max_anchors: int = Field(
+        2048,
+        ge=2,
+        le=16_384,
+        description="At most this many anchors in all (the first collected): they are kept in"
+        " memory and in every checkpoint, M × hidden size floats.",
+    )
     min_anchors: int = Field(
         4,
         ge=1,
@@ -77,7 +85,7 @@ class RRPOParams(ObjectiveParams):
     head_steps: int = Field(
         200,
         ge=1,
-        le=100_000,
+        le=10_000,
         description="Full-batch Adam steps of the head's contrastive loss on the anchors.",
     )
     head_lr: float = Field(1e-2, gt=0, le=10, description="The head's Adam learning rate.")
@@ -144,12 +152,17 @@ def contrastive_loss(z: torch.Tensor, positive: torch.Tensor, temperature: float
 
 
 def train_projection(
-    features: torch.Tensor, positive: torch.Tensor, params: RRPOParams, seed: int
+    features: torch.Tensor,
+    positive: torch.Tensor,
+    params: RRPOParams,
+    seed: int,
+    between_steps: Callable[[], None] | None = None,
 ) -> tuple[ProjectionHead, list[float]]:
     """The head trained on the anchors ``features`` (M, H) with labels ``positive`` (M,) bool
     (both sets non-empty): a Gaussian start drawn from ``seed``, ``params.head_steps`` full-batch
     Adam steps on ``contrastive_loss``; returns the frozen head and the loss before the first and
-    after the last step. Float32 on the features' device; deterministic for one seed."""
+    after the last step. Float32 on the features' device; deterministic for one seed.
+    ``between_steps`` is called before each step (the trainer's cancel check)."""
     if bool(positive.all()) or not bool(positive.any()):
         raise ValueError("the projection head needs both a positive and a negative anchor")
     x = features.detach().float()
@@ -163,6 +176,8 @@ def train_projection(
     losses: list[float] = []
     with torch.enable_grad():
         for _ in range(params.head_steps):
+            if between_steps is not None:
+                between_steps()
             z = projected(x, mean, std, weight)
             loss = contrastive_loss(z, positive, params.anchor_temperature)
             if not losses:

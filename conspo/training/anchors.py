@@ -72,7 +72,8 @@ class Anchors:
     ) -> None:
         """Add the step's stratified anchors: from each group the first
         ``params.anchors_per_stratum`` positives and as many negatives (by the verified outcome
-        ``correct``). features: (N, H); correct, group_ids: (N,)."""
+        ``correct``), while fewer than ``params.max_anchors`` are held. features: (N, H);
+        correct, group_ids: (N,)."""
         positive = positive_mask(correct.cpu())
         groups = group_ids.cpu()
         keep = torch.zeros_like(positive)
@@ -80,6 +81,8 @@ class Anchors:
             for label in (True, False):
                 rows = ((groups == group) & (positive == label)).nonzero().flatten()
                 keep[rows[: params.anchors_per_stratum]] = True
+        room = params.max_anchors - sum(len(p) for p in self.positive)
+        keep[keep.nonzero().flatten()[max(room, 0) :]] = False
         self.features.append(features.detach().float().cpu()[keep])
         self.positive.append(positive[keep])
 
@@ -92,7 +95,7 @@ class Anchors:
     def freeze(self, params: RRPOParams, seed: int) -> None:
         """Train the projection head on every anchor collected and freeze it."""
         head, losses = train_projection(
-            torch.cat(self.features), torch.cat(self.positive), params, seed
+            torch.cat(self.features), torch.cat(self.positive), params, seed, stopping.check
         )
         self.head, self.head_losses = head, losses
 

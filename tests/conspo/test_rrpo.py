@@ -155,6 +155,11 @@ def test_collection_is_stratified_per_group() -> None:
         params.model_copy(update={"anchor_steps": 2}), 1
     )
     assert not anchors.ready(params.model_copy(update={"min_anchors": 4}), 1)
+    capped = Anchors()
+    capped.collect(features, correct, groups, params.model_copy(update={"max_anchors": 4}))
+    assert capped.features[0][:, 0].tolist() == [0, 1, 4, 5]  # the first four kept
+    capped.collect(features, correct, groups, params.model_copy(update={"max_anchors": 4}))
+    assert capped.counts() == (2, 2)  # full: nothing more
 
 
 def rrpo_config(steps: int, **params: object) -> RunConfig:
@@ -214,6 +219,7 @@ def test_what_rrpo_cannot_do_is_refused_naming_the_field() -> None:
     base = rrpo_config(2).model_dump()
     with pytest.raises(ValidationError, match="rrpo.*collects anchors.*one process"):
         RunConfig.model_validate(base | {"resources": {"gpus": 2}})
-    for field, value in (("anchor_steps", 0), ("anchors_per_stratum", 0), ("head_lr", 0)):
+    bad = (("anchor_steps", 0), ("anchors_per_stratum", 0), ("head_lr", 0), ("max_anchors", 10**6))
+    for field, value in bad:
         with pytest.raises(ValidationError, match=field):
             RunConfig.model_validate(base | {"params": base["params"] | {field: value}})
