@@ -19,65 +19,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.step_runs import interleaved, smollm2_steps  # noqa: E402
+
 
 def child(args: argparse.Namespace, k: int) -> None:
     from conspo import metrics as M
-    from conspo.config import RunConfig
-    from conspo.models.builtins import builtin_store
-    from conspo.sink import MemorySink, StepRecord
-    from conspo.training.trainer import train
 
-    class CpuSink(MemorySink):
-        def __init__(self) -> None:
-            super().__init__()
-            self.cpu: dict[int, float] = {}
-
-        def log_step(self, record: StepRecord) -> None:
-            super().log_step(record)
-            self.cpu[record.step] = time.process_time()
-
-    cfg = RunConfig.model_validate({
-        "algorithm": "grpo", "steps": args.steps, "seed": 11,
-        "task": {"name": "reasoning_gym", "eval_size": 2,
-                 "params": {"dataset": "chain_sum", "answer_format": "last_number",
-                            "config": {"min_terms": 2, "max_terms": 3, "min_digits": 1,
-                                       "max_digits": 2}}},
-        "prompt": {"chat_template": "on"},
-        "model": {"name": "smollm2-135m-instruct", "dtype": args.dtype,
-                  "mixed_precision": args.dtype != "float32", "lora": {"rank": 16, "alpha": 32}},
-        "optim": {"lr": 1e-4},
-        "sampling": {"prompts_per_step": args.prompts, "group_size": args.group,
-                     "max_new_tokens": args.tokens, "temperature": 1.0, "engine": args.engine,
-                     "max_staleness": k},
-        "eval": {"every": 0, "at_start": False},
-        "checkpoint": {"every": 0},
-        "logging": {"system_metrics": False},
-    })  # fmt: skip
-    sink = CpuSink()
-    with tempfile.TemporaryDirectory() as workdir:
-        train(cfg, sink, workdir=workdir, model_store=builtin_store())
-    steps = sorted(s for s in sink.steps if s >= 2)
-    metrics = {s: sink.steps[s].metrics for s in steps}
-    print(json.dumps({
-        "wall": [metrics[s][M.TIME_STEP_S] for s in steps],
-        "cpu": [sink.cpu[s] - sink.cpu[s - 1] for s in steps],
-        "wait": [metrics[s].get(M.ASYNC_TRAINER_WAIT_S, metrics[s][M.TIME_ROLLOUT_S])
-                 for s in steps],
-        "lag": [metrics[s].get(M.ASYNC_POLICY_LAG, 0.0) for s in steps],
-        "tokens": [statistics.mean(r.length for r in sink.steps[s].rollouts) for s in steps],
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-    }))  # fmt: skip
+    out = smollm2_steps(
+        algorithm="grpo", steps=args.steps, prompts=args.prompts, group=args.group,
+        tokens=args.tokens, dtype=args.dtype,
+        sampling={"engine": args.engine, "max_staleness": k},
+    )  # fmt: skip
+    metrics = out.pop("metrics")
+    out["wait"] = [m.get(M.ASYNC_TRAINER_WAIT_S, m[M.TIME_ROLLOUT_S]) for m in metrics]
+    out["lag"] = [m.get(M.ASYNC_POLICY_LAG, 0.0) for m in metrics]
+    print(json.dumps(out))
 
 
 def main() -> None:
@@ -99,30 +62,27 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct + LoRA r16, GRPO, chain_sum, {shape}, {args.steps} steps"
           f" (step 1 left out), {args.repeats} repeats, ks {args.ks}")  # fmt: skip
     results: dict[int, list[dict[str, float]]] = {k: [] for k in args.ks}
-    for r in range(args.repeats):
-        order = args.ks[r % len(args.ks) :] + args.ks[: r % len(args.ks)]
-        for k in order:
-            cmd = [sys.executable, __file__, "--child", str(k)] + [
-                f"--{name}={getattr(args, name)}"
-                for name in ("steps", "prompts", "group", "tokens", "dtype", "engine")
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                sys.exit(f"k={k} repeat {r + 1} failed:\n{done.stderr[-3000:]}")
-            out = json.loads(done.stdout.strip().splitlines()[-1])
-            row = {
-                "wall": statistics.median(out["wall"]),
-                "cpu": statistics.median(out["cpu"]),
-                "wait": statistics.median(out["wait"]),
-                "rss": out["peak_rss_gib"],
-                "tokens": statistics.mean(out["tokens"]),
-            }
-            results[k].append(row)
-            print(f"  repeat {r + 1} k={k}: wall/step {row['wall']:.1f} s, CPU/step"
-                  f" {row['cpu']:.1f} s, trainer waited {row['wait']:.1f} s, sampled answers' mean"
-                  f" {row['tokens']:.0f} tokens, peak RSS {row['rss']:.2f} GiB"
-                  f" (steps: wall {[round(x, 1) for x in out['wall']]},"
-                  f" lag {[int(x) for x in out['lag']]})", flush=True)  # fmt: skip
+    forwarded = [
+        f"--{name}={getattr(args, name)}"
+        for name in ("steps", "prompts", "group", "tokens", "dtype", "engine")
+    ]
+    for r, variant, out in interleaved(
+        __file__, [str(k) for k in args.ks], args.repeats, forwarded
+    ):
+        k = int(variant)
+        row = {
+            "wall": statistics.median(out["wall"]),
+            "cpu": statistics.median(out["cpu"]),
+            "wait": statistics.median(out["wait"]),
+            "rss": out["peak_rss_gib"],
+            "tokens": statistics.mean(out["tokens"]),
+        }
+        results[k].append(row)
+        print(f"  repeat {r} k={k}: wall/step {row['wall']:.1f} s, CPU/step"
+              f" {row['cpu']:.1f} s, trainer waited {row['wait']:.1f} s, sampled answers' mean"
+              f" {row['tokens']:.0f} tokens, peak RSS {row['rss']:.2f} GiB"
+              f" (steps: wall {[round(x, 1) for x in out['wall']]},"
+              f" lag {[int(x) for x in out['lag']]})", flush=True)  # fmt: skip
     print("median over repeats:")
     for k, rows in results.items():
         med = {key: statistics.median(row[key] for row in rows) for key in rows[0]}

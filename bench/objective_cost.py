@@ -23,63 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.step_runs import interleaved, smollm2_steps  # noqa: E402
+
 
 def child(args: argparse.Namespace, algorithm: str) -> None:
     from conspo import metrics as M
-    from conspo.config import RunConfig
-    from conspo.models.builtins import builtin_store
-    from conspo.sink import MemorySink, StepRecord
-    from conspo.training.trainer import train
 
-    class CpuSink(MemorySink):
-        def __init__(self) -> None:
-            super().__init__()
-            self.cpu: dict[int, float] = {}
-
-        def log_step(self, record: StepRecord) -> None:
-            super().log_step(record)
-            self.cpu[record.step] = time.process_time()
-
-    cfg = RunConfig.model_validate({
-        "algorithm": algorithm, "steps": args.steps, "seed": 11,
-        "params": {"anchor_steps": 1, "min_anchors": 1} if algorithm == "rrpo" else {},
-        "task": {"name": "reasoning_gym", "eval_size": 2,
-                 "params": {"dataset": "chain_sum", "answer_format": "last_number",
-                            "config": {"min_terms": 2, "max_terms": 3, "min_digits": 1,
-                                       "max_digits": 2}}},
-        "prompt": {"chat_template": "on"},
-        "model": {"name": "smollm2-135m-instruct", "dtype": args.dtype,
-                  "mixed_precision": args.dtype != "float32", "lora": {"rank": 16, "alpha": 32}},
-        "optim": {"lr": 1e-4},
-        "sampling": {"prompts_per_step": args.prompts, "group_size": args.group,
-                     "max_new_tokens": args.tokens, "temperature": 1.0},
-        "eval": {"every": 0, "at_start": False},
-        "checkpoint": {"every": 0},
-        "logging": {"system_metrics": False},
-    })  # fmt: skip
-    sink = CpuSink()
-    with tempfile.TemporaryDirectory() as workdir:
-        train(cfg, sink, workdir=workdir, model_store=builtin_store())
-    steps = sorted(s for s in sink.steps if s >= 2)
-    metrics = {s: sink.steps[s].metrics for s in steps}
-    print(json.dumps({
-        "wall": [metrics[s][M.TIME_STEP_S] for s in steps],
-        "cpu": [sink.cpu[s] - sink.cpu[s - 1] for s in steps],
-        "update": [metrics[s][M.TIME_STEP_S] - metrics[s][M.TIME_ROLLOUT_S] for s in steps],
-        "tokens": [statistics.mean(r.length for r in sink.steps[s].rollouts) for s in steps],
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-    }))  # fmt: skip
+    out = smollm2_steps(
+        algorithm=algorithm, steps=args.steps, prompts=args.prompts, group=args.group,
+        tokens=args.tokens, dtype=args.dtype,
+        params={"anchor_steps": 1, "min_anchors": 1} if algorithm == "rrpo" else {},
+    )  # fmt: skip
+    metrics = out.pop("metrics")
+    out["update"] = [m[M.TIME_STEP_S] - m[M.TIME_ROLLOUT_S] for m in metrics]
+    print(json.dumps(out))
 
 
 def main() -> None:
@@ -101,29 +65,23 @@ def main() -> None:
           f" (step 1 left out), {args.repeats} repeats, {args.algorithms}")  # fmt: skip
     names = list(args.algorithms)
     results: dict[str, list[dict[str, float]]] = {a: [] for a in names}
-    for r in range(args.repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for algorithm in order:
-            cmd = [sys.executable, __file__, "--child", algorithm] + [
-                f"--{name}={getattr(args, name)}"
-                for name in ("steps", "prompts", "group", "tokens", "dtype")
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                sys.exit(f"{algorithm} repeat {r + 1} failed:\n{done.stderr[-3000:]}")
-            out = json.loads(done.stdout.strip().splitlines()[-1])
-            row = {
-                "wall": statistics.median(out["wall"]),
-                "update": statistics.median(out["update"]),
-                "cpu": statistics.median(out["cpu"]),
-                "rss": out["peak_rss_gib"],
-                "tokens": statistics.mean(out["tokens"]),
-            }
-            results[algorithm].append(row)
-            print(f"  repeat {r + 1} {algorithm}: wall/step {row['wall']:.1f} s (update"
-                  f" {row['update']:.1f} s), CPU/step {row['cpu']:.1f} s, sampled answers' mean"
-                  f" {row['tokens']:.0f} tokens, peak RSS {row['rss']:.2f} GiB"
-                  f" (steps' wall {[round(x, 1) for x in out['wall']]})", flush=True)  # fmt: skip
+    forwarded = [
+        f"--{name}={getattr(args, name)}"
+        for name in ("steps", "prompts", "group", "tokens", "dtype")
+    ]
+    for r, algorithm, out in interleaved(__file__, names, args.repeats, forwarded):
+        row = {
+            "wall": statistics.median(out["wall"]),
+            "update": statistics.median(out["update"]),
+            "cpu": statistics.median(out["cpu"]),
+            "rss": out["peak_rss_gib"],
+            "tokens": statistics.mean(out["tokens"]),
+        }
+        results[algorithm].append(row)
+        print(f"  repeat {r} {algorithm}: wall/step {row['wall']:.1f} s (update"
+              f" {row['update']:.1f} s), CPU/step {row['cpu']:.1f} s, sampled answers' mean"
+              f" {row['tokens']:.0f} tokens, peak RSS {row['rss']:.2f} GiB"
+              f" (steps' wall {[round(x, 1) for x in out['wall']]})", flush=True)  # fmt: skip
     print("median over repeats:")
     base = {key: statistics.median(row[key] for row in results[names[0]])
             for key in results[names[0]][0]}  # fmt: skip
