@@ -554,10 +554,15 @@ CHARTS: tuple[Chart, ...] = (
           help="Once the projection head is frozen: the chance that a rollout the verifier"
           " passed scores above one it failed, by their scores against the anchors (0.5: the"
           " head tells them apart no better than chance). Empty while anchors are collected."),
-    Chart("anchorgap", "Anchor score gap and anchor sets", "anchors", "score / anchors",
-          algorithms=("rrpo",), zero_line=True,
+    Chart("anchorgap", "Anchor score gap", "anchors", "score", algorithms=("rrpo",),
+          zero_line=True,
           help="Mean anchor score s = cos(z, c⁺) − cos(z, c⁻) of the passed rollouts less the"
-          " failed ones', and how many anchors the head was trained on (0 until it is)."),
+          " failed ones' (s lies in [−2, 2]): above 0, the head scores what the verifier passed"
+          " nearer the positive anchors."),
+    Chart("anchorsets", "Anchors the head was trained on", "anchors", "anchors",
+          y_range="zero", algorithms=("rrpo",),
+          help="Positive and negative anchors together, 0 until the head is frozen (at the end"
+          " of params.anchor_steps, or later if a set had fewer than params.min_anchors)."),
     Chart("toolcalls", "Tool calls per rollout: correct vs wrong", "tools", "calls / rollout",
           y_range="zero", always=True,
           help="Do the rollouts that end right call the tool more than the ones that end wrong?"
@@ -828,11 +833,11 @@ METRICS: tuple[Metric, ...] = (
            "AUC", "anchoragree", logged_by="objective", better="higher"),
     Metric(RRPO_ANCHOR_GAP, "anchor score gap",
            "RRPO: mean anchor score of the passed rollouts less the failed ones' (NaN until the"
-           " head is frozen).", "score", "anchorgap", logged_by="objective", color="accent2"),
+           " head is frozen).", "score", "anchorgap", logged_by="objective"),
     Metric(RRPO_ANCHORS, "anchors",
            "RRPO: how many anchors (positives and negatives) the frozen head was trained on; 0"
-           " while they are still collected.", "count", "anchorgap", logged_by="objective",
-           color="accent3", dash=True, smoothed=False),
+           " while they are still collected.", "count", "anchorsets", logged_by="objective",
+           color="accent3", smoothed=False),
     Metric(SAPO_GATE_WEIGHT, "gate weight",
            "SAPO: token-mean of the gate's gradient weight 4σ(1−σ)ρ (1 on-policy; smaller as"
            " ratios leave 1).",
