@@ -1258,11 +1258,8 @@ class RunConfig(_Section):
                 f"algorithm {algorithm!r} trains a critic, which runs in one process for now:"
                 " resources.gpus and resources.nodes must be 1"
             )
-        if (
-            algorithm is not None
-            and get_objective(algorithm).anchors
-            and (self.resources.world_size > 1)
-        ):
+        anchored = algorithm is not None and get_objective(algorithm).anchors
+        if anchored and self.resources.world_size > 1:
             # conspo.training.anchors: each rank would collect and train a head of its own.
             raise ValueError(
                 f"algorithm {algorithm!r} collects anchors, which runs in one process for now:"

@@ -2,7 +2,7 @@
 ``RegisteredObjective.anchors``; docs/objectives.md §10).
 
     anchors = Anchors()                                         # in setup
-    features = rollout_features(state, batch)                   # (N, H) the reference's view
+    features = rollout_features(model, ref_model, batch, cfg, precision)  # (N, H)
     anchors.collect(features, correct, group_ids, params)       # steps 1 … anchor_steps
     anchors.freeze(params, seed)                                # the head, trained once
     scores = anchors.scores(features)                           # (N,) from then on
