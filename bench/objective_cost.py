@@ -10,13 +10,14 @@ the algorithms interleaved within each repeat and their order rotated from one r
 next. A run trains ``--steps`` steps of reasoning-gym chain_sum (2–3 terms of 1–2 digits) in the
 chat template at temperature 1, no evaluation; step 1 (the warm-up) is left out of the figures.
 Printed per run: the median over steps 2… of the step's wall seconds (time/step_s), of what
-followed its rollouts (time/step_s − time/rollout_s: scoring, the update, the critic's scoring and
-training, the anchors' reference forward), the process's
-CPU seconds per step, the sampled answers' mean length and the peak RSS; then per algorithm the
-median over the repeats and its difference from the first algorithm's. Same seed, prompts, dtype
-and lengths on every side; only the algorithm differs (RRPO with anchor_steps 1 and min_anchors
-1, so its head scores from step 2 where the batch has both outcomes; the features are computed
-every step either way).
+followed its rollouts (time/step_s − time/rollout_s: scoring, the update, the critic's scoring
+and training, the anchors' reference forward), the process's CPU seconds per step, the sampled
+answers' mean length, the peak RSS, and which steps skipped their backward (GRPO does where
+every group's rewards are equal, so its median can be a step without one: read the steps'
+list); then per algorithm the median over the repeats and its difference from the first
+algorithm's. Same seed, prompts, dtype and lengths on every side; only the algorithm differs
+(RRPO with anchor_steps 1 and min_anchors 1, so its head scores from step 2 where the batch has
+both outcomes; the features are computed every step either way).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def child(args: argparse.Namespace, algorithm: str) -> None:
     )  # fmt: skip
     metrics = out.pop("metrics")
     out["update"] = [m[M.TIME_STEP_S] - m[M.TIME_ROLLOUT_S] for m in metrics]
+    # GRPO skips the backward of a step whose groups all have equal rewards; PPO's critic and
+    # RRPO's anchor scores give every step a gradient: say which steps skipped it.
+    out["skipped"] = [m.get(M.OPTIM_BACKWARD_SKIPPED, 0.0) for m in metrics]
     print(json.dumps(out))
 
 
@@ -81,7 +85,8 @@ def main() -> None:
         print(f"  repeat {r} {algorithm}: wall/step {row['wall']:.1f} s (update"
               f" {row['update']:.1f} s), CPU/step {row['cpu']:.1f} s, sampled answers' mean"
               f" {row['tokens']:.0f} tokens, peak RSS {row['rss']:.2f} GiB"
-              f" (steps' wall {[round(x, 1) for x in out['wall']]})", flush=True)  # fmt: skip
+              f" (steps' wall {[round(x, 1) for x in out['wall']]}, backward skipped"
+              f" {[int(x) for x in out['skipped']]})", flush=True)  # fmt: skip
     print("median over repeats:")
     base = {key: statistics.median(row[key] for row in results[names[0]])
             for key in results[names[0]][0]}  # fmt: skip
