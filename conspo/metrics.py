@@ -828,7 +828,7 @@ METRICS: tuple[Metric, ...] = (
            "PPO: std of the GAE token advantages over the model's tokens, before whitening.",
            "std", "advspread", logged_by="objective", color="accent3"),
     Metric(RRPO_ANCHOR_AUC, "anchor AUC",
-           "RRPO: P(s(o⁺) > s(o⁻)) over the mini-batch's passed/failed pairs, s the score"
+           "RRPO: P(s(o⁺) > s(o⁻)) over the step's passed/failed pairs, s the score"
            " against the frozen anchors; NaN until the head is frozen or without both classes.",
            "AUC", "anchoragree", logged_by="objective", better="higher"),
     Metric(RRPO_ANCHOR_GAP, "anchor score gap",

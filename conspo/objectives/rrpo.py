@@ -19,7 +19,7 @@ projection's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -31,6 +31,7 @@ from conspo.objectives.base import (
     ObjectiveOutput,
     ObjectiveParams,
     PolicyBatch,
+    SeparationView,
     clipped_surrogate,
     dense_group_index,
     finish_objective,
@@ -109,6 +110,11 @@ class RRPOParams(ObjectiveParams):
     loss_agg: LossAgg = Field(
         "seq-mean-token-mean", description="How the policy's token losses are averaged."
     )
+
+    def separation_view(self, progress: float) -> SeparationView:
+        """The default view with RRPO's own clip range [1 − ε_low, 1 + ε_high]."""
+        default = super().separation_view(progress)
+        return replace(default, clip_eps=self.clip_high, clip_low=self.clip_low)
 
 
 @dataclass(frozen=True)
@@ -217,9 +223,9 @@ def rrpo_advantages(batch: PolicyBatch, params: RRPOParams) -> torch.Tensor:
 def anchor_agreement(
     scores: torch.Tensor, outcome: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """0-d (AUC, gap) of the anchor scores (B,) against the verified ``outcome`` (B,) over the
-    mini-batch: the chance a positive scores above a negative (ties ½), and the mean s of the
-    positives less the negatives'. NaN when the mini-batch lacks either class (no host sync)."""
+    """0-d (AUC, gap) of the anchor scores (B,) against the verified ``outcome`` (B,): the
+    chance a positive scores above a negative (ties ½), and the mean s of the positives less
+    the negatives'. NaN when the rollouts lack either class (no host sync)."""
     pos = positive_mask(outcome)
     s = scores.float()
     pairs = (pos[:, None] & ~pos[None]).float()  # (B, B) positive i, negative j
@@ -255,15 +261,14 @@ RRPO_METRICS = (
 def rrpo_objective(batch: PolicyBatch, params: RRPOParams) -> ObjectiveOutput:
     """−agg_t min(ρ_t Â, clip(ρ_t, 1−ε_low, 1+ε_high) Â) + β·KL with ``rrpo_advantages`` (§10).
 
-    Stats: loss, grpo/clip_frac and, once the head is frozen, rrpo/anchor_auc and
-    rrpo/anchor_gap (how well the anchor scores agree with the verifier).
+    Stats: loss, grpo/clip_frac. The trainer adds rrpo/anchors and, once the head is frozen,
+    rrpo/anchor_auc and rrpo/anchor_gap over the whole rollout batch (``anchor_agreement``:
+    how well the anchor scores agree with the verifier).
     """
     advantages = rrpo_advantages(batch, params)
     loss, clip_frac = clipped_surrogate(
         batch, advantages, params.clip_low, params.clip_high, params.loss_agg
     )
-    stats = {metrics.CLIP_FRAC: clip_frac}
-    if batch.anchor_scores is not None:  # logged from the step the head scores on
-        auc, gap = anchor_agreement(batch.anchor_scores, batch.outcome)
-        stats[metrics.RRPO_ANCHOR_AUC], stats[metrics.RRPO_ANCHOR_GAP] = auc, gap
-    return finish_objective(loss, stats, batch, params.beta, params.loss_agg)
+    return finish_objective(
+        loss, {metrics.CLIP_FRAC: clip_frac}, batch, params.beta, params.loss_agg
+    )

@@ -29,7 +29,13 @@ from conspo import metrics as M
 from conspo import stopping
 from conspo.distributed import collectives as distributed
 from conspo.objectives.base import positive_mask
-from conspo.objectives.rrpo import ProjectionHead, RRPOParams, anchor_scores, train_projection
+from conspo.objectives.rrpo import (
+    ProjectionHead,
+    RRPOParams,
+    anchor_agreement,
+    anchor_scores,
+    train_projection,
+)
 from conspo.training.logprobs import token_states
 from conspo.training.microbatch import micro_batches, piece_group_size, trimmed
 
@@ -104,10 +110,17 @@ class Anchors:
         assert self.head is not None
         return anchor_scores(self.head, features.float().cpu())
 
-    def stats(self) -> dict[str, torch.Tensor]:
-        """rrpo/anchors: the anchors the frozen head was trained on (0 before)."""
+    def stats(self, scores: torch.Tensor | None, correct: torch.Tensor) -> dict[str, torch.Tensor]:
+        """rrpo/anchors (the anchors the frozen head was trained on, 0 before) and, given the
+        step's (N,) anchor ``scores``, their agreement with its (N,) verified outcome ``correct``
+        over the whole rollout batch (rrpo/anchor_auc, rrpo/anchor_gap): computed once here,
+        not per mini-batch, so a mini-batch with one class only cannot make the step's NaN."""
         size = sum(len(p) for p in self.positive) if self.frozen else 0
-        return {M.RRPO_ANCHORS: torch.tensor(float(size))}
+        stats = {M.RRPO_ANCHORS: torch.tensor(float(size))}
+        if scores is not None:
+            auc, gap = anchor_agreement(scores, correct.to(scores.device))
+            stats[M.RRPO_ANCHOR_AUC], stats[M.RRPO_ANCHOR_GAP] = auc, gap
+        return stats
 
 
 def load_anchors() -> Anchors:

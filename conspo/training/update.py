@@ -116,13 +116,13 @@ def update(
         assert r.token_rewards is not None
         scored = ScoredBatch(r.batch, r.group_ids, r.rewards, r.values, r.token_rewards)
         beside = train_critic(state.critic, state.cfg, state.params, state.precision, scored, plan)
+    if state.anchors is not None:  # before a head frozen below could score this step
+        beside.update(state.anchors.stats(r.anchor_scores, r.correct))
     if state.anchors is not None and not state.anchors.frozen:
         assert isinstance(state.params, RRPOParams) and anchor_features is not None
         state.anchors.collect(anchor_features, r.correct, r.group_ids, state.params)
         if state.anchors.ready(state.params, step):  # scores the next step's rollouts
             state.anchors.freeze(state.params, step_seed(cfg.seed, step, "anchors"))
-    if state.anchors is not None:
-        beside.update(state.anchors.stats())
     # §4 on log-prob scores whatever the objective; τ, m_t, ε are the objective's own view.
     sep = separation_stats(
         scores,
